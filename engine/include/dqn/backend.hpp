@@ -1,0 +1,194 @@
+/** @file backend.hpp
+ *  @brief The op table every head and the engine are written against: one implementation per
+ *  backend (CPU reference in f32 or f64, CUDA). Ops take pre-resolved pointers and never allocate,
+ *  so a sequence of op calls on the CUDA backend can be captured into one graph as it is.
+ */
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace dqn {
+
+/// A pointer to real numbers whose element size is the backend's (4 for f32, 8 for the f64
+/// reference used by gradient checks). Heads do all pointer arithmetic through it so the same
+/// head code runs on every backend.
+struct Real {
+  void* p = nullptr;
+  std::uint32_t esize = 4;
+
+  Real operator+(std::ptrdiff_t n) const noexcept {
+    return {static_cast<char*>(p) + n * static_cast<std::ptrdiff_t>(esize), esize};
+  }
+  template <class T>
+  T* as() const noexcept { return static_cast<T*>(p); }
+  explicit operator bool() const noexcept { return p != nullptr; }
+};
+
+enum class Act : std::int32_t { none = 0, relu = 1 };
+
+/// Row-major, optionally strided-batched GEMM:
+///   C_i[m,n] = alpha * op(A_i) op(B_i) + beta * C_i,   i = 0..batch-1
+/// op(X) = X or Xᵀ; A is [m,k] (or [k,m] when ta), B is [k,n] (or [n,k] when tb);
+/// ld* are row strides in elements; stride_* step from one batch entry to the next.
+struct Gemm {
+  bool ta = false, tb = false;
+  int m = 0, n = 0, k = 0;
+  float alpha = 1.0f;
+  Real a;
+  int lda = 0;
+  Real b;
+  int ldb = 0;
+  float beta = 0.0f;
+  Real c;
+  int ldc = 0;
+  int batch = 1;
+  std::int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+  /// Weights-side operand hint: which of a/b is a parameter (for precision shadows). 0 none.
+  std::int32_t weight_operand = 0;
+};
+
+/// One matrix for the batched spectral norm: W [rows, cols] and its power-iteration vector u [rows].
+struct SpectralMatrix {
+  Real w;
+  Real u;
+  std::int32_t rows = 0, cols = 0;
+};
+
+/// Arguments of the dense C51 projection (spec "C51 loss"): m[b,d,:] from the target network's
+/// log-probabilities at a*.
+struct C51Project {
+  Real m;                      ///< out [B,D,Z]
+  Real target_logp;            ///< in  [B,D,A,Z] (target network at s')
+  const std::int32_t* a_star;  ///< in  [B,D]
+  Real rewards, dones;         ///< in  [B]
+  int B = 0, D = 0, A = 0, Z = 0;
+  float gamma_n = 0.99f, v_min = -10.0f, v_max = 10.0f;
+};
+
+/// Cross-entropy of online log-probabilities at the taken actions against m, with its gradient.
+struct C51Xent {
+  Real loss_per_sample;        ///< out [B]  (1/D) Σ_d −Σ_i m log p      (may alias nothing)
+  Real loss;                   ///< out [1]  (1/B) Σ_b w_b L(b) * scale (added when accumulate)
+  Real dlogits;                ///< out [B,D,A,Z], overwritten: d(loss)/d(logits)
+  Real logp;                   ///< in  [B,D,A,Z] online log-softmax at states
+  const std::int32_t* actions; ///< in  [B,D]
+  Real m;                      ///< in  [B,D,Z]
+  Real weights;                ///< in  [B] importance weights
+  int B = 0, D = 0, A = 0, Z = 0;
+  float scale = 1.0f;          ///< multiplies loss and gradient (1/K for ensemble members)
+  bool accumulate = false;     ///< loss += instead of loss =
+};
+
+/// Gradient budgets (spec "Gradient budgets"). grads is [H,P]; for each head h:
+/// norm_h = ‖g_h‖, clip_h = min(1, f_h·G/(norm_h+1e-6)); g = Σ c_h g_h. If any g_h is not
+/// finite, *skip = 1 and *skipped += 1, else *skip = 0.
+struct Budget {
+  Real grads;           ///< in  [H,P]
+  Real fractions;       ///< in  [H] (device memory, changeable between steps)
+  Real norms;           ///< out [H]
+  Real clips;           ///< out [H]
+  Real g;               ///< out [P]
+  Real losses;          ///< in  [H]; total loss Σ_h losses is written to *total_loss
+  Real total_loss;      ///< out [1]
+  std::int32_t* skip;   ///< out [1]
+  std::int64_t* skipped;///< in/out [1]
+  int H = 0;
+  std::int64_t P = 0;
+  float max_grad_norm = 10.0f;
+};
+
+/// Adam with state in device memory; does nothing when *skip != 0.
+struct Adam {
+  Real params, g, m, v;
+  std::int64_t P = 0;
+  std::int64_t* t;          ///< step counter, incremented here
+  Real lr;                  ///< [1]
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  const std::int32_t* skip;
+};
+
+/// Target update after Adam: Polyak when period == 0, else hard copy when *t % period == 0.
+struct TargetUpdate {
+  Real target, params;
+  std::int64_t P = 0;
+  float tau = 0.005f;
+  std::int64_t period = 0;
+  const std::int64_t* t;
+  const std::int32_t* skip;
+};
+
+/// Counter-based uniform(0,1) numbers: out[i] = philox(seed, counter = *step, stream, i).
+struct Uniform {
+  Real out;
+  std::int64_t n = 0;
+  std::uint64_t seed = 0;
+  std::uint32_t stream = 0;  ///< separates independent draws within a step
+  const std::int64_t* step;  ///< device step counter (null: 0)
+};
+
+/// The op table. Every method is noexcept; a backend that fails records the first error and
+/// reports it through status().
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const noexcept = 0;
+  virtual std::uint32_t real_size() const noexcept = 0;  ///< bytes per real element
+  virtual bool is_device() const noexcept = 0;
+
+  // --- dense layers ---
+  virtual void gemm(const Gemm& g) noexcept = 0;
+  /// y[r, c] = act(y[r, c] + bias[c]) for r < rows, c < cols; ldy is y's row stride.
+  virtual void bias_act(Real y, Real bias, int rows, int cols, int ldy, Act act) noexcept = 0;
+  /// dy[i] = 0 where y[i] <= 0 (ReLU backward on the post-activation y); n elements, row layout
+  /// given by rows/cols/ld for both.
+  virtual void relu_backward(Real dy, Real y, int rows, int cols, int ld) noexcept = 0;
+  /// db[c] = beta * db[c] + Σ_r dy[r, c]
+  virtual void bias_grad(Real db, Real dy, int rows, int cols, int ldy, float beta) noexcept = 0;
+
+  // --- distributional head ---
+  /// logits[b,d,a,:] = v[b,:] + adv[b,d,a,:] − mean_a' adv[b,d,a',:]; v has row stride ldv.
+  virtual void dueling_combine(Real logits, Real v, int ldv, Real adv, int rows, int D, int A,
+                               int Z) noexcept = 0;
+  /// dv[b,:] = Σ_{d,a} dl[b,d,a,:]; dadv[b,d,a,:] = dl[b,d,a,:] − (1/A) Σ_a' dl[b,d,a',:]
+  virtual void dueling_backward(Real dv, int lddv, Real dadv, Real dlogits, int rows, int D,
+                                int A, int Z) noexcept = 0;
+  /// logp[r,:] = log_softmax(x[r,:]) over n columns.
+  virtual void log_softmax(Real logp, Real x, int rows, int n) noexcept = 0;
+  /// q[r] = Σ_i z_i exp(logp[r,i]), z_i = v_min + i Δz
+  virtual void expected_q(Real q, Real logp, int rows, int Z, float v_min, float v_max) noexcept = 0;
+  /// idx[r] = argmax_a q[r,a] (ties: lowest index)
+  virtual void argmax(std::int32_t* idx, Real q, int rows, int n) noexcept = 0;
+  virtual void c51_project(const C51Project& a) noexcept = 0;
+  virtual void c51_xent(const C51Xent& a) noexcept = 0;
+
+  // --- optimisation ---
+  virtual void budget(const Budget& a) noexcept = 0;
+  virtual void adam(const Adam& a) noexcept = 0;
+  /// One power iteration on each matrix, then W ← W·min(1, σ_max/σ). Skipped when *skip.
+  /// mats points to `count` descriptors in memory the backend can read from a kernel (for the
+  /// CUDA backend: device memory, uploaded at init).
+  virtual void spectral_norm(const SpectralMatrix* mats, int count, int max_rows, int max_cols,
+                             float sigma_max, const std::int32_t* skip) noexcept = 0;
+  virtual void target_update(const TargetUpdate& a) noexcept = 0;
+
+  // --- elementwise and memory ---
+  virtual void fill(Real x, float value, std::int64_t n) noexcept = 0;
+  virtual void copy(Real dst, Real src, std::int64_t n) noexcept = 0;
+  /// y = alpha x + y
+  virtual void axpy(Real y, Real x, float alpha, std::int64_t n) noexcept = 0;
+  virtual void uniform(const Uniform& a) noexcept = 0;
+
+  /// Host ↔ backend memory, for init and checkpoint I/O only (never inside a step).
+  virtual void upload(void* dst, const void* src, std::size_t bytes) noexcept = 0;
+  virtual void download(void* dst, const void* src, std::size_t bytes) noexcept = 0;
+  /// The same for reals, converting from/to host f32 (the f64 reference widens and narrows).
+  virtual void upload_reals(Real dst, const float* src, std::int64_t n) noexcept = 0;
+  virtual void download_reals(float* dst, Real src, std::int64_t n) noexcept = 0;
+
+  /// 0 when every op so far succeeded; otherwise the first failure, with message().
+  virtual int status() const noexcept = 0;
+  virtual const char* message() const noexcept = 0;
+};
+
+}  // namespace dqn

@@ -1,0 +1,103 @@
+/** @file head.hpp
+ *  @brief What a loss head sees of the engine: it declares parameters, buffers and stages while
+ *  the step is built, gets every pointer once after the registry is frozen, and runs its stages
+ *  through the backend's op table. Nothing here may throw across the plugin boundary.
+ */
+#pragma once
+
+#include <cstdint>
+
+#include "dqn/backend.hpp"
+#include "dqn/plugin.hpp"
+
+namespace dqn {
+
+enum class DType : std::int32_t { real = 0, i32 = 1, i64 = 2 };
+
+/// What a buffer is for; it decides ordering (state is read before it is written within a
+/// step), checkpointing and reporting.
+enum class BufferKind : std::int32_t {
+  parameter = 0,  ///< online weights (declared through BuildContext::param)
+  gradient = 1,
+  optimizer = 2,  ///< Adam moments, step counter, spectral-norm vectors, lr: persistent state
+  activation = 3,
+  scratch = 4,
+  input = 5,      ///< batch tensors filled from the replay side
+  report = 6,     ///< copied to the host asynchronously
+};
+
+inline constexpr std::uint32_t kParamSpectralNorm = 1u;  ///< param flag: spectrally normed matrix
+
+/// A stage is one unit of work in the step; reads and writes are buffer names, and the state
+/// pseudo-buffers "params", "target" (read before they are written in a step).
+struct StageDesc {
+  const char* name;       ///< unique, dotted: "c51.forward"
+  std::int32_t tag;       ///< passed back to Head::run
+  const char* const* reads;
+  std::uint32_t n_reads;
+  const char* const* writes;
+  std::uint32_t n_writes;
+};
+
+/// Build-time interface. Each call returns 0 or a non-zero status with a message kept by the
+/// engine (the head should return that status from declare()).
+class BuildContext {
+ public:
+  virtual const NetworkDims& net() const noexcept = 0;
+  virtual std::int32_t batch() const noexcept = 0;
+  /// A parameter tensor `name` (the spec's checkpoint name, e.g. "c51.value.0.weight"): rows×cols,
+  /// cols = 0 for a bias vector. Parameters of one call sequence are laid out contiguously in
+  /// declaration order, so consecutive same-shaped weights can be used as one matrix.
+  virtual int param(const char* name, std::int32_t rows, std::int32_t cols, std::int32_t fan_in,
+                    std::uint32_t flags) noexcept = 0;
+  virtual int buffer(const char* name, DType dtype, const std::int64_t* shape, std::int32_t rank,
+                     BufferKind kind) noexcept = 0;
+  virtual int stage(const StageDesc& desc) noexcept = 0;
+  /// Records a failure message (returned status is then non-zero).
+  virtual int fail(const char* message) noexcept = 0;
+};
+
+/// Bind-time interface: resolved pointers, looked up once. Unknown names give null and record
+/// an error that the engine reports with the head's name.
+class Resolver {
+ public:
+  virtual Real real(const char* buffer) const noexcept = 0;
+  virtual std::int32_t* i32(const char* buffer) const noexcept = 0;
+  virtual std::int64_t* i64(const char* buffer) const noexcept = 0;
+  virtual Real param(const char* name) const noexcept = 0;         ///< online θ
+  virtual Real target(const char* name) const noexcept = 0;        ///< θ⁻
+  virtual Real grad(const char* name) const noexcept = 0;          ///< this head's ∂L_h/∂θ
+};
+
+class Head {
+ public:
+  virtual ~Head() = default;
+  /// Declare parameters, buffers and stages.
+  virtual int declare(BuildContext& ctx) noexcept = 0;
+  /// Resolve every pointer the stages need.
+  virtual int bind(const Resolver& r) noexcept = 0;
+  /// Run the stage declared with `tag` (never allocates, never synchronises).
+  virtual void run(std::int32_t tag, Backend& be) noexcept = 0;
+  /// The last error message of declare/bind.
+  virtual const char* error() const noexcept = 0;
+};
+
+/// Buffers the engine provides to every head (rows of the 2B blocks: states first, next_states
+/// after). B = batch, S = state, H2 = last trunk width.
+namespace buf {
+inline constexpr const char* states2 = "batch/states2";        ///< [2B,S] states ‖ next_states
+inline constexpr const char* actions = "batch/actions";        ///< i32 [B,D]
+inline constexpr const char* rewards = "batch/rewards";        ///< [B]
+inline constexpr const char* dones = "batch/dones";            ///< [B]
+inline constexpr const char* is_weights = "batch/is_weights";  ///< [B]
+inline constexpr const char* h2 = "trunk/h2";                  ///< [2B,H2] online trunk output
+inline constexpr const char* target_h2 = "target/h2";          ///< [B,H2] target trunk at s'
+inline constexpr const char* step = "opt/t";                   ///< i64 [1] Adam step (before this step's update)
+// Written by the primary head:
+inline constexpr const char* a_star = "target/a_star";         ///< i32 [B,D]
+inline constexpr const char* target_m = "target/m";            ///< [B,D,Z] projected target
+inline constexpr const char* td_error = "report/td_error";     ///< [B]
+// Per head (suffix the head's instance name): "loss/<h>" [1], "dtrunk/<h>" [B,H2]
+}  // namespace buf
+
+}  // namespace dqn

@@ -1,0 +1,54 @@
+/** @file runtime.hpp
+ *  @brief What the engine needs of a backend beyond the op table: one arena allocation, graph
+ *  capture and replay, and asynchronous report copies. CPU and CUDA each implement it.
+ */
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "dqn/backend.hpp"
+#include "dqn/pipeline.hpp"
+
+namespace dqn {
+
+class Runtime {
+ public:
+  virtual ~Runtime() = default;
+  virtual Backend& ops() noexcept = 0;
+  /// One allocation for the whole arena (called once, at freeze). Aligned to 256 bytes.
+  virtual void* alloc_arena(std::size_t bytes) = 0;
+  /// Dry run: while planning, ops record what scratch they need and do no work; plan_end()
+  /// allocates it (once). The engine plans the whole step before the first run or capture.
+  virtual void plan_begin() {}
+  virtual void plan_end() {}
+  /// Graph capture. CPU: no-op (stages run each step). CUDA: begin/end stream capture and
+  /// instantiate; replay() launches the graph.
+  virtual bool captures() const noexcept { return false; }
+  virtual void begin_capture() {}
+  virtual void end_capture() {}
+  virtual void replay() {}
+  virtual std::int64_t graph_nodes() const noexcept { return 0; }
+  /// Host memory the device can copy into asynchronously (pinned for CUDA).
+  virtual void* alloc_host(std::size_t bytes) = 0;
+  virtual void free_host(void* p) noexcept = 0;
+  /// Enqueue an async copy device→host of `bytes` into slot `slot`'s event; ready(slot) asks
+  /// without blocking whether that copy has landed.
+  virtual void copy_to_host_async(void* dst, const void* src, std::size_t bytes, int slot) = 0;
+  virtual bool ready(int slot) = 0;
+  /// Wait for all queued work (never inside a step: only before saving or reading results).
+  virtual void synchronize() = 0;
+  virtual std::string describe() const = 0;
+  /// Bytes of device memory in use at peak (arena + library workspaces), where known.
+  virtual std::size_t peak_bytes() const noexcept { return 0; }
+};
+
+std::unique_ptr<Runtime> make_cpu_runtime(bool f64);
+/// Null when the engine was built without CUDA; throws when no usable GPU is present.
+std::unique_ptr<Runtime> make_cuda_runtime(Precision precision, int device);
+/// True when the CUDA backend is built and a device is present.
+bool cuda_available() noexcept;
+
+}  // namespace dqn

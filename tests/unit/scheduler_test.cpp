@@ -1,0 +1,2 @@
+// placeholder: being written
+#include <doctest/doctest.h>

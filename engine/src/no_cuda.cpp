@@ -1,1 +1,14 @@
-// placeholder: being written
+// Built when the CUDA backend is not: the engine still links, and asking for cuda says why not.
+#include <stdexcept>
+
+#include "runtime.hpp"
+
+namespace dqn {
+
+std::unique_ptr<Runtime> make_cuda_runtime(Precision, int) {
+  throw std::runtime_error("this dqn was built without the CUDA backend (reconfigure with -Dcuda=enabled on a machine with nvcc)");
+}
+
+bool cuda_available() noexcept { return false; }
+
+}  // namespace dqn

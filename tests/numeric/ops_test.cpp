@@ -1,2 +1,1212 @@
-// placeholder: being written
+// Numeric tests of the CPU reference op table: every op against a naive double reference written
+// here, the f32 backend against the f64 one, and central-difference checks of every backward op.
 #include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cpu_backend.hpp"
+#include "philox.h"
+#include "runtime.hpp"
+
+namespace {
+
+using dqn::Backend;
+using dqn::Real;
+using Vd = std::vector<double>;
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+/// splitmix64: the same numbers on every standard library (std distributions are not portable).
+class Rng {
+ public:
+  explicit Rng(std::uint64_t seed) : s_(seed) {}
+  std::uint64_t next() {
+    std::uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double uniform(double lo = -1.0, double hi = 1.0) {
+    return lo + (hi - lo) * static_cast<double>(next() >> 11) * 0x1.0p-53;
+  }
+  int below(int n) { return static_cast<int>(next() % static_cast<std::uint64_t>(n)); }
+  Vd vec(std::size_t n, double lo = -1.0, double hi = 1.0) {
+    Vd v(n);
+    for (double& x : v) x = uniform(lo, hi);
+    return v;
+  }
+
+ private:
+  std::uint64_t s_;
+};
+
+/// A real array in the layout one backend expects: float storage for esize 4, double for 8.
+class Vec {
+ public:
+  Vec(std::uint32_t esize, std::size_t n, double value = 0.0) : esize_(esize) {
+    if (esize == 8) d_.assign(n, value);
+    else f_.assign(n, static_cast<float>(value));
+  }
+  Vec(std::uint32_t esize, const Vd& x) : Vec(esize, x.size()) {
+    for (std::size_t i = 0; i < x.size(); ++i) set(i, x[i]);
+  }
+  Real r(std::ptrdiff_t offset = 0) { return Real{data(), esize_} + offset; }
+  void* data() { return esize_ == 8 ? static_cast<void*>(d_.data()) : static_cast<void*>(f_.data()); }
+  std::size_t size() const { return esize_ == 8 ? d_.size() : f_.size(); }
+  double operator[](std::size_t i) const { return esize_ == 8 ? d_[i] : static_cast<double>(f_[i]); }
+  void set(std::size_t i, double x) {
+    if (esize_ == 8) d_[i] = x;
+    else f_[i] = static_cast<float>(x);
+  }
+  Vd get() const {
+    Vd v(size());
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = (*this)[i];
+    return v;
+  }
+  /// The raw bytes, for bit-identity checks.
+  std::vector<unsigned char> bytes() const {
+    const std::size_t n = size() * esize_;
+    std::vector<unsigned char> b(n);
+    std::memcpy(b.data(), esize_ == 8 ? static_cast<const void*>(d_.data()) : static_cast<const void*>(f_.data()), n);
+    return b;
+  }
+
+ private:
+  std::uint32_t esize_;
+  std::vector<float> f_;
+  std::vector<double> d_;
+};
+
+/// max_i |got − want| / (|want_i| + rms(want)): relative, without blowing up at entries near 0.
+double rel_err(const Vd& got, const Vd& want) {
+  REQUIRE(got.size() == want.size());
+  double ss = 0.0;
+  for (double w : want) ss += w * w;
+  const double rms = want.empty() ? 0.0 : std::sqrt(ss / static_cast<double>(want.size()));
+  double worst = 0.0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double denom = std::abs(want[i]) + rms + 1e-300;
+    const double e = std::abs(got[i] - want[i]) / denom;
+    if (!(e <= worst)) worst = e;  // NaN wins
+  }
+  return worst;
+}
+
+constexpr double kFdEps = 1e-6;
+
+/// Worst relative error of an analytic gradient against central differences of `loss` in every
+/// element of x (x is perturbed in place and restored). Gradients below 1e-2 count absolutely.
+template <class Loss>
+double grad_err(Vec& x, const Vd& analytic, Loss&& loss) {
+  REQUIRE(analytic.size() == x.size());
+  double worst = 0.0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double x0 = x[i];
+    x.set(i, x0 + kFdEps);
+    const double lp = loss();
+    x.set(i, x0 - kFdEps);
+    const double lm = loss();
+    x.set(i, x0);
+    const double fd = (lp - lm) / (2.0 * kFdEps);
+    const double e = std::abs(analytic[i] - fd) / std::max({std::abs(analytic[i]), std::abs(fd), 1e-2});
+    if (!(e <= worst)) worst = e;
+  }
+  return worst;
+}
+
+struct Backends {
+  std::unique_ptr<Backend> f64 = dqn::make_cpu_backend(true);
+  std::unique_ptr<Backend> f32 = dqn::make_cpu_backend(false);
+};
+
+// ---- naive references -------------------------------------------------------------------------
+
+/// C = alpha op(A) op(B) + beta C per batch entry, building op(A) and op(B) explicitly first.
+Vd naive_gemm(const dqn::Gemm& g, const Vd& A, const Vd& B, Vd C) {
+  for (int bi = 0; bi < g.batch; ++bi) {
+    Vd opA(static_cast<std::size_t>(g.m) * g.k), opB(static_cast<std::size_t>(g.k) * g.n);
+    for (int i = 0; i < g.m; ++i)
+      for (int p = 0; p < g.k; ++p)
+        opA[i * g.k + p] = g.ta ? A[bi * g.stride_a + p * g.lda + i] : A[bi * g.stride_a + i * g.lda + p];
+    for (int p = 0; p < g.k; ++p)
+      for (int j = 0; j < g.n; ++j)
+        opB[p * g.n + j] = g.tb ? B[bi * g.stride_b + j * g.ldb + p] : B[bi * g.stride_b + p * g.ldb + j];
+    for (int i = 0; i < g.m; ++i)
+      for (int j = 0; j < g.n; ++j) {
+        double s = 0.0;
+        for (int p = 0; p < g.k; ++p) s += opA[i * g.k + p] * opB[p * g.n + j];
+        double& c = C[bi * g.stride_c + i * g.ldc + j];
+        c = g.alpha * s + (g.beta == 0.0f ? 0.0 : g.beta * c);
+      }
+  }
+  return C;
+}
+
+Vd naive_log_softmax(const Vd& x, int rows, int n) {
+  Vd y(x.size());
+  for (int r = 0; r < rows; ++r) {
+    double s = 0.0;
+    for (int i = 0; i < n; ++i) s += std::exp(x[r * n + i]);
+    for (int i = 0; i < n; ++i) y[r * n + i] = x[r * n + i] - std::log(s);
+  }
+  return y;
+}
+
+/// The classic floor/ceil C51 projection (Bellemare et al.), an independent form of the dense one.
+Vd naive_project(const Vd& tlogp, const std::vector<std::int32_t>& a_star, const Vd& r, const Vd& done,
+                 int B, int D, int A, int Z, double gamma, double v_min, double v_max) {
+  Vd m(static_cast<std::size_t>(B) * D * Z, 0.0);
+  const double dz = (v_max - v_min) / (Z - 1);
+  for (int b = 0; b < B; ++b)
+    for (int d = 0; d < D; ++d) {
+      const int a = a_star[b * D + d];
+      for (int j = 0; j < Z; ++j) {
+        const double p = std::exp(tlogp[((b * D + d) * A + a) * Z + j]);
+        const double tz = std::min(v_max, std::max(v_min, r[b] + gamma * (1.0 - done[b]) * (v_min + j * dz)));
+        const double pos = (tz - v_min) / dz;
+        const int lo = static_cast<int>(std::floor(pos)), hi = static_cast<int>(std::ceil(pos));
+        double* row = &m[(b * D + d) * Z];
+        if (lo == hi) {
+          row[lo] += p;
+        } else {
+          row[lo] += p * (hi - pos);
+          row[hi] += p * (pos - lo);
+        }
+      }
+    }
+  return m;
+}
+
+// ---- dense layers -----------------------------------------------------------------------------
+
+TEST_CASE("ops.names") {
+  Backends be;
+  CHECK(std::string(be.f64->name()) == "cpu-f64");
+  CHECK(std::string(be.f32->name()) == "cpu");
+  CHECK(be.f64->real_size() == 8);
+  CHECK(be.f32->real_size() == 4);
+  CHECK_FALSE(be.f64->is_device());
+  CHECK(be.f64->status() == 0);
+  CHECK(std::string(be.f64->message()).empty());
+}
+
+TEST_CASE("ops.gemm.forward") {
+  Backends be;
+  Rng rng(1);
+  const int m = 7, n = 5, k = 13, batch = 3;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      CAPTURE(ta);
+      CAPTURE(tb);
+      dqn::Gemm g;
+      g.ta = ta != 0;
+      g.tb = tb != 0;
+      g.m = m, g.n = n, g.k = k;
+      g.alpha = 0.75f, g.beta = -1.25f;
+      const int rows_a = g.ta ? k : m, rows_b = g.tb ? n : k;
+      g.lda = (g.ta ? m : k) + 2;
+      g.ldb = (g.tb ? k : n) + 3;
+      g.ldc = n + 1;
+      g.batch = batch;
+      g.stride_a = rows_a * g.lda + 3;
+      g.stride_b = rows_b * g.ldb + 1;
+      g.stride_c = m * g.ldc + 2;
+      const Vd A = rng.vec(g.stride_a * batch), B = rng.vec(g.stride_b * batch), C0 = rng.vec(g.stride_c * batch);
+      const Vd want = naive_gemm(g, A, B, C0);  // padding of C stays as it was
+      auto run = [&](Backend& b) {
+        Vec a(b.real_size(), A), bb(b.real_size(), B), c(b.real_size(), C0);
+        g.a = a.r(), g.b = bb.r(), g.c = c.r();
+        b.gemm(g);
+        REQUIRE(b.status() == 0);
+        return c.get();
+      };
+      const Vd got64 = run(*be.f64);
+      CHECK(rel_err(got64, want) < 1e-13);
+      CHECK(rel_err(run(*be.f32), got64) < 1e-5);
+    }
+}
+
+TEST_CASE("ops.gemm.beta_zero_ignores_nan") {
+  Backends be;
+  Rng rng(2);
+  dqn::Gemm g;
+  g.m = 7, g.n = 5, g.k = 13, g.lda = 13, g.ldb = 5, g.ldc = 6, g.alpha = 1.0f, g.beta = 0.0f;
+  const Vd A = rng.vec(7 * 13), B = rng.vec(13 * 5);
+  Vd want = naive_gemm(g, A, B, Vd(7 * 6, 0.0));
+  for (int i = 0; i < 7; ++i) want[i * 6 + 5] = kNaN;  // the padding column is not touched
+  for (Backend* b : {be.f64.get(), be.f32.get()}) {
+    Vec a(b->real_size(), A), bb(b->real_size(), B), c(b->real_size(), 7 * 6, kNaN);
+    g.a = a.r(), g.b = bb.r(), g.c = c.r();
+    b->gemm(g);
+    const Vd got = c.get();
+    for (int i = 0; i < 7; ++i)
+      for (int j = 0; j < 6; ++j) {
+        if (j == 5) {
+          CHECK(std::isnan(got[i * 6 + j]));
+        } else {
+          CHECK(std::isfinite(got[i * 6 + j]));
+          CHECK(got[i * 6 + j] == doctest::Approx(want[i * 6 + j]).epsilon(1e-5));
+        }
+      }
+  }
+}
+
+TEST_CASE("ops.gemm.fd") {
+  // A dense layer Y_i = X_i W_iᵀ per batch entry, L = ½‖Y − T‖²; its backward gemms are the ones a
+  // layer uses: dX = dY·W and dW = dYᵀ·X (here in two row blocks, the second with beta = 1).
+  Backends be;
+  Backend& b = *be.f64;
+  Rng rng(3);
+  const int batch = 3, rows = 7, in = 13, out = 5;
+  // Small inputs keep L near 5: the FD roundoff grows with |L|/eps.
+  Vec X(8, rng.vec(batch * rows * in, -0.5, 0.5)), W(8, rng.vec(batch * out * in, -0.5, 0.5)), Y(8, batch * rows * out);
+  const Vd T = rng.vec(batch * rows * out, -0.3, 0.3);
+  auto forward = [&] {
+    dqn::Gemm g;
+    g.tb = true, g.m = rows, g.n = out, g.k = in;
+    g.a = X.r(), g.lda = in, g.b = W.r(), g.ldb = in, g.c = Y.r(), g.ldc = out;
+    g.batch = batch, g.stride_a = rows * in, g.stride_b = out * in, g.stride_c = rows * out;
+    b.gemm(g);
+    double L = 0.0;
+    for (std::size_t i = 0; i < T.size(); ++i) L += 0.5 * (Y[i] - T[i]) * (Y[i] - T[i]);
+    return L;
+  };
+  forward();
+  Vd dy(T.size());
+  for (std::size_t i = 0; i < T.size(); ++i) dy[i] = Y[i] - T[i];
+  Vec dY(8, dy), dX(8, X.size(), kNaN), dW(8, W.size(), kNaN);
+
+  dqn::Gemm gx;
+  gx.m = rows, gx.n = in, gx.k = out;
+  gx.a = dY.r(), gx.lda = out, gx.b = W.r(), gx.ldb = in, gx.c = dX.r(), gx.ldc = in;
+  gx.batch = batch, gx.stride_a = rows * out, gx.stride_b = out * in, gx.stride_c = rows * in;
+  b.gemm(gx);
+
+  dqn::Gemm gw;
+  gw.ta = true, gw.m = out, gw.n = in, gw.k = 4;
+  gw.a = dY.r(), gw.lda = out, gw.b = X.r(), gw.ldb = in, gw.c = dW.r(), gw.ldc = in;
+  gw.batch = batch, gw.stride_a = rows * out, gw.stride_b = rows * in, gw.stride_c = out * in;
+  b.gemm(gw);
+  gw.k = rows - 4, gw.a = dY.r(4 * out), gw.b = X.r(4 * in), gw.beta = 1.0f;
+  b.gemm(gw);
+  REQUIRE(b.status() == 0);
+
+  CHECK(grad_err(X, dX.get(), forward) < 1e-6);
+  CHECK(grad_err(W, dW.get(), forward) < 1e-6);
+}
+
+TEST_CASE("ops.bias_act.forward") {
+  Backends be;
+  Rng rng(4);
+  const int rows = 7, cols = 13, ld = 16;
+  const Vd Y0 = rng.vec(rows * ld), bias = rng.vec(cols);
+  for (int mode = 0; mode < 3; ++mode) {  // none, relu, relu without a bias
+    CAPTURE(mode);
+    const dqn::Act act = mode == 0 ? dqn::Act::none : dqn::Act::relu;
+    Vd want = Y0;
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < cols; ++c) {
+        double x = Y0[r * ld + c] + (mode == 2 ? 0.0 : bias[c]);
+        if (act == dqn::Act::relu && x < 0.0) x = 0.0;
+        want[r * ld + c] = x;
+      }
+    auto run = [&](Backend& b) {
+      Vec y(b.real_size(), Y0), bb(b.real_size(), bias);
+      b.bias_act(y.r(), mode == 2 ? Real{nullptr, b.real_size()} : bb.r(), rows, cols, ld, act);
+      REQUIRE(b.status() == 0);
+      return y.get();
+    };
+    const Vd got64 = run(*be.f64);
+    CHECK(rel_err(got64, want) < 1e-15);
+    CHECK(rel_err(run(*be.f32), got64) < 1e-5);
+  }
+}
+
+TEST_CASE("ops.bias_grad.fd") {
+  // Y = X Wᵀ + b (Y with a padded row stride), L = ½‖Y − T‖², db = Σ_rows dY.
+  Backends be;
+  Backend& b = *be.f64;
+  Rng rng(5);
+  const int rows = 7, in = 13, out = 5, ldy = out + 2;
+  Vec X(8, rng.vec(rows * in)), W(8, rng.vec(out * in)), bias(8, rng.vec(out)), Y(8, rows * ldy);
+  const Vd T = rng.vec(rows * ldy);
+  auto forward = [&] {
+    dqn::Gemm g;
+    g.tb = true, g.m = rows, g.n = out, g.k = in;
+    g.a = X.r(), g.lda = in, g.b = W.r(), g.ldb = in, g.c = Y.r(), g.ldc = ldy;
+    b.gemm(g);
+    b.bias_act(Y.r(), bias.r(), rows, out, ldy, dqn::Act::none);
+    double L = 0.0;
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < out; ++c) L += 0.5 * std::pow(Y[r * ldy + c] - T[r * ldy + c], 2);
+    return L;
+  };
+  forward();
+  Vd dy(rows * ldy, kNaN);  // padding is garbage that must not be read
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < out; ++c) dy[r * ldy + c] = Y[r * ldy + c] - T[r * ldy + c];
+  Vec dY(8, dy), db(8, out, kNaN);
+  b.bias_grad(db.r(), dY.r(), rows, out, ldy, 0.0f);  // beta 0 ignores the NaN in db
+  REQUIRE(b.status() == 0);
+  const Vd grad = db.get();
+  CHECK(grad_err(bias, grad, forward) < 1e-6);
+
+  // beta accumulates: db = 0.5·db + Σ dY.
+  const Vd prev = rng.vec(out);
+  Vec acc(8, prev);
+  b.bias_grad(acc.r(), dY.r(), rows, out, ldy, 0.5f);
+  for (int c = 0; c < out; ++c) CHECK(acc[c] == doctest::Approx(0.5 * prev[c] + grad[c]).epsilon(1e-14));
+
+  Vec dY32(4, dy), acc32(4, prev);
+  be.f32->bias_grad(acc32.r(), dY32.r(), rows, out, ldy, 0.5f);
+  CHECK(rel_err(acc32.get(), acc.get()) < 1e-5);
+}
+
+TEST_CASE("ops.relu_backward.fd") {
+  // Y = relu(X Wᵀ + b), L = ½‖Y − T‖²; dpre = relu_backward(dY, Y), then db and dW from dpre.
+  Backends be;
+  Backend& b = *be.f64;
+  Rng rng(6);
+  const int rows = 7, in = 13, out = 5, ld = out + 3;
+  Vec X(8, rng.vec(rows * in)), W(8, rng.vec(out * in)), bias(8, rng.vec(out, -0.3, 0.3)), Y(8, rows * ld);
+  const Vd T = rng.vec(rows * ld);
+  auto pre_activation = [&] {
+    dqn::Gemm g;
+    g.tb = true, g.m = rows, g.n = out, g.k = in;
+    g.a = X.r(), g.lda = in, g.b = W.r(), g.ldb = in, g.c = Y.r(), g.ldc = ld;
+    b.gemm(g);
+    b.bias_act(Y.r(), bias.r(), rows, out, ld, dqn::Act::none);
+  };
+  auto forward = [&] {
+    pre_activation();
+    b.bias_act(Y.r(), Real{nullptr, 8}, rows, out, ld, dqn::Act::relu);
+    double L = 0.0;
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < out; ++c) L += 0.5 * std::pow(Y[r * ld + c] - T[r * ld + c], 2);
+    return L;
+  };
+  // Away from the kink: no pre-activation within FD reach of 0; and both signs present.
+  pre_activation();
+  int negative = 0;
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < out; ++c) {
+      REQUIRE(std::abs(Y[r * ld + c]) > 1e-3);
+      negative += Y[r * ld + c] < 0.0;
+    }
+  REQUIRE(negative > 5);
+  REQUIRE(negative < rows * out - 5);
+
+  forward();
+  Vd dy(rows * ld, 0.0);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < out; ++c) dy[r * ld + c] = Y[r * ld + c] - T[r * ld + c];
+  Vec dpre(8, dy);
+  b.relu_backward(dpre.r(), Y.r(), rows, out, ld);
+  Vec db(8, out), dW(8, out * in);
+  b.bias_grad(db.r(), dpre.r(), rows, out, ld, 0.0f);
+  dqn::Gemm gw;
+  gw.ta = true, gw.m = out, gw.n = in, gw.k = rows;
+  gw.a = dpre.r(), gw.lda = ld, gw.b = X.r(), gw.ldb = in, gw.c = dW.r(), gw.ldc = in;
+  b.gemm(gw);
+  REQUIRE(b.status() == 0);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < out; ++c)
+      if (Y[r * ld + c] <= 0.0) CHECK(dpre[r * ld + c] == 0.0);
+  CHECK(grad_err(bias, db.get(), forward) < 1e-6);
+  CHECK(grad_err(W, dW.get(), forward) < 1e-6);
+
+  Vec dpre32(4, dy), Y32(4, Y.get());
+  be.f32->relu_backward(dpre32.r(), Y32.r(), rows, out, ld);
+  CHECK(rel_err(dpre32.get(), dpre.get()) < 1e-5);
+}
+
+// ---- distributional head ------------------------------------------------------------------------
+
+TEST_CASE("ops.dueling.forward") {
+  Backends be;
+  Rng rng(7);
+  const int rows = 3, D = 3, A = 5, Z = 7, ldv = Z + 3;
+  const Vd V = rng.vec(rows * ldv), Adv = rng.vec(rows * D * A * Z);
+  Vd want(Adv.size());
+  for (int b = 0; b < rows; ++b)
+    for (int d = 0; d < D; ++d)
+      for (int a = 0; a < A; ++a)
+        for (int i = 0; i < Z; ++i) {
+          double mean = 0.0;
+          for (int a2 = 0; a2 < A; ++a2) mean += Adv[((b * D + d) * A + a2) * Z + i] / A;
+          want[((b * D + d) * A + a) * Z + i] = V[b * ldv + i] + Adv[((b * D + d) * A + a) * Z + i] - mean;
+        }
+  auto run = [&](Backend& b, bool in_place) {
+    Vec v(b.real_size(), V), adv(b.real_size(), Adv), logits(b.real_size(), Adv.size(), kNaN);
+    Vec& out = in_place ? adv : logits;
+    b.dueling_combine(out.r(), v.r(), ldv, adv.r(), rows, D, A, Z);
+    REQUIRE(b.status() == 0);
+    return out.get();
+  };
+  const Vd got64 = run(*be.f64, false);
+  CHECK(rel_err(got64, want) < 1e-14);
+  CHECK(rel_err(run(*be.f64, true), want) < 1e-14);
+  CHECK(rel_err(run(*be.f32, false), got64) < 1e-5);
+}
+
+TEST_CASE("ops.dueling.fd") {
+  // L = Σ c ⊙ tanh(logits(v, adv)); dueling_backward maps dL/dlogits to dv and dadv.
+  Backends be;
+  Backend& b = *be.f64;
+  Rng rng(8);
+  const int rows = 3, D = 3, A = 5, Z = 7, ldv = Z + 2;
+  const std::size_t n = static_cast<std::size_t>(rows) * D * A * Z;
+  Vec v(8, rng.vec(rows * ldv)), adv(8, rng.vec(n)), logits(8, n);
+  const Vd c = rng.vec(n);
+  auto forward = [&] {
+    b.dueling_combine(logits.r(), v.r(), ldv, adv.r(), rows, D, A, Z);
+    double L = 0.0;
+    for (std::size_t i = 0; i < n; ++i) L += c[i] * std::tanh(logits[i]);
+    return L;
+  };
+  forward();
+  Vd dl(n);
+  for (std::size_t i = 0; i < n; ++i) dl[i] = c[i] * (1.0 - std::pow(std::tanh(logits[i]), 2));
+  Vec dlogits(8, dl), dv(8, rows * ldv, kNaN), dadv(8, n, kNaN);
+  b.dueling_backward(dv.r(), ldv, dadv.r(), dlogits.r(), rows, D, A, Z);
+  REQUIRE(b.status() == 0);
+  // dv's padding columns are not written; v's padding does not enter the loss.
+  Vd dv_full = dv.get();
+  for (int r = 0; r < rows; ++r)
+    for (int i = Z; i < ldv; ++i) {
+      CHECK(std::isnan(dv_full[r * ldv + i]));
+      dv_full[r * ldv + i] = 0.0;
+    }
+  CHECK(grad_err(v, dv_full, forward) < 1e-6);
+  CHECK(grad_err(adv, dadv.get(), forward) < 1e-6);
+
+  // In place (dadv aliasing dlogits) gives the same; f32 agrees with f64.
+  Vec inplace(8, dl), dv2(8, rows * ldv);
+  b.dueling_backward(dv2.r(), ldv, inplace.r(), inplace.r(), rows, D, A, Z);
+  CHECK(rel_err(inplace.get(), dadv.get()) < 1e-15);
+  Vec dl32(4, dl), dv32(4, rows * ldv, kNaN), dadv32(4, n);
+  be.f32->dueling_backward(dv32.r(), ldv, dadv32.r(), dl32.r(), rows, D, A, Z);
+  CHECK(rel_err(dadv32.get(), dadv.get()) < 1e-5);
+  Vd dv32_full = dv32.get();
+  for (int r = 0; r < rows; ++r)
+    for (int i = Z; i < ldv; ++i) dv32_full[r * ldv + i] = 0.0;
+  CHECK(rel_err(dv32_full, dv_full) < 1e-5);
+}
+
+TEST_CASE("ops.log_softmax.forward") {
+  Backends be;
+  Rng rng(9);
+  const int rows = 3, n = 13;
+  const Vd X = rng.vec(rows * n, -3.0, 3.0);
+  const Vd want = naive_log_softmax(X, rows, n);
+  auto run = [&](Backend& b) {
+    Vec x(b.real_size(), X), y(b.real_size(), X.size());
+    b.log_softmax(y.r(), x.r(), rows, n);
+    REQUIRE(b.status() == 0);
+    return y.get();
+  };
+  const Vd got64 = run(*be.f64);
+  CHECK(rel_err(got64, want) < 1e-14);
+  for (int r = 0; r < rows; ++r) {
+    double s = 0.0;
+    for (int i = 0; i < n; ++i) s += std::exp(got64[r * n + i]);
+    CHECK(s == doctest::Approx(1.0).epsilon(1e-14));
+  }
+  CHECK(rel_err(run(*be.f32), got64) < 1e-5);
+}
+
+TEST_CASE("ops.log_softmax.huge_logits") {
+  Backends be;
+  const Vd X = {1e4, 0.0, -1e4, 1e4 - 1.0, -1e4, -1e4, -1e4, -1e4};
+  const double l = std::log1p(std::exp(-1.0));  // logsumexp of the first row is 1e4 + l
+  const Vd want = {-l, -1e4 - l, -2e4 - l, -1.0 - l, -std::log(4.0), -std::log(4.0), -std::log(4.0), -std::log(4.0)};
+  for (Backend* b : {be.f64.get(), be.f32.get()}) {
+    CAPTURE(b->name());
+    Vec x(b->real_size(), X), y(b->real_size(), X.size());
+    b->log_softmax(y.r(), x.r(), 2, 4);
+    for (std::size_t i = 0; i < X.size(); ++i) {
+      CHECK(std::isfinite(y[i]));
+      CHECK(std::abs(y[i] - want[i]) < (b->real_size() == 8 ? 1e-9 : 2e-3));
+    }
+  }
+}
+
+TEST_CASE("ops.expected_q") {
+  Backends be;
+  Rng rng(10);
+  const int rows = 15, Z = 11;
+  const float v_min = -10.0f, v_max = 10.0f;
+  const Vd LP = naive_log_softmax(rng.vec(rows * Z, -2.0, 2.0), rows, Z);
+  Vd want(rows);
+  for (int r = 0; r < rows; ++r)
+    for (int i = 0; i < Z; ++i) want[r] += (-10.0 + 2.0 * i) * std::exp(LP[r * Z + i]);
+  auto run = [&](Backend& b) {
+    Vec lp(b.real_size(), LP), q(b.real_size(), rows);
+    b.expected_q(q.r(), lp.r(), rows, Z, v_min, v_max);
+    REQUIRE(b.status() == 0);
+    return q.get();
+  };
+  const Vd got64 = run(*be.f64);
+  CHECK(rel_err(got64, want) < 1e-13);
+  CHECK(rel_err(run(*be.f32), got64) < 1e-5);
+
+  // A uniform distribution on a symmetric support has mean 0; a point mass sits on its atom.
+  Vec uniform(8, Vd(51, -std::log(51.0))), q(8, 1);
+  be.f64->expected_q(q.r(), uniform.r(), 1, 51, -10.0f, 10.0f);
+  CHECK(std::abs(q[0]) < 1e-12);
+  Vd point(51, -1e300);
+  point[37] = 0.0;
+  Vec pm(8, point);
+  be.f64->expected_q(q.r(), pm.r(), 1, 51, -10.0f, 10.0f);
+  CHECK(q[0] == doctest::Approx(-10.0 + 37 * 0.4).epsilon(1e-14));
+}
+
+TEST_CASE("ops.argmax.ties") {
+  Backends be;
+  const int n = 5;
+  const Vd Q = {1, 3, 3, 2, 0,  5, 5, 5, 5, 5,  -1, -2, -1, -0.5, -0.5,  0, 0, 0, 0, 7};
+  const std::vector<std::int32_t> want = {1, 0, 3, 4};
+  for (Backend* b : {be.f64.get(), be.f32.get()}) {
+    Vec q(b->real_size(), Q);
+    std::vector<std::int32_t> idx(4, -1);
+    b->argmax(idx.data(), q.r(), 4, n);
+    REQUIRE(b->status() == 0);
+    CHECK(idx == want);
+  }
+  Rng rng(11);
+  const int rows = 9, m = 7;
+  const Vd R = rng.vec(rows * m);
+  Vec q(8, R);
+  std::vector<std::int32_t> idx(rows);
+  be.f64->argmax(idx.data(), q.r(), rows, m);
+  for (int r = 0; r < rows; ++r) {
+    const auto first = R.begin() + r * m;
+    CHECK(idx[r] == static_cast<int>(std::max_element(first, first + m) - first));
+  }
+}
+
+TEST_CASE("ops.c51_project.rows_sum_to_one") {
+  Backends be;
+  Rng rng(12);
+  const int B = 7, D = 3, A = 5, Z = 11;
+  const float gamma = 0.99f, v_min = -10.0f, v_max = 10.0f;
+  const Vd TLP = naive_log_softmax(rng.vec(B * D * A * Z, -3.0, 3.0), B * D * A, Z);
+  const Vd R = {-15.0, -3.3, 0.0, 2.7, 14.0, 0.15, -9.9};  // some beyond the support: clamped
+  const Vd done = {0, 1, 0, 0, 1, 0, 0};
+  std::vector<std::int32_t> a_star(B * D);
+  for (auto& a : a_star) a = rng.below(A);
+  const Vd want = naive_project(TLP, a_star, R, done, B, D, A, Z, gamma, v_min, v_max);
+  auto run = [&](Backend& b) {
+    Vec tlp(b.real_size(), TLP), r(b.real_size(), R), dn(b.real_size(), done), m(b.real_size(), B * D * Z, kNaN);
+    dqn::C51Project p;
+    p.m = m.r(), p.target_logp = tlp.r(), p.a_star = a_star.data(), p.rewards = r.r(), p.dones = dn.r();
+    p.B = B, p.D = D, p.A = A, p.Z = Z, p.gamma_n = gamma, p.v_min = v_min, p.v_max = v_max;
+    b.c51_project(p);
+    REQUIRE(b.status() == 0);
+    return m.get();
+  };
+  const Vd got64 = run(*be.f64);
+  for (int row = 0; row < B * D; ++row) {
+    double s = 0.0;
+    for (int i = 0; i < Z; ++i) {
+      CHECK(got64[row * Z + i] >= 0.0);
+      s += got64[row * Z + i];
+    }
+    CHECK(std::abs(s - 1.0) < 1e-12);
+  }
+  for (std::size_t i = 0; i < want.size(); ++i) CHECK(std::abs(got64[i] - want[i]) < 1e-12);
+  CHECK(rel_err(run(*be.f32), got64) < 1e-5);
+}
+
+TEST_CASE("ops.c51_project.hand_computed") {
+  // Z = 3 on {−1, 0, 1}; A = 2, a* picks the row. Target probs: a0 = (.6 .3 .1), a1 = (.2 .3 .5).
+  Backends be;
+  Backend& b = *be.f64;
+  const Vd tlp = {std::log(0.6), std::log(0.3), std::log(0.1), std::log(0.2), std::log(0.3), std::log(0.5)};
+  const int B = 3;
+  Vd TLP;
+  for (int i = 0; i < B; ++i) TLP.insert(TLP.end(), tlp.begin(), tlp.end());
+  const std::vector<std::int32_t> a_star = {1, 1, 0};
+  Vec t(8, TLP), r(8, Vd{0.5, 0.5, 0.5}), dn(8, Vd{0.0, 1.0, 0.0}), m(8, B * 3);
+  dqn::C51Project p;
+  p.m = m.r(), p.target_logp = t.r(), p.a_star = a_star.data(), p.rewards = r.r(), p.dones = dn.r();
+  p.B = B, p.D = 1, p.A = 2, p.Z = 3, p.gamma_n = 1.0f, p.v_min = -1.0f, p.v_max = 1.0f;
+  b.c51_project(p);
+  REQUIRE(b.status() == 0);
+  // r = .5, γ = 1, not done: Tz = (−.5, .5, 1) → m = (.5 p0, .5 p0 + .5 p1, .5 p1 + p2).
+  // done: Tz = .5 everywhere → m = (0, .5, .5).
+  const Vd want = {0.1, 0.25, 0.65, 0.0, 0.5, 0.5, 0.3, 0.45, 0.25};
+  for (int i = 0; i < 9; ++i) CHECK(std::abs(m[i] - want[i]) < 1e-12);
+
+  // r = 0, γ = .5, not done: Tz = (−.5, 0, .5) → m = (.5 p0, .5 p0 + p1 + .5 p2, .5 p2).
+  r.set(0, 0.0);
+  p.B = 1, p.gamma_n = 0.5f;
+  b.c51_project(p);
+  const Vd want2 = {0.1, 0.1 + 0.3 + 0.25, 0.25};
+  for (int i = 0; i < 3; ++i) CHECK(std::abs(m[i] - want2[i]) < 1e-12);
+}
+
+TEST_CASE("ops.c51_xent.fd") {
+  // loss(logits) = c51_xent(log_softmax(logits)); its dlogits against central differences, with
+  // non-uniform weights, a scale, and m rows that do not sum to 1 (so the p·Σm term matters).
+  Backends be;
+  Backend& b = *be.f64;
+  Rng rng(13);
+  const int B = 3, D = 2, A = 5, Z = 7;
+  const std::size_t n = static_cast<std::size_t>(B) * D * A * Z;
+  const float scale = 0.37f;
+  const Vd Wt = {0.5, 1.7, 1.1};
+  std::vector<std::int32_t> actions(B * D);
+  for (auto& a : actions) a = rng.below(A);
+  const Vd M = rng.vec(B * D * Z, 0.0, 0.5);
+  Vec logits(8, rng.vec(n, -2.0, 2.0)), logp(8, n), m(8, M), w(8, Wt), dlogits(8, n, kNaN), loss(8, 1, kNaN),
+      lps(8, B, kNaN);
+  auto args = [&](Vec& lp, Vec& mm, Vec& ww, Vec& dl, Vec& lo, Vec* per_sample) {
+    dqn::C51Xent x;
+    x.loss_per_sample = per_sample ? per_sample->r() : Real{nullptr, lp.r().esize};
+    x.loss = lo.r(), x.dlogits = dl.r(), x.logp = lp.r(), x.actions = actions.data();
+    x.m = mm.r(), x.weights = ww.r(), x.B = B, x.D = D, x.A = A, x.Z = Z, x.scale = scale;
+    return x;
+  };
+  auto forward = [&] {
+    b.log_softmax(logp.r(), logits.r(), B * D * A, Z);
+    b.c51_xent(args(logp, m, w, dlogits, loss, &lps));
+    return loss[0];
+  };
+  forward();
+  REQUIRE(b.status() == 0);
+  const Vd grad = dlogits.get();
+
+  // Loss and per-sample loss against the formula.
+  const Vd LP = logp.get();
+  double want_loss = 0.0;
+  for (int s = 0; s < B; ++s) {
+    double L = 0.0;
+    for (int d = 0; d < D; ++d)
+      for (int i = 0; i < Z; ++i) L -= M[(s * D + d) * Z + i] * LP[((s * D + d) * A + actions[s * D + d]) * Z + i];
+    L /= D;
+    CHECK(lps[s] == doctest::Approx(L).epsilon(1e-14));
+    want_loss += Wt[s] * L;
+  }
+  want_loss *= static_cast<double>(scale) / B;
+  CHECK(loss[0] == doctest::Approx(want_loss).epsilon(1e-14));
+
+  // The gradient: exactly zero off the taken actions, central differences everywhere.
+  for (int s = 0; s < B; ++s)
+    for (int d = 0; d < D; ++d)
+      for (int a = 0; a < A; ++a)
+        if (a != actions[s * D + d])
+          for (int i = 0; i < Z; ++i) CHECK(grad[((s * D + d) * A + a) * Z + i] == 0.0);
+  CHECK(grad_err(logits, grad, forward) < 1e-6);
+
+  // accumulate adds to loss; a null loss_per_sample is not written.
+  Vec acc(8, Vd{2.5}), dl2(8, n);
+  dqn::C51Xent x = args(logp, m, w, dl2, acc, nullptr);
+  x.accumulate = true;
+  b.c51_xent(x);
+  REQUIRE(b.status() == 0);
+  CHECK(acc[0] == doctest::Approx(2.5 + want_loss).epsilon(1e-14));
+  CHECK(rel_err(dl2.get(), grad) == 0.0);
+
+  // f32 against f64.
+  Vec lp32(4, LP), m32(4, M), w32(4, Wt), dl32(4, n, kNaN), loss32(4, 1), lps32(4, B);
+  be.f32->c51_xent(args(lp32, m32, w32, dl32, loss32, &lps32));
+  REQUIRE(be.f32->status() == 0);
+  CHECK(rel_err(dl32.get(), grad) < 1e-5);
+  CHECK(rel_err(lps32.get(), lps.get()) < 1e-5);
+  CHECK(loss32[0] == doctest::Approx(loss[0]).epsilon(1e-5));
+}
+
+// ---- optimisation -------------------------------------------------------------------------------
+
+/// Everything one budget call reads and writes, on one backend.
+struct BudgetRig {
+  BudgetRig(Backend& be, const Vd& grads, const Vd& fractions, const Vd& losses, float G)
+      : es(be.real_size()),
+        H(static_cast<int>(fractions.size())),
+        P(static_cast<std::int64_t>(grads.size() / fractions.size())),
+        grads_v(es, grads), fractions_v(es, fractions), losses_v(es, losses), norms(es, H, kNaN),
+        clips(es, H, kNaN), g(es, grads.size() / fractions.size(), kNaN), total(es, 1, kNaN) {
+    a.grads = grads_v.r(), a.fractions = fractions_v.r(), a.norms = norms.r(), a.clips = clips.r();
+    a.g = g.r(), a.losses = losses_v.r(), a.total_loss = total.r(), a.skip = &skip, a.skipped = &skipped;
+    a.H = H, a.P = P, a.max_grad_norm = G;
+  }
+  std::uint32_t es;
+  int H;
+  std::int64_t P;
+  Vec grads_v, fractions_v, losses_v, norms, clips, g, total;
+  std::int32_t skip = -1;
+  std::int64_t skipped = 5;
+  dqn::Budget a;
+};
+
+double norm2(const Vd& x) {
+  double s = 0.0;
+  for (double v : x) s += v * v;
+  return std::sqrt(s);
+}
+
+Vd scaled(Vd x, double target_norm) {
+  const double f = target_norm / norm2(x);
+  for (double& v : x) v *= f;
+  return x;
+}
+
+TEST_CASE("ops.budget.primary_alone") {
+  Backends be;
+  Rng rng(14);
+  const int P = 37;
+  const float G = 10.0f;
+  SUBCASE("norm above G clips to G") {
+    const Vd g = scaled(rng.vec(P), 25.0);
+    for (Backend* b : {be.f64.get(), be.f32.get()}) {
+      BudgetRig r(*b, g, {1.0}, {0.75}, G);
+      b->budget(r.a);
+      REQUIRE(b->status() == 0);
+      const double tol = b->real_size() == 8 ? 1e-12 : 1e-6;
+      CHECK(r.skip == 0);
+      CHECK(r.skipped == 5);
+      CHECK(std::abs(r.norms[0] - 25.0) < 25.0 * tol);
+      CHECK(std::abs(r.clips[0] - 10.0 / (25.0 + 1e-6)) < tol);
+      CHECK(std::abs(norm2(r.g.get()) - 10.0) < 10.0 * 1e-6);  // 1e-6 is the ε in the clip
+      CHECK(r.total[0] == 0.75);
+      for (int i = 0; i < P; ++i) CHECK(std::abs(r.g[i] - g[i] * r.clips[0]) < tol);
+    }
+  }
+  SUBCASE("norm below G leaves g bit-identical") {
+    const Vd g = scaled(rng.vec(P), 4.0);
+    for (Backend* b : {be.f64.get(), be.f32.get()}) {
+      BudgetRig r(*b, g, {1.0}, {0.75}, G);
+      b->budget(r.a);
+      CHECK(r.skip == 0);
+      CHECK(r.clips[0] == 1.0);
+      CHECK(r.g.bytes() == r.grads_v.bytes());
+    }
+  }
+}
+
+TEST_CASE("ops.budget.two_heads") {
+  Backends be;
+  Rng rng(15);
+  const int P = 37;
+  const float G = 10.0f;
+  // Head 0 (f = .8, budget 8) at norm 30 and head 1 (f = .2, budget 2) at norm 7: both clip.
+  const Vd g0 = scaled(rng.vec(P), 30.0), g1 = scaled(rng.vec(P), 7.0);
+  Vd grads = g0;
+  grads.insert(grads.end(), g1.begin(), g1.end());
+  for (int small = 0; small < 2; ++small) {
+    CAPTURE(small);
+    Vd gr = grads;
+    if (small)  // head 1 at norm 1.5, inside its budget of 2: unclipped
+      for (int i = 0; i < P; ++i) gr[P + i] *= 1.5 / 7.0;
+    auto run = [&](Backend& b) {
+      BudgetRig r(b, gr, {0.8, 0.2}, {1.5, -0.25}, G);
+      b.budget(r.a);
+      REQUIRE(b.status() == 0);
+      CHECK(r.skip == 0);
+      CHECK(r.total[0] == 1.25);
+      Vd out = r.g.get();
+      out.push_back(r.norms[0]), out.push_back(r.norms[1]);
+      out.push_back(r.clips[0]), out.push_back(r.clips[1]);
+      return out;
+    };
+    const Vd got = run(*be.f64);
+    const double n1 = small ? 1.5 : 7.0;
+    const double c0 = 8.0 / (30.0 + 1e-6), c1 = small ? 1.0 : 2.0 / (7.0 + 1e-6);
+    CHECK(got[P] == doctest::Approx(30.0).epsilon(1e-13));
+    CHECK(got[P + 1] == doctest::Approx(n1).epsilon(1e-13));
+    CHECK(got[P + 2] == doctest::Approx(c0).epsilon(1e-13));
+    CHECK(got[P + 3] == doctest::Approx(c1).epsilon(1e-13));
+    Vd want(P);
+    for (int i = 0; i < P; ++i) want[i] = c0 * gr[i] + c1 * gr[P + i];
+    CHECK(rel_err(Vd(got.begin(), got.begin() + P), want) < 1e-13);
+    CHECK(rel_err(run(*be.f32), got) < 1e-5);
+    // Each head's part is inside its budget.
+    CHECK(c0 * 30.0 <= 8.0);
+    CHECK(c1 * n1 <= 2.0);
+  }
+}
+
+TEST_CASE("ops.budget.nonfinite_skips_updates") {
+  // A NaN or Inf in one head: skip set, counter incremented, g zero; then Adam, spectral norm and
+  // target update (Polyak and a due hard copy) leave every array bit-identical.
+  Backends be;
+  for (double bad : {kNaN, kInf, -kInf}) {
+    for (Backend* b : {be.f64.get(), be.f32.get()}) {
+      CAPTURE(bad);
+      CAPTURE(b->name());
+      const std::uint32_t es = b->real_size();
+      Rng rng(16);
+      const int P = 6 * 5 + 7;  // a 6×5 matrix then 7 more
+      Vd grads = rng.vec(2 * P);
+      grads[P + 11] = bad;
+      BudgetRig r(*b, grads, {0.8, 0.2}, {1.0, 2.0}, 10.0f);
+      b->budget(r.a);
+      REQUIRE(b->status() == 0);
+      CHECK(r.skip == 1);
+      CHECK(r.skipped == 6);
+      for (int i = 0; i < P; ++i) CHECK(r.g[i] == 0.0);
+
+      Vec params(es, rng.vec(P)), m(es, rng.vec(P)), v(es, rng.vec(P, 0.0, 1.0)), lr(es, Vd{1e-3});
+      Vec target(es, rng.vec(P)), u(es, scaled(rng.vec(6), 1.0));
+      std::int64_t t = 12;
+      const auto p0 = params.bytes(), m0 = m.bytes(), v0 = v.bytes(), tg0 = target.bytes(), u0 = u.bytes();
+
+      dqn::Adam ad;
+      ad.params = params.r(), ad.g = r.g.r(), ad.m = m.r(), ad.v = v.r(), ad.P = P, ad.t = &t, ad.lr = lr.r();
+      ad.skip = &r.skip;
+      b->adam(ad);
+      dqn::SpectralMatrix sm{params.r(), u.r(), 6, 5};
+      b->spectral_norm(&sm, 1, 6, 5, 1e-3f, &r.skip);  // σ_max tiny: would rescale if it ran
+      dqn::TargetUpdate tu;
+      tu.target = target.r(), tu.params = params.r(), tu.P = P, tu.tau = 0.5f, tu.t = &t, tu.skip = &r.skip;
+      b->target_update(tu);
+      tu.period = 4;  // t = 12 is a multiple: a hard copy would be due
+      b->target_update(tu);
+      REQUIRE(b->status() == 0);
+      CHECK(t == 12);
+      CHECK(params.bytes() == p0);
+      CHECK(m.bytes() == m0);
+      CHECK(v.bytes() == v0);
+      CHECK(target.bytes() == tg0);
+      CHECK(u.bytes() == u0);
+
+      // The next finite step clears skip and leaves the counter.
+      BudgetRig ok(*b, rng.vec(2 * P), {0.8, 0.2}, {1.0, 2.0}, 10.0f);
+      ok.skipped = 6;
+      b->budget(ok.a);
+      CHECK(ok.skip == 0);
+      CHECK(ok.skipped == 6);
+    }
+  }
+}
+
+TEST_CASE("ops.adam.two_steps") {
+  // β1 = .5, β2 = .75 and g chosen so every step works out by hand, e.g. element 0:
+  // step 1 m = 1, v = 1, m̂ = 2, v̂ = 4 → θ = 1 − .1·2/(2+ε); step 2 (lr .05, g = −2)
+  // m = −.5, v = 1.75, m̂ = −2/3, v̂ = 4 → θ += .05/3.
+  Backends be;
+  for (Backend* b : {be.f64.get(), be.f32.get()}) {
+    CAPTURE(b->name());
+    const std::uint32_t es = b->real_size();
+    Vec theta(es, Vd{1.0, -0.5, 2.0}), g(es, Vd{2.0, -1.0, 0.5}), m(es, 3), v(es, 3), lr(es, Vd{0.1});
+    std::int64_t t = 0;
+    const std::int32_t skip = 0;
+    dqn::Adam a;
+    a.params = theta.r(), a.g = g.r(), a.m = m.r(), a.v = v.r(), a.P = 3, a.t = &t, a.lr = lr.r();
+    a.beta1 = 0.5f, a.beta2 = 0.75f, a.eps = 1e-8f, a.skip = &skip;
+    b->adam(a);
+    REQUIRE(b->status() == 0);
+    const double tol = es == 8 ? 1e-15 : 1e-7;
+    CHECK(t == 1);
+    CHECK(std::abs(theta[0] - 0.90000000049999995) < tol);
+    CHECK(std::abs(theta[1] - -0.40000000099999999) < tol);
+    CHECK(std::abs(theta[2] - 1.9000000019999999) < tol);
+    CHECK(m.get() == Vd{1.0, -0.5, 0.25});
+    CHECK(v.get() == Vd{1.0, 0.25, 0.0625});
+
+    g.set(0, -2.0), g.set(1, 3.0);
+    lr.set(0, 0.05);  // read from memory at every step
+    b->adam(a);
+    CHECK(t == 2);
+    CHECK(std::abs(theta[0] - 0.91666666708333333) < tol);
+    CHECK(std::abs(theta[1] - -0.4353049402561075) < tol);
+    CHECK(std::abs(theta[2] - 1.8500000029999999) < tol);
+    CHECK(m.get() == Vd{-0.5, 1.25, 0.375});
+    CHECK(v.get() == Vd{1.75, 2.4375, 0.109375});
+  }
+}
+
+TEST_CASE("ops.adam.f32_vs_f64") {
+  Backends be;
+  Rng rng(17);
+  const int P = 29;
+  const Vd theta0 = rng.vec(P);
+  std::vector<Vd> gs;
+  for (int s = 0; s < 5; ++s) gs.push_back(rng.vec(P));
+  auto run = [&](Backend& b) {
+    const std::uint32_t es = b.real_size();
+    Vec theta(es, theta0), g(es, P), m(es, P), v(es, P), lr(es, Vd{1e-3});
+    std::int64_t t = 0;
+    const std::int32_t skip = 0;
+    dqn::Adam a;
+    a.params = theta.r(), a.g = g.r(), a.m = m.r(), a.v = v.r(), a.P = P, a.t = &t, a.lr = lr.r(), a.skip = &skip;
+    for (const Vd& gi : gs) {
+      for (int i = 0; i < P; ++i) g.set(i, gi[i]);
+      b.adam(a);
+    }
+    CHECK(t == 5);
+    Vd out = theta.get();
+    for (int i = 0; i < P; ++i) out.push_back(m[i]), out.push_back(v[i]);
+    return out;
+  };
+  const Vd got64 = run(*be.f64);
+  CHECK(rel_err(run(*be.f32), got64) < 1e-5);
+  // Five bias-corrected steps of size ≈ lr each way at most.
+  for (int i = 0; i < P; ++i) CHECK(std::abs(got64[i] - theta0[i]) <= 5e-3 * (1 + 1e-6));
+}
+
+/// σ_max(W) of a dense row-major matrix: power iteration on WᵀW until it stops moving.
+double dense_sigma(const Vd& W, int rows, int cols) {
+  Vd x(cols, 1.0), y(rows);
+  for (int c = 0; c < cols; ++c) x[c] += 0.01 * c;
+  double lambda = 0.0;
+  for (int it = 0; it < 20000; ++it) {
+    for (int r = 0; r < rows; ++r) {
+      y[r] = 0.0;
+      for (int c = 0; c < cols; ++c) y[r] += W[r * cols + c] * x[c];
+    }
+    Vd z(cols, 0.0);
+    for (int c = 0; c < cols; ++c)
+      for (int r = 0; r < rows; ++r) z[c] += W[r * cols + c] * y[r];
+    lambda = norm2(z);
+    for (int c = 0; c < cols; ++c) x[c] = z[c] / lambda;
+  }
+  return std::sqrt(lambda);
+}
+
+TEST_CASE("ops.spectral_norm.power_iteration") {
+  // Many calls with σ_max out of reach: u converges to the top left singular vector, so ‖Wᵀu‖ is
+  // σ_max(W); W itself is left alone. Two matrices per call (wide and tall).
+  Backends be;
+  Rng rng(18);
+  const int r0 = 7, c0 = 13, r1 = 13, c1 = 5;
+  const Vd W0 = rng.vec(r0 * c0), W1 = rng.vec(r1 * c1);
+  const double s0 = dense_sigma(W0, r0, c0), s1 = dense_sigma(W1, r1, c1);
+  for (Backend* b : {be.f64.get(), be.f32.get()}) {
+    CAPTURE(b->name());
+    const std::uint32_t es = b->real_size();
+    Vec w0(es, W0), w1(es, W1), u0(es, scaled(rng.vec(r0), 1.0)), u1(es, scaled(rng.vec(r1), 1.0));
+    const auto w0_bytes = w0.bytes(), w1_bytes = w1.bytes();
+    const dqn::SpectralMatrix mats[2] = {{w0.r(), u0.r(), r0, c0}, {w1.r(), u1.r(), r1, c1}};
+    const std::int32_t skip = 0;
+    for (int it = 0; it < 2000; ++it) b->spectral_norm(mats, 2, 13, 13, 1e9f, &skip);
+    REQUIRE(b->status() == 0);
+    CHECK(w0.bytes() == w0_bytes);
+    CHECK(w1.bytes() == w1_bytes);
+    auto sigma_from_u = [](const Vd& W, const Vd& u, int rows, int cols) {
+      Vd wtu(cols, 0.0);
+      for (int c = 0; c < cols; ++c)
+        for (int r = 0; r < rows; ++r) wtu[c] += W[r * cols + c] * u[r];
+      return norm2(wtu);
+    };
+    const double tol = es == 8 ? 1e-10 : 1e-5;
+    CHECK(std::abs(norm2(u0.get()) - 1.0) < tol);
+    CHECK(std::abs(norm2(u1.get()) - 1.0) < tol);
+    CHECK(std::abs(sigma_from_u(W0, u0.get(), r0, c0) - s0) < tol * s0);
+    CHECK(std::abs(sigma_from_u(W1, u1.get(), r1, c1) - s1) < tol * s1);
+  }
+}
+
+TEST_CASE("ops.spectral_norm.rescales_to_sigma_max") {
+  Backends be;
+  Backend& b = *be.f64;
+  Rng rng(19);
+  const int rows = 7, cols = 13;
+  const Vd W = rng.vec(rows * cols);
+  const double sigma = dense_sigma(W, rows, cols);
+  Vec w(8, W), u(8, scaled(rng.vec(rows), 1.0));
+  const dqn::SpectralMatrix mat{w.r(), u.r(), rows, cols};
+  const std::int32_t skip = 0;
+  for (int it = 0; it < 2000; ++it) b.spectral_norm(&mat, 1, rows, cols, 1e9f, &skip);  // converge u
+  // σ_max between the converged σ and the true one would be a coin toss: far below it.
+  const float sigma_max = static_cast<float>(0.5 * sigma);
+  b.spectral_norm(&mat, 1, rows, cols, sigma_max, &skip);
+  REQUIRE(b.status() == 0);
+  const double after = dense_sigma(w.get(), rows, cols);
+  CHECK(after <= sigma_max * (1 + 1e-6));
+  CHECK(after >= sigma_max * (1 - 1e-6));
+  // W is only scaled: every element by the same factor.
+  const double factor = w[0] / W[0];
+  for (int i = 0; i < rows * cols; ++i) CHECK(w[i] == doctest::Approx(W[i] * factor).epsilon(1e-13));
+  // Already inside σ_max: W bit-identical.
+  const auto bytes = w.bytes();
+  b.spectral_norm(&mat, 1, rows, cols, 2.0f * sigma_max, &skip);
+  CHECK(w.bytes() == bytes);
+}
+
+TEST_CASE("ops.target_update.polyak") {
+  Backends be;
+  Rng rng(20);
+  const int P = 23;
+  const Vd T0 = rng.vec(P), TH = rng.vec(P);
+  auto run = [&](Backend& b) {
+    Vec target(b.real_size(), T0), params(b.real_size(), TH);
+    std::int64_t t = 7;
+    const std::int32_t skip = 0;
+    dqn::TargetUpdate a;
+    a.target = target.r(), a.params = params.r(), a.P = P, a.tau = 0.3f, a.period = 0, a.t = &t, a.skip = &skip;
+    b.target_update(a);
+    b.target_update(a);
+    REQUIRE(b.status() == 0);
+    return target.get();
+  };
+  const double tau = 0.3f;
+  Vd want(P);
+  for (int i = 0; i < P; ++i) {
+    const double once = T0[i] + tau * (TH[i] - T0[i]);
+    want[i] = once + tau * (TH[i] - once);
+  }
+  const Vd got64 = run(*be.f64);
+  CHECK(rel_err(got64, want) < 1e-15);
+  CHECK(rel_err(run(*be.f32), got64) < 1e-5);
+}
+
+TEST_CASE("ops.target_update.hard_period") {
+  Backends be;
+  Rng rng(21);
+  const int P = 23;
+  for (Backend* b : {be.f64.get(), be.f32.get()}) {
+    const std::uint32_t es = b->real_size();
+    Vec target(es, rng.vec(P)), params(es, rng.vec(P));
+    std::int64_t t = 0;
+    const std::int32_t skip = 0;
+    dqn::TargetUpdate a;
+    a.target = target.r(), a.params = params.r(), a.P = P, a.tau = 0.5f, a.period = 3, a.t = &t, a.skip = &skip;
+    const auto original = target.bytes();
+    for (std::int64_t step : {1, 2, 4, 5}) {
+      t = step;
+      b->target_update(a);
+      CHECK(target.bytes() == original);  // not due: untouched (τ is not used with a period)
+    }
+    t = 6;
+    b->target_update(a);
+    CHECK(target.bytes() == params.bytes());
+    REQUIRE(b->status() == 0);
+  }
+}
+
+// ---- elementwise and memory ---------------------------------------------------------------------
+
+TEST_CASE("ops.uniform") {
+  Backends be;
+  const std::int64_t n = 100003;
+  const std::int64_t step = 41;
+  auto draw = [&](Backend& b, std::uint64_t seed, std::uint32_t stream, const std::int64_t* st) {
+    Vec out(b.real_size(), static_cast<std::size_t>(n));
+    dqn::Uniform u;
+    u.out = out.r(), u.n = n, u.seed = seed, u.stream = stream, u.step = st;
+    b.uniform(u);
+    REQUIRE(b.status() == 0);
+    return out.get();
+  };
+  const Vd x = draw(*be.f64, 7, 1, &step);
+  double mean = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    REQUIRE(x[i] > 0.0);
+    REQUIRE(x[i] < 1.0);
+    mean += x[i] / static_cast<double>(n);
+  }
+  CHECK(std::abs(mean - 0.5) < 0.005);  // ~5 standard errors
+  for (std::int64_t i = 0; i < n; i += 997) CHECK(x[i] == dqn::philox::uniform(7, 41, 1, static_cast<std::uint64_t>(i)));
+  CHECK(draw(*be.f64, 7, 1, &step) == x);  // reproducible
+  CHECK(draw(*be.f32, 7, 1, &step) == x);  // the f32 backend draws the same numbers
+
+  auto fraction_differing = [&](const Vd& y) {
+    std::int64_t diff = 0;
+    for (std::int64_t i = 0; i < n; ++i) diff += y[i] != x[i];
+    return static_cast<double>(diff) / static_cast<double>(n);
+  };
+  const std::int64_t other_step = 42;
+  CHECK(fraction_differing(draw(*be.f64, 7, 1, &other_step)) > 0.99);
+  CHECK(fraction_differing(draw(*be.f64, 7, 2, &step)) > 0.99);
+  CHECK(fraction_differing(draw(*be.f64, 8, 1, &step)) > 0.99);
+  // A null step pointer means step 0.
+  const std::int64_t zero = 0;
+  CHECK(draw(*be.f64, 7, 1, nullptr) == draw(*be.f64, 7, 1, &zero));
+}
+
+TEST_CASE("ops.memory.fill_copy_axpy") {
+  Backends be;
+  Rng rng(22);
+  const int n = 19;
+  const Vd X = rng.vec(n), Y = rng.vec(n);
+  for (Backend* b : {be.f64.get(), be.f32.get()}) {
+    CAPTURE(b->name());
+    const std::uint32_t es = b->real_size();
+    Vec x(es, X), y(es, Y), z(es, n + 2, -7.0);
+    b->fill(z.r(1), 0.25f, n);
+    CHECK(z[0] == -7.0);
+    CHECK(z[n + 1] == -7.0);
+    for (int i = 1; i <= n; ++i) CHECK(z[i] == 0.25);
+    b->copy(z.r(1), x.r(), n);
+    for (int i = 0; i < n; ++i) CHECK(z[i + 1] == x[i]);
+    b->axpy(y.r(), x.r(), -1.5f, n);
+    for (int i = 0; i < n; ++i) CHECK(y[i] == doctest::Approx(Y[i] - 1.5 * X[i]).epsilon(es == 8 ? 1e-15 : 1e-6));
+    REQUIRE(b->status() == 0);
+  }
+}
+
+TEST_CASE("ops.memory.upload_download") {
+  Backends be;
+  Rng rng(23);
+  const int n = 11;
+  std::vector<float> host(n);
+  for (float& h : host) h = static_cast<float>(rng.uniform());
+  for (Backend* b : {be.f64.get(), be.f32.get()}) {
+    CAPTURE(b->name());
+    const std::uint32_t es = b->real_size();
+    Vec dev(es, n, kNaN);
+    b->upload_reals(dev.r(), host.data(), n);
+    for (int i = 0; i < n; ++i) CHECK(dev[i] == static_cast<double>(host[i]));  // widening is exact
+    std::vector<float> back(n, -1.0f);
+    b->download_reals(back.data(), dev.r(), n);
+    CHECK(back == host);
+
+    std::vector<std::int32_t> ints = {3, -1, 4, 1, 5}, dst(5, 0), back_ints(5, 0);
+    b->upload(dst.data(), ints.data(), ints.size() * sizeof(std::int32_t));
+    CHECK(dst == ints);
+    b->download(back_ints.data(), dst.data(), dst.size() * sizeof(std::int32_t));
+    CHECK(back_ints == ints);
+    REQUIRE(b->status() == 0);
+  }
+}
+
+TEST_CASE("ops.errors.element_size_mismatch") {
+  // A Real of the wrong element size is a bug in the caller: recorded (first error kept), no write.
+  auto b = dqn::make_cpu_backend(true);
+  Vec x32(4, 8, 1.0), y64(8, 8, 2.0);
+  b->fill(x32.r(), 3.0f, 8);
+  CHECK(b->status() != 0);
+  const std::string first = b->message();
+  CHECK(first.find("fill") != std::string::npos);
+  CHECK(x32.get() == Vd(8, 1.0));
+  b->copy(y64.r(), Real{nullptr, 8}, 8);
+  CHECK(std::string(b->message()) == first);
+  CHECK(y64.get() == Vd(8, 2.0));
+}
+
+TEST_CASE("ops.cpu_runtime") {
+  for (bool f64 : {false, true}) {
+    CAPTURE(f64);
+    auto rt = dqn::make_cpu_runtime(f64);
+    CHECK(rt->ops().real_size() == (f64 ? 8u : 4u));
+    CHECK_FALSE(rt->captures());
+    CHECK(rt->describe().find("cpu") != std::string::npos);
+    void* arena = rt->alloc_arena(1000);
+    REQUIRE(arena != nullptr);
+    CHECK(reinterpret_cast<std::uintptr_t>(arena) % 256 == 0);
+    std::memset(arena, 0xAB, 1000);
+    CHECK(rt->peak_bytes() >= 1000);
+    CHECK_THROWS_AS(rt->alloc_arena(10), std::logic_error);
+    void* host = rt->alloc_host(64);
+    REQUIRE(host != nullptr);
+    CHECK(reinterpret_cast<std::uintptr_t>(host) % 256 == 0);
+    rt->copy_to_host_async(host, arena, 64, 0);
+    CHECK(rt->ready(0));
+    rt->synchronize();
+    CHECK(static_cast<unsigned char*>(host)[63] == 0xAB);
+    rt->free_host(host);
+  }
+}
+
+}  // namespace

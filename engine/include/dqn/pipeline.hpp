@@ -72,6 +72,7 @@ struct HeadSpec {
   std::map<std::string, HeadParam> params;     ///< as written in the pipeline
   std::map<std::string, SourceLoc> param_locs;
   SourceLoc loc, plugin_loc, role_loc, budget_loc;
+  SourceLoc name_loc, enabled_loc;           ///< line 0 when not written
 };
 
 struct AdamSpec {

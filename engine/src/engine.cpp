@@ -1,1 +1,776 @@
-// placeholder: being written
+// The engine: step construction (registry + stages + schedule), trunk, budgets/Adam/SN/target,
+// capture and replay, checkpoints and reports.
+#include "engine.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+
+#include "philox.h"
+#include "pipeline_parse.hpp"
+#include "spdlog/spdlog.h"
+
+namespace dqn {
+
+namespace {
+constexpr std::uint32_t kInitStream = 0xA11CEu & 0xFFFFu;
+constexpr std::uint32_t kSnStream = 0x5EEDu;
+
+std::vector<std::string> to_strings(const char* const* p, std::uint32_t n) {
+  std::vector<std::string> out;
+  for (std::uint32_t i = 0; i < n; ++i) out.emplace_back(p[i] ? p[i] : "");
+  return out;
+}
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Build-time context handed to heads.
+struct Engine::BuildCtx final : BuildContext {
+  Engine& e;
+  std::size_t head;
+  std::string owner;
+  std::string message;
+  BuildCtx(Engine& en, std::size_t h, std::string o) : e(en), head(h), owner(std::move(o)) {}
+
+  const NetworkDims& net() const noexcept override { return e.net_; }
+  std::int32_t batch() const noexcept override { return e.spec_.batch; }
+  int param(const char* name, std::int32_t rows, std::int32_t cols, std::int32_t fan_in,
+            std::uint32_t flags) noexcept override {
+    try {
+      e.reg_.declare_param(name, rows, cols, fan_in, flags, owner);
+      return 0;
+    } catch (const std::exception& ex) {
+      return fail(ex.what());
+    }
+  }
+  int buffer(const char* name, DType dtype, const std::int64_t* shape, std::int32_t rank,
+             BufferKind kind) noexcept override {
+    try {
+      e.reg_.declare(name, dtype, std::vector<std::int64_t>(shape, shape + rank), kind, owner);
+      return 0;
+    } catch (const std::exception& ex) {
+      return fail(ex.what());
+    }
+  }
+  int stage(const StageDesc& d) noexcept override {
+    try {
+      Stage s;
+      s.name = d.name ? d.name : "";
+      s.owner = owner;
+      s.reads = to_strings(d.reads, d.n_reads);
+      s.writes = to_strings(d.writes, d.n_writes);
+      Head* h = e.heads_[head].get();
+      const std::int32_t tag = d.tag;
+      s.run = [h, tag](Backend& be) { h->run(tag, be); };
+      e.stages_.push_back(std::move(s));
+      return 0;
+    } catch (const std::exception& ex) {
+      return fail(ex.what());
+    }
+  }
+  int fail(const char* m) noexcept override {
+    if (message.empty()) message = m ? m : "unknown error";
+    return 1;
+  }
+};
+
+// Bind-time resolution for one head: registry lookups, errors kept with the head's name.
+struct Engine::HeadResolver final : Resolver {
+  const Engine& e;
+  std::size_t head;
+  mutable std::string message;
+  HeadResolver(const Engine& en, std::size_t h) : e(en), head(h) {}
+
+  template <class F>
+  auto guard(F&& f, decltype(f()) fallback) const noexcept -> decltype(f()) {
+    try {
+      return f();
+    } catch (const std::exception& ex) {
+      if (message.empty()) message = ex.what();
+      return fallback;
+    }
+  }
+  Real real(const char* n) const noexcept override { return guard([&] { return e.reg_.real(n); }, Real{}); }
+  std::int32_t* i32(const char* n) const noexcept override {
+    return guard([&] { return e.reg_.i32(n); }, static_cast<std::int32_t*>(nullptr));
+  }
+  std::int64_t* i64(const char* n) const noexcept override {
+    return guard([&] { return e.reg_.i64(n); }, static_cast<std::int64_t*>(nullptr));
+  }
+  Real param(const char* n) const noexcept override { return guard([&] { return e.reg_.param_in(e.params_, n); }, Real{}); }
+  Real target(const char* n) const noexcept override { return guard([&] { return e.reg_.param_in(e.target_, n); }, Real{}); }
+  Real grad(const char* n) const noexcept override {
+    return guard([&] { return e.reg_.param_in(e.grad_all_ + std::int64_t(head) * e.reg_.param_count(), n); }, Real{});
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+Engine::Engine(const PipelineSpec& spec, const PluginLoader& plugins, const EngineOptions& opt)
+    : spec_(spec), opt_(opt) {
+  backend_ = opt.backend ? *opt.backend : spec.backend;
+  if (!opt.backend && spec.backend_auto) backend_ = cuda_available() ? BackendKind::cuda : BackendKind::cpu;
+  if (backend_ == BackendKind::cuda && opt.f64)
+    throw std::invalid_argument("the f64 reference exists on the cpu backend only");
+  const auto& n = spec.network;
+  if (n.trunk.empty() || int(n.trunk.size()) > kMaxTrunkLayers)
+    throw std::invalid_argument("network.trunk must have 1.." + std::to_string(kMaxTrunkLayers) + " layers");
+  net_.state = n.state;
+  net_.trunk_layers = int(n.trunk.size());
+  for (int i = 0; i < net_.trunk_layers; ++i) net_.trunk[i] = n.trunk[i];
+  net_.head_hidden = n.head_hidden;
+  net_.branches = n.branches;
+  net_.actions = n.actions;
+  net_.atoms = n.atoms;
+  net_.v_min = float(n.v_min);
+  net_.v_max = float(n.v_max);
+  rt_ = backend_ == BackendKind::cuda ? make_cuda_runtime(spec.precision, opt.device) : make_cpu_runtime(opt.f64);
+  build(plugins);
+}
+
+Engine::~Engine() {
+  if (rt_) {
+    try {
+      rt_->synchronize();
+    } catch (...) {
+    }
+    for (auto*& p : report_host_)
+      if (p) rt_->free_host(p), p = nullptr;
+  }
+  rt_.reset();  // the graph goes before the heads and their libraries
+  heads_.clear();
+}
+
+void Engine::build(const PluginLoader& plugins) {
+  const int B = spec_.batch;
+  const int L = net_.trunk_layers;
+  // Trunk parameters first (engine-owned), then each head's.
+  for (int i = 0; i < L; ++i) {
+    const int in = i == 0 ? net_.state : net_.trunk[i - 1];
+    const std::string p = "trunk." + std::to_string(i);
+    reg_.declare_param(p + ".weight", net_.trunk[i], in, in, kParamSpectralNorm, "engine");
+    reg_.declare_param(p + ".bias", net_.trunk[i], 0, in, 0, "engine");
+  }
+
+  // Heads: create from their plugins with resolved parameters and budgets.
+  std::vector<std::vector<std::string>> storage;
+  for (std::size_t i = 0; i < spec_.heads.size(); ++i) {
+    const HeadSpec& hs = spec_.heads[i];
+    if (!hs.enabled) continue;
+    const PluginDescriptor* d = plugins.find(hs.plugin);
+    if (!d)
+      throw PipelineError(hs.plugin_loc, "heads[" + std::to_string(i) + "].plugin", hs.plugin,
+                          "plugin not found (search path: " + plugins.search_path() + ")");
+    storage.emplace_back();
+    std::vector<ParamValue> values = resolve_head_params(hs, *d, storage.back());
+    const double f = resolved_budget(spec_, i);
+    HeadCreateInfo info{};
+    const std::string inst = hs.name.empty() ? hs.plugin : hs.name;
+    info.instance = inst.c_str();
+    info.role = hs.role;
+    info.budget = f;
+    info.net = &net_;
+    info.batch = B;
+    info.gamma_n = float(spec_.gamma_n());
+    info.seed = spec_.seed;
+    info.params = values.data();
+    info.n_params = std::uint32_t(values.size());
+    heads_.push_back(plugins.create(hs.plugin, info));
+    head_names_.push_back(inst);
+    fractions_.push_back(f);
+  }
+  if (heads_.empty()) throw std::invalid_argument("pipeline has no enabled head");
+
+  declare_engine_buffers();
+  add_engine_stages_front();
+  for (std::size_t h = 0; h < heads_.size(); ++h) {
+    BuildCtx ctx(*this, h, head_names_[h]);
+    if (heads_[h]->declare(ctx) != 0) {
+      std::string why = ctx.message.empty() ? heads_[h]->error() : ctx.message;
+      throw std::runtime_error("head '" + head_names_[h] + "' (" + heads_[h].plugin().path + "): declare failed: " + why);
+    }
+  }
+  // The flat parameter-shaped buffers can be sized only now that every head has declared.
+  const std::int64_t P = reg_.param_count();
+  const std::int64_t H = std::int64_t(heads_.size());
+  reg_.declare("params", DType::real, {P}, BufferKind::parameter, "engine");
+  reg_.declare("target", DType::real, {P}, BufferKind::parameter, "engine");
+  reg_.declare("adam.m", DType::real, {P}, BufferKind::optimizer, "engine");
+  reg_.declare("adam.v", DType::real, {P}, BufferKind::optimizer, "engine");
+  reg_.declare("grad/all", DType::real, {H, P}, BufferKind::gradient, "engine");
+  reg_.declare("grad/total", DType::real, {P}, BufferKind::gradient, "engine");
+  for (std::size_t h = 0; h < heads_.size(); ++h)
+    reg_.declare_view("grad/" + head_names_[h], "grad/all", std::int64_t(h) * P, {P}, "engine");
+  if (spec_.spectral_norm.enabled) {
+    for (const auto& p : reg_.params()) {
+      if (!(p.flags & kParamSpectralNorm) || p.cols == 0) continue;
+      // Only the trunk and the primary head are normed (spec: 2 + 2 + 2D matrices).
+      const bool primary_owned = p.owner == "engine" || p.owner == head_names_[0];
+      if (!primary_owned) continue;
+      const std::string u = "sn.u." + p.name;
+      reg_.declare(u, DType::real, {p.rows}, BufferKind::optimizer, "engine");
+      sn_params_.emplace_back(p.name, u);
+      sn_max_rows_ = std::max(sn_max_rows_, p.rows);
+      sn_max_cols_ = std::max(sn_max_cols_, p.cols);
+    }
+    sn_count_ = int(sn_params_.size());
+    const std::int64_t words = (std::int64_t(sn_count_) * std::int64_t(sizeof(SpectralMatrix)) + 7) / 8;
+    reg_.declare("sn/table", DType::i64, {std::max<std::int64_t>(words, 1)}, BufferKind::optimizer, "engine");
+  }
+  add_engine_stages_back();
+
+  reg_.freeze(*rt_);
+  bind_engine();
+  for (std::size_t h = 0; h < heads_.size(); ++h) {
+    HeadResolver r(*this, h);
+    if (heads_[h]->bind(r) != 0 || !r.message.empty()) {
+      std::string why = r.message.empty() ? heads_[h]->error() : r.message;
+      throw std::runtime_error("head '" + head_names_[h] + "': bind failed: " + why);
+    }
+  }
+  order_ = schedule(stages_, reg_);
+
+  // Constants in device memory: lr, budget fractions, the spectral-norm table.
+  set_lr(spec_.adam.lr);
+  for (std::size_t h = 0; h < heads_.size(); ++h) set_fraction(h, fractions_[h]);
+  if (sn_count_ > 0) {
+    std::vector<SpectralMatrix> table;
+    for (std::size_t i = 0; i < sn_params_.size(); ++i) {
+      const auto* p = reg_.find_param(sn_params_[i].first);
+      table.push_back(SpectralMatrix{reg_.param_in(params_, p->name), sn_u_[i], p->rows, p->cols});
+    }
+    rt_->ops().upload(sn_table_, table.data(), table.size() * sizeof(SpectralMatrix));
+  }
+  const auto [rb, re] = reg_.report_range();
+  report_begin_ = rb;
+  report_bytes_ = re - rb;
+  for (auto*& p : report_host_) {
+    p = static_cast<unsigned char*>(rt_->alloc_host(std::max<std::size_t>(report_bytes_, 8)));
+    std::memset(p, 0, std::max<std::size_t>(report_bytes_, 8));
+  }
+  if (rt_->ops().status() != 0) throw std::runtime_error(std::string("backend error during build: ") + rt_->ops().message());
+
+  // Plan (scratch sizes) and capture once; from here on the step never looks anything up.
+  if (rt_->captures()) {
+    rt_->plan_begin();
+    for (auto i : order_) stages_[i].run(rt_->ops());
+    rt_->plan_end();
+    rt_->begin_capture();
+    for (auto i : order_) stages_[i].run(rt_->ops());
+    rt_->end_capture();
+    if (rt_->ops().status() != 0) throw std::runtime_error(std::string("backend error during capture: ") + rt_->ops().message());
+    ++captures_;
+    captured_ = true;
+  }
+  reg_.seal();
+  spdlog::debug("engine: {} stages, {} parameters, arena {} bytes, backend {}", order_.size(), reg_.param_count(),
+                reg_.arena_bytes(), rt_->describe());
+}
+
+void Engine::declare_engine_buffers() {
+  const std::int64_t B = spec_.batch, S = net_.state, D = net_.branches, Z = net_.atoms;
+  const std::int64_t H = std::int64_t(heads_.size());
+  const int L = net_.trunk_layers;
+  const std::int64_t H2 = net_.h2();
+  reg_.declare(buf::states2, DType::real, {2 * B, S}, BufferKind::input, "engine");
+  reg_.declare(buf::actions, DType::i32, {B, D}, BufferKind::input, "engine");
+  reg_.declare(buf::rewards, DType::real, {B}, BufferKind::input, "engine");
+  reg_.declare(buf::dones, DType::real, {B}, BufferKind::input, "engine");
+  reg_.declare(buf::is_weights, DType::real, {B}, BufferKind::input, "engine");
+  for (int i = 0; i < L; ++i) {
+    const bool last = i == L - 1;
+    reg_.declare(last ? std::string(buf::h2) : "trunk/a" + std::to_string(i), DType::real, {2 * B, net_.trunk[i]},
+                 BufferKind::activation, "engine");
+    reg_.declare(last ? std::string(buf::target_h2) : "target/a" + std::to_string(i), DType::real, {B, net_.trunk[i]},
+                 BufferKind::activation, "engine");
+    reg_.declare("trunk/dz" + std::to_string(i), DType::real, {B, net_.trunk[i]}, BufferKind::scratch, "engine");
+  }
+  reg_.declare(buf::step, DType::i64, {1}, BufferKind::optimizer, "engine");
+  reg_.declare("opt/lr", DType::real, {1}, BufferKind::optimizer, "engine");
+  reg_.declare("opt/fractions", DType::real, {H}, BufferKind::optimizer, "engine");
+  reg_.declare("opt/skip", DType::i32, {1}, BufferKind::scratch, "engine");
+  reg_.declare(buf::a_star, DType::i32, {B, D}, BufferKind::activation, "engine");
+  reg_.declare(buf::target_m, DType::real, {B, D, Z}, BufferKind::activation, "engine");
+  // The report block: one contiguous range, copied to the host in one async copy.
+  reg_.declare("report/losses", DType::real, {H}, BufferKind::report, "engine");
+  reg_.declare("report/norms", DType::real, {H}, BufferKind::report, "engine");
+  reg_.declare("report/clips", DType::real, {H}, BufferKind::report, "engine");
+  reg_.declare("report/total_loss", DType::real, {1}, BufferKind::report, "engine");
+  reg_.declare(buf::td_error, DType::real, {B}, BufferKind::report, "engine");
+  reg_.declare("report/skipped", DType::i64, {1}, BufferKind::report, "engine");
+  for (std::size_t h = 0; h < heads_.size(); ++h) {
+    reg_.declare_view("loss/" + head_names_[h], "report/losses", std::int64_t(h), {1}, "engine");
+    reg_.declare("dtrunk/" + head_names_[h], DType::real, {B, H2}, BufferKind::gradient, "engine");
+  }
+}
+
+void Engine::add_engine_stages_front() {
+  const int L = net_.trunk_layers;
+  std::vector<std::string> acts, tacts;
+  for (int i = 0; i < L; ++i) {
+    const bool last = i == L - 1;
+    acts.push_back(last ? std::string(buf::h2) : "trunk/a" + std::to_string(i));
+    tacts.push_back(last ? std::string(buf::target_h2) : "target/a" + std::to_string(i));
+  }
+  stages_.push_back(Stage{"trunk.forward", "engine", {buf::states2, "params"}, acts,
+                          [this](Backend& be) { trunk_forward(be, false); }});
+  stages_.push_back(Stage{"target.trunk.forward", "engine", {buf::states2, "target"}, tacts,
+                          [this](Backend& be) { trunk_forward(be, true); }});
+}
+
+void Engine::add_engine_stages_back() {
+  const int L = net_.trunk_layers;
+  std::vector<std::string> acts, dz;
+  for (int i = 0; i < L; ++i) {
+    acts.push_back(i == L - 1 ? std::string(buf::h2) : "trunk/a" + std::to_string(i));
+    dz.push_back("trunk/dz" + std::to_string(i));
+  }
+  for (std::size_t h = 0; h < heads_.size(); ++h) {
+    std::vector<std::string> reads = acts;
+    reads.push_back(buf::states2);
+    reads.push_back("params");
+    reads.push_back("dtrunk/" + head_names_[h]);
+    std::vector<std::string> writes = dz;
+    writes.push_back("grad/" + head_names_[h]);
+    writes.push_back("dtrunk/" + head_names_[h]);  // ReLU backward runs in place on it
+    stages_.push_back(Stage{"trunk.backward." + head_names_[h], "engine", reads, writes,
+                            [this, h](Backend& be) { trunk_backward(be, h); }});
+  }
+  stages_.push_back(Stage{"budget", "engine", {"grad/all", "opt/fractions", "report/losses"},
+                          {"grad/total", "report/norms", "report/clips", "report/total_loss", "opt/skip", "report/skipped"},
+                          [this](Backend& be) {
+                            Budget b;
+                            b.grads = grad_all_; b.fractions = fractions_dev_; b.norms = norms_; b.clips = clips_;
+                            b.g = grad_total_; b.losses = losses_; b.total_loss = total_loss_; b.skip = skip_;
+                            b.skipped = skipped_; b.H = int(heads_.size()); b.P = reg_.param_count();
+                            b.max_grad_norm = float(spec_.max_grad_norm);
+                            be.budget(b);
+                          }});
+  stages_.push_back(Stage{"adam", "engine", {"grad/total", "opt/skip", "opt/lr"}, {"params", "adam.m", "adam.v", buf::step},
+                          [this](Backend& be) {
+                            Adam a;
+                            a.params = params_; a.g = grad_total_; a.m = adam_m_; a.v = adam_v_; a.P = reg_.param_count();
+                            a.t = t_; a.lr = lr_; a.beta1 = float(spec_.adam.beta1); a.beta2 = float(spec_.adam.beta2);
+                            a.eps = float(spec_.adam.eps); a.skip = skip_;
+                            be.adam(a);
+                          }});
+  if (sn_count_ > 0) {
+    std::vector<std::string> writes{"params"};
+    for (const auto& [p, u] : sn_params_) writes.push_back(u);
+    stages_.push_back(Stage{"spectral_norm", "engine", {"opt/skip", "sn/table"}, writes, [this](Backend& be) {
+                              be.spectral_norm(sn_table_, sn_count_, sn_max_rows_, sn_max_cols_,
+                                               float(spec_.spectral_norm.sigma_max), skip_);
+                            }});
+  }
+  stages_.push_back(Stage{"target.update", "engine", {"params", buf::step, "opt/skip"}, {"target"}, [this](Backend& be) {
+                            TargetUpdate u;
+                            u.target = target_; u.params = params_; u.P = reg_.param_count();
+                            u.tau = float(spec_.target.polyak); u.period = spec_.target.period; u.t = t_; u.skip = skip_;
+                            be.target_update(u);
+                          }});
+}
+
+void Engine::bind_engine() {
+  params_ = reg_.real("params");
+  target_ = reg_.real("target");
+  adam_m_ = reg_.real("adam.m");
+  adam_v_ = reg_.real("adam.v");
+  grad_all_ = reg_.real("grad/all");
+  grad_total_ = reg_.real("grad/total");
+  lr_ = reg_.real("opt/lr");
+  fractions_dev_ = reg_.real("opt/fractions");
+  states2_ = reg_.real(buf::states2);
+  actions_ = reg_.i32(buf::actions);
+  rewards_ = reg_.real(buf::rewards);
+  dones_ = reg_.real(buf::dones);
+  weights_ = reg_.real(buf::is_weights);
+  t_ = reg_.i64(buf::step);
+  skip_ = reg_.i32("opt/skip");
+  skipped_ = reg_.i64("report/skipped");
+  losses_ = reg_.real("report/losses");
+  norms_ = reg_.real("report/norms");
+  clips_ = reg_.real("report/clips");
+  total_loss_ = reg_.real("report/total_loss");
+  td_error_ = reg_.real(buf::td_error);
+  const int L = net_.trunk_layers;
+  for (int i = 0; i < L; ++i) {
+    const std::string p = "trunk." + std::to_string(i);
+    trunk_w_.push_back(reg_.param_in(params_, p + ".weight"));
+    trunk_b_.push_back(reg_.param_in(params_, p + ".bias"));
+    trunk_tw_.push_back(reg_.param_in(target_, p + ".weight"));
+    trunk_tb_.push_back(reg_.param_in(target_, p + ".bias"));
+    const bool last = i == L - 1;
+    trunk_a_.push_back(reg_.real(last ? std::string(buf::h2) : "trunk/a" + std::to_string(i)));
+    trunk_ta_.push_back(reg_.real(last ? std::string(buf::target_h2) : "target/a" + std::to_string(i)));
+    trunk_dz_.push_back(reg_.real("trunk/dz" + std::to_string(i)));
+  }
+  const std::int64_t P = reg_.param_count();
+  for (std::size_t h = 0; h < heads_.size(); ++h) {
+    const Real g = grad_all_ + std::int64_t(h) * P;
+    trunk_gw_.emplace_back();
+    trunk_gb_.emplace_back();
+    for (int i = 0; i < L; ++i) {
+      const std::string p = "trunk." + std::to_string(i);
+      trunk_gw_.back().push_back(reg_.param_in(g, p + ".weight"));
+      trunk_gb_.back().push_back(reg_.param_in(g, p + ".bias"));
+    }
+    dtrunk_.push_back(reg_.real("dtrunk/" + head_names_[h]));
+  }
+  for (const auto& [p, u] : sn_params_) sn_u_.push_back(reg_.real(u));
+  if (sn_count_ > 0) sn_table_ = reinterpret_cast<SpectralMatrix*>(reg_.i64("sn/table"));
+  const auto* rb = reg_.find("report/losses");
+  const std::size_t base = reg_.report_range().first;
+  rl_.losses = rb->offset_bytes - base;
+  rl_.norms = reg_.find("report/norms")->offset_bytes - base;
+  rl_.clips = reg_.find("report/clips")->offset_bytes - base;
+  rl_.total = reg_.find("report/total_loss")->offset_bytes - base;
+  rl_.td = reg_.find(buf::td_error)->offset_bytes - base;
+  rl_.skipped = reg_.find("report/skipped")->offset_bytes - base;
+}
+
+// h_i = relu(W_i h_{i-1} + b_i); online over states ‖ next_states (2B rows), target over s'.
+void Engine::trunk_forward(Backend& be, bool target) {
+  const int B = spec_.batch, L = net_.trunk_layers;
+  const int rows = target ? B : 2 * B;
+  Real in = target ? states2_ + std::int64_t(B) * net_.state : states2_;
+  int in_w = net_.state;
+  for (int i = 0; i < L; ++i) {
+    const Real out = target ? trunk_ta_[i] : trunk_a_[i];
+    Gemm g;
+    g.tb = true; g.m = rows; g.n = net_.trunk[i]; g.k = in_w;
+    g.a = in; g.lda = in_w; g.b = target ? trunk_tw_[i] : trunk_w_[i]; g.ldb = in_w; g.c = out; g.ldc = net_.trunk[i];
+    g.weight_operand = 2;
+    be.gemm(g);
+    be.bias_act(out, target ? trunk_tb_[i] : trunk_b_[i], rows, net_.trunk[i], net_.trunk[i], Act::relu);
+    in = out;
+    in_w = net_.trunk[i];
+  }
+}
+
+// Backprop ∂L_h/∂h_L (dtrunk/<h>, rows of `states`) through the trunk into grad/<h>.
+void Engine::trunk_backward(Backend& be, std::size_t h) {
+  const int B = spec_.batch, L = net_.trunk_layers;
+  for (int i = L - 1; i >= 0; --i) {
+    const int w = net_.trunk[i];
+    const int in_w = i == 0 ? net_.state : net_.trunk[i - 1];
+    const Real dz = i == L - 1 ? dtrunk_[h] : trunk_dz_[i];
+    be.relu_backward(dz, trunk_a_[i], B, w, w);  // rows 0..B of the 2B block are `states`
+    const Real in = i == 0 ? states2_ : trunk_a_[i - 1];
+    be.bias_grad(trunk_gb_[h][i], dz, B, w, w, 0.0f);
+    Gemm gw;  // dW = dzᵀ · in
+    gw.ta = true; gw.m = w; gw.n = in_w; gw.k = B;
+    gw.a = dz; gw.lda = w; gw.b = in; gw.ldb = in_w; gw.c = trunk_gw_[h][i]; gw.ldc = in_w;
+    be.gemm(gw);
+    if (i > 0) {
+      Gemm gx;  // d(in) = dz · W
+      gx.m = B; gx.n = in_w; gx.k = w;
+      gx.a = dz; gx.lda = w; gx.b = trunk_w_[i]; gx.ldb = in_w; gx.c = trunk_dz_[i - 1]; gx.ldc = in_w;
+      gx.weight_operand = 2;
+      be.gemm(gx);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+void Engine::step() {
+  if (captured_) {
+    rt_->replay();
+  } else {
+    for (auto i : order_) stages_[i].run(rt_->ops());
+  }
+  ++steps_;
+  if (spec_.report_every > 0 && steps_ % spec_.report_every == 0) request_report();
+}
+
+void Engine::step_uncaptured() {
+  for (auto i : order_) stages_[i].run(rt_->ops());
+  ++steps_;
+}
+
+void Engine::set_fraction(std::size_t head, double f) {
+  if (head >= fractions_.size()) throw std::out_of_range("set_fraction: no head " + std::to_string(head));
+  if (!(f >= 0.0 && f <= 1.0)) throw std::invalid_argument("set_fraction: fraction must be in [0,1], got " + std::to_string(f));
+  fractions_[head] = f;
+  const float v = float(f);
+  rt_->ops().upload_reals(fractions_dev_ + std::int64_t(head), &v, 1);
+}
+
+void Engine::set_lr(double lr) {
+  if (!(lr > 0.0)) throw std::invalid_argument("set_lr: learning rate must be > 0");
+  const float v = float(lr);
+  rt_->ops().upload_reals(lr_, &v, 1);
+}
+
+void Engine::request_report() {
+  const int slot = int(report_seq_ % 2);
+  rt_->copy_to_host_async(report_host_[slot], reg_.base() + report_begin_, report_bytes_, slot);
+  report_step_[slot] = steps_;
+  report_pending_ = slot;
+  ++report_seq_;
+}
+
+std::optional<StepReport> Engine::latest_report() {
+  // Newest first; ready() never blocks.
+  for (int k = 0; k < 2; ++k) {
+    const int slot = int((report_seq_ - 1 - k) % 2 + 2) % 2;
+    if (report_seq_ - 1 - k < 0 || report_step_[slot] < 0) continue;
+    if (!rt_->ready(slot)) continue;
+    std::vector<unsigned char> bytes(report_host_[slot], report_host_[slot] + report_bytes_);
+    StepReport r = parse_report(bytes);
+    r.step_index = report_step_[slot];
+    r.adam_step = -1;
+    return r;
+  }
+  return std::nullopt;
+}
+
+StepReport Engine::parse_report(const std::vector<unsigned char>& bytes) const {
+  const std::uint32_t es = reg_.real_size();
+  auto real_at = [&](std::size_t off, std::size_t i) -> double {
+    if (es == 8) {
+      double v;
+      std::memcpy(&v, bytes.data() + off + i * 8, 8);
+      return v;
+    }
+    float v;
+    std::memcpy(&v, bytes.data() + off + i * 4, 4);
+    return v;
+  };
+  StepReport r;
+  r.heads = head_names_;
+  r.fractions = fractions_;
+  for (std::size_t h = 0; h < heads_.size(); ++h) {
+    r.losses.push_back(real_at(rl_.losses, h));
+    r.grad_norms.push_back(real_at(rl_.norms, h));
+    r.clips.push_back(real_at(rl_.clips, h));
+  }
+  r.total_loss = real_at(rl_.total, 0);
+  for (int b = 0; b < spec_.batch; ++b) r.td_error.push_back(float(real_at(rl_.td, std::size_t(b))));
+  std::memcpy(&r.skipped_steps, bytes.data() + rl_.skipped, 8);
+  r.step_index = steps_;
+  return r;
+}
+
+StepReport Engine::read_report() {
+  rt_->synchronize();
+  std::vector<unsigned char> bytes(report_bytes_);
+  rt_->ops().download(bytes.data(), reg_.base() + report_begin_, report_bytes_);
+  StepReport r = parse_report(bytes);
+  rt_->ops().download(&r.adam_step, t_, 8);
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+void Engine::init_weights(std::uint64_t seed) {
+  rt_->synchronize();
+  Backend& be = rt_->ops();
+  const std::int64_t P = reg_.param_count();
+  std::vector<float> host(std::size_t(P), 0.0f);
+  const auto& ps = reg_.params();
+  for (std::size_t k = 0; k < ps.size(); ++k) {
+    const auto& p = ps[k];
+    const double bound = 1.0 / std::sqrt(double(p.fan_in));
+    for (std::int64_t i = 0; i < p.numel(); ++i)
+      host[std::size_t(p.offset + i)] = float((2.0 * philox::uniform(seed, k, kInitStream, std::uint64_t(i)) - 1.0) * bound);
+  }
+  be.upload_reals(params_, host.data(), P);
+  be.upload_reals(target_, host.data(), P);
+  std::vector<float> zeros(std::size_t(P), 0.0f);
+  be.upload_reals(adam_m_, zeros.data(), P);
+  be.upload_reals(adam_v_, zeros.data(), P);
+  const std::int64_t zero = 0;
+  be.upload(t_, &zero, 8);
+  for (std::size_t i = 0; i < sn_params_.size(); ++i) {
+    const auto* p = reg_.find_param(sn_params_[i].first);
+    std::vector<float> u(std::size_t(p->rows));
+    double norm = 0;
+    for (int r = 0; r < p->rows; ++r) {
+      u[std::size_t(r)] = float(2.0 * philox::uniform(seed, i, kSnStream, std::uint64_t(r)) - 1.0);
+      norm += double(u[std::size_t(r)]) * u[std::size_t(r)];
+    }
+    norm = std::sqrt(std::max(norm, 1e-30));
+    for (auto& x : u) x = float(x / norm);
+    be.upload_reals(sn_u_[i], u.data(), p->rows);
+  }
+  if (be.status()) throw std::runtime_error(std::string("init_weights: ") + be.message());
+}
+
+void Engine::load_weights(const st::File& f) {
+  rt_->synchronize();
+  Backend& be = rt_->ops();
+  const std::string where = f.path.empty() ? std::string("weights") : f.path;
+  std::vector<std::string> missing;
+  for (const auto& p : reg_.params())
+    for (const std::string& name : {p.name, "target." + p.name, "adam.m." + p.name, "adam.v." + p.name})
+      if (!f.has(name)) missing.push_back(name);
+  for (const auto& [p, u] : sn_params_)
+    if (!f.has(u)) missing.push_back(u);
+  if (!f.has("adam.step")) missing.push_back("adam.step");
+  if (!missing.empty()) {
+    std::string list;
+    for (std::size_t i = 0; i < missing.size() && i < 8; ++i) list += (i ? ", " : "") + missing[i];
+    if (missing.size() > 8) list += ", … (" + std::to_string(missing.size()) + " in all)";
+    throw std::invalid_argument(where + ": not a weights file for this pipeline: missing " + list);
+  }
+  for (const auto& p : reg_.params()) {
+    const auto shape = p.shape();
+    be.upload_reals(reg_.param_in(params_, p.name), f.get_f32(p.name, shape).data(), p.numel());
+    be.upload_reals(reg_.param_in(target_, p.name), f.get_f32("target." + p.name, shape).data(), p.numel());
+    be.upload_reals(reg_.param_in(adam_m_, p.name), f.get_f32("adam.m." + p.name, shape).data(), p.numel());
+    be.upload_reals(reg_.param_in(adam_v_, p.name), f.get_f32("adam.v." + p.name, shape).data(), p.numel());
+  }
+  for (std::size_t i = 0; i < sn_params_.size(); ++i) {
+    const auto* p = reg_.find_param(sn_params_[i].first);
+    be.upload_reals(sn_u_[i], f.get_f32(sn_params_[i].second, {p->rows}).data(), p->rows);
+  }
+  const std::int64_t t = f.get_scalar_i64("adam.step");
+  if (t < 0) throw std::invalid_argument(where + ": adam.step is negative (" + std::to_string(t) + ")");
+  be.upload(t_, &t, 8);
+  if (be.status()) throw std::runtime_error(std::string("load_weights: ") + be.message());
+}
+
+st::File Engine::save_state(bool dump) {
+  rt_->synchronize();
+  Backend& be = rt_->ops();
+  st::File f;
+  std::vector<float> tmp;
+  auto put = [&](const std::string& name, Real src, std::vector<std::int64_t> shape, std::int64_t n) {
+    tmp.resize(std::size_t(n));
+    be.download_reals(tmp.data(), src, n);
+    f.put_f32(name, std::move(shape), tmp.data());
+  };
+  for (const auto& p : reg_.params()) {
+    put(p.name, reg_.param_in(params_, p.name), p.shape(), p.numel());
+    put("target." + p.name, reg_.param_in(target_, p.name), p.shape(), p.numel());
+    put("adam.m." + p.name, reg_.param_in(adam_m_, p.name), p.shape(), p.numel());
+    put("adam.v." + p.name, reg_.param_in(adam_v_, p.name), p.shape(), p.numel());
+  }
+  for (std::size_t i = 0; i < sn_params_.size(); ++i) {
+    const auto* p = reg_.find_param(sn_params_[i].first);
+    put(sn_params_[i].second, sn_u_[i], {p->rows}, p->rows);
+  }
+  std::int64_t t = 0;
+  be.download(&t, t_, 8);
+  f.put_i64("adam.step", {}, &t);
+  if (dump) {
+    const StepReport r = read_report();
+    for (std::size_t h = 0; h < r.heads.size(); ++h) {
+      const float l = float(r.losses[h]), n = float(r.grad_norms[h]), c = float(r.clips[h]);
+      f.put_f32("loss." + r.heads[h], {}, &l);
+      f.put_f32("grad_norm." + r.heads[h], {}, &n);
+      f.put_f32("clip." + r.heads[h], {}, &c);
+    }
+    const float tot = float(r.total_loss);
+    f.put_f32("loss.total", {}, &tot);
+    f.put_f32("td_error", {std::int64_t(r.td_error.size())}, r.td_error.data());
+    f.put_i64("skipped_steps", {}, &r.skipped_steps);
+  }
+  f.metadata["format"] = dump ? "dqn-engine step dump" : "dqn-engine weights";
+  f.metadata["pipeline"] = spec_.name;
+  if (be.status()) throw std::runtime_error(std::string("save_state: ") + be.message());
+  return f;
+}
+
+void Engine::set_batch(const HostBatch& b) {
+  b.check(spec_, "batch");
+  rt_->synchronize();
+  Backend& be = rt_->ops();
+  const std::int64_t n = std::int64_t(b.B) * b.S;
+  be.upload_reals(states2_, b.states.data(), n);
+  be.upload_reals(states2_ + n, b.next_states.data(), n);
+  be.upload(actions_, b.actions.data(), b.actions.size() * 4);
+  be.upload_reals(rewards_, b.rewards.data(), b.B);
+  be.upload_reals(dones_, b.dones.data(), b.B);
+  be.upload_reals(weights_, b.is_weights.data(), b.B);
+  if (be.status()) throw std::runtime_error(std::string("set_batch: ") + be.message());
+}
+
+std::string Engine::explain() const {
+  std::ostringstream os;
+  os << "pipeline '" << spec_.name << "' on " << rt_->describe() << "\n";
+  os << "heads:";
+  for (std::size_t h = 0; h < heads_.size(); ++h)
+    os << "  " << head_names_[h] << " (" << heads_[h].plugin().descriptor->name << ", budget " << fractions_[h] << ")";
+  os << "\nstages in order (" << order_.size() << "):\n" << dqn::explain(stages_, order_);
+  os << "registry:\n" << reg_.layout_text();
+  if (captured_) os << "captured: 1 graph, " << rt_->graph_nodes() << " nodes\n";
+  return os.str();
+}
+
+// ---------------------------------------------------------------------------------------------
+HostBatch HostBatch::random(const PipelineSpec& spec, std::uint64_t seed) {
+  HostBatch b;
+  b.B = spec.batch;
+  b.S = spec.network.state;
+  b.D = spec.network.branches;
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f), w(0.5f, 1.5f), c(0.0f, 1.0f);
+  std::uniform_int_distribution<int> a(0, spec.network.actions - 1);
+  const std::size_t n = std::size_t(b.B) * std::size_t(b.S);
+  b.states.resize(n);
+  b.next_states.resize(n);
+  for (auto& x : b.states) x = u(rng);
+  for (auto& x : b.next_states) x = u(rng);
+  b.actions.resize(std::size_t(b.B) * std::size_t(b.D));
+  for (auto& x : b.actions) x = a(rng);
+  for (int i = 0; i < b.B; ++i) {
+    b.rewards.push_back(u(rng));
+    b.dones.push_back(c(rng) < 0.1f ? 1.0f : 0.0f);
+    b.is_weights.push_back(w(rng));
+  }
+  return b;
+}
+
+HostBatch HostBatch::from_file(const st::File& f, const std::string& what) {
+  HostBatch b;
+  const auto& s = f.get("states");
+  if (s.shape.size() != 2) throw std::invalid_argument(what + ": 'states' must be [B,S], got " + st::shape_str(s.shape));
+  b.B = int(s.shape[0]);
+  b.S = int(s.shape[1]);
+  const auto& a = f.get("actions");
+  if (a.shape.size() != 2 || a.shape[0] != b.B)
+    throw std::invalid_argument(what + ": 'actions' must be [B,D] with B = " + std::to_string(b.B) + ", got " + st::shape_str(a.shape));
+  b.D = int(a.shape[1]);
+  const std::vector<std::int64_t> bs{b.B, b.S}, bv{b.B};
+  b.states = f.get_f32("states", bs);
+  b.next_states = f.get_f32("next_states", bs);
+  b.actions = f.get_i32("actions", {b.B, b.D});
+  b.rewards = f.get_f32("rewards", bv);
+  b.dones = f.get_f32("dones", bv);
+  b.is_weights = f.get_f32("is_weights", bv);
+  return b;
+}
+
+void HostBatch::to_file(st::File& f) const {
+  f.put_f32("states", {B, S}, states.data());
+  f.put_f32("next_states", {B, S}, next_states.data());
+  f.put_i32("actions", {B, D}, actions.data());
+  f.put_f32("rewards", {B}, rewards.data());
+  f.put_f32("dones", {B}, dones.data());
+  f.put_f32("is_weights", {B}, is_weights.data());
+}
+
+void HostBatch::check(const PipelineSpec& spec, const std::string& what) const {
+  auto bad = [&](const std::string& m) { throw std::invalid_argument(what + ": " + m); };
+  if (B != spec.batch) bad("batch size " + std::to_string(B) + " but the pipeline's batch is " + std::to_string(spec.batch));
+  if (S != spec.network.state) bad("states have " + std::to_string(S) + " features but network.state is " + std::to_string(spec.network.state));
+  if (D != spec.network.branches) bad("actions have " + std::to_string(D) + " branches but network.branches is " + std::to_string(spec.network.branches));
+  const std::size_t n = std::size_t(B) * std::size_t(S);
+  if (states.size() != n || next_states.size() != n || actions.size() != std::size_t(B) * std::size_t(D) ||
+      rewards.size() != std::size_t(B) || dones.size() != std::size_t(B) || is_weights.size() != std::size_t(B))
+    bad("tensor sizes do not match B, S, D");
+  for (std::size_t i = 0; i < actions.size(); ++i)
+    if (actions[i] < 0 || actions[i] >= spec.network.actions)
+      bad("actions[" + std::to_string(i / std::size_t(D)) + "," + std::to_string(i % std::size_t(D)) + "] = " +
+          std::to_string(actions[i]) + " is outside 0.." + std::to_string(spec.network.actions - 1));
+  for (int i = 0; i < B; ++i) {
+    if (dones[std::size_t(i)] != 0.0f && dones[std::size_t(i)] != 1.0f)
+      bad("dones[" + std::to_string(i) + "] = " + std::to_string(dones[std::size_t(i)]) + " (must be 0 or 1)");
+    if (!std::isfinite(rewards[std::size_t(i)])) bad("rewards[" + std::to_string(i) + "] is not finite");
+    if (!(is_weights[std::size_t(i)] >= 0.0f) || !std::isfinite(is_weights[std::size_t(i)]))
+      bad("is_weights[" + std::to_string(i) + "] must be finite and >= 0");
+  }
+}
+
+}  // namespace dqn

@@ -1,1 +1,198 @@
-// placeholder: being written
+// Plugin discovery and loading through Boost.DLL.
+#include "plugin_loader.hpp"
+
+#include <algorithm>
+#include <boost/dll/shared_library.hpp>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+#include <stdexcept>
+
+#include "dqn_config.h"
+
+namespace dqn {
+
+namespace fs = std::filesystem;
+
+HeadHandle& HeadHandle::operator=(HeadHandle&& o) noexcept {
+  if (this != &o) {
+    reset();
+    head_ = o.head_;
+    plugin_ = std::move(o.plugin_);
+    o.head_ = nullptr;
+  }
+  return *this;
+}
+
+void HeadHandle::reset() noexcept {
+  if (head_ && plugin_.descriptor) plugin_.descriptor->destroy(head_);
+  head_ = nullptr;
+  plugin_ = LoadedPlugin{};  // the library may unload only now
+}
+
+namespace {
+std::vector<std::string> split_path(const std::string& s) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : s) {
+    if (c == ':') {
+      if (!cur.empty()) out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  if (!cur.empty()) out.push_back(cur);
+  return out;
+}
+
+std::string name_from_file(const std::string& path) {
+  std::string n = fs::path(path).stem().string();
+  if (n.rfind("lib", 0) == 0) n = n.substr(3);
+  if (n.rfind("dqn_", 0) == 0) n = n.substr(4);
+  return n;
+}
+
+const char* type_name(ParamType t) {
+  switch (t) {
+    case ParamType::boolean: return "bool";
+    case ParamType::integer: return "int";
+    case ParamType::number: return "number";
+    case ParamType::string: return "string";
+  }
+  return "?";
+}
+}  // namespace
+
+std::vector<std::string> PluginLoader::search_path_from(const std::string& cli_value) {
+  std::vector<std::string> dirs = split_path(cli_value);
+  if (const char* env = std::getenv("DQN_PLUGIN_PATH")) {
+    for (auto& d : split_path(env)) dirs.push_back(d);
+  }
+  if (const char* def = std::getenv("DQN_PLUGIN_DEFAULT_DIRS")) {
+    for (auto& d : split_path(def)) dirs.push_back(d);
+  } else {
+    dirs.push_back(DQN_BUILD_PLUGIN_DIR);
+    dirs.push_back(DQN_INSTALL_PLUGIN_DIR);
+  }
+  std::vector<std::string> unique;
+  for (auto& d : dirs)
+    if (std::find(unique.begin(), unique.end(), d) == unique.end()) unique.push_back(d);
+  return unique;
+}
+
+LoadedPlugin PluginLoader::load_file(const std::string& path) {
+  LoadedPlugin p;
+  p.path = path;
+  try {
+    p.library = std::make_shared<boost::dll::shared_library>(
+        boost::dll::fs::path(path), boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("plugin '" + path + "': cannot be loaded: " + e.what());
+  }
+  if (!p.library->has(kDescriptorSymbol))
+    throw std::runtime_error("plugin '" + path + "': no '" + kDescriptorSymbol + "' symbol (not a dqn plugin?)");
+  using Fn = const PluginDescriptor*();
+  const PluginDescriptor* d = nullptr;
+  try {
+    d = p.library->get<Fn>(kDescriptorSymbol)();
+  } catch (...) {
+    throw std::runtime_error("plugin '" + path + "': its descriptor function threw");
+  }
+  if (!d) throw std::runtime_error("plugin '" + path + "': descriptor function returned null");
+  if (d->abi_version != kAbiVersion)
+    // Only the first field is trusted on a mismatch: the name comes from the file name.
+    throw std::runtime_error("plugin '" + name_from_file(path) + "' (" + path + ") was built for ABI " + std::to_string(d->abi_version) + ", engine is ABI " +
+                             std::to_string(kAbiVersion) + ": rebuild it against this SDK");
+  if (d->struct_size != sizeof(PluginDescriptor))
+    throw std::runtime_error("plugin '" + path + "': descriptor size " + std::to_string(d->struct_size) +
+                             " does not match the engine's " + std::to_string(sizeof(PluginDescriptor)));
+  if (!d->name || !*d->name || !d->create || !d->destroy || (d->schema_len && !d->schema))
+    throw std::runtime_error("plugin '" + path + "': incomplete descriptor (name, create, destroy and schema are required)");
+  p.descriptor = d;
+  return p;
+}
+
+PluginLoader::PluginLoader(std::vector<std::string> search_path) : dirs_(std::move(search_path)) {
+  for (const auto& dir : dirs_) {
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) continue;
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const auto name = e.path().filename().string();
+      if (e.is_regular_file(ec) && name.rfind("lib", 0) == 0 && e.path().extension() == ".so") files.push_back(e.path());
+    }
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) {
+      try {
+        LoadedPlugin p = load_file(f.string());
+        if (find(p.descriptor->name)) {
+          // The first one on the path wins; a later one is reported, not silently used.
+          problems_.push_back(f.string() + ": plugin '" + p.descriptor->name + "' already loaded from an earlier directory");
+          continue;
+        }
+        plugins_.push_back(std::move(p));
+      } catch (const std::exception& e) {
+        problems_.push_back(e.what());
+      }
+    }
+  }
+}
+
+const PluginDescriptor* PluginLoader::find(const std::string& name) const {
+  for (const auto& p : plugins_)
+    if (name == p.descriptor->name) return p.descriptor;
+  return nullptr;
+}
+
+std::vector<std::string> PluginLoader::names() const {
+  std::vector<std::string> out;
+  for (const auto& p : plugins_) out.emplace_back(p.descriptor->name);
+  return out;
+}
+
+std::string PluginLoader::search_path() const {
+  std::string s;
+  for (const auto& d : dirs_) s += (s.empty() ? "" : ":") + d;
+  return s.empty() ? std::string("(empty)") : s;
+}
+
+HeadHandle PluginLoader::create(const std::string& plugin, const HeadCreateInfo& info) const {
+  for (const auto& p : plugins_) {
+    if (plugin != p.descriptor->name) continue;
+    char err[1024] = {0};
+    Head* h = p.descriptor->create(&info, err, sizeof err);
+    if (!h)
+      throw std::runtime_error("plugin '" + plugin + "' (" + p.path + ") could not create head '" +
+                               (info.instance ? info.instance : "?") + "': " + (err[0] ? err : "no reason given"));
+    return HeadHandle(h, p);
+  }
+  std::string known;
+  for (const auto& n : names()) known += (known.empty() ? "" : ", ") + n;
+  throw std::runtime_error("plugin '" + plugin + "' not found (found: " + (known.empty() ? "none" : known) +
+                           "; search path: " + search_path() + ")");
+}
+
+std::string describe_plugin(const LoadedPlugin& p) {
+  const auto* d = p.descriptor;
+  std::ostringstream os;
+  os << d->name << " " << (d->version ? d->version : "") << "  (" << p.path << ")\n";
+  if (d->description) os << "  " << d->description << "\n";
+  os << "  roles: " << (d->can_be_primary ? "primary, auxiliary" : "auxiliary");
+  if (d->default_budget > 0) os << "; default budget " << d->default_budget;
+  os << "\n";
+  if (d->schema_len == 0) os << "  parameters: none\n";
+  for (std::uint32_t i = 0; i < d->schema_len; ++i) {
+    const auto& s = d->schema[i];
+    os << "  " << s.key << " (" << type_name(s.type) << ", default " << (s.default_value ? s.default_value : "-");
+    if (s.type == ParamType::integer || s.type == ParamType::number) {
+      if (std::isfinite(s.min)) os << ", min " << s.min;
+      if (std::isfinite(s.max)) os << ", max " << s.max;
+    }
+    os << "): " << (s.doc ? s.doc : "") << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace dqn

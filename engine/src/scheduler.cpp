@@ -1,1 +1,151 @@
-// placeholder: being written
+// Stage ordering by reads and writes (a deterministic topological sort).
+#include "scheduler.hpp"
+
+#include <algorithm>
+#include <map>
+#include <queue>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+#include "registry.hpp"
+
+namespace dqn {
+
+namespace {
+bool persistent(BufferKind k) { return k == BufferKind::parameter || k == BufferKind::optimizer; }
+
+bool contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+// A view shares storage with its parent: order by the parent's name.
+std::string storage_of(const Registry& reg, const std::string& name) {
+  const auto* b = reg.find(name);
+  return b && !b->view_of.empty() ? b->view_of : name;
+}
+}  // namespace
+
+std::vector<std::size_t> schedule(const std::vector<Stage>& stages, const Registry& reg) {
+  const std::size_t n = stages.size();
+  std::set<std::string> names;
+  for (const auto& s : stages)
+    if (!names.insert(s.name).second) throw std::invalid_argument("scheduler: two stages are named '" + s.name + "'");
+
+  // Per storage: who writes it, who reads it, in declaration order. Views of one buffer that are
+  // written by different stages (per-head slots of a report block) are ordered as the whole.
+  struct Use { std::vector<std::size_t> writers, readers; };
+  std::map<std::string, Use> uses;
+  std::map<std::string, std::set<std::string>> written_names;  // exact names written
+  for (std::size_t i = 0; i < n; ++i) {
+    for (const auto& w : stages[i].writes) {
+      if (!reg.has(w))
+        throw std::invalid_argument("scheduler: stage '" + stages[i].name + "' (" + stages[i].owner +
+                                    ") writes '" + w + "', which nobody declared");
+      uses[storage_of(reg, w)].writers.push_back(i);
+      written_names[w].insert(stages[i].name);
+    }
+  }
+  // A read is satisfied by a write of the same name, of its parent, or of one of its views.
+  auto written = [&](const std::string& r) {
+    if (written_names.count(r)) return true;
+    const auto* b = reg.find(r);
+    if (b && !b->view_of.empty() && written_names.count(b->view_of)) return true;
+    for (const auto& [wn, ws] : written_names)
+      if (const auto* wb = reg.find(wn); wb && wb->view_of == r) return true;
+    return false;
+  };
+  for (std::size_t i = 0; i < n; ++i) {
+    for (const auto& r : stages[i].reads) {
+      const auto* b = reg.find(r);
+      if (!b)
+        throw std::invalid_argument("scheduler: stage '" + stages[i].name + "' (" + stages[i].owner +
+                                    ") reads '" + r + "', which nobody declared or writes");
+      const bool from_outside = b->kind == BufferKind::input || persistent(b->kind);
+      if (!from_outside && !written(r))
+        throw std::invalid_argument("scheduler: stage '" + stages[i].name + "' (" + stages[i].owner +
+                                    ") reads '" + r + "', which no stage writes (declared by '" + b->owner + "')");
+      if (!contains(stages[i].writes, r)) uses[storage_of(reg, r)].readers.push_back(i);
+    }
+  }
+
+  std::vector<std::set<std::size_t>> succ(n);
+  std::vector<int> indeg(n, 0);
+  auto edge = [&](std::size_t a, std::size_t b) {
+    if (a != b && succ[a].insert(b).second) ++indeg[b];
+  };
+  for (auto& [name, u] : uses) {
+    std::sort(u.writers.begin(), u.writers.end());
+    u.writers.erase(std::unique(u.writers.begin(), u.writers.end()), u.writers.end());
+    std::sort(u.readers.begin(), u.readers.end());
+    u.readers.erase(std::unique(u.readers.begin(), u.readers.end()), u.readers.end());
+    for (std::size_t k = 1; k < u.writers.size(); ++k) edge(u.writers[k - 1], u.writers[k]);
+    const auto* b = reg.find(name);
+    if (b && persistent(b->kind)) {
+      // Program order: a reader sees the writes declared before it, and precedes later writes.
+      for (auto r : u.readers)
+        for (auto w : u.writers) {
+          if (w < r) edge(w, r);
+          else edge(r, w);
+        }
+    } else {
+      for (auto r : u.readers)
+        for (auto w : u.writers) edge(w, r);
+    }
+  }
+
+  std::priority_queue<std::size_t, std::vector<std::size_t>, std::greater<>> ready;
+  for (std::size_t i = 0; i < n; ++i)
+    if (indeg[i] == 0) ready.push(i);
+  std::vector<std::size_t> order;
+  while (!ready.empty()) {
+    auto i = ready.top();
+    ready.pop();
+    order.push_back(i);
+    for (auto j : succ[i])
+      if (--indeg[j] == 0) ready.push(j);
+  }
+  if (order.size() != n) {
+    // Name one cycle: walk from any unscheduled stage along unscheduled successors.
+    std::vector<bool> done(n, false);
+    for (auto i : order) done[i] = true;
+    std::size_t start = 0;
+    while (done[start]) ++start;
+    std::vector<std::size_t> path{start};
+    std::map<std::size_t, std::size_t> seen{{start, 0}};
+    for (;;) {
+      std::size_t next = n;
+      for (auto j : succ[path.back()])
+        if (!done[j]) { next = j; break; }
+      if (next == n) break;
+      if (auto it = seen.find(next); it != seen.end()) {
+        std::string text;
+        for (std::size_t k = it->second; k < path.size(); ++k) text += stages[path[k]].name + " → ";
+        throw std::invalid_argument("scheduler: the stages form a cycle: " + text + stages[next].name);
+      }
+      seen[next] = path.size();
+      path.push_back(next);
+    }
+    throw std::invalid_argument("scheduler: the stages form a cycle involving '" + stages[start].name + "'");
+  }
+  return order;
+}
+
+std::string explain(const std::vector<Stage>& stages, const std::vector<std::size_t>& order) {
+  std::ostringstream os;
+  auto join = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+    return s.empty() ? std::string("-") : s;
+  };
+  int k = 1;
+  for (auto i : order) {
+    const auto& s = stages[i];
+    os << "  " << k++ << ". " << s.name << "  <" << s.owner << ">\n"
+       << "       reads:  " << join(s.reads) << "\n"
+       << "       writes: " << join(s.writes) << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace dqn

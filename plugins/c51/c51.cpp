@@ -1,1 +1,199 @@
-// placeholder: being written
+/** @file c51.cpp
+ *  @brief The C51 primary head as a plugin: distributional dueling branching head on the trunk,
+ *  double-DQN a* from the online head, the target network's distribution at a*, the dense
+ *  projection, cross-entropy at the taken actions, td_error, and the backward pass.
+ */
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "dqn/bdq.hpp"
+#include "dqn/head.hpp"
+#include "dqn/plugin.hpp"
+
+namespace {
+
+using namespace dqn;
+
+enum Tag : std::int32_t { kForward = 0, kTarget = 1, kLoss = 2, kBackward = 3 };
+
+class C51Head final : public Head {
+ public:
+  explicit C51Head(const HeadCreateInfo& info)
+      : name_(info.instance ? info.instance : "c51"), d_(bdq::dims_of(*info.net)), B_(info.batch),
+        gamma_n_(info.gamma_n) {}
+
+  int declare(BuildContext& ctx) noexcept override {
+    try {
+      if (int rc = bdq::declare_params(ctx, "c51", d_, kParamSpectralNorm)) return keep(ctx, rc);
+      const std::int64_t B2 = 2 * std::int64_t(B_), B = B_;
+      const std::int64_t hc = d_.hidden_cols(), D = d_.D, A = d_.A, Z = d_.Z;
+      struct Decl { std::string n; std::vector<std::int64_t> s; };
+      const std::vector<Decl> decls = {
+          {b("hidden"), {B2, hc}}, {b("v"), {B2, Z}}, {b("adv"), {B2, D, A, Z}}, {b("logits"), {B2, D, A, Z}},
+          {b("logp"), {B2, D, A, Z}}, {b("q"), {B2, D, A}},
+          {b("target.hidden"), {B, hc}}, {b("target.v"), {B, Z}}, {b("target.adv"), {B, D, A, Z}},
+          {b("target.logits"), {B, D, A, Z}}, {b("target.logp"), {B, D, A, Z}},
+          {b("dlogits"), {B, D, A, Z}}, {b("dv"), {B, Z}}, {b("dadv"), {B, D, A, Z}}, {b("dhidden"), {B, hc}},
+      };
+      for (const auto& x : decls) {
+        const bool act = x.n.find("/d") == std::string::npos;
+        if (int rc = ctx.buffer(x.n.c_str(), DType::real, x.s.data(), std::int32_t(x.s.size()),
+                                act ? BufferKind::activation : BufferKind::scratch))
+          return keep(ctx, rc);
+      }
+      const std::string loss = "loss/" + name_, grad = "grad/" + name_, dtrunk = "dtrunk/" + name_;
+      names_ = {b("hidden"), b("v"), b("adv"), b("logits"), b("logp"), b("q"),
+                b("target.hidden"), b("target.v"), b("target.adv"), b("target.logits"), b("target.logp"),
+                b("dlogits"), b("dv"), b("dadv"), b("dhidden"), loss, grad, dtrunk};
+      int rc = 0;
+      rc = rc ? rc : stage(ctx, kForward, "forward", {buf::h2, "params"},
+                           {b("hidden"), b("v"), b("adv"), b("logits"), b("logp"), b("q")});
+      rc = rc ? rc : stage(ctx, kTarget, "target", {buf::target_h2, "target", b("q"), buf::rewards, buf::dones},
+                           {b("target.hidden"), b("target.v"), b("target.adv"), b("target.logits"),
+                            b("target.logp"), buf::a_star, buf::target_m});
+      rc = rc ? rc : stage(ctx, kLoss, "loss", {b("logp"), buf::target_m, buf::actions, buf::is_weights},
+                           {loss, buf::td_error, b("dlogits")});
+      rc = rc ? rc : stage(ctx, kBackward, "backward", {b("dlogits"), b("hidden"), buf::h2, "params"},
+                           {b("dv"), b("dadv"), b("dhidden"), grad, dtrunk});
+      return keep(ctx, rc);
+    } catch (const std::exception& e) {
+      error_ = e.what();
+      return 1;
+    }
+  }
+
+  int bind(const Resolver& r) noexcept override {
+    try {
+      online_ = bdq::resolve(r, "c51", bdq::Which::online);
+      target_ = bdq::resolve(r, "c51", bdq::Which::target);
+      grad_ = bdq::resolve(r, "c51", bdq::Which::grad);
+      act_ = {r.real(b("hidden").c_str()), r.real(b("v").c_str()), r.real(b("adv").c_str()),
+              r.real(b("logits").c_str()), r.real(b("logp").c_str()), r.real(b("q").c_str())};
+      tact_ = {r.real(b("target.hidden").c_str()), r.real(b("target.v").c_str()), r.real(b("target.adv").c_str()),
+               r.real(b("target.logits").c_str()), r.real(b("target.logp").c_str()), Real{}};
+      back_ = {r.real(b("dv").c_str()), r.real(b("dadv").c_str()), r.real(b("dhidden").c_str())};
+      dlogits_ = r.real(b("dlogits").c_str());
+      h2_ = r.real(buf::h2);
+      target_h2_ = r.real(buf::target_h2);
+      actions_ = r.i32(buf::actions);
+      rewards_ = r.real(buf::rewards);
+      dones_ = r.real(buf::dones);
+      weights_ = r.real(buf::is_weights);
+      a_star_ = r.i32(buf::a_star);
+      m_ = r.real(buf::target_m);
+      td_ = r.real(buf::td_error);
+      loss_ = r.real(("loss/" + name_).c_str());
+      dtrunk_ = r.real(("dtrunk/" + name_).c_str());
+      const bool ok = online_.w1 && target_.w1 && grad_.w1 && act_.hidden && tact_.hidden && back_.dv && dlogits_ &&
+                      h2_ && target_h2_ && actions_ && rewards_ && dones_ && weights_ && a_star_ && m_ && td_ &&
+                      loss_ && dtrunk_;
+      if (!ok) {
+        error_ = "c51: a buffer or parameter it needs is missing";
+        return 1;
+      }
+      return 0;
+    } catch (const std::exception& e) {
+      error_ = e.what();
+      return 1;
+    }
+  }
+
+  void run(std::int32_t tag, Backend& be) noexcept override {
+    const int B = B_, D = d_.D, A = d_.A, Z = d_.Z;
+    switch (tag) {
+      case kForward:  // online head on states ‖ next_states
+        bdq::forward(be, d_, online_, h2_, 2 * B, act_);
+        break;
+      case kTarget: {  // double DQN: a* from the online head at s', evaluated by the target head
+        be.argmax(a_star_, act_.q + std::int64_t(B) * D * A, B * D, A);
+        bdq::forward(be, d_, target_, target_h2_, B, tact_);
+        C51Project p;
+        p.m = m_; p.target_logp = tact_.logp; p.a_star = a_star_; p.rewards = rewards_; p.dones = dones_;
+        p.B = B; p.D = D; p.A = A; p.Z = Z; p.gamma_n = gamma_n_; p.v_min = d_.v_min; p.v_max = d_.v_max;
+        be.c51_project(p);
+        break;
+      }
+      case kLoss: {
+        C51Xent x;
+        x.loss_per_sample = td_; x.loss = loss_; x.dlogits = dlogits_; x.logp = act_.logp; x.actions = actions_;
+        x.m = m_; x.weights = weights_; x.B = B; x.D = D; x.A = A; x.Z = Z;
+        be.c51_xent(x);
+        break;
+      }
+      case kBackward:
+        bdq::backward(be, d_, online_, grad_, h2_, B, act_, dlogits_, back_, dtrunk_, 0.0f);
+        break;
+      default:
+        break;
+    }
+  }
+
+  const char* error() const noexcept override { return error_.c_str(); }
+
+ private:
+  std::string b(const char* n) const { return name_ + "/" + n; }
+
+  int stage(BuildContext& ctx, Tag tag, const char* what, std::vector<std::string> reads,
+            std::vector<std::string> writes) {
+    stage_names_.push_back(name_ + "." + what);
+    std::vector<const char*> r, w;
+    for (auto& s : reads) r.push_back(keep_str(std::move(s)));
+    for (auto& s : writes) w.push_back(keep_str(std::move(s)));
+    StageDesc desc{stage_names_.back().c_str(), tag, r.data(), std::uint32_t(r.size()), w.data(), std::uint32_t(w.size())};
+    return ctx.stage(desc);
+  }
+  const char* keep_str(std::string s) {
+    strings_.push_back(std::move(s));
+    return strings_.back().c_str();
+  }
+  int keep(BuildContext&, int rc) {
+    if (rc && error_.empty()) error_ = "c51: declaration refused by the engine";
+    return rc;
+  }
+
+  std::string name_;
+  bdq::Dims d_;
+  int B_;
+  float gamma_n_;
+  std::string error_;
+  std::vector<std::string> names_;
+  std::vector<std::string> stage_names_;  // std::list-like stability not needed: copied by ctx.stage
+  std::vector<std::string> strings_;
+  bdq::Params online_{}, target_{}, grad_{};
+  bdq::Acts act_{}, tact_{};
+  bdq::BackScratch back_{};
+  Real dlogits_, h2_, target_h2_, rewards_, dones_, weights_, m_, td_, loss_, dtrunk_;
+  std::int32_t* actions_ = nullptr;
+  std::int32_t* a_star_ = nullptr;
+};
+
+Head* create(const HeadCreateInfo* info, char* err, std::uint32_t errlen) {
+  try {
+    if (info->role != Role::primary) {
+      std::snprintf(err, errlen, "c51 is a primary head (it produces a*, the target distribution and td_error); "
+                                 "use the ensemble plugin for extra distributional heads");
+      return nullptr;
+    }
+    if (info->net->atoms < 2 || !(info->net->v_min < info->net->v_max)) {
+      std::snprintf(err, errlen, "c51 needs atoms >= 2 and v_min < v_max");
+      return nullptr;
+    }
+    return new C51Head(*info);
+  } catch (const std::exception& e) {
+    std::snprintf(err, errlen, "%s", e.what());
+    return nullptr;
+  }
+}
+
+void destroy(Head* h) { delete h; }
+
+const PluginDescriptor kDescriptor{
+    kAbiVersion, sizeof(PluginDescriptor), "c51", PluginKind::head, "1.0.0",
+    "C51 distributional dueling branching head (primary): double-DQN targets, dense projection, cross-entropy",
+    0.0, 1, nullptr, 0, &create, &destroy};
+
+}  // namespace
+
+DQN_PLUGIN_EXPORT(kDescriptor)

@@ -1,0 +1,167 @@
+/** @file bdq.hpp
+ *  @brief The distributional dueling branching head (spec "Network"), forward and backward,
+ *  written once against the op table. Shared by the c51 plugin and the ensemble members.
+ *
+ *  Layout trick: the value and branch hidden layers are declared back to back, so their weights
+ *  form one [(1+D)·Hh, H2] matrix and one GEMM computes all of them; the D branch output layers
+ *  run as one strided-batched GEMM.
+ */
+#pragma once
+
+#include <string>
+
+#include "dqn/backend.hpp"
+#include "dqn/head.hpp"
+
+namespace dqn::bdq {
+
+struct Dims {
+  int H2 = 0, Hh = 0, D = 0, A = 0, Z = 0;
+  float v_min = -10.0f, v_max = 10.0f;
+  int hidden_cols() const { return (1 + D) * Hh; }
+  int az() const { return A * Z; }
+};
+
+inline Dims dims_of(const NetworkDims& n) {
+  return Dims{n.h2(), n.head_hidden, n.branches, n.actions, n.atoms, n.v_min, n.v_max};
+}
+
+inline std::string pname(const std::string& prefix, const std::string& rest) { return prefix + "." + rest; }
+
+/// Declares the head's parameters under `prefix` ("c51", "ensemble.0") in the contiguous order
+/// the forward relies on. flags go to every weight matrix (spectral norm for the primary).
+inline int declare_params(BuildContext& ctx, const std::string& prefix, const Dims& d, std::uint32_t weight_flags) {
+  int rc = 0;
+  auto p = [&](const std::string& name, int rows, int cols, int fan_in, std::uint32_t flags) {
+    if (rc == 0) rc = ctx.param(pname(prefix, name).c_str(), rows, cols, fan_in, flags);
+  };
+  p("value.0.weight", d.Hh, d.H2, d.H2, weight_flags);
+  for (int b = 0; b < d.D; ++b) p("branch." + std::to_string(b) + ".0.weight", d.Hh, d.H2, d.H2, weight_flags);
+  p("value.0.bias", d.Hh, 0, d.H2, 0);
+  for (int b = 0; b < d.D; ++b) p("branch." + std::to_string(b) + ".0.bias", d.Hh, 0, d.H2, 0);
+  p("value.1.weight", d.Z, d.Hh, d.Hh, weight_flags);
+  p("value.1.bias", d.Z, 0, d.Hh, 0);
+  for (int b = 0; b < d.D; ++b) p("branch." + std::to_string(b) + ".1.weight", d.az(), d.Hh, d.Hh, weight_flags);
+  for (int b = 0; b < d.D; ++b) p("branch." + std::to_string(b) + ".1.bias", d.az(), 0, d.Hh, 0);
+  return rc;
+}
+
+/// The head's parameters as concatenated blocks (online, target or a gradient).
+struct Params {
+  Real w1;   ///< [(1+D)Hh, H2]
+  Real b1;   ///< [(1+D)Hh]
+  Real wv2;  ///< [Z, Hh]
+  Real bv2;  ///< [Z]
+  Real wb2;  ///< D × [A·Z, Hh]
+  Real bb2;  ///< [D·A·Z]
+};
+
+enum class Which { online, target, grad };
+
+inline Params resolve(const Resolver& r, const std::string& prefix, Which which) {
+  auto get = [&](const std::string& n) {
+    const std::string full = pname(prefix, n);
+    return which == Which::online ? r.param(full.c_str())
+         : which == Which::target ? r.target(full.c_str())
+                                  : r.grad(full.c_str());
+  };
+  return Params{get("value.0.weight"), get("value.0.bias"), get("value.1.weight"),
+                get("value.1.bias"), get("branch.0.1.weight"), get("branch.0.1.bias")};
+}
+
+/// Activation buffers of one forward pass over `rows` rows.
+struct Acts {
+  Real hidden;  ///< [rows, (1+D)Hh] post-ReLU
+  Real v;       ///< [rows, Z]
+  Real adv;     ///< [rows, D, A, Z]
+  Real logits;  ///< [rows, D, A, Z]
+  Real logp;    ///< [rows, D, A, Z]
+  Real q;       ///< [rows, D, A] (may be null: not computed)
+};
+
+/// Forward over `rows` rows of h2 [rows, H2].
+inline void forward(Backend& be, const Dims& d, const Params& p, Real h2, int rows, const Acts& a) {
+  const int hc = d.hidden_cols(), az = d.az();
+  Gemm g;  // hidden = relu(h2 · W1ᵀ + b1)
+  g.tb = true; g.m = rows; g.n = hc; g.k = d.H2;
+  g.a = h2; g.lda = d.H2; g.b = p.w1; g.ldb = d.H2; g.c = a.hidden; g.ldc = hc; g.weight_operand = 2;
+  be.gemm(g);
+  be.bias_act(a.hidden, p.b1, rows, hc, hc, Act::relu);
+
+  Gemm gv;  // v = hv · Wv2ᵀ + bv2
+  gv.tb = true; gv.m = rows; gv.n = d.Z; gv.k = d.Hh;
+  gv.a = a.hidden; gv.lda = hc; gv.b = p.wv2; gv.ldb = d.Hh; gv.c = a.v; gv.ldc = d.Z; gv.weight_operand = 2;
+  be.gemm(gv);
+  be.bias_act(a.v, p.bv2, rows, d.Z, d.Z, Act::none);
+
+  Gemm gb;  // adv_d = hb_d · Wb2_dᵀ + bb2_d, all branches in one batched GEMM
+  gb.tb = true; gb.m = rows; gb.n = az; gb.k = d.Hh;
+  gb.a = a.hidden + d.Hh; gb.lda = hc; gb.stride_a = d.Hh;
+  gb.b = p.wb2; gb.ldb = d.Hh; gb.stride_b = std::int64_t(az) * d.Hh;
+  gb.c = a.adv; gb.ldc = d.D * az; gb.stride_c = az;
+  gb.batch = d.D; gb.weight_operand = 2;
+  be.gemm(gb);
+  be.bias_act(a.adv, p.bb2, rows, d.D * az, d.D * az, Act::none);
+
+  be.dueling_combine(a.logits, a.v, d.Z, a.adv, rows, d.D, d.A, d.Z);
+  be.log_softmax(a.logp, a.logits, rows * d.D * d.A, d.Z);
+  if (a.q) be.expected_q(a.q, a.logp, rows * d.D * d.A, d.Z, d.v_min, d.v_max);
+}
+
+/// Scratch of one backward pass over B rows.
+struct BackScratch {
+  Real dv;       ///< [B, Z]
+  Real dadv;     ///< [B, D, A, Z]
+  Real dhidden;  ///< [B, (1+D)Hh]
+};
+
+/// Backward from dlogits [B, D, A, Z]: writes the head's parameter gradients (overwriting) and
+/// dh2 = beta_dh2·dh2 + ∂L/∂h2 [B, H2]. `a` holds the forward activations of those B rows.
+inline void backward(Backend& be, const Dims& d, const Params& p, const Params& grad, Real h2, int B,
+                     const Acts& a, Real dlogits, const BackScratch& s, Real dh2, float beta_dh2) {
+  const int hc = d.hidden_cols(), az = d.az();
+  be.dueling_backward(s.dv, d.Z, s.dadv, dlogits, B, d.D, d.A, d.Z);
+
+  // value output layer
+  be.bias_grad(grad.bv2, s.dv, B, d.Z, d.Z, 0.0f);
+  Gemm gw;  // dWv2 = dvᵀ · hv
+  gw.ta = true; gw.m = d.Z; gw.n = d.Hh; gw.k = B;
+  gw.a = s.dv; gw.lda = d.Z; gw.b = a.hidden; gw.ldb = hc; gw.c = grad.wv2; gw.ldc = d.Hh;
+  be.gemm(gw);
+  Gemm gx;  // dhv = dv · Wv2
+  gx.m = B; gx.n = d.Hh; gx.k = d.Z;
+  gx.a = s.dv; gx.lda = d.Z; gx.b = p.wv2; gx.ldb = d.Hh; gx.c = s.dhidden; gx.ldc = hc; gx.weight_operand = 2;
+  be.gemm(gx);
+
+  // branch output layers, batched over d
+  be.bias_grad(grad.bb2, s.dadv, B, d.D * az, d.D * az, 0.0f);
+  Gemm gbw;  // dWb2_d = dadv_dᵀ · hb_d
+  gbw.ta = true; gbw.m = az; gbw.n = d.Hh; gbw.k = B;
+  gbw.a = s.dadv; gbw.lda = d.D * az; gbw.stride_a = az;
+  gbw.b = a.hidden + d.Hh; gbw.ldb = hc; gbw.stride_b = d.Hh;
+  gbw.c = grad.wb2; gbw.ldc = d.Hh; gbw.stride_c = std::int64_t(az) * d.Hh;
+  gbw.batch = d.D;
+  be.gemm(gbw);
+  Gemm gbx;  // dhb_d = dadv_d · Wb2_d
+  gbx.m = B; gbx.n = d.Hh; gbx.k = az;
+  gbx.a = s.dadv; gbx.lda = d.D * az; gbx.stride_a = az;
+  gbx.b = p.wb2; gbx.ldb = d.Hh; gbx.stride_b = std::int64_t(az) * d.Hh;
+  gbx.c = s.dhidden + d.Hh; gbx.ldc = hc; gbx.stride_c = d.Hh;
+  gbx.batch = d.D; gbx.weight_operand = 2;
+  be.gemm(gbx);
+
+  // hidden layers (value and branches as one matrix)
+  be.relu_backward(s.dhidden, a.hidden, B, hc, hc);
+  be.bias_grad(grad.b1, s.dhidden, B, hc, hc, 0.0f);
+  Gemm g1;  // dW1 = dhiddenᵀ · h2
+  g1.ta = true; g1.m = hc; g1.n = d.H2; g1.k = B;
+  g1.a = s.dhidden; g1.lda = hc; g1.b = h2; g1.ldb = d.H2; g1.c = grad.w1; g1.ldc = d.H2;
+  be.gemm(g1);
+  Gemm gh;  // dh2 = dhidden · W1
+  gh.m = B; gh.n = d.H2; gh.k = hc;
+  gh.a = s.dhidden; gh.lda = hc; gh.b = p.w1; gh.ldb = d.H2; gh.beta = beta_dh2; gh.c = dh2; gh.ldc = d.H2;
+  gh.weight_operand = 2;
+  be.gemm(gh);
+}
+
+}  // namespace dqn::bdq

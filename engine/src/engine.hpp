@@ -1,0 +1,156 @@
+/** @file engine.hpp
+ *  @brief The engine: builds one training step from a pipeline and its head plugins (registry,
+ *  stages, schedule), runs it on the CPU reference or replays it as one CUDA graph.
+ */
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dqn/pipeline.hpp"
+#include "plugin_loader.hpp"
+#include "registry.hpp"
+#include "runtime.hpp"
+#include "safetensors.hpp"
+#include "scheduler.hpp"
+
+namespace dqn {
+
+/// One batch on the host (spec "A batch is").
+struct HostBatch {
+  int B = 0, S = 0, D = 0;
+  std::vector<float> states, next_states, rewards, dones, is_weights;
+  std::vector<std::int32_t> actions;
+
+  /// A reproducible random batch for a pipeline's shapes (states in [-1,1], ~10% dones,
+  /// importance weights in [0.5, 1.5], rewards in [-1, 1]).
+  static HostBatch random(const PipelineSpec& spec, std::uint64_t seed);
+  static HostBatch from_file(const st::File& f, const std::string& what);
+  void to_file(st::File& f) const;
+  /// Throws std::invalid_argument naming the tensor when shapes or values don't fit the spec.
+  void check(const PipelineSpec& spec, const std::string& what) const;
+};
+
+/// What a step reports (spec "What a step reports"), read on the host.
+struct StepReport {
+  std::vector<std::string> heads;
+  std::vector<double> losses, grad_norms, clips, fractions;
+  double total_loss = 0;
+  std::vector<float> td_error;
+  std::int64_t skipped_steps = 0;
+  std::int64_t adam_step = 0;
+  std::int64_t step_index = 0;  ///< host steps taken when this report was copied
+};
+
+struct EngineOptions {
+  bool f64 = false;  ///< CPU reference in double precision (gradient checks)
+  std::optional<BackendKind> backend;  ///< overrides the pipeline's backend
+  int device = 0;
+};
+
+class Engine {
+ public:
+  Engine(const PipelineSpec& spec, const PluginLoader& plugins, const EngineOptions& opt = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const PipelineSpec& spec() const { return spec_; }
+  BackendKind backend() const { return backend_; }
+  const Registry& registry() const { return reg_; }
+  Runtime& runtime() { return *rt_; }
+  const std::vector<std::string>& head_names() const { return head_names_; }
+
+  /// Seeded initial weights (spec "Initialisation"): target = online, zero moments, step 0.
+  void init_weights(std::uint64_t seed);
+  /// Loads a weights file; throws st::Error / std::invalid_argument naming the tensor.
+  void load_weights(const st::File& f);
+  /// The weights file (online, target, Adam, sn.u); with `dump`, the last step's report too.
+  st::File save_state(bool dump);
+
+  void set_batch(const HostBatch& b);
+  /// Device pointers of the batch inputs, for a replay side that fills them directly.
+  Real batch_states2() const { return states2_; }
+
+  /// One training step: CPU runs the stages; CUDA replays the captured graph. No sync.
+  void step();
+  /// The same stages run one by one, uncaptured (for the replay-equals-uncaptured test).
+  void step_uncaptured();
+
+  /// Synchronises and reads the current report (between steps, never inside the loop).
+  StepReport read_report();
+  /// Enqueues an asynchronous copy of the report into pinned memory (done by step() every
+  /// report_every steps); latest_report() returns the newest copy that has landed, if any.
+  void request_report();
+  std::optional<StepReport> latest_report();
+
+  /// Budget fractions and learning rate live in device memory: changed here, read by the next
+  /// replay, no re-capture.
+  void set_fraction(std::size_t head, double f);
+  void set_lr(double lr);
+  const std::vector<double>& fractions() const { return fractions_; }
+
+  std::int64_t steps() const { return steps_; }
+  std::int64_t captures() const { return captures_; }
+  std::int64_t graph_nodes() const { return rt_->graph_nodes(); }
+
+  /// The stage order and the registry layout (`dqn step --explain`).
+  std::string explain() const;
+
+ private:
+  struct BuildCtx;
+  struct HeadResolver;
+  void build(const PluginLoader& plugins);
+  void declare_engine_buffers();
+  void add_engine_stages_front();
+  void add_engine_stages_back();
+  void bind_engine();
+  void trunk_forward(Backend& be, bool target);
+  void trunk_backward(Backend& be, std::size_t head);
+  StepReport parse_report(const std::vector<unsigned char>& bytes) const;
+
+  PipelineSpec spec_;
+  EngineOptions opt_;
+  BackendKind backend_ = BackendKind::cpu;
+  NetworkDims net_{};
+  // Heads are declared before the runtime so they (and their libraries) outlive its graph.
+  std::vector<HeadHandle> heads_;
+  std::vector<std::string> head_names_;
+  std::vector<double> fractions_;
+  std::unique_ptr<Runtime> rt_;
+  Registry reg_;
+  std::vector<Stage> stages_;
+  std::vector<std::size_t> order_;
+
+  // Resolved once at build.
+  Real params_, target_, adam_m_, adam_v_, grad_all_, grad_total_, lr_, fractions_dev_;
+  Real states2_, rewards_, dones_, weights_;
+  std::int32_t* actions_ = nullptr;
+  std::int64_t* t_ = nullptr;
+  std::int32_t* skip_ = nullptr;
+  std::int64_t* skipped_ = nullptr;
+  Real losses_, norms_, clips_, total_loss_, td_error_;
+  std::vector<Real> trunk_w_, trunk_b_, trunk_tw_, trunk_tb_, trunk_a_, trunk_ta_, trunk_dz_;
+  std::vector<std::vector<Real>> trunk_gw_, trunk_gb_;  // per head
+  std::vector<Real> dtrunk_;                            // per head
+  SpectralMatrix* sn_table_ = nullptr;
+  int sn_count_ = 0, sn_max_rows_ = 0, sn_max_cols_ = 0;
+  std::vector<std::pair<std::string, std::string>> sn_params_;  // param name, u buffer name
+  std::vector<Real> sn_u_;
+
+  // Report offsets inside the report range.
+  struct ReportLayout { std::size_t losses, norms, clips, total, td, skipped, t; } rl_{};
+  std::size_t report_begin_ = 0, report_bytes_ = 0;
+  unsigned char* report_host_[2] = {nullptr, nullptr};
+  std::int64_t report_step_[2] = {-1, -1};
+  std::int64_t report_seq_ = 0;
+  int report_pending_ = -1;
+
+  std::int64_t steps_ = 0, captures_ = 0;
+  bool captured_ = false;
+};
+
+}  // namespace dqn

@@ -1,0 +1,80 @@
+/** @file plugin_loader.hpp
+ *  @brief Finds loss-head plugins on a search path, loads them with Boost.DLL (rtld_now),
+ *  checks their ABI, and keeps each library loaded while anything made from it lives.
+ */
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dqn/head.hpp"
+#include "dqn/plugin.hpp"
+#include "pipeline_parse.hpp"
+
+namespace boost::dll { class shared_library; }
+
+namespace dqn {
+
+struct LoadedPlugin {
+  std::string path;
+  std::shared_ptr<boost::dll::shared_library> library;
+  const PluginDescriptor* descriptor = nullptr;
+};
+
+/// A head together with the library it came from: destroying it calls the plugin's destroy()
+/// and only then lets the library go.
+class HeadHandle {
+ public:
+  HeadHandle() = default;
+  HeadHandle(Head* h, const LoadedPlugin& from) : head_(h), plugin_(from) {}
+  HeadHandle(HeadHandle&& o) noexcept : head_(o.head_), plugin_(std::move(o.plugin_)) { o.head_ = nullptr; }
+  HeadHandle& operator=(HeadHandle&& o) noexcept;
+  HeadHandle(const HeadHandle&) = delete;
+  HeadHandle& operator=(const HeadHandle&) = delete;
+  ~HeadHandle() { reset(); }
+  void reset() noexcept;
+  Head* get() const noexcept { return head_; }
+  Head* operator->() const noexcept { return head_; }
+  const LoadedPlugin& plugin() const noexcept { return plugin_; }
+
+ private:
+  Head* head_ = nullptr;
+  LoadedPlugin plugin_;
+};
+
+class PluginLoader : public PluginCatalog {
+ public:
+  /// Scans each directory (non-recursively) for lib*.so files exporting the descriptor symbol.
+  explicit PluginLoader(std::vector<std::string> search_path);
+
+  /// The search path: the command-line value (colon-separated) if given, then $DQN_PLUGIN_PATH,
+  /// then the default directories ($DQN_PLUGIN_DEFAULT_DIRS when set, even empty; else the
+  /// build tree's and the install prefix's plugin directories).
+  static std::vector<std::string> search_path_from(const std::string& cli_value);
+
+  /// Loads one library file; throws std::runtime_error with the path and the reason (system
+  /// loader message, missing symbol, ABI mismatch naming both versions, bad descriptor).
+  static LoadedPlugin load_file(const std::string& path);
+
+  const PluginDescriptor* find(const std::string& name) const override;
+  std::vector<std::string> names() const override;
+  std::string search_path() const override;
+
+  const std::vector<LoadedPlugin>& plugins() const { return plugins_; }
+  /// Libraries that were found but could not be used, each "path: reason".
+  const std::vector<std::string>& problems() const { return problems_; }
+
+  /// Creates a head; throws std::runtime_error naming the plugin and its message on failure.
+  HeadHandle create(const std::string& plugin, const HeadCreateInfo& info) const;
+
+ private:
+  std::vector<std::string> dirs_;
+  std::vector<LoadedPlugin> plugins_;
+  std::vector<std::string> problems_;
+};
+
+/// Human description of a plugin and its schema (for `dqn plugins`).
+std::string describe_plugin(const LoadedPlugin& p);
+
+}  // namespace dqn

@@ -1,0 +1,33 @@
+/** @file scheduler.hpp
+ *  @brief Orders the step's stages from what they read and write. Per-step buffers: every writer
+ *  before any reader. Persistent state (parameters, optimizer state): declaration order, so the
+ *  engine's update stages (declared last) run after every head has read the old values.
+ */
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dqn/backend.hpp"
+
+namespace dqn {
+
+class Registry;
+
+struct Stage {
+  std::string name, owner;
+  std::vector<std::string> reads, writes;
+  std::function<void(Backend&)> run;
+};
+
+/// Returns the stages' indices in execution order. Throws std::invalid_argument when a stage
+/// reads or writes an undeclared buffer, reads a per-step buffer that no stage writes (naming
+/// both), or the dependencies form a cycle (naming it). Ties keep declaration order.
+std::vector<std::size_t> schedule(const std::vector<Stage>& stages, const Registry& reg);
+
+/// One line per stage in order: "  3. c51.loss  <c51>  reads: …  writes: …".
+std::string explain(const std::vector<Stage>& stages, const std::vector<std::size_t>& order);
+
+}  // namespace dqn

@@ -238,7 +238,7 @@ void Engine::build(const PluginLoader& plugins) {
     std::vector<SpectralMatrix> table;
     for (std::size_t i = 0; i < sn_params_.size(); ++i) {
       const auto* p = reg_.find_param(sn_params_[i].first);
-      table.push_back(SpectralMatrix{reg_.param_in(params_, p->name), sn_u_[i], p->rows, p->cols});
+      table.push_back(SpectralMatrix{params_ + p->offset, sn_u_[i], p->rows, p->cols});
     }
     rt_->ops().upload(sn_table_, table.data(), table.size() * sizeof(SpectralMatrix));
   }
@@ -615,10 +615,10 @@ void Engine::load_weights(const st::File& f) {
   }
   for (const auto& p : reg_.params()) {
     const auto shape = p.shape();
-    be.upload_reals(reg_.param_in(params_, p.name), f.get_f32(p.name, shape).data(), p.numel());
-    be.upload_reals(reg_.param_in(target_, p.name), f.get_f32("target." + p.name, shape).data(), p.numel());
-    be.upload_reals(reg_.param_in(adam_m_, p.name), f.get_f32("adam.m." + p.name, shape).data(), p.numel());
-    be.upload_reals(reg_.param_in(adam_v_, p.name), f.get_f32("adam.v." + p.name, shape).data(), p.numel());
+    be.upload_reals(params_ + p.offset, f.get_f32(p.name, shape).data(), p.numel());
+    be.upload_reals(target_ + p.offset, f.get_f32("target." + p.name, shape).data(), p.numel());
+    be.upload_reals(adam_m_ + p.offset, f.get_f32("adam.m." + p.name, shape).data(), p.numel());
+    be.upload_reals(adam_v_ + p.offset, f.get_f32("adam.v." + p.name, shape).data(), p.numel());
   }
   for (std::size_t i = 0; i < sn_params_.size(); ++i) {
     const auto* p = reg_.find_param(sn_params_[i].first);
@@ -641,10 +641,10 @@ st::File Engine::save_state(bool dump) {
     f.put_f32(name, std::move(shape), tmp.data());
   };
   for (const auto& p : reg_.params()) {
-    put(p.name, reg_.param_in(params_, p.name), p.shape(), p.numel());
-    put("target." + p.name, reg_.param_in(target_, p.name), p.shape(), p.numel());
-    put("adam.m." + p.name, reg_.param_in(adam_m_, p.name), p.shape(), p.numel());
-    put("adam.v." + p.name, reg_.param_in(adam_v_, p.name), p.shape(), p.numel());
+    put(p.name, params_ + p.offset, p.shape(), p.numel());
+    put("target." + p.name, target_ + p.offset, p.shape(), p.numel());
+    put("adam.m." + p.name, adam_m_ + p.offset, p.shape(), p.numel());
+    put("adam.v." + p.name, adam_v_ + p.offset, p.shape(), p.numel());
   }
   for (std::size_t i = 0; i < sn_params_.size(); ++i) {
     const auto* p = reg_.find_param(sn_params_[i].first);

@@ -44,9 +44,6 @@ class C51Head final : public Head {
           return keep(ctx, rc);
       }
       const std::string loss = "loss/" + name_, grad = "grad/" + name_, dtrunk = "dtrunk/" + name_;
-      names_ = {b("hidden"), b("v"), b("adv"), b("logits"), b("logp"), b("q"),
-                b("target.hidden"), b("target.v"), b("target.adv"), b("target.logits"), b("target.logp"),
-                b("dlogits"), b("dv"), b("dadv"), b("dhidden"), loss, grad, dtrunk};
       int rc = 0;
       rc = rc ? rc : stage(ctx, kForward, "forward", {buf::h2, "params"},
                            {b("hidden"), b("v"), b("adv"), b("logits"), b("logp"), b("q")});
@@ -137,16 +134,13 @@ class C51Head final : public Head {
 
   int stage(BuildContext& ctx, Tag tag, const char* what, std::vector<std::string> reads,
             std::vector<std::string> writes) {
-    stage_names_.push_back(name_ + "." + what);
+    // The engine copies everything during the call: these only need to live until it returns.
+    const std::string stage_name = name_ + "." + what;
     std::vector<const char*> r, w;
-    for (auto& s : reads) r.push_back(keep_str(std::move(s)));
-    for (auto& s : writes) w.push_back(keep_str(std::move(s)));
-    StageDesc desc{stage_names_.back().c_str(), tag, r.data(), std::uint32_t(r.size()), w.data(), std::uint32_t(w.size())};
+    for (const auto& s : reads) r.push_back(s.c_str());
+    for (const auto& s : writes) w.push_back(s.c_str());
+    StageDesc desc{stage_name.c_str(), tag, r.data(), std::uint32_t(r.size()), w.data(), std::uint32_t(w.size())};
     return ctx.stage(desc);
-  }
-  const char* keep_str(std::string s) {
-    strings_.push_back(std::move(s));
-    return strings_.back().c_str();
   }
   int keep(BuildContext&, int rc) {
     if (rc && error_.empty()) error_ = "c51: declaration refused by the engine";
@@ -158,9 +152,6 @@ class C51Head final : public Head {
   int B_;
   float gamma_n_;
   std::string error_;
-  std::vector<std::string> names_;
-  std::vector<std::string> stage_names_;  // std::list-like stability not needed: copied by ctx.stage
-  std::vector<std::string> strings_;
   bdq::Params online_{}, target_{}, grad_{};
   bdq::Acts act_{}, tact_{};
   bdq::BackScratch back_{};

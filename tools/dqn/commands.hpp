@@ -1,0 +1,55 @@
+/** @file commands.hpp
+ *  @brief The dqn subcommands; each returns the process exit code and prints its own errors.
+ */
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dqn/pipeline.hpp"
+
+namespace dqn::cli {
+
+struct Common {
+  std::string plugin_path;             ///< --plugin-path (colon-separated)
+  std::vector<std::string> overrides;  ///< key.path=value
+  std::string backend;                 ///< --backend cpu|cuda (empty: the pipeline's)
+};
+
+struct StepArgs {
+  Common common;
+  std::string pipeline, init, weights, batch, save_batch, out;
+  std::int64_t random_batch = -1;
+  int steps = 1;
+  bool explain = false, print_pipeline = false;
+};
+
+struct TrainArgs {
+  Common common;
+  std::string pipeline, out_dir, weights;
+  std::int64_t seed = -1;
+  std::int64_t total_steps = -1;
+  bool quiet = false;
+};
+
+struct BenchArgs {
+  Common common;
+  std::string pipeline;
+  std::vector<int> batches;
+  std::vector<std::string> precisions;
+  int warmup = 200, iters = 2000, repeats = 5;
+  bool json = false;
+};
+
+int cmd_plugins(const Common& c);
+int cmd_validate(const Common& c, const std::vector<std::string>& files);
+int cmd_step(const StepArgs& a);
+int cmd_train(const TrainArgs& a);
+int cmd_bench(const BenchArgs& a);
+
+/// Loads a pipeline with the plugins on the search path and the overrides; prints errors and
+/// returns false on failure.
+bool load(const Common& c, const std::string& file, PipelineSpec& out, std::string* resolved_yaml = nullptr);
+
+}  // namespace dqn::cli

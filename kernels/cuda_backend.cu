@@ -1,1 +1,896 @@
-// placeholder: being written
+/** @file cuda_backend.cu
+ *  @brief The CUDA runtime (one non-blocking stream, cuBLAS/cuBLASLt with an explicit workspace,
+ *  the arena, planned scratch, graph capture and replay, pinned report copies) and its op table.
+ *  Ops never allocate, synchronise or read device memory from the host, so any sequence of them
+ *  can be captured into one graph as it is.
+ */
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <compare>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cuda_kernels.cuh"
+#include "runtime.hpp"
+
+namespace dqn {
+namespace {
+
+constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;       // cuBLAS + cuBLASLt, shared (one stream)
+constexpr std::size_t kInitialScratchBytes = std::size_t{8} << 20;   // usable without a plan
+constexpr int kReportSlots = 64;
+
+std::string where(const char* file, int line, int device) {
+  return std::string(" at ") + file + ":" + std::to_string(line) + " (cuda device " + std::to_string(device) + ")";
+}
+
+std::string cuda_text(cudaError_t e, const char* stmt, const char* file, int line, int device) {
+  return std::string(stmt) + " failed: " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")" +
+         where(file, line, device);
+}
+
+std::string cublas_text(cublasStatus_t s, const char* stmt, const char* file, int line, int device) {
+  return std::string(stmt) + " failed: " + cublasGetStatusName(s) + " (" + cublasGetStatusString(s) + ")" +
+         where(file, line, device);
+}
+
+std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a; }
+
+/// The largest power of two (at most 256) dividing the address and, when batched, the batch stride.
+std::uint32_t alignment_of(const void* p, std::int64_t stride_bytes) {
+  const std::uintptr_t x = reinterpret_cast<std::uintptr_t>(p) | static_cast<std::uintptr_t>(stride_bytes);
+  if (x == 0) return 256;
+  return static_cast<std::uint32_t>(std::min<std::uintptr_t>(x & (~x + 1), 256));
+}
+
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::fp32: return "fp32";
+    case Precision::tf32: return "tf32";
+    case Precision::bf16: return "bf16";
+  }
+  return "?";
+}
+
+/// One column-major problem for cuBLASLt (the row-major Gemm with operands swapped), the key of
+/// the descriptor/heuristic cache: everything the algorithm choice depends on except pointers.
+struct LtKey {
+  int op_a = 0, op_b = 0, m = 0, n = 0, k = 0;
+  std::int64_t lda = 0, ldb = 0, ldc = 0;
+  int batch = 1;
+  std::int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+  int ab_type = 0;
+  std::uint32_t align_a = 0, align_b = 0, align_c = 0;
+  bool beta_zero = true;
+  auto operator<=>(const LtKey&) const = default;
+};
+
+struct LtPlan {
+  bool use_lt = false;  ///< false: no cuBLASLt algorithm was found; cublasGemmStridedBatchedEx instead
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  void release() noexcept {
+    if (desc) cublasLtMatmulDescDestroy(desc);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    desc = nullptr;
+    la = lb = lc = nullptr;
+  }
+};
+
+// Inside CudaBackend ops: record the first failure (statement, file:line, device) and go on.
+#define DQN_CUDA_OK(op, stmt) cuda_ok((op), (stmt), #stmt, __FILE__, __LINE__)
+#define DQN_CUBLAS_OK(op, stmt) cublas_ok((op), (stmt), #stmt, __FILE__, __LINE__)
+// Outside ops (creation, runtime methods): throw with the same text.
+#define DQN_CUDA_THROW(stmt) throw_cuda((stmt), #stmt, __FILE__, __LINE__, device_)
+#define DQN_CUBLAS_THROW(stmt) throw_cublas((stmt), #stmt, __FILE__, __LINE__, device_)
+
+void throw_cuda(cudaError_t e, const char* stmt, const char* file, int line, int device) {
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // clear a non-sticky error so later launch checks do not see it
+    throw std::runtime_error("cuda: " + cuda_text(e, stmt, file, line, device));
+  }
+}
+
+void throw_cublas(cublasStatus_t s, const char* stmt, const char* file, int line, int device) {
+  if (s != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cuda: " + cublas_text(s, stmt, file, line, device));
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(Precision precision, int device) : precision_(precision), device_(device) {
+    try {
+      DQN_CUDA_THROW(cudaSetDevice(device));
+      DQN_CUDA_THROW(cudaGetDeviceProperties(&props_, device));
+      DQN_CUDA_THROW(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+      DQN_CUBLAS_THROW(cublasCreate(&blas_));
+      DQN_CUBLAS_THROW(cublasLtCreate(&lt_));
+      DQN_CUDA_THROW(cudaMalloc(&workspace_, kWorkspaceBytes));
+      note_device_bytes(kWorkspaceBytes);
+      // cublasSetStream resets the workspace to cuBLAS's own pool: set the stream first.
+      DQN_CUBLAS_THROW(cublasSetStream(blas_, stream_));
+      DQN_CUBLAS_THROW(cublasSetWorkspace(blas_, workspace_, kWorkspaceBytes));
+      DQN_CUBLAS_THROW(cublasSetMathMode(blas_, precision == Precision::fp32 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH));
+      DQN_CUDA_THROW(cudaMalloc(&scratch_, kInitialScratchBytes));
+      scratch_bytes_ = kInitialScratchBytes;
+      note_device_bytes(kInitialScratchBytes);
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~CudaBackend() override { release(); }
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  const char* name() const noexcept override { return "cuda"; }
+  std::uint32_t real_size() const noexcept override { return 4; }
+  bool is_device() const noexcept override { return true; }
+
+  // --- dense layers -------------------------------------------------------------------------
+
+  void gemm(const Gemm& g) noexcept override {
+    constexpr const char* op = "gemm";
+    if (g.m < 0 || g.n < 0 || g.k < 0 || g.batch < 0) return fail(op, "negative size");
+    if (g.m == 0 || g.n == 0 || g.batch == 0) return;
+    const int a_rows = g.ta ? g.k : g.m, a_cols = g.ta ? g.m : g.k;
+    const int b_rows = g.tb ? g.n : g.k, b_cols = g.tb ? g.k : g.n;
+    if (g.k > 0 && (g.lda < std::max(1, a_cols) || g.ldb < std::max(1, b_cols)))
+      return fail(op, "lda/ldb smaller than the row length of A/B");
+    if (g.ldc < g.n) return fail(op, "ldc smaller than n");
+    if (!real_ok(g.c, op, "c")) return;
+    if (g.k > 0 && (!real_ok(g.a, op, "a") || !real_ok(g.b, op, "b"))) return;
+    if (g.k == 0) {  // C = beta C: no library call
+      if (planning_) return;
+      DQN_CUDA_OK(op, cuda::scale_matrix(stream_, g.c.as<float>(), g.m, g.n, g.ldc, g.stride_c, g.batch, g.beta));
+      return;
+    }
+    const bool batched = g.batch > 1;
+    const bool bf16 = precision_ == Precision::bf16;
+    // Row-major C = op(A) op(B) is column-major Cᵀ = op(B)ᵀ op(A)ᵀ: B is cuBLAS's first operand.
+    LtKey key;
+    key.op_a = g.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    key.op_b = g.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    key.m = g.n;
+    key.n = g.m;
+    key.k = g.k;
+    key.ldc = g.ldc;
+    key.batch = g.batch;
+    key.stride_c = batched ? g.stride_c : 0;
+    key.beta_zero = g.beta == 0.0f;
+    key.align_c = alignment_of(g.c.p, batched ? g.stride_c * 4 : 0);
+    // bf16: operands are converted into compact copies in scratch (a broadcast operand, stride 0, once).
+    const int copies_a = batched && g.stride_a != 0 ? g.batch : 1;
+    const int copies_b = batched && g.stride_b != 0 ? g.batch : 1;
+    const std::size_t bytes_a = round_up(std::size_t{2} * copies_a * a_rows * a_cols, 256);
+    const std::size_t bytes_b = round_up(std::size_t{2} * copies_b * b_rows * b_cols, 256);
+    if (bf16) {
+      key.ab_type = CUDA_R_16BF;
+      key.lda = b_cols;
+      key.ldb = a_cols;
+      key.stride_a = batched && copies_b > 1 ? static_cast<std::int64_t>(b_rows) * b_cols : 0;
+      key.stride_b = batched && copies_a > 1 ? static_cast<std::int64_t>(a_rows) * a_cols : 0;
+      key.align_a = key.align_b = 256;  // scratch is 256-aligned, and so is each copy
+    } else {
+      key.ab_type = CUDA_R_32F;
+      key.lda = g.ldb;
+      key.ldb = g.lda;
+      key.stride_a = batched ? g.stride_b : 0;
+      key.stride_b = batched ? g.stride_a : 0;
+      key.align_a = alignment_of(g.b.p, key.stride_a * 4);
+      key.align_b = alignment_of(g.a.p, key.stride_b * 4);
+    }
+    const LtPlan* plan = plan_for(key);
+    if (!plan) return;
+    const void* pa = g.b.p;  // cuBLAS's A (our B)
+    const void* pb = g.a.p;  // cuBLAS's B (our A)
+    if (bf16) {
+      void* s = scratch(op, bytes_a + bytes_b);
+      if (!s) return;
+      void* a16 = s;                                  // our A in bf16
+      void* b16 = static_cast<char*>(s) + bytes_a;    // our B in bf16
+      if (!DQN_CUDA_OK(op, cuda::to_bf16(stream_, a16, g.a.as<const float>(), a_rows, a_cols, g.lda, g.stride_a, copies_a)))
+        return;
+      if (!DQN_CUDA_OK(op, cuda::to_bf16(stream_, b16, g.b.as<const float>(), b_rows, b_cols, g.ldb, g.stride_b, copies_b)))
+        return;
+      pa = b16;
+      pb = a16;
+    } else if (planning_) {
+      return;
+    }
+    const float alpha = g.alpha, beta = g.beta;
+    float* c = g.c.as<float>();
+    if (plan->use_lt) {
+      DQN_CUBLAS_OK(op, cublasLtMatmul(lt_, plan->desc, &alpha, pa, plan->la, pb, plan->lb, &beta, c, plan->lc, c,
+                                       plan->lc, &plan->algo, workspace_, kWorkspaceBytes, stream_));
+    } else {
+      const auto t = static_cast<cudaDataType_t>(key.ab_type);
+      DQN_CUBLAS_OK(op, cublasGemmStridedBatchedEx(
+                            blas_, static_cast<cublasOperation_t>(key.op_a), static_cast<cublasOperation_t>(key.op_b),
+                            key.m, key.n, key.k, &alpha, pa, t, static_cast<int>(key.lda), key.stride_a, pb, t,
+                            static_cast<int>(key.ldb), key.stride_b, &beta, c, CUDA_R_32F, static_cast<int>(key.ldc),
+                            key.stride_c, key.batch, plan->compute, CUBLAS_GEMM_DEFAULT));
+    }
+  }
+
+  void bias_act(Real y, Real bias, int rows, int cols, int ldy, Act act) noexcept override {
+    constexpr const char* op = "bias_act";
+    if (!matrix_ok(op, rows, cols, ldy) || rows == 0 || cols == 0) return;
+    if (!real_ok(y, op, "y")) return;
+    if (bias && !real_ok(bias, op, "bias")) return;  // null bias: activation only
+    if (act != Act::none && act != Act::relu) return fail(op, "unknown activation");
+    if (planning_) return;
+    DQN_CUDA_OK(op, cuda::bias_act(stream_, y.as<float>(), bias ? bias.as<const float>() : nullptr, rows, cols, ldy,
+                                   act == Act::relu));
+  }
+
+  void relu_backward(Real dy, Real y, int rows, int cols, int ld) noexcept override {
+    constexpr const char* op = "relu_backward";
+    if (!matrix_ok(op, rows, cols, ld) || rows == 0 || cols == 0) return;
+    if (!real_ok(dy, op, "dy") || !real_ok(y, op, "y")) return;
+    if (planning_) return;
+    DQN_CUDA_OK(op, cuda::relu_backward(stream_, dy.as<float>(), y.as<const float>(), rows, cols, ld));
+  }
+
+  void bias_grad(Real db, Real dy, int rows, int cols, int ldy, float beta) noexcept override {
+    constexpr const char* op = "bias_grad";
+    if (!matrix_ok(op, rows, cols, ldy) || cols == 0) return;
+    if (!real_ok(db, op, "db")) return;
+    if (rows > 0 && !real_ok(dy, op, "dy")) return;
+    if (planning_) return;
+    DQN_CUDA_OK(op, cuda::bias_grad(stream_, db.as<float>(), dy.as<const float>(), rows, cols, ldy, beta));
+  }
+
+  // --- distributional head ------------------------------------------------------------------
+
+  void dueling_combine(Real logits, Real v, int ldv, Real adv, int rows, int D, int A, int Z) noexcept override {
+    constexpr const char* op = "dueling_combine";
+    if (rows < 0 || D < 0 || A < 0 || Z < 0) return fail(op, "negative size");
+    if (rows == 0 || D == 0 || A == 0 || Z == 0) return;
+    if (ldv < Z) return fail(op, "ldv smaller than Z");
+    if (!real_ok(logits, op, "logits") || !real_ok(v, op, "v") || !real_ok(adv, op, "adv")) return;
+    if (planning_) return;
+    DQN_CUDA_OK(op, cuda::dueling_combine(stream_, logits.as<float>(), v.as<const float>(), ldv, adv.as<const float>(),
+                                          rows, D, A, Z));
+  }
+
+  void dueling_backward(Real dv, int lddv, Real dadv, Real dlogits, int rows, int D, int A, int Z) noexcept override {
+    constexpr const char* op = "dueling_backward";
+    if (rows < 0 || D < 0 || A < 0 || Z < 0) return fail(op, "negative size");
+    if (rows == 0 || Z == 0) return;
+    if (lddv < Z) return fail(op, "lddv smaller than Z");
+    if (!real_ok(dv, op, "dv")) return;
+    const bool any = D > 0 && A > 0;
+    if (any && (!real_ok(dadv, op, "dadv") || !real_ok(dlogits, op, "dlogits"))) return;
+    if (planning_) return;
+    DQN_CUDA_OK(op, cuda::dueling_backward(stream_, dv.as<float>(), lddv, any ? dadv.as<float>() : nullptr,
+                                           any ? dlogits.as<const float>() : nullptr, rows, any ? D : 0, A, Z));
+  }
+
+  void log_softmax(Real logp, Real x, int rows, int n) noexcept override {
+    constexpr const char* op = "log_softmax";
+    if (rows < 0 || n < 0) return fail(op, "negative size");
+    if (rows == 0 || n == 0) return;
+    if (!real_ok(logp, op, "logp") || !real_ok(x, op, "x")) return;
+    if (planning_) return;
+    DQN_CUDA_OK(op, cuda::log_softmax(stream_, logp.as<float>(), x.as<const float>(), rows, n));
+  }
+
+  void expected_q(Real q, Real logp, int rows, int Z, float v_min, float v_max) noexcept override {
+    constexpr const char* op = "expected_q";
+    if (rows < 0 || Z < 0) return fail(op, "negative size");
+    if (rows == 0) return;
+    if (!real_ok(q, op, "q") || (Z > 0 && !real_ok(logp, op, "logp"))) return;
+    if (planning_) return;
+    DQN_CUDA_OK(op, cuda::expected_q(stream_, q.as<float>(), logp.as<const float>(), rows, Z, v_min, v_max));
+  }
+
+  void argmax(std::int32_t* idx, Real q, int rows, int n) noexcept override {
+    constexpr const char* op = "argmax";
+    if (rows < 0 || n <= 0) return fail(op, "rows < 0 or n <= 0");
+    if (rows == 0) return;
+    if (!idx) return fail(op, "null idx");
+    if (!real_ok(q, op, "q")) return;
+    if (planning_) return;
+    DQN_CUDA_OK(op, cuda::argmax(stream_, idx, q.as<const float>(), rows, n));
+  }
+
+  void c51_project(const C51Project& a) noexcept override {
+    constexpr const char* op = "c51_project";
+    if (a.B < 0 || a.D < 0 || a.A <= 0 || a.Z < 2) return fail(op, "need B, D >= 0, A >= 1, Z >= 2");
+    if (!(a.v_max > a.v_min)) return fail(op, "v_max must exceed v_min");
+    if (a.B == 0 || a.D == 0) return;
+    if (!a.a_star) return fail(op, "null a_star");
+    if (!real_ok(a.m, op, "m") || !real_ok(a.target_logp, op, "target_logp") || !real_ok(a.rewards, op, "rewards") ||
+        !real_ok(a.dones, op, "dones"))
+      return;
+    // a_star lives on the device: an out-of-range index turns that row of m into NaN there.
+    if (planning_) return;
+    DQN_CUDA_OK(op, cuda::c51_project(stream_, a));
+  }
+
+  void c51_xent(const C51Xent& a) noexcept override {
+    constexpr const char* op = "c51_xent";
+    if (a.B < 0 || a.D < 0 || a.A <= 0 || a.Z <= 0) return fail(op, "need B, D >= 0, A, Z >= 1");
+    if (a.B == 0 || a.D == 0) {
+      if (a.loss && real_ok(a.loss, op, "loss") && !a.accumulate && !planning_)
+        DQN_CUDA_OK(op, cuda::fill(stream_, a.loss.as<float>(), 0.0f, 1));
+      return;
+    }
+    if (!a.actions) return fail(op, "null actions");
+    if (!real_ok(a.dlogits, op, "dlogits") || !real_ok(a.logp, op, "logp") || !real_ok(a.m, op, "m") ||
+        !real_ok(a.weights, op, "weights"))
+      return;
+    if (a.loss && !real_ok(a.loss, op, "loss")) return;
+    if (a.loss_per_sample && !real_ok(a.loss_per_sample, op, "loss_per_sample")) return;
+    void* s = scratch(op, cuda::c51_xent_scratch_bytes(a.B));
+    if (!s) return;
+    DQN_CUDA_OK(op, cuda::c51_xent(stream_, a, s));
+  }
+
+  // --- optimisation -------------------------------------------------------------------------
+
+  void budget(const Budget& a) noexcept override {
+    constexpr const char* op = "budget";
+    if (a.H < 0 || a.P < 0) return fail(op, "negative size");
+    if (!a.skip || !a.skipped) return fail(op, "null skip/skipped");
+    if (a.H > 0 && (!real_ok(a.fractions, op, "fractions") || !real_ok(a.norms, op, "norms") ||
+                    !real_ok(a.clips, op, "clips") || !real_ok(a.losses, op, "losses")))
+      return;
+    if (a.H > 0 && a.P > 0 && !real_ok(a.grads, op, "grads")) return;
+    if (a.P > 0 && !real_ok(a.g, op, "g")) return;
+    if (!real_ok(a.total_loss, op, "total_loss")) return;
+    void* s = scratch(op, cuda::budget_scratch_bytes(a.H, a.P));
+    if (!s) return;
+    DQN_CUDA_OK(op, cuda::budget(stream_, a, s));
+  }
+
+  void adam(const Adam& a) noexcept override {
+    constexpr const char* op = "adam";
+    if (a.P < 0) return fail(op, "negative size");
+    if (!a.skip || !a.t) return fail(op, "null skip/t");
+    if (!real_ok(a.lr, op, "lr")) return;
+    if (a.P > 0 && (!real_ok(a.params, op, "params") || !real_ok(a.g, op, "g") || !real_ok(a.m, op, "m") ||
+                    !real_ok(a.v, op, "v")))
+      return;
+    if (planning_) return;
+    DQN_CUDA_OK(op, cuda::adam(stream_, a));
+  }
+
+  void spectral_norm(const SpectralMatrix* mats, int count, int max_rows, int max_cols, float sigma_max,
+                     const std::int32_t* skip) noexcept override {
+    constexpr const char* op = "spectral_norm";
+    if (count < 0) return fail(op, "negative count");
+    if (!skip) return fail(op, "null skip");
+    if (count == 0) return;
+    if (!mats) return fail(op, "null mats");
+    if (max_rows <= 0 || max_cols <= 0) return fail(op, "max_rows and max_cols must be positive");
+    const std::size_t shmem = (static_cast<std::size_t>(max_rows) + max_cols) * sizeof(double);
+    if (shmem > static_cast<std::size_t>(props_.sharedMemPerBlockOptin) - 1024)
+      return fail(op, "max_rows + max_cols too large for one block's shared memory");
+    if (planning_) return;
+    DQN_CUDA_OK(op, cuda::spectral_norm(stream_, mats, count, max_rows, max_cols, sigma_max, skip));
+  }
+
+  void target_update(const TargetUpdate& a) noexcept override {
+    constexpr const char* op = "target_update";
+    if (a.P < 0 || a.period < 0) return fail(op, "negative size or period");
+    if (!a.skip) return fail(op, "null skip");
+    if (a.P == 0) return;
+    if (!real_ok(a.target, op, "target") || !real_ok(a.params, op, "params")) return;
+    if (a.period > 0 && !a.t) return fail(op, "null t with a hard-copy period");
+    if (planning_) return;
+    DQN_CUDA_OK(op, cuda::target_update(stream_, a));
+  }
+
+  // --- elementwise and memory ---------------------------------------------------------------
+
+  void fill(Real x, float value, std::int64_t n) noexcept override {
+    constexpr const char* op = "fill";
+    if (n < 0) return fail(op, "negative size");
+    if (n == 0 || !real_ok(x, op, "x") || planning_) return;
+    DQN_CUDA_OK(op, cuda::fill(stream_, x.as<float>(), value, n));
+  }
+
+  void copy(Real dst, Real src, std::int64_t n) noexcept override {
+    constexpr const char* op = "copy";
+    if (n < 0) return fail(op, "negative size");
+    if (n == 0 || !real_ok(dst, op, "dst") || !real_ok(src, op, "src")) return;
+    if (dst.p == src.p) return;
+    const auto d = reinterpret_cast<std::uintptr_t>(dst.p), s = reinterpret_cast<std::uintptr_t>(src.p);
+    const auto bytes = static_cast<std::uintptr_t>(n) * 4;
+    if (d < s + bytes && s < d + bytes) return fail(op, "overlapping ranges are not supported on the device");
+    if (planning_) return;
+    DQN_CUDA_OK(op, cudaMemcpyAsync(dst.p, src.p, bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
+
+  void axpy(Real y, Real x, float alpha, std::int64_t n) noexcept override {
+    constexpr const char* op = "axpy";
+    if (n < 0) return fail(op, "negative size");
+    if (n == 0 || !real_ok(y, op, "y") || !real_ok(x, op, "x") || planning_) return;
+    DQN_CUDA_OK(op, cuda::axpy(stream_, y.as<float>(), x.as<const float>(), alpha, n));
+  }
+
+  void uniform(const Uniform& a) noexcept override {
+    constexpr const char* op = "uniform";
+    if (a.n < 0) return fail(op, "negative size");
+    if (a.n == 0 || !real_ok(a.out, op, "out") || planning_) return;
+    DQN_CUDA_OK(op, cuda::uniform(stream_, a));
+  }
+
+  // Init and checkpoint I/O: synchronous with respect to the runtime's stream (so they are
+  // ordered after every op queued before), refused during capture; they run while planning,
+  // since they are data movement rather than step work.
+  void upload(void* dst, const void* src, std::size_t bytes) noexcept override { transfer("upload", dst, src, bytes); }
+  void download(void* dst, const void* src, std::size_t bytes) noexcept override {
+    transfer("download", dst, src, bytes);
+  }
+  void upload_reals(Real dst, const float* src, std::int64_t n) noexcept override {
+    constexpr const char* op = "upload_reals";
+    if (n < 0) return fail(op, "negative size");
+    if (n == 0 || !real_ok(dst, op, "dst")) return;
+    if (!src) return fail(op, "null src");
+    transfer(op, dst.p, src, static_cast<std::size_t>(n) * 4);
+  }
+  void download_reals(float* dst, Real src, std::int64_t n) noexcept override {
+    constexpr const char* op = "download_reals";
+    if (n < 0) return fail(op, "negative size");
+    if (n == 0 || !real_ok(src, op, "src")) return;
+    if (!dst) return fail(op, "null dst");
+    transfer(op, dst, src.p, static_cast<std::size_t>(n) * 4);
+  }
+
+  int status() const noexcept override { return status_; }
+  const char* message() const noexcept override { return message_; }
+
+  // --- what the runtime needs ---------------------------------------------------------------
+
+  cudaStream_t stream() const noexcept { return stream_; }
+  Precision precision() const noexcept { return precision_; }
+  const cudaDeviceProp& props() const noexcept { return props_; }
+  bool planning() const noexcept { return planning_; }
+  void set_capturing(bool on) noexcept { capturing_ = on; }
+  std::size_t scratch_bytes() const noexcept { return scratch_bytes_; }
+  std::size_t peak_device_bytes() const noexcept { return peak_bytes_; }
+  void note_device_bytes(std::size_t bytes) noexcept {
+    device_bytes_ += bytes;
+    peak_bytes_ = std::max(peak_bytes_, device_bytes_);
+  }
+  void forget_device_bytes(std::size_t bytes) noexcept { device_bytes_ -= bytes; }
+
+  void begin_plan() noexcept {
+    planning_ = true;
+    plan_need_ = 0;
+  }
+  /// Ends planning; returns the scratch the plan needs (the runtime grows it if it must).
+  std::size_t end_plan() noexcept {
+    planning_ = false;
+    return plan_need_;
+  }
+  /// Replaces the scratch with one of `bytes` (never inside a step: synchronises). Throws.
+  void grow_scratch(std::size_t bytes) {
+    if (bytes <= scratch_bytes_) return;
+    bytes = round_up(bytes, 256);
+    DQN_CUDA_THROW(cudaStreamSynchronize(stream_));
+    DQN_CUDA_THROW(cudaFree(scratch_));
+    forget_device_bytes(scratch_bytes_);
+    scratch_ = nullptr;
+    scratch_bytes_ = 0;
+    DQN_CUDA_THROW(cudaMalloc(&scratch_, bytes));
+    scratch_bytes_ = bytes;
+    note_device_bytes(bytes);
+  }
+
+ private:
+  void fail(const char* op, const char* why) noexcept { record(1, op, why); }
+
+  void record(int code, const char* op, const std::string& why) noexcept {
+    if (status_ != 0) return;  // the first failure wins: later ones are usually its consequences
+    status_ = code;
+    std::snprintf(message_, sizeof message_, "cuda %s: %s", op, why.c_str());
+  }
+
+  bool cuda_ok(const char* op, cudaError_t e, const char* stmt, const char* file, int line) noexcept {
+    if (e == cudaSuccess) return true;
+    try {
+      record(static_cast<int>(e), op, cuda_text(e, stmt, file, line, device_));
+    } catch (...) {
+      record(static_cast<int>(e), op, "CUDA error (out of memory formatting the message)");
+    }
+    return false;
+  }
+
+  bool cublas_ok(const char* op, cublasStatus_t s, const char* stmt, const char* file, int line) noexcept {
+    if (s == CUBLAS_STATUS_SUCCESS) return true;
+    try {
+      record(static_cast<int>(s), op, cublas_text(s, stmt, file, line, device_));
+    } catch (...) {
+      record(static_cast<int>(s), op, "cuBLAS error (out of memory formatting the message)");
+    }
+    return false;
+  }
+
+  bool real_ok(const Real& r, const char* op, const char* what) noexcept {
+    char buf[128];
+    if (!r.p) {
+      std::snprintf(buf, sizeof buf, "null pointer '%s'", what);
+      fail(op, buf);
+      return false;
+    }
+    if (r.esize != 4) {
+      std::snprintf(buf, sizeof buf, "'%s' has element size %u, this backend stores 4-byte reals", what, r.esize);
+      fail(op, buf);
+      return false;
+    }
+    return true;
+  }
+
+  bool matrix_ok(const char* op, int rows, int cols, int ld) noexcept {
+    if (rows < 0 || cols < 0) {
+      fail(op, "negative size");
+      return false;
+    }
+    if (rows > 0 && ld < cols) {
+      fail(op, "row stride smaller than the number of columns");
+      return false;
+    }
+    return true;
+  }
+
+  /// The op's scratch: while planning, only noted (and null returned: the op does no work);
+  /// otherwise the reserved scratch if it is large enough, else a recorded error.
+  void* scratch(const char* op, std::size_t bytes) noexcept {
+    if (planning_) {
+      plan_need_ = std::max(plan_need_, bytes);
+      return nullptr;
+    }
+    if (bytes > scratch_bytes_) {
+      char buf[200];
+      std::snprintf(buf, sizeof buf,
+                    "needs %zu bytes of scratch, %zu reserved: plan the step first (plan_begin, the ops, plan_end)",
+                    bytes, scratch_bytes_);
+      fail(op, buf);
+      return nullptr;
+    }
+    return scratch_;
+  }
+
+  void transfer(const char* op, void* dst, const void* src, std::size_t bytes) noexcept {
+    if (bytes == 0) return;
+    if (!dst || !src) return fail(op, "null pointer");
+    if (capturing_) return fail(op, "host transfers are not allowed while capturing a graph");
+    if (!DQN_CUDA_OK(op, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_))) return;
+    DQN_CUDA_OK(op, cudaStreamSynchronize(stream_));
+  }
+
+  /// The cached cuBLASLt descriptors and algorithm for this problem, found on first use (in plan
+  /// mode, or the first run outside capture). Null after recording an error.
+  const LtPlan* plan_for(const LtKey& key) noexcept {
+    constexpr const char* op = "gemm";
+    if (auto it = plans_.find(key); it != plans_.end()) return &it->second;
+    std::vector<cublasComputeType_t> candidates;
+    switch (precision_) {
+      case Precision::fp32: candidates = {CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_COMPUTE_32F}; break;
+      case Precision::tf32: candidates = {CUBLAS_COMPUTE_32F_FAST_TF32}; break;
+      case Precision::bf16: candidates = {CUBLAS_COMPUTE_32F}; break;
+    }
+    LtPlan plan;
+    plan.compute = candidates.front();
+    const auto ab = static_cast<cudaDataType_t>(key.ab_type);
+    const auto op_a = static_cast<cublasOperation_t>(key.op_a), op_b = static_cast<cublasOperation_t>(key.op_b);
+    for (const cublasComputeType_t compute : candidates) {
+      LtPlan p;
+      p.compute = compute;
+      cublasLtMatmulPreference_t pref = nullptr;
+      bool ok = DQN_CUBLAS_OK(op, cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F)) &&
+                DQN_CUBLAS_OK(op, cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a)) &&
+                DQN_CUBLAS_OK(op, cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b)) &&
+                make_layout(&p.la, ab, op_a == CUBLAS_OP_N ? key.m : key.k, op_a == CUBLAS_OP_N ? key.k : key.m,
+                            key.lda, key.batch, key.stride_a) &&
+                make_layout(&p.lb, ab, op_b == CUBLAS_OP_N ? key.k : key.n, op_b == CUBLAS_OP_N ? key.n : key.k,
+                            key.ldb, key.batch, key.stride_b) &&
+                make_layout(&p.lc, CUDA_R_32F, key.m, key.n, key.ldc, key.batch, key.stride_c) &&
+                DQN_CUBLAS_OK(op, cublasLtMatmulPreferenceCreate(&pref));
+      if (ok) {
+        const std::uint64_t ws = kWorkspaceBytes;
+        ok = DQN_CUBLAS_OK(op, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws)) &&
+             DQN_CUBLAS_OK(op, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.align_a, sizeof key.align_a)) &&
+             DQN_CUBLAS_OK(op, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.align_b, sizeof key.align_b)) &&
+             DQN_CUBLAS_OK(op, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.align_c, sizeof key.align_c)) &&
+             DQN_CUBLAS_OK(op, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align_c, sizeof key.align_c));
+      }
+      if (ok) {
+        cublasLtMatmulHeuristicResult_t result{};
+        int found = 0;
+        // "No algorithm" is not an error: it falls through to the next candidate or to cuBLAS.
+        const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &result, &found);
+        if (s == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
+          p.use_lt = true;
+          p.algo = result.algo;
+        }
+      }
+      if (pref) cublasLtMatmulPreferenceDestroy(pref);
+      if (!ok) {
+        p.release();
+        return nullptr;
+      }
+      if (p.use_lt) {
+        plan = p;
+        break;
+      }
+      p.release();
+    }
+    try {
+      return &plans_.emplace(key, plan).first->second;
+    } catch (...) {
+      plan.release();
+      fail(op, "out of memory caching a GEMM plan");
+      return nullptr;
+    }
+  }
+
+  bool make_layout(cublasLtMatrixLayout_t* l, cudaDataType_t type, int rows, int cols, std::int64_t ld, int batch,
+                   std::int64_t stride) noexcept {
+    constexpr const char* op = "gemm";
+    if (!DQN_CUBLAS_OK(op, cublasLtMatrixLayoutCreate(l, type, static_cast<std::uint64_t>(rows),
+                                                       static_cast<std::uint64_t>(cols), ld)))
+      return false;
+    if (batch <= 1) return true;
+    const std::int32_t count = batch;
+    return DQN_CUBLAS_OK(op, cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count)) &&
+           DQN_CUBLAS_OK(op, cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+  }
+
+  void release() noexcept {
+    for (auto& [key, plan] : plans_) plan.release();
+    plans_.clear();
+    if (stream_) cudaStreamSynchronize(stream_);
+    if (scratch_) cudaFree(scratch_);
+    if (workspace_) cudaFree(workspace_);
+    if (lt_) cublasLtDestroy(lt_);
+    if (blas_) cublasDestroy(blas_);
+    if (stream_) cudaStreamDestroy(stream_);
+    scratch_ = workspace_ = nullptr;
+    lt_ = nullptr;
+    blas_ = nullptr;
+    stream_ = nullptr;
+  }
+
+  Precision precision_;
+  int device_;
+  cudaDeviceProp props_{};
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  void* workspace_ = nullptr;
+  void* scratch_ = nullptr;
+  std::size_t scratch_bytes_ = 0;
+  std::size_t device_bytes_ = 0, peak_bytes_ = 0;
+  bool planning_ = false, capturing_ = false;
+  std::size_t plan_need_ = 0;
+  std::map<LtKey, LtPlan> plans_;
+  int status_ = 0;
+  char message_[512] = {};
+};
+
+class CudaRuntime final : public Runtime {
+ public:
+  CudaRuntime(Precision precision, int device) : backend_(precision, device), device_(device) {
+    try {
+      events_.reserve(kReportSlots);
+      for (int i = 0; i < kReportSlots; ++i) {
+        cudaEvent_t e = nullptr;
+        DQN_CUDA_THROW(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        events_.push_back(e);
+      }
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~CudaRuntime() override { release(); }
+
+  Backend& ops() noexcept override { return backend_; }
+
+  void* alloc_arena(std::size_t bytes) override {
+    if (arena_) throw std::runtime_error("cuda: alloc_arena called twice (the arena is allocated once, at freeze)");
+    bytes = std::max<std::size_t>(round_up(bytes, 256), 256);
+    DQN_CUDA_THROW(cudaMalloc(&arena_, bytes));  // cudaMalloc aligns to at least 256 bytes
+    arena_bytes_ = bytes;
+    backend_.note_device_bytes(bytes);
+    return arena_;
+  }
+
+  void plan_begin() override {
+    if (capturing_) throw std::runtime_error("cuda: plan_begin during graph capture");
+    backend_.begin_plan();
+  }
+
+  void plan_end() override {
+    if (!backend_.planning()) throw std::runtime_error("cuda: plan_end without plan_begin");
+    const std::size_t need = backend_.end_plan();
+    if (need > backend_.scratch_bytes() && exec_)
+      throw std::runtime_error("cuda: plan_end needs " + std::to_string(need) +
+                               " bytes of scratch, but a captured graph already uses the current " +
+                               std::to_string(backend_.scratch_bytes()) + ": plan before capturing");
+    backend_.grow_scratch(need);
+  }
+
+  bool captures() const noexcept override { return true; }
+
+  void begin_capture() override {
+    if (backend_.planning()) throw std::runtime_error("cuda: begin_capture while planning (call plan_end first)");
+    if (capturing_) throw std::runtime_error("cuda: begin_capture while already capturing");
+    DQN_CUDA_THROW(cudaStreamBeginCapture(backend_.stream(), cudaStreamCaptureModeThreadLocal));
+    capturing_ = true;
+    backend_.set_capturing(true);
+  }
+
+  void end_capture() override {
+    if (!capturing_) throw std::runtime_error("cuda: end_capture without begin_capture");
+    capturing_ = false;
+    backend_.set_capturing(false);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t e = cudaStreamEndCapture(backend_.stream(), &graph);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      std::string text = "cuda: capture failed: " + cuda_text(e, "cudaStreamEndCapture(stream, &graph)", __FILE__,
+                                                              __LINE__, device_);
+      if (backend_.status() != 0) text += "; first op error: " + std::string(backend_.message());
+      throw std::runtime_error(text);
+    }
+    if (backend_.status() != 0) {
+      cudaGraphDestroy(graph);
+      throw std::runtime_error(std::string("cuda: an op failed during capture, graph discarded: ") + backend_.message());
+    }
+    // Re-capture cheaply: update the instantiated graph in place when the topology allows.
+    if (exec_) {
+      cudaGraphExecUpdateResultInfo info{};
+      if (cudaGraphExecUpdate(exec_, graph, &info) == cudaSuccess) {
+        if (graph_) cudaGraphDestroy(graph_);
+        graph_ = graph;
+        return;
+      }
+      cudaGetLastError();
+      cudaGraphExecDestroy(exec_);
+      exec_ = nullptr;
+    }
+    const cudaError_t ie = cudaGraphInstantiate(&exec_, graph, 0);
+    if (ie != cudaSuccess) {
+      cudaGraphDestroy(graph);
+      exec_ = nullptr;
+      throw_cuda(ie, "cudaGraphInstantiate(&exec, graph, 0)", __FILE__, __LINE__, device_);
+    }
+    if (graph_) cudaGraphDestroy(graph_);
+    graph_ = graph;
+    DQN_CUDA_THROW(cudaGraphUpload(exec_, backend_.stream()));
+  }
+
+  void replay() override {
+    if (!exec_) throw std::runtime_error("cuda: replay before a graph was captured (begin_capture/end_capture)");
+    DQN_CUDA_THROW(cudaGraphLaunch(exec_, backend_.stream()));
+  }
+
+  std::int64_t graph_nodes() const noexcept override {
+    if (!graph_) return 0;
+    std::size_t n = 0;
+    if (cudaGraphGetNodes(graph_, nullptr, &n) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return static_cast<std::int64_t>(n);
+  }
+
+  void* alloc_host(std::size_t bytes) override {
+    void* p = nullptr;
+    DQN_CUDA_THROW(cudaMallocHost(&p, std::max<std::size_t>(bytes, 1)));
+    return p;
+  }
+
+  void free_host(void* p) noexcept override {
+    if (p && cudaFreeHost(p) != cudaSuccess) cudaGetLastError();
+  }
+
+  void copy_to_host_async(void* dst, const void* src, std::size_t bytes, int slot) override {
+    if (slot < 0 || slot >= kReportSlots)
+      throw std::runtime_error("cuda: report slot " + std::to_string(slot) + " out of range [0, " +
+                               std::to_string(kReportSlots) + ")");
+    DQN_CUDA_THROW(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, backend_.stream()));
+    DQN_CUDA_THROW(cudaEventRecord(events_[static_cast<std::size_t>(slot)], backend_.stream()));
+  }
+
+  bool ready(int slot) override {
+    if (slot < 0 || slot >= kReportSlots)
+      throw std::runtime_error("cuda: report slot " + std::to_string(slot) + " out of range");
+    const cudaError_t e = cudaEventQuery(events_[static_cast<std::size_t>(slot)]);
+    if (e == cudaSuccess) return true;
+    if (e == cudaErrorNotReady) {
+      cudaGetLastError();
+      return false;
+    }
+    throw_cuda(e, "cudaEventQuery(events[slot])", __FILE__, __LINE__, device_);
+    return false;
+  }
+
+  void synchronize() override { DQN_CUDA_THROW(cudaStreamSynchronize(backend_.stream())); }
+
+  std::string describe() const override {
+    const cudaDeviceProp& p = backend_.props();
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  "cuda device %d: %s (sm_%d%d, %d SMs, %.1f GiB), precision %s, cuBLASLt workspace %zu MiB, "
+                  "scratch %zu KiB, arena %zu KiB",
+                  device_, p.name, p.major, p.minor, p.multiProcessorCount,
+                  static_cast<double>(p.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0), precision_name(backend_.precision()),
+                  kWorkspaceBytes >> 20, backend_.scratch_bytes() >> 10, arena_bytes_ >> 10);
+    return buf;
+  }
+
+  std::size_t peak_bytes() const noexcept override { return backend_.peak_device_bytes(); }
+
+ private:
+  void release() noexcept {
+    if (capturing_) {
+      cudaGraph_t g = nullptr;
+      if (cudaStreamEndCapture(backend_.stream(), &g) == cudaSuccess && g) cudaGraphDestroy(g);
+      cudaGetLastError();
+      capturing_ = false;
+    }
+    cudaStreamSynchronize(backend_.stream());
+    if (exec_) cudaGraphExecDestroy(exec_);
+    if (graph_) cudaGraphDestroy(graph_);
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+    if (arena_) cudaFree(arena_);
+    exec_ = nullptr;
+    graph_ = nullptr;
+    events_.clear();
+    arena_ = nullptr;
+  }
+
+  CudaBackend backend_;
+  int device_;
+  void* arena_ = nullptr;
+  std::size_t arena_bytes_ = 0;
+  bool capturing_ = false;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+  std::vector<cudaEvent_t> events_;
+};
+
+}  // namespace
+
+std::unique_ptr<Runtime> make_cuda_runtime(Precision precision, int device) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    throw std::runtime_error(std::string("cuda: no usable CUDA device (cudaGetDeviceCount: ") +
+                             (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") + ")");
+  }
+  if (device < 0 || device >= count)
+    throw std::runtime_error("cuda: device " + std::to_string(device) + " does not exist (" + std::to_string(count) +
+                             " present)");
+  return std::make_unique<CudaRuntime>(precision, device);
+}
+
+bool cuda_available() noexcept {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return count > 0;
+}
+
+}  // namespace dqn

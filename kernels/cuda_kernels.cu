@@ -1,1 +1,648 @@
-// placeholder: being written
+/** @file cuda_kernels.cu
+ *  @brief The small fused kernels of the CUDA op table. Each mirrors its CPU twin in
+ *  engine/src/cpu_backend.cpp (same formulas, accumulation in double) and is deterministic: every
+ *  reduction has a fixed shape and order, and no kernel uses atomics.
+ */
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "cuda_kernels.cuh"
+#include "philox.h"
+
+namespace dqn::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(std::int64_t n, int threads = kThreads) {
+  const std::int64_t b = (n + threads - 1) / threads;
+  return static_cast<unsigned>(std::clamp<std::int64_t>(b, 1, std::int64_t{1} << 20));
+}
+
+__device__ __forceinline__ std::int64_t grid_start() {
+  return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ std::int64_t grid_step() {
+  return static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+}
+
+/// Butterfly sum: every lane ends with the same value, in a fixed order.
+__device__ __forceinline__ double warp_sum(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+/// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+/// `sh` holds 32 doubles. Safe to call repeatedly with the same `sh`.
+__device__ double block_sum(double v, double* sh) {
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    double r = lane < nwarps ? sh[lane] : 0.0;
+    r = warp_sum(r);
+    if (lane == 0) sh[0] = r;
+  }
+  __syncthreads();
+  return sh[0];
+}
+
+// --- dense layers ---------------------------------------------------------------------------
+
+__global__ void bias_act_kernel(float* y, const float* bias, int rows, int cols, int ldy, bool relu) {
+  const std::int64_t n = static_cast<std::int64_t>(rows) * cols;
+  for (std::int64_t i = grid_start(); i < n; i += grid_step()) {
+    const std::int64_t r = i / cols, c = i - r * cols;
+    float* p = y + r * ldy + c;
+    float x = *p + (bias ? bias[c] : 0.0f);
+    if (relu) x = x > 0.0f ? x : 0.0f;
+    *p = x;
+  }
+}
+
+__global__ void relu_backward_kernel(float* dy, const float* y, int rows, int cols, int ld) {
+  const std::int64_t n = static_cast<std::int64_t>(rows) * cols;
+  for (std::int64_t i = grid_start(); i < n; i += grid_step()) {
+    const std::int64_t r = i / cols, k = r * ld + (i - r * cols);
+    if (y[k] <= 0.0f) dy[k] = 0.0f;
+  }
+}
+
+constexpr int kColTile = 32, kRowThreads = 16;
+
+/// One block per 32 columns; 16 row-threads each sum a fixed stripe of rows, then one thread
+/// adds the 16 stripes in order.
+__global__ void bias_grad_kernel(float* db, const float* dy, int rows, int cols, int ldy, float beta) {
+  __shared__ double part[kRowThreads][kColTile + 1];
+  const int c = blockIdx.x * kColTile + threadIdx.x;
+  double acc = 0.0;
+  if (c < cols)
+    for (int r = threadIdx.y; r < rows; r += kRowThreads)
+      acc += static_cast<double>(dy[static_cast<std::int64_t>(r) * ldy + c]);
+  part[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    double s = 0.0;
+    for (int k = 0; k < kRowThreads; ++k) s += part[k][threadIdx.x];
+    db[c] = static_cast<float>(beta == 0.0f ? s : static_cast<double>(beta) * db[c] + s);
+  }
+}
+
+// --- distributional head --------------------------------------------------------------------
+
+/// One thread per (b, d, atom): the mean over actions is read before any of them is written, so
+/// logits may alias adv.
+__global__ void dueling_combine_kernel(float* logits, const float* v, int ldv, const float* adv, int rows,
+                                       int D, int A, int Z) {
+  const std::int64_t n = static_cast<std::int64_t>(rows) * D * Z;
+  for (std::int64_t k = grid_start(); k < n; k += grid_step()) {
+    const std::int64_t b = k / (static_cast<std::int64_t>(D) * Z);
+    const int rem = static_cast<int>(k - b * D * Z), d = rem / Z, i = rem - d * Z;
+    const std::int64_t base = (b * D + d) * A * Z + i;
+    double mean = 0.0;
+    for (int a = 0; a < A; ++a) mean += static_cast<double>(adv[base + a * Z]);
+    mean /= A;
+    const double vi = v[b * ldv + i];
+    for (int a = 0; a < A; ++a)
+      logits[base + a * Z] = static_cast<float>(vi + static_cast<double>(adv[base + a * Z]) - mean);
+  }
+}
+
+/// One thread per (b, atom), same summation order as the CPU twin; each branch's entries are
+/// all read before they are written, so dadv may alias dlogits.
+__global__ void dueling_backward_kernel(float* dv, int lddv, float* dadv, const float* dl, int rows, int D,
+                                        int A, int Z) {
+  const std::int64_t n = static_cast<std::int64_t>(rows) * Z;
+  for (std::int64_t k = grid_start(); k < n; k += grid_step()) {
+    const std::int64_t b = k / Z;
+    const int i = static_cast<int>(k - b * Z);
+    const std::int64_t row = b * D * A * Z + i;
+    double total = 0.0;
+    for (int d = 0; d < D; ++d)
+      for (int a = 0; a < A; ++a) total += static_cast<double>(dl[row + (d * A + a) * Z]);
+    dv[b * lddv + i] = static_cast<float>(total);
+    for (int d = 0; d < D; ++d) {
+      double mean = 0.0;
+      for (int a = 0; a < A; ++a) mean += static_cast<double>(dl[row + (d * A + a) * Z]);
+      mean /= A;
+      for (int a = 0; a < A; ++a) {
+        const std::int64_t j = row + (d * A + a) * Z;
+        dadv[j] = static_cast<float>(static_cast<double>(dl[j]) - mean);
+      }
+    }
+  }
+}
+
+/// One warp per row.
+__global__ void log_softmax_kernel(float* logp, const float* x, int rows, int n) {
+  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x >> 5);
+  const int lane = threadIdx.x & 31;
+  for (std::int64_t r = grid_start() >> 5; r < rows; r += warps) {
+    const float* xr = x + r * n;
+    float* yr = logp + r * n;
+    float mx = -INFINITY;
+    for (int i = lane; i < n; i += 32) mx = fmaxf(mx, xr[i]);
+    mx = warp_max(mx);
+    // A row of NaN: fmaxf skips NaN, the CPU's std::max keeps the first element; both end NaN below.
+    double sum = 0.0;
+    for (int i = lane; i < n; i += 32) sum += exp(static_cast<double>(xr[i]) - mx);
+    sum = warp_sum(sum);
+    const double lse = static_cast<double>(mx) + log(sum);
+    for (int i = lane; i < n; i += 32) yr[i] = static_cast<float>(static_cast<double>(xr[i]) - lse);
+  }
+}
+
+/// One warp per row: q = Σ z_i exp(logp_i).
+__global__ void expected_q_kernel(float* q, const float* logp, int rows, int Z, float v_min, double dz) {
+  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x >> 5);
+  const int lane = threadIdx.x & 31;
+  for (std::int64_t r = grid_start() >> 5; r < rows; r += warps) {
+    double acc = 0.0;
+    for (int i = lane; i < Z; i += 32)
+      acc += (static_cast<double>(v_min) + i * dz) * exp(static_cast<double>(logp[r * Z + i]));
+    acc = warp_sum(acc);
+    if (lane == 0) q[r] = static_cast<float>(acc);
+  }
+}
+
+__global__ void argmax_kernel(std::int32_t* idx, const float* q, int rows, int n) {
+  for (std::int64_t r = grid_start(); r < rows; r += grid_step()) {
+    const float* row = q + r * n;
+    int best = 0;
+    for (int a = 1; a < n; ++a)
+      if (row[a] > row[best]) best = a;  // strict: ties keep the lowest index
+    idx[r] = best;
+  }
+}
+
+/// One block per (b, d): the target probabilities and projected support go to shared memory,
+/// then each thread owns atoms i and sums over j in order (the dense, atomic-free projection).
+__global__ void c51_project_kernel(float* m, const float* target_logp, const std::int32_t* a_star,
+                                   const float* rewards, const float* dones, int D, int A, int Z,
+                                   float gamma_n, float v_min_f, float v_max_f, double dz) {
+  extern __shared__ double shp[];
+  double* p = shp;       // [Z]
+  double* tz = shp + Z;  // [Z]
+  const int bd = blockIdx.x, b = bd / D;
+  const int act = a_star[bd];
+  float* mo = m + static_cast<std::int64_t>(bd) * Z;
+  if (act < 0 || act >= A) {  // an index the host could not check: make it visible, never read OOB
+    for (int i = threadIdx.x; i < Z; i += blockDim.x) mo[i] = NAN;
+    return;
+  }
+  const double v_min = v_min_f, v_max = v_max_f;
+  const double discount = static_cast<double>(gamma_n) * (1.0 - static_cast<double>(dones[b]));
+  const double r = rewards[b];
+  const float* lp = target_logp + (static_cast<std::int64_t>(bd) * A + act) * Z;
+  for (int j = threadIdx.x; j < Z; j += blockDim.x) {
+    p[j] = exp(static_cast<double>(lp[j]));
+    tz[j] = fmin(fmax(r + discount * (v_min + j * dz), v_min), v_max);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < Z; i += blockDim.x) {
+    const double zi = v_min + i * dz;
+    double acc = 0.0;
+    for (int j = 0; j < Z; ++j) {
+      const double w = fmin(fmax(1.0 - fabs(tz[j] - zi) / dz, 0.0), 1.0);
+      acc += w * p[j];
+    }
+    mo[i] = static_cast<float>(acc);
+  }
+}
+
+/// One block per sample, one warp per branch: per-branch cross-entropy (warp sums), the
+/// gradient of every (action, atom) of the branch, then the sample's loss from the branches in
+/// order. The weighted per-sample loss goes to scratch for the second, fixed-order reduction.
+__global__ void c51_xent_kernel(C51Xent a, double* weighted) {
+  extern __shared__ double xent_d[];  // [D]
+  const int b = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int Z = a.Z, A = a.A, D = a.D;
+  const float* LP = static_cast<const float*>(a.logp.p);
+  const float* M = static_cast<const float*>(a.m.p);
+  float* DL = static_cast<float*>(a.dlogits.p);
+  const float wb = static_cast<const float*>(a.weights.p)[b];
+  const double grad_scale = static_cast<double>(a.scale) * wb / (static_cast<double>(a.B) * D);
+  for (int d = warp; d < D; d += nwarps) {
+    const int bd = b * D + d;
+    const int taken = a.actions[bd];
+    const std::int64_t rows0 = static_cast<std::int64_t>(bd) * A * Z;
+    if (taken < 0 || taken >= A) {  // out of range: poison this branch instead of reading OOB
+      for (int k = lane; k < A * Z; k += 32) DL[rows0 + k] = NAN;
+      if (lane == 0) xent_d[d] = NAN;
+      continue;
+    }
+    const float* m = M + static_cast<std::int64_t>(bd) * Z;
+    const float* lp_taken = LP + rows0 + static_cast<std::int64_t>(taken) * Z;
+    double xent = 0.0, m_sum = 0.0;
+    for (int i = lane; i < Z; i += 32) {
+      xent -= static_cast<double>(m[i]) * static_cast<double>(lp_taken[i]);
+      m_sum += static_cast<double>(m[i]);
+    }
+    xent = warp_sum(xent);  // also orders every lane's reads of logp before the writes below
+    m_sum = warp_sum(m_sum);
+    for (int act = 0; act < A; ++act) {
+      const std::int64_t row = rows0 + static_cast<std::int64_t>(act) * Z;
+      for (int i = lane; i < Z; i += 32) {
+        if (act != taken) {
+          DL[row + i] = 0.0f;
+        } else {
+          const double p = exp(static_cast<double>(LP[row + i]));
+          DL[row + i] = static_cast<float>(grad_scale * (p * m_sum - static_cast<double>(m[i])));
+        }
+      }
+    }
+    if (lane == 0) xent_d[d] = xent;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double sample = 0.0;
+    for (int d = 0; d < D; ++d) sample += xent_d[d];
+    sample /= D;
+    if (a.loss_per_sample.p) static_cast<float*>(a.loss_per_sample.p)[b] = static_cast<float>(sample);
+    weighted[b] = static_cast<double>(wb) * sample;
+  }
+}
+
+/// One block: loss (=, or += when accumulating) scale · (1/B) Σ_b weighted[b], fixed order.
+__global__ void c51_xent_reduce_kernel(float* loss, const double* weighted, int B, float scale, bool accumulate) {
+  __shared__ double sh[32];
+  double acc = 0.0;
+  for (int b = threadIdx.x; b < B; b += blockDim.x) acc += weighted[b];
+  const double total = block_sum(acc, sh);
+  if (threadIdx.x == 0) {
+    const double l = static_cast<double>(scale) * total / B;
+    *loss = static_cast<float>(accumulate ? static_cast<double>(*loss) + l : l);
+  }
+}
+
+// --- budgets --------------------------------------------------------------------------------
+
+int budget_blocks(std::int64_t P) {
+  return static_cast<int>(std::clamp<std::int64_t>((P + 4095) / 4096, 1, 128));
+}
+
+/// Pass 1, grid (nblk, H): partial Σ g² and a non-finite flag per (head, block).
+__global__ void budget_partial_kernel(const float* grads, std::int64_t P, double* partial, int* bad) {
+  __shared__ double sh[32];
+  const int h = blockIdx.y, nblk = gridDim.x;
+  const float* gh = grads + static_cast<std::int64_t>(h) * P;
+  double acc = 0.0;
+  int nonfinite = 0;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < P;
+       i += static_cast<std::int64_t>(nblk) * blockDim.x) {
+    const double x = gh[i];
+    if (!isfinite(x)) nonfinite = 1;
+    acc += x * x;
+  }
+  const int any_bad = __syncthreads_or(nonfinite);
+  const double s = block_sum(acc, sh);
+  if (threadIdx.x == 0) {
+    partial[h * nblk + blockIdx.x] = s;
+    bad[h * nblk + blockIdx.x] = any_bad;
+  }
+}
+
+/// Pass 2, one block: norms, clip factors, total loss, skip flag and skipped counter.
+__global__ void budget_finish_kernel(Budget a, const double* partial, const int* bad, int nblk) {
+  __shared__ double sh[32];
+  const float* F = static_cast<const float*>(a.fractions.p);
+  const float* losses = static_cast<const float*>(a.losses.p);
+  float* norms = static_cast<float*>(a.norms.p);
+  float* clips = static_cast<float*>(a.clips.p);
+  bool finite = true;
+  double total_loss = 0.0;
+  for (int h = 0; h < a.H; ++h) {
+    double acc = 0.0;
+    int nonfinite = 0;
+    for (int j = threadIdx.x; j < nblk; j += blockDim.x) {
+      acc += partial[h * nblk + j];
+      nonfinite |= bad[h * nblk + j];
+    }
+    if (__syncthreads_or(nonfinite)) finite = false;
+    const double norm = sqrt(block_sum(acc, sh));
+    if (threadIdx.x == 0) {
+      // A head whose norm is not finite contributes nothing (the step is skipped anyway).
+      const double clip =
+          isfinite(norm) ? fmin(1.0, static_cast<double>(F[h]) * static_cast<double>(a.max_grad_norm) / (norm + 1e-6))
+                         : 0.0;
+      norms[h] = static_cast<float>(norm);
+      clips[h] = static_cast<float>(clip);
+      total_loss += static_cast<double>(losses[h]);
+    }
+  }
+  if (threadIdx.x == 0) {
+    static_cast<float*>(a.total_loss.p)[0] = static_cast<float>(total_loss);
+    *a.skip = finite ? 0 : 1;
+    if (!finite) ++*a.skipped;
+  }
+}
+
+/// Pass 3: g = Σ_h clip_h g_h (zero when the step is skipped).
+__global__ void budget_combine_kernel(const float* grads, const float* clips, float* g, int H, std::int64_t P,
+                                      const std::int32_t* skip) {
+  const bool skipped = *skip != 0;
+  for (std::int64_t i = grid_start(); i < P; i += grid_step()) {
+    double acc = 0.0;
+    if (!skipped)
+      for (int h = 0; h < H; ++h) acc += static_cast<double>(clips[h]) * static_cast<double>(grads[h * P + i]);
+    g[i] = static_cast<float>(acc);
+  }
+}
+
+// --- optimiser, spectral norm, target -------------------------------------------------------
+
+/// Every thread uses the step t+1 computed from the old t; adam_step_kernel writes it after.
+__global__ void adam_kernel(float* theta, const float* g, float* m, float* v, std::int64_t P,
+                            const std::int64_t* t, const float* lr_p, double b1, double b2, double eps,
+                            const std::int32_t* skip) {
+  if (*skip) return;
+  __shared__ double bc[2];
+  if (threadIdx.x == 0) {
+    const double t1 = static_cast<double>(*t + 1);
+    bc[0] = 1.0 - pow(b1, t1);
+    bc[1] = 1.0 - pow(b2, t1);
+  }
+  __syncthreads();
+  const double bc1 = bc[0], bc2 = bc[1], lr = *lr_p;
+  for (std::int64_t i = grid_start(); i < P; i += grid_step()) {
+    const double gi = g[i];
+    const double mi = b1 * static_cast<double>(m[i]) + (1.0 - b1) * gi;
+    const double vi = b2 * static_cast<double>(v[i]) + (1.0 - b2) * gi * gi;
+    m[i] = static_cast<float>(mi);
+    v[i] = static_cast<float>(vi);
+    theta[i] = static_cast<float>(static_cast<double>(theta[i]) - lr * (mi / bc1) / (sqrt(vi / bc2) + eps));
+  }
+}
+
+__global__ void adam_step_kernel(std::int64_t* t, const std::int32_t* skip) {
+  if (*skip == 0) ++*t;
+}
+
+/// One block per matrix (the table lives in device memory): v = normalize(Wᵀu), x = W v,
+/// σ = ‖x‖, u ← x/σ, W ← W·σ_max/σ when σ > σ_max. Shared: v [max_cols], x [max_rows] in double.
+__global__ void spectral_norm_kernel(const SpectralMatrix* mats, int max_rows, int max_cols, float sigma_max,
+                                     const std::int32_t* skip) {
+  if (*skip) return;
+  extern __shared__ double sn_shared[];
+  __shared__ double sh[32];
+  double* vbuf = sn_shared;             // [max_cols]
+  double* xbuf = sn_shared + max_cols;  // [max_rows]
+  const SpectralMatrix s = mats[blockIdx.x];
+  const int rows = s.rows, cols = s.cols;
+  if (rows <= 0 || cols <= 0) return;
+  float* W = static_cast<float*>(s.w.p);
+  float* u = static_cast<float*>(s.u.p);
+  if (rows > max_rows || cols > max_cols) {  // the host's bounds were wrong: poison u, write nothing else
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) u[r] = NAN;
+    return;
+  }
+  // v = Wᵀu: thread per column, rows in order (coalesced along a row).
+  double vsq = 0.0;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    double acc = 0.0;
+    for (int r = 0; r < rows; ++r) acc += static_cast<double>(W[static_cast<std::int64_t>(r) * cols + c]) * u[r];
+    vbuf[c] = acc;
+    vsq += acc * acc;
+  }
+  const double vnorm = fmax(sqrt(block_sum(vsq, sh)), 1e-12);  // block_sum syncs: vbuf complete
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) vbuf[c] /= vnorm;
+  __syncthreads();
+  // x = W v: warp per row.
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  for (int r = warp; r < rows; r += nwarps) {
+    const float* wr = W + static_cast<std::int64_t>(r) * cols;
+    double acc = 0.0;
+    for (int c = lane; c < cols; c += 32) acc += static_cast<double>(wr[c]) * vbuf[c];
+    acc = warp_sum(acc);
+    if (lane == 0) xbuf[r] = acc;
+  }
+  __syncthreads();
+  double xsq = 0.0;
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) xsq += xbuf[r] * xbuf[r];
+  const double sigma = sqrt(block_sum(xsq, sh));  // also orders every read of u and W above
+  const double unorm = fmax(sigma, 1e-12);
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) u[r] = static_cast<float>(xbuf[r] / unorm);
+  if (sigma > static_cast<double>(sigma_max)) {
+    const double factor = static_cast<double>(sigma_max) / sigma;
+    const std::int64_t n = static_cast<std::int64_t>(rows) * cols;
+    for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x)
+      W[i] = static_cast<float>(static_cast<double>(W[i]) * factor);
+  }
+}
+
+__global__ void target_update_kernel(float* tgt, const float* src, std::int64_t P, double tau,
+                                     std::int64_t period, const std::int64_t* t, const std::int32_t* skip) {
+  if (*skip) return;
+  if (period == 0) {
+    for (std::int64_t i = grid_start(); i < P; i += grid_step()) {
+      const double old = tgt[i];
+      tgt[i] = static_cast<float>(old + tau * (static_cast<double>(src[i]) - old));
+    }
+  } else if (*t % period == 0) {
+    for (std::int64_t i = grid_start(); i < P; i += grid_step()) tgt[i] = src[i];
+  }
+}
+
+// --- elementwise ----------------------------------------------------------------------------
+
+__global__ void fill_kernel(float* x, float value, std::int64_t n) {
+  for (std::int64_t i = grid_start(); i < n; i += grid_step()) x[i] = value;
+}
+
+__global__ void axpy_kernel(float* y, const float* x, float alpha, std::int64_t n) {
+  for (std::int64_t i = grid_start(); i < n; i += grid_step())
+    y[i] = static_cast<float>(static_cast<double>(alpha) * static_cast<double>(x[i]) + static_cast<double>(y[i]));
+}
+
+__global__ void uniform_kernel(float* out, std::int64_t n, std::uint64_t seed, std::uint32_t stream,
+                               const std::int64_t* step_p) {
+  const std::uint64_t step = step_p ? static_cast<std::uint64_t>(*step_p) : 0;
+  for (std::int64_t i = grid_start(); i < n; i += grid_step())
+    out[i] = philox::uniform(seed, step, stream, static_cast<std::uint64_t>(i));
+}
+
+__global__ void to_bf16_kernel(__nv_bfloat16* dst, const float* src, int rows, int cols, std::int64_t ld,
+                               std::int64_t stride, int batch) {
+  const std::int64_t per = static_cast<std::int64_t>(rows) * cols, n = per * batch;
+  for (std::int64_t k = grid_start(); k < n; k += grid_step()) {
+    const std::int64_t b = k / per, rc = k - b * per, r = rc / cols, c = rc - r * cols;
+    dst[k] = __float2bfloat16_rn(src[b * stride + r * ld + c]);
+  }
+}
+
+__global__ void scale_matrix_kernel(float* c, int rows, int cols, std::int64_t ld, std::int64_t stride, int batch,
+                                    float beta) {
+  const std::int64_t per = static_cast<std::int64_t>(rows) * cols, n = per * batch;
+  for (std::int64_t k = grid_start(); k < n; k += grid_step()) {
+    const std::int64_t b = k / per, rc = k - b * per, r = rc / cols, col = rc - r * cols;
+    float& x = c[b * stride + r * ld + col];
+    x = beta == 0.0f ? 0.0f : beta * x;
+  }
+}
+
+double support_step(float v_min, float v_max, int Z) {
+  return Z > 1 ? (static_cast<double>(v_max) - static_cast<double>(v_min)) / (Z - 1) : 0.0;
+}
+
+std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a; }
+
+}  // namespace
+
+cudaError_t bias_act(cudaStream_t s, float* y, const float* bias, int rows, int cols, int ldy, bool relu) {
+  bias_act_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * cols), kThreads, 0, s>>>(y, bias, rows, cols,
+                                                                                          ldy, relu);
+  return cudaGetLastError();
+}
+
+cudaError_t relu_backward(cudaStream_t s, float* dy, const float* y, int rows, int cols, int ld) {
+  relu_backward_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * cols), kThreads, 0, s>>>(dy, y, rows,
+                                                                                               cols, ld);
+  return cudaGetLastError();
+}
+
+cudaError_t bias_grad(cudaStream_t s, float* db, const float* dy, int rows, int cols, int ldy, float beta) {
+  const dim3 block(kColTile, kRowThreads);
+  bias_grad_kernel<<<(cols + kColTile - 1) / kColTile, block, 0, s>>>(db, dy, rows, cols, ldy, beta);
+  return cudaGetLastError();
+}
+
+cudaError_t dueling_combine(cudaStream_t s, float* logits, const float* v, int ldv, const float* adv, int rows,
+                            int D, int A, int Z) {
+  dueling_combine_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * D * Z), kThreads, 0, s>>>(
+      logits, v, ldv, adv, rows, D, A, Z);
+  return cudaGetLastError();
+}
+
+cudaError_t dueling_backward(cudaStream_t s, float* dv, int lddv, float* dadv, const float* dlogits, int rows,
+                             int D, int A, int Z) {
+  dueling_backward_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * Z), kThreads, 0, s>>>(
+      dv, lddv, dadv, dlogits, rows, D, A, Z);
+  return cudaGetLastError();
+}
+
+cudaError_t log_softmax(cudaStream_t s, float* logp, const float* x, int rows, int n) {
+  log_softmax_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * 32), kThreads, 0, s>>>(logp, x, rows, n);
+  return cudaGetLastError();
+}
+
+cudaError_t expected_q(cudaStream_t s, float* q, const float* logp, int rows, int Z, float v_min, float v_max) {
+  expected_q_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * 32), kThreads, 0, s>>>(
+      q, logp, rows, Z, v_min, support_step(v_min, v_max, Z));
+  return cudaGetLastError();
+}
+
+cudaError_t argmax(cudaStream_t s, std::int32_t* idx, const float* q, int rows, int n) {
+  argmax_kernel<<<blocks_for(rows), kThreads, 0, s>>>(idx, q, rows, n);
+  return cudaGetLastError();
+}
+
+cudaError_t c51_project(cudaStream_t s, const C51Project& a) {
+  const int threads = std::min(256, (a.Z + 31) / 32 * 32);
+  const std::size_t shmem = 2 * static_cast<std::size_t>(a.Z) * sizeof(double);
+  c51_project_kernel<<<a.B * a.D, threads, shmem, s>>>(
+      a.m.as<float>(), a.target_logp.as<const float>(), a.a_star, a.rewards.as<const float>(),
+      a.dones.as<const float>(), a.D, a.A, a.Z, a.gamma_n, a.v_min, a.v_max, support_step(a.v_min, a.v_max, a.Z));
+  return cudaGetLastError();
+}
+
+std::size_t c51_xent_scratch_bytes(int B) { return round_up(static_cast<std::size_t>(B) * sizeof(double), 256); }
+
+cudaError_t c51_xent(cudaStream_t s, const C51Xent& a, void* scratch) {
+  auto* weighted = static_cast<double*>(scratch);
+  const int warps = std::min(a.D, 8);
+  c51_xent_kernel<<<a.B, 32 * warps, static_cast<std::size_t>(a.D) * sizeof(double), s>>>(a, weighted);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  if (a.loss) c51_xent_reduce_kernel<<<1, kThreads, 0, s>>>(a.loss.as<float>(), weighted, a.B, a.scale, a.accumulate);
+  return cudaGetLastError();
+}
+
+std::size_t budget_scratch_bytes(int H, std::int64_t P) {
+  const std::size_t cells = static_cast<std::size_t>(H) * budget_blocks(P);
+  return round_up(cells * sizeof(double), 256) + round_up(cells * sizeof(int), 256);
+}
+
+cudaError_t budget(cudaStream_t s, const Budget& a, void* scratch) {
+  const int nblk = budget_blocks(a.P);
+  const std::size_t cells = static_cast<std::size_t>(a.H) * nblk;
+  auto* partial = static_cast<double*>(scratch);
+  auto* bad = reinterpret_cast<int*>(static_cast<char*>(scratch) + round_up(cells * sizeof(double), 256));
+  if (a.H > 0) {
+    budget_partial_kernel<<<dim3(nblk, a.H), kThreads, 0, s>>>(a.grads.as<const float>(), a.P, partial, bad);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  budget_finish_kernel<<<1, kThreads, 0, s>>>(a, partial, bad, nblk);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  if (a.P > 0)
+    budget_combine_kernel<<<blocks_for(a.P), kThreads, 0, s>>>(a.grads.as<const float>(), a.clips.as<const float>(),
+                                                              a.g.as<float>(), a.H, a.P, a.skip);
+  return cudaGetLastError();
+}
+
+cudaError_t adam(cudaStream_t s, const Adam& a) {
+  if (a.P > 0) {
+    adam_kernel<<<blocks_for(a.P), kThreads, 0, s>>>(a.params.as<float>(), a.g.as<const float>(), a.m.as<float>(),
+                                                    a.v.as<float>(), a.P, a.t, a.lr.as<const float>(), a.beta1,
+                                                    a.beta2, a.eps, a.skip);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  adam_step_kernel<<<1, 1, 0, s>>>(a.t, a.skip);
+  return cudaGetLastError();
+}
+
+cudaError_t spectral_norm(cudaStream_t s, const SpectralMatrix* mats, int count, int max_rows, int max_cols,
+                          float sigma_max, const std::int32_t* skip) {
+  const std::size_t shmem = (static_cast<std::size_t>(max_rows) + max_cols) * sizeof(double);
+  if (shmem > 48 * 1024) {
+    if (cudaError_t e = cudaFuncSetAttribute(spectral_norm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(shmem));
+        e != cudaSuccess)
+      return e;
+  }
+  spectral_norm_kernel<<<count, kThreads * 2, shmem, s>>>(mats, max_rows, max_cols, sigma_max, skip);
+  return cudaGetLastError();
+}
+
+cudaError_t target_update(cudaStream_t s, const TargetUpdate& a) {
+  target_update_kernel<<<blocks_for(a.P), kThreads, 0, s>>>(a.target.as<float>(), a.params.as<const float>(), a.P,
+                                                           a.tau, a.period, a.t, a.skip);
+  return cudaGetLastError();
+}
+
+cudaError_t fill(cudaStream_t s, float* x, float value, std::int64_t n) {
+  fill_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, value, n);
+  return cudaGetLastError();
+}
+
+cudaError_t axpy(cudaStream_t s, float* y, const float* x, float alpha, std::int64_t n) {
+  axpy_kernel<<<blocks_for(n), kThreads, 0, s>>>(y, x, alpha, n);
+  return cudaGetLastError();
+}
+
+cudaError_t uniform(cudaStream_t s, const Uniform& a) {
+  uniform_kernel<<<blocks_for(a.n), kThreads, 0, s>>>(a.out.as<float>(), a.n, a.seed, a.stream, a.step);
+  return cudaGetLastError();
+}
+
+cudaError_t to_bf16(cudaStream_t s, void* dst, const float* src, int rows, int cols, std::int64_t ld,
+                    std::int64_t stride, int batch) {
+  to_bf16_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * cols * batch), kThreads, 0, s>>>(
+      static_cast<__nv_bfloat16*>(dst), src, rows, cols, ld, stride, batch);
+  return cudaGetLastError();
+}
+
+cudaError_t scale_matrix(cudaStream_t s, float* c, int rows, int cols, std::int64_t ld, std::int64_t stride,
+                         int batch, float beta) {
+  scale_matrix_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * cols * batch), kThreads, 0, s>>>(
+      c, rows, cols, ld, stride, batch, beta);
+  return cudaGetLastError();
+}
+
+}  // namespace dqn::cuda

@@ -672,6 +672,13 @@ st::File Engine::save_state(bool dump) {
   return f;
 }
 
+std::vector<float> Engine::online_params() {
+  rt_->synchronize();
+  std::vector<float> out(std::size_t(reg_.param_count()));
+  rt_->ops().download_reals(out.data(), params_, reg_.param_count());
+  return out;
+}
+
 void Engine::set_batch(const HostBatch& b) {
   b.check(spec_, "batch");
   rt_->synchronize();

@@ -72,6 +72,9 @@ class Engine {
   st::File save_state(bool dump);
 
   void set_batch(const HostBatch& b);
+  /// The online parameters as one flat f32 vector laid out as registry().params() says
+  /// (synchronises: for actors that refresh their copy every so many steps).
+  std::vector<float> online_params();
   /// Device pointers of the batch inputs, for a replay side that fills them directly.
   Real batch_states2() const { return states2_; }
 

@@ -1,2 +1,1221 @@
-// placeholder: being written
+// The CUDA op table against its CPU twin: every op on random inputs of awkward sizes, outputs
+// poisoned with NaN first, the skip paths, bit-identical reruns, and graph replay == direct run.
 #include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cpu_backend.hpp"
+#include "runtime.hpp"
+
+using namespace dqn;
+
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// Tolerances, ‖gpu − cpu‖ / ‖cpu‖. Both sides accumulate in double and round once, so
+// elementwise ops and reductions land at float rounding (~1e-7); GEMMs by precision:
+// fp32 (no TF32), tf32 (10-bit mantissa operands), bf16 (8-bit mantissa operands).
+constexpr double kElementwise = 1e-6;
+constexpr double kReduction = 1e-6;
+constexpr double kFp32Gemm = 1e-5;
+constexpr double kTf32Gemm = 2e-3;
+constexpr double kBf16Gemm = 2e-2;
+
+std::vector<float> random_vec(std::size_t n, float lo, float hi, std::uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+std::vector<std::int32_t> random_ints(std::size_t n, int lo, int hi, std::uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> dist(lo, hi);
+  std::vector<std::int32_t> v(n);
+  for (auto& x : v) x = dist(gen);
+  return v;
+}
+
+Real host(std::vector<float>& v) { return {v.data(), 4}; }
+
+/// ‖got − ref‖/‖ref‖ ≤ tol, and every element non-finite in one is non-finite the same way in
+/// the other (so a NaN-poisoned element that was never written fails, and so does a stray NaN).
+void expect_close(const std::vector<float>& got, const std::vector<float>& ref, double tol, const std::string& what) {
+  REQUIRE_MESSAGE(got.size() == ref.size(), what);
+  double num = 0.0, den = 0.0;
+  std::size_t mismatched = 0, first = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const float r = ref[i], g = got[i];
+    if (!std::isfinite(r) || !std::isfinite(g)) {
+      const bool same = std::isnan(r) ? std::isnan(g) : (std::isinf(r) && std::isinf(g) && (r > 0) == (g > 0));
+      if (!same && mismatched++ == 0) first = i;
+      continue;
+    }
+    const double d = static_cast<double>(g) - r;
+    num += d * d;
+    den += static_cast<double>(r) * r;
+  }
+  const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  CHECK_MESSAGE(mismatched == 0, what << ": " << mismatched << " elements finite on one side only, first at " << first
+                                      << " (gpu " << got[first] << ", cpu " << ref[first] << ")");
+  CHECK_MESSAGE(rel <= tol, what << ": relative error " << rel << " > " << tol);
+}
+
+template <class T>
+void expect_same_bits(const std::vector<T>& a, const std::vector<T>& b, const std::string& what) {
+  REQUIRE_MESSAGE(a.size() == b.size(), what);
+  std::size_t first = a.size();
+  for (std::size_t i = 0; i < a.size() && first == a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) first = i;
+  CHECK_MESSAGE(first == a.size(), what << ": differs first at element " << first << " of " << a.size());
+}
+
+/// A CUDA runtime for one test, with one arena bump-allocated into the test's buffers.
+class Gpu {
+ public:
+  explicit Gpu(Precision p = Precision::fp32, std::size_t arena_bytes = std::size_t{64} << 20)
+      : rt_(make_cuda_runtime(p, 0)), ops(rt_->ops()) {
+    base_ = static_cast<char*>(rt_->alloc_arena(arena_bytes));
+    cap_ = arena_bytes;
+  }
+  Runtime& rt() { return *rt_; }
+
+  void* raw(std::size_t bytes) {
+    const std::size_t off = (used_ + 255) / 256 * 256;
+    REQUIRE(off + bytes <= cap_);
+    used_ = off + bytes;
+    return base_ + off;
+  }
+  Real reals(std::int64_t n) { return {raw(static_cast<std::size_t>(n) * 4), 4}; }
+  Real put(const std::vector<float>& h) {
+    Real r = reals(static_cast<std::int64_t>(h.size()));
+    set(r, h);
+    return r;
+  }
+  template <class T>
+  T* put_typed(const std::vector<T>& h) {
+    T* p = static_cast<T*>(raw(h.size() * sizeof(T)));
+    ops.upload(p, h.data(), h.size() * sizeof(T));
+    return p;
+  }
+  void set(Real r, const std::vector<float>& h) { ops.upload_reals(r, h.data(), static_cast<std::int64_t>(h.size())); }
+  template <class T>
+  void set_typed(T* p, const std::vector<T>& h) { ops.upload(p, h.data(), h.size() * sizeof(T)); }
+  std::vector<float> get(Real r, std::int64_t n) {
+    std::vector<float> h(static_cast<std::size_t>(n));
+    ops.download_reals(h.data(), r, n);
+    return h;
+  }
+  template <class T>
+  std::vector<T> get_typed(const T* p, std::size_t n) {
+    std::vector<T> h(n);
+    ops.download(h.data(), p, n * sizeof(T));
+    return h;
+  }
+  Real poisoned(std::int64_t n) { return put(std::vector<float>(static_cast<std::size_t>(n), kNaN)); }
+  void poison(Real r, std::int64_t n) { set(r, std::vector<float>(static_cast<std::size_t>(n), kNaN)); }
+  void ok() {
+    rt_->synchronize();
+    REQUIRE_MESSAGE(ops.status() == 0, ops.message());
+  }
+
+ private:
+  std::unique_ptr<Runtime> rt_;
+
+ public:
+  Backend& ops;
+
+ private:
+  char* base_ = nullptr;
+  std::size_t cap_ = 0, used_ = 0;
+};
+
+struct Cpu {
+  std::unique_ptr<Backend> ops = make_cpu_backend(false);
+  void ok() { REQUIRE_MESSAGE(ops->status() == 0, ops->message()); }
+};
+
+/// Host log-probabilities: log_softmax of random logits, rows × n (from the CPU twin).
+std::vector<float> random_logp(int rows, int n, std::uint32_t seed) {
+  auto x = random_vec(static_cast<std::size_t>(rows) * n, -4.0f, 4.0f, seed);
+  std::vector<float> lp(x.size());
+  Cpu cpu;
+  cpu.ops->log_softmax(host(lp), host(x), rows, n);
+  cpu.ok();
+  return lp;
+}
+
+}  // namespace
+
+// --- dense layers -----------------------------------------------------------------------------
+
+TEST_CASE("gpu.ops.gemm: every layout and precision against the CPU") {
+  struct Case {
+    const char* why;
+    bool ta, tb;
+    int m, n, k, pad_a, pad_b, pad_c;
+    float alpha, beta;
+    int batch;
+    bool share_b;
+  };
+  const Case cases[] = {
+      {"plain", false, false, 37, 53, 29, 0, 0, 0, 1.0f, 0.0f, 1, false},
+      {"A transposed", true, false, 37, 53, 29, 0, 0, 0, 1.0f, 0.0f, 1, false},
+      {"B transposed (the weight layout)", false, true, 37, 53, 29, 0, 0, 0, 1.0f, 0.0f, 1, false},
+      {"both transposed", true, true, 37, 53, 29, 0, 0, 0, 1.0f, 0.0f, 1, false},
+      {"padded rows, alpha and beta", false, true, 37, 53, 29, 3, 5, 7, 0.7f, 0.5f, 1, false},
+      {"strided batch with gaps", true, false, 19, 23, 31, 2, 1, 3, 1.0f, 0.0f, 3, false},
+      {"strided batch sharing B (stride 0)", false, true, 19, 23, 31, 0, 0, 0, 1.0f, 0.25f, 3, true},
+      {"deep k", false, true, 65, 129, 300, 0, 0, 0, 1.0f, 0.0f, 1, false},
+      {"one row", false, true, 1, 53, 29, 0, 0, 0, 1.0f, 0.0f, 1, false},
+      {"k = 0 only scales C", false, false, 37, 53, 0, 0, 0, 0, 1.0f, 0.5f, 1, false},
+  };
+  const struct {
+    Precision p;
+    const char* name;
+    double tol;
+  } precisions[] = {{Precision::fp32, "fp32", kFp32Gemm}, {Precision::tf32, "tf32", kTf32Gemm}, {Precision::bf16, "bf16", kBf16Gemm}};
+
+  std::uint32_t seed = 100;
+  for (const auto& prec : precisions) {
+    Gpu gpu(prec.p);
+    Cpu cpu;
+    double worst = 0.0;
+    for (const Case& c : cases) {
+      const std::string what = std::string(prec.name) + " gemm, " + c.why;
+      INFO(what);
+      const int a_rows = c.ta ? c.k : c.m, a_cols = c.ta ? c.m : c.k;
+      const int b_rows = c.tb ? c.n : c.k, b_cols = c.tb ? c.k : c.n;
+      const int lda = std::max(1, a_cols + c.pad_a), ldb = std::max(1, b_cols + c.pad_b), ldc = c.n + c.pad_c;
+      const std::int64_t sa = c.batch > 1 ? static_cast<std::int64_t>(a_rows) * lda + 5 : 0;
+      const std::int64_t sb = c.batch > 1 && !c.share_b ? static_cast<std::int64_t>(b_rows) * ldb + 7 : 0;
+      const std::int64_t sc = c.batch > 1 ? static_cast<std::int64_t>(c.m) * ldc + 3 : 0;
+      const std::size_t na = static_cast<std::size_t>(sa * (c.batch - 1) + static_cast<std::int64_t>(a_rows) * lda) + 1;
+      const std::size_t nb = static_cast<std::size_t>(sb * (c.batch - 1) + static_cast<std::int64_t>(b_rows) * ldb) + 1;
+      const std::size_t nc = static_cast<std::size_t>(sc * (c.batch - 1) + static_cast<std::int64_t>(c.m) * ldc);
+      auto A = random_vec(na, -1, 1, seed++), B = random_vec(nb, -1, 1, seed++);
+      // beta == 0: C is poison (must be overwritten, never read); else random data to blend.
+      auto C0 = c.beta != 0.0f ? random_vec(nc, -1, 1, seed++) : std::vector<float>(nc, kNaN);
+      Gemm g;
+      g.ta = c.ta;
+      g.tb = c.tb;
+      g.m = c.m;
+      g.n = c.n;
+      g.k = c.k;
+      g.alpha = c.alpha;
+      g.beta = c.beta;
+      g.lda = lda;
+      g.ldb = ldb;
+      g.ldc = ldc;
+      g.batch = c.batch;
+      g.stride_a = sa;
+      g.stride_b = sb;
+      g.stride_c = sc;
+      Gemm gd = g;
+      gd.a = gpu.put(A);
+      gd.b = gpu.put(B);
+      gd.c = gpu.put(C0);
+      gpu.ops.gemm(gd);
+      gpu.ok();
+      auto Cc = C0;
+      Gemm gc = g;
+      gc.a = host(A);
+      gc.b = host(B);
+      gc.c = host(Cc);
+      cpu.ops->gemm(gc);
+      cpu.ok();
+      const auto got = gpu.get(gd.c, static_cast<std::int64_t>(nc));
+      expect_close(got, Cc, prec.tol, what);
+      double num = 0, den = 0;
+      for (std::size_t i = 0; i < nc; ++i)
+        if (std::isfinite(Cc[i])) {
+          num += (static_cast<double>(got[i]) - Cc[i]) * (static_cast<double>(got[i]) - Cc[i]);
+          den += static_cast<double>(Cc[i]) * Cc[i];
+        }
+      worst = std::max(worst, std::sqrt(num / den));
+    }
+    MESSAGE(prec.name << " gemm: worst relative error over the cases " << worst << " (tolerance " << prec.tol << ")");
+  }
+}
+
+TEST_CASE("gpu.ops.bias_act: bias + activation on a padded matrix") {
+  const int rows = 37, cols = 53, ldy = 60;
+  for (const Act act : {Act::none, Act::relu}) {
+    for (const bool with_bias : {true, false}) {
+      INFO("relu " << (act == Act::relu) << ", bias " << with_bias);
+      Gpu gpu;
+      Cpu cpu;
+      auto y = random_vec(static_cast<std::size_t>(rows) * ldy, -1, 1, 1);
+      auto b = random_vec(cols, -0.5f, 0.5f, 2);
+      Real yd = gpu.put(y), bd = with_bias ? gpu.put(b) : Real{};
+      gpu.ops.bias_act(yd, bd, rows, cols, ldy, act);
+      gpu.ok();
+      cpu.ops->bias_act(host(y), with_bias ? host(b) : Real{}, rows, cols, ldy, act);
+      cpu.ok();
+      expect_close(gpu.get(yd, rows * ldy), y, kElementwise, "bias_act (padding must stay as it was)");
+    }
+  }
+}
+
+TEST_CASE("gpu.ops.relu_backward: masks where y <= 0, zeros included") {
+  const int rows = 37, cols = 53, ld = 59;
+  Gpu gpu;
+  Cpu cpu;
+  auto y = random_vec(static_cast<std::size_t>(rows) * ld, -1, 1, 3);
+  for (std::size_t i = 0; i < y.size(); i += 4) y[i] = 0.0f;
+  auto dy = random_vec(y.size(), -1, 1, 4);
+  Real dyd = gpu.put(dy), yd = gpu.put(y);
+  gpu.ops.relu_backward(dyd, yd, rows, cols, ld);
+  gpu.ok();
+  cpu.ops->relu_backward(host(dy), host(y), rows, cols, ld);
+  cpu.ok();
+  expect_same_bits(gpu.get(dyd, rows * ld), dy, "relu_backward (a mask is exact)");
+}
+
+TEST_CASE("gpu.ops.bias_grad: deterministic column sums, beta 0 overwrites") {
+  const int rows = 301, cols = 53, ldy = 60;
+  for (const float beta : {0.0f, 0.5f}) {
+    INFO("beta " << beta);
+    Gpu gpu;
+    Cpu cpu;
+    auto dy = random_vec(static_cast<std::size_t>(rows) * ldy, -1, 1, 5);
+    auto db = beta == 0.0f ? std::vector<float>(cols, kNaN) : random_vec(cols, -1, 1, 6);
+    Real dyd = gpu.put(dy), dbd = gpu.put(db);
+    gpu.ops.bias_grad(dbd, dyd, rows, cols, ldy, beta);
+    gpu.ok();
+    cpu.ops->bias_grad(host(db), host(dy), rows, cols, ldy, beta);
+    cpu.ok();
+    expect_close(gpu.get(dbd, cols), db, kReduction, "bias_grad");
+  }
+}
+
+// --- distributional head ----------------------------------------------------------------------
+
+TEST_CASE("gpu.ops.dueling_combine and dueling_backward, separate and in place") {
+  const int rows = 37, D = 3, A = 5, Z = 51, ldv = 60;
+  const std::size_t n = static_cast<std::size_t>(rows) * D * A * Z;
+  for (const bool in_place : {false, true}) {
+    INFO("in place " << in_place);
+    Gpu gpu;
+    Cpu cpu;
+    auto v = random_vec(static_cast<std::size_t>(rows) * ldv, -1, 1, 7);
+    auto adv = random_vec(n, -1, 1, 8);
+    Real vd = gpu.put(v), advd = gpu.put(adv);
+    Real ld = in_place ? advd : gpu.poisoned(static_cast<std::int64_t>(n));
+    gpu.ops.dueling_combine(ld, vd, ldv, advd, rows, D, A, Z);
+    gpu.ok();
+    std::vector<float> logits_c = in_place ? adv : std::vector<float>(n, kNaN);
+    auto adv_c = adv;
+    cpu.ops->dueling_combine(host(logits_c), host(v), ldv, in_place ? host(logits_c) : host(adv_c), rows, D, A, Z);
+    cpu.ok();
+    expect_close(gpu.get(ld, static_cast<std::int64_t>(n)), logits_c, kElementwise, "dueling_combine");
+
+    auto dl = random_vec(n, -1, 1, 9);
+    std::vector<float> dv(static_cast<std::size_t>(rows) * ldv, kNaN);  // padding stays poisoned on both sides
+    Real dld = gpu.put(dl), dvd = gpu.put(dv);
+    Real dad = in_place ? dld : gpu.poisoned(static_cast<std::int64_t>(n));
+    gpu.ops.dueling_backward(dvd, ldv, dad, dld, rows, D, A, Z);
+    gpu.ok();
+    std::vector<float> dadv_c = in_place ? dl : std::vector<float>(n, kNaN);
+    auto dl_c = dl;
+    cpu.ops->dueling_backward(host(dv), ldv, host(dadv_c), in_place ? host(dadv_c) : host(dl_c), rows, D, A, Z);
+    cpu.ok();
+    expect_close(gpu.get(dvd, rows * ldv), dv, kReduction, "dueling_backward dv");
+    expect_close(gpu.get(dad, static_cast<std::int64_t>(n)), dadv_c, kElementwise, "dueling_backward dadv");
+  }
+}
+
+TEST_CASE("gpu.ops.log_softmax: rows shorter than, near and longer than a warp") {
+  const struct {
+    int rows, n;
+  } shapes[] = {{555, 51}, {37, 200}, {9, 7}, {3, 1}};
+  for (const auto& s : shapes) {
+    INFO("rows " << s.rows << ", n " << s.n);
+    Gpu gpu;
+    Cpu cpu;
+    auto x = random_vec(static_cast<std::size_t>(s.rows) * s.n, -20, 20, 10);
+    std::vector<float> lp(x.size(), kNaN);
+    Real xd = gpu.put(x), lpd = gpu.poisoned(static_cast<std::int64_t>(x.size()));
+    gpu.ops.log_softmax(lpd, xd, s.rows, s.n);
+    gpu.ok();
+    cpu.ops->log_softmax(host(lp), host(x), s.rows, s.n);
+    cpu.ok();
+    expect_close(gpu.get(lpd, static_cast<std::int64_t>(x.size())), lp, kElementwise, "log_softmax");
+  }
+}
+
+TEST_CASE("gpu.ops.expected_q and argmax (ties keep the lowest index)") {
+  const int rows = 37 * 15, Z = 51;
+  Gpu gpu;
+  Cpu cpu;
+  auto lp = random_logp(rows, Z, 11);
+  std::vector<float> q(rows, kNaN);
+  Real lpd = gpu.put(lp), qd = gpu.poisoned(rows);
+  gpu.ops.expected_q(qd, lpd, rows, Z, -10.0f, 10.0f);
+  gpu.ok();
+  cpu.ops->expected_q(host(q), host(lp), rows, Z, -10.0f, 10.0f);
+  cpu.ok();
+  expect_close(gpu.get(qd, rows), q, kReduction, "expected_q");
+
+  const int arows = 111, n = 5;
+  auto levels = random_ints(static_cast<std::size_t>(arows) * n, 0, 2, 12);  // three levels: many ties
+  std::vector<float> qa(levels.size());
+  for (std::size_t i = 0; i < qa.size(); ++i) qa[i] = 0.5f * levels[i] - 0.25f;
+  std::vector<std::int32_t> idx_c(arows, -1), poison(arows, -1);
+  Real qad = gpu.put(qa);
+  auto* idx_d = gpu.put_typed(poison);
+  gpu.ops.argmax(idx_d, qad, arows, n);
+  gpu.ok();
+  cpu.ops->argmax(idx_c.data(), host(qa), arows, n);
+  cpu.ok();
+  expect_same_bits(gpu.get_typed(idx_d, arows), idx_c, "argmax");
+}
+
+TEST_CASE("gpu.ops.c51_project: dense projection with clamped support and terminal states") {
+  const int B = 37, D = 3, A = 5, Z = 51;
+  Gpu gpu;
+  Cpu cpu;
+  auto tlp = random_logp(B * D * A, Z, 13);
+  auto a_star = random_ints(static_cast<std::size_t>(B) * D, 0, A - 1, 14);
+  auto rewards = random_vec(B, -3, 3, 15);
+  rewards[0] = 30.0f;  // beyond v_max: all mass at the top atom
+  rewards[1] = -30.0f;
+  auto dones = random_vec(B, 0, 1, 16);
+  for (float& d : dones) d = d < 0.3f ? 1.0f : 0.0f;
+  C51Project p;
+  p.B = B;
+  p.D = D;
+  p.A = A;
+  p.Z = Z;
+  p.gamma_n = 0.99f;
+  C51Project pd = p, pc = p;
+  std::vector<float> m(static_cast<std::size_t>(B) * D * Z, kNaN);
+  pd.m = gpu.poisoned(static_cast<std::int64_t>(m.size()));
+  pd.target_logp = gpu.put(tlp);
+  pd.a_star = gpu.put_typed(a_star);
+  pd.rewards = gpu.put(rewards);
+  pd.dones = gpu.put(dones);
+  gpu.ops.c51_project(pd);
+  gpu.ok();
+  pc.m = host(m);
+  pc.target_logp = host(tlp);
+  pc.a_star = a_star.data();
+  pc.rewards = host(rewards);
+  pc.dones = host(dones);
+  cpu.ops->c51_project(pc);
+  cpu.ok();
+  expect_close(gpu.get(pd.m, static_cast<std::int64_t>(m.size())), m, kReduction, "c51_project");
+}
+
+TEST_CASE("gpu.ops.c51_xent: per-sample loss, weighted mean, gradient; = and +=") {
+  const int B = 37, D = 3, A = 5, Z = 51;
+  const std::size_t n = static_cast<std::size_t>(B) * D * A * Z;
+  auto lp = random_logp(B * D * A, Z, 17);
+  auto mlog = random_logp(B * D, Z, 18);
+  std::vector<float> m(mlog.size());
+  for (std::size_t i = 0; i < m.size(); ++i) m[i] = std::exp(mlog[i]);
+  auto actions = random_ints(static_cast<std::size_t>(B) * D, 0, A - 1, 19);
+  auto w = random_vec(B, 0.5f, 1.5f, 20);
+  for (const bool accumulate : {false, true}) {
+    for (const bool per_sample : {true, false}) {
+      INFO("accumulate " << accumulate << ", per-sample output " << per_sample);
+      Gpu gpu;
+      Cpu cpu;
+      C51Xent x;
+      x.B = B;
+      x.D = D;
+      x.A = A;
+      x.Z = Z;
+      x.scale = 0.25f;
+      x.accumulate = accumulate;
+      const std::vector<float> loss0{accumulate ? 1.5f : kNaN};
+      C51Xent xd = x, xc = x;
+      xd.loss_per_sample = per_sample ? gpu.poisoned(B) : Real{};
+      xd.loss = gpu.put(loss0);
+      xd.dlogits = gpu.poisoned(static_cast<std::int64_t>(n));
+      xd.logp = gpu.put(lp);
+      xd.actions = gpu.put_typed(actions);
+      xd.m = gpu.put(m);
+      xd.weights = gpu.put(w);
+      gpu.ops.c51_xent(xd);
+      gpu.ok();
+      std::vector<float> lps(B, kNaN), loss = loss0, dl(n, kNaN);
+      xc.loss_per_sample = per_sample ? host(lps) : Real{};
+      xc.loss = host(loss);
+      xc.dlogits = host(dl);
+      xc.logp = host(lp);
+      xc.actions = actions.data();
+      xc.m = host(m);
+      xc.weights = host(w);
+      cpu.ops->c51_xent(xc);
+      cpu.ok();
+      expect_close(gpu.get(xd.loss, 1), loss, kReduction, "c51_xent loss");
+      expect_close(gpu.get(xd.dlogits, static_cast<std::int64_t>(n)), dl, kElementwise, "c51_xent dlogits");
+      if (per_sample) expect_close(gpu.get(xd.loss_per_sample, B), lps, kReduction, "c51_xent loss_per_sample");
+    }
+  }
+}
+
+// --- optimisation -----------------------------------------------------------------------------
+
+namespace {
+
+/// Device and host copies of one budget problem (H heads over P parameters).
+struct BudgetCase {
+  static constexpr int H = 3;
+  static constexpr std::int64_t P = 10007;
+  std::vector<float> grads, fractions{0.7f, 0.2f, 0.1f}, losses{1.25f, 0.5f, -0.125f};
+  explicit BudgetCase(float bad_value = 0.0f, bool bad = false) {
+    grads = random_vec(static_cast<std::size_t>(H * P), -1, 1, 21);
+    for (std::int64_t i = 0; i < P; ++i) {
+      grads[static_cast<std::size_t>(P + i)] *= 1e-3f;  // head 1: small norm, clip 1
+      grads[static_cast<std::size_t>(2 * P + i)] = 0.0f;  // head 2: norm 0, clip 1
+    }
+    if (bad) grads[static_cast<std::size_t>(P + 1234)] = bad_value;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("gpu.ops.budget: norms, clips, combined gradient, total loss; NaN/Inf skip") {
+  const struct {
+    const char* why;
+    bool bad;
+    float value;
+  } cases[] = {{"all finite", false, 0.0f}, {"NaN in head 1", true, kNaN},
+               {"Inf in head 1", true, std::numeric_limits<float>::infinity()}};
+  for (const auto& c : cases) {
+    INFO(c.why);
+    Gpu gpu;
+    Cpu cpu;
+    BudgetCase bc(c.value, c.bad);
+    const int H = BudgetCase::H;
+    const std::int64_t P = BudgetCase::P;
+    Budget b;
+    b.H = H;
+    b.P = P;
+    b.max_grad_norm = 10.0f;
+    Budget bd = b, bh = b;
+    bd.grads = gpu.put(bc.grads);
+    bd.fractions = gpu.put(bc.fractions);
+    bd.losses = gpu.put(bc.losses);
+    bd.norms = gpu.poisoned(H);
+    bd.clips = gpu.poisoned(H);
+    bd.g = gpu.poisoned(P);
+    bd.total_loss = gpu.poisoned(1);
+    bd.skip = gpu.put_typed(std::vector<std::int32_t>{-7});
+    bd.skipped = gpu.put_typed(std::vector<std::int64_t>{5});
+    gpu.ops.budget(bd);
+    gpu.ok();
+    std::vector<float> norms(H, kNaN), clips(H, kNaN), g(static_cast<std::size_t>(P), kNaN), total{kNaN};
+    std::int32_t skip = -7;
+    std::int64_t skipped = 5;
+    bh.grads = host(bc.grads);
+    bh.fractions = host(bc.fractions);
+    bh.losses = host(bc.losses);
+    bh.norms = host(norms);
+    bh.clips = host(clips);
+    bh.g = host(g);
+    bh.total_loss = host(total);
+    bh.skip = &skip;
+    bh.skipped = &skipped;
+    cpu.ops->budget(bh);
+    cpu.ok();
+    expect_close(gpu.get(bd.norms, H), norms, kReduction, "budget norms");
+    expect_close(gpu.get(bd.clips, H), clips, kReduction, "budget clips");
+    expect_close(gpu.get(bd.g, P), g, kReduction, "budget g");
+    expect_close(gpu.get(bd.total_loss, 1), total, kReduction, "budget total loss");
+    CHECK(gpu.get_typed(bd.skip, 1)[0] == (c.bad ? 1 : 0));
+    CHECK(gpu.get_typed(bd.skipped, 1)[0] == (c.bad ? 6 : 5));
+    CHECK(skip == (c.bad ? 1 : 0));
+    if (!c.bad) CHECK(clips[0] < 1.0f);  // the case really clips head 0
+  }
+}
+
+TEST_CASE("gpu.ops.adam: t and lr from device memory; skip leaves everything bit-identical") {
+  const std::int64_t P = 10007;
+  auto params = random_vec(P, -1, 1, 22), g = random_vec(P, -0.1f, 0.1f, 23), m = random_vec(P, -0.01f, 0.01f, 24);
+  auto v = random_vec(P, 0, 1e-2f, 25);
+  for (float& x : v) x *= x;
+  const std::vector<float> lr{1e-3f};
+  for (const int skip : {0, 1}) {
+    INFO("skip " << skip);
+    Gpu gpu;
+    Cpu cpu;
+    Adam a;
+    a.P = P;
+    Adam ad = a, ac = a;
+    ad.params = gpu.put(params);
+    ad.g = gpu.put(g);
+    ad.m = gpu.put(m);
+    ad.v = gpu.put(v);
+    ad.lr = gpu.put(lr);
+    ad.t = gpu.put_typed(std::vector<std::int64_t>{5});
+    ad.skip = gpu.put_typed(std::vector<std::int32_t>{skip});
+    gpu.ops.adam(ad);
+    gpu.ok();
+    auto pc = params, mc = m, vc = v, lrc = lr;
+    std::int64_t t = 5;
+    const std::int32_t skip_c = skip;
+    ac.params = host(pc);
+    ac.g = host(g);
+    ac.m = host(mc);
+    ac.v = host(vc);
+    ac.lr = host(lrc);
+    ac.t = &t;
+    ac.skip = &skip_c;
+    cpu.ops->adam(ac);
+    cpu.ok();
+    const auto pg = gpu.get(ad.params, P), mg = gpu.get(ad.m, P), vg = gpu.get(ad.v, P);
+    const auto tg = gpu.get_typed(ad.t, 1)[0];
+    CHECK(tg == t);
+    CHECK(tg == (skip ? 5 : 6));
+    if (skip) {
+      expect_same_bits(pg, params, "adam skipped: params");
+      expect_same_bits(mg, m, "adam skipped: m");
+      expect_same_bits(vg, v, "adam skipped: v");
+    } else {
+      expect_close(pg, pc, kElementwise, "adam params");
+      expect_close(mg, mc, kElementwise, "adam m");
+      expect_close(vg, vc, kElementwise, "adam v");
+    }
+  }
+}
+
+namespace {
+
+/// Three matrices: one with σ far above σ_max (scaled), one below (untouched), one tiny.
+struct SpectralCase {
+  struct M {
+    int rows, cols;
+    float gain;
+  };
+  std::vector<M> shapes{{37, 53, 1.0f}, {51, 128, 0.05f}, {7, 5, 1.0f}};
+  std::vector<std::vector<float>> w, u;
+  SpectralCase() {
+    std::uint32_t seed = 30;
+    for (const M& s : shapes) {
+      auto wm = random_vec(static_cast<std::size_t>(s.rows) * s.cols, -1, 1, seed++);
+      for (float& x : wm) x *= s.gain;
+      auto um = random_vec(s.rows, -1, 1, seed++);
+      double n = 0;
+      for (float x : um) n += static_cast<double>(x) * x;
+      for (float& x : um) x = static_cast<float>(x / std::sqrt(n));
+      w.push_back(wm);
+      u.push_back(um);
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("gpu.ops.spectral_norm: one launch for all matrices; skip leaves W and u unchanged") {
+  const int max_rows = 51, max_cols = 128;
+  for (const int skip : {0, 1}) {
+    INFO("skip " << skip);
+    Gpu gpu;
+    Cpu cpu;
+    SpectralCase sc;
+    std::vector<SpectralMatrix> dev, hst;
+    std::vector<Real> wd, ud;
+    for (std::size_t k = 0; k < sc.shapes.size(); ++k) {
+      wd.push_back(gpu.put(sc.w[k]));
+      ud.push_back(gpu.put(sc.u[k]));
+      dev.push_back({wd.back(), ud.back(), sc.shapes[k].rows, sc.shapes[k].cols});
+    }
+    auto wc = sc.w, uc = sc.u;
+    for (std::size_t k = 0; k < sc.shapes.size(); ++k)
+      hst.push_back({host(wc[k]), host(uc[k]), sc.shapes[k].rows, sc.shapes[k].cols});
+    auto* table = gpu.put_typed(dev);
+    auto* skip_d = gpu.put_typed(std::vector<std::int32_t>{skip});
+    const std::int32_t skip_c = skip;
+    for (int iter = 0; iter < 2; ++iter) {  // two steps: the second starts from the updated u
+      gpu.ops.spectral_norm(table, static_cast<int>(dev.size()), max_rows, max_cols, 2.0f, skip_d);
+      cpu.ops->spectral_norm(hst.data(), static_cast<int>(hst.size()), max_rows, max_cols, 2.0f, &skip_c);
+    }
+    gpu.ok();
+    cpu.ok();
+    for (std::size_t k = 0; k < sc.shapes.size(); ++k) {
+      const std::int64_t n = static_cast<std::int64_t>(sc.w[k].size());
+      const auto wg = gpu.get(wd[k], n), ug = gpu.get(ud[k], sc.shapes[k].rows);
+      if (skip) {
+        expect_same_bits(wg, sc.w[k], "spectral skipped: W " + std::to_string(k));
+        expect_same_bits(ug, sc.u[k], "spectral skipped: u " + std::to_string(k));
+      } else {
+        expect_close(wg, wc[k], kReduction, "spectral W " + std::to_string(k));
+        expect_close(ug, uc[k], kReduction, "spectral u " + std::to_string(k));
+      }
+    }
+    if (!skip) {
+      CHECK(wc[0][0] != sc.w[0][0]);  // the first matrix really was scaled
+      CHECK(wc[1] == sc.w[1]);        // the second was not
+    }
+  }
+}
+
+TEST_CASE("gpu.ops.target_update: Polyak, hard copy on the period, no copy off it, skip") {
+  const std::int64_t P = 10007;
+  const auto params = random_vec(P, -1, 1, 40), target0 = random_vec(P, -1, 1, 41);
+  const struct {
+    const char* why;
+    std::int64_t period, t;
+    int skip;
+  } cases[] = {{"polyak", 0, 3, 0}, {"hard, t on the period", 4, 8, 0}, {"hard, t off the period", 4, 9, 0},
+               {"polyak, skipped", 0, 3, 1}, {"hard, on the period, skipped", 4, 8, 1}};
+  for (const auto& c : cases) {
+    INFO(c.why);
+    Gpu gpu;
+    Cpu cpu;
+    TargetUpdate tu;
+    tu.P = P;
+    tu.tau = 0.005f;
+    tu.period = c.period;
+    TargetUpdate td = tu, tc = tu;
+    td.target = gpu.put(target0);
+    td.params = gpu.put(params);
+    td.t = gpu.put_typed(std::vector<std::int64_t>{c.t});
+    td.skip = gpu.put_typed(std::vector<std::int32_t>{c.skip});
+    gpu.ops.target_update(td);
+    gpu.ok();
+    auto tgt = target0, src = params;
+    const std::int64_t t = c.t;
+    const std::int32_t skip = c.skip;
+    tc.target = host(tgt);
+    tc.params = host(src);
+    tc.t = &t;
+    tc.skip = &skip;
+    cpu.ops->target_update(tc);
+    cpu.ok();
+    const auto got = gpu.get(td.target, P);
+    if (c.skip || c.period > 0) {
+      expect_same_bits(got, tgt, "target update (copy or untouched: exact)");
+    } else {
+      expect_close(got, tgt, kElementwise, "polyak target");
+    }
+    if (c.skip) expect_same_bits(got, target0, "skipped target update");
+  }
+}
+
+// --- elementwise and memory -------------------------------------------------------------------
+
+TEST_CASE("gpu.ops.uniform: the same Philox numbers as the CPU, keyed by the device step") {
+  const std::int64_t n = 1001;
+  Gpu gpu;
+  Cpu cpu;
+  const std::int64_t step = 42;
+  auto* step_d = gpu.put_typed(std::vector<std::int64_t>{step});
+  Uniform u;
+  u.n = n;
+  u.seed = 0x1234567890ABCDEFull;
+  u.stream = 3;
+  for (const bool with_step : {true, false}) {
+    INFO("step pointer " << with_step);
+    Uniform ud = u, uc = u;
+    ud.out = gpu.poisoned(n);
+    ud.step = with_step ? step_d : nullptr;
+    gpu.ops.uniform(ud);
+    gpu.ok();
+    std::vector<float> ref(static_cast<std::size_t>(n), kNaN);
+    uc.out = host(ref);
+    uc.step = with_step ? &step : nullptr;
+    cpu.ops->uniform(uc);
+    cpu.ok();
+    const auto got = gpu.get(ud.out, n);
+    expect_same_bits(got, ref, "uniform");
+    for (float x : got) REQUIRE((x > 0.0f && x < 1.0f));
+  }
+}
+
+TEST_CASE("gpu.ops.fill, copy, axpy, and the host transfers") {
+  const std::int64_t n = 1001;
+  Gpu gpu;
+  Cpu cpu;
+  auto x = random_vec(n, -1, 1, 50), y = random_vec(n, -1, 1, 51);
+  Real xd = gpu.put(x), yd = gpu.put(y), fd = gpu.poisoned(n), cd = gpu.poisoned(n);
+  gpu.ops.fill(fd, 0.25f, n);
+  gpu.ops.copy(cd, xd, n);
+  gpu.ops.axpy(yd, xd, -0.3f, n);
+  gpu.ok();
+  CHECK(gpu.get(fd, n) == std::vector<float>(static_cast<std::size_t>(n), 0.25f));
+  expect_same_bits(gpu.get(cd, n), x, "copy");
+  auto yc = y;
+  cpu.ops->axpy(host(yc), host(x), -0.3f, n);
+  cpu.ok();
+  expect_close(gpu.get(yd, n), yc, kElementwise, "axpy");
+
+  // Raw bytes round trip (upload/download) of an odd size.
+  std::vector<unsigned char> bytes(777), back(777, 0);
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>(i * 37 + 11);
+  void* raw = gpu.raw(bytes.size());
+  gpu.ops.upload(raw, bytes.data(), bytes.size());
+  gpu.ops.download(back.data(), raw, back.size());
+  gpu.ok();
+  CHECK(back == bytes);
+}
+
+// --- errors, plan mode ------------------------------------------------------------------------
+
+TEST_CASE("gpu.ops.errors: first error wins; runtime misuse throws") {
+  Gpu gpu;
+  CHECK(gpu.ops.status() == 0);
+  Real wide = gpu.reals(8);
+  wide.esize = 8;
+  gpu.ops.fill(wide, 1.0f, 4);
+  CHECK(gpu.ops.status() != 0);
+  const std::string first = gpu.ops.message();
+  CHECK(first.find("element size") != std::string::npos);
+  gpu.ops.fill(gpu.reals(4), 1.0f, -1);
+  CHECK(std::string(gpu.ops.message()) == first);
+
+  CHECK_THROWS_AS(gpu.rt().alloc_arena(1024), std::runtime_error);  // the arena is allocated once
+  CHECK_THROWS_AS(gpu.rt().replay(), std::runtime_error);           // nothing captured yet
+  CHECK_THROWS_AS(gpu.rt().plan_end(), std::runtime_error);         // no plan begun
+  CHECK_THROWS_AS(make_cuda_runtime(Precision::fp32, 4096), std::runtime_error);
+  CHECK(gpu.rt().captures());
+  CHECK(gpu.rt().describe().find("cuda device 0") != std::string::npos);
+  CHECK(gpu.rt().peak_bytes() >= (std::size_t{64} << 20));
+}
+
+TEST_CASE("gpu.ops.plan: scratch beyond the reserve needs a plan; planning does no work") {
+  // A bf16 GEMM whose operand copies (~9.8 MB) exceed the scratch reserved at creation (8 MiB).
+  const int m = 16384, n = 3, k = 300;
+  auto A = random_vec(static_cast<std::size_t>(m) * k, -1, 1, 60), B = random_vec(static_cast<std::size_t>(n) * k, -1, 1, 61);
+  Gemm g;
+  g.tb = true;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.lda = k;
+  g.ldb = k;
+  g.ldc = n;
+  {
+    Gpu gpu(Precision::bf16);
+    Gemm gd = g;
+    gd.a = gpu.put(A);
+    gd.b = gpu.put(B);
+    gd.c = gpu.poisoned(static_cast<std::int64_t>(m) * n);
+    gpu.ops.gemm(gd);
+    gpu.rt().synchronize();
+    CHECK(gpu.ops.status() != 0);
+    CHECK(std::string(gpu.ops.message()).find("plan") != std::string::npos);
+  }
+  Gpu gpu(Precision::bf16);
+  Gemm gd = g;
+  gd.a = gpu.put(A);
+  gd.b = gpu.put(B);
+  gd.c = gpu.poisoned(static_cast<std::int64_t>(m) * n);
+  gpu.rt().plan_begin();
+  gpu.ops.gemm(gd);
+  gpu.rt().plan_end();
+  gpu.ok();
+  for (float x : gpu.get(gd.c, static_cast<std::int64_t>(m) * n)) REQUIRE(std::isnan(x));  // planning ran nothing
+  gpu.ops.gemm(gd);
+  gpu.ok();
+  std::vector<float> C(static_cast<std::size_t>(m) * n, kNaN);
+  Cpu cpu;
+  Gemm gc = g;
+  gc.a = host(A);
+  gc.b = host(B);
+  gc.c = host(C);
+  cpu.ops->gemm(gc);
+  cpu.ok();
+  expect_close(gpu.get(gd.c, static_cast<std::int64_t>(m) * n), C, kBf16Gemm, "planned bf16 gemm");
+}
+
+// --- skip chain, determinism, capture ---------------------------------------------------------
+
+TEST_CASE("gpu.ops.skip_chain: budget → adam → spectral norm → target, finite and with a NaN head") {
+  for (const bool bad : {false, true}) {
+    INFO("NaN head " << bad);
+    Gpu gpu;
+    Cpu cpu;
+    BudgetCase bc(kNaN, bad);
+    const int H = BudgetCase::H;
+    const std::int64_t P = BudgetCase::P;
+    // Parameters: the first 37·53 of them also form the spectrally normed matrix.
+    const int rows = 37, cols = 53;
+    auto params = random_vec(P, -1, 1, 70), m = random_vec(P, -0.01f, 0.01f, 71), v = random_vec(P, 0, 1e-4f, 72);
+    auto target = random_vec(P, -1, 1, 73), u = random_vec(rows, -0.2f, 0.2f, 74);
+    const std::vector<float> lr{1e-3f};
+    struct Side {
+      Budget b;
+      Adam a;
+      TargetUpdate t;
+      SpectralMatrix s;
+    };
+    auto build = [&](Side& sd, auto&& real, std::int32_t* skip, std::int64_t* skipped, std::int64_t* t) {
+      sd.b.H = H;
+      sd.b.P = P;
+      sd.b.grads = real(bc.grads);
+      sd.b.fractions = real(bc.fractions);
+      sd.b.losses = real(bc.losses);
+      sd.b.norms = real(std::vector<float>(H, kNaN));
+      sd.b.clips = real(std::vector<float>(H, kNaN));
+      sd.b.g = real(std::vector<float>(static_cast<std::size_t>(P), kNaN));
+      sd.b.total_loss = real(std::vector<float>{kNaN});
+      sd.b.skip = skip;
+      sd.b.skipped = skipped;
+      sd.a.P = P;
+      sd.a.params = real(params);
+      sd.a.g = sd.b.g;
+      sd.a.m = real(m);
+      sd.a.v = real(v);
+      sd.a.lr = real(lr);
+      sd.a.t = t;
+      sd.a.skip = skip;
+      sd.s = {sd.a.params, real(u), rows, cols};
+      sd.t.P = P;
+      sd.t.target = real(target);
+      sd.t.params = sd.a.params;
+      sd.t.t = t;
+      sd.t.skip = skip;
+    };
+    Side dg, hc;
+    std::int32_t* skip_d = gpu.put_typed(std::vector<std::int32_t>{-1});
+    std::int64_t* skipped_d = gpu.put_typed(std::vector<std::int64_t>{2});
+    std::int64_t* t_d = gpu.put_typed(std::vector<std::int64_t>{10});
+    build(dg, [&](const std::vector<float>& h) { return gpu.put(h); }, skip_d, skipped_d, t_d);
+    std::deque<std::vector<float>> store;  // host buffers; a deque never moves its elements
+    std::int32_t skip_h = -1;
+    std::int64_t skipped_h = 2, t_h = 10;
+    build(hc, [&](const std::vector<float>& h) { store.push_back(h); return host(store.back()); }, &skip_h, &skipped_h, &t_h);
+    auto* table = gpu.put_typed(std::vector<SpectralMatrix>{dg.s});
+
+    gpu.ops.budget(dg.b);
+    gpu.ops.adam(dg.a);
+    gpu.ops.spectral_norm(table, 1, rows, cols, 2.0f, skip_d);
+    gpu.ops.target_update(dg.t);
+    gpu.ok();
+    cpu.ops->budget(hc.b);
+    cpu.ops->adam(hc.a);
+    cpu.ops->spectral_norm(&hc.s, 1, rows, cols, 2.0f, &skip_h);
+    cpu.ops->target_update(hc.t);
+    cpu.ok();
+
+    const auto pg = gpu.get(dg.a.params, P), mg = gpu.get(dg.a.m, P), vg = gpu.get(dg.a.v, P);
+    const auto tg = gpu.get(dg.t.target, P), ug = gpu.get(dg.s.u, rows);
+    CHECK(gpu.get_typed(skip_d, 1)[0] == (bad ? 1 : 0));
+    CHECK(gpu.get_typed(skipped_d, 1)[0] == (bad ? 3 : 2));
+    CHECK(gpu.get_typed(t_d, 1)[0] == (bad ? 10 : 11));
+    CHECK(t_h == (bad ? 10 : 11));
+    if (bad) {
+      expect_same_bits(pg, params, "skipped: params");
+      expect_same_bits(mg, m, "skipped: m");
+      expect_same_bits(vg, v, "skipped: v");
+      expect_same_bits(tg, target, "skipped: target");
+      expect_same_bits(ug, u, "skipped: u");
+    } else {
+      auto hv = [](const Real& r, std::int64_t n) {
+        return std::vector<float>(r.as<float>(), r.as<float>() + n);
+      };
+      expect_close(pg, hv(hc.a.params, P), kElementwise, "chain params");
+      expect_close(mg, hv(hc.a.m, P), kElementwise, "chain m");
+      expect_close(vg, hv(hc.a.v, P), kElementwise, "chain v");
+      expect_close(tg, hv(hc.t.target, P), kElementwise, "chain target");
+      expect_close(ug, hv(hc.s.u, rows), kReduction, "chain u");
+    }
+  }
+}
+
+namespace {
+
+/// A miniature C51 step (forward, projection, loss, one weight gradient, budget, Adam, spectral
+/// norm, Polyak target, τ draw) on one runtime, for determinism and capture tests.
+struct MiniStep {
+  static constexpr int B = 37, S = 29, Hd = 53, D = 3, A = 5, Z = 51, DAZ = D * A * Z;
+  static constexpr std::int64_t P2 = static_cast<std::int64_t>(DAZ) * Hd;
+  Gpu& gpu;
+  // inputs (constant) and state (changes every step)
+  Real x, b1, rewards, dones, weights, lr, fractions;
+  std::int32_t* actions;
+  Real W1, u1, W2, m2, v2, W2t;
+  std::int64_t *t, *skipped;
+  // derived
+  Real y1, logits, logp, q, mdist, loss, td, dlogits, dW2, norms, clips, g, total, taus;
+  std::int32_t *a_star, *skip;
+  SpectralMatrix* table;
+  // initial state, for resets
+  std::vector<float> W1_0, u1_0, W2_0, W2t_0;
+
+  explicit MiniStep(Gpu& g_) : gpu(g_) {
+    x = gpu.put(random_vec(static_cast<std::size_t>(B) * S, -1, 1, 80));
+    b1 = gpu.put(random_vec(Hd, -0.1f, 0.1f, 81));
+    rewards = gpu.put(random_vec(B, -2, 2, 82));
+    auto dn = random_vec(B, 0, 1, 83);
+    for (float& d : dn) d = d < 0.2f ? 1.0f : 0.0f;
+    dones = gpu.put(dn);
+    weights = gpu.put(random_vec(B, 0.5f, 1.5f, 84));
+    lr = gpu.put(std::vector<float>{1e-3f});
+    fractions = gpu.put(std::vector<float>{1.0f});
+    actions = gpu.put_typed(random_ints(static_cast<std::size_t>(B) * D, 0, A - 1, 85));
+    W1_0 = random_vec(static_cast<std::size_t>(Hd) * S, -0.6f, 0.6f, 86);
+    u1_0 = random_vec(Hd, -0.2f, 0.2f, 87);
+    W2_0 = random_vec(static_cast<std::size_t>(P2), -0.3f, 0.3f, 88);
+    W2t_0 = random_vec(static_cast<std::size_t>(P2), -0.3f, 0.3f, 89);
+    W1 = gpu.put(W1_0);
+    u1 = gpu.put(u1_0);
+    W2 = gpu.put(W2_0);
+    W2t = gpu.put(W2t_0);
+    m2 = gpu.reals(P2);
+    v2 = gpu.reals(P2);
+    t = gpu.put_typed(std::vector<std::int64_t>{0});
+    skipped = gpu.put_typed(std::vector<std::int64_t>{0});
+    y1 = gpu.reals(static_cast<std::int64_t>(B) * Hd);
+    logits = gpu.reals(static_cast<std::int64_t>(B) * DAZ);
+    logp = gpu.reals(static_cast<std::int64_t>(B) * DAZ);
+    q = gpu.reals(static_cast<std::int64_t>(B) * D * A);
+    mdist = gpu.reals(static_cast<std::int64_t>(B) * D * Z);
+    loss = gpu.reals(1);
+    td = gpu.reals(B);
+    dlogits = gpu.reals(static_cast<std::int64_t>(B) * DAZ);
+    dW2 = gpu.reals(P2);
+    norms = gpu.reals(1);
+    clips = gpu.reals(1);
+    g = gpu.reals(P2);
+    total = gpu.reals(1);
+    taus = gpu.reals(static_cast<std::int64_t>(B) * 4);
+    a_star = static_cast<std::int32_t*>(gpu.raw(static_cast<std::size_t>(B) * D * 4));
+    skip = static_cast<std::int32_t*>(gpu.raw(4));
+    table = gpu.put_typed(std::vector<SpectralMatrix>{{W1, u1, Hd, S}});
+  }
+
+  /// State back to the start, every derived buffer poisoned.
+  void reset() {
+    gpu.set(W1, W1_0);
+    gpu.set(u1, u1_0);
+    gpu.set(W2, W2_0);
+    gpu.set(W2t, W2t_0);
+    gpu.set(m2, std::vector<float>(static_cast<std::size_t>(P2), 0.0f));
+    gpu.set(v2, std::vector<float>(static_cast<std::size_t>(P2), 0.0f));
+    gpu.set_typed(t, std::vector<std::int64_t>{0});
+    gpu.set_typed(skipped, std::vector<std::int64_t>{0});
+    for (auto [r, n] : derived()) gpu.poison(r, n);
+    gpu.set_typed(a_star, std::vector<std::int32_t>(static_cast<std::size_t>(B) * D, -1));
+    gpu.set_typed(skip, std::vector<std::int32_t>{-1});
+    gpu.ok();
+  }
+
+  std::vector<std::pair<Real, std::int64_t>> derived() const {
+    return {{y1, B * Hd}, {logits, B * DAZ}, {logp, B * DAZ}, {q, B * D * A}, {mdist, B * D * Z}, {loss, 1},
+            {td, B}, {dlogits, B * DAZ}, {dW2, P2}, {norms, 1}, {clips, 1}, {g, P2}, {total, 1}, {taus, B * 4}};
+  }
+
+  void enqueue() {
+    Backend& ops = gpu.ops;
+    Gemm g1;  // y1 = relu(x W1ᵀ + b1)
+    g1.tb = true;
+    g1.m = B;
+    g1.n = Hd;
+    g1.k = S;
+    g1.a = x;
+    g1.lda = S;
+    g1.b = W1;
+    g1.ldb = S;
+    g1.c = y1;
+    g1.ldc = Hd;
+    ops.gemm(g1);
+    ops.bias_act(y1, b1, B, Hd, Hd, Act::relu);
+    Gemm g2 = g1;  // logits = y1 W2ᵀ
+    g2.n = DAZ;
+    g2.k = Hd;
+    g2.a = y1;
+    g2.lda = Hd;
+    g2.b = W2;
+    g2.ldb = Hd;
+    g2.c = logits;
+    g2.ldc = DAZ;
+    ops.gemm(g2);
+    ops.log_softmax(logp, logits, B * D * A, Z);
+    ops.expected_q(q, logp, B * D * A, Z, -10.0f, 10.0f);
+    ops.argmax(a_star, q, B * D, A);
+    C51Project pr;
+    pr.m = mdist;
+    pr.target_logp = logp;
+    pr.a_star = a_star;
+    pr.rewards = rewards;
+    pr.dones = dones;
+    pr.B = B;
+    pr.D = D;
+    pr.A = A;
+    pr.Z = Z;
+    ops.c51_project(pr);
+    C51Xent xe;
+    xe.loss_per_sample = td;
+    xe.loss = loss;
+    xe.dlogits = dlogits;
+    xe.logp = logp;
+    xe.actions = actions;
+    xe.m = mdist;
+    xe.weights = weights;
+    xe.B = B;
+    xe.D = D;
+    xe.A = A;
+    xe.Z = Z;
+    ops.c51_xent(xe);
+    Gemm g3;  // dW2 = dlogitsᵀ y1
+    g3.ta = true;
+    g3.m = DAZ;
+    g3.n = Hd;
+    g3.k = B;
+    g3.a = dlogits;
+    g3.lda = DAZ;
+    g3.b = y1;
+    g3.ldb = Hd;
+    g3.c = dW2;
+    g3.ldc = Hd;
+    ops.gemm(g3);
+    Budget bu;
+    bu.grads = dW2;
+    bu.fractions = fractions;
+    bu.norms = norms;
+    bu.clips = clips;
+    bu.g = g;
+    bu.losses = loss;
+    bu.total_loss = total;
+    bu.skip = skip;
+    bu.skipped = skipped;
+    bu.H = 1;
+    bu.P = P2;
+    ops.budget(bu);
+    Adam ad;
+    ad.params = W2;
+    ad.g = g;
+    ad.m = m2;
+    ad.v = v2;
+    ad.P = P2;
+    ad.t = t;
+    ad.lr = lr;
+    ad.skip = skip;
+    ops.adam(ad);
+    ops.spectral_norm(table, 1, Hd, S, 2.0f, skip);
+    TargetUpdate tu;
+    tu.target = W2t;
+    tu.params = W2;
+    tu.P = P2;
+    tu.t = t;
+    tu.skip = skip;
+    ops.target_update(tu);
+    Uniform un;
+    un.out = taus;
+    un.n = B * 4;
+    un.seed = 7;
+    un.stream = 1;
+    un.step = t;
+    ops.uniform(un);
+  }
+
+  struct Snapshot {
+    std::vector<std::vector<float>> reals;
+    std::vector<std::int32_t> a_star;
+    std::int64_t t = -1, skipped = -1;
+  };
+  Snapshot snapshot() {
+    gpu.ok();
+    Snapshot s;
+    const std::pair<Real, std::int64_t> state[] = {{W1, Hd * S}, {u1, Hd}, {W2, P2}, {m2, P2}, {v2, P2}, {W2t, P2}};
+    for (auto [r, n] : state) s.reals.push_back(gpu.get(r, n));
+    for (auto [r, n] : derived()) s.reals.push_back(gpu.get(r, n));
+    s.a_star = gpu.get_typed(a_star, static_cast<std::size_t>(B) * D);
+    s.t = gpu.get_typed(t, 1)[0];
+    s.skipped = gpu.get_typed(skipped, 1)[0];
+    return s;
+  }
+};
+
+void expect_same(const MiniStep::Snapshot& a, const MiniStep::Snapshot& b, const std::string& what) {
+  REQUIRE(a.reals.size() == b.reals.size());
+  for (std::size_t i = 0; i < a.reals.size(); ++i) expect_same_bits(a.reals[i], b.reals[i], what + ", buffer " + std::to_string(i));
+  expect_same_bits(a.a_star, b.a_star, what + ", a_star");
+  CHECK(a.t == b.t);
+  CHECK(a.skipped == b.skipped);
+}
+
+}  // namespace
+
+TEST_CASE("gpu.ops.capture: plan, direct runs, reruns and graph replays agree bit for bit") {
+  Gpu gpu(Precision::tf32);
+  MiniStep st(gpu);
+  constexpr int kSteps = 3;
+
+  st.reset();
+  gpu.rt().plan_begin();
+  st.enqueue();
+  gpu.rt().plan_end();
+  gpu.ok();
+  for (float x : gpu.get(st.loss, 1)) CHECK(std::isnan(x));  // planning launched nothing
+  CHECK(gpu.get_typed(st.t, 1)[0] == 0);
+
+  for (int i = 0; i < kSteps; ++i) st.enqueue();
+  const auto direct = st.snapshot();
+  CHECK(direct.t == kSteps);
+  CHECK(direct.skipped == 0);
+  for (const auto& buf : direct.reals)
+    for (float x : buf) REQUIRE(std::isfinite(x));
+  CHECK(direct.reals[2] != st.W2_0);  // Adam moved the weights
+
+  st.reset();
+  for (int i = 0; i < kSteps; ++i) st.enqueue();
+  expect_same(st.snapshot(), direct, "second direct run");
+
+  st.reset();
+  gpu.rt().begin_capture();
+  st.enqueue();
+  gpu.rt().end_capture();
+  gpu.ok();
+  CHECK(gpu.get_typed(st.t, 1)[0] == 0);  // capturing ran nothing
+  const std::int64_t nodes = gpu.rt().graph_nodes();
+  MESSAGE("mini step graph: " << nodes << " nodes");
+  CHECK(nodes >= 16);
+  for (int i = 0; i < kSteps; ++i) gpu.rt().replay();
+  expect_same(st.snapshot(), direct, "graph replays");
+
+  // A second capture of the same stages updates the instantiated graph in place.
+  st.reset();
+  gpu.rt().begin_capture();
+  st.enqueue();
+  gpu.rt().end_capture();
+  for (int i = 0; i < kSteps; ++i) gpu.rt().replay();
+  expect_same(st.snapshot(), direct, "replays after re-capture");
+
+  // Reports: an async copy into pinned memory, observed through the slot's event.
+  auto* pinned = static_cast<float*>(gpu.rt().alloc_host(sizeof(float)));
+  *pinned = kNaN;
+  gpu.rt().replay();
+  gpu.rt().copy_to_host_async(pinned, st.loss.p, sizeof(float), 3);
+  gpu.rt().synchronize();
+  CHECK(gpu.rt().ready(3));
+  const float loss = gpu.get(st.loss, 1)[0];
+  CHECK(std::memcmp(pinned, &loss, sizeof loss) == 0);
+  CHECK(gpu.get_typed(st.t, 1)[0] == kSteps + 1);
+  gpu.rt().free_host(pinned);
+  CHECK_THROWS_AS(gpu.rt().copy_to_host_async(pinned, st.loss.p, 4, 1 << 20), std::runtime_error);
+}
+
+TEST_CASE("gpu.ops.capture: an op error during capture discards the graph and says why") {
+  Gpu gpu;
+  Real a = gpu.reals(16);
+  gpu.rt().begin_capture();
+  gpu.ops.fill(a, 1.0f, 16);
+  Real wide = a;
+  wide.esize = 8;
+  gpu.ops.fill(wide, 1.0f, 16);
+  std::string why;
+  try {
+    gpu.rt().end_capture();
+  } catch (const std::runtime_error& e) {
+    why = e.what();
+  }
+  CHECK_MESSAGE(why.find("element size") != std::string::npos, "end_capture said: '" << why << "'");
+  CHECK_THROWS_AS(gpu.rt().replay(), std::runtime_error);
+}

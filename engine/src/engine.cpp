@@ -346,7 +346,7 @@ void Engine::add_engine_stages_back() {
                             b.skipped = skipped_; b.H = int(heads_.size()); b.P = reg_.param_count();
                             b.max_grad_norm = float(spec_.max_grad_norm);
                             be.budget(b);
-                          }});
+                          }, true});
   stages_.push_back(Stage{"adam", "engine", {"grad/total", "opt/skip", "opt/lr"}, {"params", "adam.m", "adam.v", buf::step},
                           [this](Backend& be) {
                             Adam a;
@@ -354,21 +354,21 @@ void Engine::add_engine_stages_back() {
                             a.t = t_; a.lr = lr_; a.beta1 = float(spec_.adam.beta1); a.beta2 = float(spec_.adam.beta2);
                             a.eps = float(spec_.adam.eps); a.skip = skip_;
                             be.adam(a);
-                          }});
+                          }, true});
   if (sn_count_ > 0) {
     std::vector<std::string> writes{"params"};
     for (const auto& [p, u] : sn_params_) writes.push_back(u);
     stages_.push_back(Stage{"spectral_norm", "engine", {"opt/skip", "sn/table"}, writes, [this](Backend& be) {
                               be.spectral_norm(sn_table_, sn_count_, sn_max_rows_, sn_max_cols_,
                                                float(spec_.spectral_norm.sigma_max), skip_);
-                            }});
+                            }, true});
   }
   stages_.push_back(Stage{"target.update", "engine", {"params", buf::step, "opt/skip"}, {"target"}, [this](Backend& be) {
                             TargetUpdate u;
                             u.target = target_; u.params = params_; u.P = reg_.param_count();
                             u.tau = float(spec_.target.polyak); u.period = spec_.target.period; u.t = t_; u.skip = skip_;
                             be.target_update(u);
-                          }});
+                          }, true});
 }
 
 void Engine::bind_engine() {
@@ -486,6 +486,46 @@ void Engine::step() {
 void Engine::step_uncaptured() {
   for (auto i : order_) stages_[i].run(rt_->ops());
   ++steps_;
+}
+
+void Engine::forward_backward() {
+  for (auto i : order_)
+    if (!stages_[i].update) stages_[i].run(rt_->ops());
+}
+
+std::vector<double> Engine::host_buffer(const std::string& name) {
+  const auto* b = reg_.find(name);
+  if (!b) throw std::invalid_argument("host_buffer: no buffer named '" + name + "'");
+  rt_->synchronize();
+  std::vector<unsigned char> raw(b->bytes);
+  rt_->ops().download(raw.data(), reg_.base() + b->offset_bytes, b->bytes);
+  std::vector<double> out(std::size_t(b->numel()));
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    if (b->dtype == DType::i32) {
+      std::int32_t v; std::memcpy(&v, raw.data() + i * 4, 4); out[i] = v;
+    } else if (b->dtype == DType::i64) {
+      std::int64_t v; std::memcpy(&v, raw.data() + i * 8, 8); out[i] = double(v);
+    } else if (reg_.real_size() == 8) {
+      std::memcpy(&out[i], raw.data() + i * 8, 8);
+    } else {
+      float v; std::memcpy(&v, raw.data() + i * 4, 4); out[i] = v;
+    }
+  }
+  return out;
+}
+
+void Engine::host_write(const std::string& name, std::int64_t index, double value) {
+  const auto* b = reg_.find(name);
+  if (!b) throw std::invalid_argument("host_write: no buffer named '" + name + "'");
+  if (index < 0 || index >= b->numel()) throw std::out_of_range("host_write: index outside '" + name + "'");
+  rt_->synchronize();
+  const std::size_t es = reg_.element_size(b->dtype);
+  unsigned char bytes[8];
+  if (b->dtype == DType::i32) { std::int32_t v = std::int32_t(value); std::memcpy(bytes, &v, 4); }
+  else if (b->dtype == DType::i64) { std::int64_t v = std::int64_t(value); std::memcpy(bytes, &v, 8); }
+  else if (es == 8) std::memcpy(bytes, &value, 8);
+  else { float v = float(value); std::memcpy(bytes, &v, 4); }
+  rt_->ops().upload(reg_.base() + b->offset_bytes + std::size_t(index) * es, bytes, es);
 }
 
 void Engine::set_fraction(std::size_t head, double f) {

@@ -83,6 +83,14 @@ class Engine {
   /// The same stages run one by one, uncaptured (for the replay-equals-uncaptured test).
   void step_uncaptured();
 
+  /// Only the stages before the update (forward, losses, gradients): for gradient checks.
+  void forward_backward();
+
+  /// Between steps (synchronising): a buffer's contents as doubles, and one element written.
+  /// For tests and tools; uses the layout, never a counted lookup.
+  std::vector<double> host_buffer(const std::string& name);
+  void host_write(const std::string& name, std::int64_t index, double value);
+
   /// Synchronises and reads the current report (between steps, never inside the loop).
   StepReport read_report();
   /// Enqueues an asynchronous copy of the report into pinned memory (done by step() every

@@ -20,6 +20,7 @@ struct Stage {
   std::string name, owner;
   std::vector<std::string> reads, writes;
   std::function<void(Backend&)> run;
+  bool update = false;  ///< budget/optimizer/target stages: skipped by Engine::forward_backward()
 };
 
 /// Returns the stages' indices in execution order. Throws std::invalid_argument when a stage

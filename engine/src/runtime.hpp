@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstddef>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -41,6 +43,15 @@ class Runtime {
   /// Wait for all queued work (never inside a step: only before saving or reading results).
   virtual void synchronize() = 0;
   virtual std::string describe() const = 0;
+  /// Times `work` (which enqueues steps or replays): device events where the runtime has them,
+  /// else the host clock around a synchronised region. Microseconds.
+  virtual double time_us(const std::function<void()>& work) {
+    synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    work();
+    synchronize();
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  }
   /// Bytes of device memory in use at peak (arena + library workspaces), where known.
   virtual std::size_t peak_bytes() const noexcept { return 0; }
 };

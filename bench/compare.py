@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Runs `dqn bench` and the PyTorch peer on the same GPU in one invocation and prints both with
+the ratio (peer time / engine time). Shapes and constants are read from the pipeline by `dqn`;
+the peer gets the same ones on its command line.
+
+    python3 bench/compare.py --dqn build-gpu/tools/dqn --pipeline pipelines/ref.yaml \
+        --batch 256,1024,4096 --precision tf32,fp32,bf16 [--heads c51] [--json-out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+
+def run_json_lines(cmd: list[str]) -> list[dict]:
+    print("+", " ".join(cmd), file=sys.stderr, flush=True)
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    sys.stderr.write(out.stderr)
+    rows = []
+    for line in out.stdout.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            rows.append(json.loads(line))
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dqn", required=True, help="path to the dqn binary")
+    p.add_argument("--pipeline", default="pipelines/ref.yaml")
+    p.add_argument("--batch", default="256,1024,4096")
+    p.add_argument("--precision", default="tf32")
+    p.add_argument("--heads", default="c51", help="comma list for the peer (must match the pipeline)")
+    p.add_argument("--peer-modes", default="graph", help="graph, eager or both (comma list)")
+    p.add_argument("--warmup", type=int, default=200)
+    p.add_argument("--iters", type=int, default=2000)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--peer-args", default="", help="extra arguments for torch_peer.py (shapes, constants)")
+    p.add_argument("--set", action="append", default=[], help="pipeline override for dqn (key=value)")
+    p.add_argument("--json-out", help="write every row here")
+    a = p.parse_args()
+
+    common = ["--batch", a.batch, "--precision", a.precision, "--warmup", str(a.warmup),
+              "--iters", str(a.iters), "--repeats", str(a.repeats), "--json"]
+    ours = run_json_lines([a.dqn, "bench", a.pipeline, *common, *sum([["--set", s] for s in a.set], [])])
+    peer = run_json_lines([sys.executable, "bench/torch_peer.py", "--mode", a.peer_modes, "--heads", a.heads,
+                           *common, *a.peer_args.split()])
+    rows = []
+    print(f"{'precision':>9} {'batch':>6} {'dqn_us':>10} {'peer_mode':>9} {'peer_us':>10} {'ratio':>8}")
+    for o in ours:
+        for q in peer:
+            if q["batch"] == o["batch"] and q["precision"] == o["precision"]:
+                ratio = q["us_per_step_median"] / o["us_per_step_median"]
+                rows.append({"precision": o["precision"], "batch": o["batch"], "dqn_us": o["us_per_step_median"],
+                             "peer_mode": q["mode"], "peer_us": q["us_per_step_median"], "ratio": ratio,
+                             "graph_nodes": o.get("graph_nodes"), "gpu": q.get("gpu"), "torch": q.get("torch")})
+                print(f"{o['precision']:>9} {o['batch']:>6} {o['us_per_step_median']:>10.2f} {q['mode']:>9} "
+                      f"{q['us_per_step_median']:>10.2f} {ratio:>7.1f}x")
+    if a.json_out:
+        with open(a.json_out, "w") as f:
+            json.dump({"dqn": ours, "peer": peer, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

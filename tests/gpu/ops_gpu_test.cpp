@@ -245,7 +245,7 @@ TEST_CASE("gpu.ops.gemm: every layout and precision against the CPU") {
         }
       worst = std::max(worst, std::sqrt(num / den));
     }
-    MESSAGE(prec.name << " gemm: worst relative error over the cases " << worst << " (tolerance " << prec.tol << ")");
+    MESSAGE(std::string(prec.name) << " gemm: worst relative error over the cases " << worst << " (tolerance " << prec.tol << ")");
   }
 }
 

@@ -1,0 +1,54 @@
+/** @file cuda_kernels.cuh
+ *  @brief Launchers for the small fused kernels behind the CUDA op table. Each takes a stream and
+ *  pre-resolved device pointers, never allocates or synchronises, and returns the launch status.
+ *  Sizes are validated by the caller (CudaBackend); here they are trusted.
+ */
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "dqn/backend.hpp"
+
+namespace dqn::cuda {
+
+cudaError_t bias_act(cudaStream_t s, float* y, const float* bias, int rows, int cols, int ldy, bool relu);
+cudaError_t relu_backward(cudaStream_t s, float* dy, const float* y, int rows, int cols, int ld);
+cudaError_t bias_grad(cudaStream_t s, float* db, const float* dy, int rows, int cols, int ldy, float beta);
+
+cudaError_t dueling_combine(cudaStream_t s, float* logits, const float* v, int ldv, const float* adv,
+                            int rows, int D, int A, int Z);
+cudaError_t dueling_backward(cudaStream_t s, float* dv, int lddv, float* dadv, const float* dlogits,
+                             int rows, int D, int A, int Z);
+cudaError_t log_softmax(cudaStream_t s, float* logp, const float* x, int rows, int n);
+cudaError_t expected_q(cudaStream_t s, float* q, const float* logp, int rows, int Z, float v_min, float v_max);
+cudaError_t argmax(cudaStream_t s, std::int32_t* idx, const float* q, int rows, int n);
+cudaError_t c51_project(cudaStream_t s, const C51Project& a);
+
+/// Scratch c51_xent needs: one double per sample (weighted per-sample losses).
+std::size_t c51_xent_scratch_bytes(int B);
+cudaError_t c51_xent(cudaStream_t s, const C51Xent& a, void* scratch);
+
+/// Scratch budget needs: per-head, per-block partial sums of squares and non-finite flags.
+std::size_t budget_scratch_bytes(int H, std::int64_t P);
+cudaError_t budget(cudaStream_t s, const Budget& a, void* scratch);
+
+cudaError_t adam(cudaStream_t s, const Adam& a);
+cudaError_t spectral_norm(cudaStream_t s, const SpectralMatrix* mats, int count, int max_rows, int max_cols,
+                          float sigma_max, const std::int32_t* skip);
+cudaError_t target_update(cudaStream_t s, const TargetUpdate& a);
+
+cudaError_t fill(cudaStream_t s, float* x, float value, std::int64_t n);
+cudaError_t axpy(cudaStream_t s, float* y, const float* x, float alpha, std::int64_t n);
+cudaError_t uniform(cudaStream_t s, const Uniform& a);
+
+/// dst[b][r][c] (compact, bf16) = src[b*stride + r*ld + c] for b < batch, r < rows, c < cols.
+cudaError_t to_bf16(cudaStream_t s, void* dst, const float* src, int rows, int cols, std::int64_t ld,
+                    std::int64_t stride, int batch);
+/// C_b[r, c] = beta * C_b[r, c] (beta == 0 writes 0): the k == 0 GEMM.
+cudaError_t scale_matrix(cudaStream_t s, float* c, int rows, int cols, std::int64_t ld, std::int64_t stride,
+                         int batch, float beta);
+
+}  // namespace dqn::cuda

@@ -825,6 +825,24 @@ class CudaRuntime final : public Runtime {
 
   void synchronize() override { DQN_CUDA_THROW(cudaStreamSynchronize(backend_.stream())); }
 
+  // CUDA events on the runtime's stream around the enqueued work (timing events made here, once
+  // per call: timing is never inside a step).
+  double time_us(const std::function<void()>& work) override {
+    cudaEvent_t start = nullptr, stop = nullptr;
+    DQN_CUDA_THROW(cudaEventCreate(&start));
+    DQN_CUDA_THROW(cudaEventCreate(&stop));
+    DQN_CUDA_THROW(cudaStreamSynchronize(backend_.stream()));
+    DQN_CUDA_THROW(cudaEventRecord(start, backend_.stream()));
+    work();
+    DQN_CUDA_THROW(cudaEventRecord(stop, backend_.stream()));
+    DQN_CUDA_THROW(cudaEventSynchronize(stop));
+    float ms = 0;
+    DQN_CUDA_THROW(cudaEventElapsedTime(&ms, start, stop));
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    return double(ms) * 1000.0;
+  }
+
   std::string describe() const override {
     const cudaDeviceProp& p = backend_.props();
     char buf[512];

@@ -1,11 +1,133 @@
-// dqn train: implemented in its own issue.
+// dqn train: load the pipeline, build the engine, run the Trainer, print where everything went.
+#include <csignal>
 #include <cstdio>
+#include <exception>
+#include <memory>
 
 #include "commands.hpp"
+#include "engine.hpp"
+#include "pipeline_parse.hpp"
+#include "plugin_loader.hpp"
+#include "safetensors.hpp"
+#include "trainer.hpp"
 
 namespace dqn::cli {
-int cmd_train(const TrainArgs&) {
-  std::fprintf(stderr, "dqn train: not implemented in this build yet\n");
-  return 3;
+
+namespace {
+
+// The one trainer a signal may stop. Set while run() is in progress.
+Trainer* volatile g_trainer = nullptr;
+volatile std::sig_atomic_t g_signal = 0;
+
+extern "C" void on_stop_signal(int sig) {
+  g_signal = sig;
+  if (Trainer* t = g_trainer) t->request_stop();  // one lock-free atomic store
 }
+
+/// Installs SIGINT/SIGTERM handlers for its lifetime and restores the previous ones after.
+class StopSignals {
+ public:
+  explicit StopSignals(Trainer& t) {
+    g_trainer = &t;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;  // no SA_RESTART: a blocking write returns and the loop sees the flag
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignals() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+    g_trainer = nullptr;
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
+}  // namespace
+
+int cmd_train(const TrainArgs& a) {
+  PluginLoader loader(PluginLoader::search_path_from(a.common.plugin_path));
+  for (const auto& p : loader.problems()) std::fprintf(stderr, "warning: %s\n", p.c_str());
+
+  // --seed and --steps are overrides like any other, so the resolved pipeline records them.
+  ParseOptions opt;
+  opt.overrides = a.common.overrides;
+  if (!a.common.backend.empty()) opt.overrides.push_back("backend=" + a.common.backend);
+  if (a.seed >= 0) opt.overrides.push_back("seed=" + std::to_string(a.seed));
+  if (a.total_steps >= 0) opt.overrides.push_back("training.total_steps=" + std::to_string(a.total_steps));
+  opt.plugins = &loader;
+  PipelineSpec spec;
+  std::string resolved;
+  try {
+    spec = load_pipeline(a.pipeline, opt);
+    resolved = to_yaml(spec, loader);
+  } catch (const PipelineErrors& e) {
+    for (const auto& err : e.errors()) std::fprintf(stderr, "%s\n", err.what());
+    std::fprintf(stderr, "%s: %zu error%s\n", a.pipeline.c_str(), e.errors().size(),
+                 e.errors().size() == 1 ? "" : "s");
+    return 1;
+  }
+
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<Trainer> trainer;
+  try {
+    engine = std::make_unique<Engine>(spec, loader);
+    if (!a.weights.empty())
+      engine->load_weights(st::read_file(a.weights));
+    else
+      engine->init_weights(spec.seed);
+    TrainerOptions topt;
+    topt.run_dir = a.out_dir;
+    topt.pipeline_yaml = resolved;
+    topt.progress = a.quiet ? TrainerOptions::Progress::none : TrainerOptions::Progress::automatic;
+    trainer = std::make_unique<Trainer>(*engine, topt);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dqn train: %s: %s\n", a.pipeline.c_str(), e.what());
+    return 1;
+  }
+  if (!a.quiet)
+    std::fprintf(stderr, "dqn train: pipeline '%s' on %s, %s x%d, %lld steps, seed %llu\n", spec.name.c_str(),
+                 engine->runtime().describe().c_str(), spec.training.env.c_str(), spec.training.num_envs,
+                 static_cast<long long>(spec.training.total_steps), static_cast<unsigned long long>(spec.seed));
+
+  TrainResult r;
+  try {
+    StopSignals signals(*trainer);
+    r = trainer->run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dqn train: error: %s\n", e.what());
+    if (!trainer->run_dir().empty())
+      std::fprintf(stderr, "dqn train: what was written so far is in %s\n", trainer->run_dir().c_str());
+    return 1;
+  }
+
+  auto eval_text = [](const std::optional<double>& v) {
+    char buf[32];
+    if (!v) return std::string("none");
+    std::snprintf(buf, sizeof buf, "%.1f", *v);
+    return std::string(buf);
+  };
+  std::printf("run directory: %s\n", r.run_dir.c_str());
+  std::printf("  %lld env steps, %lld training steps, %lld episodes, %.1f s, %lld skipped steps\n",
+              static_cast<long long>(r.env_steps), static_cast<long long>(r.train_steps),
+              static_cast<long long>(r.episodes), r.wall_s, static_cast<long long>(r.skipped_steps));
+  std::printf("  final eval return %s (mean of %d greedy episodes), best %s at step %lld%s\n",
+              eval_text(r.final_eval).c_str(), spec.training.eval.episodes, eval_text(r.best_eval).c_str(),
+              static_cast<long long>(r.best_eval_step),
+              r.solved ? ", solved (stop_at_return reached)" : "");
+  std::printf("  weights: %s/weights.safetensors (best: best.safetensors), metrics: %s/metrics.jsonl\n",
+              r.run_dir.c_str(), r.run_dir.c_str());
+  if (r.interrupted) {
+    std::fprintf(stderr, "dqn train: stopped by %s after %lld env steps; final weights and metrics are written\n",
+                 g_signal == SIGTERM ? "SIGTERM" : "SIGINT", static_cast<long long>(r.env_steps));
+    return 130;
+  }
+  return 0;
+}
+
 }  // namespace dqn::cli

@@ -1,0 +1,564 @@
+/** @file trainer.cpp
+ *  @brief The training loop: acting, replay, engine steps, evaluation, metrics and checkpoints.
+ */
+#include "trainer.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <utility>
+
+#include "cpu_backend.hpp"
+#include "pipeline_parse.hpp"
+#include "safetensors.hpp"
+#include "schedule.hpp"
+
+namespace dqn {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Independent random streams derived from the pipeline seed.
+constexpr std::uint64_t kActStream = 1, kReplayStream = 2, kEvalStream = 3;
+
+std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+std::uint64_t derive_seed(std::uint64_t seed, std::uint64_t stream, std::uint64_t index = 0) {
+  return splitmix64(splitmix64(seed ^ (stream * 0xD1B54A32D192ED03ull)) + index);
+}
+
+std::string fmt_duration(double s) {
+  if (!(s >= 0) || !std::isfinite(s)) return "?";
+  const long t = long(s + 0.5);
+  char buf[32];
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%ld:%02ld", t / 60, t % 60);
+  return buf;
+}
+
+void write_text_atomic(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << text;
+    f.flush();
+    if (!f) throw std::runtime_error("cannot write '" + tmp.string() + "'");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw std::runtime_error("cannot rename '" + tmp.string() + "' to '" + path.string() + "': " + ec.message());
+}
+
+/// Checks that the pipeline's network fits the environment it trains on.
+void check_env_fits(const PipelineSpec& spec, const EnvSpec& env) {
+  const NetworkSpec& n = spec.network;
+  const std::string where = "pipeline '" + spec.name + "': training.env " + env.name + ": ";
+  if (env.obs_dim != n.state)
+    throw std::invalid_argument(where + "observations have " + std::to_string(env.obs_dim) +
+                                " features but network.state is " + std::to_string(n.state) +
+                                " (set network.state=" + std::to_string(env.obs_dim) + ")");
+  if (int(env.branch_actions.size()) != n.branches)
+    throw std::invalid_argument(where + "the environment has " + std::to_string(env.branch_actions.size()) +
+                                " action branches but network.branches is " + std::to_string(n.branches));
+  for (std::size_t d = 0; d < env.branch_actions.size(); ++d)
+    if (env.branch_actions[d] != n.actions)
+      throw std::invalid_argument(where + "branch " + std::to_string(d) + " has " +
+                                  std::to_string(env.branch_actions[d]) + " actions but network.actions is " +
+                                  std::to_string(n.actions));
+}
+
+}  // namespace
+
+double epsilon_at(const EpsilonSpec& e, std::int64_t env_step) {
+  return linear_schedule(e.start, e.end, e.decay_steps, env_step);
+}
+
+double beta_at(const TrainingSpec& t, std::int64_t env_step) {
+  return linear_schedule(t.replay.beta_start, t.replay.beta_end, t.total_steps, env_step);
+}
+
+// ---------------------------------------------------------------------------------------------
+// HostActor
+
+HostActor::HostActor(const PipelineSpec& spec, const Registry& reg, int max_rows)
+    : be_(make_cpu_backend(false)), max_rows_(max_rows), S_(spec.network.state), widths_(spec.network.trunk) {
+  if (max_rows < 1) throw std::invalid_argument("host actor: max_rows must be at least 1");
+  if (widths_.empty()) throw std::invalid_argument("host actor: the network has no trunk layer");
+  const NetworkSpec& n = spec.network;
+  auto off = [&](const std::string& name, std::int64_t numel) {
+    const Registry::Param* p = reg.find_param(name);
+    if (!p)
+      throw std::invalid_argument("host actor: the engine has no parameter '" + name +
+                                  "' (the actor runs the trunk and a primary c51 head)");
+    if (p->numel() != numel)
+      throw std::invalid_argument("host actor: parameter '" + name + "' has " + std::to_string(p->numel()) +
+                                  " elements, the network needs " + std::to_string(numel));
+    return p->offset;
+  };
+  int in = S_;
+  for (std::size_t i = 0; i < widths_.size(); ++i) {
+    const std::string p = "trunk." + std::to_string(i);
+    trunk_w_.push_back(off(p + ".weight", std::int64_t(widths_[i]) * in));
+    trunk_b_.push_back(off(p + ".bias", widths_[i]));
+    in = widths_[i];
+  }
+  dims_ = bdq::Dims{widths_.back(), n.head_hidden, n.branches, n.actions, n.atoms, float(n.v_min), float(n.v_max)};
+  const std::int64_t Hh = dims_.Hh, H2 = dims_.H2, az = dims_.az();
+  // bdq::forward reads the value and branch layers as concatenated blocks: check they are.
+  auto contiguous = [&](const std::string& first, const std::string& fmt_rest, std::int64_t numel,
+                        std::int64_t base, std::int64_t d0) {
+    for (int d = 0; d < dims_.D; ++d) {
+      const std::string name = "c51.branch." + std::to_string(d) + fmt_rest;
+      const std::int64_t want = base + (d0 + d) * numel;
+      if (off(name, numel) != want)
+        throw std::invalid_argument("host actor: '" + name + "' does not follow '" + first +
+                                    "' in the parameter layout bdq::forward relies on");
+    }
+  };
+  w1_ = off("c51.value.0.weight", Hh * H2);
+  contiguous("c51.value.0.weight", ".0.weight", Hh * H2, w1_, 1);
+  b1_ = off("c51.value.0.bias", Hh);
+  contiguous("c51.value.0.bias", ".0.bias", Hh, b1_, 1);
+  wv2_ = off("c51.value.1.weight", std::int64_t(dims_.Z) * Hh);
+  bv2_ = off("c51.value.1.bias", dims_.Z);
+  wb2_ = off("c51.branch.0.1.weight", az * Hh);
+  contiguous("c51.branch.0.1.weight", ".1.weight", az * Hh, wb2_, 0);
+  bb2_ = off("c51.branch.0.1.bias", az);
+  contiguous("c51.branch.0.1.bias", ".1.bias", az, bb2_, 0);
+
+  params_.assign(std::size_t(reg.param_count()), 0.0f);
+  const auto rows = std::size_t(max_rows);
+  in_.resize(rows * std::size_t(S_));
+  for (int w : widths_) trunk_acts_.emplace_back(rows * std::size_t(w));
+  hidden_.resize(rows * std::size_t(dims_.hidden_cols()));
+  v_.resize(rows * std::size_t(dims_.Z));
+  const std::size_t daz = rows * std::size_t(dims_.D) * std::size_t(az);
+  adv_.resize(daz);
+  logits_.resize(daz);
+  logp_.resize(daz);
+  q_.resize(rows * std::size_t(dims_.D) * std::size_t(dims_.A));
+}
+
+void HostActor::set_params(std::vector<float> params) {
+  if (params.size() != params_.size())
+    throw std::invalid_argument("host actor: " + std::to_string(params.size()) + " parameters, expected " +
+                                std::to_string(params_.size()));
+  params_ = std::move(params);
+}
+
+const float* HostActor::expected_q(const float* obs, int rows) {
+  if (rows < 1 || rows > max_rows_)
+    throw std::invalid_argument("host actor: rows must be in 1.." + std::to_string(max_rows_) + ", got " +
+                                std::to_string(rows));
+  std::memcpy(in_.data(), obs, std::size_t(rows) * std::size_t(S_) * sizeof(float));
+  Real x = buf(in_);
+  int in_w = S_;
+  for (std::size_t i = 0; i < widths_.size(); ++i) {
+    const int w = widths_[i];
+    const Real out = buf(trunk_acts_[i]);
+    Gemm g;  // a = relu(x · Wᵀ + b)
+    g.tb = true; g.m = rows; g.n = w; g.k = in_w;
+    g.a = x; g.lda = in_w; g.b = at(trunk_w_[i]); g.ldb = in_w; g.c = out; g.ldc = w;
+    g.weight_operand = 2;
+    be_->gemm(g);
+    be_->bias_act(out, at(trunk_b_[i]), rows, w, w, Act::relu);
+    x = out;
+    in_w = w;
+  }
+  const bdq::Params p{at(w1_), at(b1_), at(wv2_), at(bv2_), at(wb2_), at(bb2_)};
+  const bdq::Acts a{buf(hidden_), buf(v_), buf(adv_), buf(logits_), buf(logp_), buf(q_)};
+  bdq::forward(*be_, dims_, p, x, rows, a);
+  if (be_->status() != 0) throw std::runtime_error(std::string("host actor: ") + be_->message());
+  return q_.data();
+}
+
+void HostActor::greedy(const float* obs, int rows, std::int32_t* actions) {
+  expected_q(obs, rows);
+  be_->argmax(actions, buf(q_), rows * dims_.D, dims_.A);
+  if (be_->status() != 0) throw std::runtime_error(std::string("host actor: ") + be_->message());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Trainer
+
+Trainer::Trainer(Engine& engine, TrainerOptions opt)
+    : engine_(engine),
+      spec_(engine.spec()),
+      opt_(std::move(opt)),
+      env_(make_env(spec_.training.env, spec_.training.num_envs, spec_.seed)),
+      eval_env_(make_env(spec_.training.env, spec_.training.eval.episodes, derive_seed(spec_.seed, kEvalStream))),
+      replay_(spec_.training.replay.capacity, spec_.network.state, spec_.network.branches, spec_.n_step, spec_.gamma,
+              spec_.training.num_envs, spec_.training.replay.prioritized, spec_.training.replay.alpha,
+              spec_.training.replay.priority_eps),
+      actor_(spec_, engine.registry(), std::max(spec_.training.num_envs, spec_.training.eval.episodes)),
+      N_(spec_.training.num_envs),
+      S_(spec_.network.state),
+      D_(spec_.network.branches),
+      act_rng_(derive_seed(spec_.seed, kActStream)),
+      replay_rng_(derive_seed(spec_.seed, kReplayStream)) {
+  check_env_fits(spec_, env_->spec());
+  branch_actions_ = env_->spec().branch_actions;
+  if (opt_.log_every < 1) throw std::invalid_argument("trainer: log_every must be at least 1");
+  actor_refresh_ = opt_.actor_refresh > 0 ? opt_.actor_refresh
+                   : engine_.backend() == BackendKind::cuda ? kActorRefreshCuda
+                                                            : kActorRefreshCpu;
+  const auto n = std::size_t(N_), s = std::size_t(S_);
+  obs_.resize(n * s);
+  next_obs_.resize(n * s);
+  final_obs_.resize(n * s);
+  rewards_.resize(n);
+  ep_return_.assign(n, 0.0f);
+  terminated_.resize(n);
+  truncated_.resize(n);
+  actions_.resize(n * std::size_t(D_));
+  host_batch_.B = spec_.batch;
+  host_batch_.S = S_;
+  host_batch_.D = D_;
+}
+
+Trainer::~Trainer() = default;
+
+std::string Trainer::default_run_dir(const std::string& runs_root, const std::string& name) {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+  const fs::path base = fs::path(runs_root) / (name + "-" + stamp);
+  fs::path p = base;
+  for (int k = 2; fs::exists(p); ++k) p = base.string() + "-" + std::to_string(k);
+  return p.string();
+}
+
+void Trainer::refresh_actor() {
+  actor_.set_params(engine_.online_params());
+  since_refresh_ = 0;
+}
+
+void Trainer::act(bool random_only) {
+  const double eps = epsilon();
+  std::uniform_real_distribution<double> coin(0.0, 1.0);
+  bool any_greedy = false;
+  for (int e = 0; e < N_; ++e) {
+    const bool explore = random_only || coin(act_rng_) < eps;
+    terminated_[std::size_t(e)] = explore ? 1 : 0;  // scratch: explore flag until env_->step
+    any_greedy = any_greedy || !explore;
+  }
+  if (any_greedy) actor_.greedy(obs_.data(), N_, actions_.data());
+  for (int e = 0; e < N_; ++e) {
+    if (!terminated_[std::size_t(e)]) continue;
+    for (int d = 0; d < D_; ++d) {
+      std::uniform_int_distribution<int> pick(0, branch_actions_[std::size_t(d)] - 1);
+      actions_[std::size_t(e) * std::size_t(D_) + std::size_t(d)] = pick(act_rng_);
+    }
+  }
+  env_->step(actions_.data(), next_obs_.data(), rewards_.data(), terminated_.data(), truncated_.data(),
+             final_obs_.data());
+  replay_.add(obs_.data(), actions_.data(), rewards_.data(), final_obs_.data(), terminated_.data(),
+              truncated_.data());
+  for (int e = 0; e < N_; ++e) {
+    const auto ue = std::size_t(e);
+    ep_return_[ue] += rewards_[ue];
+    if (terminated_[ue] || truncated_[ue]) {
+      if (recent_returns_.size() < std::size_t(kReturnWindow))
+        recent_returns_.push_back(ep_return_[ue]);
+      else
+        recent_returns_[recent_next_] = ep_return_[ue];
+      recent_next_ = (recent_next_ + 1) % std::size_t(kReturnWindow);
+      ++episodes_;
+      ep_return_[ue] = 0.0f;
+    }
+  }
+  obs_.swap(next_obs_);
+  env_steps_ += N_;
+}
+
+void Trainer::train_once() {
+  const TrainingSpec& t = spec_.training;
+  const double beta = t.replay.prioritized ? beta_at(t, env_steps_) : 0.0;
+  replay_.sample(spec_.batch, beta, replay_rng_, batch_);
+  // Lend the sampled vectors to the engine's batch type and take them back: no copies.
+  auto lend = [&] {
+    host_batch_.states.swap(batch_.states);
+    host_batch_.next_states.swap(batch_.next_states);
+    host_batch_.actions.swap(batch_.actions);
+    host_batch_.rewards.swap(batch_.rewards);
+    host_batch_.dones.swap(batch_.dones);
+    host_batch_.is_weights.swap(batch_.is_weights);
+  };
+  lend();
+  try {
+    engine_.set_batch(host_batch_);
+  } catch (...) {
+    lend();
+    throw;
+  }
+  lend();
+  engine_.step();
+  ++train_steps_;
+  if (t.replay.prioritized) {
+    const StepReport r = engine_.read_report();
+    // A skipped (non-finite) step leaves its rows' priorities as they were.
+    std::vector<std::int64_t> idx;
+    std::vector<float> td;
+    idx.reserve(r.td_error.size());
+    td.reserve(r.td_error.size());
+    for (std::size_t b = 0; b < r.td_error.size() && b < batch_.indices.size(); ++b)
+      if (std::isfinite(r.td_error[b])) {
+        idx.push_back(batch_.indices[b]);
+        td.push_back(r.td_error[b]);
+      }
+    replay_.update_priorities(idx.data(), td.data(), int(idx.size()));
+  }
+  if (++since_refresh_ >= actor_refresh_) refresh_actor();
+}
+
+EvalResult Trainer::evaluate(std::int64_t round) {
+  const int E = eval_env_->num_envs();
+  const auto ue = std::size_t(E), s = std::size_t(S_), d = std::size_t(D_);
+  std::vector<float> obs(ue * s), next(ue * s), fin(ue * s), rew(ue), ret(ue, 0.0f), compact(ue * s);
+  std::vector<std::uint8_t> term(ue), trunc(ue), done(ue, 0);
+  std::vector<std::int32_t> act(ue * d, 0), compact_act(ue * d);
+  std::vector<int> rows;
+  eval_env_->reset(derive_seed(spec_.seed, kEvalStream, std::uint64_t(round)), obs.data());
+  int remaining = E;
+  EvalResult r;
+  while (remaining > 0) {
+    if (stop_requested()) return r;  // incomplete: not recorded
+    rows.clear();
+    for (int e = 0; e < E; ++e)
+      if (!done[std::size_t(e)]) {
+        std::memcpy(&compact[rows.size() * s], &obs[std::size_t(e) * s], s * sizeof(float));
+        rows.push_back(e);
+      }
+    actor_.greedy(compact.data(), int(rows.size()), compact_act.data());
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      std::memcpy(&act[std::size_t(rows[i]) * d], &compact_act[i * d], d * sizeof(std::int32_t));
+    eval_env_->step(act.data(), next.data(), rew.data(), term.data(), trunc.data(), fin.data());
+    for (int e : rows) {
+      const auto k = std::size_t(e);
+      ret[k] += rew[k];
+      if (term[k] || trunc[k]) {
+        done[k] = 1;
+        --remaining;
+      }
+    }
+    obs.swap(next);
+  }
+  double sum = 0;
+  r.min = std::numeric_limits<double>::infinity();
+  r.max = -r.min;
+  for (float x : ret) {
+    sum += x;
+    r.min = std::min(r.min, double(x));
+    r.max = std::max(r.max, double(x));
+  }
+  r.episodes = E;
+  r.mean = sum / E;
+  r.complete = true;
+  return r;
+}
+
+void Trainer::save_weights(const std::string& file) {
+  st::File f = engine_.save_state(false);
+  f.metadata["env_steps"] = std::to_string(env_steps_);
+  f.metadata["train_steps"] = std::to_string(train_steps_);
+  if (last_eval_) f.metadata["eval_return"] = std::to_string(*last_eval_);
+  st::write_file((fs::path(run_dir_) / file).string(), f);
+}
+
+void Trainer::write_metrics(const std::optional<EvalResult>& eval, bool final_line) {
+  using json = nlohmann::ordered_json;
+  const double wall = std::chrono::duration<double>(Clock::now() - start_).count();
+  const double dt = std::chrono::duration<double>(Clock::now() - last_log_time_).count();
+  if (dt > 0 && env_steps_ > last_log_steps_) steps_per_s_ = double(env_steps_ - last_log_steps_) / dt;
+  last_log_time_ = Clock::now();
+  last_log_steps_ = env_steps_;
+
+  json j;
+  j["step"] = env_steps_;
+  j["train_steps"] = train_steps_;
+  j["episodes"] = episodes_;
+  if (recent_returns_.empty()) {
+    j["episode_return"] = nullptr;
+  } else {
+    double s = 0;
+    for (double x : recent_returns_) s += x;
+    j["episode_return"] = s / double(recent_returns_.size());
+  }
+  if (eval) {
+    j["eval_return"] = eval->mean;
+    j["eval_min"] = eval->min;
+    j["eval_max"] = eval->max;
+    j["eval_episodes"] = eval->episodes;
+  }
+  j["epsilon"] = epsilon();
+  if (spec_.training.replay.prioritized) j["beta"] = beta_at(spec_.training, env_steps_);
+  std::optional<StepReport> rep;
+  if (train_steps_ > 0) {
+    rep = engine_.latest_report();  // a report late: reading it does not stall the step
+    if (!rep) rep = engine_.read_report();
+  }
+  for (const std::string& h : engine_.head_names()) {
+    j["loss." + h] = nullptr;
+    j["grad_norm." + h] = nullptr;
+    j["clip." + h] = nullptr;
+  }
+  j["total_loss"] = nullptr;
+  j["skipped_steps"] = 0;
+  if (rep) {
+    for (std::size_t h = 0; h < rep->heads.size(); ++h) {
+      j["loss." + rep->heads[h]] = rep->losses[h];
+      j["grad_norm." + rep->heads[h]] = rep->grad_norms[h];
+      j["clip." + rep->heads[h]] = rep->clips[h];
+    }
+    j["total_loss"] = rep->total_loss;
+    j["skipped_steps"] = rep->skipped_steps;
+  }
+  j["replay_size"] = replay_.size();
+  j["steps_per_s"] = steps_per_s_;
+  j["wall_s"] = wall;
+  if (final_line) {
+    j["final"] = true;
+    if (stop_requested()) j["interrupted"] = true;
+  }
+  metrics_ << j.dump() << '\n';
+  metrics_.flush();
+  if (!metrics_) throw std::runtime_error("cannot write '" + (fs::path(run_dir_) / "metrics.jsonl").string() + "'");
+  if (opt_.after_metrics_line) opt_.after_metrics_line(*this);
+}
+
+void Trainer::progress(bool force_plain, bool final_line) {
+  if (quiet_) return;
+  const std::int64_t total = spec_.training.total_steps;
+  const double wall = std::chrono::duration<double>(Clock::now() - start_).count();
+  const double rate = steps_per_s_ > 0 ? steps_per_s_ : (wall > 0 ? double(env_steps_) / wall : 0);
+  char eval[64] = "-";
+  if (last_eval_) std::snprintf(eval, sizeof eval, "%.1f (best %.1f)", *last_eval_, best_eval_.value_or(*last_eval_));
+  char line[256];
+  std::snprintf(line, sizeof line, "step %lld/%lld  eval %s  eps %.3f  %.0f steps/s  %s %s",
+                static_cast<long long>(env_steps_), static_cast<long long>(total), eval, epsilon(), rate,
+                final_line ? "wall" : "ETA",
+                fmt_duration(final_line ? wall : rate > 0 ? double(total - env_steps_) / rate : -1).c_str());
+  if (tty_) {
+    std::fprintf(opt_.progress_out, "\r\033[K%s%s", line, final_line ? "\n" : "");
+    std::fflush(opt_.progress_out);
+  } else if (force_plain || final_line || env_steps_ - last_plain_ >= 10 * opt_.log_every) {
+    std::fprintf(opt_.progress_out, "%s\n", line);
+    std::fflush(opt_.progress_out);
+    last_plain_ = env_steps_;
+  }
+}
+
+TrainResult Trainer::run() {
+  const TrainingSpec& t = spec_.training;
+  start_ = last_log_time_ = Clock::now();
+  run_dir_ = !opt_.run_dir.empty() ? opt_.run_dir
+             : !t.out_dir.empty()  ? t.out_dir
+                                   : default_run_dir(opt_.runs_root, spec_.name);
+  std::error_code ec;
+  fs::create_directories(run_dir_, ec);
+  if (ec) throw std::runtime_error("cannot create the run directory '" + run_dir_ + "': " + ec.message());
+  write_text_atomic(fs::path(run_dir_) / "pipeline.yaml",
+                    opt_.pipeline_yaml.empty() ? to_yaml(spec_) : opt_.pipeline_yaml);
+  const fs::path metrics_path = fs::path(run_dir_) / "metrics.jsonl";
+  metrics_.open(metrics_path, std::ios::binary | std::ios::trunc);
+  if (!metrics_) throw std::runtime_error("cannot open '" + metrics_path.string() + "' for writing");
+
+  quiet_ = opt_.progress == TrainerOptions::Progress::none || !opt_.progress_out;
+  tty_ = !quiet_ && (opt_.progress == TrainerOptions::Progress::tty ||
+                     (opt_.progress == TrainerOptions::Progress::automatic && isatty(fileno(opt_.progress_out))));
+
+  env_->reset(spec_.seed, obs_.data());
+  refresh_actor();
+  TrainResult res;
+  std::int64_t next_train_at = std::max<std::int64_t>(t.learning_starts, t.train_every);
+  std::int64_t next_eval_at = t.eval.every, next_log_at = opt_.log_every;
+  std::int64_t eval_round = 0, last_eval_step = -1;
+  std::optional<EvalResult> pending;
+  const std::int64_t B = spec_.batch;
+
+  auto record_eval = [&](const EvalResult& ev) {
+    last_eval_ = ev.mean;
+    last_eval_step = env_steps_;
+    save_weights("weights.safetensors");
+    if (!best_eval_ || ev.mean > *best_eval_) {
+      best_eval_ = ev.mean;
+      best_eval_step_ = env_steps_;
+      save_weights("best.safetensors");
+    }
+    if (t.stop_at_return != 0.0 && ev.mean >= t.stop_at_return) res.solved = true;
+  };
+
+  while (env_steps_ < t.total_steps && !stop_requested()) {
+    act(env_steps_ < t.learning_starts);
+    if (env_steps_ >= t.learning_starts && replay_.size() >= B) {
+      for (; next_train_at <= env_steps_; next_train_at += t.train_every)
+        for (int g = 0; g < t.gradient_steps; ++g) train_once();
+    } else {
+      next_train_at = std::max(next_train_at, env_steps_ + t.train_every);
+    }
+    std::optional<EvalResult> ev;
+    if (env_steps_ >= next_eval_at) {
+      while (next_eval_at <= env_steps_) next_eval_at += t.eval.every;
+      EvalResult r = evaluate(eval_round++);
+      if (r.complete) {
+        record_eval(r);
+        ev = r;
+      }
+    }
+    const bool log_now = env_steps_ >= next_log_at;
+    while (next_log_at <= env_steps_) next_log_at += opt_.log_every;
+    const bool last = res.solved || env_steps_ >= t.total_steps;
+    if (ev && last) {  // the final line below carries this evaluation
+      pending = ev;
+      break;
+    }
+    if ((ev || log_now) && !last) write_metrics(ev, false);  // else the final line follows
+    progress(ev.has_value(), false);
+  }
+
+  // The end: a last evaluation unless one just ran or a stop was asked for, then the weights.
+  std::optional<EvalResult> line_eval = pending;
+  if (!line_eval && last_eval_step != env_steps_ && !stop_requested()) {
+    EvalResult r = evaluate(eval_round++);
+    if (r.complete) {
+      record_eval(r);
+      line_eval = r;
+    }
+  }
+  save_weights("weights.safetensors");
+  write_metrics(line_eval, true);
+  progress(true, true);
+  metrics_.close();
+
+  res.run_dir = run_dir_;
+  res.env_steps = env_steps_;
+  res.train_steps = train_steps_;
+  res.episodes = episodes_;
+  res.final_eval = last_eval_step == env_steps_ ? last_eval_ : std::nullopt;
+  res.last_eval = last_eval_;
+  res.last_eval_step = last_eval_step;
+  res.best_eval = best_eval_;
+  res.best_eval_step = best_eval_step_;
+  res.interrupted = stop_requested();
+  res.wall_s = std::chrono::duration<double>(Clock::now() - start_).count();
+  if (train_steps_ > 0) res.skipped_steps = engine_.read_report().skipped_steps;
+  return res;
+}
+
+}  // namespace dqn

@@ -104,12 +104,16 @@ void Registry::declare_view(const std::string& name, const std::string& parent, 
   if (!it->second.view_of.empty())
     throw std::invalid_argument("registry: view '" + name + "' of a view '" + parent + "'");
   const Buffer parent_copy = it->second;
+  // Bounds first, so a refused view leaves nothing declared (negative dimensions: declare()).
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  const bool negative = std::any_of(shape.begin(), shape.end(), [](std::int64_t d) { return d < 0; });
+  if (!negative && (offset < 0 || offset + n > parent_copy.numel()))
+    throw std::invalid_argument("registry: view '" + name + "' [" + std::to_string(offset) + ", " +
+                                std::to_string(offset + n) + ") is outside '" + parent + "' (" +
+                                std::to_string(parent_copy.numel()) + " elements)");
   declare(name, parent_copy.dtype, std::move(shape), parent_copy.kind, owner);
   Buffer& b = buffers_.at(name);
-  if (offset < 0 || offset + b.numel() > parent_copy.numel())
-    throw std::invalid_argument("registry: view '" + name + "' [" + std::to_string(offset) + ", " +
-                                std::to_string(offset + b.numel()) + ") is outside '" + parent + "' (" +
-                                std::to_string(parent_copy.numel()) + " elements)");
   b.view_of = parent;
   b.view_offset = offset;
 }

@@ -106,25 +106,33 @@ std::vector<std::size_t> schedule(const std::vector<Stage>& stages, const Regist
       if (--indeg[j] == 0) ready.push(j);
   }
   if (order.size() != n) {
-    // Name one cycle: walk from any unscheduled stage along unscheduled successors.
+    // Name one cycle: walk back from any unscheduled stage along unscheduled predecessors (every
+    // unscheduled stage has one, so the walk must close a cycle; successors may dead-end in a
+    // stage that merely waits on the cycle).
     std::vector<bool> done(n, false);
     for (auto i : order) done[i] = true;
+    std::vector<std::vector<std::size_t>> pred(n);
+    for (std::size_t i = 0; i < n; ++i)
+      for (auto j : succ[i]) pred[j].push_back(i);
     std::size_t start = 0;
     while (done[start]) ++start;
     std::vector<std::size_t> path{start};
     std::map<std::size_t, std::size_t> seen{{start, 0}};
     for (;;) {
-      std::size_t next = n;
-      for (auto j : succ[path.back()])
-        if (!done[j]) { next = j; break; }
-      if (next == n) break;
-      if (auto it = seen.find(next); it != seen.end()) {
+      std::size_t prev = n;
+      for (auto j : pred[path.back()])
+        if (!done[j]) { prev = j; break; }
+      if (prev == n) break;
+      if (auto it = seen.find(prev); it != seen.end()) {
+        // path[it->second..] runs against the edges: reverse it, start at the first declared.
+        std::vector<std::size_t> cyc(path.rbegin(), path.rend() - std::ptrdiff_t(it->second));
+        std::rotate(cyc.begin(), std::min_element(cyc.begin(), cyc.end()), cyc.end());
         std::string text;
-        for (std::size_t k = it->second; k < path.size(); ++k) text += stages[path[k]].name + " → ";
-        throw std::invalid_argument("scheduler: the stages form a cycle: " + text + stages[next].name);
+        for (auto k : cyc) text += stages[k].name + " → ";
+        throw std::invalid_argument("scheduler: the stages form a cycle: " + text + stages[cyc.front()].name);
       }
-      seen[next] = path.size();
-      path.push_back(next);
+      seen[prev] = path.size();
+      path.push_back(prev);
     }
     throw std::invalid_argument("scheduler: the stages form a cycle involving '" + stages[start].name + "'");
   }

@@ -1,2 +1,425 @@
-// placeholder: being written
+// The dqn command line, run as a process from the build tree (stdout and stderr captured):
+// plugins, validate (shipped, invalid and missing-plugin pipelines), step (the dump's spec names,
+// the saved resolved pipeline, init/weights/batch round trips bit for bit, corrupt weights) and
+// --explain.
 #include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "safetensors.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+std::string env_or_fail(const char* name) {
+  const char* v = std::getenv(name);
+  REQUIRE_MESSAGE(v != nullptr, name << " is not set: run this test through `meson test`");
+  return v;
+}
+std::string source_dir() { return env_or_fail("DQN_SOURCE_DIR"); }
+std::string plugin_dir() { return env_or_fail("DQN_PLUGIN_PATH"); }
+std::string dqn() { return env_or_fail("DQN_BUILD_DIR") + "/tools/dqn"; }
+std::string c51_yaml() { return source_dir() + "/pipelines/c51.yaml"; }
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+struct Run {
+  int rc = -1;
+  std::string out;  ///< stdout and stderr together
+};
+
+/// Runs `dqn <args>` through the shell with the test environment (plugin path = build tree);
+/// `env` ("NAME=value ...", already quoted) is prepended to the command.
+Run dqn_run(const std::string& args, const std::string& env = "") {
+  const std::string cmd = env + (env.empty() ? "" : " ") + quote(dqn()) + " " + args + " 2>&1";
+  Run r;
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  return r;
+}
+
+struct TempDir {
+  fs::path dir;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "dqn-cli-XXXXXX").string();
+    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+    dir = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  std::string path(const std::string& name) const { return (dir / name).string(); }
+  std::string file(const std::string& name, const std::string& contents) const {
+    std::ofstream(dir / name, std::ios::binary) << contents;
+    return path(name);
+  }
+};
+
+// Small sizes so every step takes milliseconds on the CPU.
+const std::string kSmall = "--backend cpu network.trunk=[32,32] batch=16";
+
+/// Every tensor a C51-only step dump must hold (spec "Files"), with its shape, for trunk [32,32],
+/// S = 64, Hh = 128, D = 3, A = 5, Z = 51, B = 16.
+std::map<std::string, std::vector<std::int64_t>> expected_dump(bool spectral_norm, bool with_reports) {
+  std::map<std::string, std::vector<std::int64_t>> params = {
+      {"trunk.0.weight", {32, 64}}, {"trunk.0.bias", {32}}, {"trunk.1.weight", {32, 32}}, {"trunk.1.bias", {32}},
+      {"c51.value.0.weight", {128, 32}}, {"c51.value.0.bias", {128}},
+      {"c51.value.1.weight", {51, 128}}, {"c51.value.1.bias", {51}},
+  };
+  for (int d = 0; d < 3; ++d) {
+    const std::string b = "c51.branch." + std::to_string(d);
+    params[b + ".0.weight"] = {128, 32};
+    params[b + ".0.bias"] = {128};
+    params[b + ".1.weight"] = {5 * 51, 128};
+    params[b + ".1.bias"] = {5 * 51};
+  }
+  std::map<std::string, std::vector<std::int64_t>> all;
+  for (const auto& [n, s] : params) {
+    for (const std::string prefix : {"", "target.", "adam.m.", "adam.v."}) all[prefix + n] = s;
+    if (spectral_norm && s.size() == 2) all["sn.u." + n] = {s[0]};  // every weight matrix: trunk and c51
+  }
+  all["adam.step"] = {};
+  if (with_reports) {
+    for (const char* n : {"loss.c51", "grad_norm.c51", "clip.c51", "loss.total", "skipped_steps"}) all[n] = {};
+    all["td_error"] = {16};
+  }
+  return all;
+}
+
+void check_names_and_shapes(const dqn::st::File& f, bool spectral_norm, bool with_reports) {
+  const auto expect = expected_dump(spectral_norm, with_reports);
+  for (const auto& [name, shape] : expect) {
+    INFO(name);
+    REQUIRE(f.has(name));
+    CHECK(dqn::st::shape_str(f.get(name).shape) == dqn::st::shape_str(shape));
+  }
+  std::vector<std::string> extra;
+  for (const auto& n : f.names())
+    if (!expect.count(n)) extra.push_back(n);
+  CHECK_MESSAGE(extra.empty(), "unexpected tensors, first: " << (extra.empty() ? "" : extra[0]));
+}
+
+/// Bit-for-bit equality of two files' tensors (names, dtypes, shapes, bytes).
+void check_identical(const dqn::st::File& a, const dqn::st::File& b) {
+  REQUIRE(a.names() == b.names());
+  for (const auto& n : a.names()) {
+    INFO(n);
+    const auto& x = a.get(n);
+    const auto& y = b.get(n);
+    CHECK(x.dtype == y.dtype);
+    CHECK(x.shape == y.shape);
+    CHECK(x.bytes == y.bytes);
+  }
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), {}};
+}
+
+}  // namespace
+
+TEST_CASE("cli.plugins") {
+  const Run r = dqn_run("plugins");
+  INFO(r.out);
+  CHECK(r.rc == 0);
+  CHECK(has(r.out, "search path: " + plugin_dir() + "\n"));
+  CHECK(has(r.out, "\nc51 "));
+  CHECK(has(r.out, "(" + plugin_dir() + "/libdqn_c51.so)"));
+  CHECK(has(r.out, "roles: primary"));
+  CHECK_FALSE(has(r.out, "not loaded"));
+  // A directory holding broken libraries and a third-party head: both are listed, with reasons.
+  const std::string fixtures = env_or_fail("DQN_TEST_FIXTURES");
+  const Run f = dqn_run("plugins --plugin-path " + quote(fixtures));
+  INFO(f.out);
+  CHECK(f.rc == 0);
+  CHECK(has(f.out, "search path: " + fixtures + ":" + plugin_dir()));
+  CHECK(has(f.out, "h2_l2 0.3.0"));
+  CHECK(has(f.out, "roles: auxiliary; default budget 0.1"));
+  CHECK(has(f.out, "weight (number, default 0.01, min 0): "));  // its schema
+  CHECK(has(f.out, "not loaded: plugin 'wrong_abi' (" + fixtures + "/libdqn_wrong_abi.so) was built for ABI 99, engine is ABI 1"));
+  CHECK(has(f.out, "not loaded: plugin '" + fixtures + "/libdqn_not_a_plugin.so': no 'dqn_plugin_descriptor' symbol"));
+  CHECK(has(f.out, "\nc51 "));  // still found after the fixtures
+  // Nothing on the path: said so, and a failing exit.
+  TempDir empty;
+  const Run none = dqn_run("plugins", "DQN_PLUGIN_PATH=" + quote(empty.dir.string()));
+  INFO(none.out);
+  CHECK(none.rc != 0);
+  CHECK(has(none.out, "search path: " + empty.dir.string() + "\n"));
+  CHECK(has(none.out, "no plugins found"));
+}
+
+TEST_CASE("cli.validate.shipped_pipelines") {
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(source_dir() + "/pipelines"))
+    if (e.path().extension() == ".yaml") files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  REQUIRE(std::find(files.begin(), files.end(), c51_yaml()) != files.end());
+  std::string all;
+  for (const auto& f : files) {
+    INFO(f);
+    const Run r = dqn_run("validate " + quote(f));
+    INFO(r.out);
+    CHECK(r.rc == 0);
+    CHECK(has(r.out, f + ": ok"));
+    all += " " + quote(f);
+  }
+  const Run r = dqn_run("validate" + all);  // several at once
+  CHECK(r.rc == 0);
+  CHECK(std::count(r.out.begin(), r.out.end(), '\n') == std::ptrdiff_t(files.size()));
+}
+
+TEST_CASE("cli.validate.invalid") {
+  TempDir tmp;
+  struct Case {
+    const char* why;
+    std::string name, yaml;
+    std::vector<std::string> parts;  ///< "@" stands for the file's path
+  };
+  const std::vector<Case> cases = {
+      {"a wrong type, at its line and column", "type.yaml",
+       "name: bad\nnetwork:\n  state: 4\n  trunk: [8]\nbatch: lots\nheads:\n  - {plugin: c51, role: primary}\n",
+       {"@:5:8: key 'batch' = 'lots'", "expected an integer", "@: 1 error"}},
+      {"an unknown key, with a suggestion", "typo.yaml",
+       "name: typo\nnetwrok:\n  state: 4\nheads:\n  - {plugin: c51, role: primary}\n",
+       {"@:2:1: key 'netwrok'", "did you mean 'network'?"}},
+      {"a missing plugin, with the search path", "missing.yaml",
+       "name: missing\nheads:\n  - {plugin: c51, role: primary}\n  - {plugin: nosuch_head, role: auxiliary, budget: 0.2}\n",
+       {"@:4:14: key 'heads[1].plugin' = 'nosuch_head'", "plugin 'nosuch_head' not found", "search path: " + plugin_dir()}},
+      {"two errors, both reported", "two.yaml",
+       "name: two\nbatch: -4\ngamma: 7\nheads:\n  - {plugin: c51, role: primary}\n",
+       {"@:2:8: key 'batch'", "@:3:8: key 'gamma'", "@: 2 errors"}},
+  };
+  for (const Case& c : cases) {
+    INFO(std::string(c.why));
+    const std::string path = tmp.file(c.name, c.yaml);
+    const Run r = dqn_run("validate " + quote(path));
+    INFO(r.out);
+    CHECK(r.rc != 0);
+    for (std::string part : c.parts) {
+      for (auto at = part.find('@'); at != std::string::npos; at = part.find('@')) part.replace(at, 1, path);
+      CHECK_MESSAGE(has(r.out, part), part);
+    }
+  }
+  // A good file next to a bad one: the bad one still fails the run, the good one is still checked.
+  const Run mixed = dqn_run("validate " + quote(c51_yaml()) + " " + quote(tmp.path("typo.yaml")));
+  CHECK(mixed.rc != 0);
+  CHECK(has(mixed.out, c51_yaml() + ": ok"));
+  // A file that is not there.
+  const Run gone = dqn_run("validate " + quote(tmp.path("gone.yaml")));
+  CHECK(gone.rc != 0);
+  CHECK(has(gone.out, tmp.path("gone.yaml") + ": cannot read the pipeline file"));
+  // step refuses a pipeline naming a missing plugin the same way, before doing anything.
+  const Run step = dqn_run("step " + quote(tmp.path("missing.yaml")) + " --backend cpu --random-batch 1 --out " +
+                           quote(tmp.path("never.safetensors")));
+  CHECK(step.rc != 0);
+  CHECK(has(step.out, "search path: " + plugin_dir()));
+  CHECK_FALSE(fs::exists(tmp.path("never.safetensors")));
+}
+
+TEST_CASE("cli.step.dump_has_the_spec_names") {
+  TempDir tmp;
+  for (bool sn : {false, true}) {
+    INFO("spectral norm " << sn);
+    const std::string out = tmp.path(sn ? "sn.safetensors" : "o.safetensors");
+    const Run r = dqn_run("step " + quote(c51_yaml()) + " " + kSmall + (sn ? " spectral_norm.enabled=true" : "") +
+                          " --random-batch 1 --steps 3 --out " + quote(out));
+    INFO(r.out);
+    REQUIRE(r.rc == 0);
+    CHECK(has(r.out, "3 steps on cpu"));
+    REQUIRE(fs::exists(out));
+    REQUIRE(fs::exists(out + ".pipeline.yaml"));
+    const dqn::st::File f = dqn::st::read_file(out);
+    check_names_and_shapes(f, sn, true);
+    CHECK(f.get_scalar_i64("adam.step") == 3);
+    CHECK(f.get("adam.step").dtype == dqn::st::DType::I64);
+    CHECK(f.get_scalar_i64("skipped_steps") == 0);
+    CHECK(f.get("trunk.0.weight").dtype == dqn::st::DType::F32);
+    const float loss = f.get_scalar_f32("loss.c51");
+    CHECK(std::isfinite(loss));
+    CHECK(loss > 0);
+    CHECK(f.get_scalar_f32("loss.total") == loss);  // one head
+    CHECK(f.get_scalar_f32("grad_norm.c51") > 0);
+    CHECK(f.get_scalar_f32("clip.c51") > 0);
+    CHECK(f.get_scalar_f32("clip.c51") <= 1);
+    // td_error(b) = L_c51(b), per sample.
+    const auto td = f.get_f32("td_error", {16});
+    for (float x : td) CHECK(std::isfinite(x));
+    CHECK(std::any_of(td.begin(), td.end(), [](float x) { return x > 0; }));
+    // Three steps moved the online weights and, by Polyak, the target a little.
+    CHECK(f.get("trunk.0.weight").bytes != f.get("target.trunk.0.weight").bytes);
+    const auto m = f.get_f32("adam.m.trunk.0.weight");
+    CHECK(std::any_of(m.begin(), m.end(), [](float x) { return x != 0; }));
+    if (sn) {
+      const auto u = f.get_f32("sn.u.trunk.0.weight", {32});
+      double norm = 0;
+      for (float x : u) norm += double(x) * x;
+      CHECK(norm == doctest::Approx(1.0).epsilon(1e-3));  // a unit power-iteration vector
+    }
+    // The saved pipeline is the resolved one: it validates, and re-running it reproduces the dump.
+    const std::string saved = read_text(out + ".pipeline.yaml");
+    CHECK(has(saved, "trunk: [32, 32]"));
+    CHECK(has(saved, "batch: 16"));
+    CHECK(has(saved, "backend: cpu"));
+    CHECK(dqn_run("validate " + quote(out + ".pipeline.yaml")).rc == 0);
+    const std::string again = tmp.path("again.safetensors");
+    const Run r2 = dqn_run("step " + quote(out + ".pipeline.yaml") + " --random-batch 1 --steps 3 --out " + quote(again));
+    INFO(r2.out);
+    REQUIRE(r2.rc == 0);
+    check_identical(f, dqn::st::read_file(again));
+  }
+}
+
+TEST_CASE("cli.step.init_weights_batch_round_trip") {
+  TempDir tmp;
+  const std::string w = tmp.path("w.safetensors"), b = tmp.path("b.safetensors");
+  const std::string o1 = tmp.path("o1.safetensors"), o2 = tmp.path("o2.safetensors");
+  const std::string base = "step " + quote(c51_yaml()) + " " + kSmall + " spectral_norm.enabled=true";
+  // 1: seeded init, a random batch saved, two steps.
+  const Run r1 = dqn_run(base + " --random-batch 5 --save-batch " + quote(b) + " --steps 2 --out " + quote(o1));
+  INFO(r1.out);
+  REQUIRE(r1.rc == 0);
+  // 2: the same seeded init, written out (no steps without a batch or --out).
+  const Run r2 = dqn_run(base + " --init " + quote(w));
+  INFO(r2.out);
+  REQUIRE(r2.rc == 0);
+  CHECK(has(r2.out, "wrote initial weights to " + w));
+  const dqn::st::File init = dqn::st::read_file(w);
+  check_names_and_shapes(init, true, false);
+  CHECK(init.get_scalar_i64("adam.step") == 0);
+  for (const auto& n : init.names()) {
+    if (n.rfind("trunk.", 0) != 0 && n.rfind("c51.", 0) != 0) continue;
+    INFO(n);
+    CHECK(init.get("target." + n).bytes == init.get(n).bytes);  // target = online
+    const auto mo = init.get_f32("adam.m." + n), vo = init.get_f32("adam.v." + n);
+    CHECK(std::all_of(mo.begin(), mo.end(), [](float x) { return x == 0; }));
+    CHECK(std::all_of(vo.begin(), vo.end(), [](float x) { return x == 0; }));
+  }
+  // The batch file has the spec's tensors.
+  const dqn::st::File batch = dqn::st::read_file(b);
+  CHECK(batch.names() == std::vector<std::string>{"actions", "dones", "is_weights", "next_states", "rewards", "states"});
+  CHECK(batch.get("actions").dtype == dqn::st::DType::I32);
+  CHECK(dqn::st::shape_str(batch.get("states").shape) == "[16,64]");
+  // 3: those weights and that batch: the same dump, bit for bit (the CPU step is deterministic).
+  const Run r3 = dqn_run(base + " --weights " + quote(w) + " --batch " + quote(b) + " --steps 2 --out " + quote(o2));
+  INFO(r3.out);
+  REQUIRE(r3.rc == 0);
+  const dqn::st::File d1 = dqn::st::read_file(o1), d2 = dqn::st::read_file(o2);
+  check_identical(d1, d2);
+  CHECK(d2.get_scalar_i64("adam.step") == 2);
+  // Seeded init is a function of the seed.
+  const std::string w2 = tmp.path("w2.safetensors"), w3 = tmp.path("w3.safetensors");
+  REQUIRE(dqn_run(base + " --init " + quote(w2)).rc == 0);
+  REQUIRE(dqn_run(base + " seed=2 --init " + quote(w3)).rc == 0);
+  check_identical(init, dqn::st::read_file(w2));
+  CHECK(dqn::st::read_file(w3).get("trunk.0.weight").bytes != init.get("trunk.0.weight").bytes);
+  // --batch and --random-batch together are refused.
+  const Run both = dqn_run(base + " --batch " + quote(b) + " --random-batch 1");
+  CHECK(both.rc != 0);
+  CHECK(has(both.out, "give --batch or --random-batch, not both"));
+}
+
+TEST_CASE("cli.step.bad_weights_files") {
+  TempDir tmp;
+  const std::string base = "step " + quote(c51_yaml()) + " " + kSmall;
+  const std::string w = tmp.path("w.safetensors");
+  REQUIRE(dqn_run(base + " --init " + quote(w)).rc == 0);
+  const std::string image = read_text(w);
+  REQUIRE(image.size() > 10000);
+  struct Case {
+    const char* why;
+    std::string name, contents, args;
+    std::vector<std::string> parts;  ///< "@" stands for the file's path
+  };
+  const std::vector<Case> cases = {
+      {"truncated inside the header", "head.safetensors", image.substr(0, 3000), "",
+       {"safetensors file '@'", "larger than the file", "truncated"}},
+      {"truncated inside the data", "data.safetensors", image.substr(0, image.size() - 100), "",
+       {"safetensors file '@'", "truncated"}},
+      {"shorter than the length prefix", "tiny.safetensors", "abc", "", {"safetensors file '@'"}},
+      {"weights of another network", "other.safetensors", image, " network.trunk=[16]",
+       {"@", "'trunk.0.weight'", "[32,64]", "expected [16,64]"}},
+  };
+  for (const Case& c : cases) {
+    INFO(std::string(c.why));
+    const std::string path = tmp.file(c.name, c.contents);
+    const std::string out = tmp.path("never.safetensors");
+    const Run r = dqn_run(base + c.args + " --weights " + quote(path) + " --random-batch 1 --out " + quote(out));
+    INFO(r.out);
+    CHECK(r.rc != 0);
+    CHECK(has(r.out, "error"));
+    for (std::string part : c.parts) {
+      for (auto at = part.find('@'); at != std::string::npos; at = part.find('@')) part.replace(at, 1, path);
+      CHECK_MESSAGE(has(r.out, part), part);
+    }
+    CHECK_FALSE(fs::exists(out));
+  }
+  // A missing weights file names itself too.
+  const Run gone = dqn_run(base + " --weights " + quote(tmp.path("gone.safetensors")) + " --random-batch 1");
+  CHECK(gone.rc != 0);
+  CHECK(has(gone.out, tmp.path("gone.safetensors")));
+}
+
+TEST_CASE("cli.step.explain") {
+  const Run r = dqn_run("step " + quote(c51_yaml()) + " " + kSmall + " --explain");
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  const auto begin = r.out.find("stages in order");
+  REQUIRE(begin != std::string::npos);
+  std::vector<std::string> order;
+  std::istringstream in(r.out.substr(begin));
+  std::string line;
+  std::getline(in, line);
+  while (std::getline(in, line) && line.rfind("  ", 0) == 0) {
+    if (has(line, "reads:") || has(line, "writes:")) continue;
+    const auto dot = line.find(". ");
+    REQUIRE(dot != std::string::npos);
+    CHECK(std::stoi(line.substr(0, dot)) == int(order.size()) + 1);  // numbered from 1
+    const std::string rest = line.substr(dot + 2);
+    order.push_back(rest.substr(0, rest.find(' ')));
+  }
+  const std::vector<std::string> expect = {"trunk.forward", "target.trunk.forward", "c51.forward", "c51.target",
+                                           "c51.loss", "c51.backward", "trunk.backward.c51", "budget", "adam",
+                                           "target.update"};
+  auto pos = [&](const std::string& n) {
+    const auto it = std::find(order.begin(), order.end(), n);
+    CHECK_MESSAGE(it != order.end(), n);
+    return it - order.begin();
+  };
+  CHECK(order.size() == expect.size());
+  for (std::size_t i = 1; i < expect.size(); ++i) CHECK_MESSAGE(pos(expect[i - 1]) < pos(expect[i]), expect[i - 1] << " before " << expect[i]);
+  CHECK(has(r.out, "stages in order (10):"));
+  CHECK(has(r.out, "registry:\narena: "));
+  CHECK(has(r.out, "c51.loss  <c51>"));
+  // With spectral norm the extra stage sits between Adam and the target update.
+  const Run sn = dqn_run("step " + quote(c51_yaml()) + " " + kSmall + " spectral_norm.enabled=true --explain");
+  REQUIRE(sn.rc == 0);
+  CHECK(has(sn.out, "  9. adam  <engine>"));
+  CHECK(has(sn.out, "  10. spectral_norm  <engine>"));
+  CHECK(has(sn.out, "  11. target.update  <engine>"));
+}

@@ -1,2 +1,301 @@
-// placeholder: being written
+// Freezes the plugin ABI: sizes, field offsets and enum values of everything a plugin shares with
+// the engine, the descriptor symbol, and the virtual-slot order of the interfaces a plugin calls
+// or implements. A failure here means a plugin built against the old headers would break: either
+// undo the change or bump kAbiVersion and update these tables together.
 #include <doctest/doctest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "dqn/backend.hpp"
+#include "dqn/head.hpp"
+#include "dqn/plugin.hpp"
+
+using namespace dqn;
+
+namespace {
+
+// The numbers below are the LP64 layout (x86-64 and aarch64 Linux, the only targets).
+static_assert(sizeof(void*) == 8, "the ABI tables are for LP64 targets");
+
+struct Row {
+  const char* what;
+  std::size_t actual, expected;
+  const char* why;
+};
+
+void check_rows(const std::vector<Row>& rows) {
+  for (const Row& r : rows) {
+    INFO(std::string(r.what) << " — " << std::string(r.why));
+    CHECK(r.actual == r.expected);
+  }
+}
+
+// A test-local descriptor, exported through the SDK macro exactly as a plugin does it.
+const PluginDescriptor kSelf{kAbiVersion, sizeof(PluginDescriptor), "abi_self", PluginKind::head, "0",
+                             "the ABI test's own descriptor", 0.0, 0, nullptr, 0, nullptr, nullptr};
+
+}  // namespace
+
+DQN_PLUGIN_EXPORT(kSelf)
+
+// What the macro must have declared: a C-linkage function of exactly this name and type.
+extern "C" const dqn::PluginDescriptor* dqn_plugin_descriptor();
+
+TEST_CASE("abi.version") {
+  CHECK(kAbiVersion == 1u);  // bump together with every table in this file
+  CHECK(std::is_same_v<std::remove_cv_t<decltype(kAbiVersion)>, std::uint32_t>);
+}
+
+TEST_CASE("abi.descriptor_symbol") {
+  CHECK(std::string(kDescriptorSymbol) == "dqn_plugin_descriptor");
+  CHECK(std::is_same_v<decltype(&dqn_plugin_descriptor), const PluginDescriptor* (*)()>);
+  // The macro's function returns the object it was given.
+  CHECK(dqn_plugin_descriptor() == &kSelf);
+  CHECK(std::string(dqn_plugin_descriptor()->name) == "abi_self");
+}
+
+TEST_CASE("abi.descriptor_layout") {
+  CHECK(std::is_standard_layout_v<PluginDescriptor>);
+  CHECK(std::is_trivially_copyable_v<PluginDescriptor>);
+  check_rows({
+      {"sizeof(PluginDescriptor)", sizeof(PluginDescriptor), 88, "the struct_size every plugin records"},
+      {"abi_version", offsetof(PluginDescriptor, abi_version), 0, "must stay first: read before anything else"},
+      {"struct_size", offsetof(PluginDescriptor, struct_size), 4, "second check, still in the first 8 bytes"},
+      {"name", offsetof(PluginDescriptor, name), 8, ""},
+      {"kind", offsetof(PluginDescriptor, kind), 16, ""},
+      {"version", offsetof(PluginDescriptor, version), 24, "after 4 bytes of padding"},
+      {"description", offsetof(PluginDescriptor, description), 32, ""},
+      {"default_budget", offsetof(PluginDescriptor, default_budget), 40, ""},
+      {"can_be_primary", offsetof(PluginDescriptor, can_be_primary), 48, ""},
+      {"schema", offsetof(PluginDescriptor, schema), 56, ""},
+      {"schema_len", offsetof(PluginDescriptor, schema_len), 64, ""},
+      {"create", offsetof(PluginDescriptor, create), 72, ""},
+      {"destroy", offsetof(PluginDescriptor, destroy), 80, "last field"},
+  });
+}
+
+TEST_CASE("abi.param_schema_and_value_layout") {
+  CHECK(std::is_standard_layout_v<ParamSchema>);
+  CHECK(std::is_standard_layout_v<ParamValue>);
+  check_rows({
+      {"sizeof(ParamSchema)", sizeof(ParamSchema), 48, "plugins export arrays of these"},
+      {"ParamSchema::key", offsetof(ParamSchema, key), 0, ""},
+      {"ParamSchema::type", offsetof(ParamSchema, type), 8, ""},
+      {"ParamSchema::default_value", offsetof(ParamSchema, default_value), 16, ""},
+      {"ParamSchema::doc", offsetof(ParamSchema, doc), 24, ""},
+      {"ParamSchema::min", offsetof(ParamSchema, min), 32, ""},
+      {"ParamSchema::max", offsetof(ParamSchema, max), 40, ""},
+      {"sizeof(ParamValue)", sizeof(ParamValue), 40, "the engine passes arrays of these to create()"},
+      {"ParamValue::key", offsetof(ParamValue, key), 0, ""},
+      {"ParamValue::type", offsetof(ParamValue, type), 8, ""},
+      {"ParamValue::i", offsetof(ParamValue, i), 16, "booleans and integers"},
+      {"ParamValue::d", offsetof(ParamValue, d), 24, ""},
+      {"ParamValue::s", offsetof(ParamValue, s), 32, ""},
+  });
+}
+
+TEST_CASE("abi.network_dims_and_create_info_layout") {
+  CHECK(std::is_standard_layout_v<NetworkDims>);
+  CHECK(std::is_standard_layout_v<HeadCreateInfo>);
+  CHECK(kMaxTrunkLayers == 8);  // the size of NetworkDims::trunk
+  check_rows({
+      {"sizeof(NetworkDims)", sizeof(NetworkDims), 64, ""},
+      {"NetworkDims::state", offsetof(NetworkDims, state), 0, ""},
+      {"NetworkDims::trunk_layers", offsetof(NetworkDims, trunk_layers), 4, ""},
+      {"NetworkDims::trunk", offsetof(NetworkDims, trunk), 8, "kMaxTrunkLayers i32s"},
+      {"NetworkDims::head_hidden", offsetof(NetworkDims, head_hidden), 40, "right after trunk[8]"},
+      {"NetworkDims::branches", offsetof(NetworkDims, branches), 44, ""},
+      {"NetworkDims::actions", offsetof(NetworkDims, actions), 48, ""},
+      {"NetworkDims::atoms", offsetof(NetworkDims, atoms), 52, ""},
+      {"NetworkDims::v_min", offsetof(NetworkDims, v_min), 56, ""},
+      {"NetworkDims::v_max", offsetof(NetworkDims, v_max), 60, ""},
+      {"sizeof(HeadCreateInfo)", sizeof(HeadCreateInfo), 64, ""},
+      {"HeadCreateInfo::instance", offsetof(HeadCreateInfo, instance), 0, ""},
+      {"HeadCreateInfo::role", offsetof(HeadCreateInfo, role), 8, ""},
+      {"HeadCreateInfo::budget", offsetof(HeadCreateInfo, budget), 16, ""},
+      {"HeadCreateInfo::net", offsetof(HeadCreateInfo, net), 24, ""},
+      {"HeadCreateInfo::batch", offsetof(HeadCreateInfo, batch), 32, ""},
+      {"HeadCreateInfo::gamma_n", offsetof(HeadCreateInfo, gamma_n), 36, ""},
+      {"HeadCreateInfo::seed", offsetof(HeadCreateInfo, seed), 40, ""},
+      {"HeadCreateInfo::params", offsetof(HeadCreateInfo, params), 48, ""},
+      {"HeadCreateInfo::n_params", offsetof(HeadCreateInfo, n_params), 56, ""},
+  });
+}
+
+TEST_CASE("abi.stage_desc_layout") {
+  CHECK(std::is_standard_layout_v<StageDesc>);
+  check_rows({
+      {"sizeof(StageDesc)", sizeof(StageDesc), 48, "heads build these on their stack"},
+      {"StageDesc::name", offsetof(StageDesc, name), 0, ""},
+      {"StageDesc::tag", offsetof(StageDesc, tag), 8, ""},
+      {"StageDesc::reads", offsetof(StageDesc, reads), 16, ""},
+      {"StageDesc::n_reads", offsetof(StageDesc, n_reads), 24, ""},
+      {"StageDesc::writes", offsetof(StageDesc, writes), 32, ""},
+      {"StageDesc::n_writes", offsetof(StageDesc, n_writes), 40, ""},
+  });
+}
+
+TEST_CASE("abi.op_argument_layout") {
+  CHECK(std::is_standard_layout_v<Real>);
+  CHECK(std::is_trivially_copyable_v<Real>);
+  CHECK(std::is_standard_layout_v<Gemm>);
+  CHECK(std::is_standard_layout_v<SpectralMatrix>);
+  check_rows({
+      {"sizeof(Real)", sizeof(Real), 16, "passed by value through every op"},
+      {"Real::p", offsetof(Real, p), 0, ""},
+      {"Real::esize", offsetof(Real, esize), 8, ""},
+      {"sizeof(Gemm)", sizeof(Gemm), 128, ""},
+      {"Gemm::ta", offsetof(Gemm, ta), 0, ""},
+      {"Gemm::tb", offsetof(Gemm, tb), 1, ""},
+      {"Gemm::m", offsetof(Gemm, m), 4, ""},
+      {"Gemm::n", offsetof(Gemm, n), 8, ""},
+      {"Gemm::k", offsetof(Gemm, k), 12, ""},
+      {"Gemm::alpha", offsetof(Gemm, alpha), 16, ""},
+      {"Gemm::a", offsetof(Gemm, a), 24, "Real is 8-aligned"},
+      {"Gemm::lda", offsetof(Gemm, lda), 40, ""},
+      {"Gemm::b", offsetof(Gemm, b), 48, ""},
+      {"Gemm::ldb", offsetof(Gemm, ldb), 64, ""},
+      {"Gemm::beta", offsetof(Gemm, beta), 68, ""},
+      {"Gemm::c", offsetof(Gemm, c), 72, ""},
+      {"Gemm::ldc", offsetof(Gemm, ldc), 88, ""},
+      {"Gemm::batch", offsetof(Gemm, batch), 92, ""},
+      {"Gemm::stride_a", offsetof(Gemm, stride_a), 96, ""},
+      {"Gemm::stride_b", offsetof(Gemm, stride_b), 104, ""},
+      {"Gemm::stride_c", offsetof(Gemm, stride_c), 112, ""},
+      {"Gemm::weight_operand", offsetof(Gemm, weight_operand), 120, ""},
+      {"sizeof(SpectralMatrix)", sizeof(SpectralMatrix), 40, "uploaded as a table the kernel reads"},
+      {"SpectralMatrix::w", offsetof(SpectralMatrix, w), 0, ""},
+      {"SpectralMatrix::u", offsetof(SpectralMatrix, u), 16, ""},
+      {"SpectralMatrix::rows", offsetof(SpectralMatrix, rows), 32, ""},
+      {"SpectralMatrix::cols", offsetof(SpectralMatrix, cols), 36, ""},
+  });
+  // Defaults a plugin relies on when it fills only some fields.
+  const Gemm g;
+  CHECK(g.alpha == 1.0f);
+  CHECK(g.beta == 0.0f);
+  CHECK(g.batch == 1);
+  CHECK(Real{}.esize == 4u);
+}
+
+TEST_CASE("abi.enum_values") {
+  // Every enum crossing the boundary is 32 bits with fixed values.
+  check_rows({
+      {"sizeof(ParamType)", sizeof(ParamType), 4, ""},
+      {"sizeof(Role)", sizeof(Role), 4, ""},
+      {"sizeof(PluginKind)", sizeof(PluginKind), 4, ""},
+      {"sizeof(DType)", sizeof(DType), 4, ""},
+      {"sizeof(BufferKind)", sizeof(BufferKind), 4, ""},
+      {"sizeof(Act)", sizeof(Act), 4, ""},
+  });
+  struct E {
+    const char* what;
+    std::int64_t actual, expected;
+  };
+  const E values[] = {
+      {"ParamType::boolean", std::int64_t(ParamType::boolean), 0},
+      {"ParamType::integer", std::int64_t(ParamType::integer), 1},
+      {"ParamType::number", std::int64_t(ParamType::number), 2},
+      {"ParamType::string", std::int64_t(ParamType::string), 3},
+      {"Role::primary", std::int64_t(Role::primary), 0},
+      {"Role::auxiliary", std::int64_t(Role::auxiliary), 1},
+      {"PluginKind::head", std::int64_t(PluginKind::head), 0},
+      {"DType::real", std::int64_t(DType::real), 0},
+      {"DType::i32", std::int64_t(DType::i32), 1},
+      {"DType::i64", std::int64_t(DType::i64), 2},
+      {"BufferKind::parameter", std::int64_t(BufferKind::parameter), 0},
+      {"BufferKind::gradient", std::int64_t(BufferKind::gradient), 1},
+      {"BufferKind::optimizer", std::int64_t(BufferKind::optimizer), 2},
+      {"BufferKind::activation", std::int64_t(BufferKind::activation), 3},
+      {"BufferKind::scratch", std::int64_t(BufferKind::scratch), 4},
+      {"BufferKind::input", std::int64_t(BufferKind::input), 5},
+      {"BufferKind::report", std::int64_t(BufferKind::report), 6},
+      {"Act::none", std::int64_t(Act::none), 0},
+      {"Act::relu", std::int64_t(Act::relu), 1},
+      {"kParamSpectralNorm", std::int64_t(kParamSpectralNorm), 1},
+  };
+  for (const E& e : values) {
+    INFO(std::string(e.what));
+    CHECK(e.actual == e.expected);
+  }
+}
+
+TEST_CASE("abi.engine_buffer_names") {
+  // Names heads hard-code to find the engine's buffers.
+  const std::pair<const char*, const char*> names[] = {
+      {buf::states2, "batch/states2"},   {buf::actions, "batch/actions"},   {buf::rewards, "batch/rewards"},
+      {buf::dones, "batch/dones"},       {buf::is_weights, "batch/is_weights"}, {buf::h2, "trunk/h2"},
+      {buf::target_h2, "target/h2"},     {buf::step, "opt/t"},              {buf::a_star, "target/a_star"},
+      {buf::target_m, "target/m"},       {buf::td_error, "report/td_error"},
+  };
+  for (const auto& [actual, expected] : names) CHECK(std::string(actual) == expected);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+namespace {
+// Itanium C++ ABI (x86-64): a pointer to a virtual member function holds 1 + the byte offset of
+// its vtable slot. The slot order is what a plugin's compiled calls and overrides rely on.
+template <class M>
+std::size_t slot_of(M m) {
+  static_assert(sizeof(M) == 2 * sizeof(std::ptrdiff_t));
+  std::ptrdiff_t words[2];
+  std::memcpy(words, &m, sizeof words);
+  REQUIRE((words[0] & 1) == 1);  // virtual
+  return std::size_t(words[0] - 1) / sizeof(void*);
+}
+}  // namespace
+
+TEST_CASE("abi.interface_vtable_slots") {
+  // Slots 0 and 1 are the (complete and deleting) virtual destructors of Head and Backend.
+  check_rows({
+      {"Head::declare", slot_of(&Head::declare), 2, "plugins override these four"},
+      {"Head::bind", slot_of(&Head::bind), 3, ""},
+      {"Head::run", slot_of(&Head::run), 4, ""},
+      {"Head::error", slot_of(&Head::error), 5, ""},
+      {"BuildContext::net", slot_of(&BuildContext::net), 0, "plugins call these; no virtual destructor"},
+      {"BuildContext::batch", slot_of(&BuildContext::batch), 1, ""},
+      {"BuildContext::param", slot_of(&BuildContext::param), 2, ""},
+      {"BuildContext::buffer", slot_of(&BuildContext::buffer), 3, ""},
+      {"BuildContext::stage", slot_of(&BuildContext::stage), 4, ""},
+      {"BuildContext::fail", slot_of(&BuildContext::fail), 5, ""},
+      {"Resolver::real", slot_of(&Resolver::real), 0, ""},
+      {"Resolver::i32", slot_of(&Resolver::i32), 1, ""},
+      {"Resolver::i64", slot_of(&Resolver::i64), 2, ""},
+      {"Resolver::param", slot_of(&Resolver::param), 3, ""},
+      {"Resolver::target", slot_of(&Resolver::target), 4, ""},
+      {"Resolver::grad", slot_of(&Resolver::grad), 5, ""},
+      {"Backend::name", slot_of(&Backend::name), 2, "the op table, in header order"},
+      {"Backend::real_size", slot_of(&Backend::real_size), 3, ""},
+      {"Backend::is_device", slot_of(&Backend::is_device), 4, ""},
+      {"Backend::gemm", slot_of(&Backend::gemm), 5, ""},
+      {"Backend::bias_act", slot_of(&Backend::bias_act), 6, ""},
+      {"Backend::relu_backward", slot_of(&Backend::relu_backward), 7, ""},
+      {"Backend::bias_grad", slot_of(&Backend::bias_grad), 8, ""},
+      {"Backend::dueling_combine", slot_of(&Backend::dueling_combine), 9, ""},
+      {"Backend::dueling_backward", slot_of(&Backend::dueling_backward), 10, ""},
+      {"Backend::log_softmax", slot_of(&Backend::log_softmax), 11, ""},
+      {"Backend::expected_q", slot_of(&Backend::expected_q), 12, ""},
+      {"Backend::argmax", slot_of(&Backend::argmax), 13, ""},
+      {"Backend::c51_project", slot_of(&Backend::c51_project), 14, ""},
+      {"Backend::c51_xent", slot_of(&Backend::c51_xent), 15, ""},
+      {"Backend::budget", slot_of(&Backend::budget), 16, ""},
+      {"Backend::adam", slot_of(&Backend::adam), 17, ""},
+      {"Backend::spectral_norm", slot_of(&Backend::spectral_norm), 18, ""},
+      {"Backend::target_update", slot_of(&Backend::target_update), 19, ""},
+      {"Backend::fill", slot_of(&Backend::fill), 20, ""},
+      {"Backend::copy", slot_of(&Backend::copy), 21, ""},
+      {"Backend::axpy", slot_of(&Backend::axpy), 22, ""},
+      {"Backend::uniform", slot_of(&Backend::uniform), 23, ""},
+      {"Backend::upload", slot_of(&Backend::upload), 24, ""},
+      {"Backend::download", slot_of(&Backend::download), 25, ""},
+      {"Backend::upload_reals", slot_of(&Backend::upload_reals), 26, ""},
+      {"Backend::download_reals", slot_of(&Backend::download_reals), 27, ""},
+      {"Backend::status", slot_of(&Backend::status), 28, ""},
+      {"Backend::message", slot_of(&Backend::message), 29, ""},
+  });
+}
+#endif

@@ -20,6 +20,8 @@
 #include <tuple>
 #include <utility>
 
+#include "env/env.hpp"
+
 namespace dqn {
 namespace {
 
@@ -853,9 +855,17 @@ void Validator::read_training(const Node& n, TrainingSpec& t) {
   Fields f = fields(n, p, {"env", "num_envs", "total_steps", "learning_starts", "train_every",
                            "gradient_steps", "epsilon", "replay", "eval", "stop_at_return",
                            "out_dir"});
-  if (const Node* e = read_string(f, "env", p, t.env); e && e->kind == Node::Kind::scalar &&
-                                                          t.env.empty())
-    fail(*e, "training.env", "the environment name is empty", "e.g. env: CartPole-v1");
+  if (const Node* e = read_string(f, "env", p, t.env); e && e->kind == Node::Kind::scalar) {
+    const std::vector<std::string> known = env_names();
+    if (t.env.empty()) {
+      fail(*e, "training.env", "the environment name is empty", "environments: " + join(known));
+    } else if (std::find(known.begin(), known.end(), t.env) == known.end()) {
+      std::string why = "unknown environment";
+      std::string best = closest_match(t.env, known);
+      if (!best.empty()) why += ", did you mean '" + best + "'?";
+      fail(*e, "training.env", why, "environments: " + join(known));
+    }
+  }
   read_int(f, "num_envs", p, t.num_envs, 1);
   read_int(f, "total_steps", p, t.total_steps, 1);
   read_int(f, "learning_starts", p, t.learning_starts, 0);

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "dqn_config.h"
+#include "env/cartpole.hpp"
+#include "env/env.hpp"
 #include "pipeline_parse.hpp"
 
 using namespace dqn;
@@ -301,6 +303,11 @@ TEST_CASE("pipeline.invalid_table") {
     {"a plugin whose default does not parse", "heads:\n  - {plugin: c51, role: primary}\n  - {plugin: broken}\n", "gives 'width' the default 'wide', which is not an integer", 3, 14},
     {"c51 as an auxiliary has no default budget", "heads:\n  - {plugin: c51, role: auxiliary}\n  - {plugin: c51, name: main, role: primary}\n", "plugin 'c51' has no default budget", 2, 25},
     {"replay smaller than a batch", "batch: 64\ntraining:\n  replay: {capacity: 32}\n" + P, "key 'training.replay.capacity' = '32': the replay holds 32 transitions, fewer than one batch (64)", 3, 22},
+    {"unknown environment, near a known one", "training: {env: CartPole-v0}\n" + P, "key 'training.env' = 'CartPole-v0': unknown environment, did you mean 'CartPole-v1'?\n  hint: environments: CartPole-v1", 1, 17},
+    {"unknown environment, nothing close", "training:\n  env: MountainCar\n" + P, "key 'training.env' = 'MountainCar': unknown environment\n  hint: environments: CartPole-v1", 2, 8},
+    {"empty environment name", "training: {env: \"\"}\n" + P, "key 'training.env': the environment name is empty", 1, 17},
+    {"replay smaller than a batch, capacity not written there", "batch: 100000000\n" + P, "key 'training.replay.capacity' = '100000': the replay holds 100000 transitions, fewer than one batch (100000000)", 1, 8},
+    {"negative learning_starts", "training:\n  learning_starts: -1\n" + P, "key 'training.learning_starts' = '-1': must be >= 0", 2, 20},
     {"epsilon start above one", "training: {epsilon: {start: 1.5}}\n" + P, "key 'training.epsilon.start' = '1.5': must be in [0, 1]", 1, 29},
     {"num_envs zero", "training: {num_envs: 0}\n" + P, "key 'training.num_envs' = '0': must be >= 1", 1, 22},
     {"priority_eps zero", "training: {replay: {priority_eps: 0}}\n" + P, "must be > 0", 1, 35},
@@ -409,7 +416,7 @@ TEST_CASE("pipeline.files") {
   PipelineSpec d = load_pipeline((dir / "default.yaml").string(), with_catalog());
   CHECK(d.network.state == 4);
   CHECK(d.network.trunk == std::vector<int>{64, 64});
-  CHECK(d.network.head_hidden == 64);
+  CHECK(d.network.head_hidden == 32);
   CHECK(d.network.branches == 1);
   CHECK(d.network.actions == 2);
   CHECK(d.network.atoms == 51);
@@ -420,24 +427,24 @@ TEST_CASE("pipeline.files") {
   CHECK(d.batch == 64);
   CHECK(d.gamma == 0.99);
   CHECK(d.n_step == 3);
-  CHECK(d.adam.lr == 1e-3);
+  CHECK(d.adam.lr == 2e-3);
   CHECK(d.target.polyak == 0.01);
   CHECK(d.target.period == 0);
   CHECK(!d.spectral_norm.enabled);
   CHECK(d.report_every == 50);
   CHECK(d.training.env == "CartPole-v1");
   CHECK(d.training.num_envs == 8);
-  CHECK(d.training.total_steps == 60000);
+  CHECK(d.training.total_steps == 50000);
   CHECK(d.training.learning_starts == 1000);
-  CHECK(d.training.train_every == 1);
+  CHECK(d.training.train_every == 2);
   CHECK(d.training.epsilon.start == 1.0);
   CHECK(d.training.epsilon.end == 0.02);
   CHECK(d.training.epsilon.decay_steps == 10000);
   CHECK(d.training.replay.capacity == 50000);
   CHECK(!d.training.replay.prioritized);
-  CHECK(d.training.eval.every == 5000);
+  CHECK(d.training.eval.every == 2000);
   CHECK(d.training.eval.episodes == 20);
-  CHECK(d.training.stop_at_return == 0.0);
+  CHECK(d.training.stop_at_return == 475.0);
   REQUIRE(d.heads.size() == 1);
   CHECK(d.primary().plugin == "c51");
 
@@ -644,7 +651,19 @@ TEST_CASE("pipeline.many_errors_one_pass") {
   CHECK(all.find("no primary head") != std::string::npos);
 }
 
+// Environment names the round trip writes; registering them is what an environment plugin does,
+// and the parser accepts every registered name.
+void register_round_trip_envs() {
+  static const bool once = [] {
+    for (const char* name : {"Acrobot-v1", "true"})
+      register_env(name, [](int n, std::uint64_t seed) { return make_env(kCartPoleName, n, seed); });
+    return true;
+  }();
+  (void)once;
+}
+
 TEST_CASE("pipeline.to_yaml_round_trip") {
+  register_round_trip_envs();
   const std::string text =
       "name: rt\nseed: 7\nbackend: cuda\nprecision: bf16\n"
       "network: {state: 8, trunk: [32, 16, 8], head_hidden: 24, branches: 2, actions: 3, atoms: 11,"

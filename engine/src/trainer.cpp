@@ -81,6 +81,13 @@ void check_env_fits(const PipelineSpec& spec, const EnvSpec& env) {
                                   std::to_string(n.actions));
 }
 
+/// The training environment, checked against the network before anything large is allocated.
+std::unique_ptr<VecEnv> make_training_env(const PipelineSpec& spec) {
+  std::unique_ptr<VecEnv> env = make_env(spec.training.env, spec.training.num_envs, spec.seed);
+  check_env_fits(spec, env->spec());
+  return env;
+}
+
 }  // namespace
 
 double epsilon_at(const EpsilonSpec& e, std::int64_t env_step) {
@@ -199,7 +206,7 @@ Trainer::Trainer(Engine& engine, TrainerOptions opt)
     : engine_(engine),
       spec_(engine.spec()),
       opt_(std::move(opt)),
-      env_(make_env(spec_.training.env, spec_.training.num_envs, spec_.seed)),
+      env_(make_training_env(spec_)),
       eval_env_(make_env(spec_.training.env, spec_.training.eval.episodes, derive_seed(spec_.seed, kEvalStream))),
       replay_(spec_.training.replay.capacity, spec_.network.state, spec_.network.branches, spec_.n_step, spec_.gamma,
               spec_.training.num_envs, spec_.training.replay.prioritized, spec_.training.replay.alpha,
@@ -210,7 +217,6 @@ Trainer::Trainer(Engine& engine, TrainerOptions opt)
       D_(spec_.network.branches),
       act_rng_(derive_seed(spec_.seed, kActStream)),
       replay_rng_(derive_seed(spec_.seed, kReplayStream)) {
-  check_env_fits(spec_, env_->spec());
   branch_actions_ = env_->spec().branch_actions;
   if (opt_.log_every < 1) throw std::invalid_argument("trainer: log_every must be at least 1");
   actor_refresh_ = opt_.actor_refresh > 0 ? opt_.actor_refresh

@@ -139,6 +139,7 @@ class Trainer {
   EvalResult evaluate(std::int64_t round);
 
   HostActor& actor() { return actor_; }
+  const ReplayBuffer& replay() const { return replay_; }
   const std::string& run_dir() const { return run_dir_; }
   /// ε the loop uses at its current environment step.
   double epsilon() const { return epsilon_at(spec_.training.epsilon, env_steps_); }

@@ -1,0 +1,440 @@
+// The training loop: ε and β schedules as the loop uses them, the host actor against the engine's
+// own Q and an independent reference, the run directory, metrics.jsonl, stopping, prioritized replay.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dqn_config.h"
+#include "engine.hpp"
+#include "pipeline_parse.hpp"
+#include "plugin_loader.hpp"
+#include "safetensors.hpp"
+#include "schedule.hpp"
+#include "trainer.hpp"
+
+using namespace dqn;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string source_dir() {
+  if (const char* d = std::getenv("DQN_SOURCE_DIR"); d && *d) return d;
+  return DQN_SOURCE_DIR;
+}
+
+const PluginLoader& loader() {
+  static const PluginLoader l(PluginLoader::search_path_from(""));
+  return l;
+}
+
+/// The default pipeline, made small and short for a unit test.
+PipelineSpec small_default(std::vector<std::string> extra = {}) {
+  ParseOptions o;
+  o.plugins = &loader();
+  o.overrides = {"backend=cpu", "training.num_envs=4", "training.total_steps=600", "training.learning_starts=200",
+                 "training.eval.every=300", "training.eval.episodes=3", "training.stop_at_return=0",
+                 "training.epsilon.decay_steps=400"};
+  for (auto& e : extra) o.overrides.push_back(e);
+  return load_pipeline(source_dir() + "/pipelines/default.yaml", o);
+}
+
+/// A fresh directory under the system temp dir, removed when the test ends.
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& tag) {
+    path = fs::temp_directory_path() / ("dqn-trainer-test-" + std::to_string(getpid()) + "-" + tag);
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+std::vector<nlohmann::json> read_metrics(const fs::path& file) {
+  std::ifstream in(file);
+  REQUIRE(in);
+  std::vector<nlohmann::json> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    REQUIRE_FALSE(line.empty());
+    out.push_back(nlohmann::json::parse(line));  // throws (fails the test) on a bad line
+  }
+  return out;
+}
+
+TrainerOptions quiet_options(const fs::path& dir) {
+  TrainerOptions o;
+  o.run_dir = dir.string();
+  o.progress = TrainerOptions::Progress::none;
+  o.log_every = 100;
+  return o;
+}
+
+/// The online parameters stored in a weights file, flat in the engine's layout.
+std::vector<float> online_from_file(const st::File& f, const Registry& reg) {
+  std::vector<float> flat(std::size_t(reg.param_count()));
+  for (const auto& p : reg.params()) {
+    const std::vector<float> v = f.get_f32(p.name, p.shape());
+    std::copy(v.begin(), v.end(), flat.begin() + p.offset);
+  }
+  return flat;
+}
+
+}  // namespace
+
+TEST_CASE("trainer.schedules") {
+  EpsilonSpec e;
+  e.start = 1.0;
+  e.end = 0.1;
+  e.decay_steps = 1000;
+  CHECK(epsilon_at(e, 0) == 1.0);
+  CHECK(epsilon_at(e, 500) == doctest::Approx(0.55));
+  CHECK(epsilon_at(e, 250) == doctest::Approx(0.775));
+  CHECK(epsilon_at(e, 1000) == 0.1);
+  CHECK(epsilon_at(e, 5000) == 0.1);
+  TrainingSpec t;
+  t.total_steps = 200;
+  t.replay.beta_start = 0.4;
+  t.replay.beta_end = 1.0;
+  CHECK(beta_at(t, 0) == 0.4);
+  CHECK(beta_at(t, 100) == doctest::Approx(0.7));
+  CHECK(beta_at(t, 200) == 1.0);
+}
+
+TEST_CASE("trainer.epsilon_governs_exploration") {
+  // No training (train_every beyond the run), so the network stays at its initial weights and
+  // every stored action can be checked against the greedy one for its state.
+  auto greedy_share = [](double eps_start, double eps_end, std::int64_t decay, std::int64_t from, std::int64_t to) {
+    TempDir tmp("eps");
+    const PipelineSpec spec = small_default(
+        {"training.epsilon.start=" + std::to_string(eps_start), "training.epsilon.end=" + std::to_string(eps_end),
+         "training.epsilon.decay_steps=" + std::to_string(decay), "training.train_every=1000000"});
+    Engine engine(spec, loader());
+    engine.init_weights(3);
+    Trainer trainer(engine, quiet_options(tmp.path / "run"));
+    const TrainResult r = trainer.run();
+    CHECK(r.train_steps == 0);
+    const ReplayBuffer& rb = trainer.replay();
+    HostActor actor(spec, engine.registry(), 1);
+    actor.set_params(engine.online_params());
+    int same = 0, n = 0;
+    for (std::int64_t i = from; i < std::min(to, rb.size()); ++i, ++n) {
+      std::int32_t a = -1;
+      actor.greedy(rb.state_at(i), 1, &a);
+      same += a == rb.action_at(i)[0] ? 1 : 0;
+    }
+    REQUIRE(n > 100);
+    return double(same) / n;
+  };
+  // Slots fill in time order; 4 copies and 3-step windows put env step t near slot t - 8.
+  // learning_starts = 200: random actions before it whatever ε says, greedy after it when ε = 0.
+  CHECK(greedy_share(0, 0, 1, 220, 600) == 1.0);
+  const double before = greedy_share(0, 0, 1, 0, 180);
+  CHECK(before > 0.3);
+  CHECK(before < 0.7);
+  // ε = 1: uniform over two actions, about half agree with the greedy one.
+  const double uniform = greedy_share(1, 1, 1, 220, 600);
+  CHECK(uniform > 0.35);
+  CHECK(uniform < 0.65);
+  // ε from 1 at step 200 down to 0 at 600 (decay over 600 from step 0): ε ≈ 0.58 over 200..400 and
+  // ≈ 0.08 over 550..600, so the greedy share rises from ~0.7 to ~0.96.
+  const double early = greedy_share(1, 0, 600, 200, 390);
+  const double late = greedy_share(1, 0, 600, 450, 600);
+  CHECK(early < 0.85);
+  CHECK(late > 0.85);
+}
+
+TEST_CASE("trainer.actor_matches_engine_q") {
+  // A tiny network with two branches of three actions, so ties and branch order both matter.
+  ParseOptions o;
+  o.plugins = &loader();
+  const std::string text =
+      "backend: cpu\nprecision: fp32\nbatch: 6\n"
+      "network: {state: 4, trunk: [8, 6], head_hidden: 5, branches: 2, actions: 3, atoms: 7, v_min: -1, v_max: 2}\n"
+      "heads: [{plugin: c51, role: primary}]\n";
+  const PipelineSpec spec = parse_pipeline(text, "tiny.yaml", o);
+  Engine engine(spec, loader());
+  engine.init_weights(11);
+  const int B = spec.batch, S = 4, D = 2, A = 3, Z = 7;
+
+  HostBatch batch = HostBatch::random(spec, 5);
+  engine.set_batch(batch);
+  engine.forward_backward();
+  const std::vector<double> engine_q = engine.host_buffer("c51/q");  // [2B, D, A]: states first
+  REQUIRE(engine_q.size() == std::size_t(2 * B * D * A));
+
+  HostActor actor(spec, engine.registry(), B);
+  actor.set_params(engine.online_params());
+  const float* q = actor.expected_q(batch.states.data(), B);
+
+  // An independent reference, straight from the spec's formulas in double precision.
+  const std::vector<float> P = engine.online_params();
+  const Registry& reg = engine.registry();
+  auto W = [&](const std::string& n) { return P.data() + reg.find_param(n)->offset; };
+  auto dense = [&](const std::vector<double>& x, const std::string& layer, int out, bool relu) {
+    const float* w = W(layer + ".weight");
+    const float* b = W(layer + ".bias");
+    std::vector<double> y(static_cast<std::size_t>(out));
+    for (int i = 0; i < out; ++i) {
+      double acc = b[i];
+      for (std::size_t j = 0; j < x.size(); ++j) acc += double(w[std::size_t(i) * x.size() + j]) * x[j];
+      y[std::size_t(i)] = relu ? std::max(0.0, acc) : acc;
+    }
+    return y;
+  };
+  const double dz = 3.0 / (Z - 1);
+  for (int r = 0; r < B; ++r) {
+    std::vector<double> s(batch.states.begin() + r * S, batch.states.begin() + (r + 1) * S);
+    const auto h2 = dense(dense(s, "trunk.0", 8, true), "trunk.1", 6, true);
+    const auto v = dense(dense(h2, "c51.value.0", 5, true), "c51.value.1", Z, false);
+    for (int d = 0; d < D; ++d) {
+      const std::string br = "c51.branch." + std::to_string(d);
+      const auto adv = dense(dense(h2, br + ".0", 5, true), br + ".1", A * Z, false);
+      std::vector<double> ref_q(static_cast<std::size_t>(A));
+      for (int a = 0; a < A; ++a) {
+        std::vector<double> logit(static_cast<std::size_t>(Z));
+        for (int i = 0; i < Z; ++i) {
+          double mean = 0;
+          for (int k = 0; k < A; ++k) mean += adv[std::size_t(k * Z + i)];
+          logit[std::size_t(i)] = v[std::size_t(i)] + adv[std::size_t(a * Z + i)] - mean / A;
+        }
+        const double mx = *std::max_element(logit.begin(), logit.end());
+        double sum = 0, ez = 0;
+        for (int i = 0; i < Z; ++i) sum += std::exp(logit[std::size_t(i)] - mx);
+        for (int i = 0; i < Z; ++i) ez += (-1.0 + i * dz) * std::exp(logit[std::size_t(i)] - mx) / sum;
+        ref_q[std::size_t(a)] = ez;
+      }
+      for (int a = 0; a < A; ++a) {
+        const std::size_t k = std::size_t((r * D + d) * A + a);
+        CAPTURE(r);
+        CAPTURE(d);
+        CAPTURE(a);
+        CHECK(q[k] == doctest::Approx(engine_q[k]).epsilon(1e-6));
+        CHECK(q[k] == doctest::Approx(ref_q[std::size_t(a)]).epsilon(1e-5));
+      }
+    }
+  }
+
+  // Greedy actions: the branch-wise argmax of the engine's Q, ties to the lowest index.
+  std::vector<std::int32_t> act(std::size_t(B * D), -1);
+  actor.greedy(batch.states.data(), B, act.data());
+  for (int r = 0; r < B; ++r)
+    for (int d = 0; d < D; ++d) {
+      const double* row = engine_q.data() + (r * D + d) * A;
+      const int best = int(std::max_element(row, row + A) - row);  // first maximum
+      CHECK(act[std::size_t(r * D + d)] == best);
+    }
+
+  CHECK_THROWS_AS(actor.expected_q(batch.states.data(), B + 1), std::invalid_argument);
+  CHECK_THROWS_AS(actor.set_params(std::vector<float>(3)), std::invalid_argument);
+}
+
+TEST_CASE("trainer.short_run_writes_the_run_dir") {
+  TempDir tmp("short");
+  const PipelineSpec spec = small_default();
+  Engine engine(spec, loader());
+  engine.init_weights(spec.seed);
+  const fs::path dir = tmp.path / "run";
+  TrainerOptions opt = quiet_options(dir);
+  opt.pipeline_yaml = to_yaml(spec, loader());
+  Trainer trainer(engine, opt);
+  const TrainResult r = trainer.run();
+
+  CHECK(r.run_dir == dir.string());
+  CHECK(r.env_steps == 600);
+  CHECK_FALSE(r.interrupted);
+  CHECK_FALSE(r.solved);
+  // 600 env steps, training from step 200 every 2 env steps: steps 200, 202, ..., 600.
+  CHECK(r.train_steps == 201);
+  CHECK(r.episodes > 0);
+  for (const char* f : {"pipeline.yaml", "metrics.jsonl", "weights.safetensors", "best.safetensors"})
+    CHECK_MESSAGE(fs::is_regular_file(dir / f), f);
+
+  // pipeline.yaml is the resolved pipeline: it loads back to the same run.
+  ParseOptions po;
+  po.plugins = &loader();
+  const PipelineSpec again = load_pipeline((dir / "pipeline.yaml").string(), po);
+  CHECK(again.training.total_steps == 600);
+  CHECK(again.network.head_hidden == spec.network.head_hidden);
+  CHECK(to_yaml(again, loader()) == opt.pipeline_yaml);
+
+  // metrics.jsonl: every line an object with the keys, steps in order, ε as the schedule says.
+  const auto lines = read_metrics(dir / "metrics.jsonl");
+  REQUIRE(lines.size() >= 6);
+  std::int64_t prev = 0;
+  int evals = 0;
+  for (const auto& m : lines) {
+    CAPTURE(m.dump());
+    for (const char* k : {"step", "episodes", "episode_return", "epsilon", "loss.c51", "grad_norm.c51", "clip.c51",
+                          "total_loss", "steps_per_s", "wall_s", "skipped_steps", "train_steps"})
+      CHECK_MESSAGE(m.contains(k), k);
+    const std::int64_t step = m["step"];
+    CHECK(step >= prev);
+    prev = step;
+    CHECK(double(m["epsilon"]) == doctest::Approx(epsilon_at(spec.training.epsilon, step)));
+    if (m.contains("eval_return")) {
+      ++evals;
+      CHECK(double(m["eval_return"]) >= 8.0);  // CartPole episodes last at least 8 steps
+      CHECK(double(m["eval_return"]) <= 500.0);
+      CHECK(m["eval_episodes"] == 3);
+    }
+    if (int(m["train_steps"]) > 0) CHECK(m["loss.c51"].is_number());
+    else CHECK(m["loss.c51"].is_null());
+  }
+  CHECK(evals == 2);  // at 300 and the final one at 600
+  CHECK(lines.back().value("final", false));
+  CHECK(lines.back().contains("eval_return"));
+  CHECK(lines.front()["step"] == 100);
+  CHECK(lines.front()["loss.c51"].is_null());  // before learning_starts
+  CHECK(double(lines.back()["epsilon"]) == doctest::Approx(spec.training.epsilon.end));
+  CHECK(trainer.epsilon() == doctest::Approx(spec.training.epsilon.end));
+
+  // The final weights are the engine's state and load back.
+  const st::File w = st::read_file((dir / "weights.safetensors").string());
+  CHECK(online_from_file(w, engine.registry()) == engine.online_params());
+  CHECK(w.get_scalar_i64("adam.step") == r.train_steps);
+  Engine other(spec, loader());
+  other.load_weights(w);
+  CHECK(other.online_params() == engine.online_params());
+}
+
+TEST_CASE("trainer.stop_request_keeps_valid_weights") {
+  TempDir tmp("stop");
+  const PipelineSpec spec = small_default();
+
+  SUBCASE("stopped from inside the loop finishes that iteration") {
+    Engine engine(spec, loader());
+    engine.init_weights(spec.seed);
+    TrainerOptions opt = quiet_options(tmp.path / "mid");
+    std::int64_t stop_at = -1;
+    opt.after_metrics_line = [&](Trainer& t) {
+      if (t.env_steps() >= 300 && stop_at < 0) {  // past learning_starts: weights have moved
+        stop_at = t.env_steps();
+        t.request_stop();  // what the SIGINT handler calls
+      }
+    };
+    Trainer trainer(engine, opt);
+    const TrainResult r = trainer.run();
+    CHECK(r.interrupted);
+    CHECK(r.env_steps == stop_at);
+    CHECK(r.train_steps > 0);
+    const auto lines = read_metrics(tmp.path / "mid" / "metrics.jsonl");
+    REQUIRE_FALSE(lines.empty());
+    CHECK(lines.back().value("interrupted", false));
+    CHECK(lines.back().value("final", false));
+    CHECK(lines.back()["step"] == stop_at);
+    const st::File w = st::read_file((tmp.path / "mid" / "weights.safetensors").string());
+    Engine other(spec, loader());
+    other.load_weights(w);
+    CHECK(other.online_params() == engine.online_params());
+    CHECK(w.get_scalar_i64("adam.step") == r.train_steps);
+  }
+  SUBCASE("stopped before it starts still writes the run dir") {
+    Engine engine(spec, loader());
+    engine.init_weights(spec.seed);
+    Trainer trainer(engine, quiet_options(tmp.path / "early"));
+    trainer.request_stop();
+    CHECK(trainer.stop_requested());
+    const TrainResult r = trainer.run();
+    CHECK(r.interrupted);
+    CHECK(r.env_steps == 0);
+    CHECK(fs::is_regular_file(tmp.path / "early" / "pipeline.yaml"));
+    const auto lines = read_metrics(tmp.path / "early" / "metrics.jsonl");
+    REQUIRE(lines.size() == 1);
+    CHECK(lines[0].value("interrupted", false));
+    Engine other(spec, loader());
+    other.load_weights(st::read_file((tmp.path / "early" / "weights.safetensors").string()));
+    CHECK(other.online_params() == engine.online_params());
+  }
+}
+
+TEST_CASE("trainer.prioritized_replay_takes_td_errors") {
+  TempDir tmp("per");
+  const PipelineSpec spec = small_default({"training.replay.prioritized=true", "training.total_steps=400"});
+  Engine engine(spec, loader());
+  engine.init_weights(spec.seed);
+  Trainer trainer(engine, quiet_options(tmp.path / "run"));
+  const TrainResult r = trainer.run();
+  CHECK(r.train_steps == 101);
+  REQUIRE(trainer.replay().prioritized());
+  // New transitions enter at the largest priority seen; td errors (C51 cross-entropy, > 1 here)
+  // raise it above its initial 1.
+  CHECK(trainer.replay().max_priority() > 1.0);
+  const auto lines = read_metrics(tmp.path / "run" / "metrics.jsonl");
+  for (const auto& m : lines) {
+    REQUIRE(m.contains("beta"));
+    CHECK(double(m["beta"]) == doctest::Approx(beta_at(spec.training, m["step"])));
+  }
+}
+
+TEST_CASE("trainer.seeded_runs_repeat") {
+  TempDir tmp("repeat");
+  const PipelineSpec spec = small_default({"training.total_steps=400"});
+  std::vector<float> params[2];
+  std::vector<nlohmann::json> evals[2];
+  for (int k = 0; k < 2; ++k) {
+    Engine engine(spec, loader());
+    engine.init_weights(spec.seed);
+    Trainer trainer(engine, quiet_options(tmp.path / std::to_string(k)));
+    trainer.run();
+    params[k] = engine.online_params();
+    for (auto& m : read_metrics(tmp.path / std::to_string(k) / "metrics.jsonl"))
+      if (m.contains("eval_return")) evals[k].push_back(m["eval_return"]);
+  }
+  CHECK(params[0] == params[1]);
+  CHECK(evals[0] == evals[1]);
+  CHECK_FALSE(evals[0].empty());
+}
+
+TEST_CASE("trainer.network_must_fit_the_environment") {
+  ParseOptions o;
+  o.plugins = &loader();
+  o.overrides = {"backend=cpu"};
+  // c51.yaml is the 64-feature, 3x5-action benchmark workload: not CartPole's shapes.
+  const PipelineSpec spec = load_pipeline(source_dir() + "/pipelines/c51.yaml", o);
+  Engine engine(spec, loader());
+  engine.init_weights(1);
+  try {
+    Trainer t(engine, {});
+    FAIL("a 64-feature network was accepted for CartPole");
+  } catch (const std::invalid_argument& e) {
+    CHECK(std::string(e.what()).find("observations have 4 features but network.state is 64") != std::string::npos);
+  }
+}
+
+TEST_CASE("trainer.default_run_dir") {
+  TempDir tmp("dirs");
+  const std::string a = Trainer::default_run_dir(tmp.path.string(), "cartpole");
+  const std::string base = fs::path(a).filename().string();
+  CHECK(fs::path(a).parent_path() == tmp.path);
+  REQUIRE(base.size() == std::string("cartpole-YYYYmmdd-HHMMSS").size());
+  CHECK(base.rfind("cartpole-", 0) == 0);
+  CHECK(base[17] == '-');
+  for (std::size_t i = 9; i < base.size(); ++i)
+    if (i != 17) CHECK(std::isdigit(static_cast<unsigned char>(base[i])));
+  fs::create_directories(a);
+  CHECK(Trainer::default_run_dir(tmp.path.string(), "cartpole") != a);  // never reuses a directory
+
+  // With neither --out nor training.out_dir, run() writes under runs_root.
+  const PipelineSpec spec = small_default({"training.total_steps=8"});
+  Engine engine(spec, loader());
+  engine.init_weights(1);
+  TrainerOptions opt = quiet_options("");
+  opt.runs_root = (tmp.path / "runs").string();
+  Trainer trainer(engine, opt);
+  const TrainResult r = trainer.run();
+  CHECK(fs::path(r.run_dir).parent_path() == tmp.path / "runs");
+  CHECK(fs::path(r.run_dir).filename().string().rfind("default-", 0) == 0);
+  CHECK(fs::is_regular_file(fs::path(r.run_dir) / "weights.safetensors"));
+}

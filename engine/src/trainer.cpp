@@ -450,9 +450,21 @@ void Trainer::write_metrics(const std::optional<EvalResult>& eval, bool final_li
 
 void Trainer::progress(bool force_plain, bool final_line) {
   if (quiet_) return;
+  const Clock::time_point now = Clock::now();
+  // On a terminal, redraw at most five times a second (and always for an evaluation or the end).
+  if (tty_ && !force_plain && !final_line && now - last_draw_ < std::chrono::milliseconds(200)) return;
+  last_draw_ = now;
   const std::int64_t total = spec_.training.total_steps;
   const double wall = std::chrono::duration<double>(Clock::now() - start_).count();
-  const double rate = steps_per_s_ > 0 ? steps_per_s_ : (wall > 0 ? double(env_steps_) / wall : 0);
+  // Env steps per second over the last second or more (the random-action warm-up is far faster
+  // than training, so an average since the start would promise too early an end).
+  const double since_mark = std::chrono::duration<double>(now - rate_mark_time_).count();
+  if (since_mark >= 1.0 || progress_rate_ <= 0) {
+    if (since_mark > 0 && env_steps_ > rate_mark_steps_) progress_rate_ = double(env_steps_ - rate_mark_steps_) / since_mark;
+    rate_mark_time_ = now;
+    rate_mark_steps_ = env_steps_;
+  }
+  const double rate = progress_rate_ > 0 ? progress_rate_ : (wall > 0 ? double(env_steps_) / wall : 0);
   char eval[64] = "-";
   if (last_eval_) std::snprintf(eval, sizeof eval, "%.1f (best %.1f)", *last_eval_, best_eval_.value_or(*last_eval_));
   char line[256];
@@ -472,7 +484,7 @@ void Trainer::progress(bool force_plain, bool final_line) {
 
 TrainResult Trainer::run() {
   const TrainingSpec& t = spec_.training;
-  start_ = last_log_time_ = Clock::now();
+  start_ = last_log_time_ = rate_mark_time_ = Clock::now();
   run_dir_ = !opt_.run_dir.empty() ? opt_.run_dir
              : !t.out_dir.empty()  ? t.out_dir
                                    : default_run_dir(opt_.runs_root, spec_.name);

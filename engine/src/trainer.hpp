@@ -186,7 +186,9 @@ class Trainer {
   std::int64_t best_eval_step_ = -1;
 
   using Clock = std::chrono::steady_clock;
-  Clock::time_point start_, last_log_time_;
+  Clock::time_point start_, last_log_time_, last_draw_{}, rate_mark_time_;
+  std::int64_t rate_mark_steps_ = 0;
+  double progress_rate_ = 0;
   std::int64_t last_log_steps_ = 0;
   double steps_per_s_ = 0;
   bool tty_ = false, quiet_ = false;

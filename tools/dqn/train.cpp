@@ -116,9 +116,13 @@ int cmd_train(const TrainArgs& a) {
   std::printf("  %lld env steps, %lld training steps, %lld episodes, %.1f s, %lld skipped steps\n",
               static_cast<long long>(r.env_steps), static_cast<long long>(r.train_steps),
               static_cast<long long>(r.episodes), r.wall_s, static_cast<long long>(r.skipped_steps));
-  std::printf("  final eval return %s (mean of %d greedy episodes), best %s at step %lld%s\n",
-              eval_text(r.final_eval).c_str(), spec.training.eval.episodes, eval_text(r.best_eval).c_str(),
-              static_cast<long long>(r.best_eval_step),
+  if (r.final_eval)
+    std::printf("  final eval return %s (mean of %d greedy episodes)", eval_text(r.final_eval).c_str(),
+                spec.training.eval.episodes);
+  else
+    std::printf("  no evaluation at the last step; the last was %s at step %lld", eval_text(r.last_eval).c_str(),
+                static_cast<long long>(r.last_eval_step));
+  std::printf(", best %s at step %lld%s\n", eval_text(r.best_eval).c_str(), static_cast<long long>(r.best_eval_step),
               r.solved ? ", solved (stop_at_return reached)" : "");
   std::printf("  weights: %s/weights.safetensors (best: best.safetensors), metrics: %s/metrics.jsonl\n",
               r.run_dir.c_str(), r.run_dir.c_str());

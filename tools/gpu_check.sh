@@ -16,7 +16,7 @@ grep -E "^ *[0-9]+/[0-9]+ |^(Ok|Fail|Skipped|Timeout):" "$out/test.log" | tail -
 export DQN_PLUGIN_PATH=$PWD/$build/plugins
 $build/tools/dqn step pipelines/c51.yaml --backend cuda --random-batch 1 --steps 10 --out /tmp/o.safetensors &&
   python3 tools/st_check.py /tmp/o.safetensors \
-    --expect trunk.0.weight,target.trunk.0.weight,adam.m.trunk.0.weight,adam.v.trunk.0.weight,adam.step,sn.u.trunk.0.weight,c51.branch.2.1.weight,loss.c51,grad_norm.c51,clip.c51,loss.total,td_error,skipped_steps \
+    --expect trunk.0.weight,target.trunk.0.weight,adam.m.trunk.0.weight,adam.v.trunk.0.weight,adam.step,c51.branch.2.1.weight,loss.c51,grad_norm.c51,clip.c51,loss.total,td_error,skipped_steps \
     >"$out/st_check.log" 2>&1; echo "st_check rc=$? ($(head -2 "$out/st_check.log" | tail -1))"
 [ "${1:-}" = quick ] && exit 0
 $build/tools/dqn bench pipelines/ref.yaml --batch 256,1024,4096 --precision fp32,tf32,bf16 --json >"$out/bench.jsonl" 2>&1

@@ -454,6 +454,35 @@ class CudaBackend final : public Backend {
   int status() const noexcept override { return status_; }
   const char* message() const noexcept override { return message_; }
 
+  // --- auxiliary heads (ABI 2) ----------------------------------------------------------------
+
+  void cql_penalty(const CqlPenalty& a) noexcept override {
+    constexpr const char* op = "cql_penalty";
+    if (a.B < 0 || a.D < 0 || a.A <= 0) return fail(op, "need B, D >= 0, A >= 1");
+    if (!real_ok(a.loss, op, "loss")) return;
+    if (a.B == 0 || a.D == 0) {
+      if (!planning_) DQN_CUDA_OK(op, cuda::fill(stream_, a.loss.as<float>(), 0.0f, 1));
+      return;
+    }
+    if (!a.actions) return fail(op, "null actions");
+    if (!real_ok(a.dq, op, "dq") || !real_ok(a.q, op, "q")) return;
+    // actions live on the device: an out-of-range index turns that row's dq and the loss into NaN.
+    void* s = scratch(op, cuda::cql_penalty_scratch_bytes(a.B, a.D));
+    if (!s) return;
+    DQN_CUDA_OK(op, cuda::cql_penalty(stream_, a, s));
+  }
+
+  void expected_q_backward(Real dlogits, Real dq, Real logp, int rows, int Z, float v_min,
+                           float v_max) noexcept override {
+    constexpr const char* op = "expected_q_backward";
+    if (rows < 0 || Z < 0) return fail(op, "negative size");
+    if (rows == 0 || Z == 0) return;
+    if (!real_ok(dlogits, op, "dlogits") || !real_ok(dq, op, "dq") || !real_ok(logp, op, "logp")) return;
+    if (planning_) return;
+    DQN_CUDA_OK(op, cuda::expected_q_backward(stream_, dlogits.as<float>(), dq.as<const float>(),
+                                              logp.as<const float>(), rows, Z, v_min, v_max));
+  }
+
   // --- what the runtime needs ---------------------------------------------------------------
 
   cudaStream_t stream() const noexcept { return stream_; }

@@ -283,6 +283,62 @@ __global__ void c51_xent_reduce_kernel(float* loss, const double* weighted, int 
   }
 }
 
+// --- auxiliary heads ------------------------------------------------------------------------
+
+/// One thread per (b, d): logsumexp over the A actions, the row's penalty to scratch, and dq.
+__global__ void cql_penalty_kernel(CqlPenalty a, double* per_row) {
+  const int rows = a.B * a.D, A = a.A;
+  const float* Q = static_cast<const float*>(a.q.p);
+  float* DQ = static_cast<float*>(a.dq.p);
+  const double scale = static_cast<double>(a.alpha) / static_cast<double>(rows);
+  for (std::int64_t bd = grid_start(); bd < rows; bd += grid_step()) {
+    const float* q = Q + bd * A;
+    float* dq = DQ + bd * A;
+    const int taken = a.actions[bd];
+    if (taken < 0 || taken >= A) {  // out of range: poison the row instead of reading OOB
+      for (int k = 0; k < A; ++k) dq[k] = NAN;
+      per_row[bd] = NAN;
+      continue;
+    }
+    double mx = q[0];
+    for (int k = 1; k < A; ++k) mx = fmax(mx, static_cast<double>(q[k]));
+    double sum = 0.0;
+    for (int k = 0; k < A; ++k) sum += exp(static_cast<double>(q[k]) - mx);
+    const double lse = mx + log(sum);
+    per_row[bd] = lse - static_cast<double>(q[taken]);
+    for (int k = 0; k < A; ++k) {
+      const double soft = exp(static_cast<double>(q[k]) - lse);
+      dq[k] = static_cast<float>(scale * (soft - (k == taken ? 1.0 : 0.0)));
+    }
+  }
+}
+
+/// One block: loss = α/(B·D) Σ per_row, fixed order.
+__global__ void cql_reduce_kernel(float* loss, const double* per_row, int rows, float alpha) {
+  __shared__ double sh[32];
+  double acc = 0.0;
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) acc += per_row[r];
+  const double total = block_sum(acc, sh);
+  if (threadIdx.x == 0) *loss = static_cast<float>(static_cast<double>(alpha) * total / rows);
+}
+
+/// One warp per row: Q = Σ z_i p_i (warp sum), then dlogits_i = dq · p_i (z_i − Q).
+__global__ void expected_q_backward_kernel(float* dlogits, const float* dq, const float* logp, int rows, int Z,
+                                           float v_min, double dz) {
+  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x >> 5);
+  const int lane = threadIdx.x & 31;
+  for (std::int64_t r = grid_start() >> 5; r < rows; r += warps) {
+    const float* lp = logp + r * Z;
+    double q = 0.0;
+    for (int i = lane; i < Z; i += 32) q += (static_cast<double>(v_min) + i * dz) * exp(static_cast<double>(lp[i]));
+    q = warp_sum(q);
+    const double g = dq[r];
+    for (int i = lane; i < Z; i += 32)
+      dlogits[r * Z + i] =
+          static_cast<float>(g * exp(static_cast<double>(lp[i])) * ((static_cast<double>(v_min) + i * dz) - q));
+  }
+}
+
 // --- budgets --------------------------------------------------------------------------------
 
 int budget_blocks(std::int64_t P) {
@@ -561,6 +617,26 @@ cudaError_t c51_xent(cudaStream_t s, const C51Xent& a, void* scratch) {
   c51_xent_kernel<<<a.B, 32 * warps, static_cast<std::size_t>(a.D) * sizeof(double), s>>>(a, weighted);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (a.loss) c51_xent_reduce_kernel<<<1, kThreads, 0, s>>>(a.loss.as<float>(), weighted, a.B, a.scale, a.accumulate);
+  return cudaGetLastError();
+}
+
+std::size_t cql_penalty_scratch_bytes(int B, int D) {
+  return round_up(static_cast<std::size_t>(B) * static_cast<std::size_t>(D) * sizeof(double), 256);
+}
+
+cudaError_t cql_penalty(cudaStream_t s, const CqlPenalty& a, void* scratch) {
+  auto* per_row = static_cast<double*>(scratch);
+  const int rows = a.B * a.D;
+  cql_penalty_kernel<<<blocks_for(rows), kThreads, 0, s>>>(a, per_row);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  cql_reduce_kernel<<<1, kThreads, 0, s>>>(a.loss.as<float>(), per_row, rows, a.alpha);
+  return cudaGetLastError();
+}
+
+cudaError_t expected_q_backward(cudaStream_t s, float* dlogits, const float* dq, const float* logp, int rows, int Z,
+                                float v_min, float v_max) {
+  expected_q_backward_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * 32), kThreads, 0, s>>>(
+      dlogits, dq, logp, rows, Z, v_min, support_step(v_min, v_max, Z));
   return cudaGetLastError();
 }
 

@@ -31,6 +31,12 @@ cudaError_t c51_project(cudaStream_t s, const C51Project& a);
 std::size_t c51_xent_scratch_bytes(int B);
 cudaError_t c51_xent(cudaStream_t s, const C51Xent& a, void* scratch);
 
+/// Scratch cql_penalty needs: one double per (sample, branch).
+std::size_t cql_penalty_scratch_bytes(int B, int D);
+cudaError_t cql_penalty(cudaStream_t s, const CqlPenalty& a, void* scratch);
+cudaError_t expected_q_backward(cudaStream_t s, float* dlogits, const float* dq, const float* logp, int rows, int Z,
+                                float v_min, float v_max);
+
 /// Scratch budget needs: per-head, per-block partial sums of squares and non-finite flags.
 std::size_t budget_scratch_bytes(int H, std::int64_t P);
 cudaError_t budget(cudaStream_t s, const Budget& a, void* scratch);

@@ -511,6 +511,62 @@ class CpuBackend final : public Backend {
   int status() const noexcept override { return status_; }
   const char* message() const noexcept override { return message_; }
 
+  // --- auxiliary heads (ABI 2) ----------------------------------------------------------------
+
+  void cql_penalty(const CqlPenalty& a) noexcept override {
+    if (a.B < 0 || a.D < 0 || a.A <= 0) return fail("cql_penalty", "need B, D >= 0, A >= 1");
+    if (!real_ok(a.loss, "cql_penalty", "loss")) return;
+    if (a.B == 0 || a.D == 0) {
+      a.loss.as<T>()[0] = T(0);
+      return;
+    }
+    if (!a.actions) return fail("cql_penalty", "null actions");
+    if (!real_ok(a.dq, "cql_penalty", "dq") || !real_ok(a.q, "cql_penalty", "q")) return;
+    for (int k = 0; k < a.B * a.D; ++k)
+      if (a.actions[k] < 0 || a.actions[k] >= a.A) return fail("cql_penalty", "action out of range");
+    const T* Q = a.q.as<T>();
+    T* DQ = a.dq.as<T>();
+    const double scale = static_cast<double>(a.alpha) / (static_cast<double>(a.B) * a.D);
+    double total = 0.0;
+    for (int bd = 0; bd < a.B * a.D; ++bd) {
+      const std::int64_t row = static_cast<std::int64_t>(bd) * a.A;
+      double mx = Q[row];
+      for (int k = 1; k < a.A; ++k) mx = std::max(mx, static_cast<double>(Q[row + k]));
+      double sum = 0.0;
+      for (int k = 0; k < a.A; ++k) sum += std::exp(static_cast<double>(Q[row + k]) - mx);
+      const double lse = mx + std::log(sum);
+      const int taken = a.actions[bd];
+      total += lse - static_cast<double>(Q[row + taken]);
+      // q may alias dq: every read of this row is done above, except Q[row+k] read before DQ[row+k].
+      for (int k = 0; k < a.A; ++k) {
+        const double soft = std::exp(static_cast<double>(Q[row + k]) - lse);
+        DQ[row + k] = static_cast<T>(scale * (soft - (k == taken ? 1.0 : 0.0)));
+      }
+    }
+    a.loss.as<T>()[0] = static_cast<T>(scale * total);
+  }
+
+  void expected_q_backward(Real dlogits, Real dq, Real logp, int rows, int Z, float v_min,
+                           float v_max) noexcept override {
+    if (rows < 0 || Z < 0) return fail("expected_q_backward", "negative size");
+    if (rows == 0 || Z == 0) return;
+    if (!real_ok(dlogits, "expected_q_backward", "dlogits") || !real_ok(dq, "expected_q_backward", "dq") ||
+        !real_ok(logp, "expected_q_backward", "logp"))
+      return;
+    const double dz = support_step(v_min, v_max, Z);
+    T* DL = dlogits.as<T>();
+    const T* G = dq.as<T>();
+    const T* LP = logp.as<T>();
+    for (int r = 0; r < rows; ++r) {
+      const std::int64_t base = static_cast<std::int64_t>(r) * Z;
+      double q = 0.0;
+      for (int i = 0; i < Z; ++i) q += (v_min + i * dz) * std::exp(static_cast<double>(LP[base + i]));
+      const double g = G[r];
+      for (int i = 0; i < Z; ++i)
+        DL[base + i] = static_cast<T>(g * std::exp(static_cast<double>(LP[base + i])) * ((v_min + i * dz) - q));
+    }
+  }
+
  private:
   static std::int64_t idx(std::int64_t row, std::int64_t ld, std::int64_t col) noexcept { return row * ld + col; }
 

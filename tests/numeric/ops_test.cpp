@@ -1210,3 +1210,91 @@ TEST_CASE("ops.cpu_runtime") {
 }
 
 }  // namespace
+
+// ---- auxiliary heads (ABI 2) ------------------------------------------------------------------
+
+TEST_CASE("ops.cql_penalty.fd") {
+  // loss(q) = α/(B·D) Σ [logsumexp_a q − q(a_d)] against the formula, dq against central
+  // differences; large Q-values (stable logsumexp); f32 against f64.
+  Backends be;
+  Backend& b = *be.f64;
+  Rng rng(21);
+  const int B = 4, D = 3, A = 5;
+  const std::size_t n = static_cast<std::size_t>(B) * D * A;
+  const float alpha = 0.6f;
+  std::vector<std::int32_t> actions(B * D);
+  for (auto& a : actions) a = rng.below(A);
+  Vd Q0 = rng.vec(n, -3.0, 3.0);
+  Q0[0] += 500.0;  // one huge entry: exp would overflow without the max shift
+  Vec q(8, Q0), dq(8, n, kNaN), loss(8, 1, kNaN);
+  auto args = [&](Vec& qq, Vec& dd, Vec& lo) {
+    dqn::CqlPenalty p;
+    p.loss = lo.r(), p.dq = dd.r(), p.q = qq.r(), p.actions = actions.data(), p.B = B, p.D = D, p.A = A, p.alpha = alpha;
+    return p;
+  };
+  auto forward = [&] {
+    b.cql_penalty(args(q, dq, loss));
+    return loss[0];
+  };
+  forward();
+  REQUIRE(b.status() == 0);
+  const Vd grad = dq.get();
+  double want = 0.0;
+  for (int r = 0; r < B * D; ++r) {
+    double mx = -kInf;
+    for (int a = 0; a < A; ++a) mx = std::max(mx, Q0[r * A + a]);
+    double s = 0.0;
+    for (int a = 0; a < A; ++a) s += std::exp(Q0[r * A + a] - mx);
+    want += mx + std::log(s) - Q0[r * A + actions[r]];
+    // Each row's gradient sums to zero (softmax minus a one-hot).
+    double gs = 0.0;
+    for (int a = 0; a < A; ++a) gs += grad[r * A + a];
+    CHECK(std::abs(gs) < 1e-15);
+  }
+  want *= static_cast<double>(alpha) / (B * D);
+  CHECK(std::isfinite(loss[0]));
+  CHECK(loss[0] == doctest::Approx(want).epsilon(1e-13));
+  CHECK(grad_err(q, grad, forward) < 1e-6);
+
+  Vec q32(4, Q0), dq32(4, n, kNaN), loss32(4, 1, kNaN);
+  be.f32->cql_penalty(args(q32, dq32, loss32));
+  REQUIRE(be.f32->status() == 0);
+  CHECK(rel_err(dq32.get(), grad) < 1e-5);
+  CHECK(loss32[0] == doctest::Approx(loss[0]).epsilon(1e-5));
+
+  // An action out of range is an error, not a read outside the row.
+  auto e = dqn::make_cpu_backend(true);
+  actions[2] = A;
+  e->cql_penalty(args(q, dq, loss));
+  CHECK(e->status() != 0);
+  CHECK(std::string(e->message()).find("action out of range") != std::string::npos);
+}
+
+TEST_CASE("ops.expected_q_backward.fd") {
+  // L(logits) = Σ_r c_r Q_r(log_softmax(logits)) with fixed c: dlogits against central differences.
+  Backends be;
+  Backend& b = *be.f64;
+  Rng rng(22);
+  const int rows = 7, Z = 9;
+  const float v_min = -3.0f, v_max = 4.0f;
+  const Vd C = rng.vec(rows, -2.0, 2.0);
+  Vec logits(8, rng.vec(static_cast<std::size_t>(rows) * Z, -2.0, 2.0)), logp(8, static_cast<std::size_t>(rows) * Z),
+      q(8, rows), c(8, C), dl(8, static_cast<std::size_t>(rows) * Z, kNaN);
+  auto forward = [&] {
+    b.log_softmax(logp.r(), logits.r(), rows, Z);
+    b.expected_q(q.r(), logp.r(), rows, Z, v_min, v_max);
+    double s = 0.0;
+    for (int r = 0; r < rows; ++r) s += C[r] * q[r];
+    return s;
+  };
+  forward();
+  b.expected_q_backward(dl.r(), c.r(), logp.r(), rows, Z, v_min, v_max);
+  REQUIRE(b.status() == 0);
+  const Vd grad = dl.get();
+  CHECK(grad_err(logits, grad, forward) < 1e-6);
+
+  Vec lp32(4, logp.get()), c32(4, C), dl32(4, static_cast<std::size_t>(rows) * Z, kNaN);
+  be.f32->expected_q_backward(dl32.r(), c32.r(), lp32.r(), rows, Z, v_min, v_max);
+  REQUIRE(be.f32->status() == 0);
+  CHECK(rel_err(dl32.get(), grad) < 1e-5);
+}

@@ -47,7 +47,7 @@ DQN_PLUGIN_EXPORT(kSelf)
 extern "C" const dqn::PluginDescriptor* dqn_plugin_descriptor();
 
 TEST_CASE("abi.version") {
-  CHECK(kAbiVersion == 1u);  // bump together with every table in this file
+  CHECK(kAbiVersion == 2u);  // bump together with every table in this file
   CHECK(std::is_same_v<std::remove_cv_t<decltype(kAbiVersion)>, std::uint32_t>);
 }
 
@@ -145,6 +145,7 @@ TEST_CASE("abi.op_argument_layout") {
   CHECK(std::is_trivially_copyable_v<Real>);
   CHECK(std::is_standard_layout_v<Gemm>);
   CHECK(std::is_standard_layout_v<SpectralMatrix>);
+  CHECK(std::is_standard_layout_v<CqlPenalty>);
   check_rows({
       {"sizeof(Real)", sizeof(Real), 16, "passed by value through every op"},
       {"Real::p", offsetof(Real, p), 0, ""},
@@ -173,6 +174,15 @@ TEST_CASE("abi.op_argument_layout") {
       {"SpectralMatrix::u", offsetof(SpectralMatrix, u), 16, ""},
       {"SpectralMatrix::rows", offsetof(SpectralMatrix, rows), 32, ""},
       {"SpectralMatrix::cols", offsetof(SpectralMatrix, cols), 36, ""},
+      {"sizeof(CqlPenalty)", sizeof(CqlPenalty), 72, "ABI 2"},
+      {"CqlPenalty::loss", offsetof(CqlPenalty, loss), 0, ""},
+      {"CqlPenalty::dq", offsetof(CqlPenalty, dq), 16, ""},
+      {"CqlPenalty::q", offsetof(CqlPenalty, q), 32, ""},
+      {"CqlPenalty::actions", offsetof(CqlPenalty, actions), 48, ""},
+      {"CqlPenalty::B", offsetof(CqlPenalty, B), 56, ""},
+      {"CqlPenalty::D", offsetof(CqlPenalty, D), 60, ""},
+      {"CqlPenalty::A", offsetof(CqlPenalty, A), 64, ""},
+      {"CqlPenalty::alpha", offsetof(CqlPenalty, alpha), 68, ""},
   });
   // Defaults a plugin relies on when it fills only some fields.
   const Gemm g;
@@ -296,6 +306,8 @@ TEST_CASE("abi.interface_vtable_slots") {
       {"Backend::download_reals", slot_of(&Backend::download_reals), 27, ""},
       {"Backend::status", slot_of(&Backend::status), 28, ""},
       {"Backend::message", slot_of(&Backend::message), 29, ""},
+      {"Backend::cql_penalty", slot_of(&Backend::cql_penalty), 30, "ABI 2: appended, never reordered"},
+      {"Backend::expected_q_backward", slot_of(&Backend::expected_q_backward), 31, ""},
   });
 }
 #endif

@@ -127,6 +127,18 @@ struct Uniform {
   const std::int64_t* step;  ///< device step counter (null: 0)
 };
 
+/// CQL penalty on expected Q-values (spec "CQL penalty"):
+///   loss = α (1/B) Σ_b (1/D) Σ_d [logsumexp_a q[b,d,:] − q[b,d,a_bd]],  dq = ∂loss/∂q (overwritten).
+/// Not importance-weighted.
+struct CqlPenalty {
+  Real loss;                    ///< out [1]
+  Real dq;                      ///< out [B,D,A]
+  Real q;                       ///< in  [B,D,A]
+  const std::int32_t* actions;  ///< in  [B,D]
+  int B = 0, D = 0, A = 0;
+  float alpha = 1.0f;
+};
+
 /// The op table. Every method is noexcept; a backend that fails records the first error and
 /// reports it through status().
 class Backend {
@@ -189,6 +201,13 @@ class Backend {
   /// 0 when every op so far succeeded; otherwise the first failure, with message().
   virtual int status() const noexcept = 0;
   virtual const char* message() const noexcept = 0;
+
+  // --- appended in ABI 2 (auxiliary heads); never reorder what is above ---
+  virtual void cql_penalty(const CqlPenalty& a) noexcept = 0;
+  /// Backward of expected_q: dlogits[r,i] = dq[r] · p_i (z_i − Q_r), p = exp(logp[r,:]),
+  /// Q_r = Σ_i p_i z_i (overwrites dlogits; the gradient through the softmax to the logits).
+  virtual void expected_q_backward(Real dlogits, Real dq, Real logp, int rows, int Z, float v_min,
+                                   float v_max) noexcept = 0;
 };
 
 }  // namespace dqn

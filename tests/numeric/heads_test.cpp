@@ -1,0 +1,184 @@
+// The auxiliary heads on the CPU reference, in f64: each head's loss against the spec's formula,
+// its gradient against central differences w.r.t. every parameter it reaches (and exactly zero
+// where it does not), and the gradient budgets of a c51 + auxiliaries pipeline.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine.hpp"
+#include "pipeline_parse.hpp"
+#include "plugin_loader.hpp"
+
+namespace {
+using namespace dqn;
+
+const PluginLoader& loader() {
+  static PluginLoader l(PluginLoader::search_path_from(""));
+  return l;
+}
+
+// Small awkward sizes (as in step_test): nothing a multiple of 8, a narrow support.
+std::string tiny_pipeline(const std::string& aux, const std::string& extra = "") {
+  return R"(
+name: tiny_heads
+seed: 7
+backend: cpu
+precision: fp32
+network: {state: 5, trunk: [7, 6], head_hidden: 4, branches: 2, actions: 3, atoms: 5, v_min: -2, v_max: 2}
+heads:
+  - {plugin: c51, role: primary}
+)" + aux + R"(batch: 6
+gamma: 0.9
+report_every: 1
+)" + extra;
+}
+
+PipelineSpec parse(const std::string& text) {
+  ParseOptions o;
+  o.plugins = &loader();
+  return parse_pipeline(text, "tiny_heads.yaml", o);
+}
+
+std::unique_ptr<Engine> make(const PipelineSpec& spec, bool f64, std::uint64_t batch_seed = 3) {
+  EngineOptions eo;
+  eo.f64 = f64;
+  auto e = std::make_unique<Engine>(spec, loader(), eo);
+  e->init_weights(spec.seed);
+  e->set_batch(HostBatch::random(spec, batch_seed));
+  return e;
+}
+
+double norm(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x * x;
+  return std::sqrt(s);
+}
+
+bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
+
+/// ∂loss/<head> from grad/<head> against central differences for a sample of entries of every
+/// parameter tensor; `reaches` says which tensors must get a non-zero gradient, the others an
+/// exactly zero one.
+void fd_check(Engine& e, const std::string& head, bool (*reaches)(const std::string&)) {
+  e.forward_backward();
+  const std::vector<double> grad = e.host_buffer("grad/" + head);
+  const std::vector<double> theta = e.host_buffer("params");
+  const std::string loss = "loss/" + head;
+  auto loss_of = [&] {
+    e.forward_backward();
+    return e.host_buffer(loss)[0];
+  };
+  const double eps = 1e-6;
+  std::mt19937 rng(11);
+  int checked = 0;
+  for (const auto& p : e.registry().params()) {
+    double max_abs = 0;
+    for (std::int64_t i = 0; i < p.numel(); ++i) max_abs = std::max(max_abs, std::fabs(grad[std::size_t(p.offset + i)]));
+    if (!reaches(p.name)) {
+      CHECK_MESSAGE(max_abs == 0, head << " has a gradient in " << p.name << ", which it does not reach");
+      continue;
+    }
+    CHECK_MESSAGE(max_abs > 0, "no gradient of " << head << " reaches " << p.name);
+    std::vector<std::int64_t> idx{0, p.numel() / 2, p.numel() - 1};
+    std::uniform_int_distribution<std::int64_t> pick(0, p.numel() - 1);
+    for (int k = 0; k < 3; ++k) idx.push_back(pick(rng));
+    for (auto i : idx) {
+      const std::int64_t at = p.offset + i;
+      e.host_write("params", at, theta[std::size_t(at)] + eps);
+      const double lp = loss_of();
+      e.host_write("params", at, theta[std::size_t(at)] - eps);
+      const double lm = loss_of();
+      e.host_write("params", at, theta[std::size_t(at)]);
+      const double fd = (lp - lm) / (2 * eps);
+      const double an = grad[std::size_t(at)];
+      INFO(head << ": " << p.name << "[" << i << "]: fd " << fd << " analytic " << an);
+      CHECK(std::fabs(fd - an) <= 1e-7 + 1e-5 * std::max(std::fabs(fd), max_abs));
+      ++checked;
+    }
+  }
+  CHECK(checked > 0);
+  e.forward_backward();
+  CHECK(e.host_buffer("grad/" + head) == grad);
+}
+
+bool trunk_or_c51(const std::string& n) { return starts_with(n, "trunk.") || starts_with(n, "c51."); }
+}  // namespace
+
+TEST_CASE("heads.cql.loss_matches_spec") {
+  const PipelineSpec spec = parse(tiny_pipeline("  - {plugin: cql, alpha: 0.75}\n"));
+  auto e = make(spec, true);
+  e->forward_backward();
+  const int B = spec.batch, D = spec.network.branches, A = spec.network.actions;
+  const auto q = e->host_buffer("c51/q");  // [2B, D, A], rows 0..B-1: states
+  const auto act = e->host_buffer("batch/actions");
+  double want = 0;
+  for (int b = 0; b < B; ++b)
+    for (int d = 0; d < D; ++d) {
+      double s = 0;
+      for (int a = 0; a < A; ++a) s += std::exp(q[std::size_t((b * D + d) * A + a)]);
+      want += std::log(s) - q[std::size_t((b * D + d) * A + int(act[std::size_t(b * D + d)]))];
+    }
+  want *= 0.75 / (B * D);  // α exact in f32
+  CHECK(e->host_buffer("loss/cql")[0] == doctest::Approx(want).epsilon(1e-12));
+  CHECK(want > 0);
+}
+
+TEST_CASE("heads.cql.fd_every_parameter") {
+  const PipelineSpec spec = parse(tiny_pipeline("  - {plugin: cql, alpha: 0.75}\n"));
+  auto e = make(spec, true);
+  fd_check(*e, "cql", trunk_or_c51);
+  // The primary's gradient is unchanged by the auxiliary's presence.
+  const PipelineSpec alone = parse(tiny_pipeline(""));
+  auto p = make(alone, true);
+  p->forward_backward();
+  e->forward_backward();
+  const auto g0 = p->host_buffer("grad/c51"), g1 = e->host_buffer("grad/c51");
+  REQUIRE(g0.size() == g1.size());
+  CHECK(g0 == g1);
+}
+
+TEST_CASE("heads.cql.alpha_zero_gives_zero_gradient") {
+  const PipelineSpec spec = parse(tiny_pipeline("  - {plugin: cql, alpha: 0}\n"));
+  auto e = make(spec, true);
+  e->forward_backward();
+  CHECK(e->host_buffer("loss/cql")[0] == 0.0);
+  CHECK(norm(e->host_buffer("grad/cql")) == 0.0);
+}
+
+TEST_CASE("heads.budget.c51_cql") {
+  const double G = 1e-4;
+  PipelineSpec spec = parse(tiny_pipeline("  - {plugin: cql}\n", "max_grad_norm: 0.0001\n"));
+  auto e = make(spec, true);
+  REQUIRE(e->head_names() == std::vector<std::string>{"c51", "cql"});
+  const auto f = e->fractions();
+  CHECK(f[1] == doctest::Approx(0.1));  // cql's default budget
+  CHECK(f[0] + f[1] == doctest::Approx(1.0).epsilon(1e-15));
+  e->step();
+  StepReport r = e->read_report();
+  REQUIRE(r.heads.size() == 2);
+  double total = 0;
+  for (std::size_t h = 0; h < 2; ++h) {
+    CAPTURE(h);
+    CHECK(r.grad_norms[h] > G);  // tiny G: both heads are clipped
+    CHECK(r.clips[h] == doctest::Approx(f[h] * G / (r.grad_norms[h] + 1e-6)).epsilon(1e-6));
+    CHECK(r.clips[h] * r.grad_norms[h] <= f[h] * G * (1 + 1e-6));
+    total += r.losses[h];
+  }
+  CHECK(r.total_loss == doctest::Approx(total).epsilon(1e-12));
+  // ‖g‖ ≤ Σ_h c_h‖g_h‖ ≤ G.
+  CHECK(norm(e->host_buffer("grad/total")) <= G * (1 + 1e-6));
+
+  // A fraction changed between steps takes effect on the next step.
+  e->set_fraction(1, 0.02);
+  e->set_fraction(0, 0.98);
+  e->step();
+  r = e->read_report();
+  CHECK(r.fractions[1] == doctest::Approx(0.02));
+  CHECK(r.clips[1] == doctest::Approx(0.02 * G / (r.grad_norms[1] + 1e-6)).epsilon(1e-5));
+  CHECK(r.clips[0] == doctest::Approx(0.98 * G / (r.grad_norms[0] + 1e-6)).epsilon(1e-5));
+  CHECK(r.clips[1] * r.grad_norms[1] <= 0.02 * G * (1 + 1e-5));
+}

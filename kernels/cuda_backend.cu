@@ -483,6 +483,16 @@ class CudaBackend final : public Backend {
                                               logp.as<const float>(), rows, Z, v_min, v_max));
   }
 
+  void ensemble_disagreement(Real out, Real q, int K, int B, int n) noexcept override {
+    constexpr const char* op = "ensemble_disagreement";
+    if (K <= 0 || B < 0 || n <= 0) return fail(op, "need K, n >= 1, B >= 0");
+    if (B == 0) return;
+    if (!real_ok(out, op, "out") || !real_ok(q, op, "q")) return;
+    if (planning_) return;
+    DQN_CUDA_OK(op, cuda::ensemble_disagreement(stream_, out.as<float>(), q.as<const float>(), K, B, n));
+  }
+
+
   // --- what the runtime needs ---------------------------------------------------------------
 
   cudaStream_t stream() const noexcept { return stream_; }

@@ -339,6 +339,30 @@ __global__ void expected_q_backward_kernel(float* dlogits, const float* dq, cons
   }
 }
 
+/// One warp per sample: each lane takes columns j, the K members in order, then a warp sum.
+__global__ void ensemble_disagreement_kernel(float* out, const float* q, int K, int B, int n) {
+  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x >> 5);
+  const int lane = threadIdx.x & 31;
+  const std::int64_t member = static_cast<std::int64_t>(B) * n;
+  for (std::int64_t b = grid_start() >> 5; b < B; b += warps) {
+    double acc = 0.0;
+    for (int j = lane; j < n; j += 32) {
+      const std::int64_t at = b * n + j;
+      double mean = 0.0;
+      for (int k = 0; k < K; ++k) mean += static_cast<double>(q[k * member + at]);
+      mean /= K;
+      double var = 0.0;
+      for (int k = 0; k < K; ++k) {
+        const double dev = static_cast<double>(q[k * member + at]) - mean;
+        var += dev * dev;
+      }
+      acc += sqrt(var / K);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) out[b] = static_cast<float>(acc / n);
+  }
+}
+
 // --- budgets --------------------------------------------------------------------------------
 
 int budget_blocks(std::int64_t P) {
@@ -637,6 +661,11 @@ cudaError_t expected_q_backward(cudaStream_t s, float* dlogits, const float* dq,
                                 float v_min, float v_max) {
   expected_q_backward_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * 32), kThreads, 0, s>>>(
       dlogits, dq, logp, rows, Z, v_min, support_step(v_min, v_max, Z));
+  return cudaGetLastError();
+}
+
+cudaError_t ensemble_disagreement(cudaStream_t s, float* out, const float* q, int K, int B, int n) {
+  ensemble_disagreement_kernel<<<blocks_for(static_cast<std::int64_t>(B) * 32), kThreads, 0, s>>>(out, q, K, B, n);
   return cudaGetLastError();
 }
 

@@ -37,6 +37,8 @@ cudaError_t cql_penalty(cudaStream_t s, const CqlPenalty& a, void* scratch);
 cudaError_t expected_q_backward(cudaStream_t s, float* dlogits, const float* dq, const float* logp, int rows, int Z,
                                 float v_min, float v_max);
 
+cudaError_t ensemble_disagreement(cudaStream_t s, float* out, const float* q, int K, int B, int n);
+
 /// Scratch budget needs: per-head, per-block partial sums of squares and non-finite flags.
 std::size_t budget_scratch_bytes(int H, std::int64_t P);
 cudaError_t budget(cudaStream_t s, const Budget& a, void* scratch);

@@ -567,6 +567,32 @@ class CpuBackend final : public Backend {
     }
   }
 
+  void ensemble_disagreement(Real out, Real q, int K, int B, int n) noexcept override {
+    if (K <= 0 || B < 0 || n <= 0) return fail("ensemble_disagreement", "need K, n >= 1, B >= 0");
+    if (B == 0) return;
+    if (!real_ok(out, "ensemble_disagreement", "out") || !real_ok(q, "ensemble_disagreement", "q")) return;
+    const T* Q = q.as<T>();
+    T* O = out.as<T>();
+    const std::int64_t member = static_cast<std::int64_t>(B) * n;
+    for (int b = 0; b < B; ++b) {
+      double acc = 0.0;
+      for (int j = 0; j < n; ++j) {
+        const std::int64_t at = static_cast<std::int64_t>(b) * n + j;
+        double mean = 0.0;
+        for (int k = 0; k < K; ++k) mean += static_cast<double>(Q[k * member + at]);
+        mean /= K;
+        double var = 0.0;
+        for (int k = 0; k < K; ++k) {
+          const double dev = static_cast<double>(Q[k * member + at]) - mean;
+          var += dev * dev;
+        }
+        acc += std::sqrt(var / K);
+      }
+      O[b] = static_cast<T>(acc / n);
+    }
+  }
+
+
  private:
   static std::int64_t idx(std::int64_t row, std::int64_t ld, std::int64_t col) noexcept { return row * ld + col; }
 

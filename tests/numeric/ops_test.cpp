@@ -1298,3 +1298,32 @@ TEST_CASE("ops.expected_q_backward.fd") {
   REQUIRE(be.f32->status() == 0);
   CHECK(rel_err(dl32.get(), grad) < 1e-5);
 }
+
+TEST_CASE("ops.ensemble_disagreement") {
+  // out[b] = (1/n) Σ_j population std over k of q[k,b,j], against a two-pass reference; identical
+  // members disagree by exactly 0.
+  Backends be;
+  Rng rng(23);
+  const int K = 3, B = 4, n = 6;
+  const Vd Q = rng.vec(static_cast<std::size_t>(K) * B * n, -5.0, 5.0);
+  Vec q(8, Q), out(8, B, kNaN);
+  be.f64->ensemble_disagreement(out.r(), q.r(), K, B, n);
+  REQUIRE(be.f64->status() == 0);
+  for (int b = 0; b < B; ++b) {
+    double want = 0.0;
+    for (int j = 0; j < n; ++j) {
+      Vd x;
+      for (int k = 0; k < K; ++k) x.push_back(Q[(k * B + b) * n + j]);
+      const double mean = (x[0] + x[1] + x[2]) / 3.0;
+      want += std::sqrt(((x[0] - mean) * (x[0] - mean) + (x[1] - mean) * (x[1] - mean) + (x[2] - mean) * (x[2] - mean)) / 3.0);
+    }
+    CHECK(out[b] == doctest::Approx(want / n).epsilon(1e-13));
+  }
+  Vd same(static_cast<std::size_t>(K) * B * n);
+  for (int k = 0; k < K; ++k)
+    for (int i = 0; i < B * n; ++i) same[k * B * n + i] = Q[i];
+  Vec qs(4, same), outs(4, B, kNaN);
+  be.f32->ensemble_disagreement(outs.r(), qs.r(), K, B, n);
+  REQUIRE(be.f32->status() == 0);
+  for (int b = 0; b < B; ++b) CHECK(outs[b] == 0.0);
+}

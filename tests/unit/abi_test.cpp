@@ -308,6 +308,7 @@ TEST_CASE("abi.interface_vtable_slots") {
       {"Backend::message", slot_of(&Backend::message), 29, ""},
       {"Backend::cql_penalty", slot_of(&Backend::cql_penalty), 30, "ABI 2: appended, never reordered"},
       {"Backend::expected_q_backward", slot_of(&Backend::expected_q_backward), 31, ""},
+      {"Backend::ensemble_disagreement", slot_of(&Backend::ensemble_disagreement), 32, ""},
   });
 }
 #endif

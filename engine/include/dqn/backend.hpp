@@ -208,6 +208,9 @@ class Backend {
   /// Q_r = Σ_i p_i z_i (overwrites dlogits; the gradient through the softmax to the logits).
   virtual void expected_q_backward(Real dlogits, Real dq, Real logp, int rows, int Z, float v_min,
                                    float v_max) noexcept = 0;
+  /// Ensemble disagreement: out[b] = (1/n) Σ_j std_k q[k,b,j] (population std over the K
+  /// members), q [K,B,n] (n = D·A for Q-values).
+  virtual void ensemble_disagreement(Real out, Real q, int K, int B, int n) noexcept = 0;
 };
 
 }  // namespace dqn

@@ -213,3 +213,31 @@ TEST_CASE("gpu.step.zero_syncs") {
   CHECK(rep->losses[0] > 0);
 }
 #endif
+
+TEST_CASE("gpu.step.aux_heads_match_cpu") {
+  // Every auxiliary head plugin present composes with c51 in one graph and matches the CPU.
+  std::string heads = "  - {plugin: c51, role: primary}\n";
+  for (const char* aux : {"cql", "ensemble"})
+    if (loader().find(aux)) heads += std::string("  - {plugin: ") + aux + ", role: auxiliary}\n";
+  if (heads.find("auxiliary") == std::string::npos) return;
+  std::string text = pipeline("fp32");
+  const auto at = text.find("heads:\n");
+  const auto end = text.find("batch:");
+  text = text.substr(0, at) + "heads:\n" + heads + text.substr(end);
+  const PipelineSpec spec = parse(text);
+  auto gpu = make(spec, BackendKind::cuda);
+  auto cpu = make(spec, BackendKind::cpu);
+  for (int i = 0; i < 50; ++i) {
+    gpu->step();
+    cpu->step();
+  }
+  const StepReport rg = gpu->read_report(), rc = cpu->read_report();
+  REQUIRE(rg.heads.size() == rc.heads.size());
+  for (std::size_t h = 0; h < rg.heads.size(); ++h) {
+    INFO(rg.heads[h]);
+    CHECK(rg.losses[h] == doctest::Approx(rc.losses[h]).epsilon(1e-3));
+    CHECK(rg.grad_norms[h] == doctest::Approx(rc.grad_norms[h]).epsilon(1e-2));
+  }
+  CHECK(rel(gpu->host_buffer("params"), cpu->host_buffer("params")) < 2e-4);
+  CHECK(gpu->captures() == 1);
+}

@@ -491,6 +491,62 @@ class CudaBackend final : public Backend {
     if (planning_) return;
     DQN_CUDA_OK(op, cuda::ensemble_disagreement(stream_, out.as<float>(), q.as<const float>(), K, B, n));
   }
+  void cosine_embedding(Real out, Real tau, int rows, int E) noexcept override {
+    constexpr const char* op = "cosine_embedding";
+    if (rows < 0 || E < 0) return fail(op, "negative size");
+    if (rows == 0 || E == 0) return;
+    if (!real_ok(out, op, "out") || !real_ok(tau, op, "tau")) return;
+    if (planning_) return;
+    DQN_CUDA_OK(op, cuda::cosine_embedding(stream_, out.as<float>(), tau.as<const float>(), rows, E));
+  }
+
+  void hadamard(Real x, Real h2, Real phi, int B, int N, int H) noexcept override {
+    constexpr const char* op = "hadamard";
+    if (B < 0 || N < 0 || H < 0) return fail(op, "negative size");
+    if (B == 0 || N == 0 || H == 0) return;
+    if (!real_ok(x, op, "x") || !real_ok(h2, op, "h2") || !real_ok(phi, op, "phi")) return;
+    if (planning_) return;
+    DQN_CUDA_OK(op, cuda::hadamard(stream_, x.as<float>(), h2.as<const float>(), phi.as<const float>(), B, N, H));
+  }
+
+  void hadamard_backward(Real dphi, Real dh2, Real dx, Real h2, Real phi, int B, int N, int H) noexcept override {
+    constexpr const char* op = "hadamard_backward";
+    if (B < 0 || N < 0 || H < 0) return fail(op, "negative size");
+    if (B == 0 || H == 0) return;
+    if (!real_ok(dh2, op, "dh2")) return;
+    if (N == 0) {
+      if (!planning_) DQN_CUDA_OK(op, cuda::fill(stream_, dh2.as<float>(), 0.0f, static_cast<std::int64_t>(B) * H));
+      return;
+    }
+    if (!real_ok(dphi, op, "dphi") || !real_ok(dx, op, "dx") || !real_ok(h2, op, "h2") || !real_ok(phi, op, "phi"))
+      return;
+    if (planning_) return;
+    DQN_CUDA_OK(op, cuda::hadamard_backward(stream_, dphi.as<float>(), dh2.as<float>(), dx.as<const float>(),
+                                            h2.as<const float>(), phi.as<const float>(), B, N, H));
+  }
+
+  void quantile_huber(const QuantileHuber& a) noexcept override {
+    constexpr const char* op = "quantile_huber";
+    if (a.B < 0 || a.N < 0 || a.Nt <= 0 || a.D < 0 || a.A <= 0) return fail(op, "need B, N, D >= 0, N', A >= 1");
+    if (!(a.kappa > 0.0f)) return fail(op, "kappa must be > 0");
+    if (!real_ok(a.loss, op, "loss")) return;
+    if (a.B == 0 || a.N == 0 || a.D == 0) {
+      if (!planning_) DQN_CUDA_OK(op, cuda::fill(stream_, a.loss.as<float>(), 0.0f, 1));
+      return;
+    }
+    if (!a.actions || !a.a_star) return fail(op, "null actions/a_star");
+    if (!real_ok(a.dq, op, "dq") || !real_ok(a.q, op, "q") || !real_ok(a.q_target, op, "q_target") ||
+        !real_ok(a.tau, op, "tau") || !real_ok(a.rewards, op, "rewards") || !real_ok(a.dones, op, "dones") ||
+        !real_ok(a.weights, op, "weights"))
+      return;
+    if (a.loss_per_sample && !real_ok(a.loss_per_sample, op, "loss_per_sample")) return;
+    if (cuda::quantile_huber_shared_bytes(a.D, a.N) > 48 * 1024) return fail(op, "D·N too large (over 6144 pairs)");
+    // actions/a_star live on the device: an out-of-range index poisons that sample's dq and loss.
+    void* s = scratch(op, cuda::quantile_huber_scratch_bytes(a.B));
+    if (!s) return;
+    DQN_CUDA_OK(op, cuda::quantile_huber(stream_, a, s));
+  }
+
 
 
   // --- what the runtime needs ---------------------------------------------------------------

@@ -363,6 +363,89 @@ __global__ void ensemble_disagreement_kernel(float* out, const float* q, int K, 
   }
 }
 
+__global__ void cosine_embedding_kernel(float* out, const float* tau, int rows, int E) {
+  const std::int64_t n = static_cast<std::int64_t>(rows) * E;
+  for (std::int64_t k = grid_start(); k < n; k += grid_step()) {
+    const std::int64_t r = k / E;
+    const int i = static_cast<int>(k % E);
+    out[k] = static_cast<float>(cos(3.14159265358979323846 * i * static_cast<double>(tau[r])));
+  }
+}
+
+__global__ void hadamard_kernel(float* x, const float* h2, const float* phi, int B, int N, int H) {
+  const std::int64_t n = static_cast<std::int64_t>(B) * N * H;
+  for (std::int64_t k = grid_start(); k < n; k += grid_step()) {
+    const std::int64_t b = k / (static_cast<std::int64_t>(N) * H);
+    const int h = static_cast<int>(k % H);
+    x[k] = h2[b * H + h] * phi[k];
+  }
+}
+
+/// One thread per (b, h): the N samples of that row in order.
+__global__ void hadamard_backward_kernel(float* dphi, float* dh2, const float* dx, const float* h2, const float* phi,
+                                         int B, int N, int H) {
+  const std::int64_t n = static_cast<std::int64_t>(B) * H;
+  for (std::int64_t k = grid_start(); k < n; k += grid_step()) {
+    const std::int64_t b = k / H;
+    const int h = static_cast<int>(k % H);
+    const double hv = h2[k];
+    double acc = 0.0;
+    for (int s = 0; s < N; ++s) {
+      const std::int64_t at = (b * N + s) * H + h;
+      const double g = dx[at];
+      acc += g * static_cast<double>(phi[at]);
+      dphi[at] = static_cast<float>(g * hv);
+    }
+    dh2[k] = static_cast<float>(acc);
+  }
+}
+
+/// One block per sample; threads over the (d, i) pairs, each summing over the N' targets in order;
+/// the sample's loss from the pairs in order by thread 0, to scratch for the fixed-order reduction.
+__global__ void quantile_huber_kernel(QuantileHuber a, double* weighted) {
+  extern __shared__ double pair_loss[];  // [D·N]
+  const int b = blockIdx.x, N = a.N, Nt = a.Nt, D = a.D, A = a.A;
+  const double kappa = a.kappa;
+  const float* Q = static_cast<const float*>(a.q.p);
+  const float* QT = static_cast<const float*>(a.q_target.p);
+  float* DQ = static_cast<float*>(a.dq.p);
+  const float wb = static_cast<const float*>(a.weights.p)[b];
+  const double discount =
+      static_cast<double>(a.gamma_n) * (1.0 - static_cast<double>(static_cast<const float*>(a.dones.p)[b]));
+  const double r = static_cast<const float*>(a.rewards.p)[b];
+  const double gscale = static_cast<double>(wb) / (static_cast<double>(a.B) * D * Nt * kappa);
+  for (int p = threadIdx.x; p < D * N; p += blockDim.x) {
+    const int d = p / N, i = p % N;
+    const int act = a.actions[b * D + d], best = a.a_star[b * D + d];
+    const std::int64_t row = ((static_cast<std::int64_t>(b) * N + i) * D + d) * A;
+    if (act < 0 || act >= A || best < 0 || best >= A) {  // poison instead of reading out of range
+      for (int k = 0; k < A; ++k) DQ[row + k] = NAN;
+      pair_loss[p] = NAN;
+      continue;
+    }
+    const double theta = Q[row + act];
+    const double tau = static_cast<const float*>(a.tau.p)[static_cast<std::int64_t>(b) * N + i];
+    double l = 0.0, g = 0.0;
+    for (int j = 0; j < Nt; ++j) {
+      const double t = r + discount * static_cast<double>(QT[((static_cast<std::int64_t>(b) * Nt + j) * D + d) * A + best]);
+      const double delta = t - theta, ad = fabs(delta);
+      const double w = fabs(tau - (delta < 0.0 ? 1.0 : 0.0));
+      l += w * (ad <= kappa ? 0.5 * delta * delta : kappa * (ad - 0.5 * kappa));
+      g -= w * (ad <= kappa ? delta : (delta > 0.0 ? kappa : -kappa));
+    }
+    pair_loss[p] = l / (Nt * kappa);
+    for (int k = 0; k < A; ++k) DQ[row + k] = static_cast<float>(k == act ? gscale * g : 0.0);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double sample = 0.0;
+    for (int p = 0; p < D * N; ++p) sample += pair_loss[p];
+    sample /= D;
+    if (a.loss_per_sample.p) static_cast<float*>(a.loss_per_sample.p)[b] = static_cast<float>(sample);
+    weighted[b] = static_cast<double>(wb) * sample;
+  }
+}
+
 // --- budgets --------------------------------------------------------------------------------
 
 int budget_blocks(std::int64_t P) {
@@ -666,6 +749,37 @@ cudaError_t expected_q_backward(cudaStream_t s, float* dlogits, const float* dq,
 
 cudaError_t ensemble_disagreement(cudaStream_t s, float* out, const float* q, int K, int B, int n) {
   ensemble_disagreement_kernel<<<blocks_for(static_cast<std::int64_t>(B) * 32), kThreads, 0, s>>>(out, q, K, B, n);
+  return cudaGetLastError();
+}
+
+cudaError_t cosine_embedding(cudaStream_t s, float* out, const float* tau, int rows, int E) {
+  cosine_embedding_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * E), kThreads, 0, s>>>(out, tau, rows, E);
+  return cudaGetLastError();
+}
+
+cudaError_t hadamard(cudaStream_t s, float* x, const float* h2, const float* phi, int B, int N, int H) {
+  hadamard_kernel<<<blocks_for(static_cast<std::int64_t>(B) * N * H), kThreads, 0, s>>>(x, h2, phi, B, N, H);
+  return cudaGetLastError();
+}
+
+cudaError_t hadamard_backward(cudaStream_t s, float* dphi, float* dh2, const float* dx, const float* h2,
+                              const float* phi, int B, int N, int H) {
+  hadamard_backward_kernel<<<blocks_for(static_cast<std::int64_t>(B) * H), kThreads, 0, s>>>(dphi, dh2, dx, h2, phi,
+                                                                                             B, N, H);
+  return cudaGetLastError();
+}
+
+std::size_t quantile_huber_scratch_bytes(int B) { return round_up(static_cast<std::size_t>(B) * sizeof(double), 256); }
+
+std::size_t quantile_huber_shared_bytes(int D, int N) {
+  return static_cast<std::size_t>(D) * static_cast<std::size_t>(N) * sizeof(double);
+}
+
+cudaError_t quantile_huber(cudaStream_t s, const QuantileHuber& a, void* scratch) {
+  auto* weighted = static_cast<double*>(scratch);
+  quantile_huber_kernel<<<a.B, 128, quantile_huber_shared_bytes(a.D, a.N), s>>>(a, weighted);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  c51_xent_reduce_kernel<<<1, kThreads, 0, s>>>(a.loss.as<float>(), weighted, a.B, 1.0f, false);
   return cudaGetLastError();
 }
 

@@ -39,6 +39,15 @@ cudaError_t expected_q_backward(cudaStream_t s, float* dlogits, const float* dq,
 
 cudaError_t ensemble_disagreement(cudaStream_t s, float* out, const float* q, int K, int B, int n);
 
+cudaError_t cosine_embedding(cudaStream_t s, float* out, const float* tau, int rows, int E);
+cudaError_t hadamard(cudaStream_t s, float* x, const float* h2, const float* phi, int B, int N, int H);
+cudaError_t hadamard_backward(cudaStream_t s, float* dphi, float* dh2, const float* dx, const float* h2,
+                              const float* phi, int B, int N, int H);
+/// Scratch quantile_huber needs (one double per sample) and its dynamic shared memory (D·N doubles).
+std::size_t quantile_huber_scratch_bytes(int B);
+std::size_t quantile_huber_shared_bytes(int D, int N);
+cudaError_t quantile_huber(cudaStream_t s, const QuantileHuber& a, void* scratch);
+
 /// Scratch budget needs: per-head, per-block partial sums of squares and non-finite flags.
 std::size_t budget_scratch_bytes(int H, std::int64_t P);
 cudaError_t budget(cudaStream_t s, const Budget& a, void* scratch);

@@ -16,6 +16,8 @@
 namespace dqn {
 namespace {
 
+constexpr double kPi = 3.14159265358979323846;
+
 /// Δz of the C51 support z_i = v_min + i·Δz (0 for a single atom).
 double support_step(float v_min, float v_max, int Z) {
   return Z > 1 ? (static_cast<double>(v_max) - static_cast<double>(v_min)) / (Z - 1) : 0.0;
@@ -591,6 +593,113 @@ class CpuBackend final : public Backend {
       O[b] = static_cast<T>(acc / n);
     }
   }
+  void cosine_embedding(Real out, Real tau, int rows, int E) noexcept override {
+    if (rows < 0 || E < 0) return fail("cosine_embedding", "negative size");
+    if (rows == 0 || E == 0) return;
+    if (!real_ok(out, "cosine_embedding", "out") || !real_ok(tau, "cosine_embedding", "tau")) return;
+    T* O = out.as<T>();
+    const T* t = tau.as<T>();
+    for (int r = 0; r < rows; ++r)
+      for (int i = 0; i < E; ++i)
+        O[static_cast<std::int64_t>(r) * E + i] = static_cast<T>(std::cos(kPi * i * static_cast<double>(t[r])));
+  }
+
+  void hadamard(Real x, Real h2, Real phi, int B, int N, int H) noexcept override {
+    if (B < 0 || N < 0 || H < 0) return fail("hadamard", "negative size");
+    if (B == 0 || N == 0 || H == 0) return;
+    if (!real_ok(x, "hadamard", "x") || !real_ok(h2, "hadamard", "h2") || !real_ok(phi, "hadamard", "phi")) return;
+    T* X = x.as<T>();
+    const T* Hv = h2.as<T>();
+    const T* P = phi.as<T>();
+    for (int b = 0; b < B; ++b)
+      for (int n = 0; n < N; ++n)
+        for (int h = 0; h < H; ++h) {
+          const std::int64_t at = (static_cast<std::int64_t>(b) * N + n) * H + h;
+          X[at] = static_cast<T>(static_cast<double>(Hv[static_cast<std::int64_t>(b) * H + h]) * static_cast<double>(P[at]));
+        }
+  }
+
+  void hadamard_backward(Real dphi, Real dh2, Real dx, Real h2, Real phi, int B, int N, int H) noexcept override {
+    if (B < 0 || N < 0 || H < 0) return fail("hadamard_backward", "negative size");
+    if (B == 0 || H == 0) return;
+    if (!real_ok(dh2, "hadamard_backward", "dh2")) return;
+    if (N > 0 && (!real_ok(dphi, "hadamard_backward", "dphi") || !real_ok(dx, "hadamard_backward", "dx") ||
+                  !real_ok(h2, "hadamard_backward", "h2") || !real_ok(phi, "hadamard_backward", "phi")))
+      return;
+    T* DP = N > 0 ? dphi.as<T>() : nullptr;
+    T* DH = dh2.as<T>();
+    const T* DX = N > 0 ? dx.as<T>() : nullptr;
+    const T* Hv = N > 0 ? h2.as<T>() : nullptr;
+    const T* P = N > 0 ? phi.as<T>() : nullptr;
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h) {
+        const double hv = N > 0 ? static_cast<double>(Hv[static_cast<std::int64_t>(b) * H + h]) : 0.0;
+        double acc = 0.0;
+        for (int n = 0; n < N; ++n) {
+          const std::int64_t at = (static_cast<std::int64_t>(b) * N + n) * H + h;
+          const double g = DX[at];  // read before dphi (which may alias dx) is written
+          acc += g * static_cast<double>(P[at]);
+          DP[at] = static_cast<T>(g * hv);
+        }
+        DH[static_cast<std::int64_t>(b) * H + h] = static_cast<T>(acc);
+      }
+  }
+
+  void quantile_huber(const QuantileHuber& a) noexcept override {
+    constexpr const char* op = "quantile_huber";
+    if (a.B < 0 || a.N < 0 || a.Nt <= 0 || a.D < 0 || a.A <= 0) return fail(op, "need B, N, D >= 0, N', A >= 1");
+    if (!(a.kappa > 0.0f)) return fail(op, "kappa must be > 0");
+    if (!real_ok(a.loss, op, "loss")) return;
+    if (a.B == 0 || a.N == 0 || a.D == 0) {
+      a.loss.as<T>()[0] = T(0);
+      return;
+    }
+    if (!a.actions || !a.a_star) return fail(op, "null actions/a_star");
+    if (!real_ok(a.dq, op, "dq") || !real_ok(a.q, op, "q") || !real_ok(a.q_target, op, "q_target") ||
+        !real_ok(a.tau, op, "tau") || !real_ok(a.rewards, op, "rewards") || !real_ok(a.dones, op, "dones") ||
+        !real_ok(a.weights, op, "weights"))
+      return;
+    if (a.loss_per_sample && !real_ok(a.loss_per_sample, op, "loss_per_sample")) return;
+    for (int k = 0; k < a.B * a.D; ++k)
+      if (a.actions[k] < 0 || a.actions[k] >= a.A || a.a_star[k] < 0 || a.a_star[k] >= a.A)
+        return fail(op, "action or a_star out of range");
+    const int N = a.N, Nt = a.Nt, D = a.D, A = a.A;
+    const double kappa = a.kappa;
+    const T* Q = a.q.as<T>();
+    const T* QT = a.q_target.as<T>();
+    const T* TAU = a.tau.as<T>();
+    const T* W = a.weights.as<T>();
+    T* DQ = a.dq.as<T>();
+    double total = 0.0;
+    for (int b = 0; b < a.B; ++b) {
+      const double discount = static_cast<double>(a.gamma_n) * (1.0 - static_cast<double>(a.dones.as<T>()[b]));
+      const double r = a.rewards.as<T>()[b];
+      const double gscale = static_cast<double>(W[b]) / (static_cast<double>(a.B) * D * Nt * kappa);
+      double sample = 0.0;
+      for (int d = 0; d < D; ++d) {
+        const int act = a.actions[b * D + d], best = a.a_star[b * D + d];
+        for (int i = 0; i < N; ++i) {
+          const std::int64_t row = ((static_cast<std::int64_t>(b) * N + i) * D + d) * A;
+          const double theta = Q[row + act], tau = TAU[static_cast<std::int64_t>(b) * N + i];
+          double l = 0.0, g = 0.0;
+          for (int j = 0; j < Nt; ++j) {
+            const double t = r + discount * static_cast<double>(QT[((static_cast<std::int64_t>(b) * Nt + j) * D + d) * A + best]);
+            const double delta = t - theta, ad = std::abs(delta);
+            const double w = std::abs(tau - (delta < 0.0 ? 1.0 : 0.0));
+            l += w * (ad <= kappa ? 0.5 * delta * delta : kappa * (ad - 0.5 * kappa));
+            g -= w * (ad <= kappa ? delta : (delta > 0.0 ? kappa : -kappa));  // ∂/∂θ = −∂/∂δ
+          }
+          sample += l / (Nt * kappa);
+          for (int k = 0; k < A; ++k) DQ[row + k] = static_cast<T>(k == act ? gscale * g : 0.0);
+        }
+      }
+      sample /= D;
+      if (a.loss_per_sample) a.loss_per_sample.as<T>()[b] = static_cast<T>(sample);
+      total += static_cast<double>(W[b]) * sample;
+    }
+    a.loss.as<T>()[0] = static_cast<T>(total / a.B);
+  }
+
 
 
  private:

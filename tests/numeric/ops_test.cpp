@@ -1327,3 +1327,115 @@ TEST_CASE("ops.ensemble_disagreement") {
   REQUIRE(be.f32->status() == 0);
   for (int b = 0; b < B; ++b) CHECK(outs[b] == 0.0);
 }
+
+TEST_CASE("ops.cosine_embedding") {
+  Backends be;
+  Rng rng(24);
+  const int rows = 5, E = 7;
+  const Vd T = rng.vec(rows, 0.0, 1.0);
+  Vec tau(8, T), out(8, static_cast<std::size_t>(rows) * E, kNaN);
+  be.f64->cosine_embedding(out.r(), tau.r(), rows, E);
+  REQUIRE(be.f64->status() == 0);
+  for (int r = 0; r < rows; ++r)
+    for (int i = 0; i < E; ++i) CHECK(out[r * E + i] == doctest::Approx(std::cos(M_PI * i * T[r])).epsilon(1e-15));
+  for (int r = 0; r < rows; ++r) CHECK(out[r * E] == 1.0);  // i = 0: the constant feature
+}
+
+TEST_CASE("ops.hadamard.fd") {
+  // L = Σ c ⊙ (h2 broadcast ⊙ phi): dphi and dh2 from hadamard_backward against central differences.
+  Backends be;
+  Backend& b = *be.f64;
+  Rng rng(25);
+  const int B = 3, N = 4, H = 5;
+  const std::size_t nx = static_cast<std::size_t>(B) * N * H;
+  const Vd C = rng.vec(nx);
+  Vec h2(8, rng.vec(static_cast<std::size_t>(B) * H)), phi(8, rng.vec(nx)), x(8, nx, kNaN), c(8, C),
+      dphi(8, nx, kNaN), dh2(8, static_cast<std::size_t>(B) * H, kNaN);
+  auto forward = [&] {
+    b.hadamard(x.r(), h2.r(), phi.r(), B, N, H);
+    double s = 0.0;
+    for (std::size_t i = 0; i < nx; ++i) s += C[i] * x[i];
+    return s;
+  };
+  forward();
+  for (int bb = 0; bb < B; ++bb)
+    for (int n = 0; n < N; ++n)
+      for (int h = 0; h < H; ++h) CHECK(x[(bb * N + n) * H + h] == h2[bb * H + h] * phi[(bb * N + n) * H + h]);
+  b.hadamard_backward(dphi.r(), dh2.r(), c.r(), h2.r(), phi.r(), B, N, H);
+  REQUIRE(b.status() == 0);
+  const Vd gphi = dphi.get(), gh2 = dh2.get();
+  CHECK(grad_err(phi, gphi, forward) < 1e-6);
+  CHECK(grad_err(h2, gh2, forward) < 1e-6);
+  // dphi may alias dx.
+  Vec inplace(8, C), dh2b(8, static_cast<std::size_t>(B) * H, kNaN);
+  b.hadamard_backward(inplace.r(), dh2b.r(), inplace.r(), h2.r(), phi.r(), B, N, H);
+  CHECK(inplace.get() == gphi);
+  CHECK(dh2b.get() == gh2);
+}
+
+TEST_CASE("ops.quantile_huber.fd") {
+  // The IQN loss against a direct transcription of the spec, dq against central differences
+  // (zero off the taken actions), deltas on both sides of κ, f32 against f64.
+  Backends be;
+  Backend& b = *be.f64;
+  Rng rng(26);
+  const int B = 3, N = 4, Nt = 5, D = 2, A = 3;
+  const float kappa = 1.0f, gamma = 0.9f;
+  std::vector<std::int32_t> actions(B * D), a_star(B * D);
+  for (auto& a : actions) a = rng.below(A);
+  for (auto& a : a_star) a = rng.below(A);
+  const Vd Q = rng.vec(static_cast<std::size_t>(B) * N * D * A, -2.0, 2.0);
+  const Vd QT = rng.vec(static_cast<std::size_t>(B) * Nt * D * A, -2.0, 2.0);
+  const Vd TAU = rng.vec(static_cast<std::size_t>(B) * N, 0.0, 1.0);
+  const Vd R = {0.5, -1.0, 0.25}, DONE = {0.0, 1.0, 0.0}, W = {1.0, 0.5, 1.5};
+  Vec q(8, Q), qt(8, QT), tau(8, TAU), r(8, R), done(8, DONE), w(8, W), dq(8, Q.size(), kNaN), loss(8, 1, kNaN),
+      lps(8, B, kNaN);
+  auto args = [&](Vec& qq, Vec& qqt, Vec& tt, Vec& rr, Vec& dd, Vec& ww, Vec& dqq, Vec& lo, Vec* per) {
+    dqn::QuantileHuber a;
+    a.loss = lo.r(), a.loss_per_sample = per ? per->r() : Real{nullptr, lo.r().esize}, a.dq = dqq.r(), a.q = qq.r();
+    a.q_target = qqt.r(), a.actions = actions.data(), a.a_star = a_star.data(), a.tau = tt.r(), a.rewards = rr.r();
+    a.dones = dd.r(), a.weights = ww.r(), a.B = B, a.N = N, a.Nt = Nt, a.D = D, a.A = A, a.gamma_n = gamma;
+    a.kappa = kappa;
+    return a;
+  };
+  auto forward = [&] {
+    b.quantile_huber(args(q, qt, tau, r, done, w, dq, loss, &lps));
+    return loss[0];
+  };
+  forward();
+  REQUIRE(b.status() == 0);
+  const Vd grad = dq.get();
+  double want = 0.0;
+  int beyond_kappa = 0;
+  for (int s = 0; s < B; ++s) {
+    double L = 0.0;
+    for (int d = 0; d < D; ++d)
+      for (int i = 0; i < N; ++i)
+        for (int j = 0; j < Nt; ++j) {
+          const double theta = Q[((s * N + i) * D + d) * A + actions[s * D + d]];
+          const double T = R[s] + gamma * (1.0 - DONE[s]) * QT[((s * Nt + j) * D + d) * A + a_star[s * D + d]];
+          const double delta = T - theta;
+          const double rho = std::abs(delta) <= kappa ? 0.5 * delta * delta : kappa * (std::abs(delta) - 0.5 * kappa);
+          beyond_kappa += std::abs(delta) > kappa;
+          L += std::abs(TAU[s * N + i] - (delta < 0 ? 1.0 : 0.0)) * rho / kappa / Nt;
+        }
+    L /= D;
+    CHECK(lps[s] == doctest::Approx(L).epsilon(1e-13));
+    want += W[s] * L;
+  }
+  CHECK(beyond_kappa > 0);
+  CHECK(loss[0] == doctest::Approx(want / B).epsilon(1e-13));
+  for (int s = 0; s < B; ++s)
+    for (int i = 0; i < N; ++i)
+      for (int d = 0; d < D; ++d)
+        for (int a = 0; a < A; ++a)
+          if (a != actions[s * D + d]) CHECK(grad[((s * N + i) * D + d) * A + a] == 0.0);
+  CHECK(grad_err(q, grad, forward) < 1e-6);
+
+  Vec q32(4, Q), qt32(4, QT), tau32(4, TAU), r32(4, R), d32(4, DONE), w32(4, W), dq32(4, Q.size(), kNaN),
+      loss32(4, 1, kNaN);
+  be.f32->quantile_huber(args(q32, qt32, tau32, r32, d32, w32, dq32, loss32, nullptr));
+  REQUIRE(be.f32->status() == 0);
+  CHECK(rel_err(dq32.get(), grad) < 1e-5);
+  CHECK(loss32[0] == doctest::Approx(loss[0]).epsilon(1e-5));
+}

@@ -146,6 +146,7 @@ TEST_CASE("abi.op_argument_layout") {
   CHECK(std::is_standard_layout_v<Gemm>);
   CHECK(std::is_standard_layout_v<SpectralMatrix>);
   CHECK(std::is_standard_layout_v<CqlPenalty>);
+  CHECK(std::is_standard_layout_v<QuantileHuber>);
   check_rows({
       {"sizeof(Real)", sizeof(Real), 16, "passed by value through every op"},
       {"Real::p", offsetof(Real, p), 0, ""},
@@ -183,6 +184,25 @@ TEST_CASE("abi.op_argument_layout") {
       {"CqlPenalty::D", offsetof(CqlPenalty, D), 60, ""},
       {"CqlPenalty::A", offsetof(CqlPenalty, A), 64, ""},
       {"CqlPenalty::alpha", offsetof(CqlPenalty, alpha), 68, ""},
+      {"sizeof(QuantileHuber)", sizeof(QuantileHuber), 192, "ABI 2"},
+      {"QuantileHuber::loss", offsetof(QuantileHuber, loss), 0, ""},
+      {"QuantileHuber::loss_per_sample", offsetof(QuantileHuber, loss_per_sample), 16, ""},
+      {"QuantileHuber::dq", offsetof(QuantileHuber, dq), 32, ""},
+      {"QuantileHuber::q", offsetof(QuantileHuber, q), 48, ""},
+      {"QuantileHuber::q_target", offsetof(QuantileHuber, q_target), 64, ""},
+      {"QuantileHuber::actions", offsetof(QuantileHuber, actions), 80, ""},
+      {"QuantileHuber::a_star", offsetof(QuantileHuber, a_star), 88, ""},
+      {"QuantileHuber::tau", offsetof(QuantileHuber, tau), 96, ""},
+      {"QuantileHuber::rewards", offsetof(QuantileHuber, rewards), 112, ""},
+      {"QuantileHuber::dones", offsetof(QuantileHuber, dones), 128, ""},
+      {"QuantileHuber::weights", offsetof(QuantileHuber, weights), 144, ""},
+      {"QuantileHuber::B", offsetof(QuantileHuber, B), 160, ""},
+      {"QuantileHuber::N", offsetof(QuantileHuber, N), 164, ""},
+      {"QuantileHuber::Nt", offsetof(QuantileHuber, Nt), 168, ""},
+      {"QuantileHuber::D", offsetof(QuantileHuber, D), 172, ""},
+      {"QuantileHuber::A", offsetof(QuantileHuber, A), 176, ""},
+      {"QuantileHuber::gamma_n", offsetof(QuantileHuber, gamma_n), 180, ""},
+      {"QuantileHuber::kappa", offsetof(QuantileHuber, kappa), 184, ""},
   });
   // Defaults a plugin relies on when it fills only some fields.
   const Gemm g;
@@ -309,6 +329,10 @@ TEST_CASE("abi.interface_vtable_slots") {
       {"Backend::cql_penalty", slot_of(&Backend::cql_penalty), 30, "ABI 2: appended, never reordered"},
       {"Backend::expected_q_backward", slot_of(&Backend::expected_q_backward), 31, ""},
       {"Backend::ensemble_disagreement", slot_of(&Backend::ensemble_disagreement), 32, ""},
+      {"Backend::cosine_embedding", slot_of(&Backend::cosine_embedding), 33, ""},
+      {"Backend::hadamard", slot_of(&Backend::hadamard), 34, ""},
+      {"Backend::hadamard_backward", slot_of(&Backend::hadamard_backward), 35, ""},
+      {"Backend::quantile_huber", slot_of(&Backend::quantile_huber), 36, ""},
   });
 }
 #endif

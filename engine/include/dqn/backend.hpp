@@ -139,6 +139,24 @@ struct CqlPenalty {
   float alpha = 1.0f;
 };
 
+/// IQN quantile Huber loss (spec "IQN loss") with its gradient w.r.t. the online quantiles:
+///   θ_{d,i} = q[b,i,d,a_d], T_{d,j} = r + γⁿ(1 − done) q_target[b,j,d,a*_d], δ = T_j − θ_i,
+///   L(b) = (1/D) Σ_d Σ_i (1/N') Σ_j |τ_i − 1{δ<0}| ρ_κ(δ)/κ,  loss = (1/B) Σ_b w_b L(b).
+/// dq is overwritten (zero off the taken actions); nothing flows into the target.
+struct QuantileHuber {
+  Real loss;                    ///< out [1]
+  Real loss_per_sample;         ///< out [B] (may be null)
+  Real dq;                      ///< out [B,N,D,A]
+  Real q;                       ///< in  [B,N,D,A] online quantile values at states
+  Real q_target;                ///< in  [B,N',D,A] target quantile values at next_states
+  const std::int32_t* actions;  ///< in  [B,D]
+  const std::int32_t* a_star;   ///< in  [B,D]
+  Real tau;                     ///< in  [B,N]
+  Real rewards, dones, weights; ///< in  [B]
+  int B = 0, N = 0, Nt = 0, D = 0, A = 0;
+  float gamma_n = 0.99f, kappa = 1.0f;
+};
+
 /// The op table. Every method is noexcept; a backend that fails records the first error and
 /// reports it through status().
 class Backend {
@@ -211,6 +229,15 @@ class Backend {
   /// Ensemble disagreement: out[b] = (1/n) Σ_j std_k q[k,b,j] (population std over the K
   /// members), q [K,B,n] (n = D·A for Q-values).
   virtual void ensemble_disagreement(Real out, Real q, int K, int B, int n) noexcept = 0;
+  /// IQN cosine embedding: out[r, i] = cos(π i tau[r]), i = 0..E−1, r < rows.
+  virtual void cosine_embedding(Real out, Real tau, int rows, int E) noexcept = 0;
+  /// x[b·N+n, h] = h2[b, h] · phi[b·N+n, h] (h2 [B,H] broadcast over the N samples of a row).
+  virtual void hadamard(Real x, Real h2, Real phi, int B, int N, int H) noexcept = 0;
+  /// Backward of hadamard: dphi = dx ⊙ h2 (may alias dx), dh2[b,h] = Σ_n dx[b·N+n,h]·phi[b·N+n,h]
+  /// (overwritten).
+  virtual void hadamard_backward(Real dphi, Real dh2, Real dx, Real h2, Real phi, int B, int N,
+                                 int H) noexcept = 0;
+  virtual void quantile_huber(const QuantileHuber& a) noexcept = 0;
 };
 
 }  // namespace dqn

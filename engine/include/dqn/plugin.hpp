@@ -12,7 +12,7 @@ namespace dqn {
 
 /// Bumped whenever the descriptor, the Head/BuildContext/Resolver interfaces or the op table
 /// change layout or meaning. The loader refuses any other value.
-inline constexpr std::uint32_t kAbiVersion = 2;  // 2: cql_penalty, expected_q_backward, ensemble_disagreement appended to the op table
+inline constexpr std::uint32_t kAbiVersion = 2;  // 2: auxiliary-head ops appended to the op table
 
 /// The exported symbol every plugin defines (through DQN_PLUGIN_EXPORT below).
 inline constexpr const char* kDescriptorSymbol = "dqn_plugin_descriptor";

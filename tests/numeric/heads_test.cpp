@@ -284,3 +284,86 @@ TEST_CASE("heads.budget.c51_cql_ensemble") {
   }
   CHECK(norm(e->host_buffer("grad/total")) <= G * (1 + 1e-6));
 }
+
+namespace {
+bool trunk_or_iqn(const std::string& n) { return starts_with(n, "trunk.") || starts_with(n, "iqn."); }
+const char* kIqn = "  - {plugin: iqn, quantiles: 3, target_quantiles: 4, embed: 5}\n";
+}  // namespace
+
+TEST_CASE("heads.iqn.loss_matches_spec") {
+  const PipelineSpec spec = parse(tiny_pipeline(kIqn));
+  auto e = make(spec, true);
+  e->forward_backward();
+  const int B = spec.batch, D = spec.network.branches, A = spec.network.actions, N = 3, Nt = 4;
+  const auto q = e->host_buffer("iqn/q"), qt = e->host_buffer("iqn/target.q"), tau = e->host_buffer("iqn/tau");
+  const auto act = e->host_buffer("batch/actions"), ast = e->host_buffer("target/a_star");
+  const auto r = e->host_buffer("batch/rewards"), dn = e->host_buffer("batch/dones"), w = e->host_buffer("batch/is_weights");
+  double want = 0;
+  for (int b = 0; b < B; ++b) {
+    double L = 0;
+    for (int d = 0; d < D; ++d)
+      for (int i = 0; i < N; ++i)
+        for (int j = 0; j < Nt; ++j) {
+          const double theta = q[std::size_t(((b * N + i) * D + d) * A + int(act[std::size_t(b * D + d)]))];
+          const double T = r[std::size_t(b)] + 0.9 * (1 - dn[std::size_t(b)]) *
+                                                   qt[std::size_t(((b * Nt + j) * D + d) * A + int(ast[std::size_t(b * D + d)]))];
+          const double delta = T - theta;
+          const double rho = std::fabs(delta) <= 1 ? 0.5 * delta * delta : std::fabs(delta) - 0.5;
+          L += std::fabs(tau[std::size_t(b * N + i)] - (delta < 0 ? 1.0 : 0.0)) * rho / Nt;
+        }
+    want += w[std::size_t(b)] * L / D;
+  }
+  // γⁿ travels as f32 (0.9f), hence the tolerance.
+  CHECK(e->host_buffer("loss/iqn")[0] == doctest::Approx(want / B).epsilon(1e-7));
+}
+
+TEST_CASE("heads.iqn.tau_fresh_each_step_and_reproducible") {
+  const PipelineSpec spec = parse(tiny_pipeline(kIqn));
+  auto a = make(spec, true), b = make(spec, true);
+  a->forward_backward();
+  const auto t0 = a->host_buffer("iqn/tau"), tt0 = a->host_buffer("iqn/tau_target");
+  CHECK(t0.size() == std::size_t(spec.batch) * 3);
+  CHECK(tt0.size() == std::size_t(spec.batch) * 4);
+  for (double x : t0) CHECK((x >= 0 && x < 1));
+  CHECK(std::vector<double>(t0.begin(), t0.begin() + 3) != std::vector<double>(tt0.begin(), tt0.begin() + 3));
+  a->step();
+  a->forward_backward();
+  CHECK(a->host_buffer("iqn/tau") != t0);  // keyed by the Adam step
+  b->step();
+  b->forward_backward();
+  CHECK(a->host_buffer("iqn/tau") == b->host_buffer("iqn/tau"));
+  CHECK(a->host_buffer("params") == b->host_buffer("params"));
+}
+
+TEST_CASE("heads.iqn.fd_every_parameter") {
+  // No gradient into c51 (a* is an argmax) nor into the target.
+  const PipelineSpec spec = parse(tiny_pipeline(kIqn));
+  auto e = make(spec, true);
+  fd_check(*e, "iqn", trunk_or_iqn);
+}
+
+TEST_CASE("heads.budget.full") {
+  const double G = 1e-4;
+  PipelineSpec spec = parse(tiny_pipeline(std::string(kIqn) + "  - {plugin: ensemble, members: 2}\n  - {plugin: cql}\n",
+                                          "max_grad_norm: 0.0001\n"));
+  auto e = make(spec, true);
+  REQUIRE(e->head_names() == std::vector<std::string>{"c51", "iqn", "ensemble", "cql"});
+  const auto f = e->fractions();
+  CHECK(f[0] == doctest::Approx(0.6));
+  CHECK(f[1] == doctest::Approx(0.2));
+  CHECK(f[0] + f[1] + f[2] + f[3] == doctest::Approx(1.0).epsilon(1e-15));
+  e->step();
+  StepReport r = e->read_report();
+  for (std::size_t h = 0; h < 4; ++h) {
+    CAPTURE(h);
+    CHECK(r.grad_norms[h] > G);
+    CHECK(r.clips[h] * r.grad_norms[h] <= f[h] * G * (1 + 1e-6));
+  }
+  CHECK(norm(e->host_buffer("grad/total")) <= G * (1 + 1e-6));
+  e->set_fraction(1, 0.05);
+  e->set_fraction(0, 0.75);
+  e->step();
+  r = e->read_report();
+  CHECK(r.clips[1] == doctest::Approx(0.05 * G / (r.grad_norms[1] + 1e-6)).epsilon(1e-5));
+  CHECK(r.clips[0] == doctest::Approx(0.75 * G / (r.grad_norms[0] + 1e-6)).epsilon(1e-5));
+}

@@ -1,0 +1,287 @@
+/** @file iqn.cpp
+ *  @brief The IQN auxiliary head (spec "IQN loss"): cosine embedding of τ, Hadamard product with
+ *  the trunk output, two quantile layers; target quantiles from the target trunk at the primary's
+ *  a*; the quantile Huber loss. τ and τ' come from the counter-based generator keyed by (seed,
+ *  Adam step) on two streams, so a replayed graph draws fresh numbers and both backends agree.
+ */
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "dqn/backend.hpp"
+#include "dqn/head.hpp"
+#include "dqn/plugin.hpp"
+
+namespace {
+
+using namespace dqn;
+
+enum Tag : std::int32_t { kForward = 0, kTarget = 1, kLoss = 2, kBackward = 3 };
+
+constexpr std::uint32_t kTauStream = 0x7A00u;        ///< τ  [B,N]
+constexpr std::uint32_t kTauTargetStream = 0x7A01u;  ///< τ' [B,N']
+
+struct Config {
+  int N = 32, Nt = 32, E = 64;
+  double kappa = 1.0;
+};
+
+/// One pass of the quantile network over `rows` = B·n (sample-major) rows.
+struct Pass {
+  Real tau, cos, phi, x, hq, q;
+};
+
+/// The head's parameters (online, target or gradient).
+struct Params {
+  Real we, be, w1, b1, w2, b2;
+};
+
+class IqnHead final : public Head {
+ public:
+  IqnHead(const HeadCreateInfo& info, const Config& c)
+      : name_(info.instance ? info.instance : "iqn"), c_(c), B_(info.batch), H2_(info.net->h2()),
+        Hh_(info.net->head_hidden), DA_(info.net->branches * info.net->actions), D_(info.net->branches),
+        A_(info.net->actions), gamma_n_(info.gamma_n), seed_(info.seed) {}
+
+  int declare(BuildContext& ctx) noexcept override {
+    try {
+      int rc = 0;
+      auto p = [&](const char* n, int rows, int cols, int fan_in) {
+        if (rc == 0) rc = ctx.param(n, rows, cols, fan_in, 0);
+      };
+      p("iqn.embed.weight", H2_, c_.E, c_.E);
+      p("iqn.embed.bias", H2_, 0, c_.E);
+      p("iqn.0.weight", Hh_, H2_, H2_);
+      p("iqn.0.bias", Hh_, 0, H2_);
+      p("iqn.1.weight", DA_, Hh_, Hh_);
+      p("iqn.1.bias", DA_, 0, Hh_);
+      if (rc) return keep(rc);
+      const std::int64_t B = B_, N = c_.N, Nt = c_.Nt, E = c_.E, H2 = H2_, Hh = Hh_, DA = DA_;
+      struct Decl { std::string n; std::vector<std::int64_t> s; BufferKind kind; };
+      const BufferKind act = BufferKind::activation, scr = BufferKind::scratch;
+      const std::vector<Decl> decls = {
+          {own("tau"), {B, N}, act}, {own("cos"), {B * N, E}, act}, {own("phi"), {B * N, H2}, act},
+          {own("x"), {B * N, H2}, act}, {own("hq"), {B * N, Hh}, act}, {own("q"), {B, N, DA}, act},
+          {own("tau_target"), {B, Nt}, act}, {own("target.cos"), {B * Nt, E}, act},
+          {own("target.phi"), {B * Nt, H2}, act}, {own("target.x"), {B * Nt, H2}, act},
+          {own("target.hq"), {B * Nt, Hh}, act}, {own("target.q"), {B, Nt, DA}, act},
+          {own("dq"), {B * N, DA}, scr}, {own("dhq"), {B * N, Hh}, scr}, {own("dx"), {B * N, H2}, scr},
+      };
+      for (const auto& x : decls)
+        if (int r = ctx.buffer(x.n.c_str(), DType::real, x.s.data(), std::int32_t(x.s.size()), x.kind)) return keep(r);
+      const std::string loss = "loss/" + name_, grad = "grad/" + name_, dtrunk = "dtrunk/" + name_;
+      rc = stage(ctx, kForward, "forward", {buf::h2, "params", buf::step},
+                 {own("tau"), own("cos"), own("phi"), own("x"), own("hq"), own("q")});
+      rc = rc ? rc : stage(ctx, kTarget, "target", {buf::target_h2, "target", buf::step},
+                           {own("tau_target"), own("target.cos"), own("target.phi"), own("target.x"),
+                            own("target.hq"), own("target.q")});
+      rc = rc ? rc : stage(ctx, kLoss, "loss",
+                           {own("q"), own("target.q"), own("tau"), buf::actions, buf::a_star, buf::rewards,
+                            buf::dones, buf::is_weights},
+                           {loss, own("dq")});
+      rc = rc ? rc : stage(ctx, kBackward, "backward",
+                           {own("dq"), own("hq"), own("x"), own("phi"), own("cos"), buf::h2, "params"},
+                           {own("dhq"), own("dx"), grad, dtrunk});
+      return keep(rc);
+    } catch (const std::exception& e) {
+      error_ = e.what();
+      return 1;
+    }
+  }
+
+  int bind(const Resolver& r) noexcept override {
+    try {
+      auto params = [&](auto get) {
+        return Params{get("iqn.embed.weight"), get("iqn.embed.bias"), get("iqn.0.weight"),
+                      get("iqn.0.bias"), get("iqn.1.weight"), get("iqn.1.bias")};
+      };
+      online_ = params([&](const char* n) { return r.param(n); });
+      target_ = params([&](const char* n) { return r.target(n); });
+      grad_ = params([&](const char* n) { return r.grad(n); });
+      auto R = [&](const char* n) { return r.real(own(n).c_str()); };
+      pass_ = {R("tau"), R("cos"), R("phi"), R("x"), R("hq"), R("q")};
+      tpass_ = {R("tau_target"), R("target.cos"), R("target.phi"), R("target.x"), R("target.hq"), R("target.q")};
+      dq_ = R("dq");
+      dhq_ = R("dhq");
+      dx_ = R("dx");
+      h2_ = r.real(buf::h2);
+      target_h2_ = r.real(buf::target_h2);
+      step_ = r.i64(buf::step);
+      actions_ = r.i32(buf::actions);
+      a_star_ = r.i32(buf::a_star);
+      rewards_ = r.real(buf::rewards);
+      dones_ = r.real(buf::dones);
+      weights_ = r.real(buf::is_weights);
+      loss_ = r.real(("loss/" + name_).c_str());
+      dtrunk_ = r.real(("dtrunk/" + name_).c_str());
+      const bool ok = online_.we && online_.b2 && target_.we && target_.b2 && grad_.we && grad_.b2 && pass_.tau &&
+                      pass_.q && tpass_.tau && tpass_.q && pass_.cos && pass_.phi && pass_.x && pass_.hq &&
+                      tpass_.cos && tpass_.phi && tpass_.x && tpass_.hq && dq_ && dhq_ && dx_ && h2_ && target_h2_ &&
+                      step_ && actions_ && a_star_ && rewards_ && dones_ && weights_ && loss_ && dtrunk_;
+      if (!ok) {
+        error_ = "iqn: a buffer or parameter it needs is missing";
+        return 1;
+      }
+      return 0;
+    } catch (const std::exception& e) {
+      error_ = e.what();
+      return 1;
+    }
+  }
+
+  void run(std::int32_t tag, Backend& be) noexcept override {
+    switch (tag) {
+      case kForward:
+        forward(be, online_, h2_, c_.N, kTauStream, pass_);
+        break;
+      case kTarget:
+        forward(be, target_, target_h2_, c_.Nt, kTauTargetStream, tpass_);
+        break;
+      case kLoss: {
+        QuantileHuber a;
+        a.loss = loss_; a.loss_per_sample = Real{nullptr, h2_.esize}; a.dq = dq_; a.q = pass_.q;
+        a.q_target = tpass_.q; a.actions = actions_; a.a_star = a_star_; a.tau = pass_.tau;
+        a.rewards = rewards_; a.dones = dones_; a.weights = weights_;
+        a.B = B_; a.N = c_.N; a.Nt = c_.Nt; a.D = D_; a.A = A_; a.gamma_n = gamma_n_; a.kappa = float(c_.kappa);
+        be.quantile_huber(a);
+        break;
+      }
+      case kBackward:
+        backward(be);
+        break;
+      default:
+        break;
+    }
+  }
+
+  const char* error() const noexcept override { return error_.c_str(); }
+
+ private:
+  std::string own(const char* n) const { return name_ + "/" + n; }
+
+  /// Row-major dense layer y = act(x Wᵀ + b) over `rows` rows.
+  static void dense(Backend& be, Real x, int in, Real w, Real b, Real y, int out, int rows, Act act) {
+    Gemm g;
+    g.tb = true; g.m = rows; g.n = out; g.k = in;
+    g.a = x; g.lda = in; g.b = w; g.ldb = in; g.c = y; g.ldc = out; g.weight_operand = 2;
+    be.gemm(g);
+    be.bias_act(y, b, rows, out, out, act);
+  }
+
+  void forward(Backend& be, const Params& p, Real h2, int n, std::uint32_t stream, const Pass& s) const {
+    const int rows = B_ * n;
+    Uniform u;
+    u.out = s.tau; u.n = std::int64_t(rows); u.seed = seed_; u.stream = stream; u.step = step_;
+    be.uniform(u);
+    be.cosine_embedding(s.cos, s.tau, rows, c_.E);
+    dense(be, s.cos, c_.E, p.we, p.be, s.phi, H2_, rows, Act::relu);
+    be.hadamard(s.x, h2, s.phi, B_, n, H2_);
+    dense(be, s.x, H2_, p.w1, p.b1, s.hq, Hh_, rows, Act::relu);
+    dense(be, s.hq, Hh_, p.w2, p.b2, s.q, DA_, rows, Act::none);
+  }
+
+  /// dW = dyᵀ · x (overwriting) for a layer of `out` × `in` over `rows` rows, and its bias.
+  static void weight_grad(Backend& be, Real dy, int out, Real x, int in, int rows, Real dw, Real db) {
+    be.bias_grad(db, dy, rows, out, out, 0.0f);
+    Gemm g;
+    g.ta = true; g.m = out; g.n = in; g.k = rows;
+    g.a = dy; g.lda = out; g.b = x; g.ldb = in; g.c = dw; g.ldc = in;
+    be.gemm(g);
+  }
+
+  /// dx = dy · W for W [out, in].
+  static void input_grad(Backend& be, Real dy, int out, Real w, int in, int rows, Real dx) {
+    Gemm g;
+    g.m = rows; g.n = in; g.k = out;
+    g.a = dy; g.lda = out; g.b = w; g.ldb = in; g.c = dx; g.ldc = in; g.weight_operand = 2;
+    be.gemm(g);
+  }
+
+  void backward(Backend& be) const {
+    const int rows = B_ * c_.N;
+    weight_grad(be, dq_, DA_, pass_.hq, Hh_, rows, grad_.w2, grad_.b2);
+    input_grad(be, dq_, DA_, online_.w2, Hh_, rows, dhq_);
+    be.relu_backward(dhq_, pass_.hq, rows, Hh_, Hh_);
+    weight_grad(be, dhq_, Hh_, pass_.x, H2_, rows, grad_.w1, grad_.b1);
+    input_grad(be, dhq_, Hh_, online_.w1, H2_, rows, dx_);
+    // dx → dφ in place, and ∂L/∂h2 summed over the N samples of each row.
+    be.hadamard_backward(dx_, dtrunk_, dx_, h2_, pass_.phi, B_, c_.N, H2_);
+    be.relu_backward(dx_, pass_.phi, rows, H2_, H2_);
+    weight_grad(be, dx_, H2_, pass_.cos, c_.E, rows, grad_.we, grad_.be);
+  }
+
+  int stage(BuildContext& ctx, Tag tag, const char* what, std::vector<std::string> reads,
+            std::vector<std::string> writes) {
+    const std::string stage_name = name_ + "." + what;
+    std::vector<const char*> r, w;
+    for (const auto& s : reads) r.push_back(s.c_str());
+    for (const auto& s : writes) w.push_back(s.c_str());
+    StageDesc desc{stage_name.c_str(), tag, r.data(), std::uint32_t(r.size()), w.data(), std::uint32_t(w.size())};
+    return ctx.stage(desc);
+  }
+  int keep(int rc) {
+    if (rc && error_.empty()) error_ = "iqn: declaration refused by the engine";
+    return rc;
+  }
+
+  std::string name_;
+  Config c_;
+  int B_, H2_, Hh_, DA_, D_, A_;
+  float gamma_n_;
+  std::uint64_t seed_;
+  std::string error_;
+  Params online_{}, target_{}, grad_{};
+  Pass pass_{}, tpass_{};
+  Real dq_, dhq_, dx_, h2_, target_h2_, rewards_, dones_, weights_, loss_, dtrunk_;
+  std::int64_t* step_ = nullptr;
+  std::int32_t* actions_ = nullptr;
+  std::int32_t* a_star_ = nullptr;
+};
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+const ParamSchema kSchema[] = {
+    {"quantiles", ParamType::integer, "32", "N: quantile samples τ per state for the online head", 1, 1024},
+    {"target_quantiles", ParamType::integer, "32", "N': quantile samples τ' per next state for the target", 1, 1024},
+    {"embed", ParamType::integer, "64", "E: size of the cosine embedding of τ", 1, 4096},
+    {"kappa", ParamType::number, "1.0", "κ: Huber threshold of the quantile loss (> 0)", 1e-6, kInf},
+};
+
+Head* create(const HeadCreateInfo* info, char* err, std::uint32_t errlen) {
+  try {
+    if (info->role != Role::auxiliary) {
+      std::snprintf(err, errlen, "iqn is an auxiliary head (it uses the primary's a*); give it role: auxiliary");
+      return nullptr;
+    }
+    Config c;
+    for (std::uint32_t i = 0; i < info->n_params; ++i) {
+      const ParamValue& v = info->params[i];
+      if (std::strcmp(v.key, "quantiles") == 0) c.N = int(v.i);
+      else if (std::strcmp(v.key, "target_quantiles") == 0) c.Nt = int(v.i);
+      else if (std::strcmp(v.key, "embed") == 0) c.E = int(v.i);
+      else if (std::strcmp(v.key, "kappa") == 0) c.kappa = v.d;
+    }
+    if (c.N < 1 || c.Nt < 1 || c.E < 1 || !(c.kappa > 0.0)) {
+      std::snprintf(err, errlen, "iqn: quantiles, target_quantiles and embed must be >= 1 and kappa > 0");
+      return nullptr;
+    }
+    return new IqnHead(*info, c);
+  } catch (const std::exception& e) {
+    std::snprintf(err, errlen, "%s", e.what());
+    return nullptr;
+  }
+}
+
+void destroy(Head* h) { delete h; }
+
+const PluginDescriptor kDescriptor{
+    kAbiVersion, sizeof(PluginDescriptor), "iqn", PluginKind::head, "0.1.0",
+    "implicit quantile network head on the shared trunk: quantile Huber loss against the target at the primary's a*",
+    0.2, 0, kSchema, std::uint32_t(sizeof(kSchema) / sizeof(kSchema[0])), &create, &destroy};
+
+}  // namespace
+
+DQN_PLUGIN_EXPORT(kDescriptor)

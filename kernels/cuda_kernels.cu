@@ -431,7 +431,7 @@ __global__ void quantile_huber_kernel(QuantileHuber a, double* weighted) {
       const double delta = t - theta, ad = fabs(delta);
       const double w = fabs(tau - (delta < 0.0 ? 1.0 : 0.0));
       l += w * (ad <= kappa ? 0.5 * delta * delta : kappa * (ad - 0.5 * kappa));
-      g -= w * (ad <= kappa ? delta : (delta > 0.0 ? kappa : -kappa));
+      g -= w * (ad > kappa ? (delta > 0.0 ? kappa : -kappa) : delta);  // a NaN δ stays NaN
     }
     pair_loss[p] = l / (Nt * kappa);
     for (int k = 0; k < A; ++k) DQ[row + k] = static_cast<float>(k == act ? gscale * g : 0.0);

@@ -687,7 +687,7 @@ class CpuBackend final : public Backend {
             const double delta = t - theta, ad = std::abs(delta);
             const double w = std::abs(tau - (delta < 0.0 ? 1.0 : 0.0));
             l += w * (ad <= kappa ? 0.5 * delta * delta : kappa * (ad - 0.5 * kappa));
-            g -= w * (ad <= kappa ? delta : (delta > 0.0 ? kappa : -kappa));  // ∂/∂θ = −∂/∂δ
+            g -= w * (ad > kappa ? (delta > 0.0 ? kappa : -kappa) : delta);  // ∂/∂θ = −∂/∂δ; a NaN δ stays NaN
           }
           sample += l / (Nt * kappa);
           for (int k = 0; k < A; ++k) DQ[row + k] = static_cast<T>(k == act ? gscale * g : 0.0);

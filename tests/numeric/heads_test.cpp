@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -366,4 +368,62 @@ TEST_CASE("heads.budget.full") {
   r = e->read_report();
   CHECK(r.clips[1] == doctest::Approx(0.05 * G / (r.grad_norms[1] + 1e-6)).epsilon(1e-5));
   CHECK(r.clips[0] == doctest::Approx(0.75 * G / (r.grad_norms[0] + 1e-6)).epsilon(1e-5));
+}
+
+TEST_CASE("heads.nonfinite_in_one_auxiliary_skips_the_step") {
+  // NaN iqn output biases poison only the iqn head's loss and gradient: the whole step's updates
+  // are skipped, every parameter, moment, t and target unchanged, and the next good step runs.
+  const PipelineSpec spec = parse(tiny_pipeline(std::string(kIqn) + "  - {plugin: cql}\n"));
+  auto e = make(spec, false);
+  e->step();
+  const auto* p = e->registry().find_param("iqn.1.bias");
+  REQUIRE(p);
+  // Every output bias (ReLU maps a NaN pre-activation to 0, so a hidden bias would not do).
+  const auto theta = e->host_buffer("params");
+  for (std::int64_t i = 0; i < p->numel(); ++i)
+    e->host_write("params", p->offset + i, std::numeric_limits<double>::quiet_NaN());
+  const std::vector<std::string> state{"params", "target", "adam.m", "adam.v", "opt/t"};
+  std::vector<std::vector<double>> before;
+  for (const auto& s : state) before.push_back(e->host_buffer(s));
+  e->step();
+  StepReport r = e->read_report();
+  CHECK(std::isfinite(r.losses[0]));
+  CHECK(std::isnan(r.losses[1]));
+  CHECK(std::isfinite(r.losses[2]));
+  CHECK(r.skipped_steps == 1);
+  CHECK(r.adam_step == 1);
+  for (std::size_t k = 0; k < state.size(); ++k) {
+    INFO(state[k]);
+    const auto after = e->host_buffer(state[k]);
+    REQUIRE(after.size() == before[k].size());
+    CHECK(std::memcmp(after.data(), before[k].data(), after.size() * sizeof(double)) == 0);
+  }
+  for (std::int64_t i = 0; i < p->numel(); ++i) e->host_write("params", p->offset + i, theta[std::size_t(p->offset + i)]);
+  e->step();
+  r = e->read_report();
+  CHECK(r.skipped_steps == 1);
+  CHECK(r.adam_step == 2);
+}
+
+TEST_CASE("heads.full_pipeline_f32_matches_f64_and_is_deterministic") {
+  const PipelineSpec spec =
+      parse(tiny_pipeline(std::string(kIqn) + "  - {plugin: ensemble, members: 2}\n  - {plugin: cql}\n",
+                          "spectral_norm: {enabled: true, sigma_max: 2}\n"));
+  auto a = make(spec, false), b = make(spec, false), c = make(spec, true);
+  for (int i = 0; i < 20; ++i) {
+    a->step();
+    b->step();
+    c->step();
+  }
+  CHECK(a->host_buffer("params") == b->host_buffer("params"));
+  const auto pa = a->host_buffer("params"), pc = c->host_buffer("params");
+  double diff = 0, ref = 0;
+  for (std::size_t i = 0; i < pa.size(); ++i) {
+    diff += (pa[i] - pc[i]) * (pa[i] - pc[i]);
+    ref += pc[i] * pc[i];
+  }
+  CHECK(std::sqrt(diff / ref) < 1e-5);
+  const StepReport ra = a->read_report(), rc = c->read_report();
+  for (std::size_t h = 0; h < 4; ++h) CHECK(ra.losses[h] == doctest::Approx(rc.losses[h]).epsilon(1e-5));
+  CHECK(ra.skipped_steps == 0);
 }

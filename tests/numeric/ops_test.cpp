@@ -1438,4 +1438,11 @@ TEST_CASE("ops.quantile_huber.fd") {
   REQUIRE(be.f32->status() == 0);
   CHECK(rel_err(dq32.get(), grad) < 1e-5);
   CHECK(loss32[0] == doctest::Approx(loss[0]).epsilon(1e-5));
+
+  // A NaN target quantile reaches the gradient (a finite ±κ there would hide it from the budget's skip).
+  Vec qtn(8, QT), dqn_(8, Q.size(), kNaN), lossn(8, 1, kNaN);
+  for (int j = 0; j < Nt; ++j) qtn.set(((0 * Nt + j) * D + 0) * A + a_star[0], kNaN);
+  b.quantile_huber(args(q, qtn, tau, r, done, w, dqn_, lossn, nullptr));
+  CHECK(std::isnan(lossn[0]));
+  CHECK(std::isnan(dqn_[((0 * N + 0) * D + 0) * A + actions[0]]));
 }

@@ -217,7 +217,7 @@ TEST_CASE("gpu.step.zero_syncs") {
 TEST_CASE("gpu.step.aux_heads_match_cpu") {
   // Every auxiliary head plugin present composes with c51 in one graph and matches the CPU.
   std::string heads = "  - {plugin: c51, role: primary}\n";
-  for (const char* aux : {"cql", "ensemble"})
+  for (const char* aux : {"cql", "ensemble", "iqn"})
     if (loader().find(aux)) heads += std::string("  - {plugin: ") + aux + ", role: auxiliary}\n";
   if (heads.find("auxiliary") == std::string::npos) return;
   std::string text = pipeline("fp32");

@@ -5,8 +5,10 @@
  *  disagreement (std over members of Q at `states`, averaged over branches and actions) goes to
  *  ensemble/disagreement [B].
  *
- *  The members run one after another through the existing ops (K launches of each);
- *  batching them into strided-batched GEMMs is still to do.
+ *  The members' parameter blocks are declared back to back with one layout, so member k's
+ *  tensors sit k·stride after member 0's: every GEMM runs once, strided-batched over the K
+ *  members (the shared h2 with stride 0), and the elementwise ops run once over all K·B rows.
+ *  Per member remain only the bias ops and the cross-entropy (different bias vectors, one m).
  */
 #include <cstdio>
 #include <cstring>
@@ -41,8 +43,8 @@ class EnsembleHead final : public Head {
           {own("adv"), {K, B, D, A, Z}, BufferKind::activation}, {own("logits"), {K, B, D, A, Z}, BufferKind::activation},
           {own("logp"), {K, B, D, A, Z}, BufferKind::activation}, {own("q"), {K, B, D, A}, BufferKind::activation},
           {own("disagreement"), {B}, BufferKind::activation},
-          {own("dlogits"), {K, B, D, A, Z}, BufferKind::scratch}, {own("dv"), {B, Z}, BufferKind::scratch},
-          {own("dadv"), {B, D, A, Z}, BufferKind::scratch}, {own("dhidden"), {B, hc}, BufferKind::scratch},
+          {own("dlogits"), {K, B, D, A, Z}, BufferKind::scratch}, {own("dv"), {K, B, Z}, BufferKind::scratch},
+          {own("dadv"), {K, B, D, A, Z}, BufferKind::scratch}, {own("dhidden"), {K, B, hc}, BufferKind::scratch},
       };
       for (const auto& x : decls)
         if (int rc = ctx.buffer(x.n.c_str(), DType::real, x.s.data(), std::int32_t(x.s.size()), x.kind)) return keep(rc);
@@ -79,6 +81,11 @@ class EnsembleHead final : public Head {
         members_.push_back(m);
       }
       back_ = {r.real(own("dv").c_str()), r.real(own("dadv").c_str()), r.real(own("dhidden").c_str())};
+      all_ = {hidden, v, adv, logits, logp, q};
+      if (ok && !uniform_stride()) {
+        error_ = "ensemble: the members' parameters are not laid out at one stride (the batched GEMMs rely on it)";
+        return 1;
+      }
       q_ = q;
       disagreement_ = r.real(own("disagreement").c_str());
       h2_ = r.real(buf::h2);
@@ -103,7 +110,7 @@ class EnsembleHead final : public Head {
     const int B = B_;
     switch (tag) {
       case kForward:  // states only (rows 0..B-1 of h2): the members take no part in the targets
-        for (const Member& m : members_) bdq::forward(be, d_, m.online, h2_, B, m.act);
+        forward(be);
         be.ensemble_disagreement(disagreement_, q_, K_, B, d_.D * d_.A);
         break;
       case kLoss:
@@ -118,11 +125,8 @@ class EnsembleHead final : public Head {
           be.c51_xent(x);
         }
         break;
-      case kBackward:  // dtrunk = Σ_k ∂L/∂h2 through member k
-        for (int k = 0; k < K_; ++k) {
-          const Member& m = members_[std::size_t(k)];
-          bdq::backward(be, d_, m.online, m.grad, h2_, B, m.act, m.dlogits, back_, dtrunk_, k == 0 ? 0.0f : 1.0f);
-        }
+      case kBackward:
+        backward(be);
         break;
       default:
         break;
@@ -137,6 +141,100 @@ class EnsembleHead final : public Head {
     bdq::Acts act{};
     Real dlogits;
   };
+
+  /// Member k's tensors are member 0's plus k·stride_ (checked at bind, for θ and the gradient).
+  bool uniform_stride() {
+    const std::uint32_t es = members_[0].online.w1.esize;
+    auto diff = [&](Real a, Real b) { return (static_cast<char*>(a.p) - static_cast<char*>(b.p)) / std::ptrdiff_t(es); };
+    stride_ = K_ > 1 ? diff(members_[1].online.w1, members_[0].online.w1) : 0;
+    for (int k = 0; k < K_; ++k) {
+      for (auto which : {&Member::online, &Member::grad}) {
+        const bdq::Params& p = members_[std::size_t(k)].*which;
+        const bdq::Params& p0 = members_[0].*which;
+        const Real a[] = {p.w1, p.b1, p.wv2, p.bv2, p.wb2, p.bb2}, a0[] = {p0.w1, p0.b1, p0.wv2, p0.bv2, p0.wb2, p0.bb2};
+        for (int t = 0; t < 6; ++t)
+          if (diff(a[t], a0[t]) != std::ptrdiff_t(k) * stride_) return false;
+      }
+    }
+    return true;
+  }
+
+  /// A GEMM batched over the members: operands advance by the given strides from member to member.
+  Gemm batched(bool ta, bool tb, int m, int n, int k, Real a, int lda, std::int64_t sa, Real b, int ldb,
+               std::int64_t sb, Real c, int ldc, std::int64_t sc) const {
+    Gemm g;
+    g.ta = ta; g.tb = tb; g.m = m; g.n = n; g.k = k;
+    g.a = a; g.lda = lda; g.stride_a = sa; g.b = b; g.ldb = ldb; g.stride_b = sb;
+    g.c = c; g.ldc = ldc; g.stride_c = sc; g.batch = K_;
+    return g;
+  }
+
+  void forward(Backend& be) const {
+    const int B = B_, hc = d_.hidden_cols(), az = d_.az(), daz = d_.D * az, Hh = d_.Hh, Z = d_.Z;
+    const std::int64_t sh = std::int64_t(B) * hc;
+    const bdq::Params& p = members_[0].online;
+    Gemm g = batched(false, true, B, hc, d_.H2, h2_, d_.H2, 0, p.w1, d_.H2, stride_, all_.hidden, hc, sh);
+    g.weight_operand = 2;
+    be.gemm(g);
+    for (const Member& m : members_) be.bias_act(m.act.hidden, m.online.b1, B, hc, hc, Act::relu);
+    g = batched(false, true, B, Z, Hh, all_.hidden, hc, sh, p.wv2, Hh, stride_, all_.v, Z, std::int64_t(B) * Z);
+    g.weight_operand = 2;
+    be.gemm(g);
+    for (const Member& m : members_) be.bias_act(m.act.v, m.online.bv2, B, Z, Z, Act::none);
+    for (int d = 0; d < d_.D; ++d) {
+      g = batched(false, true, B, az, Hh, all_.hidden + Hh + std::int64_t(d) * Hh, hc, sh,
+                  p.wb2 + std::int64_t(d) * az * Hh, Hh, stride_, all_.adv + std::int64_t(d) * az, daz,
+                  std::int64_t(B) * daz);
+      g.weight_operand = 2;
+      be.gemm(g);
+    }
+    for (const Member& m : members_) be.bias_act(m.act.adv, m.online.bb2, B, daz, daz, Act::none);
+    const int rows = K_ * B;
+    be.dueling_combine(all_.logits, all_.v, Z, all_.adv, rows, d_.D, d_.A, Z);
+    be.log_softmax(all_.logp, all_.logits, rows * d_.D * d_.A, Z);
+    be.expected_q(all_.q, all_.logp, rows * d_.D * d_.A, Z, d_.v_min, d_.v_max);
+  }
+
+  void backward(Backend& be) const {
+    const int B = B_, hc = d_.hidden_cols(), az = d_.az(), daz = d_.D * az, Hh = d_.Hh, Z = d_.Z, H2 = d_.H2;
+    const std::int64_t sh = std::int64_t(B) * hc, sv = std::int64_t(B) * Z, sa = std::int64_t(B) * daz;
+    const bdq::Params& p = members_[0].online;
+    const bdq::Params& gp = members_[0].grad;
+    const Real dlogits = members_[0].dlogits;
+    be.dueling_backward(back_.dv, Z, back_.dadv, dlogits, K_ * B, d_.D, d_.A, Z);
+    for (int k = 0; k < K_; ++k) {
+      const Member& m = members_[std::size_t(k)];
+      be.bias_grad(m.grad.bv2, back_.dv + k * sv, B, Z, Z, 0.0f);
+      be.bias_grad(m.grad.bb2, back_.dadv + k * sa, B, daz, daz, 0.0f);
+    }
+    // value output layer: dWv2 = dvᵀ hv, dhv = dv Wv2
+    be.gemm(batched(true, false, Z, Hh, B, back_.dv, Z, sv, all_.hidden, hc, sh, gp.wv2, Hh, stride_));
+    Gemm g = batched(false, false, B, Hh, Z, back_.dv, Z, sv, p.wv2, Hh, stride_, back_.dhidden, hc, sh);
+    g.weight_operand = 2;
+    be.gemm(g);
+    // branch output layers, one member-batched GEMM per branch
+    for (int d = 0; d < d_.D; ++d) {
+      const std::int64_t wo = std::int64_t(d) * az * Hh, co = std::int64_t(d) * az, ho = Hh + std::int64_t(d) * Hh;
+      be.gemm(batched(true, false, az, Hh, B, back_.dadv + co, daz, sa, all_.hidden + ho, hc, sh, gp.wb2 + wo, Hh,
+                      stride_));
+      g = batched(false, false, B, Hh, az, back_.dadv + co, daz, sa, p.wb2 + wo, Hh, stride_, back_.dhidden + ho, hc, sh);
+      g.weight_operand = 2;
+      be.gemm(g);
+    }
+    // hidden layers
+    be.relu_backward(back_.dhidden, all_.hidden, K_ * B, hc, hc);
+    for (int k = 0; k < K_; ++k)
+      be.bias_grad(members_[std::size_t(k)].grad.b1, back_.dhidden + k * sh, B, hc, hc, 0.0f);
+    be.gemm(batched(true, false, hc, H2, B, back_.dhidden, hc, sh, h2_, H2, 0, gp.w1, H2, stride_));
+    // dtrunk = Σ_k dhidden_k W1_k, members in order (a sum over the batch: no single batched GEMM)
+    for (int k = 0; k < K_; ++k) {
+      Gemm gh;
+      gh.m = B; gh.n = H2; gh.k = hc;
+      gh.a = back_.dhidden + k * sh; gh.lda = hc; gh.b = members_[std::size_t(k)].online.w1; gh.ldb = H2;
+      gh.beta = k == 0 ? 0.0f : 1.0f; gh.c = dtrunk_; gh.ldc = H2; gh.weight_operand = 2;
+      be.gemm(gh);
+    }
+  }
 
   std::string own(const char* n) const { return name_ + "/" + n; }
   static std::string prefix(int k) { return "ensemble." + std::to_string(k); }
@@ -160,7 +258,9 @@ class EnsembleHead final : public Head {
   int B_, K_;
   std::string error_;
   std::vector<Member> members_;
-  bdq::BackScratch back_{};
+  bdq::BackScratch back_{};  ///< [K,B,...]: every member's
+  bdq::Acts all_{};          ///< [K,B,...]: every member's activations
+  std::int64_t stride_ = 0;  ///< elements from one member's parameter block to the next
   Real q_, disagreement_, h2_, m_, weights_, loss_, dtrunk_;
   std::int32_t* actions_ = nullptr;
 };

@@ -69,6 +69,7 @@ class IqnHead final : public Head {
           {own("target.phi"), {B * Nt, H2}, act}, {own("target.x"), {B * Nt, H2}, act},
           {own("target.hq"), {B * Nt, Hh}, act}, {own("target.q"), {B, Nt, DA}, act},
           {own("dq"), {B * N, DA}, scr}, {own("dhq"), {B * N, Hh}, scr}, {own("dx"), {B * N, H2}, scr},
+          {own("ones"), {B * N}, scr},
       };
       for (const auto& x : decls)
         if (int r = ctx.buffer(x.n.c_str(), DType::real, x.s.data(), std::int32_t(x.s.size()), x.kind)) return keep(r);
@@ -84,7 +85,7 @@ class IqnHead final : public Head {
                            {loss, own("dq")});
       rc = rc ? rc : stage(ctx, kBackward, "backward",
                            {own("dq"), own("hq"), own("x"), own("phi"), own("cos"), buf::h2, "params"},
-                           {own("dhq"), own("dx"), grad, dtrunk});
+                           {own("dhq"), own("dx"), own("ones"), grad, dtrunk});
       return keep(rc);
     } catch (const std::exception& e) {
       error_ = e.what();
@@ -107,6 +108,7 @@ class IqnHead final : public Head {
       dq_ = R("dq");
       dhq_ = R("dhq");
       dx_ = R("dx");
+      ones_ = R("ones");
       h2_ = r.real(buf::h2);
       target_h2_ = r.real(buf::target_h2);
       step_ = r.i64(buf::step);
@@ -119,7 +121,7 @@ class IqnHead final : public Head {
       dtrunk_ = r.real(("dtrunk/" + name_).c_str());
       const bool ok = online_.we && online_.b2 && target_.we && target_.b2 && grad_.we && grad_.b2 && pass_.tau &&
                       pass_.q && tpass_.tau && tpass_.q && pass_.cos && pass_.phi && pass_.x && pass_.hq &&
-                      tpass_.cos && tpass_.phi && tpass_.x && tpass_.hq && dq_ && dhq_ && dx_ && h2_ && target_h2_ &&
+                      tpass_.cos && tpass_.phi && tpass_.x && tpass_.hq && dq_ && dhq_ && dx_ && ones_ && h2_ && target_h2_ &&
                       step_ && actions_ && a_star_ && rewards_ && dones_ && weights_ && loss_ && dtrunk_;
       if (!ok) {
         error_ = "iqn: a buffer or parameter it needs is missing";
@@ -183,9 +185,13 @@ class IqnHead final : public Head {
     dense(be, s.hq, Hh_, p.w2, p.b2, s.q, DA_, rows, Act::none);
   }
 
-  /// dW = dyᵀ · x (overwriting) for a layer of `out` × `in` over `rows` rows, and its bias.
-  static void weight_grad(Backend& be, Real dy, int out, Real x, int in, int rows, Real dw, Real db) {
-    be.bias_grad(db, dy, rows, out, out, 0.0f);
+  /// dW = dyᵀ · x (overwriting) for a layer of `out` × `in` over `rows` rows, and its bias
+  /// db = dyᵀ · 1 as a GEMM: rows = B·N is tall, which the column-sum kernel handles poorly.
+  void weight_grad(Backend& be, Real dy, int out, Real x, int in, int rows, Real dw, Real db) const {
+    Gemm gb;
+    gb.ta = true; gb.m = out; gb.n = 1; gb.k = rows;
+    gb.a = dy; gb.lda = out; gb.b = ones_; gb.ldb = 1; gb.c = db; gb.ldc = 1;
+    be.gemm(gb);
     Gemm g;
     g.ta = true; g.m = out; g.n = in; g.k = rows;
     g.a = dy; g.lda = out; g.b = x; g.ldb = in; g.c = dw; g.ldc = in;
@@ -202,6 +208,7 @@ class IqnHead final : public Head {
 
   void backward(Backend& be) const {
     const int rows = B_ * c_.N;
+    be.fill(ones_, 1.0f, rows);
     weight_grad(be, dq_, DA_, pass_.hq, Hh_, rows, grad_.w2, grad_.b2);
     input_grad(be, dq_, DA_, online_.w2, Hh_, rows, dhq_);
     be.relu_backward(dhq_, pass_.hq, rows, Hh_, Hh_);
@@ -235,7 +242,7 @@ class IqnHead final : public Head {
   std::string error_;
   Params online_{}, target_{}, grad_{};
   Pass pass_{}, tpass_{};
-  Real dq_, dhq_, dx_, h2_, target_h2_, rewards_, dones_, weights_, loss_, dtrunk_;
+  Real dq_, dhq_, dx_, ones_, h2_, target_h2_, rewards_, dones_, weights_, loss_, dtrunk_;
   std::int64_t* step_ = nullptr;
   std::int32_t* actions_ = nullptr;
   std::int32_t* a_star_ = nullptr;

@@ -100,12 +100,7 @@ class CqlHead final : public Head {
 
   int stage(BuildContext& ctx, Tag tag, const char* what, std::vector<std::string> reads,
             std::vector<std::string> writes) {
-    const std::string stage_name = name_ + "." + what;
-    std::vector<const char*> r, w;
-    for (const auto& s : reads) r.push_back(s.c_str());
-    for (const auto& s : writes) w.push_back(s.c_str());
-    StageDesc desc{stage_name.c_str(), tag, r.data(), std::uint32_t(r.size()), w.data(), std::uint32_t(w.size())};
-    return ctx.stage(desc);
+    return declare_stage(ctx, name_ + "." + what, tag, reads, writes);
   }
   int keep(int rc) {
     if (rc && error_.empty()) error_ = "cql: declaration refused by the engine";

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "dqn/backend.hpp"
 #include "dqn/plugin.hpp"
@@ -81,6 +83,17 @@ class Head {
   /// The last error message of declare/bind.
   virtual const char* error() const noexcept = 0;
 };
+
+/// Declares stage `name` from string lists; the engine copies everything during the call, so the
+/// temporaries only live until it returns.
+inline int declare_stage(BuildContext& ctx, const std::string& name, std::int32_t tag,
+                         const std::vector<std::string>& reads, const std::vector<std::string>& writes) {
+  std::vector<const char*> r, w;
+  for (const auto& s : reads) r.push_back(s.c_str());
+  for (const auto& s : writes) w.push_back(s.c_str());
+  const StageDesc desc{name.c_str(), tag, r.data(), std::uint32_t(r.size()), w.data(), std::uint32_t(w.size())};
+  return ctx.stage(desc);
+}
 
 /// Buffers the engine provides to every head (rows of the 2B blocks: states first, next_states
 /// after). B = batch, S = state, H2 = last trunk width.

@@ -423,3 +423,32 @@ TEST_CASE("cli.step.explain") {
   CHECK(has(sn.out, "  10. spectral_norm  <engine>"));
   CHECK(has(sn.out, "  11. target.update  <engine>"));
 }
+
+TEST_CASE("cli.step.dump_has_aux_head_draws_and_metrics") {
+  // spec "Step dump": with IQN, the fractions drawn in every step; with the ensemble, its
+  // disagreement.
+  TempDir tmp;
+  const std::string out = tmp.path("full.safetensors");
+  const Run r = dqn_run("step " + quote(source_dir() + "/pipelines/full.yaml") +
+                        " --backend cpu network.trunk=[16,16] network.head_hidden=8 batch=8 --random-batch 2 --steps 3 --out " +
+                        quote(out));
+  REQUIRE_MESSAGE(r.rc == 0, r.out);
+  const dqn::st::File f = dqn::st::read_file(out);
+  for (const char* t : {"iqn.tau", "iqn.tau_target"}) {
+    INFO(t);
+    REQUIRE(f.has(t));
+    CHECK(f.get(t).shape == std::vector<std::int64_t>{3, 8, 32});
+    const auto v = f.get_f32(t);
+    for (float x : v) CHECK((x > 0.0f && x < 1.0f));
+    // Fresh numbers every step.
+    CHECK(std::vector<float>(v.begin(), v.begin() + 256) != std::vector<float>(v.begin() + 256, v.begin() + 512));
+  }
+  REQUIRE(f.has("ensemble.disagreement"));
+  CHECK(f.get("ensemble.disagreement").shape == std::vector<std::int64_t>{8});
+  for (const char* h : {"c51", "iqn", "ensemble", "cql"}) {
+    INFO(h);
+    CHECK(f.has(std::string("loss.") + h));
+    CHECK(f.has(std::string("grad_norm.") + h));
+    CHECK(f.has(std::string("clip.") + h));
+  }
+}

@@ -121,7 +121,22 @@ int cmd_step(const StepArgs& a) {
     batch.to_file(bf);
     st::write_file(a.save_batch, bf);
   }
-  for (int i = 0; i < a.steps; ++i) engine.step();
+  // Per-step draws some heads make (IQN's τ, τ'): kept for the dump, spec "Step dump".
+  struct Draw { std::string buffer, tensor; std::vector<float> values; std::int64_t per_step = 0; };
+  std::vector<Draw> draws;
+  std::vector<std::pair<std::string, std::string>> metrics;  // buffer → tensor, last step only
+  for (const auto& h : engine.head_names()) {
+    for (const char* t : {"tau", "tau_target"})
+      if (const auto* b = engine.registry().find(h + "/" + t)) draws.push_back({b->name, h + "." + t, {}, b->numel()});
+    if (engine.registry().find(h + "/disagreement")) metrics.emplace_back(h + "/disagreement", h + ".disagreement");
+  }
+  for (int i = 0; i < a.steps; ++i) {
+    engine.step();
+    for (auto& d : draws) {
+      const auto v = engine.host_buffer(d.buffer);
+      d.values.insert(d.values.end(), v.begin(), v.end());
+    }
+  }
   const StepReport r = engine.read_report();
   std::printf("%d step%s on %s: total loss %.6g, skipped %lld, adam step %lld\n", a.steps, a.steps == 1 ? "" : "s",
               engine.runtime().describe().c_str(), r.total_loss, static_cast<long long>(r.skipped_steps),
@@ -130,7 +145,19 @@ int cmd_step(const StepArgs& a) {
     std::printf("  %-10s loss %.6g  grad norm %.6g  clip %.4g  budget %.3g\n", r.heads[h].c_str(), r.losses[h],
                 r.grad_norms[h], r.clips[h], r.fractions[h]);
   if (!a.out.empty()) {
-    st::write_file(a.out, engine.save_state(true));
+    st::File dump = engine.save_state(true);
+    for (const auto& d : draws) {
+      const auto* b = engine.registry().find(d.buffer);
+      std::vector<std::int64_t> shape{a.steps};
+      shape.insert(shape.end(), b->shape.begin(), b->shape.end());
+      dump.put_f32(d.tensor, shape, d.values.data());
+    }
+    for (const auto& [buffer, tensor] : metrics) {
+      const auto v = engine.host_buffer(buffer);
+      const std::vector<float> f(v.begin(), v.end());
+      dump.put_f32(tensor, engine.registry().find(buffer)->shape, f.data());
+    }
+    st::write_file(a.out, dump);
     write_text(a.out + ".pipeline.yaml", resolved);
     std::printf("wrote %s (and %s.pipeline.yaml)\n", a.out.c_str(), a.out.c_str());
   }

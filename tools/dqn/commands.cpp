@@ -74,8 +74,12 @@ int cmd_validate(const Common& c, const std::vector<std::string>& files) {
   for (const auto& f : files) {
     PipelineSpec spec;
     if (load_with(loader, c, f, spec, nullptr)) {
-      std::printf("%s: ok (%zu head%s, backend %s)\n", f.c_str(), spec.heads.size(), spec.heads.size() == 1 ? "" : "s",
-                  spec.backend_auto ? "auto" : to_string(spec.backend));
+      std::size_t enabled = 0;
+      for (const auto& h : spec.heads) enabled += h.enabled ? 1 : 0;
+      const std::string heads = enabled == spec.heads.size()
+                                    ? std::to_string(enabled) + (enabled == 1 ? " head" : " heads")
+                                    : std::to_string(enabled) + " of " + std::to_string(spec.heads.size()) + " heads enabled";
+      std::printf("%s: ok (%s, backend %s)\n", f.c_str(), heads.c_str(), spec.backend_auto ? "auto" : to_string(spec.backend));
     } else {
       ++bad;
     }

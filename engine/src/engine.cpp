@@ -546,7 +546,6 @@ void Engine::request_report() {
   const int slot = int(report_seq_ % 2);
   rt_->copy_to_host_async(report_host_[slot], reg_.base() + report_begin_, report_bytes_, slot);
   report_step_[slot] = steps_;
-  report_pending_ = slot;
   ++report_seq_;
 }
 

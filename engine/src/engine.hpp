@@ -153,12 +153,11 @@ class Engine {
   std::vector<Real> sn_u_;
 
   // Report offsets inside the report range.
-  struct ReportLayout { std::size_t losses, norms, clips, total, td, skipped, t; } rl_{};
+  struct ReportLayout { std::size_t losses, norms, clips, total, td, skipped; } rl_{};
   std::size_t report_begin_ = 0, report_bytes_ = 0;
   unsigned char* report_host_[2] = {nullptr, nullptr};
   std::int64_t report_step_[2] = {-1, -1};
   std::int64_t report_seq_ = 0;
-  int report_pending_ = -1;
 
   std::int64_t steps_ = 0, captures_ = 0;
   bool captured_ = false;

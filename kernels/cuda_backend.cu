@@ -9,24 +9,32 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <compare>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda_kernels.cuh"
+#include "head_kernels.cuh"
 #include "runtime.hpp"
 
 namespace dqn {
 namespace {
 
-constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;       // cuBLAS + cuBLASLt, shared (one stream)
-constexpr std::size_t kInitialScratchBytes = std::size_t{8} << 20;   // usable without a plan
+constexpr std::size_t kWorkspaceBytes = std::size_t{8} << 20;        // cuBLAS + cuBLASLt, per lane
+constexpr std::size_t kInitialScratchBytes = std::size_t{4} << 20;   // per lane, usable without a plan
 constexpr int kReportSlots = 64;
+constexpr int kMaxLanes = 4;                                          // concurrent streams of a captured step
+constexpr std::size_t kCounterBytes = kMaxLanes * 32 * sizeof(unsigned);  // one 128-byte slot per lane
 
 std::string where(const char* file, int line, int device) {
   return std::string(" at ") + file + ":" + std::to_string(line) + " (cuda device " + std::to_string(device) + ")";
@@ -70,15 +78,40 @@ struct LtKey {
   int ab_type = 0;
   std::uint32_t align_a = 0, align_b = 0, align_c = 0;
   bool beta_zero = true;
+  /// The fused epilogue (CUBLASLT_EPILOGUE_DEFAULT: none) and, with a bias, the bias vector's
+  /// alignment (its address and batch stride) and batch stride in elements.
+  int epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  std::uint32_t align_bias = 0;
+  std::int64_t stride_bias = 0;
   auto operator<=>(const LtKey&) const = default;
 };
 
+/// Most algorithms asked of the heuristic (and timed, when autotuning) per GEMM key.
+constexpr int kMaxAlgos = 8;
+/// Autotuning: each candidate runs kTuneReps times in one small graph, timed kTuneSamples times
+/// (the median counts); another candidate replaces the current best only when it is faster by
+/// more than kTuneMargin (so near-ties keep the heuristic's order and choices are stabler).
+constexpr int kTuneReps = 8, kTuneSamples = 5;
+constexpr float kTuneMargin = 0.03f;
+
+/// A named wrapper: nvcc's front end trips over std containers of the anonymous-struct typedef.
+struct LtAlgo {
+  cublasLtMatmulAlgo_t algo;
+};
+
 struct LtPlan {
-  bool use_lt = false;  ///< false: no cuBLASLt algorithm was found; cublasGemmStridedBatchedEx instead
+  /// false: no cuBLASLt algorithm was found (or, for a fused key, none runs the epilogue here):
+  /// cublasGemmStridedBatchedEx instead (a fused key: the plain key's plan, then bias_act).
+  bool use_lt = false;
+  bool has_bias = false;  ///< the epilogue reads a bias: BIAS_POINTER is set before each call
+  /// The algorithm is fixed for good: tuned, taken from the process's tuned choices, used by a
+  /// real run or a capture, or there was nothing to choose from. Never changes afterwards.
+  bool decided = false;
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  std::vector<LtAlgo> candidates;  ///< the heuristic's, best first; emptied once decided
   void release() noexcept {
     if (desc) cublasLtMatmulDescDestroy(desc);
     if (la) cublasLtMatrixLayoutDestroy(la);
@@ -88,6 +121,31 @@ struct LtPlan {
     la = lb = lc = nullptr;
   }
 };
+
+/// DQN_GEMM_AUTOTUNE=0 (or off/false/no) keeps the heuristic's first algorithm for every GEMM.
+bool autotune_from_env() noexcept {
+  const char* v = std::getenv("DQN_GEMM_AUTOTUNE");
+  if (!v) return true;
+  for (const char* off : {"0", "off", "false", "no", "OFF", "FALSE", "NO"})
+    if (std::strcmp(v, off) == 0) return false;
+  return true;
+}
+
+/// Tuned choices, shared by every backend of the process: two engines built alike run the same
+/// algorithms, so their results agree bit for bit (tuning itself is timing, hence noisy).
+struct TunedAlgo {
+  cublasComputeType_t compute;
+  cublasLtMatmulAlgo_t algo;
+};
+using TuneKey = std::tuple<int, int, LtKey>;  // device, precision, problem
+std::mutex& tuned_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<TuneKey, TunedAlgo>& tuned_algos() {
+  static std::map<TuneKey, TunedAlgo> m;
+  return m;
+}
 
 // Inside CudaBackend ops: record the first failure (statement, file:line, device) and go on.
 #define DQN_CUDA_OK(op, stmt) cuda_ok((op), (stmt), #stmt, __FILE__, __LINE__)
@@ -113,18 +171,28 @@ class CudaBackend final : public Backend {
     try {
       DQN_CUDA_THROW(cudaSetDevice(device));
       DQN_CUDA_THROW(cudaGetDeviceProperties(&props_, device));
-      DQN_CUDA_THROW(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+      // One stream per lane (lane 0 is the runtime's stream; the others join a capture forked from
+      // it). Each lane has its own slice of the library workspace and of the scratch, so ops on
+      // different lanes may run concurrently.
+      for (auto& st : streams_) DQN_CUDA_THROW(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+      stream_ = streams_[0];
       DQN_CUBLAS_THROW(cublasCreate(&blas_));
       DQN_CUBLAS_THROW(cublasLtCreate(&lt_));
-      DQN_CUDA_THROW(cudaMalloc(&workspace_, kWorkspaceBytes));
-      note_device_bytes(kWorkspaceBytes);
+      DQN_CUDA_THROW(cudaMalloc(&workspace_base_, kWorkspaceBytes * kMaxLanes));
+      workspace_ = workspace_base_;
+      note_device_bytes(kWorkspaceBytes * kMaxLanes);
       // cublasSetStream resets the workspace to cuBLAS's own pool: set the stream first.
       DQN_CUBLAS_THROW(cublasSetStream(blas_, stream_));
       DQN_CUBLAS_THROW(cublasSetWorkspace(blas_, workspace_, kWorkspaceBytes));
       DQN_CUBLAS_THROW(cublasSetMathMode(blas_, precision == Precision::fp32 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH));
-      DQN_CUDA_THROW(cudaMalloc(&scratch_, kInitialScratchBytes));
+      DQN_CUDA_THROW(cudaMalloc(&scratch_base_, kInitialScratchBytes * kMaxLanes));
+      scratch_ = scratch_base_;
+      // "last block done" counters, one slot per lane: 0 between kernels (each kernel resets its own)
+      DQN_CUDA_THROW(cudaMalloc(&counters_, kCounterBytes));
+      DQN_CUDA_THROW(cudaMemset(counters_, 0, kCounterBytes));
+      note_device_bytes(kCounterBytes);
       scratch_bytes_ = kInitialScratchBytes;
-      note_device_bytes(kInitialScratchBytes);
+      note_device_bytes(kInitialScratchBytes * kMaxLanes);
     } catch (...) {
       release();
       throw;
@@ -151,9 +219,14 @@ class CudaBackend final : public Backend {
     if (g.ldc < g.n) return fail(op, "ldc smaller than n");
     if (!real_ok(g.c, op, "c")) return;
     if (g.k > 0 && (!real_ok(g.a, op, "a") || !real_ok(g.b, op, "b"))) return;
-    if (g.k == 0) {  // C = beta C: no library call
+    if (g.bias && !real_ok(g.bias, op, "bias")) return;
+    if (g.act != Act::none && g.act != Act::relu) return fail(op, "unknown activation");
+    const bool epilogue = g.bias || g.act != Act::none;
+    if (g.k == 0) {  // C = act(beta C + bias): no library call
       if (planning_) return;
-      DQN_CUDA_OK(op, cuda::scale_matrix(stream_, g.c.as<float>(), g.m, g.n, g.ldc, g.stride_c, g.batch, g.beta));
+      if (!DQN_CUDA_OK(op, cuda::scale_matrix(stream_, g.c.as<float>(), g.m, g.n, g.ldc, g.stride_c, g.batch, g.beta)))
+        return;
+      if (epilogue) separate_epilogue(g);
       return;
     }
     const bool batched = g.batch > 1;
@@ -191,13 +264,41 @@ class CudaBackend final : public Backend {
       key.align_a = alignment_of(g.b.p, key.stride_a * 4);
       key.align_b = alignment_of(g.a.p, key.stride_b * 4);
     }
-    const LtPlan* plan = plan_for(key);
-    if (!plan) return;
+    // The fused epilogue (beta == 0 only: then C = act(alpha·AB + bias) without any doubt about
+    // where beta·C enters). Our n is cuBLAS's m, the rows of column-major D: the bias runs along
+    // them and is broadcast over D's columns (our m rows), as cuBLASLt's bias epilogue does.
+    LtKey fkey = key;
+    LtPlan* plan = nullptr;
+    bool fused = false;
+    if (epilogue && g.beta == 0.0f) {
+      const bool relu = g.act == Act::relu;
+      fkey.epilogue = !g.bias ? CUBLASLT_EPILOGUE_RELU : relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+      if (g.bias) {
+        fkey.stride_bias = batched ? g.stride_bias : 0;
+        fkey.align_bias = alignment_of(g.bias.p, fkey.stride_bias * 4);
+      }
+      plan = plan_for(fkey, g.bias.p);
+      if (!plan) return;
+      fused = plan->use_lt;
+    }
+    if (!fused && !(plan = plan_for(key, nullptr))) return;
     const void* pa = g.b.p;  // cuBLAS's A (our B)
     const void* pb = g.a.p;  // cuBLAS's B (our A)
+    // Autotune on the first run of a key outside capture (in the engine: while planning), with
+    // these very operands; D goes to a private buffer, so nothing the caller sees is written.
+    const bool tune = wants_tuning(plan);
     if (bf16) {
-      void* s = scratch(op, bytes_a + bytes_b);
-      if (!s) return;
+      const std::size_t need = bytes_a + bytes_b;
+      void* s = nullptr;
+      if (planning_) {
+        plan_need_ = std::max(plan_need_, need);
+        // Tuning needs the operand copies now; scratch grows only at plan_end: too small, and the
+        // key keeps the heuristic's first algorithm (fixed at the capture or first real run).
+        if (!tune || need > scratch_bytes_) return;
+        s = scratch_;
+      } else if (!(s = scratch(op, need))) {
+        return;
+      }
       void* a16 = s;                                  // our A in bf16
       void* b16 = static_cast<char*>(s) + bytes_a;    // our B in bf16
       if (!DQN_CUDA_OK(op, cuda::to_bf16(stream_, a16, g.a.as<const float>(), a_rows, a_cols, g.lda, g.stride_a, copies_a)))
@@ -206,22 +307,49 @@ class CudaBackend final : public Backend {
         return;
       pa = b16;
       pb = a16;
-    } else if (planning_) {
+    } else if (planning_ && !tune) {
       return;
     }
     const float alpha = g.alpha, beta = g.beta;
     float* c = g.c.as<float>();
+    if (tune) {
+      autotune(*plan, fused ? fkey : key, pa, pb, c, g.bias.p, alpha, beta);
+      if (fused && !plan->use_lt) {  // no algorithm ran the fused epilogue after all: plain GEMM + bias_act
+        fused = false;
+        if (!(plan = plan_for(key, nullptr))) return;
+        if (wants_tuning(plan)) autotune(*plan, key, pa, pb, c, nullptr, alpha, beta);
+      }
+    }
+    if (planning_) return;
+    plan->decided = true;  // from this run (or capture) on, the algorithm never changes
+    plan->candidates.clear();
+    if (fused) {
+      const cublasStatus_t s = lt_matmul(*plan, plan->algo, pa, pb, c, c, g.bias.p, alpha, beta);
+      if (s == CUBLAS_STATUS_SUCCESS) return;
+      if (s != CUBLAS_STATUS_NOT_SUPPORTED) {
+        cublas_ok(op, s, "cublasLtMatmul(lt, desc (fused bias/activation epilogue), ...)", __FILE__, __LINE__);
+        return;
+      }
+      // Refused at launch, before anything was enqueued (also under capture): this key runs
+      // unfused from now on.
+      plan->use_lt = false;
+      if (!(plan = plan_for(key, nullptr))) return;
+      if (wants_tuning(plan)) autotune(*plan, key, pa, pb, c, nullptr, alpha, beta);
+      plan->decided = true;
+      plan->candidates.clear();
+    }
     if (plan->use_lt) {
-      DQN_CUBLAS_OK(op, cublasLtMatmul(lt_, plan->desc, &alpha, pa, plan->la, pb, plan->lb, &beta, c, plan->lc, c,
-                                       plan->lc, &plan->algo, workspace_, kWorkspaceBytes, stream_));
+      if (!DQN_CUBLAS_OK(op, lt_matmul(*plan, plan->algo, pa, pb, c, c, nullptr, alpha, beta))) return;
     } else {
       const auto t = static_cast<cudaDataType_t>(key.ab_type);
-      DQN_CUBLAS_OK(op, cublasGemmStridedBatchedEx(
+      if (!DQN_CUBLAS_OK(op, cublasGemmStridedBatchedEx(
                             blas_, static_cast<cublasOperation_t>(key.op_a), static_cast<cublasOperation_t>(key.op_b),
                             key.m, key.n, key.k, &alpha, pa, t, static_cast<int>(key.lda), key.stride_a, pb, t,
                             static_cast<int>(key.ldb), key.stride_b, &beta, c, CUDA_R_32F, static_cast<int>(key.ldc),
-                            key.stride_c, key.batch, plan->compute, CUBLAS_GEMM_DEFAULT));
+                            key.stride_c, key.batch, plan->compute, CUBLAS_GEMM_DEFAULT)))
+        return;
     }
+    if (epilogue) separate_epilogue(g);
   }
 
   void bias_act(Real y, Real bias, int rows, int cols, int ldy, Act act) noexcept override {
@@ -344,6 +472,7 @@ class CudaBackend final : public Backend {
   void budget(const Budget& a) noexcept override {
     constexpr const char* op = "budget";
     if (a.H < 0 || a.P < 0) return fail(op, "negative size");
+    if (a.H > kMaxBudgetHeads) return fail(op, "more than 8192 heads");
     if (!a.skip || !a.skipped) return fail(op, "null skip/skipped");
     if (a.H > 0 && (!real_ok(a.fractions, op, "fractions") || !real_ok(a.norms, op, "norms") ||
                     !real_ok(a.clips, op, "clips") || !real_ok(a.losses, op, "losses")))
@@ -353,7 +482,7 @@ class CudaBackend final : public Backend {
     if (!real_ok(a.total_loss, op, "total_loss")) return;
     void* s = scratch(op, cuda::budget_scratch_bytes(a.H, a.P));
     if (!s) return;
-    DQN_CUDA_OK(op, cuda::budget(stream_, a, s));
+    DQN_CUDA_OK(op, cuda::budget(stream_, a, s, wave_blocks()));
   }
 
   void adam(const Adam& a) noexcept override {
@@ -365,7 +494,7 @@ class CudaBackend final : public Backend {
                     !real_ok(a.v, op, "v")))
       return;
     if (planning_) return;
-    DQN_CUDA_OK(op, cuda::adam(stream_, a));
+    DQN_CUDA_OK(op, cuda::adam(stream_, a, wave_blocks()));
   }
 
   void spectral_norm(const SpectralMatrix* mats, int count, int max_rows, int max_cols, float sigma_max,
@@ -376,11 +505,10 @@ class CudaBackend final : public Backend {
     if (count == 0) return;
     if (!mats) return fail(op, "null mats");
     if (max_rows <= 0 || max_cols <= 0) return fail(op, "max_rows and max_cols must be positive");
-    const std::size_t shmem = (static_cast<std::size_t>(max_rows) + max_cols) * sizeof(double);
-    if (shmem > static_cast<std::size_t>(props_.sharedMemPerBlockOptin) - 1024)
-      return fail(op, "max_rows + max_cols too large for one block's shared memory");
-    if (planning_) return;
-    DQN_CUDA_OK(op, cuda::spectral_norm(stream_, mats, count, max_rows, max_cols, sigma_max, skip));
+    if (count > 65535) return fail(op, "more than 65535 matrices");
+    void* s = scratch(op, cuda::spectral_norm_scratch_bytes(count, max_rows, max_cols));
+    if (!s) return;
+    DQN_CUDA_OK(op, cuda::spectral_norm(stream_, mats, count, max_rows, max_cols, sigma_max, skip, s));
   }
 
   void target_update(const TargetUpdate& a) noexcept override {
@@ -391,8 +519,13 @@ class CudaBackend final : public Backend {
     if (!real_ok(a.target, op, "target") || !real_ok(a.params, op, "params")) return;
     if (a.period > 0 && !a.t) return fail(op, "null t with a hard-copy period");
     if (planning_) return;
-    DQN_CUDA_OK(op, cuda::target_update(stream_, a));
+    DQN_CUDA_OK(op, cuda::target_update(stream_, a, wave_blocks()));
   }
+
+  /// Grid bound of the one-wave optimiser kernels: a few blocks per SM (their results do not
+  /// depend on it). The budget's combine keeps its clips in H floats of shared memory.
+  static constexpr int kMaxBudgetHeads = 8192;
+  int wave_blocks() const noexcept { return 4 * std::max(props_.multiProcessorCount, 1); }
 
   // --- elementwise and memory ---------------------------------------------------------------
 
@@ -547,11 +680,64 @@ class CudaBackend final : public Backend {
     DQN_CUDA_OK(op, cuda::quantile_huber(stream_, a, s));
   }
 
+  // --- fused head ops (ABI 3) ---------------------------------------------------------------
+
+  void dueling_dist(const DuelingDist& a) noexcept override {
+    constexpr const char* op = "dueling_dist";
+    if (a.rows < 0 || a.D < 0 || a.A <= 0 || a.Z <= 0) return fail(op, "need rows, D >= 0, A, Z >= 1");
+    if (a.star_from < 0 || a.star_from > a.rows) return fail(op, "star_from outside [0, rows]");
+    if (a.a_star && !a.q) return fail(op, "a_star needs q");
+    if (a.rows == 0 || a.D == 0) return;
+    if (a.ldv < a.Z) return fail(op, "ldv smaller than Z");
+    if (!real_ok(a.logp, op, "logp") || !real_ok(a.v, op, "v") || !real_ok(a.adv, op, "adv")) return;
+    if (a.q && !real_ok(a.q, op, "q")) return;
+    if (cuda::dueling_dist_shared_bytes(a.Z) > 48 * 1024) return fail(op, "Z too large (over 768 atoms)");
+    if (planning_) return;
+    DQN_CUDA_OK(op, cuda::dueling_dist(stream_, a));
+  }
+
+  void relu_bias_grad(Real dy, Real y, Real db, int rows, int cols, int ld, int heads, std::int64_t stride_dy,
+                      std::int64_t stride_db) noexcept override {
+    constexpr const char* op = "relu_bias_grad";
+    if (!matrix_ok(op, rows, cols, ld) || cols == 0 || heads == 0) return;
+    if (heads < 0 || heads > 65535) return fail(op, "heads outside [0, 65535]");
+    if (!real_ok(db, op, "db")) return;
+    if (rows > 0 && (!real_ok(dy, op, "dy") || !real_ok(y, op, "y"))) return;
+    if (planning_) return;
+    DQN_CUDA_OK(op, cuda::relu_bias_grad(stream_, rows > 0 ? dy.as<float>() : nullptr, rows > 0 ? y.as<const float>() : nullptr,
+                                         db.as<float>(), rows, cols, ld, heads, stride_dy, stride_db));
+  }
+
+  void c51_loss(const C51Loss& a) noexcept override {
+    constexpr const char* op = "c51_loss";
+    if (a.B < 0 || a.D <= 0 || a.A <= 0 || a.Z < 2) return fail(op, "need B >= 0, D, A >= 1, Z >= 2");
+    if (!(a.v_max > a.v_min)) return fail(op, "v_max must exceed v_min");
+    if (!real_ok(a.loss, op, "loss")) return;
+    if (a.B == 0) {
+      if (!planning_) DQN_CUDA_OK(op, cuda::fill(stream_, a.loss.as<float>(), 0.0f, 1));
+      return;
+    }
+    if (!a.actions || !a.a_star) return fail(op, "null actions/a_star");
+    if (a.lddv < a.Z || a.ldtv < a.Z) return fail(op, "lddv/ldtv smaller than Z");
+    if (!real_ok(a.m, op, "m") || !real_ok(a.dv, op, "dv") || !real_ok(a.dadv, op, "dadv") ||
+        !real_ok(a.logp, op, "logp") || !real_ok(a.weights, op, "weights") || !real_ok(a.tv, op, "tv") ||
+        !real_ok(a.tadv, op, "tadv") || !real_ok(a.rewards, op, "rewards") || !real_ok(a.dones, op, "dones"))
+      return;
+    if (a.loss_per_sample && !real_ok(a.loss_per_sample, op, "loss_per_sample")) return;
+    if (cuda::c51_loss_shared_bytes(a.D, a.Z) > 48 * 1024) return fail(op, "D·Z too large for shared memory");
+    // a_star/actions live on the device: an out-of-range index poisons that branch with NaN.
+    void* s = scratch(op, cuda::c51_loss_scratch_bytes(a.B));
+    if (!s) return;
+    DQN_CUDA_OK(op, cuda::c51_loss(stream_, a, s, counter()));
+  }
+
 
 
   // --- what the runtime needs ---------------------------------------------------------------
 
   cudaStream_t stream() const noexcept { return stream_; }
+  /// The current lane's "last block done" counter (0 between kernels; see dev::last_block).
+  unsigned* counter() const noexcept { return counters_ + lane_ * 32; }
   Precision precision() const noexcept { return precision_; }
   const cudaDeviceProp& props() const noexcept { return props_; }
   bool planning() const noexcept { return planning_; }
@@ -577,15 +763,32 @@ class CudaBackend final : public Backend {
   void grow_scratch(std::size_t bytes) {
     if (bytes <= scratch_bytes_) return;
     bytes = round_up(bytes, 256);
-    DQN_CUDA_THROW(cudaStreamSynchronize(stream_));
-    DQN_CUDA_THROW(cudaFree(scratch_));
-    forget_device_bytes(scratch_bytes_);
-    scratch_ = nullptr;
+    DQN_CUDA_THROW(cudaDeviceSynchronize());
+    DQN_CUDA_THROW(cudaFree(scratch_base_));
+    forget_device_bytes(scratch_bytes_ * kMaxLanes);
+    scratch_ = scratch_base_ = nullptr;
     scratch_bytes_ = 0;
-    DQN_CUDA_THROW(cudaMalloc(&scratch_, bytes));
+    DQN_CUDA_THROW(cudaMalloc(&scratch_base_, bytes * kMaxLanes));
     scratch_bytes_ = bytes;
-    note_device_bytes(bytes);
+    scratch_ = static_cast<char*>(scratch_base_) + static_cast<std::size_t>(lane_) * scratch_bytes_;
+    note_device_bytes(bytes * kMaxLanes);
   }
+
+  /// Makes the following ops run on lane `lane` (its stream, workspace, scratch and counter).
+  /// Host-side only: allowed while capturing. Throws on a bad lane.
+  void set_lane(int lane) {
+    if (lane < 0 || lane >= kMaxLanes)
+      throw std::runtime_error("cuda: lane " + std::to_string(lane) + " outside [0, " + std::to_string(kMaxLanes) + ")");
+    if (lane == lane_) return;
+    lane_ = lane;
+    stream_ = streams_[lane];
+    workspace_ = static_cast<char*>(workspace_base_) + static_cast<std::size_t>(lane) * kWorkspaceBytes;
+    scratch_ = static_cast<char*>(scratch_base_) + static_cast<std::size_t>(lane) * scratch_bytes_;
+    // cublasSetStream resets the workspace to cuBLAS's own pool: set the stream first.
+    DQN_CUBLAS_THROW(cublasSetStream(blas_, stream_));
+    DQN_CUBLAS_THROW(cublasSetWorkspace(blas_, workspace_, kWorkspaceBytes));
+  }
+  int lane() const noexcept { return lane_; }
 
  private:
   void fail(const char* op, const char* why) noexcept { record(1, op, why); }
@@ -670,8 +873,9 @@ class CudaBackend final : public Backend {
   }
 
   /// The cached cuBLASLt descriptors and algorithm for this problem, found on first use (in plan
-  /// mode, or the first run outside capture). Null after recording an error.
-  const LtPlan* plan_for(const LtKey& key) noexcept {
+  /// mode, or the first run outside capture). For a fused key, `bias` is the first call's bias
+  /// pointer: the heuristic reads its alignment from it. Null after recording an error.
+  LtPlan* plan_for(const LtKey& key, const void* bias) noexcept {
     constexpr const char* op = "gemm";
     if (auto it = plans_.find(key); it != plans_.end()) return &it->second;
     std::vector<cublasComputeType_t> candidates;
@@ -680,13 +884,17 @@ class CudaBackend final : public Backend {
       case Precision::tf32: candidates = {CUBLAS_COMPUTE_32F_FAST_TF32}; break;
       case Precision::bf16: candidates = {CUBLAS_COMPUTE_32F}; break;
     }
+    const auto epilogue = static_cast<cublasLtEpilogue_t>(key.epilogue);
+    const bool has_bias = epilogue == CUBLASLT_EPILOGUE_BIAS || epilogue == CUBLASLT_EPILOGUE_RELU_BIAS;
     LtPlan plan;
     plan.compute = candidates.front();
+    plan.has_bias = has_bias;
     const auto ab = static_cast<cudaDataType_t>(key.ab_type);
     const auto op_a = static_cast<cublasOperation_t>(key.op_a), op_b = static_cast<cublasOperation_t>(key.op_b);
     for (const cublasComputeType_t compute : candidates) {
       LtPlan p;
       p.compute = compute;
+      p.has_bias = has_bias;
       cublasLtMatmulPreference_t pref = nullptr;
       bool ok = DQN_CUBLAS_OK(op, cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F)) &&
                 DQN_CUBLAS_OK(op, cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a)) &&
@@ -697,6 +905,16 @@ class CudaBackend final : public Backend {
                             key.ldb, key.batch, key.stride_b) &&
                 make_layout(&p.lc, CUDA_R_32F, key.m, key.n, key.ldc, key.batch, key.stride_c) &&
                 DQN_CUBLAS_OK(op, cublasLtMatmulPreferenceCreate(&pref));
+      if (ok && epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+        ok = DQN_CUBLAS_OK(op, cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+        if (ok && has_bias) {
+          const std::int32_t bias_type = CUDA_R_32F;
+          ok = DQN_CUBLAS_OK(op, cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type)) &&
+               DQN_CUBLAS_OK(op, cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+          if (ok && key.batch > 1)
+            ok = DQN_CUBLAS_OK(op, cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &key.stride_bias, sizeof key.stride_bias));
+        }
+      }
       if (ok) {
         const std::uint64_t ws = kWorkspaceBytes;
         ok = DQN_CUBLAS_OK(op, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws)) &&
@@ -706,13 +924,25 @@ class CudaBackend final : public Backend {
              DQN_CUBLAS_OK(op, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align_c, sizeof key.align_c));
       }
       if (ok) {
-        cublasLtMatmulHeuristicResult_t result{};
+        std::array<cublasLtMatmulHeuristicResult_t, kMaxAlgos> results{};
         int found = 0;
-        // "No algorithm" is not an error: it falls through to the next candidate or to cuBLAS.
-        const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &result, &found);
-        if (s == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
+        // "No algorithm" is not an error: it falls through to the next candidate or to cuBLAS
+        // (for a fused key: to the plain GEMM and bias_act).
+        const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.la, p.lb, p.lc, p.lc, pref,
+                                                                autotune_ ? kMaxAlgos : 1, results.data(), &found);
+        if (s == CUBLAS_STATUS_SUCCESS) {
+          try {
+            for (int i = 0; i < std::min(found, kMaxAlgos); ++i)
+              if (results[static_cast<std::size_t>(i)].state == CUBLAS_STATUS_SUCCESS)
+                p.candidates.push_back(LtAlgo{results[static_cast<std::size_t>(i)].algo});
+          } catch (...) {
+            p.candidates.clear();  // out of memory: the heuristic's first below, if any
+            if (found > 0 && results[0].state == CUBLAS_STATUS_SUCCESS) p.candidates.assign(1, LtAlgo{results[0].algo});
+          }
+        }
+        if (!p.candidates.empty()) {
           p.use_lt = true;
-          p.algo = result.algo;
+          p.algo = p.candidates.front().algo;
         }
       }
       if (pref) cublasLtMatmulPreferenceDestroy(pref);
@@ -726,13 +956,184 @@ class CudaBackend final : public Backend {
       }
       p.release();
     }
+    if (plan.use_lt && autotune_ && plan.candidates.size() > 1) {
+      // Tuned before in this process (another engine, the same problem): take that choice.
+      std::lock_guard<std::mutex> lock(tuned_mutex());
+      const auto& tuned = tuned_algos();
+      if (auto it = tuned.find(TuneKey{device_, static_cast<int>(precision_), key});
+          it != tuned.end() && it->second.compute == plan.compute) {
+        plan.algo = it->second.algo;
+        plan.candidates.clear();
+      }
+    }
+    if (!plan.use_lt || !autotune_ || plan.candidates.size() <= 1) {
+      plan.decided = true;  // nothing to choose from
+      plan.candidates.clear();
+    }
     try {
-      return &plans_.emplace(key, plan).first->second;
+      return &plans_.emplace(key, std::move(plan)).first->second;
     } catch (...) {
       plan.release();
       fail(op, "out of memory caching a GEMM plan");
       return nullptr;
     }
+  }
+
+  bool wants_tuning(const LtPlan* p) const noexcept {
+    return autotune_ && !capturing_ && p->use_lt && !p->decided && p->candidates.size() > 1;
+  }
+
+  /// One cuBLASLt call of `p` with `algo`: D = d (C = c read only when beta != 0); a bias
+  /// epilogue gets its pointer here (a host-side attribute of the cached descriptor, read at
+  /// the call: safe under capture, each captured call keeps its own pointer).
+  cublasStatus_t lt_matmul(const LtPlan& p, const cublasLtMatmulAlgo_t& algo, const void* a, const void* b,
+                           const float* c, float* d, const void* bias, float alpha, float beta) noexcept {
+    if (p.has_bias) {
+      const cublasStatus_t s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+      if (s != CUBLAS_STATUS_SUCCESS) return s;
+    }
+    return cublasLtMatmul(lt_, p.desc, &alpha, a, p.la, b, p.lb, &beta, c, p.lc, d, p.lc, &algo, workspace_,
+                          kWorkspaceBytes, stream_);
+  }
+
+  /// The unfused epilogue: C_i = act(C_i + bias_i) with the bias_act kernel, one launch when the
+  /// batch entries sit side by side in C's rows with their biases contiguous (bdq's branches).
+  void separate_epilogue(const Gemm& g) noexcept {
+    constexpr const char* op = "gemm";
+    const float* bias = g.bias ? g.bias.as<const float>() : nullptr;
+    const bool relu = g.act == Act::relu;
+    float* c = g.c.as<float>();
+    const std::int64_t wide = static_cast<std::int64_t>(g.batch) * g.n;
+    if (g.batch > 1 && g.stride_c == g.n && (!bias || g.stride_bias == g.n) && wide <= g.ldc) {
+      DQN_CUDA_OK(op, cuda::bias_act(stream_, c, bias, g.m, static_cast<int>(wide), g.ldc, relu));
+      return;
+    }
+    for (int i = 0; i < g.batch; ++i)
+      if (!DQN_CUDA_OK(op, cuda::bias_act(stream_, c + i * g.stride_c, bias ? bias + i * g.stride_bias : nullptr, g.m,
+                                          g.n, g.ldc, relu)))
+        return;
+  }
+
+  /// Times every candidate of `p` on these operands (D in a private buffer shaped like C, so
+  /// nothing the caller can see is written) and keeps the fastest; fixes the plan for good.
+  /// Never inside a capture: it synchronises. A candidate cuBLASLt refuses is dropped; when all
+  /// are, the plan turns to its fallback (use_lt = false). Timing trouble keeps the heuristic's
+  /// order; only a sticky CUDA error is recorded.
+  void autotune(LtPlan& p, const LtKey& key, const void* a, const void* b, const float* c, const void* bias,
+                float alpha, float beta) noexcept {
+    p.decided = true;
+    std::vector<LtAlgo> cands;
+    cands.swap(p.candidates);
+    if (cands.size() <= 1 || capturing_) return;
+    const std::int64_t extent = (key.batch > 1 ? (key.batch - 1) * key.stride_c : 0) +
+                                static_cast<std::int64_t>(key.n - 1) * key.ldc + key.m;
+    float* d = tune_buffer(static_cast<std::size_t>(extent) * 4);
+    if (!d || !tune_events()) return;
+    int best = -1;
+    float best_ms = 0.0f;
+    bool any_works = false;
+    for (std::size_t i = 0; i < cands.size(); ++i) {
+      bool works = false;
+      const float ms = time_algo(p, cands[i].algo, a, b, c, d, bias, alpha, beta, works);
+      if (status_ != 0) return;  // a sticky error (recorded): leave it there
+      if (!works) continue;
+      if (!any_works) {
+        any_works = true;
+        best = static_cast<int>(i);
+        best_ms = ms;
+      } else if (ms < best_ms * (1.0f - kTuneMargin)) {
+        best = static_cast<int>(i);
+        best_ms = ms;
+      }
+    }
+    if (!any_works) {
+      p.use_lt = false;
+      return;
+    }
+    p.algo = cands[static_cast<std::size_t>(best)].algo;
+    try {
+      std::lock_guard<std::mutex> lock(tuned_mutex());
+      tuned_algos().emplace(TuneKey{device_, static_cast<int>(precision_), key}, TunedAlgo{p.compute, p.algo});
+    } catch (...) {
+      // not shared with later engines; this one keeps its choice
+    }
+  }
+
+  /// The median over kTuneSamples of kTuneReps calls replayed from a graph (so host launch gaps
+  /// do not count: the GEMM runs as it will in the step), in ms; +inf when timing failed.
+  /// works: cuBLASLt accepted the algorithm for this problem.
+  float time_algo(const LtPlan& p, const cublasLtMatmulAlgo_t& algo, const void* a, const void* b, const float* c,
+                  float* d, const void* bias, float alpha, float beta, bool& works) noexcept {
+    constexpr const char* op = "gemm (autotune)";
+    works = lt_matmul(p, algo, a, b, c, d, bias, alpha, beta) == CUBLAS_STATUS_SUCCESS;  // also the warm-up
+    if (!works) return INFINITY;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    float result = INFINITY;
+    if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
+      bool ok = true;
+      for (int r = 0; r < kTuneReps && ok; ++r) ok = lt_matmul(p, algo, a, b, c, d, bias, alpha, beta) == CUBLAS_STATUS_SUCCESS;
+      const cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+      if (ok && e == cudaSuccess && graph && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess &&
+          cudaGraphLaunch(exec, stream_) == cudaSuccess) {
+        bool timed = true;
+        for (int s = 0; s < kTuneSamples && timed; ++s)
+          timed = cudaEventRecord(tune_events_[2 * s], stream_) == cudaSuccess &&
+                  cudaGraphLaunch(exec, stream_) == cudaSuccess &&
+                  cudaEventRecord(tune_events_[2 * s + 1], stream_) == cudaSuccess;
+        std::array<float, kTuneSamples> ms{};
+        if (timed && DQN_CUDA_OK(op, cudaEventSynchronize(tune_events_[2 * kTuneSamples - 1]))) {
+          for (int s = 0; s < kTuneSamples && timed; ++s)
+            timed = cudaEventElapsedTime(&ms[static_cast<std::size_t>(s)], tune_events_[2 * s], tune_events_[2 * s + 1]) ==
+                    cudaSuccess;
+          if (timed) {
+            std::sort(ms.begin(), ms.end());
+            result = ms[kTuneSamples / 2];
+          }
+        }
+      }
+    }
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();  // a failed capture or launch above is not the step's error
+    // Whatever ran must be done before the next candidate (and before the step's work).
+    DQN_CUDA_OK(op, cudaStreamSynchronize(stream_));
+    return result;
+  }
+
+  /// The private D of autotuning, grown as needed (outside capture only); kept until release.
+  float* tune_buffer(std::size_t bytes) noexcept {
+    if (bytes <= tune_bytes_) return static_cast<float*>(tune_d_);
+    bytes = round_up(bytes, 256);
+    if (tune_d_) {
+      cudaFree(tune_d_);
+      forget_device_bytes(tune_bytes_);
+      tune_d_ = nullptr;
+      tune_bytes_ = 0;
+    }
+    if (cudaMalloc(&tune_d_, bytes) != cudaSuccess) {
+      cudaGetLastError();
+      tune_d_ = nullptr;
+      return nullptr;  // no tuning for this key, nothing failed
+    }
+    tune_bytes_ = bytes;
+    note_device_bytes(bytes);
+    return static_cast<float*>(tune_d_);
+  }
+
+  bool tune_events() noexcept {
+    if (tune_events_[0]) return true;
+    for (auto& e : tune_events_) {
+      if (cudaEventCreate(&e) != cudaSuccess) {
+        cudaGetLastError();
+        for (auto& x : tune_events_) {
+          if (x) cudaEventDestroy(x);
+          x = nullptr;
+        }
+        return false;
+      }
+    }
+    return true;
   }
 
   bool make_layout(cublasLtMatrixLayout_t* l, cudaDataType_t type, int rows, int cols, std::int64_t ld, int batch,
@@ -750,13 +1151,26 @@ class CudaBackend final : public Backend {
   void release() noexcept {
     for (auto& [key, plan] : plans_) plan.release();
     plans_.clear();
-    if (stream_) cudaStreamSynchronize(stream_);
-    if (scratch_) cudaFree(scratch_);
-    if (workspace_) cudaFree(workspace_);
+    for (auto st : streams_)
+      if (st) cudaStreamSynchronize(st);
+    for (auto& e : tune_events_) {
+      if (e) cudaEventDestroy(e);
+      e = nullptr;
+    }
+    if (tune_d_) cudaFree(tune_d_);
+    tune_d_ = nullptr;
+    tune_bytes_ = 0;
+    if (scratch_base_) cudaFree(scratch_base_);
+    if (counters_) cudaFree(counters_);
+    counters_ = nullptr;
+    if (workspace_base_) cudaFree(workspace_base_);
     if (lt_) cublasLtDestroy(lt_);
     if (blas_) cublasDestroy(blas_);
-    if (stream_) cudaStreamDestroy(stream_);
-    scratch_ = workspace_ = nullptr;
+    for (auto& st : streams_) {
+      if (st) cudaStreamDestroy(st);
+      st = nullptr;
+    }
+    scratch_ = workspace_ = scratch_base_ = workspace_base_ = nullptr;
     lt_ = nullptr;
     blas_ = nullptr;
     stream_ = nullptr;
@@ -770,11 +1184,20 @@ class CudaBackend final : public Backend {
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
   void* scratch_ = nullptr;
+  unsigned* counters_ = nullptr;
+  cudaStream_t streams_[kMaxLanes] = {};
+  void* workspace_base_ = nullptr;  ///< kMaxLanes slices of kWorkspaceBytes; workspace_ is the lane's
+  void* scratch_base_ = nullptr;    ///< kMaxLanes slices of scratch_bytes_; scratch_ is the lane's
   std::size_t scratch_bytes_ = 0;
   std::size_t device_bytes_ = 0, peak_bytes_ = 0;
   bool planning_ = false, capturing_ = false;
+  int lane_ = 0;
   std::size_t plan_need_ = 0;
   std::map<LtKey, LtPlan> plans_;
+  bool autotune_ = autotune_from_env();  ///< DQN_GEMM_AUTOTUNE, read once per backend
+  void* tune_d_ = nullptr;               ///< autotuning's private D
+  std::size_t tune_bytes_ = 0;
+  std::array<cudaEvent_t, 2 * kTuneSamples> tune_events_{};
   int status_ = 0;
   char message_[512] = {};
 };
@@ -789,6 +1212,7 @@ class CudaRuntime final : public Runtime {
         DQN_CUDA_THROW(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
         events_.push_back(e);
       }
+      DQN_CUDA_THROW(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
     } catch (...) {
       release();
       throw;
@@ -827,13 +1251,51 @@ class CudaRuntime final : public Runtime {
   void begin_capture() override {
     if (backend_.planning()) throw std::runtime_error("cuda: begin_capture while planning (call plan_end first)");
     if (capturing_) throw std::runtime_error("cuda: begin_capture while already capturing");
+    backend_.set_lane(0);
     DQN_CUDA_THROW(cudaStreamBeginCapture(backend_.stream(), cudaStreamCaptureModeThreadLocal));
     capturing_ = true;
     backend_.set_capturing(true);
+    // The other lanes join the capture by waiting on this event (on their first stage).
+    DQN_CUDA_THROW(cudaEventRecord(fork_, backend_.stream()));
+    for (auto& j : joined_) j = false;
+    joined_[0] = true;
+    for (auto& l : lane_last_) l = -1;
+  }
+
+  int lanes() const noexcept override { return kMaxLanes; }
+
+  void stage_begin(int lane, const std::vector<int>& after) override {
+    if (!capturing_) return;
+    backend_.set_lane(lane);
+    cudaStream_t st = backend_.stream();
+    if (!joined_[lane]) {
+      DQN_CUDA_THROW(cudaStreamWaitEvent(st, fork_, 0));
+      joined_[lane] = true;
+    }
+    for (int id : after) {
+      if (id < 0 || id >= int(stage_events_.size()) || !stage_events_[std::size_t(id)])
+        throw std::runtime_error("cuda: stage_begin waits on stage " + std::to_string(id) + ", which was not marked done");
+      DQN_CUDA_THROW(cudaStreamWaitEvent(st, stage_events_[std::size_t(id)], 0));
+    }
+  }
+
+  void stage_done(int id) override {
+    if (!capturing_) return;
+    if (id < 0) throw std::runtime_error("cuda: stage_done with a negative id");
+    if (std::size_t(id) >= stage_events_.size()) stage_events_.resize(std::size_t(id) + 1, nullptr);
+    cudaEvent_t& e = stage_events_[std::size_t(id)];
+    if (!e) DQN_CUDA_THROW(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    DQN_CUDA_THROW(cudaEventRecord(e, backend_.stream()));
+    lane_last_[backend_.lane()] = id;
   }
 
   void end_capture() override {
     if (!capturing_) throw std::runtime_error("cuda: end_capture without begin_capture");
+    // Join: lane 0 waits for the last stage of every other lane that took part.
+    backend_.set_lane(0);
+    for (int l = 1; l < kMaxLanes; ++l)
+      if (joined_[l] && lane_last_[l] >= 0)
+        DQN_CUDA_THROW(cudaStreamWaitEvent(backend_.stream(), stage_events_[std::size_t(lane_last_[l])], 0));
     capturing_ = false;
     backend_.set_capturing(false);
     cudaGraph_t graph = nullptr;
@@ -955,6 +1417,10 @@ class CudaRuntime final : public Runtime {
  private:
   void release() noexcept {
     if (capturing_) {
+      try {
+        backend_.set_lane(0);  // the capture began on lane 0's stream
+      } catch (...) {
+      }
       cudaGraph_t g = nullptr;
       if (cudaStreamEndCapture(backend_.stream(), &g) == cudaSuccess && g) cudaGraphDestroy(g);
       cudaGetLastError();
@@ -964,6 +1430,11 @@ class CudaRuntime final : public Runtime {
     if (exec_) cudaGraphExecDestroy(exec_);
     if (graph_) cudaGraphDestroy(graph_);
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
+    for (cudaEvent_t e : stage_events_)
+      if (e) cudaEventDestroy(e);
+    stage_events_.clear();
+    if (fork_) cudaEventDestroy(fork_);
+    fork_ = nullptr;
     if (arena_) cudaFree(arena_);
     exec_ = nullptr;
     graph_ = nullptr;
@@ -979,6 +1450,10 @@ class CudaRuntime final : public Runtime {
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
   std::vector<cudaEvent_t> events_;
+  cudaEvent_t fork_ = nullptr;
+  std::vector<cudaEvent_t> stage_events_;  ///< by stage id, made on first use (at capture)
+  bool joined_[kMaxLanes] = {};
+  int lane_last_[kMaxLanes] = {};
 };
 
 }  // namespace

@@ -1,7 +1,8 @@
 /** @file cuda_kernels.cu
  *  @brief The small fused kernels of the CUDA op table. Each mirrors its CPU twin in
  *  engine/src/cpu_backend.cpp (same formulas, accumulation in double) and is deterministic: every
- *  reduction has a fixed shape and order, and no kernel uses atomics.
+ *  reduction has a fixed shape and order. The only atomic is Adam's arrival counter on its step
+ *  counter (adam_kernel), which decides nothing but which block writes t+1.
  */
 #include <cuda_bf16.h>
 
@@ -9,6 +10,7 @@
 #include <cmath>
 
 #include "cuda_kernels.cuh"
+#include "device_util.cuh"
 #include "philox.h"
 
 namespace dqn::cuda {
@@ -21,39 +23,11 @@ unsigned blocks_for(std::int64_t n, int threads = kThreads) {
   return static_cast<unsigned>(std::clamp<std::int64_t>(b, 1, std::int64_t{1} << 20));
 }
 
-__device__ __forceinline__ std::int64_t grid_start() {
-  return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ std::int64_t grid_step() {
-  return static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-}
-
-/// Butterfly sum: every lane ends with the same value, in a fixed order.
-__device__ __forceinline__ double warp_sum(double v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-/// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
-/// `sh` holds 32 doubles. Safe to call repeatedly with the same `sh`.
-__device__ double block_sum(double v, double* sh) {
-  v = warp_sum(v);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  __syncthreads();
-  if (lane == 0) sh[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    double r = lane < nwarps ? sh[lane] : 0.0;
-    r = warp_sum(r);
-    if (lane == 0) sh[0] = r;
-  }
-  __syncthreads();
-  return sh[0];
-}
+using dev::block_sum;
+using dev::grid_start;
+using dev::grid_step;
+using dev::warp_max;
+using dev::warp_sum;
 
 // --- dense layers ---------------------------------------------------------------------------
 
@@ -448,169 +422,334 @@ __global__ void quantile_huber_kernel(QuantileHuber a, double* weighted) {
 
 // --- budgets --------------------------------------------------------------------------------
 
-int budget_blocks(std::int64_t P) {
-  return static_cast<int>(std::clamp<std::int64_t>((P + 4095) / 4096, 1, 128));
+constexpr int kBudgetPer = 8;                                                // elements per thread per tile
+constexpr std::int64_t kBudgetTile = std::int64_t{kThreads} * kBudgetPer;   // elements per block per tile
+constexpr std::int64_t kBudgetMaxChunks = 512;                               // partial sums per head, at most
+
+/// Elements per partial-sum chunk (whole tiles, at most kBudgetMaxChunks chunks per head). A
+/// function of P only, so the reduction's shape, and its rounding, is the same on every device.
+std::int64_t budget_chunk(std::int64_t P) {
+  const std::int64_t tiles = std::max<std::int64_t>(1, (P + kBudgetTile - 1) / kBudgetTile);
+  return kBudgetTile * ((tiles + kBudgetMaxChunks - 1) / kBudgetMaxChunks);
+}
+int budget_chunks(std::int64_t P) {
+  const std::int64_t c = budget_chunk(P);
+  return static_cast<int>(std::max<std::int64_t>(1, (P + c - 1) / c));
 }
 
-/// Pass 1, grid (nblk, H): partial Σ g² and a non-finite flag per (head, block).
-__global__ void budget_partial_kernel(const float* grads, std::int64_t P, double* partial, int* bad) {
+/// Pass 1, grid (chunks, H): partial[h][j] = Σ g² over chunk j of head h, in double. A non-finite
+/// element makes the partial non-finite, and a finite one never does (the squares of finite floats
+/// cannot overflow a double sum), so the partials also carry the per-head non-finite flag.
+__global__ void __launch_bounds__(kThreads) budget_partial_kernel(const float* __restrict__ grads, std::int64_t P,
+                                                                  std::int64_t chunk, double* __restrict__ partial) {
   __shared__ double sh[32];
-  const int h = blockIdx.y, nblk = gridDim.x;
+  const int h = blockIdx.y, j = blockIdx.x;
   const float* gh = grads + static_cast<std::int64_t>(h) * P;
+  const std::int64_t begin = static_cast<std::int64_t>(j) * chunk;
+  const std::int64_t end = begin + chunk < P ? begin + chunk : P;
   double acc = 0.0;
-  int nonfinite = 0;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < P;
-       i += static_cast<std::int64_t>(nblk) * blockDim.x) {
-    const double x = gh[i];
-    if (!isfinite(x)) nonfinite = 1;
-    acc += x * x;
+  for (std::int64_t s = begin; s < end; s += kBudgetTile) {
+    float x[kBudgetPer];  // all loads of the tile first, then the (ordered) sum
+#pragma unroll
+    for (int k = 0; k < kBudgetPer; ++k) {
+      const std::int64_t i = s + k * kThreads + threadIdx.x;
+      x[k] = i < end ? gh[i] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kBudgetPer; ++k) acc += static_cast<double>(x[k]) * static_cast<double>(x[k]);
   }
-  const int any_bad = __syncthreads_or(nonfinite);
-  const double s = block_sum(acc, sh);
-  if (threadIdx.x == 0) {
-    partial[h * nblk + blockIdx.x] = s;
-    bad[h * nblk + blockIdx.x] = any_bad;
-  }
+  const double total = block_sum(acc, sh);
+  if (threadIdx.x == 0) partial[static_cast<std::int64_t>(h) * gridDim.x + j] = total;
 }
 
-/// Pass 2, one block: norms, clip factors, total loss, skip flag and skipped counter.
-__global__ void budget_finish_kernel(Budget a, const double* partial, const int* bad, int nblk) {
-  __shared__ double sh[32];
-  const float* F = static_cast<const float*>(a.fractions.p);
-  const float* losses = static_cast<const float*>(a.losses.p);
-  float* norms = static_cast<float*>(a.norms.p);
-  float* clips = static_cast<float*>(a.clips.p);
-  bool finite = true;
-  double total_loss = 0.0;
-  for (int h = 0; h < a.H; ++h) {
-    double acc = 0.0;
-    int nonfinite = 0;
-    for (int j = threadIdx.x; j < nblk; j += blockDim.x) {
-      acc += partial[h * nblk + j];
-      nonfinite |= bad[h * nblk + j];
-    }
-    if (__syncthreads_or(nonfinite)) finite = false;
-    const double norm = sqrt(block_sum(acc, sh));
-    if (threadIdx.x == 0) {
-      // A head whose norm is not finite contributes nothing (the step is skipped anyway).
-      const double clip =
-          isfinite(norm) ? fmin(1.0, static_cast<double>(F[h]) * static_cast<double>(a.max_grad_norm) / (norm + 1e-6))
-                         : 0.0;
-      norms[h] = static_cast<float>(norm);
-      clips[h] = static_cast<float>(clip);
-      total_loss += static_cast<double>(losses[h]);
+/// Pass 2, grid-stride over tiles of P. Every block first sums the partials (a warp per head, the
+/// same fixed order in every block, so all blocks agree) into norm_h, clip_h and the skip decision;
+/// block 0 writes norms, clips, total loss, skip and skipped; then every block writes its tiles of
+/// g = Σ_h clip_h g_h (clip as stored, in head order; zero when some head is not finite).
+/// Dynamic shared memory: H floats.
+__global__ void __launch_bounds__(kThreads) budget_combine_kernel(Budget a, const double* __restrict__ partial,
+                                                                  int nchunks) {
+  extern __shared__ float clip_sh[];
+  const int H = a.H;
+  const std::int64_t P = a.P;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const bool writer = blockIdx.x == 0;
+  int ok = 1;
+  for (int h = warp; h < H; h += nwarps) {
+    double sq = 0.0;
+    for (int j = lane; j < nchunks; j += 32) sq += partial[static_cast<std::int64_t>(h) * nchunks + j];
+    const double norm = sqrt(warp_sum(sq));
+    // A head whose norm is not finite contributes nothing (the step is skipped anyway).
+    const bool finite = isfinite(norm);
+    const double clip =
+        finite ? fmin(1.0, static_cast<double>(static_cast<const float*>(a.fractions.p)[h]) *
+                               static_cast<double>(a.max_grad_norm) / (norm + 1e-6))
+               : 0.0;
+    if (!finite) ok = 0;
+    if (lane == 0) {
+      clip_sh[h] = static_cast<float>(clip);
+      if (writer) {
+        static_cast<float*>(a.norms.p)[h] = static_cast<float>(norm);
+        static_cast<float*>(a.clips.p)[h] = static_cast<float>(clip);
+      }
     }
   }
-  if (threadIdx.x == 0) {
+  const bool all_finite = __syncthreads_and(ok) != 0;  // also publishes clip_sh
+  if (writer && threadIdx.x == 0) {
+    const float* losses = static_cast<const float*>(a.losses.p);
+    double total_loss = 0.0;
+    for (int h = 0; h < H; ++h) total_loss += static_cast<double>(losses[h]);
     static_cast<float*>(a.total_loss.p)[0] = static_cast<float>(total_loss);
-    *a.skip = finite ? 0 : 1;
-    if (!finite) ++*a.skipped;
+    *a.skip = all_finite ? 0 : 1;
+    if (!all_finite) ++*a.skipped;
   }
-}
-
-/// Pass 3: g = Σ_h clip_h g_h (zero when the step is skipped).
-__global__ void budget_combine_kernel(const float* grads, const float* clips, float* g, int H, std::int64_t P,
-                                      const std::int32_t* skip) {
-  const bool skipped = *skip != 0;
-  for (std::int64_t i = grid_start(); i < P; i += grid_step()) {
-    double acc = 0.0;
-    if (!skipped)
-      for (int h = 0; h < H; ++h) acc += static_cast<double>(clips[h]) * static_cast<double>(grads[h * P + i]);
-    g[i] = static_cast<float>(acc);
+  const float* grads = static_cast<const float*>(a.grads.p);
+  float* g = static_cast<float*>(a.g.p);
+  for (std::int64_t s = static_cast<std::int64_t>(blockIdx.x) * kBudgetTile; s < P;
+       s += static_cast<std::int64_t>(gridDim.x) * kBudgetTile) {
+    double acc[kBudgetPer];
+#pragma unroll
+    for (int k = 0; k < kBudgetPer; ++k) acc[k] = 0.0;
+    if (all_finite) {
+#pragma unroll 4
+      for (int h = 0; h < H; ++h) {
+        const double c = clip_sh[h];
+        const float* gh = grads + static_cast<std::int64_t>(h) * P;
+#pragma unroll
+        for (int k = 0; k < kBudgetPer; ++k) {
+          const std::int64_t i = s + k * kThreads + threadIdx.x;
+          if (i < P) acc[k] += c * static_cast<double>(gh[i]);
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kBudgetPer; ++k) {
+      const std::int64_t i = s + k * kThreads + threadIdx.x;
+      if (i < P) g[i] = static_cast<float>(acc[k]);
+    }
   }
 }
 
 // --- optimiser, spectral norm, target -------------------------------------------------------
 
-/// Every thread uses the step t+1 computed from the old t; adam_step_kernel writes it after.
-__global__ void adam_kernel(float* theta, const float* g, float* m, float* v, std::int64_t P,
-                            const std::int64_t* t, const float* lr_p, double b1, double b2, double eps,
-                            const std::int32_t* skip) {
-  if (*skip) return;
+constexpr int kElemPer = 4;  // elements per thread per round of the elementwise optimiser kernels
+/// Adam's arrival counter lives in the upper bits of *t (below them, t itself).
+constexpr int kTicketShift = 40;
+constexpr unsigned long long kTicket = 1ull << kTicketShift;
+
+/// Blocks for an elementwise kernel doing kElemPer elements per thread and round: enough for n,
+/// at most max_blocks (about one wave); the kernels stride over the rest.
+unsigned wave_blocks(std::int64_t n, int max_blocks) {
+  const std::int64_t per_block = std::int64_t{kThreads} * kElemPer;
+  return static_cast<unsigned>(
+      std::clamp<std::int64_t>((n + per_block - 1) / per_block, 1, std::max(max_blocks, 1)));
+}
+
+/// Adam, one launch (about one wave, grid-stride). The step counter: thread 0 of every block adds
+/// kTicket to *t with one atomic, which returns the old t in the low 40 bits (the other blocks'
+/// tickets only touch the bits above) and the block's arrival rank in the bits above; the last
+/// block to arrive, when every block has read t, stores t+1 and so clears the tickets. Every
+/// element uses t+1 from the old t, *t ends at t+1 and nothing needs zeroing between replays
+/// (needs 0 <= t < 2^40 and fewer than 2^23 blocks). Skipped: no block touches anything.
+__global__ void __launch_bounds__(kThreads) adam_kernel(float* theta, const float* g, float* m, float* v,
+                                                        std::int64_t P, std::int64_t* t, const float* lr_p,
+                                                        double b1, double b2, double eps,
+                                                        const std::int32_t* skip) {
   __shared__ double bc[2];
-  if (threadIdx.x == 0) {
-    const double t1 = static_cast<double>(*t + 1);
-    bc[0] = 1.0 - pow(b1, t1);
-    bc[1] = 1.0 - pow(b2, t1);
+  if (*skip) return;
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * (kThreads * kElemPer) + threadIdx.x;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * (kThreads * kElemPer);
+  float gr[kElemPer], mr[kElemPer], vr[kElemPer], pr[kElemPer];
+  auto load = [&](std::int64_t base) {
+#pragma unroll
+    for (int k = 0; k < kElemPer; ++k) {
+      const std::int64_t i = base + k * kThreads;
+      if (i < P) {
+        gr[k] = g[i];
+        mr[k] = m[i];
+        vr[k] = v[i];
+        pr[k] = theta[i];
+      }
+    }
+  };
+  load(first);  // the first round's operands are in flight while the step is read
+  const double lr = *lr_p;
+  if (threadIdx.x < 32) {
+    unsigned long long old = 0;
+    if (threadIdx.x == 0) old = atomicAdd(reinterpret_cast<unsigned long long*>(t), kTicket);
+    old = __shfl_sync(0xffffffffu, old, 0);
+    const unsigned long long t_old = old & (kTicket - 1);
+    if (threadIdx.x == 0 && (old >> kTicketShift) == gridDim.x - 1u)
+      atomicExch(reinterpret_cast<unsigned long long*>(t), t_old + 1);
+    if (threadIdx.x < 2) {  // lanes 0 and 1: both corrections in one pass
+      const double t1 = static_cast<double>(static_cast<std::int64_t>(t_old) + 1);
+      bc[threadIdx.x] = 1.0 - pow(threadIdx.x == 0 ? b1 : b2, t1);
+    }
   }
   __syncthreads();
-  const double bc1 = bc[0], bc2 = bc[1], lr = *lr_p;
-  for (std::int64_t i = grid_start(); i < P; i += grid_step()) {
-    const double gi = g[i];
-    const double mi = b1 * static_cast<double>(m[i]) + (1.0 - b1) * gi;
-    const double vi = b2 * static_cast<double>(v[i]) + (1.0 - b2) * gi * gi;
-    m[i] = static_cast<float>(mi);
-    v[i] = static_cast<float>(vi);
-    theta[i] = static_cast<float>(static_cast<double>(theta[i]) - lr * (mi / bc1) / (sqrt(vi / bc2) + eps));
+  const double bc1 = bc[0], bc2 = bc[1];
+  for (std::int64_t base = first; base < P; base += stride) {
+    if (base != first) load(base);
+#pragma unroll
+    for (int k = 0; k < kElemPer; ++k) {
+      const std::int64_t i = base + k * kThreads;
+      if (i < P) {
+        const double gi = gr[k];
+        const double mi = b1 * static_cast<double>(mr[k]) + (1.0 - b1) * gi;
+        const double vi = b2 * static_cast<double>(vr[k]) + (1.0 - b2) * gi * gi;
+        m[i] = static_cast<float>(mi);
+        v[i] = static_cast<float>(vi);
+        theta[i] = static_cast<float>(static_cast<double>(pr[k]) - lr * (mi / bc1) / (sqrt(vi / bc2) + eps));
+      }
+    }
   }
 }
 
-__global__ void adam_step_kernel(std::int64_t* t, const std::int32_t* skip) {
-  if (*skip == 0) ++*t;
+constexpr int kSnCols = 32;        // columns per block of spectral-norm pass 1 (a lane each)
+constexpr int kSnStage = 256;      // rows of that block's column slab kept in shared memory
+constexpr int kSnRowElems = 4096;  // about this many elements of W per block of pass 2
+
+int sn_col_chunks(int max_cols) { return (max_cols + kSnCols - 1) / kSnCols; }
+int sn_rows_per_block(int max_cols) { return std::clamp(kSnRowElems / std::max(max_cols, 1), 1, kThreads); }
+
+/// Spectral norm pass 1, grid (column chunks, matrices): for the block's 32 columns c,
+/// w_c = (Wᵀu)_c (v before normalising), vsq = Σ_c w_c² of the chunk, and the chunk's share of
+/// W v for every row, xp[r] = Σ_{c in chunk} W[r,c] w_c (‖v‖ divides it in pass 2). Scratch:
+/// vsq [matrices][chunks], xp [matrices][chunks][max_rows], doubles.
+__global__ void __launch_bounds__(kThreads) sn_cols_kernel(const SpectralMatrix* mats, int max_rows, int max_cols,
+                                                           const std::int32_t* skip, double* vsq, double* xp) {
+  if (*skip) return;
+  __shared__ float slab[kSnStage][kSnCols + 1];  // +1: a thread per row reads without bank conflicts
+  __shared__ double red[kThreads / 32][kSnCols];
+  __shared__ double wsh[kSnCols];
+  constexpr int nwarps = kThreads / 32;
+  const int mi = blockIdx.y, j = blockIdx.x, ncc = gridDim.x;
+  const SpectralMatrix s = mats[mi];
+  const int rows = s.rows, cols = s.cols;
+  if (rows <= 0 || cols <= 0 || rows > max_rows || cols > max_cols) return;  // pass 2 handles bad bounds
+  const int c0 = j * kSnCols;
+  if (c0 >= cols) return;
+  const int nc = min(kSnCols, cols - c0);
+  const float* W = static_cast<const float*>(s.w.p);
+  const float* u = static_cast<const float*>(s.u.p);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const bool valid = lane < nc;
+  // Wᵀu: a lane per column, a warp per row (coalesced along the row), rows in warp-strided order.
+  double acc = 0.0;
+#pragma unroll 8
+  for (int r = warp; r < rows; r += nwarps) {
+    const float w = valid ? W[static_cast<std::int64_t>(r) * cols + c0 + lane] : 0.0f;
+    if (r < kSnStage) slab[r][lane] = w;
+    acc += static_cast<double>(w) * static_cast<double>(u[r]);
+  }
+  red[warp][lane] = acc;
+  __syncthreads();
+  if (warp == 0) {
+    double wc = 0.0;
+    for (int k = 0; k < nwarps; ++k) wc += red[k][lane];
+    if (!valid) wc = 0.0;
+    wsh[lane] = wc;
+    const double q = warp_sum(wc * wc);
+    if (lane == 0) vsq[static_cast<std::int64_t>(mi) * ncc + j] = q;
+  }
+  __syncthreads();
+  // The chunk's share of W w: a thread per row, columns in order.
+  double* xpm = xp + (static_cast<std::int64_t>(mi) * ncc + j) * max_rows;
+  for (int r = threadIdx.x; r < rows; r += kThreads) {
+    double x = 0.0;
+    if (r < kSnStage) {
+      for (int k = 0; k < nc; ++k) x += static_cast<double>(slab[r][k]) * wsh[k];
+    } else {
+      const float* wr = W + static_cast<std::int64_t>(r) * cols + c0;
+      for (int k = 0; k < nc; ++k) x += static_cast<double>(wr[k]) * wsh[k];
+    }
+    xpm[r] = x;
+  }
 }
 
-/// One block per matrix (the table lives in device memory): v = normalize(Wᵀu), x = W v,
-/// σ = ‖x‖, u ← x/σ, W ← W·σ_max/σ when σ > σ_max. Shared: v [max_cols], x [max_rows] in double.
-__global__ void spectral_norm_kernel(const SpectralMatrix* mats, int max_rows, int max_cols, float sigma_max,
-                                     const std::int32_t* skip) {
+/// Spectral norm pass 2, grid (row blocks, matrices): every block of a matrix computes
+/// ‖v‖ = max(√Σ vsq, 1e-12), x_r = (Σ_chunks xp[r]) / ‖v‖ for all rows and σ = ‖x‖ (the same
+/// fixed order in every block, so all agree), then writes u ← x/max(σ, 1e-12) for its rows and,
+/// when σ > σ_max, scales its rows of W by σ_max/σ. max(·, 1e-12) as the CPU's std::max (NaN stays).
+__global__ void __launch_bounds__(kThreads) sn_rows_kernel(const SpectralMatrix* mats, int max_rows, int max_cols,
+                                                           int rows_per_block, int ncc, float sigma_max,
+                                                           const std::int32_t* skip, const double* vsq,
+                                                           const double* xp) {
   if (*skip) return;
-  extern __shared__ double sn_shared[];
   __shared__ double sh[32];
-  double* vbuf = sn_shared;             // [max_cols]
-  double* xbuf = sn_shared + max_cols;  // [max_rows]
-  const SpectralMatrix s = mats[blockIdx.x];
+  const int mi = blockIdx.y;
+  const SpectralMatrix s = mats[mi];
   const int rows = s.rows, cols = s.cols;
   if (rows <= 0 || cols <= 0) return;
-  float* W = static_cast<float*>(s.w.p);
   float* u = static_cast<float*>(s.u.p);
   if (rows > max_rows || cols > max_cols) {  // the host's bounds were wrong: poison u, write nothing else
-    for (int r = threadIdx.x; r < rows; r += blockDim.x) u[r] = NAN;
+    if (blockIdx.x == 0)
+      for (int r = threadIdx.x; r < rows; r += kThreads) u[r] = NAN;
     return;
   }
-  // v = Wᵀu: thread per column, rows in order (coalesced along a row).
-  double vsq = 0.0;
-  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-    double acc = 0.0;
-    for (int r = 0; r < rows; ++r) acc += static_cast<double>(W[static_cast<std::int64_t>(r) * cols + c]) * u[r];
-    vbuf[c] = acc;
-    vsq += acc * acc;
-  }
-  const double vnorm = fmax(sqrt(block_sum(vsq, sh)), 1e-12);  // block_sum syncs: vbuf complete
-  for (int c = threadIdx.x; c < cols; c += blockDim.x) vbuf[c] /= vnorm;
-  __syncthreads();
-  // x = W v: warp per row.
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  for (int r = warp; r < rows; r += nwarps) {
-    const float* wr = W + static_cast<std::int64_t>(r) * cols;
-    double acc = 0.0;
-    for (int c = lane; c < cols; c += 32) acc += static_cast<double>(wr[c]) * vbuf[c];
-    acc = warp_sum(acc);
-    if (lane == 0) xbuf[r] = acc;
-  }
-  __syncthreads();
+  const int r0 = blockIdx.x * rows_per_block;
+  if (r0 >= rows) return;
+  const int r1 = min(rows, r0 + rows_per_block);
+  const int nc = (cols + kSnCols - 1) / kSnCols;
+  const double* vq = vsq + static_cast<std::int64_t>(mi) * ncc;
+  const double* xm = xp + static_cast<std::int64_t>(mi) * ncc * max_rows;
+  double vs = 0.0;
+  for (int j = 0; j < nc; ++j) vs += vq[j];
+  const double vn = sqrt(vs);
+  const double vnorm = vn < 1e-12 ? 1e-12 : vn;
+  auto x_of = [&](int r) {
+    double x = 0.0;
+    for (int j = 0; j < nc; ++j) x += xm[static_cast<std::int64_t>(j) * max_rows + r];
+    return x / vnorm;
+  };
   double xsq = 0.0;
-  for (int r = threadIdx.x; r < rows; r += blockDim.x) xsq += xbuf[r] * xbuf[r];
-  const double sigma = sqrt(block_sum(xsq, sh));  // also orders every read of u and W above
-  const double unorm = fmax(sigma, 1e-12);
-  for (int r = threadIdx.x; r < rows; r += blockDim.x) u[r] = static_cast<float>(xbuf[r] / unorm);
+  for (int r = threadIdx.x; r < rows; r += kThreads) {
+    const double x = x_of(r);
+    xsq += x * x;
+  }
+  const double sigma = sqrt(block_sum(xsq, sh));
+  const double unorm = sigma < 1e-12 ? 1e-12 : sigma;
+  for (int r = r0 + threadIdx.x; r < r1; r += kThreads) u[r] = static_cast<float>(x_of(r) / unorm);
   if (sigma > static_cast<double>(sigma_max)) {
+    float* W = static_cast<float*>(s.w.p);
     const double factor = static_cast<double>(sigma_max) / sigma;
-    const std::int64_t n = static_cast<std::int64_t>(rows) * cols;
-    for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    const std::int64_t end = static_cast<std::int64_t>(r1) * cols;
+#pragma unroll 4
+    for (std::int64_t i = static_cast<std::int64_t>(r0) * cols + threadIdx.x; i < end; i += kThreads)
       W[i] = static_cast<float>(static_cast<double>(W[i]) * factor);
   }
 }
 
-__global__ void target_update_kernel(float* tgt, const float* src, std::int64_t P, double tau,
-                                     std::int64_t period, const std::int64_t* t, const std::int32_t* skip) {
+/// Polyak (period 0) or, when *t % period == 0, a hard copy; one wave, grid-stride.
+__global__ void __launch_bounds__(kThreads) target_update_kernel(float* tgt, const float* src, std::int64_t P,
+                                                                 double tau, std::int64_t period,
+                                                                 const std::int64_t* t, const std::int32_t* skip) {
   if (*skip) return;
-  if (period == 0) {
-    for (std::int64_t i = grid_start(); i < P; i += grid_step()) {
-      const double old = tgt[i];
-      tgt[i] = static_cast<float>(old + tau * (static_cast<double>(src[i]) - old));
+  if (period != 0 && *t % period != 0) return;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * (kThreads * kElemPer);
+  for (std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * (kThreads * kElemPer) + threadIdx.x; base < P;
+       base += stride) {
+    float sr[kElemPer], tr[kElemPer];
+#pragma unroll
+    for (int k = 0; k < kElemPer; ++k) {
+      const std::int64_t i = base + k * kThreads;
+      if (i < P) {
+        sr[k] = src[i];
+        if (period == 0) tr[k] = tgt[i];
+      }
     }
-  } else if (*t % period == 0) {
-    for (std::int64_t i = grid_start(); i < P; i += grid_step()) tgt[i] = src[i];
+#pragma unroll
+    for (int k = 0; k < kElemPer; ++k) {
+      const std::int64_t i = base + k * kThreads;
+      if (i < P) {
+        if (period == 0) {
+          const double old = tr[k];
+          tgt[i] = static_cast<float>(old + tau * (static_cast<double>(sr[k]) - old));
+        } else {
+          tgt[i] = sr[k];
+        }
+      }
+    }
   }
 }
 
@@ -784,54 +923,55 @@ cudaError_t quantile_huber(cudaStream_t s, const QuantileHuber& a, void* scratch
 }
 
 std::size_t budget_scratch_bytes(int H, std::int64_t P) {
-  const std::size_t cells = static_cast<std::size_t>(H) * budget_blocks(P);
-  return round_up(cells * sizeof(double), 256) + round_up(cells * sizeof(int), 256);
+  return round_up(static_cast<std::size_t>(H) * static_cast<std::size_t>(budget_chunks(P)) * sizeof(double), 256);
 }
 
-cudaError_t budget(cudaStream_t s, const Budget& a, void* scratch) {
-  const int nblk = budget_blocks(a.P);
-  const std::size_t cells = static_cast<std::size_t>(a.H) * nblk;
+cudaError_t budget(cudaStream_t s, const Budget& a, void* scratch, int max_blocks) {
+  const int nchunks = budget_chunks(a.P);
   auto* partial = static_cast<double*>(scratch);
-  auto* bad = reinterpret_cast<int*>(static_cast<char*>(scratch) + round_up(cells * sizeof(double), 256));
   if (a.H > 0) {
-    budget_partial_kernel<<<dim3(nblk, a.H), kThreads, 0, s>>>(a.grads.as<const float>(), a.P, partial, bad);
+    budget_partial_kernel<<<dim3(nchunks, a.H), kThreads, 0, s>>>(a.grads.as<const float>(), a.P, budget_chunk(a.P),
+                                                                  partial);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
-  budget_finish_kernel<<<1, kThreads, 0, s>>>(a, partial, bad, nblk);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  if (a.P > 0)
-    budget_combine_kernel<<<blocks_for(a.P), kThreads, 0, s>>>(a.grads.as<const float>(), a.clips.as<const float>(),
-                                                              a.g.as<float>(), a.H, a.P, a.skip);
+  const std::int64_t tiles = (a.P + kBudgetTile - 1) / kBudgetTile;
+  const auto grid = static_cast<unsigned>(std::clamp<std::int64_t>(tiles, 1, std::max(max_blocks, 1)));
+  const std::size_t shmem = static_cast<std::size_t>(std::max(a.H, 1)) * sizeof(float);
+  budget_combine_kernel<<<grid, kThreads, shmem, s>>>(a, partial, nchunks);
   return cudaGetLastError();
 }
 
-cudaError_t adam(cudaStream_t s, const Adam& a) {
-  if (a.P > 0) {
-    adam_kernel<<<blocks_for(a.P), kThreads, 0, s>>>(a.params.as<float>(), a.g.as<const float>(), a.m.as<float>(),
-                                                    a.v.as<float>(), a.P, a.t, a.lr.as<const float>(), a.beta1,
-                                                    a.beta2, a.eps, a.skip);
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  }
-  adam_step_kernel<<<1, 1, 0, s>>>(a.t, a.skip);
+cudaError_t adam(cudaStream_t s, const Adam& a, int max_blocks) {
+  // Launched for P == 0 too: it still advances t.
+  adam_kernel<<<wave_blocks(a.P, max_blocks), kThreads, 0, s>>>(a.params.as<float>(), a.g.as<const float>(),
+                                                               a.m.as<float>(), a.v.as<float>(), a.P, a.t,
+                                                               a.lr.as<const float>(), a.beta1, a.beta2, a.eps,
+                                                               a.skip);
   return cudaGetLastError();
+}
+
+std::size_t spectral_norm_scratch_bytes(int count, int max_rows, int max_cols) {
+  const std::size_t cells = static_cast<std::size_t>(count) * static_cast<std::size_t>(sn_col_chunks(max_cols));
+  return round_up(cells * sizeof(double), 256) + round_up(cells * static_cast<std::size_t>(max_rows) * sizeof(double), 256);
 }
 
 cudaError_t spectral_norm(cudaStream_t s, const SpectralMatrix* mats, int count, int max_rows, int max_cols,
-                          float sigma_max, const std::int32_t* skip) {
-  const std::size_t shmem = (static_cast<std::size_t>(max_rows) + max_cols) * sizeof(double);
-  if (shmem > 48 * 1024) {
-    if (cudaError_t e = cudaFuncSetAttribute(spectral_norm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(shmem));
-        e != cudaSuccess)
-      return e;
-  }
-  spectral_norm_kernel<<<count, kThreads * 2, shmem, s>>>(mats, max_rows, max_cols, sigma_max, skip);
+                          float sigma_max, const std::int32_t* skip, void* scratch) {
+  const int ncc = sn_col_chunks(max_cols), rpb = sn_rows_per_block(max_cols);
+  const std::size_t cells = static_cast<std::size_t>(count) * static_cast<std::size_t>(ncc);
+  auto* vsq = static_cast<double*>(scratch);
+  auto* xp = reinterpret_cast<double*>(static_cast<char*>(scratch) + round_up(cells * sizeof(double), 256));
+  sn_cols_kernel<<<dim3(ncc, count), kThreads, 0, s>>>(mats, max_rows, max_cols, skip, vsq, xp);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  sn_rows_kernel<<<dim3((max_rows + rpb - 1) / rpb, count), kThreads, 0, s>>>(mats, max_rows, max_cols, rpb, ncc,
+                                                                              sigma_max, skip, vsq, xp);
   return cudaGetLastError();
 }
 
-cudaError_t target_update(cudaStream_t s, const TargetUpdate& a) {
-  target_update_kernel<<<blocks_for(a.P), kThreads, 0, s>>>(a.target.as<float>(), a.params.as<const float>(), a.P,
-                                                           a.tau, a.period, a.t, a.skip);
+cudaError_t target_update(cudaStream_t s, const TargetUpdate& a, int max_blocks) {
+  target_update_kernel<<<wave_blocks(a.P, max_blocks), kThreads, 0, s>>>(a.target.as<float>(),
+                                                                         a.params.as<const float>(), a.P, a.tau,
+                                                                         a.period, a.t, a.skip);
   return cudaGetLastError();
 }
 

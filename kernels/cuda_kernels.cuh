@@ -48,14 +48,21 @@ std::size_t quantile_huber_scratch_bytes(int B);
 std::size_t quantile_huber_shared_bytes(int D, int N);
 cudaError_t quantile_huber(cudaStream_t s, const QuantileHuber& a, void* scratch);
 
-/// Scratch budget needs: per-head, per-block partial sums of squares and non-finite flags.
+/// Scratch budget needs: one partial sum of squares per (head, chunk of P).
 std::size_t budget_scratch_bytes(int H, std::int64_t P);
-cudaError_t budget(cudaStream_t s, const Budget& a, void* scratch);
+/// Two launches: partial sums, then norms/clips/skip/total loss (in every block) and g.
+/// max_blocks bounds the second launch's grid (about one wave); results do not depend on it.
+cudaError_t budget(cudaStream_t s, const Budget& a, void* scratch, int max_blocks);
 
-cudaError_t adam(cudaStream_t s, const Adam& a);
+/// One launch of at most max_blocks blocks (about one wave), which also advances *t; needs
+/// 0 <= *t < 2^40. Results do not depend on max_blocks.
+cudaError_t adam(cudaStream_t s, const Adam& a, int max_blocks);
+/// Scratch spectral_norm needs: per (matrix, 32-column chunk), Σ (Wᵀu)² and max_rows doubles of W v.
+std::size_t spectral_norm_scratch_bytes(int count, int max_rows, int max_cols);
+/// Two launches over (matrix, column chunk) and (matrix, row block) grids; count <= 65535.
 cudaError_t spectral_norm(cudaStream_t s, const SpectralMatrix* mats, int count, int max_rows, int max_cols,
-                          float sigma_max, const std::int32_t* skip);
-cudaError_t target_update(cudaStream_t s, const TargetUpdate& a);
+                          float sigma_max, const std::int32_t* skip, void* scratch);
+cudaError_t target_update(cudaStream_t s, const TargetUpdate& a, int max_blocks);
 
 cudaError_t fill(cudaStream_t s, float* x, float value, std::int64_t n);
 cudaError_t axpy(cudaStream_t s, float* y, const float* x, float alpha, std::int64_t n);

@@ -41,11 +41,15 @@ class CpuBackend final : public Backend {
     if (g.ldc < g.n) return fail("gemm", "ldc smaller than n");
     if (!real_ok(g.c, "gemm", "c")) return;
     if (g.k > 0 && (!real_ok(g.a, "gemm", "a") || !real_ok(g.b, "gemm", "b"))) return;
+    if (g.bias && !real_ok(g.bias, "gemm", "bias")) return;
+    if (g.act != Act::none && g.act != Act::relu) return fail("gemm", "unknown activation");
+    const bool epilogue = g.bias || g.act != Act::none;
     const double alpha = g.alpha, beta = g.beta;
     for (int bi = 0; bi < g.batch; ++bi) {
       const T* A = g.k > 0 ? g.a.as<T>() + bi * g.stride_a : nullptr;
       const T* B = g.k > 0 ? g.b.as<T>() + bi * g.stride_b : nullptr;
       T* C = g.c.as<T>() + bi * g.stride_c;
+      const T* bias = g.bias ? g.bias.as<T>() + bi * g.stride_bias : nullptr;
       for (int i = 0; i < g.m; ++i) {
         for (int j = 0; j < g.n; ++j) {
           double acc = 0.0;
@@ -57,6 +61,11 @@ class CpuBackend final : public Backend {
           T& c = C[idx(i, g.ldc, j)];
           // beta == 0 overwrites: C may hold uninitialised memory (NaN garbage).
           c = static_cast<T>(beta == 0.0 ? alpha * acc : alpha * acc + beta * static_cast<double>(c));
+          if (epilogue) {  // exactly bias_act on the stored product: bit-identical to gemm + bias_act
+            double x = static_cast<double>(c) + (bias ? static_cast<double>(bias[j]) : 0.0);
+            if (g.act == Act::relu) x = x > 0.0 ? x : 0.0;
+            c = static_cast<T>(x);
+          }
         }
       }
     }
@@ -698,6 +707,49 @@ class CpuBackend final : public Backend {
       total += static_cast<double>(W[b]) * sample;
     }
     a.loss.as<T>()[0] = static_cast<T>(total / a.B);
+  }
+
+  // The fused ops are the unfused ones in sequence: the reference they are checked against.
+  void dueling_dist(const DuelingDist& a) noexcept override {
+    constexpr const char* op = "dueling_dist";
+    if (a.rows < 0 || a.D < 0 || a.A <= 0 || a.Z <= 0) return fail(op, "need rows, D >= 0, A, Z >= 1");
+    if (a.star_from < 0 || a.star_from > a.rows) return fail(op, "star_from outside [0, rows]");
+    if (a.a_star && !a.q) return fail(op, "a_star needs q");
+    if (a.rows == 0 || a.D == 0) return;
+    const int n = a.rows * a.D * a.A;
+    dueling_combine(a.logp, a.v, a.ldv, a.adv, a.rows, a.D, a.A, a.Z);
+    log_softmax(a.logp, a.logp, n, a.Z);
+    if (a.q) expected_q(a.q, a.logp, n, a.Z, a.v_min, a.v_max);
+    if (a.a_star && a.rows > a.star_from)
+      argmax(a.a_star, a.q + std::int64_t(a.star_from) * a.D * a.A, (a.rows - a.star_from) * a.D, a.A);
+  }
+
+  void relu_bias_grad(Real dy, Real y, Real db, int rows, int cols, int ld, int heads, std::int64_t stride_dy,
+                      std::int64_t stride_db) noexcept override {
+    if (heads < 0) return fail("relu_bias_grad", "negative heads");
+    for (int h = 0; h < heads; ++h) {
+      relu_backward(dy + h * stride_dy, y, rows, cols, ld);
+      bias_grad(db + h * stride_db, dy + h * stride_dy, rows, cols, ld, 0.0f);
+    }
+  }
+
+  void c51_loss(const C51Loss& a) noexcept override {
+    constexpr const char* op = "c51_loss";
+    if (a.B < 0 || a.D < 0 || a.A <= 0 || a.Z < 2) return fail(op, "need B, D >= 0, A >= 1, Z >= 2");
+    if (!real_ok(a.work_logp, op, "work_logp") || !real_ok(a.work_dlogits, op, "work_dlogits")) return;
+    if (a.B > 0 && a.D > 0) {
+      dueling_combine(a.work_logp, a.tv, a.ldtv, a.tadv, a.B, a.D, a.A, a.Z);
+      log_softmax(a.work_logp, a.work_logp, a.B * a.D * a.A, a.Z);
+      C51Project p;
+      p.m = a.m; p.target_logp = a.work_logp; p.a_star = a.a_star; p.rewards = a.rewards; p.dones = a.dones;
+      p.B = a.B; p.D = a.D; p.A = a.A; p.Z = a.Z; p.gamma_n = a.gamma_n; p.v_min = a.v_min; p.v_max = a.v_max;
+      c51_project(p);
+    }
+    C51Xent x;
+    x.loss_per_sample = a.loss_per_sample; x.loss = a.loss; x.dlogits = a.work_dlogits; x.logp = a.logp;
+    x.actions = a.actions; x.m = a.m; x.weights = a.weights; x.B = a.B; x.D = a.D; x.A = a.A; x.Z = a.Z;
+    c51_xent(x);
+    dueling_backward(a.dv, a.lddv, a.dadv, a.work_dlogits, a.B, a.D, a.A, a.Z);
   }
 
 

@@ -257,7 +257,7 @@ void Engine::build(const PluginLoader& plugins) {
     for (auto i : order_) stages_[i].run(rt_->ops());
     rt_->plan_end();
     rt_->begin_capture();
-    for (auto i : order_) stages_[i].run(rt_->ops());
+    capture_stages();
     rt_->end_capture();
     if (rt_->ops().status() != 0) throw std::runtime_error(std::string("backend error during capture: ") + rt_->ops().message());
     ++captures_;
@@ -266,6 +266,38 @@ void Engine::build(const PluginLoader& plugins) {
   reg_.seal();
   spdlog::debug("engine: {} stages, {} parameters, arena {} bytes, backend {}", order_.size(), reg_.param_count(),
                 reg_.arena_bytes(), rt_->describe());
+}
+
+// Captures the stages in order, spread over the runtime's lanes: a stage continues the lane of
+// its latest dependency when that dependency is the lane's last stage, else takes an unused lane
+// (else the lane that has been idle longest), and waits for its dependencies on other lanes.
+// Stages that share no buffer then run concurrently inside the one graph.
+void Engine::capture_stages() {
+  const auto deps = dependencies(stages_, order_, reg_);
+  const int L = std::max(1, rt_->lanes());
+  std::vector<int> lane_of(order_.size(), 0), last(std::size_t(L), -1);
+  lanes_used_ = 0;
+  for (std::size_t k = 0; k < order_.size(); ++k) {
+    int lane = -1;
+    for (auto it = deps[k].rbegin(); it != deps[k].rend() && lane < 0; ++it)
+      if (last[std::size_t(lane_of[*it])] == int(*it)) lane = lane_of[*it];
+    for (int l = 0; l < L && lane < 0; ++l)
+      if (last[std::size_t(l)] < 0) lane = l;
+    if (lane < 0) lane = int(std::min_element(last.begin(), last.end()) - last.begin());
+    // Per other lane only its latest dependency: a lane's stages finish in order.
+    std::vector<int> newest(std::size_t(L), -1), after;
+    for (auto j : deps[k])
+      if (lane_of[j] != lane) newest[std::size_t(lane_of[j])] = std::max(newest[std::size_t(lane_of[j])], int(j));
+    for (int v : newest)
+      if (v >= 0) after.push_back(v);
+    rt_->stage_begin(lane, after);
+    stages_[order_[k]].run(rt_->ops());
+    rt_->stage_done(int(k));
+    lane_of[k] = lane;
+    last[std::size_t(lane)] = int(k);
+    lanes_used_ = std::max(lanes_used_, lane + 1);
+  }
+  stage_lanes_ = lane_of;
 }
 
 void Engine::declare_engine_buffers() {
@@ -284,7 +316,7 @@ void Engine::declare_engine_buffers() {
                  BufferKind::activation, "engine");
     reg_.declare(last ? std::string(buf::target_h2) : "target/a" + std::to_string(i), DType::real, {B, net_.trunk[i]},
                  BufferKind::activation, "engine");
-    reg_.declare("trunk/dz" + std::to_string(i), DType::real, {B, net_.trunk[i]}, BufferKind::scratch, "engine");
+    reg_.declare("trunk/dz" + std::to_string(i), DType::real, {H * B, net_.trunk[i]}, BufferKind::scratch, "engine");
   }
   reg_.declare(buf::step, DType::i64, {1}, BufferKind::optimizer, "engine");
   reg_.declare("opt/lr", DType::real, {1}, BufferKind::optimizer, "engine");
@@ -301,8 +333,11 @@ void Engine::declare_engine_buffers() {
   reg_.declare("report/skipped", DType::i64, {1}, BufferKind::report, "engine");
   for (std::size_t h = 0; h < heads_.size(); ++h) {
     reg_.declare_view("loss/" + head_names_[h], "report/losses", std::int64_t(h), {1}, "engine");
-    reg_.declare("dtrunk/" + head_names_[h], DType::real, {B, H2}, BufferKind::gradient, "engine");
   }
+  // Every head's ∂L/∂h2 in one block, so the trunk backward runs once for all heads.
+  reg_.declare("dtrunk/all", DType::real, {H * B, H2}, BufferKind::gradient, "engine");
+  for (std::size_t h = 0; h < heads_.size(); ++h)
+    reg_.declare_view("dtrunk/" + head_names_[h], "dtrunk/all", std::int64_t(h) * B * H2, {B, H2}, "engine");
 }
 
 void Engine::add_engine_stages_front() {
@@ -326,16 +361,18 @@ void Engine::add_engine_stages_back() {
     acts.push_back(i == L - 1 ? std::string(buf::h2) : "trunk/a" + std::to_string(i));
     dz.push_back("trunk/dz" + std::to_string(i));
   }
-  for (std::size_t h = 0; h < heads_.size(); ++h) {
+  {
+    // One trunk backward for every head: the heads' ∂L/∂h2 stacked [H·B, H2], ReLU masks and
+    // bias gradients in one pass per layer, dW as one GEMM batched over heads, d(input) as one
+    // GEMM over H·B rows.
     std::vector<std::string> reads = acts;
     reads.push_back(buf::states2);
     reads.push_back("params");
-    reads.push_back("dtrunk/" + head_names_[h]);
+    reads.push_back("dtrunk/all");
     std::vector<std::string> writes = dz;
-    writes.push_back("grad/" + head_names_[h]);
-    writes.push_back("dtrunk/" + head_names_[h]);  // ReLU backward runs in place on it
-    stages_.push_back(Stage{"trunk.backward." + head_names_[h], "engine", reads, writes,
-                            [this, h](Backend& be) { trunk_backward(be, h); }});
+    for (std::size_t h = 0; h < heads_.size(); ++h) writes.push_back("grad/" + head_names_[h]);
+    writes.push_back("dtrunk/all");  // ReLU backward runs in place on it
+    stages_.push_back(Stage{"trunk.backward", "engine", reads, writes, [this](Backend& be) { trunk_backward(be); }});
   }
   stages_.push_back(Stage{"budget", "engine", {"grad/all", "opt/fractions", "report/losses"},
                           {"grad/total", "report/norms", "report/clips", "report/total_loss", "opt/skip", "report/skipped"},
@@ -415,8 +452,8 @@ void Engine::bind_engine() {
       trunk_gw_.back().push_back(reg_.param_in(g, p + ".weight"));
       trunk_gb_.back().push_back(reg_.param_in(g, p + ".bias"));
     }
-    dtrunk_.push_back(reg_.real("dtrunk/" + head_names_[h]));
   }
+  dtrunk_all_ = reg_.real("dtrunk/all");
   for (const auto& [p, u] : sn_params_) sn_u_.push_back(reg_.real(u));
   if (sn_count_ > 0) sn_table_ = reinterpret_cast<SpectralMatrix*>(reg_.i64("sn/table"));
   const auto* rb = reg_.find("report/losses");
@@ -441,30 +478,34 @@ void Engine::trunk_forward(Backend& be, bool target) {
     g.tb = true; g.m = rows; g.n = net_.trunk[i]; g.k = in_w;
     g.a = in; g.lda = in_w; g.b = target ? trunk_tw_[i] : trunk_w_[i]; g.ldb = in_w; g.c = out; g.ldc = net_.trunk[i];
     g.weight_operand = 2;
+    g.bias = target ? trunk_tb_[i] : trunk_b_[i]; g.act = Act::relu;  // fused epilogue
     be.gemm(g);
-    be.bias_act(out, target ? trunk_tb_[i] : trunk_b_[i], rows, net_.trunk[i], net_.trunk[i], Act::relu);
     in = out;
     in_w = net_.trunk[i];
   }
 }
 
-// Backprop ∂L_h/∂h_L (dtrunk/<h>, rows of `states`) through the trunk into grad/<h>.
-void Engine::trunk_backward(Backend& be, std::size_t h) {
-  const int B = spec_.batch, L = net_.trunk_layers;
+// Backprop every head's ∂L_h/∂h_L (dtrunk/all, rows of `states`) through the trunk into grad/<h>.
+void Engine::trunk_backward(Backend& be) {
+  const int B = spec_.batch, L = net_.trunk_layers, H = int(heads_.size());
+  const std::int64_t P = reg_.param_count();
   for (int i = L - 1; i >= 0; --i) {
     const int w = net_.trunk[i];
     const int in_w = i == 0 ? net_.state : net_.trunk[i - 1];
-    const Real dz = i == L - 1 ? dtrunk_[h] : trunk_dz_[i];
-    be.relu_backward(dz, trunk_a_[i], B, w, w);  // rows 0..B of the 2B block are `states`
+    const Real dz = i == L - 1 ? dtrunk_all_ : trunk_dz_[i];  // [H·B, w]
+    // rows 0..B of the 2B activation block are `states`: the same mask for every head
+    be.relu_bias_grad(dz, trunk_a_[i], trunk_gb_[0][i], B, w, w, H, std::int64_t(B) * w, P);
     const Real in = i == 0 ? states2_ : trunk_a_[i - 1];
-    be.bias_grad(trunk_gb_[h][i], dz, B, w, w, 0.0f);
-    Gemm gw;  // dW = dzᵀ · in
+    Gemm gw;  // dW_h = dz_hᵀ · in, batched over heads (grad/all rows are P apart)
     gw.ta = true; gw.m = w; gw.n = in_w; gw.k = B;
-    gw.a = dz; gw.lda = w; gw.b = in; gw.ldb = in_w; gw.c = trunk_gw_[h][i]; gw.ldc = in_w;
+    gw.a = dz; gw.lda = w; gw.stride_a = std::int64_t(B) * w;
+    gw.b = in; gw.ldb = in_w; gw.stride_b = 0;
+    gw.c = trunk_gw_[0][i]; gw.ldc = in_w; gw.stride_c = P;
+    gw.batch = H;
     be.gemm(gw);
     if (i > 0) {
-      Gemm gx;  // d(in) = dz · W
-      gx.m = B; gx.n = in_w; gx.k = w;
+      Gemm gx;  // d(in) = dz · W over all H·B rows
+      gx.m = H * B; gx.n = in_w; gx.k = w;
       gx.a = dz; gx.lda = w; gx.b = trunk_w_[i]; gx.ldb = in_w; gx.c = trunk_dz_[i - 1]; gx.ldc = in_w;
       gx.weight_operand = 2;
       be.gemm(gx);
@@ -740,7 +781,12 @@ std::string Engine::explain() const {
     os << "  " << head_names_[h] << " (" << heads_[h].plugin().descriptor->name << ", budget " << fractions_[h] << ")";
   os << "\nstages in order (" << order_.size() << "):\n" << dqn::explain(stages_, order_);
   os << "registry:\n" << reg_.layout_text();
-  if (captured_) os << "captured: 1 graph, " << rt_->graph_nodes() << " nodes\n";
+  if (captured_) {
+    os << "captured: 1 graph, " << rt_->graph_nodes() << " nodes over " << lanes_used_ << " lane(s):";
+    for (std::size_t k = 0; k < order_.size() && k < stage_lanes_.size(); ++k)
+      os << (k ? ", " : " ") << stages_[order_[k]].name << "@" << stage_lanes_[k];
+    os << "\n";
+  }
   return os.str();
 }
 

@@ -107,6 +107,8 @@ class Engine {
   std::int64_t steps() const { return steps_; }
   std::int64_t captures() const { return captures_; }
   std::int64_t graph_nodes() const { return rt_->graph_nodes(); }
+  /// Lanes (concurrent streams) the captured step uses; 1 on the CPU.
+  int lanes_used() const { return lanes_used_; }
 
   /// The stage order and the registry layout (`dqn step --explain`).
   std::string explain() const;
@@ -120,7 +122,8 @@ class Engine {
   void add_engine_stages_back();
   void bind_engine();
   void trunk_forward(Backend& be, bool target);
-  void trunk_backward(Backend& be, std::size_t head);
+  void trunk_backward(Backend& be);
+  void capture_stages();
   StepReport parse_report(const std::vector<unsigned char>& bytes) const;
 
   PipelineSpec spec_;
@@ -146,7 +149,7 @@ class Engine {
   Real losses_, norms_, clips_, total_loss_, td_error_;
   std::vector<Real> trunk_w_, trunk_b_, trunk_tw_, trunk_tb_, trunk_a_, trunk_ta_, trunk_dz_;
   std::vector<std::vector<Real>> trunk_gw_, trunk_gb_;  // per head
-  std::vector<Real> dtrunk_;                            // per head
+  Real dtrunk_all_;                                     // [H·B, H2]
   SpectralMatrix* sn_table_ = nullptr;
   int sn_count_ = 0, sn_max_rows_ = 0, sn_max_cols_ = 0;
   std::vector<std::pair<std::string, std::string>> sn_params_;  // param name, u buffer name
@@ -161,6 +164,8 @@ class Engine {
 
   std::int64_t steps_ = 0, captures_ = 0;
   bool captured_ = false;
+  int lanes_used_ = 1;            ///< lanes the captured step spreads over
+  std::vector<int> stage_lanes_;  ///< lane of each stage, by position in order_ (after capture)
 };
 
 }  // namespace dqn

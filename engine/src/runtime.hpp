@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dqn/backend.hpp"
 #include "dqn/pipeline.hpp"
@@ -33,6 +34,14 @@ class Runtime {
   virtual void end_capture() {}
   virtual void replay() {}
   virtual std::int64_t graph_nodes() const noexcept { return 0; }
+  /// Lanes a captured step may spread its stages over (CUDA: streams forked from the capturing
+  /// stream and joined back into it at end_capture). 1: everything runs in order.
+  virtual int lanes() const noexcept { return 1; }
+  /// While capturing: the next stage's ops go to `lane`, after the stages listed in `after` (ids
+  /// given to stage_done earlier). Outside capture (and on the CPU) a no-op.
+  virtual void stage_begin(int /*lane*/, const std::vector<int>& /*after*/) {}
+  /// While capturing: marks the end of stage `id` on its lane (what stage_begin waits for).
+  virtual void stage_done(int /*id*/) {}
   /// Host memory the device can copy into asynchronously (pinned for CUDA).
   virtual void* alloc_host(std::size_t bytes) = 0;
   virtual void free_host(void* p) noexcept = 0;

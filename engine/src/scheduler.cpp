@@ -139,6 +139,35 @@ std::vector<std::size_t> schedule(const std::vector<Stage>& stages, const Regist
   return order;
 }
 
+std::vector<std::vector<std::size_t>> dependencies(const std::vector<Stage>& stages,
+                                                   const std::vector<std::size_t>& order, const Registry& reg) {
+  struct Range { std::size_t lo, hi; bool write; };
+  std::vector<std::vector<Range>> acc(order.size());
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    const Stage& s = stages[order[k]];
+    auto add = [&](const std::string& name, bool write) {
+      const auto* b = reg.find(name);
+      if (!b) throw std::invalid_argument("scheduler: stage '" + s.name + "' uses '" + name + "', which nobody declared");
+      acc[k].push_back(Range{b->offset_bytes, b->offset_bytes + b->bytes, write});
+    };
+    for (const auto& w : s.writes) add(w, true);
+    for (const auto& r : s.reads)
+      if (!contains(s.writes, r)) add(r, false);
+  }
+  std::vector<std::vector<std::size_t>> deps(order.size());
+  for (std::size_t k = 0; k < order.size(); ++k)
+    for (std::size_t j = 0; j < k; ++j) {
+      bool conflict = false;
+      for (const auto& x : acc[k]) {
+        for (const auto& y : acc[j])
+          if ((x.write || y.write) && x.lo < y.hi && y.lo < x.hi) { conflict = true; break; }
+        if (conflict) break;
+      }
+      if (conflict) deps[k].push_back(j);
+    }
+  return deps;
+}
+
 std::string explain(const std::vector<Stage>& stages, const std::vector<std::size_t>& order) {
   std::ostringstream os;
   auto join = [](const std::vector<std::string>& v) {

@@ -28,6 +28,12 @@ struct Stage {
 /// both), or the dependencies form a cycle (naming it). Ties keep declaration order.
 std::vector<std::size_t> schedule(const std::vector<Stage>& stages, const Registry& reg);
 
+/// For each position k of `order`, the earlier positions whose stages touch an overlapping byte
+/// range of the arena with at least one of the two writing it (read-after-write, write-after-read,
+/// write-after-write): what stage order[k] must wait for when stages run concurrently.
+std::vector<std::vector<std::size_t>> dependencies(const std::vector<Stage>& stages,
+                                                   const std::vector<std::size_t>& order, const Registry& reg);
+
 /// One line per stage in order: "  3. c51.loss  <c51>  reads: …  writes: …".
 std::string explain(const std::vector<Stage>& stages, const std::vector<std::size_t>& order);
 

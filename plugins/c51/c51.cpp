@@ -31,29 +31,34 @@ class C51Head final : public Head {
       const std::int64_t hc = d_.hidden_cols(), D = d_.D, A = d_.A, Z = d_.Z;
       struct Decl { std::string n; std::vector<std::int64_t> s; };
       const std::vector<Decl> decls = {
-          {b("hidden"), {B2, hc}}, {b("v"), {B2, Z}}, {b("adv"), {B2, D, A, Z}}, {b("logits"), {B2, D, A, Z}},
+          {b("hidden"), {B2, hc}}, {b("v"), {B2, Z}}, {b("adv"), {B2, D, A, Z}},
           {b("logp"), {B2, D, A, Z}}, {b("q"), {B2, D, A}},
           {b("target.hidden"), {B, hc}}, {b("target.v"), {B, Z}}, {b("target.adv"), {B, D, A, Z}},
-          {b("target.logits"), {B, D, A, Z}}, {b("target.logp"), {B, D, A, Z}},
-          {b("dlogits"), {B, D, A, Z}}, {b("dv"), {B, Z}}, {b("dadv"), {B, D, A, Z}}, {b("dhidden"), {B, hc}},
+          // workspace of the fused loss (the CPU twin composes the unfused ops through them)
+          {b("work.logp"), {B, D, A, Z}}, {b("work.dlogits"), {B, D, A, Z}},
+          {b("dv"), {B, Z}}, {b("dadv"), {B, D, A, Z}}, {b("dhidden"), {B, hc}},
       };
       for (const auto& x : decls) {
-        const bool act = x.n.find("/d") == std::string::npos;
+        const bool act = x.n.find("/d") == std::string::npos && x.n.find("/work.") == std::string::npos;
         if (int rc = ctx.buffer(x.n.c_str(), DType::real, x.s.data(), std::int32_t(x.s.size()),
                                 act ? BufferKind::activation : BufferKind::scratch))
           return keep(ctx, rc);
       }
       const std::string loss = "loss/" + name_, grad = "grad/" + name_, dtrunk = "dtrunk/" + name_;
       int rc = 0;
+      // forward: the online head on states ‖ next_states, with a* of the next states (double DQN);
+      // target: the target head's value and advantage layers at s' (runs beside the forward);
+      // loss: the target distribution at a*, projection, cross-entropy and dueling backward, fused.
       rc = rc ? rc : stage(ctx, kForward, "forward", {buf::h2, "params"},
-                           {b("hidden"), b("v"), b("adv"), b("logits"), b("logp"), b("q")});
-      rc = rc ? rc : stage(ctx, kTarget, "target", {buf::target_h2, "target", b("q"), buf::rewards, buf::dones},
-                           {b("target.hidden"), b("target.v"), b("target.adv"), b("target.logits"),
-                            b("target.logp"), buf::a_star, buf::target_m});
-      rc = rc ? rc : stage(ctx, kLoss, "loss", {b("logp"), buf::target_m, buf::actions, buf::is_weights},
-                           {loss, buf::td_error, b("dlogits")});
-      rc = rc ? rc : stage(ctx, kBackward, "backward", {b("dlogits"), b("hidden"), buf::h2, "params"},
-                           {b("dv"), b("dadv"), b("dhidden"), grad, dtrunk});
+                           {b("hidden"), b("v"), b("adv"), b("logp"), b("q"), buf::a_star});
+      rc = rc ? rc : stage(ctx, kTarget, "target", {buf::target_h2, "target"},
+                           {b("target.hidden"), b("target.v"), b("target.adv")});
+      rc = rc ? rc : stage(ctx, kLoss, "loss",
+                           {b("logp"), b("target.v"), b("target.adv"), buf::a_star, buf::actions, buf::is_weights,
+                            buf::rewards, buf::dones},
+                           {loss, buf::td_error, buf::target_m, b("dv"), b("dadv"), b("work.logp"), b("work.dlogits")});
+      rc = rc ? rc : stage(ctx, kBackward, "backward", {b("dv"), b("dadv"), b("hidden"), buf::h2, "params"},
+                           {b("dhidden"), grad, dtrunk});
       return keep(ctx, rc);
     } catch (const std::exception& e) {
       error_ = e.what();
@@ -66,12 +71,13 @@ class C51Head final : public Head {
       online_ = bdq::resolve(r, "c51", bdq::Which::online);
       target_ = bdq::resolve(r, "c51", bdq::Which::target);
       grad_ = bdq::resolve(r, "c51", bdq::Which::grad);
-      act_ = {r.real(b("hidden").c_str()), r.real(b("v").c_str()), r.real(b("adv").c_str()),
-              r.real(b("logits").c_str()), r.real(b("logp").c_str()), r.real(b("q").c_str())};
+      act_ = {r.real(b("hidden").c_str()), r.real(b("v").c_str()), r.real(b("adv").c_str()), Real{},
+              r.real(b("logp").c_str()), r.real(b("q").c_str())};
       tact_ = {r.real(b("target.hidden").c_str()), r.real(b("target.v").c_str()), r.real(b("target.adv").c_str()),
-               r.real(b("target.logits").c_str()), r.real(b("target.logp").c_str()), Real{}};
+               Real{}, Real{}, Real{}};  // no logp: the loss fuses the target distribution
       back_ = {r.real(b("dv").c_str()), r.real(b("dadv").c_str()), r.real(b("dhidden").c_str())};
-      dlogits_ = r.real(b("dlogits").c_str());
+      work_logp_ = r.real(b("work.logp").c_str());
+      work_dlogits_ = r.real(b("work.dlogits").c_str());
       h2_ = r.real(buf::h2);
       target_h2_ = r.real(buf::target_h2);
       actions_ = r.i32(buf::actions);
@@ -83,7 +89,10 @@ class C51Head final : public Head {
       td_ = r.real(buf::td_error);
       loss_ = r.real(("loss/" + name_).c_str());
       dtrunk_ = r.real(("dtrunk/" + name_).c_str());
-      const bool ok = online_.w1 && target_.w1 && grad_.w1 && act_.hidden && tact_.hidden && back_.dv && dlogits_ &&
+      act_.a_star = a_star_;
+      act_.star_from = B_;
+      const bool ok = online_.w1 && target_.w1 && grad_.w1 && act_.hidden && tact_.hidden && back_.dv && work_logp_ &&
+                      work_dlogits_ &&
                       h2_ && target_h2_ && actions_ && rewards_ && dones_ && weights_ && a_star_ && m_ && td_ &&
                       loss_ && dtrunk_;
       if (!ok) {
@@ -100,27 +109,24 @@ class C51Head final : public Head {
   void run(std::int32_t tag, Backend& be) noexcept override {
     const int B = B_, D = d_.D, A = d_.A, Z = d_.Z;
     switch (tag) {
-      case kForward:  // online head on states ‖ next_states
+      case kForward:  // online head on states ‖ next_states; a* = argmax of the next states' Q
         bdq::forward(be, d_, online_, h2_, 2 * B, act_);
         break;
-      case kTarget: {  // double DQN: a* from the online head at s', evaluated by the target head
-        be.argmax(a_star_, act_.q + std::int64_t(B) * D * A, B * D, A);
+      case kTarget:  // the target head at s' up to its value and advantage layers
         bdq::forward(be, d_, target_, target_h2_, B, tact_);
-        C51Project p;
-        p.m = m_; p.target_logp = tact_.logp; p.a_star = a_star_; p.rewards = rewards_; p.dones = dones_;
-        p.B = B; p.D = D; p.A = A; p.Z = Z; p.gamma_n = gamma_n_; p.v_min = d_.v_min; p.v_max = d_.v_max;
-        be.c51_project(p);
         break;
-      }
       case kLoss: {
-        C51Xent x;
-        x.loss_per_sample = td_; x.loss = loss_; x.dlogits = dlogits_; x.logp = act_.logp; x.actions = actions_;
-        x.m = m_; x.weights = weights_; x.B = B; x.D = D; x.A = A; x.Z = Z;
-        be.c51_xent(x);
+        C51Loss x;
+        x.m = m_; x.loss_per_sample = td_; x.loss = loss_; x.dv = back_.dv; x.lddv = Z; x.dadv = back_.dadv;
+        x.logp = act_.logp; x.actions = actions_; x.weights = weights_; x.tv = tact_.v; x.ldtv = Z;
+        x.tadv = tact_.adv; x.a_star = a_star_; x.rewards = rewards_; x.dones = dones_;
+        x.work_logp = work_logp_; x.work_dlogits = work_dlogits_;
+        x.B = B; x.D = D; x.A = A; x.Z = Z; x.gamma_n = gamma_n_; x.v_min = d_.v_min; x.v_max = d_.v_max;
+        be.c51_loss(x);
         break;
       }
       case kBackward:
-        bdq::backward(be, d_, online_, grad_, h2_, B, act_, dlogits_, back_, dtrunk_, 0.0f);
+        bdq::backward_from_dueling(be, d_, online_, grad_, h2_, B, act_, back_, dtrunk_, 0.0f);
         break;
       default:
         break;
@@ -149,7 +155,7 @@ class C51Head final : public Head {
   bdq::Params online_{}, target_{}, grad_{};
   bdq::Acts act_{}, tact_{};
   bdq::BackScratch back_{};
-  Real dlogits_, h2_, target_h2_, rewards_, dones_, weights_, m_, td_, loss_, dtrunk_;
+  Real work_logp_, work_dlogits_, h2_, target_h2_, rewards_, dones_, weights_, m_, td_, loss_, dtrunk_;
   std::int32_t* actions_ = nullptr;
   std::int32_t* a_star_ = nullptr;
 };

@@ -173,22 +173,23 @@ class EnsembleHead final : public Head {
     const int B = B_, hc = d_.hidden_cols(), az = d_.az(), daz = d_.D * az, Hh = d_.Hh, Z = d_.Z;
     const std::int64_t sh = std::int64_t(B) * hc;
     const bdq::Params& p = members_[0].online;
+    // Biases ride in the GEMM epilogue; member k's bias is member 0's + k·stride_ (uniform_stride).
     Gemm g = batched(false, true, B, hc, d_.H2, h2_, d_.H2, 0, p.w1, d_.H2, stride_, all_.hidden, hc, sh);
     g.weight_operand = 2;
+    g.bias = p.b1; g.stride_bias = stride_; g.act = Act::relu;
     be.gemm(g);
-    for (const Member& m : members_) be.bias_act(m.act.hidden, m.online.b1, B, hc, hc, Act::relu);
     g = batched(false, true, B, Z, Hh, all_.hidden, hc, sh, p.wv2, Hh, stride_, all_.v, Z, std::int64_t(B) * Z);
     g.weight_operand = 2;
+    g.bias = p.bv2; g.stride_bias = stride_;
     be.gemm(g);
-    for (const Member& m : members_) be.bias_act(m.act.v, m.online.bv2, B, Z, Z, Act::none);
     for (int d = 0; d < d_.D; ++d) {
       g = batched(false, true, B, az, Hh, all_.hidden + Hh + std::int64_t(d) * Hh, hc, sh,
                   p.wb2 + std::int64_t(d) * az * Hh, Hh, stride_, all_.adv + std::int64_t(d) * az, daz,
                   std::int64_t(B) * daz);
       g.weight_operand = 2;
+      g.bias = p.bb2 + std::int64_t(d) * az; g.stride_bias = stride_;
       be.gemm(g);
     }
-    for (const Member& m : members_) be.bias_act(m.act.adv, m.online.bb2, B, daz, daz, Act::none);
     const int rows = K_ * B;
     be.dueling_combine(all_.logits, all_.v, Z, all_.adv, rows, d_.D, d_.A, Z);
     be.log_softmax(all_.logp, all_.logits, rows * d_.D * d_.A, Z);

@@ -169,8 +169,8 @@ class IqnHead final : public Head {
     Gemm g;
     g.tb = true; g.m = rows; g.n = out; g.k = in;
     g.a = x; g.lda = in; g.b = w; g.ldb = in; g.c = y; g.ldc = out; g.weight_operand = 2;
+    g.bias = b; g.act = act;  // fused epilogue
     be.gemm(g);
-    be.bias_act(y, b, rows, out, out, act);
   }
 
   void forward(Backend& be, const Params& p, Real h2, int n, std::uint32_t stream, const Pass& s) const {

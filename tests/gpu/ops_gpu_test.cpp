@@ -249,6 +249,104 @@ TEST_CASE("gpu.ops.gemm: every layout and precision against the CPU") {
   }
 }
 
+TEST_CASE("gpu.ops.gemm_epilogue: fused bias/ReLU (and its fallbacks) against the CPU; planning writes nothing") {
+  struct Case {
+    const char* why;
+    int m, n, k, batch;
+    float beta;
+    bool bias, relu;
+    bool side_by_side;     // bdq's branch layout: entries side by side in C's rows, biases contiguous
+    int bias_offset;       // elements past a 256-aligned address (1: a 4-byte-aligned bias)
+    std::int64_t stride_bias;
+  };
+  const Case cases[] = {
+      {"bias + relu (a dense layer)", 37, 53, 29, 1, 0.0f, true, true, false, 0, 0},
+      {"bias only", 37, 53, 29, 1, 0.0f, true, false, false, 0, 0},
+      {"relu only", 37, 53, 29, 1, 0.0f, false, true, false, 0, 0},
+      {"4-byte-aligned bias", 37, 51, 29, 1, 0.0f, true, true, false, 1, 0},
+      {"batched, branches side by side", 19, 153, 31, 4, 0.0f, true, false, true, 1, 153},
+      {"batched, members apart, odd bias stride", 19, 23, 31, 3, 0.0f, true, true, false, 0, 29},
+      {"batched, one bias for all", 19, 23, 31, 3, 0.0f, true, true, false, 0, 0},
+      {"beta != 0 (runs unfused)", 37, 53, 29, 1, 0.5f, true, true, false, 0, 0},
+      {"k = 0", 37, 53, 0, 1, 0.5f, true, true, false, 0, 0},
+  };
+  const struct {
+    Precision p;
+    const char* name;
+    double tol;
+  } precisions[] = {{Precision::fp32, "fp32", kFp32Gemm}, {Precision::tf32, "tf32", kTf32Gemm}, {Precision::bf16, "bf16", kBf16Gemm}};
+  std::uint32_t seed = 900;
+  for (const auto& prec : precisions) {
+    Gpu gpu(prec.p);
+    Cpu cpu;
+    for (const Case& c : cases) {
+      const std::string what = std::string(prec.name) + " gemm epilogue, " + c.why;
+      INFO(what);
+      Gemm g;
+      g.tb = true;  // the weight layout: y = x Wᵀ
+      g.m = c.m;
+      g.n = c.n;
+      g.k = c.k;
+      g.beta = c.beta;
+      g.lda = std::max(1, c.k);
+      g.ldb = std::max(1, c.k);
+      g.batch = c.batch;
+      g.act = c.relu ? Act::relu : Act::none;
+      std::int64_t nc = 0;
+      if (c.side_by_side) {
+        g.ldc = c.batch * c.n;
+        g.stride_c = c.n;
+        g.stride_a = c.k;
+        g.lda = c.batch * c.k;
+        nc = static_cast<std::int64_t>(c.m) * g.ldc;
+      } else {
+        g.ldc = c.n + 2;
+        g.stride_c = c.batch > 1 ? static_cast<std::int64_t>(c.m) * g.ldc + 3 : 0;
+        g.stride_a = c.batch > 1 ? static_cast<std::int64_t>(c.m) * g.lda : 0;
+        nc = g.stride_c * (c.batch - 1) + static_cast<std::int64_t>(c.m) * g.ldc;
+      }
+      g.stride_b = c.batch > 1 ? static_cast<std::int64_t>(c.n) * g.ldb : 0;
+      g.stride_bias = c.stride_bias;
+      const std::size_t na = static_cast<std::size_t>(c.side_by_side ? std::int64_t(c.m) * g.lda
+                                                                     : g.stride_a * (c.batch - 1) + std::int64_t(c.m) * g.lda);
+      const std::size_t nb = static_cast<std::size_t>(g.stride_b * (c.batch - 1) + std::int64_t(c.n) * g.ldb);
+      const std::size_t nbias = static_cast<std::size_t>(c.stride_bias * (c.batch - 1) + c.n + c.bias_offset);
+      auto A = random_vec(na, -1, 1, seed++), B = random_vec(nb, -1, 1, seed++);
+      auto bias = random_vec(nbias, -0.5f, 0.5f, seed++);
+      auto C0 = c.beta != 0.0f ? random_vec(static_cast<std::size_t>(nc), -1, 1, seed++)
+                               : std::vector<float>(static_cast<std::size_t>(nc), kNaN);
+      Gemm gd = g;
+      gd.a = gpu.put(A);
+      gd.b = gpu.put(B);
+      gd.c = gpu.put(C0);
+      if (c.bias) gd.bias = gpu.put(bias) + c.bias_offset;
+      // Planning (autotuning included) leaves C as it was.
+      gpu.rt().plan_begin();
+      gpu.ops.gemm(gd);
+      gpu.rt().plan_end();
+      gpu.ok();
+      expect_same_bits(gpu.get(gd.c, nc), C0, what + " (after planning)");
+      gpu.ops.gemm(gd);
+      gpu.ok();
+      const auto first = gpu.get(gd.c, nc);
+      auto Cc = C0;
+      Gemm gc = g;
+      gc.a = host(A);
+      gc.b = host(B);
+      gc.c = host(Cc);
+      if (c.bias) gc.bias = host(bias) + c.bias_offset;
+      cpu.ops->gemm(gc);
+      cpu.ok();
+      expect_close(first, Cc, prec.tol, what);
+      // The algorithm is fixed from the first run on: a rerun is bit-identical.
+      gpu.set(gd.c, C0);
+      gpu.ops.gemm(gd);
+      gpu.ok();
+      expect_same_bits(gpu.get(gd.c, nc), first, what + " (rerun)");
+    }
+  }
+}
+
 TEST_CASE("gpu.ops.bias_act: bias + activation on a padded matrix") {
   const int rows = 37, cols = 53, ldy = 60;
   for (const Act act : {Act::none, Act::relu}) {

@@ -260,6 +260,58 @@ TEST_CASE("ops.gemm.beta_zero_ignores_nan") {
   }
 }
 
+TEST_CASE("ops.gemm.epilogue: bias and activation equal gemm then bias_act, bit for bit") {
+  Backends be;
+  Rng rng(3);
+  const int m = 6, n = 5, k = 9, batch = 3;
+  for (const int kk : {k, 0})
+    for (const float beta : {0.0f, 0.5f})
+      for (const int with_bias : {1, 0})
+        for (const dqn::Act act : {dqn::Act::none, dqn::Act::relu}) {
+          if (!with_bias && act == dqn::Act::none) continue;
+          CAPTURE(kk);
+          CAPTURE(beta);
+          CAPTURE(with_bias);
+          CAPTURE(static_cast<int>(act));
+          dqn::Gemm g;
+          g.tb = true;
+          g.m = m, g.n = n, g.k = kk;
+          g.alpha = 0.75f, g.beta = beta;
+          g.lda = k + 1, g.ldb = k + 2, g.ldc = n + 1;
+          g.batch = batch;
+          g.stride_a = m * g.lda, g.stride_b = n * g.ldb + 1, g.stride_c = m * g.ldc + 2;
+          const std::int64_t stride_bias = n + 3;
+          const Vd A = rng.vec(g.stride_a * batch), B = rng.vec(g.stride_b * batch), C0 = rng.vec(g.stride_c * batch),
+                   bias = rng.vec(stride_bias * batch);
+          for (Backend* b : {be.f64.get(), be.f32.get()}) {
+            CAPTURE(b->name());
+            Vec a(b->real_size(), A), bb(b->real_size(), B), bv(b->real_size(), bias);
+            Vec fused(b->real_size(), C0), split(b->real_size(), C0);
+            dqn::Gemm f = g;
+            f.a = a.r(), f.b = bb.r(), f.c = fused.r();
+            if (with_bias) f.bias = bv.r(), f.stride_bias = stride_bias;
+            f.act = act;
+            b->gemm(f);
+            dqn::Gemm p = g;
+            p.a = a.r(), p.b = bb.r(), p.c = split.r();
+            b->gemm(p);
+            for (int i = 0; i < batch; ++i)
+              b->bias_act(split.r() + i * g.stride_c, with_bias ? bv.r() + i * stride_bias : Real{nullptr, b->real_size()},
+                          m, n, g.ldc, act);
+            REQUIRE(b->status() == 0);
+            CHECK(fused.bytes() == split.bytes());
+          }
+        }
+  // An unknown activation is refused.
+  auto cpu = dqn::make_cpu_backend(false);
+  Vec c(4, 4, 0.0);
+  dqn::Gemm g;
+  g.m = 2, g.n = 2, g.k = 0, g.ldc = 2, g.c = c.r();
+  g.act = static_cast<dqn::Act>(7);
+  cpu->gemm(g);
+  CHECK(cpu->status() != 0);
+}
+
 TEST_CASE("ops.gemm.fd") {
   // A dense layer Y_i = X_i W_iᵀ per batch entry, L = ½‖Y − T‖²; its backward gemms are the ones a
   // layer uses: dX = dY·W and dW = dYᵀ·X (here in two row blocks, the second with beta = 1).

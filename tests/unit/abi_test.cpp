@@ -47,7 +47,7 @@ DQN_PLUGIN_EXPORT(kSelf)
 extern "C" const dqn::PluginDescriptor* dqn_plugin_descriptor();
 
 TEST_CASE("abi.version") {
-  CHECK(kAbiVersion == 2u);  // bump together with every table in this file
+  CHECK(kAbiVersion == 3u);  // bump together with every table in this file
   CHECK(std::is_same_v<std::remove_cv_t<decltype(kAbiVersion)>, std::uint32_t>);
 }
 
@@ -151,7 +151,7 @@ TEST_CASE("abi.op_argument_layout") {
       {"sizeof(Real)", sizeof(Real), 16, "passed by value through every op"},
       {"Real::p", offsetof(Real, p), 0, ""},
       {"Real::esize", offsetof(Real, esize), 8, ""},
-      {"sizeof(Gemm)", sizeof(Gemm), 128, ""},
+      {"sizeof(Gemm)", sizeof(Gemm), 160, "ABI 3: bias, stride_bias, act appended"},
       {"Gemm::ta", offsetof(Gemm, ta), 0, ""},
       {"Gemm::tb", offsetof(Gemm, tb), 1, ""},
       {"Gemm::m", offsetof(Gemm, m), 4, ""},
@@ -170,6 +170,9 @@ TEST_CASE("abi.op_argument_layout") {
       {"Gemm::stride_b", offsetof(Gemm, stride_b), 104, ""},
       {"Gemm::stride_c", offsetof(Gemm, stride_c), 112, ""},
       {"Gemm::weight_operand", offsetof(Gemm, weight_operand), 120, ""},
+      {"Gemm::bias", offsetof(Gemm, bias), 128, "ABI 3, after 4 bytes of padding"},
+      {"Gemm::stride_bias", offsetof(Gemm, stride_bias), 144, ""},
+      {"Gemm::act", offsetof(Gemm, act), 152, "then 4 bytes of tail padding"},
       {"sizeof(SpectralMatrix)", sizeof(SpectralMatrix), 40, "uploaded as a table the kernel reads"},
       {"SpectralMatrix::w", offsetof(SpectralMatrix, w), 0, ""},
       {"SpectralMatrix::u", offsetof(SpectralMatrix, u), 16, ""},
@@ -209,6 +212,9 @@ TEST_CASE("abi.op_argument_layout") {
   CHECK(g.alpha == 1.0f);
   CHECK(g.beta == 0.0f);
   CHECK(g.batch == 1);
+  CHECK(!g.bias);
+  CHECK(g.stride_bias == 0);
+  CHECK(g.act == Act::none);
   CHECK(Real{}.esize == 4u);
 }
 

@@ -27,10 +27,12 @@ struct Real {
 
 enum class Act : std::int32_t { none = 0, relu = 1 };
 
-/// Row-major, optionally strided-batched GEMM:
-///   C_i[m,n] = alpha * op(A_i) op(B_i) + beta * C_i,   i = 0..batch-1
+/// Row-major, optionally strided-batched GEMM with a fused bias/activation epilogue:
+///   C_i[m,n] = act(alpha * op(A_i) op(B_i) + beta * C_i + bias_i[n]),   i = 0..batch-1
 /// op(X) = X or Xᵀ; A is [m,k] (or [k,m] when ta), B is [k,n] (or [n,k] when tb);
 /// ld* are row strides in elements; stride_* step from one batch entry to the next.
+/// bias_i = bias + i·stride_bias has n entries, broadcast over the m rows (null: no bias); the
+/// epilogue is exactly gemm followed by bias_act(C_i, bias_i, m, n, ldc, act).
 struct Gemm {
   bool ta = false, tb = false;
   int m = 0, n = 0, k = 0;
@@ -46,6 +48,10 @@ struct Gemm {
   std::int64_t stride_a = 0, stride_b = 0, stride_c = 0;
   /// Weights-side operand hint: which of a/b is a parameter (for precision shadows). 0 none.
   std::int32_t weight_operand = 0;
+  // --- appended in ABI 3 (fused epilogue); never reorder what is above ---
+  Real bias;                      ///< [n] per batch entry, or null: no bias
+  std::int64_t stride_bias = 0;   ///< elements from one batch entry's bias to the next
+  Act act = Act::none;            ///< applied after the bias
 };
 
 /// One matrix for the batched spectral norm: W [rows, cols] and its power-iteration vector u [rows].
@@ -157,6 +163,52 @@ struct QuantileHuber {
   float gamma_n = 0.99f, kappa = 1.0f;
 };
 
+/// Fused dueling distribution (spec "Network", the head's output): for every row r < rows,
+/// branch d and action a
+///   logits = v[r,:] + adv[r,d,a,:] − mean_a' adv[r,d,a',:]   (rounded to a real, as dueling_combine),
+///   logp[r,d,a,:] = log_softmax(logits) over the Z atoms,  q[r,d,a] = Σ_i z_i exp(logp_i),
+/// and, where a_star is set, a_star[(r − star_from)·D + d] = argmax_a q[r,d,a] for rows r ≥
+/// star_from (ties: lowest index). The same numbers as dueling_combine + log_softmax +
+/// expected_q + argmax in one pass.
+struct DuelingDist {
+  Real logp;                      ///< out [rows,D,A,Z]
+  Real q;                         ///< out [rows,D,A]; may be null when a_star is null
+  Real v;                         ///< in  [rows, ldv] (the first Z columns)
+  int ldv = 0;
+  Real adv;                       ///< in  [rows,D,A,Z]
+  std::int32_t* a_star = nullptr; ///< out [rows − star_from, D]; may be null
+  int star_from = 0;
+  int rows = 0, D = 0, A = 0, Z = 0;
+  float v_min = -10.0f, v_max = 10.0f;
+};
+
+/// The C51 loss fused from the target head's outputs to the dueling gradients (spec "C51
+/// loss"): the target network's log-probabilities at a* (dueling combine + log-softmax of
+/// tv/tadv), the projection m (as c51_project), the cross-entropy at the taken actions with the
+/// per-sample loss and the weighted mean (as c51_xent, scale 1), and the dueling backward of its
+/// dlogits (as dueling_backward) straight into dv/dadv. work_logp and work_dlogits
+/// [B,D,A,Z] are workspace a backend may use (the CPU twin composes the unfused ops through
+/// them); their content afterwards is unspecified.
+struct C51Loss {
+  Real m;                         ///< out [B,D,Z]
+  Real loss_per_sample;           ///< out [B] (may be null)
+  Real loss;                      ///< out [1]
+  Real dv;                        ///< out [B, lddv]
+  int lddv = 0;
+  Real dadv;                      ///< out [B,D,A,Z]
+  Real logp;                      ///< in  [B,D,A,Z] online log-probabilities at states
+  const std::int32_t* actions = nullptr;  ///< in [B,D]
+  Real weights;                   ///< in  [B] importance weights
+  Real tv;                        ///< in  [B, ldtv] target head's value stream at next_states
+  int ldtv = 0;
+  Real tadv;                      ///< in  [B,D,A,Z] target head's advantages at next_states
+  const std::int32_t* a_star = nullptr;   ///< in [B,D]
+  Real rewards, dones;            ///< in  [B]
+  Real work_logp, work_dlogits;   ///< workspace [B,D,A,Z] each
+  int B = 0, D = 0, A = 0, Z = 0;
+  float gamma_n = 0.99f, v_min = -10.0f, v_max = 10.0f;
+};
+
 /// The op table. Every method is noexcept; a backend that fails records the first error and
 /// reports it through status().
 class Backend {
@@ -238,6 +290,16 @@ class Backend {
   virtual void hadamard_backward(Real dphi, Real dh2, Real dx, Real h2, Real phi, int B, int N,
                                  int H) noexcept = 0;
   virtual void quantile_huber(const QuantileHuber& a) noexcept = 0;
+
+  // --- appended in ABI 3 (fused head ops); never reorder what is above ---
+  virtual void dueling_dist(const DuelingDist& a) noexcept = 0;
+  virtual void c51_loss(const C51Loss& a) noexcept = 0;
+  /// ReLU backward and bias gradient in one pass, for `heads` gradients through the same layer:
+  /// for h < heads, dy_h = dy + h·stride_dy: dy_h[r,c] = 0 where y[r,c] <= 0 (y shared by all
+  /// h), then db[h·stride_db + c] = Σ_r dy_h[r,c] (overwritten). The same numbers as
+  /// relu_backward followed by bias_grad (beta 0) per h.
+  virtual void relu_bias_grad(Real dy, Real y, Real db, int rows, int cols, int ld, int heads,
+                              std::int64_t stride_dy, std::int64_t stride_db) noexcept = 0;
 };
 
 }  // namespace dqn

@@ -74,25 +74,27 @@ struct Acts {
   Real hidden;  ///< [rows, (1+D)Hh] post-ReLU
   Real v;       ///< [rows, Z]
   Real adv;     ///< [rows, D, A, Z]
-  Real logits;  ///< [rows, D, A, Z]
-  Real logp;    ///< [rows, D, A, Z]
+  Real logits;  ///< [rows, D, A, Z] (unused by forward: the fused distribution op needs none)
+  Real logp;    ///< [rows, D, A, Z] (null: stop after the value and advantage layers)
   Real q;       ///< [rows, D, A] (may be null: not computed)
+  std::int32_t* a_star = nullptr;  ///< argmax_a q of rows ≥ star_from, [rows − star_from, D] (may be null)
+  int star_from = 0;
 };
 
 /// Forward over `rows` rows of h2 [rows, H2].
 inline void forward(Backend& be, const Dims& d, const Params& p, Real h2, int rows, const Acts& a) {
   const int hc = d.hidden_cols(), az = d.az();
-  Gemm g;  // hidden = relu(h2 · W1ᵀ + b1)
+  Gemm g;  // hidden = relu(h2 · W1ᵀ + b1), bias and ReLU fused into the GEMM
   g.tb = true; g.m = rows; g.n = hc; g.k = d.H2;
   g.a = h2; g.lda = d.H2; g.b = p.w1; g.ldb = d.H2; g.c = a.hidden; g.ldc = hc; g.weight_operand = 2;
+  g.bias = p.b1; g.act = Act::relu;
   be.gemm(g);
-  be.bias_act(a.hidden, p.b1, rows, hc, hc, Act::relu);
 
   Gemm gv;  // v = hv · Wv2ᵀ + bv2
   gv.tb = true; gv.m = rows; gv.n = d.Z; gv.k = d.Hh;
   gv.a = a.hidden; gv.lda = hc; gv.b = p.wv2; gv.ldb = d.Hh; gv.c = a.v; gv.ldc = d.Z; gv.weight_operand = 2;
+  gv.bias = p.bv2;
   be.gemm(gv);
-  be.bias_act(a.v, p.bv2, rows, d.Z, d.Z, Act::none);
 
   Gemm gb;  // adv_d = hb_d · Wb2_dᵀ + bb2_d, all branches in one batched GEMM
   gb.tb = true; gb.m = rows; gb.n = az; gb.k = d.Hh;
@@ -100,12 +102,15 @@ inline void forward(Backend& be, const Dims& d, const Params& p, Real h2, int ro
   gb.b = p.wb2; gb.ldb = d.Hh; gb.stride_b = std::int64_t(az) * d.Hh;
   gb.c = a.adv; gb.ldc = d.D * az; gb.stride_c = az;
   gb.batch = d.D; gb.weight_operand = 2;
+  gb.bias = p.bb2; gb.stride_bias = az;  // the D branch biases are contiguous
   be.gemm(gb);
-  be.bias_act(a.adv, p.bb2, rows, d.D * az, d.D * az, Act::none);
 
-  be.dueling_combine(a.logits, a.v, d.Z, a.adv, rows, d.D, d.A, d.Z);
-  be.log_softmax(a.logp, a.logits, rows * d.D * d.A, d.Z);
-  if (a.q) be.expected_q(a.q, a.logp, rows * d.D * d.A, d.Z, d.v_min, d.v_max);
+  if (!a.logp) return;  // outputs only (the C51 loss fuses the target head's distribution)
+  DuelingDist dd;
+  dd.logp = a.logp; dd.q = a.q; dd.v = a.v; dd.ldv = d.Z; dd.adv = a.adv;
+  dd.a_star = a.a_star; dd.star_from = a.star_from;
+  dd.rows = rows; dd.D = d.D; dd.A = d.A; dd.Z = d.Z; dd.v_min = d.v_min; dd.v_max = d.v_max;
+  be.dueling_dist(dd);
 }
 
 /// Scratch of one backward pass over B rows.
@@ -115,12 +120,12 @@ struct BackScratch {
   Real dhidden;  ///< [B, (1+D)Hh]
 };
 
-/// Backward from dlogits [B, D, A, Z]: writes the head's parameter gradients (overwriting) and
-/// dh2 = beta_dh2·dh2 + ∂L/∂h2 [B, H2]. `a` holds the forward activations of those B rows.
-inline void backward(Backend& be, const Dims& d, const Params& p, const Params& grad, Real h2, int B,
-                     const Acts& a, Real dlogits, const BackScratch& s, Real dh2, float beta_dh2) {
+/// Backward from the dueling gradients s.dv [B, Z] and s.dadv [B, D, A, Z]: writes the head's
+/// parameter gradients (overwriting) and dh2 = beta_dh2·dh2 + ∂L/∂h2 [B, H2]. `a` holds the
+/// forward activations of those B rows.
+inline void backward_from_dueling(Backend& be, const Dims& d, const Params& p, const Params& grad, Real h2,
+                                  int B, const Acts& a, const BackScratch& s, Real dh2, float beta_dh2) {
   const int hc = d.hidden_cols(), az = d.az();
-  be.dueling_backward(s.dv, d.Z, s.dadv, dlogits, B, d.D, d.A, d.Z);
 
   // value output layer
   be.bias_grad(grad.bv2, s.dv, B, d.Z, d.Z, 0.0f);
@@ -151,8 +156,7 @@ inline void backward(Backend& be, const Dims& d, const Params& p, const Params& 
   be.gemm(gbx);
 
   // hidden layers (value and branches as one matrix)
-  be.relu_backward(s.dhidden, a.hidden, B, hc, hc);
-  be.bias_grad(grad.b1, s.dhidden, B, hc, hc, 0.0f);
+  be.relu_bias_grad(s.dhidden, a.hidden, grad.b1, B, hc, hc, 1, 0, 0);
   Gemm g1;  // dW1 = dhiddenᵀ · h2
   g1.ta = true; g1.m = hc; g1.n = d.H2; g1.k = B;
   g1.a = s.dhidden; g1.lda = hc; g1.b = h2; g1.ldb = d.H2; g1.c = grad.w1; g1.ldc = d.H2;
@@ -162,6 +166,14 @@ inline void backward(Backend& be, const Dims& d, const Params& p, const Params& 
   gh.a = s.dhidden; gh.lda = hc; gh.b = p.w1; gh.ldb = d.H2; gh.beta = beta_dh2; gh.c = dh2; gh.ldc = d.H2;
   gh.weight_operand = 2;
   be.gemm(gh);
+}
+
+/// Backward from dlogits [B, D, A, Z] (through the dueling combine first); see
+/// backward_from_dueling.
+inline void backward(Backend& be, const Dims& d, const Params& p, const Params& grad, Real h2, int B,
+                     const Acts& a, Real dlogits, const BackScratch& s, Real dh2, float beta_dh2) {
+  be.dueling_backward(s.dv, d.Z, s.dadv, dlogits, B, d.D, d.A, d.Z);
+  backward_from_dueling(be, d, p, grad, h2, B, a, s, dh2, beta_dh2);
 }
 
 }  // namespace dqn::bdq

@@ -1,0 +1,29 @@
+/** @file head_kernels.cuh
+ *  @brief Launchers of the fused head kernels (head_kernels.cu). Sizes are validated by the
+ *  caller (CudaBackend); here they are trusted.
+ */
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "dqn/backend.hpp"
+
+namespace dqn::cuda {
+
+/// Dynamic shared memory dueling_dist needs (must stay under the default 48 KiB: Z ≤ 768).
+std::size_t dueling_dist_shared_bytes(int Z);
+cudaError_t dueling_dist(cudaStream_t s, const DuelingDist& a);
+
+/// Scratch c51_loss needs (one double per sample) and its dynamic shared memory.
+std::size_t c51_loss_scratch_bytes(int B);
+std::size_t c51_loss_shared_bytes(int D, int Z);
+/// `counter`: a device word that is 0 and that no concurrently running kernel uses.
+cudaError_t c51_loss(cudaStream_t s, const C51Loss& a, void* scratch, unsigned* counter);
+
+/// relu_backward + bias_grad for `heads` gradients sharing the activation y (grid: tiles × heads).
+cudaError_t relu_bias_grad(cudaStream_t s, float* dy, const float* y, float* db, int rows, int cols, int ld,
+                           int heads, std::int64_t stride_dy, std::int64_t stride_db);
+
+}  // namespace dqn::cuda

@@ -586,6 +586,125 @@ struct BudgetCase {
 
 }  // namespace
 
+TEST_CASE("gpu.ops.dueling_dist: combine + log-softmax + Q + argmax in one pass, against the unfused CPU ops") {
+  const struct {
+    int rows, D, A, Z, star_from;
+    bool q;
+  } shapes[] = {{2 * 37, 3, 5, 51, 37, true}, {19, 2, 7, 101, 0, true}, {13, 4, 3, 9, 13, true}, {11, 3, 5, 33, 0, false}};
+  for (const auto& sh : shapes) {
+    INFO("rows " << sh.rows << " D " << sh.D << " A " << sh.A << " Z " << sh.Z << " star_from " << sh.star_from);
+    Gpu gpu;
+    Cpu cpu;
+    const int ldv = sh.Z + 3;
+    const std::size_t n = static_cast<std::size_t>(sh.rows) * sh.D * sh.A * sh.Z;
+    const std::size_t nq = static_cast<std::size_t>(sh.rows) * sh.D * sh.A;
+    const std::size_t ns = static_cast<std::size_t>(sh.rows - sh.star_from) * sh.D;
+    auto v = random_vec(static_cast<std::size_t>(sh.rows) * ldv, -2, 2, 31);
+    auto adv = random_vec(n, -3, 3, 32);
+    DuelingDist a;
+    a.ldv = ldv; a.rows = sh.rows; a.D = sh.D; a.A = sh.A; a.Z = sh.Z; a.star_from = sh.q ? sh.star_from : 0;
+    a.v_min = -10.0f; a.v_max = 10.0f;
+    DuelingDist ad = a, ac = a;
+    std::vector<std::int32_t> poison(ns, -1), star_c(ns, -1);
+    std::vector<float> lp(n, kNaN), q(nq, kNaN);
+    ad.logp = gpu.poisoned(static_cast<std::int64_t>(n));
+    ad.q = sh.q ? gpu.poisoned(static_cast<std::int64_t>(nq)) : Real{};
+    ad.v = gpu.put(v);
+    ad.adv = gpu.put(adv);
+    ad.a_star = sh.q ? gpu.put_typed(poison) : nullptr;
+    gpu.ops.dueling_dist(ad);
+    gpu.ok();
+    ac.logp = host(lp);
+    ac.q = sh.q ? host(q) : Real{};
+    ac.v = host(v);
+    ac.adv = host(adv);
+    ac.a_star = sh.q ? star_c.data() : nullptr;
+    cpu.ops->dueling_dist(ac);
+    cpu.ok();
+    expect_close(gpu.get(ad.logp, static_cast<std::int64_t>(n)), lp, kElementwise, "dueling_dist logp");
+    if (sh.q) {
+      expect_close(gpu.get(ad.q, static_cast<std::int64_t>(nq)), q, kReduction, "dueling_dist q");
+      expect_same_bits(gpu.get_typed(ad.a_star, ns), star_c, "dueling_dist a_star");
+    }
+  }
+}
+
+TEST_CASE("gpu.ops.c51_loss: fused target distribution, projection, cross-entropy and dueling backward") {
+  const struct {
+    int B, D, A, Z;
+  } shapes[] = {{37, 3, 5, 51}, {5, 11, 4, 21}, {64, 1, 2, 101}};
+  for (const auto& sh : shapes) {
+    INFO("B " << sh.B << " D " << sh.D << " A " << sh.A << " Z " << sh.Z);
+    Gpu gpu;
+    Cpu cpu;
+    const int B = sh.B, D = sh.D, A = sh.A, Z = sh.Z, ld = Z + 2;
+    const std::size_t n = static_cast<std::size_t>(B) * D * A * Z;
+    auto lp = random_logp(B * D * A, Z, 41);
+    auto tv = random_vec(static_cast<std::size_t>(B) * ld, -2, 2, 42);
+    auto tadv = random_vec(n, -3, 3, 43);
+    auto actions = random_ints(static_cast<std::size_t>(B) * D, 0, A - 1, 44);
+    auto a_star = random_ints(static_cast<std::size_t>(B) * D, 0, A - 1, 45);
+    auto rewards = random_vec(B, -3, 3, 46);
+    rewards[0] = 40.0f;  // beyond v_max: all mass at the top atom
+    auto dones = random_vec(B, 0, 1, 47);
+    for (float& d : dones) d = d < 0.3f ? 1.0f : 0.0f;
+    auto w = random_vec(B, 0.5f, 1.5f, 48);
+    C51Loss a;
+    a.lddv = ld; a.ldtv = ld; a.B = B; a.D = D; a.A = A; a.Z = Z; a.gamma_n = 0.97f; a.v_min = -10.0f; a.v_max = 10.0f;
+    C51Loss ad = a, ac = a;
+    ad.m = gpu.poisoned(static_cast<std::int64_t>(B) * D * Z);
+    ad.loss_per_sample = gpu.poisoned(B);
+    ad.loss = gpu.poisoned(1);
+    ad.dv = gpu.put(std::vector<float>(static_cast<std::size_t>(B) * ld, kNaN));  // padding stays poisoned
+    ad.dadv = gpu.poisoned(static_cast<std::int64_t>(n));
+    ad.logp = gpu.put(lp);
+    ad.actions = gpu.put_typed(actions);
+    ad.weights = gpu.put(w);
+    ad.tv = gpu.put(tv);
+    ad.tadv = gpu.put(tadv);
+    ad.a_star = gpu.put_typed(a_star);
+    ad.rewards = gpu.put(rewards);
+    ad.dones = gpu.put(dones);
+    ad.work_logp = gpu.poisoned(static_cast<std::int64_t>(n));
+    ad.work_dlogits = gpu.poisoned(static_cast<std::int64_t>(n));
+    for (int rep = 0; rep < 3; ++rep) {  // the last-block counter must be back at 0 for the next launch
+      gpu.ops.c51_loss(ad);
+      gpu.ok();
+    }
+    std::vector<float> m(static_cast<std::size_t>(B) * D * Z, kNaN), lps(B, kNaN), loss(1, kNaN),
+        dv(static_cast<std::size_t>(B) * ld, kNaN), dadv(n, kNaN), wl(n, kNaN), wd(n, kNaN);
+    ac.m = host(m); ac.loss_per_sample = host(lps); ac.loss = host(loss); ac.dv = host(dv); ac.dadv = host(dadv);
+    ac.logp = host(lp); ac.actions = actions.data(); ac.weights = host(w); ac.tv = host(tv); ac.tadv = host(tadv);
+    ac.a_star = a_star.data(); ac.rewards = host(rewards); ac.dones = host(dones); ac.work_logp = host(wl);
+    ac.work_dlogits = host(wd);
+    cpu.ops->c51_loss(ac);
+    cpu.ok();
+    expect_close(gpu.get(ad.m, static_cast<std::int64_t>(m.size())), m, kReduction, "c51_loss m");
+    expect_close(gpu.get(ad.loss_per_sample, B), lps, kReduction, "c51_loss per sample");
+    expect_close(gpu.get(ad.loss, 1), loss, kReduction, "c51_loss loss");
+    expect_close(gpu.get(ad.dv, static_cast<std::int64_t>(dv.size())), dv, kReduction, "c51_loss dv");
+    expect_close(gpu.get(ad.dadv, static_cast<std::int64_t>(n)), dadv, kReduction, "c51_loss dadv");
+  }
+}
+
+TEST_CASE("gpu.ops.relu_bias_grad: masks and column sums for several heads sharing the activation") {
+  const int rows = 37, cols = 75, ld = 80, heads = 3;
+  const std::int64_t stride_dy = std::int64_t(rows) * ld + 16, stride_db = 97;
+  Gpu gpu;
+  Cpu cpu;
+  auto y = random_vec(static_cast<std::size_t>(rows) * ld, -1, 1, 51);
+  for (std::size_t i = 0; i < y.size(); i += 7) y[i] = 0.0f;  // zeros mask too
+  auto dy = random_vec(static_cast<std::size_t>(stride_dy) * heads, -1, 1, 52);
+  std::vector<float> db(static_cast<std::size_t>(stride_db) * heads, kNaN);
+  Real dyd = gpu.put(dy), yd = gpu.put(y), dbd = gpu.put(db);
+  gpu.ops.relu_bias_grad(dyd, yd, dbd, rows, cols, ld, heads, stride_dy, stride_db);
+  gpu.ok();
+  cpu.ops->relu_bias_grad(host(dy), host(y), host(db), rows, cols, ld, heads, stride_dy, stride_db);
+  cpu.ok();
+  expect_close(gpu.get(dyd, static_cast<std::int64_t>(dy.size())), dy, 0.0, "relu_bias_grad dy");
+  expect_close(gpu.get(dbd, static_cast<std::int64_t>(db.size())), db, kReduction, "relu_bias_grad db");
+}
+
 TEST_CASE("gpu.ops.budget: norms, clips, combined gradient, total loss; NaN/Inf skip") {
   const struct {
     const char* why;

@@ -697,15 +697,17 @@ class CudaBackend final : public Backend {
   }
 
   void relu_bias_grad(Real dy, Real y, Real db, int rows, int cols, int ld, int heads, std::int64_t stride_dy,
-                      std::int64_t stride_db) noexcept override {
+                      std::int64_t stride_y, std::int64_t stride_db) noexcept override {
     constexpr const char* op = "relu_bias_grad";
     if (!matrix_ok(op, rows, cols, ld) || cols == 0 || heads == 0) return;
     if (heads < 0 || heads > 65535) return fail(op, "heads outside [0, 65535]");
     if (!real_ok(db, op, "db")) return;
-    if (rows > 0 && (!real_ok(dy, op, "dy") || !real_ok(y, op, "y"))) return;
+    if (rows > 0 && !real_ok(dy, op, "dy")) return;
+    if (rows > 0 && y && !real_ok(y, op, "y")) return;
     if (planning_) return;
-    DQN_CUDA_OK(op, cuda::relu_bias_grad(stream_, rows > 0 ? dy.as<float>() : nullptr, rows > 0 ? y.as<const float>() : nullptr,
-                                         db.as<float>(), rows, cols, ld, heads, stride_dy, stride_db));
+    DQN_CUDA_OK(op, cuda::relu_bias_grad(stream_, rows > 0 ? dy.as<float>() : nullptr,
+                                         rows > 0 && y ? y.as<const float>() : nullptr, db.as<float>(), rows, cols, ld,
+                                         heads, stride_dy, stride_y, stride_db));
   }
 
   void c51_loss(const C51Loss& a) noexcept override {

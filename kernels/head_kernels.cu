@@ -206,17 +206,18 @@ constexpr int kColTile = 32, kRowThreads = 16;
 
 /// Grid (column tiles, heads). 16 row-threads each mask and sum a fixed stripe of rows of their
 /// column, then one thread adds the 16 stripes in order (as bias_grad_kernel).
-__global__ void relu_bias_grad_kernel(float* dy, const float* y, float* db, int rows, int cols, int ld,
-                                      std::int64_t stride_dy, std::int64_t stride_db) {
+__global__ void relu_bias_grad_kernel(float* dy, const float* y0, float* db, int rows, int cols, int ld,
+                                      std::int64_t stride_dy, std::int64_t stride_y, std::int64_t stride_db) {
   __shared__ double part[kRowThreads][kColTile + 1];
   const int c = blockIdx.x * kColTile + threadIdx.x, h = blockIdx.y;
   float* d = dy + h * stride_dy;
+  const float* y = y0 ? y0 + h * stride_y : nullptr;
   double acc = 0.0;
   if (c < cols)
     for (int r = threadIdx.y; r < rows; r += kRowThreads) {
       const std::int64_t k = static_cast<std::int64_t>(r) * ld + c;
       float g = d[k];
-      if (y[k] <= 0.0f) d[k] = g = 0.0f;
+      if (y && y[k] <= 0.0f) d[k] = g = 0.0f;
       acc += static_cast<double>(g);
     }
   part[threadIdx.y][threadIdx.x] = acc;
@@ -235,9 +236,9 @@ int loss_warps(int D) { return D < kLossMaxWarps ? (D < 1 ? 1 : D) : kLossMaxWar
 }  // namespace
 
 cudaError_t relu_bias_grad(cudaStream_t s, float* dy, const float* y, float* db, int rows, int cols, int ld,
-                           int heads, std::int64_t stride_dy, std::int64_t stride_db) {
+                           int heads, std::int64_t stride_dy, std::int64_t stride_y, std::int64_t stride_db) {
   const dim3 grid((cols + kColTile - 1) / kColTile, heads), block(kColTile, kRowThreads);
-  relu_bias_grad_kernel<<<grid, block, 0, s>>>(dy, y, db, rows, cols, ld, stride_dy, stride_db);
+  relu_bias_grad_kernel<<<grid, block, 0, s>>>(dy, y, db, rows, cols, ld, stride_dy, stride_y, stride_db);
   return cudaGetLastError();
 }
 

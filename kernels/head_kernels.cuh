@@ -24,6 +24,6 @@ cudaError_t c51_loss(cudaStream_t s, const C51Loss& a, void* scratch, unsigned* 
 
 /// relu_backward + bias_grad for `heads` gradients sharing the activation y (grid: tiles × heads).
 cudaError_t relu_bias_grad(cudaStream_t s, float* dy, const float* y, float* db, int rows, int cols, int ld,
-                           int heads, std::int64_t stride_dy, std::int64_t stride_db);
+                           int heads, std::int64_t stride_dy, std::int64_t stride_y, std::int64_t stride_db);
 
 }  // namespace dqn::cuda

@@ -725,10 +725,10 @@ class CpuBackend final : public Backend {
   }
 
   void relu_bias_grad(Real dy, Real y, Real db, int rows, int cols, int ld, int heads, std::int64_t stride_dy,
-                      std::int64_t stride_db) noexcept override {
+                      std::int64_t stride_y, std::int64_t stride_db) noexcept override {
     if (heads < 0) return fail("relu_bias_grad", "negative heads");
     for (int h = 0; h < heads; ++h) {
-      relu_backward(dy + h * stride_dy, y, rows, cols, ld);
+      if (y) relu_backward(dy + h * stride_dy, y + h * stride_y, rows, cols, ld);
       bias_grad(db + h * stride_db, dy + h * stride_dy, rows, cols, ld, 0.0f);
     }
   }

@@ -494,7 +494,7 @@ void Engine::trunk_backward(Backend& be) {
     const int in_w = i == 0 ? net_.state : net_.trunk[i - 1];
     const Real dz = i == L - 1 ? dtrunk_all_ : trunk_dz_[i];  // [H·B, w]
     // rows 0..B of the 2B activation block are `states`: the same mask for every head
-    be.relu_bias_grad(dz, trunk_a_[i], trunk_gb_[0][i], B, w, w, H, std::int64_t(B) * w, P);
+    be.relu_bias_grad(dz, trunk_a_[i], trunk_gb_[0][i], B, w, w, H, std::int64_t(B) * w, 0, P);
     const Real in = i == 0 ? states2_ : trunk_a_[i - 1];
     Gemm gw;  // dW_h = dz_hᵀ · in, batched over heads (grad/all rows are P apart)
     gw.ta = true; gw.m = w; gw.n = in_w; gw.k = B;

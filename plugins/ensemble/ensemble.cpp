@@ -190,10 +190,10 @@ class EnsembleHead final : public Head {
       g.bias = p.bb2 + std::int64_t(d) * az; g.stride_bias = stride_;
       be.gemm(g);
     }
-    const int rows = K_ * B;
-    be.dueling_combine(all_.logits, all_.v, Z, all_.adv, rows, d_.D, d_.A, Z);
-    be.log_softmax(all_.logp, all_.logits, rows * d_.D * d_.A, Z);
-    be.expected_q(all_.q, all_.logp, rows * d_.D * d_.A, Z, d_.v_min, d_.v_max);
+    DuelingDist dd;  // every member's distribution and Q in one pass
+    dd.logp = all_.logp; dd.q = all_.q; dd.v = all_.v; dd.ldv = Z; dd.adv = all_.adv;
+    dd.rows = K_ * B; dd.D = d_.D; dd.A = d_.A; dd.Z = Z; dd.v_min = d_.v_min; dd.v_max = d_.v_max;
+    be.dueling_dist(dd);
   }
 
   void backward(Backend& be) const {
@@ -203,11 +203,8 @@ class EnsembleHead final : public Head {
     const bdq::Params& gp = members_[0].grad;
     const Real dlogits = members_[0].dlogits;
     be.dueling_backward(back_.dv, Z, back_.dadv, dlogits, K_ * B, d_.D, d_.A, Z);
-    for (int k = 0; k < K_; ++k) {
-      const Member& m = members_[std::size_t(k)];
-      be.bias_grad(m.grad.bv2, back_.dv + k * sv, B, Z, Z, 0.0f);
-      be.bias_grad(m.grad.bb2, back_.dadv + k * sa, B, daz, daz, 0.0f);
-    }
+    be.relu_bias_grad(back_.dv, Real{}, gp.bv2, B, Z, Z, K_, sv, 0, stride_);  // bias gradients, every member
+    be.relu_bias_grad(back_.dadv, Real{}, gp.bb2, B, daz, daz, K_, sa, 0, stride_);
     // value output layer: dWv2 = dvᵀ hv, dhv = dv Wv2
     be.gemm(batched(true, false, Z, Hh, B, back_.dv, Z, sv, all_.hidden, hc, sh, gp.wv2, Hh, stride_));
     Gemm g = batched(false, false, B, Hh, Z, back_.dv, Z, sv, p.wv2, Hh, stride_, back_.dhidden, hc, sh);
@@ -223,9 +220,7 @@ class EnsembleHead final : public Head {
       be.gemm(g);
     }
     // hidden layers
-    be.relu_backward(back_.dhidden, all_.hidden, K_ * B, hc, hc);
-    for (int k = 0; k < K_; ++k)
-      be.bias_grad(members_[std::size_t(k)].grad.b1, back_.dhidden + k * sh, B, hc, hc, 0.0f);
+    be.relu_bias_grad(back_.dhidden, all_.hidden, gp.b1, B, hc, hc, K_, sh, sh, stride_);
     be.gemm(batched(true, false, hc, H2, B, back_.dhidden, hc, sh, h2_, H2, 0, gp.w1, H2, stride_));
     // dtrunk = Σ_k dhidden_k W1_k, members in order (a sum over the batch: no single batched GEMM)
     for (int k = 0; k < K_; ++k) {

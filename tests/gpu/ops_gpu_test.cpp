@@ -697,12 +697,27 @@ TEST_CASE("gpu.ops.relu_bias_grad: masks and column sums for several heads shari
   auto dy = random_vec(static_cast<std::size_t>(stride_dy) * heads, -1, 1, 52);
   std::vector<float> db(static_cast<std::size_t>(stride_db) * heads, kNaN);
   Real dyd = gpu.put(dy), yd = gpu.put(y), dbd = gpu.put(db);
-  gpu.ops.relu_bias_grad(dyd, yd, dbd, rows, cols, ld, heads, stride_dy, stride_db);
+  gpu.ops.relu_bias_grad(dyd, yd, dbd, rows, cols, ld, heads, stride_dy, 0, stride_db);
   gpu.ok();
-  cpu.ops->relu_bias_grad(host(dy), host(y), host(db), rows, cols, ld, heads, stride_dy, stride_db);
+  cpu.ops->relu_bias_grad(host(dy), host(y), host(db), rows, cols, ld, heads, stride_dy, 0, stride_db);
   cpu.ok();
   expect_close(gpu.get(dyd, static_cast<std::int64_t>(dy.size())), dy, 0.0, "relu_bias_grad dy");
   expect_close(gpu.get(dbd, static_cast<std::int64_t>(db.size())), db, kReduction, "relu_bias_grad db");
+  // per-head activations (ensemble members), and no mask at all (a plain bias gradient per head)
+  auto y3 = random_vec(static_cast<std::size_t>(stride_dy) * heads, -1, 1, 53);
+  auto dy2 = random_vec(dy.size(), -1, 1, 54), dy3 = dy2;
+  Real dy2d = gpu.put(dy2), y3d = gpu.put(y3);
+  gpu.ops.relu_bias_grad(dy2d, y3d, dbd, rows, cols, ld, heads, stride_dy, stride_dy, stride_db);
+  gpu.ok();
+  cpu.ops->relu_bias_grad(host(dy2), host(y3), host(db), rows, cols, ld, heads, stride_dy, stride_dy, stride_db);
+  expect_close(gpu.get(dy2d, static_cast<std::int64_t>(dy2.size())), dy2, 0.0, "relu_bias_grad per-head y");
+  expect_close(gpu.get(dbd, static_cast<std::int64_t>(db.size())), db, kReduction, "relu_bias_grad per-head db");
+  Real dy3d = gpu.put(dy3);
+  gpu.ops.relu_bias_grad(dy3d, Real{}, dbd, rows, cols, ld, heads, stride_dy, 0, stride_db);
+  gpu.ok();
+  cpu.ops->relu_bias_grad(host(dy3), Real{}, host(db), rows, cols, ld, heads, stride_dy, 0, stride_db);
+  cpu.ok();
+  expect_close(gpu.get(dbd, static_cast<std::int64_t>(db.size())), db, kReduction, "relu_bias_grad no mask");
 }
 
 TEST_CASE("gpu.ops.budget: norms, clips, combined gradient, total loss; NaN/Inf skip") {

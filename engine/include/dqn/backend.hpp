@@ -294,12 +294,13 @@ class Backend {
   // --- appended in ABI 3 (fused head ops); never reorder what is above ---
   virtual void dueling_dist(const DuelingDist& a) noexcept = 0;
   virtual void c51_loss(const C51Loss& a) noexcept = 0;
-  /// ReLU backward and bias gradient in one pass, for `heads` gradients through the same layer:
-  /// for h < heads, dy_h = dy + h·stride_dy: dy_h[r,c] = 0 where y[r,c] <= 0 (y shared by all
-  /// h), then db[h·stride_db + c] = Σ_r dy_h[r,c] (overwritten). The same numbers as
-  /// relu_backward followed by bias_grad (beta 0) per h.
+  /// ReLU backward and bias gradient in one pass, for `heads` gradients (heads, ensemble members):
+  /// for h < heads, dy_h = dy + h·stride_dy, y_h = y + h·stride_y (stride_y 0: one activation for
+  /// all): dy_h[r,c] = 0 where y_h[r,c] <= 0 (no masking when y is null), then
+  /// db[h·stride_db + c] = Σ_r dy_h[r,c] (overwritten). The same numbers as relu_backward
+  /// followed by bias_grad (beta 0) per h.
   virtual void relu_bias_grad(Real dy, Real y, Real db, int rows, int cols, int ld, int heads,
-                              std::int64_t stride_dy, std::int64_t stride_db) noexcept = 0;
+                              std::int64_t stride_dy, std::int64_t stride_y, std::int64_t stride_db) noexcept = 0;
 };
 
 }  // namespace dqn

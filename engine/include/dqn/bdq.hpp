@@ -156,7 +156,7 @@ inline void backward_from_dueling(Backend& be, const Dims& d, const Params& p, c
   be.gemm(gbx);
 
   // hidden layers (value and branches as one matrix)
-  be.relu_bias_grad(s.dhidden, a.hidden, grad.b1, B, hc, hc, 1, 0, 0);
+  be.relu_bias_grad(s.dhidden, a.hidden, grad.b1, B, hc, hc, 1, 0, 0, 0);
   Gemm g1;  // dW1 = dhiddenᵀ · h2
   g1.ta = true; g1.m = hc; g1.n = d.H2; g1.k = B;
   g1.a = s.dhidden; g1.lda = hc; g1.b = h2; g1.ldb = d.H2; g1.c = grad.w1; g1.ldc = d.H2;

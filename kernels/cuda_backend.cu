@@ -462,7 +462,8 @@ class CudaBackend final : public Backend {
       return;
     if (a.loss && !real_ok(a.loss, op, "loss")) return;
     if (a.loss_per_sample && !real_ok(a.loss_per_sample, op, "loss_per_sample")) return;
-    void* s = scratch(op, cuda::c51_xent_scratch_bytes(a.B));
+    if (a.members < 1 || a.members > 65535) return fail(op, "members outside [1, 65535]");
+    void* s = scratch(op, cuda::c51_xent_scratch_bytes(a.B * a.members));
     if (!s) return;
     DQN_CUDA_OK(op, cuda::c51_xent(stream_, a, s));
   }

@@ -197,11 +197,14 @@ __global__ void c51_project_kernel(float* m, const float* target_logp, const std
 /// order. The weighted per-sample loss goes to scratch for the second, fixed-order reduction.
 __global__ void c51_xent_kernel(C51Xent a, double* weighted) {
   extern __shared__ double xent_d[];  // [D]
-  const int b = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  // block = member · B + sample: member k's logp and dlogits are member 0's + k·B·D·A·Z
+  const int member = blockIdx.x / a.B, b = blockIdx.x - member * a.B;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int Z = a.Z, A = a.A, D = a.D;
-  const float* LP = static_cast<const float*>(a.logp.p);
+  const std::int64_t moff = static_cast<std::int64_t>(member) * a.B * D * A * Z;
+  const float* LP = static_cast<const float*>(a.logp.p) + moff;
   const float* M = static_cast<const float*>(a.m.p);
-  float* DL = static_cast<float*>(a.dlogits.p);
+  float* DL = static_cast<float*>(a.dlogits.p) + moff;
   const float wb = static_cast<const float*>(a.weights.p)[b];
   const double grad_scale = static_cast<double>(a.scale) * wb / (static_cast<double>(a.B) * D);
   for (int d = warp; d < D; d += nwarps) {
@@ -240,20 +243,26 @@ __global__ void c51_xent_kernel(C51Xent a, double* weighted) {
     double sample = 0.0;
     for (int d = 0; d < D; ++d) sample += xent_d[d];
     sample /= D;
-    if (a.loss_per_sample.p) static_cast<float*>(a.loss_per_sample.p)[b] = static_cast<float>(sample);
-    weighted[b] = static_cast<double>(wb) * sample;
+    if (a.loss_per_sample.p) static_cast<float*>(a.loss_per_sample.p)[blockIdx.x] = static_cast<float>(sample);
+    weighted[blockIdx.x] = static_cast<double>(wb) * sample;
   }
 }
 
-/// One block: loss (=, or += when accumulating) scale · (1/B) Σ_b weighted[b], fixed order.
-__global__ void c51_xent_reduce_kernel(float* loss, const double* weighted, int B, float scale, bool accumulate) {
+/// One block: for each member in order, loss (=, or += when accumulating or after the first
+/// member) scale · (1/B) Σ_b weighted[member·B + b], fixed order — the same roundings as one
+/// call per member.
+__global__ void c51_xent_reduce_kernel(float* loss, const double* weighted, int B, float scale, bool accumulate,
+                                       int members) {
   __shared__ double sh[32];
-  double acc = 0.0;
-  for (int b = threadIdx.x; b < B; b += blockDim.x) acc += weighted[b];
-  const double total = block_sum(acc, sh);
-  if (threadIdx.x == 0) {
-    const double l = static_cast<double>(scale) * total / B;
-    *loss = static_cast<float>(accumulate ? static_cast<double>(*loss) + l : l);
+  for (int k = 0; k < members; ++k) {
+    double acc = 0.0;
+    for (int b = threadIdx.x; b < B; b += blockDim.x) acc += weighted[static_cast<std::int64_t>(k) * B + b];
+    const double total = block_sum(acc, sh);
+    if (threadIdx.x == 0) {
+      const double l = static_cast<double>(scale) * total / B;
+      *loss = static_cast<float>(accumulate || k > 0 ? static_cast<double>(*loss) + l : l);
+    }
+    __syncthreads();
   }
 }
 
@@ -860,9 +869,10 @@ std::size_t c51_xent_scratch_bytes(int B) { return round_up(static_cast<std::siz
 cudaError_t c51_xent(cudaStream_t s, const C51Xent& a, void* scratch) {
   auto* weighted = static_cast<double*>(scratch);
   const int warps = std::min(a.D, 8);
-  c51_xent_kernel<<<a.B, 32 * warps, static_cast<std::size_t>(a.D) * sizeof(double), s>>>(a, weighted);
+  c51_xent_kernel<<<a.B * a.members, 32 * warps, static_cast<std::size_t>(a.D) * sizeof(double), s>>>(a, weighted);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  if (a.loss) c51_xent_reduce_kernel<<<1, kThreads, 0, s>>>(a.loss.as<float>(), weighted, a.B, a.scale, a.accumulate);
+  if (a.loss)
+    c51_xent_reduce_kernel<<<1, kThreads, 0, s>>>(a.loss.as<float>(), weighted, a.B, a.scale, a.accumulate, a.members);
   return cudaGetLastError();
 }
 
@@ -918,7 +928,7 @@ cudaError_t quantile_huber(cudaStream_t s, const QuantileHuber& a, void* scratch
   auto* weighted = static_cast<double*>(scratch);
   quantile_huber_kernel<<<a.B, 128, quantile_huber_shared_bytes(a.D, a.N), s>>>(a, weighted);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  c51_xent_reduce_kernel<<<1, kThreads, 0, s>>>(a.loss.as<float>(), weighted, a.B, 1.0f, false);
+  c51_xent_reduce_kernel<<<1, kThreads, 0, s>>>(a.loss.as<float>(), weighted, a.B, 1.0f, false, 1);
   return cudaGetLastError();
 }
 

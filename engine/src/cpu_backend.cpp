@@ -261,6 +261,20 @@ class CpuBackend final : public Backend {
   }
 
   void c51_xent(const C51Xent& a) noexcept override {
+    if (a.members < 1) return fail("c51_xent", "members must be >= 1");
+    if (a.members > 1) {
+      const std::int64_t n = std::int64_t(a.B) * a.D * a.A * a.Z;
+      for (int k = 0; k < a.members; ++k) {
+        C51Xent x = a;
+        x.members = 1;
+        x.logp = a.logp + k * n;
+        x.dlogits = a.dlogits + k * n;
+        if (a.loss_per_sample) x.loss_per_sample = a.loss_per_sample + std::int64_t(k) * a.B;
+        x.accumulate = a.accumulate || k > 0;
+        c51_xent(x);
+      }
+      return;
+    }
     if (a.B < 0 || a.D < 0 || a.A <= 0 || a.Z <= 0) return fail("c51_xent", "need B, D >= 0, A, Z >= 1");
     if (a.B == 0 || a.D == 0) {
       if (a.loss && real_ok(a.loss, "c51_xent", "loss") && !a.accumulate) a.loss.as<T>()[0] = T(0);

@@ -114,16 +114,16 @@ class EnsembleHead final : public Head {
         be.ensemble_disagreement(disagreement_, q_, K_, B, d_.D * d_.A);
         break;
       case kLoss:
-        for (int k = 0; k < K_; ++k) {
-          C51Xent x;
-          x.loss_per_sample = Real{nullptr, h2_.esize};
-          x.loss = loss_; x.dlogits = members_[std::size_t(k)].dlogits; x.logp = members_[std::size_t(k)].act.logp;
-          x.actions = actions_; x.m = m_; x.weights = weights_;
-          x.B = B; x.D = d_.D; x.A = d_.A; x.Z = d_.Z;
-          x.scale = 1.0f / float(K_);
-          x.accumulate = k > 0;
-          be.c51_xent(x);
-        }
+      {  // every member against the primary's projected target, in one call
+        C51Xent x;
+        x.loss_per_sample = Real{nullptr, h2_.esize};
+        x.loss = loss_; x.dlogits = members_[0].dlogits; x.logp = members_[0].act.logp;
+        x.actions = actions_; x.m = m_; x.weights = weights_;
+        x.B = B; x.D = d_.D; x.A = d_.A; x.Z = d_.Z;
+        x.scale = 1.0f / float(K_);
+        x.members = K_;
+        be.c51_xent(x);
+      }
         break;
       case kBackward:
         backward(be);

@@ -84,6 +84,11 @@ struct C51Xent {
   int B = 0, D = 0, A = 0, Z = 0;
   float scale = 1.0f;          ///< multiplies loss and gradient (1/K for ensemble members)
   bool accumulate = false;     ///< loss += instead of loss =
+  // --- appended in ABI 3 ---
+  /// Several heads against the same m, actions and weights: member k's logp, dlogits and
+  /// loss_per_sample are member 0's + k·(their size); the same as `members` calls in order, the
+  /// first with `accumulate`, the others accumulating.
+  int members = 1;
 };
 
 /// Gradient budgets (spec "Gradient budgets"). grads is [H,P]; for each head h:

@@ -692,7 +692,8 @@ class CudaBackend final : public Backend {
     if (a.ldv < a.Z) return fail(op, "ldv smaller than Z");
     if (!real_ok(a.logp, op, "logp") || !real_ok(a.v, op, "v") || !real_ok(a.adv, op, "adv")) return;
     if (a.q && !real_ok(a.q, op, "q")) return;
-    if (cuda::dueling_dist_shared_bytes(a.Z) > 48 * 1024) return fail(op, "Z too large (over 768 atoms)");
+    if (cuda::dueling_dist_shared_bytes(a.Z, a.A) > 48 * 1024) return fail(op, "Z too large for shared memory");
+    if (std::int64_t(a.rows) * a.D > 0x7fffffff) return fail(op, "rows·D too large");
     if (planning_) return;
     DQN_CUDA_OK(op, cuda::dueling_dist(stream_, a));
   }

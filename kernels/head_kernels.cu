@@ -19,68 +19,69 @@ double support_step(float v_min, float v_max, int Z) {
   return Z > 1 ? (static_cast<double>(v_max) - static_cast<double>(v_min)) / (Z - 1) : 0.0;
 }
 
-constexpr int kDistWarps = 8;  // warps per block of the distribution kernel
+constexpr int kDistMaxWarps = 16;  // warps per block of the distribution kernel (one per action)
 
-/// One warp per (row, branch). Per-warp shared memory: the mean advantage of each atom [Z].
+/// One block per (row, branch), one warp per action (actions beyond the warps loop). Shared:
+/// the mean advantage of each atom [Z] and the actions' Q [A].
 __global__ void dueling_dist_kernel(DuelingDist a, double dz) {
   extern __shared__ double dd_shared[];
-  const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5, wpb = blockDim.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int D = a.D, A = a.A, Z = a.Z;
-  double* mean = dd_shared + static_cast<std::int64_t>(wib) * Z;
+  double* mean = dd_shared;                 // [Z]
+  float* qs = reinterpret_cast<float*>(dd_shared + Z);  // [A]
   const float* V = static_cast<const float*>(a.v.p);
   const float* ADV = static_cast<const float*>(a.adv.p);
   float* LP = static_cast<float*>(a.logp.p);
   float* Q = static_cast<float*>(a.q.p);
   const double v_min = a.v_min;
-  const std::int64_t nrd = static_cast<std::int64_t>(a.rows) * D;
-  for (std::int64_t rd = static_cast<std::int64_t>(blockIdx.x) * wpb + wib; rd < nrd;
-       rd += static_cast<std::int64_t>(gridDim.x) * wpb) {
-    const std::int64_t r = rd / D;
-    const float* adv = ADV + rd * A * Z;
-    const float* v = V + r * a.ldv;
+  const std::int64_t rd = blockIdx.x;
+  const std::int64_t r = rd / D;
+  const float* adv = ADV + rd * A * Z;
+  const float* v = V + r * a.ldv;
+  for (int i = threadIdx.x; i < Z; i += blockDim.x) {
+    double s = 0.0;
+    for (int act = 0; act < A; ++act) s += static_cast<double>(adv[act * Z + i]);
+    mean[i] = s / A;
+  }
+  __syncthreads();
+  for (int act = warp; act < A; act += nwarps) {
+    const float* x = adv + act * Z;
+    float* lp = LP + (rd * A + act) * Z;
+    // logits rounded to float exactly as dueling_combine stores them
+    float mx = -INFINITY;
+    for (int i = lane; i < Z; i += 32)
+      mx = fmaxf(mx, static_cast<float>(static_cast<double>(v[i]) + static_cast<double>(x[i]) - mean[i]));
+    mx = warp_max(mx);
+    double sum = 0.0;
     for (int i = lane; i < Z; i += 32) {
-      double s = 0.0;
-      for (int act = 0; act < A; ++act) s += static_cast<double>(adv[act * Z + i]);
-      mean[i] = s / A;
+      const float xi = static_cast<float>(static_cast<double>(v[i]) + static_cast<double>(x[i]) - mean[i]);
+      sum += exp(static_cast<double>(xi) - mx);
     }
-    __syncwarp();
-    int best = 0;
-    float best_q = 0.0f;
-    for (int act = 0; act < A; ++act) {
-      const float* x = adv + act * Z;
-      float* lp = LP + (rd * A + act) * Z;
-      // logits rounded to float exactly as dueling_combine stores them
-      float mx = -INFINITY;
-      for (int i = lane; i < Z; i += 32)
-        mx = fmaxf(mx, static_cast<float>(static_cast<double>(v[i]) + static_cast<double>(x[i]) - mean[i]));
-      mx = warp_max(mx);
-      double sum = 0.0;
-      for (int i = lane; i < Z; i += 32) {
-        const float xi = static_cast<float>(static_cast<double>(v[i]) + static_cast<double>(x[i]) - mean[i]);
-        sum += exp(static_cast<double>(xi) - mx);
-      }
-      sum = warp_sum(sum);
-      const double lse = static_cast<double>(mx) + log(sum);
-      double qa = 0.0;
-      for (int i = lane; i < Z; i += 32) {
-        const float xi = static_cast<float>(static_cast<double>(v[i]) + static_cast<double>(x[i]) - mean[i]);
-        const float l = static_cast<float>(static_cast<double>(xi) - lse);
-        lp[i] = l;
-        qa += (v_min + i * dz) * exp(static_cast<double>(l));
-      }
-      if (Q) {
-        qa = warp_sum(qa);
+    sum = warp_sum(sum);
+    const double lse = static_cast<double>(mx) + log(sum);
+    double qa = 0.0;
+    for (int i = lane; i < Z; i += 32) {
+      const float xi = static_cast<float>(static_cast<double>(v[i]) + static_cast<double>(x[i]) - mean[i]);
+      const float l = static_cast<float>(static_cast<double>(xi) - lse);
+      lp[i] = l;
+      if (Q) qa += (v_min + i * dz) * exp(static_cast<double>(l));
+    }
+    if (Q) {
+      qa = warp_sum(qa);
+      if (lane == 0) {
         const float qf = static_cast<float>(qa);
-        if (lane == 0) Q[rd * A + act] = qf;
-        if (act == 0 || qf > best_q) {  // strict: ties keep the lowest index
-          best = act;
-          best_q = qf;
-        }
+        Q[rd * A + act] = qf;
+        qs[act] = qf;
       }
     }
-    if (a.a_star && r >= a.star_from && lane == 0)
-      a.a_star[(r - a.star_from) * D + (rd - r * D)] = best;
-    __syncwarp();  // `mean` is rewritten by the next (row, branch)
+  }
+  if (!a.a_star || r < a.star_from) return;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int best = 0;
+    for (int act = 1; act < A; ++act)
+      if (qs[act] > qs[best]) best = act;  // strict: ties keep the lowest index
+    a.a_star[(r - a.star_from) * D + (rd - r * D)] = best;
   }
 }
 
@@ -143,9 +144,17 @@ __global__ void c51_loss_kernel(C51Loss a, double dz, double* weighted, unsigned
     for (int i = lane; i < Z; i += 32) {
       float mi = NAN;  // an index the host could not check: visible, never read out of bounds
       if (star_ok) {
+        // tz is non-decreasing in j, so the j with a non-zero weight |tz_j − z_i| < Δz form one
+        // run: find its start, sum it in order (the zero terms of the dense sum change nothing).
         const double zi = v_min + i * dz;
+        int lo = 0, hi = Z;
+        while (lo < hi) {
+          const int mid = (lo + hi) >> 1;
+          if (tz[mid] > zi - dz) hi = mid;
+          else lo = mid + 1;
+        }
         double acc = 0.0;
-        for (int j = 0; j < Z; ++j) acc += fmin(fmax(1.0 - fabs(tz[j] - zi) / dz, 0.0), 1.0) * p[j];
+        for (int j = lo; j < Z && tz[j] < zi + dz; ++j) acc += fmin(fmax(1.0 - fabs(tz[j] - zi) / dz, 0.0), 1.0) * p[j];
         mi = static_cast<float>(acc);
       }
       m[i] = mi;
@@ -202,24 +211,40 @@ __global__ void c51_loss_kernel(C51Loss a, double dz, double* weighted, unsigned
   if (threadIdx.x == 0) static_cast<float*>(a.loss.p)[0] = static_cast<float>(total / a.B);
 }
 
-constexpr int kColTile = 32, kRowThreads = 16;
+constexpr int kColTile = 32, kRowThreads = 32, kRowUnroll = 4;
 
-/// Grid (column tiles, heads). 16 row-threads each mask and sum a fixed stripe of rows of their
-/// column, then one thread adds the 16 stripes in order (as bias_grad_kernel).
-__global__ void relu_bias_grad_kernel(float* dy, const float* y0, float* db, int rows, int cols, int ld,
-                                      std::int64_t stride_dy, std::int64_t stride_y, std::int64_t stride_db) {
+/// Grid (column tiles, heads). 32 row-threads each mask and sum a fixed stripe of rows of their
+/// column (loads batched kRowUnroll at a time: dy and y never alias), then one thread adds the
+/// stripes in order.
+__global__ void __launch_bounds__(kColTile * kRowThreads)
+    relu_bias_grad_kernel(float* __restrict__ dy, const float* __restrict__ y0, float* __restrict__ db, int rows,
+                          int cols, int ld, std::int64_t stride_dy, std::int64_t stride_y, std::int64_t stride_db) {
   __shared__ double part[kRowThreads][kColTile + 1];
   const int c = blockIdx.x * kColTile + threadIdx.x, h = blockIdx.y;
-  float* d = dy + h * stride_dy;
-  const float* y = y0 ? y0 + h * stride_y : nullptr;
+  float* __restrict__ d = dy + h * stride_dy;
+  const float* __restrict__ y = y0 ? y0 + h * stride_y : nullptr;
   double acc = 0.0;
-  if (c < cols)
-    for (int r = threadIdx.y; r < rows; r += kRowThreads) {
-      const std::int64_t k = static_cast<std::int64_t>(r) * ld + c;
-      float g = d[k];
-      if (y && y[k] <= 0.0f) d[k] = g = 0.0f;
-      acc += static_cast<double>(g);
+  if (c < cols) {
+    for (int r0 = threadIdx.y; r0 < rows; r0 += kRowThreads * kRowUnroll) {
+      float g[kRowUnroll], m[kRowUnroll];
+#pragma unroll
+      for (int u = 0; u < kRowUnroll; ++u) {
+        const int r = r0 + u * kRowThreads;
+        const std::int64_t k = static_cast<std::int64_t>(r) * ld + c;
+        g[u] = r < rows ? d[k] : 0.0f;
+        m[u] = r < rows && y ? y[k] : 1.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kRowUnroll; ++u) {
+        const int r = r0 + u * kRowThreads;
+        if (m[u] <= 0.0f) {
+          g[u] = 0.0f;
+          if (r < rows) d[static_cast<std::int64_t>(r) * ld + c] = 0.0f;
+        }
+        acc += static_cast<double>(g[u]);
+      }
     }
+  }
   part[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y == 0 && c < cols) {
@@ -242,13 +267,14 @@ cudaError_t relu_bias_grad(cudaStream_t s, float* dy, const float* y, float* db,
   return cudaGetLastError();
 }
 
-std::size_t dueling_dist_shared_bytes(int Z) { return static_cast<std::size_t>(kDistWarps) * Z * sizeof(double); }
+std::size_t dueling_dist_shared_bytes(int Z, int A) {
+  return static_cast<std::size_t>(Z) * sizeof(double) + round_up(static_cast<std::size_t>(A) * sizeof(float), 8);
+}
 
 cudaError_t dueling_dist(cudaStream_t s, const DuelingDist& a) {
-  const std::int64_t nrd = static_cast<std::int64_t>(a.rows) * a.D;
-  const std::int64_t blocks = (nrd + kDistWarps - 1) / kDistWarps;
-  const std::size_t shmem = dueling_dist_shared_bytes(a.Z);
-  dueling_dist_kernel<<<static_cast<unsigned>(blocks < 65535 ? blocks : 65535), 32 * kDistWarps, shmem, s>>>(
+  const std::int64_t blocks = static_cast<std::int64_t>(a.rows) * a.D;
+  const int warps = a.A < kDistMaxWarps ? a.A : kDistMaxWarps;
+  dueling_dist_kernel<<<static_cast<unsigned>(blocks), 32 * warps, dueling_dist_shared_bytes(a.Z, a.A), s>>>(
       a, support_step(a.v_min, a.v_max, a.Z));
   return cudaGetLastError();
 }

@@ -12,8 +12,8 @@
 
 namespace dqn::cuda {
 
-/// Dynamic shared memory dueling_dist needs (must stay under the default 48 KiB: Z ≤ 768).
-std::size_t dueling_dist_shared_bytes(int Z);
+/// Dynamic shared memory dueling_dist needs (must stay under the default 48 KiB).
+std::size_t dueling_dist_shared_bytes(int Z, int A);
 cudaError_t dueling_dist(cudaStream_t s, const DuelingDist& a);
 
 /// Scratch c51_loss needs (one double per sample) and its dynamic shared memory.

@@ -200,8 +200,21 @@ void Engine::build(const PluginLoader& plugins) {
   reg_.declare("adam.v", DType::real, {P}, BufferKind::optimizer, "engine");
   reg_.declare("grad/all", DType::real, {H, P}, BufferKind::gradient, "engine");
   reg_.declare("grad/total", DType::real, {P}, BufferKind::gradient, "engine");
-  for (std::size_t h = 0; h < heads_.size(); ++h)
-    reg_.declare_view("grad/" + head_names_[h], "grad/all", std::int64_t(h) * P, {P}, "engine");
+  // Per head: its whole gradient, and two windows of it that stages write side by side — the
+  // trunk's part (written by trunk.backward) and the part of the parameters the head declared
+  // itself (written by its own backward stages).
+  std::int64_t trunk_n = 0;
+  for (const auto& p : reg_.params())
+    if (p.owner == "engine") trunk_n = std::max(trunk_n, p.offset + p.numel());
+  for (std::size_t h = 0; h < heads_.size(); ++h) {
+    const std::string g = "grad/" + head_names_[h];
+    reg_.declare_view(g, "grad/all", std::int64_t(h) * P, {P}, "engine");
+    reg_.declare_view(g + "/trunk", "grad/all", std::int64_t(h) * P, {trunk_n}, "engine");
+    std::int64_t lo = P, hi = 0;
+    for (const auto& p : reg_.params())
+      if (p.owner == head_names_[h]) lo = std::min(lo, p.offset), hi = std::max(hi, p.offset + p.numel());
+    if (hi > lo) reg_.declare_view(g + "/params", "grad/all", std::int64_t(h) * P + lo, {hi - lo}, "engine");
+  }
   if (spec_.spectral_norm.enabled) {
     for (const auto& p : reg_.params()) {
       if (!(p.flags & kParamSpectralNorm) || p.cols == 0) continue;
@@ -370,7 +383,7 @@ void Engine::add_engine_stages_back() {
     reads.push_back("params");
     reads.push_back("dtrunk/all");
     std::vector<std::string> writes = dz;
-    for (std::size_t h = 0; h < heads_.size(); ++h) writes.push_back("grad/" + head_names_[h]);
+    for (std::size_t h = 0; h < heads_.size(); ++h) writes.push_back("grad/" + head_names_[h] + "/trunk");
     writes.push_back("dtrunk/all");  // ReLU backward runs in place on it
     stages_.push_back(Stage{"trunk.backward", "engine", reads, writes, [this](Backend& be) { trunk_backward(be); }});
   }

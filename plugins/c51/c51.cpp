@@ -16,7 +16,7 @@ namespace {
 
 using namespace dqn;
 
-enum Tag : std::int32_t { kForward = 0, kTarget = 1, kLoss = 2, kBackward = 3 };
+enum Tag : std::int32_t { kForward = 0, kTarget = 1, kLoss = 2, kBackward = 3, kWeights = 4 };
 
 class C51Head final : public Head {
  public:
@@ -57,8 +57,12 @@ class C51Head final : public Head {
                            {b("logp"), b("target.v"), b("target.adv"), buf::a_star, buf::actions, buf::is_weights,
                             buf::rewards, buf::dones},
                            {loss, buf::td_error, buf::target_m, b("dv"), b("dadv"), b("work.logp"), b("work.dlogits")});
-      rc = rc ? rc : stage(ctx, kBackward, "backward", {b("dv"), b("dadv"), b("hidden"), buf::h2, "params"},
-                           {b("dhidden"), grad, dtrunk});
+      // backward: the input side (on to the trunk); weights: the head's weight gradients, beside
+      // the trunk's backward.
+      rc = rc ? rc : stage(ctx, kBackward, "backward", {b("dv"), b("dadv"), b("hidden"), "params"},
+                           {b("dhidden"), grad + "/params", dtrunk});
+      rc = rc ? rc : stage(ctx, kWeights, "weights", {b("dv"), b("dadv"), b("dhidden"), b("hidden"), buf::h2},
+                           {grad + "/params"});
       return keep(ctx, rc);
     } catch (const std::exception& e) {
       error_ = e.what();
@@ -126,7 +130,10 @@ class C51Head final : public Head {
         break;
       }
       case kBackward:
-        bdq::backward_from_dueling(be, d_, online_, grad_, h2_, B, act_, back_, dtrunk_, 0.0f);
+        bdq::backward_inputs(be, d_, online_, grad_, B, act_, back_, dtrunk_, 0.0f);
+        break;
+      case kWeights:
+        bdq::backward_weights(be, d_, grad_, h2_, B, act_, back_);
         break;
       default:
         break;

@@ -408,23 +408,24 @@ TEST_CASE("cli.step.explain") {
   const std::vector<std::pair<std::string, std::string>> before = {
       {"trunk.forward", "c51.forward"}, {"target.trunk.forward", "c51.target"}, {"c51.forward", "c51.loss"},
       {"c51.target", "c51.loss"}, {"c51.loss", "c51.backward"}, {"c51.backward", "trunk.backward"},
+      {"c51.backward", "c51.weights"}, {"c51.weights", "budget"},
       {"trunk.backward", "budget"}, {"budget", "adam"}, {"adam", "target.update"}};
   auto pos = [&](const std::string& n) {
     const auto it = std::find(order.begin(), order.end(), n);
     CHECK_MESSAGE(it != order.end(), n);
     return it - order.begin();
   };
-  CHECK(order.size() == 10);
+  CHECK(order.size() == 11);
   for (const auto& [a, b] : before) CHECK_MESSAGE(pos(a) < pos(b), a << " before " << b);
-  CHECK(has(r.out, "stages in order (10):"));
+  CHECK(has(r.out, "stages in order (11):"));
   CHECK(has(r.out, "registry:\narena: "));
   CHECK(has(r.out, "c51.loss  <c51>"));
   // With spectral norm the extra stage sits between Adam and the target update.
   const Run sn = dqn_run("step " + quote(c51_yaml()) + " " + kSmall + " spectral_norm.enabled=true --explain");
   REQUIRE(sn.rc == 0);
-  CHECK(has(sn.out, "  9. adam  <engine>"));
-  CHECK(has(sn.out, "  10. spectral_norm  <engine>"));
-  CHECK(has(sn.out, "  11. target.update  <engine>"));
+  CHECK(has(sn.out, "  10. adam  <engine>"));
+  CHECK(has(sn.out, "  11. spectral_norm  <engine>"));
+  CHECK(has(sn.out, "  12. target.update  <engine>"));
 }
 
 TEST_CASE("cli.step.dump_has_aux_head_draws_and_metrics") {
@@ -432,8 +433,10 @@ TEST_CASE("cli.step.dump_has_aux_head_draws_and_metrics") {
   // disagreement.
   TempDir tmp;
   const std::string out = tmp.path("full.safetensors");
-  const Run r = dqn_run("step " + quote(source_dir() + "/pipelines/full.yaml") +
-                        " --backend cpu network.trunk=[16,16] network.head_hidden=8 batch=8 --random-batch 2 --steps 3 --out " +
+  // ref.yaml with every auxiliary head enabled (N = N' = 32), shrunk
+  const Run r = dqn_run("step " + quote(source_dir() + "/pipelines/ref.yaml") +
+                        " --backend cpu heads.1.enabled=true heads.2.enabled=true heads.3.enabled=true"
+                        " network.trunk=[16,16] network.head_hidden=8 batch=8 --random-batch 2 --steps 3 --out " +
                         quote(out));
   REQUIRE_MESSAGE(r.rc == 0, r.out);
   const dqn::st::File f = dqn::st::read_file(out);

@@ -120,26 +120,44 @@ struct BackScratch {
   Real dhidden;  ///< [B, (1+D)Hh]
 };
 
-/// Backward from the dueling gradients s.dv [B, Z] and s.dadv [B, D, A, Z]: writes the head's
-/// parameter gradients (overwriting) and dh2 = beta_dh2·dh2 + ∂L/∂h2 [B, H2]. `a` holds the
-/// forward activations of those B rows.
-inline void backward_from_dueling(Backend& be, const Dims& d, const Params& p, const Params& grad, Real h2,
-                                  int B, const Acts& a, const BackScratch& s, Real dh2, float beta_dh2) {
+/// The input side of the backward from the dueling gradients s.dv [B, Z] and s.dadv [B, D, A, Z]:
+/// s.dhidden (ReLU-masked), the hidden layers' bias gradient and dh2 = beta_dh2·dh2 + ∂L/∂h2
+/// [B, H2]. `a` holds the forward activations of those B rows.
+inline void backward_inputs(Backend& be, const Dims& d, const Params& p, const Params& grad, int B, const Acts& a,
+                            const BackScratch& s, Real dh2, float beta_dh2) {
   const int hc = d.hidden_cols(), az = d.az();
-
-  // value output layer
-  be.bias_grad(grad.bv2, s.dv, B, d.Z, d.Z, 0.0f);
-  Gemm gw;  // dWv2 = dvᵀ · hv
-  gw.ta = true; gw.m = d.Z; gw.n = d.Hh; gw.k = B;
-  gw.a = s.dv; gw.lda = d.Z; gw.b = a.hidden; gw.ldb = hc; gw.c = grad.wv2; gw.ldc = d.Hh;
-  be.gemm(gw);
   Gemm gx;  // dhv = dv · Wv2
   gx.m = B; gx.n = d.Hh; gx.k = d.Z;
   gx.a = s.dv; gx.lda = d.Z; gx.b = p.wv2; gx.ldb = d.Hh; gx.c = s.dhidden; gx.ldc = hc; gx.weight_operand = 2;
   be.gemm(gx);
+  Gemm gbx;  // dhb_d = dadv_d · Wb2_d, batched over d
+  gbx.m = B; gbx.n = d.Hh; gbx.k = az;
+  gbx.a = s.dadv; gbx.lda = d.D * az; gbx.stride_a = az;
+  gbx.b = p.wb2; gbx.ldb = d.Hh; gbx.stride_b = std::int64_t(az) * d.Hh;
+  gbx.c = s.dhidden + d.Hh; gbx.ldc = hc; gbx.stride_c = d.Hh;
+  gbx.batch = d.D; gbx.weight_operand = 2;
+  be.gemm(gbx);
+  // hidden layers (value and branches as one matrix)
+  be.relu_bias_grad(s.dhidden, a.hidden, grad.b1, B, hc, hc, 1, 0, 0, 0);
+  Gemm gh;  // dh2 = dhidden · W1
+  gh.m = B; gh.n = d.H2; gh.k = hc;
+  gh.a = s.dhidden; gh.lda = hc; gh.b = p.w1; gh.ldb = d.H2; gh.beta = beta_dh2; gh.c = dh2; gh.ldc = d.H2;
+  gh.weight_operand = 2;
+  be.gemm(gh);
+}
 
-  // branch output layers, batched over d
-  be.bias_grad(grad.bb2, s.dadv, B, d.D * az, d.D * az, 0.0f);
+/// The weight side: the output layers' bias gradients and every weight gradient (overwriting),
+/// from s.dv, s.dadv and the masked s.dhidden of backward_inputs. Independent of dh2, so it can
+/// run beside the trunk's backward.
+inline void backward_weights(Backend& be, const Dims& d, const Params& grad, Real h2, int B, const Acts& a,
+                             const BackScratch& s) {
+  const int hc = d.hidden_cols(), az = d.az();
+  be.relu_bias_grad(s.dv, Real{}, grad.bv2, B, d.Z, d.Z, 1, 0, 0, 0);
+  be.relu_bias_grad(s.dadv, Real{}, grad.bb2, B, d.D * az, d.D * az, 1, 0, 0, 0);
+  Gemm gw;  // dWv2 = dvᵀ · hv
+  gw.ta = true; gw.m = d.Z; gw.n = d.Hh; gw.k = B;
+  gw.a = s.dv; gw.lda = d.Z; gw.b = a.hidden; gw.ldb = hc; gw.c = grad.wv2; gw.ldc = d.Hh;
+  be.gemm(gw);
   Gemm gbw;  // dWb2_d = dadv_dᵀ · hb_d
   gbw.ta = true; gbw.m = az; gbw.n = d.Hh; gbw.k = B;
   gbw.a = s.dadv; gbw.lda = d.D * az; gbw.stride_a = az;
@@ -147,25 +165,17 @@ inline void backward_from_dueling(Backend& be, const Dims& d, const Params& p, c
   gbw.c = grad.wb2; gbw.ldc = d.Hh; gbw.stride_c = std::int64_t(az) * d.Hh;
   gbw.batch = d.D;
   be.gemm(gbw);
-  Gemm gbx;  // dhb_d = dadv_d · Wb2_d
-  gbx.m = B; gbx.n = d.Hh; gbx.k = az;
-  gbx.a = s.dadv; gbx.lda = d.D * az; gbx.stride_a = az;
-  gbx.b = p.wb2; gbx.ldb = d.Hh; gbx.stride_b = std::int64_t(az) * d.Hh;
-  gbx.c = s.dhidden + d.Hh; gbx.ldc = hc; gbx.stride_c = d.Hh;
-  gbx.batch = d.D; gbx.weight_operand = 2;
-  be.gemm(gbx);
-
-  // hidden layers (value and branches as one matrix)
-  be.relu_bias_grad(s.dhidden, a.hidden, grad.b1, B, hc, hc, 1, 0, 0, 0);
   Gemm g1;  // dW1 = dhiddenᵀ · h2
   g1.ta = true; g1.m = hc; g1.n = d.H2; g1.k = B;
   g1.a = s.dhidden; g1.lda = hc; g1.b = h2; g1.ldb = d.H2; g1.c = grad.w1; g1.ldc = d.H2;
   be.gemm(g1);
-  Gemm gh;  // dh2 = dhidden · W1
-  gh.m = B; gh.n = d.H2; gh.k = hc;
-  gh.a = s.dhidden; gh.lda = hc; gh.b = p.w1; gh.ldb = d.H2; gh.beta = beta_dh2; gh.c = dh2; gh.ldc = d.H2;
-  gh.weight_operand = 2;
-  be.gemm(gh);
+}
+
+/// Backward from the dueling gradients: backward_inputs then backward_weights.
+inline void backward_from_dueling(Backend& be, const Dims& d, const Params& p, const Params& grad, Real h2,
+                                  int B, const Acts& a, const BackScratch& s, Real dh2, float beta_dh2) {
+  backward_inputs(be, d, p, grad, B, a, s, dh2, beta_dh2);
+  backward_weights(be, d, grad, h2, B, a, s);
 }
 
 /// Backward from dlogits [B, D, A, Z] (through the dueling combine first); see

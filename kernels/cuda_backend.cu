@@ -122,14 +122,28 @@ struct LtPlan {
   }
 };
 
-/// DQN_GEMM_AUTOTUNE=0 (or off/false/no) keeps the heuristic's first algorithm for every GEMM.
-bool autotune_from_env() noexcept {
-  const char* v = std::getenv("DQN_GEMM_AUTOTUNE");
+/// An on/off switch from the environment: unset, or anything but 0/off/false/no, is on.
+bool env_on(const char* name) noexcept {
+  const char* v = std::getenv(name);
   if (!v) return true;
   for (const char* off : {"0", "off", "false", "no", "OFF", "FALSE", "NO"})
     if (std::strcmp(v, off) == 0) return false;
   return true;
 }
+
+/// DQN_GEMM_AUTOTUNE=0 keeps the heuristic's first algorithm for every GEMM.
+bool autotune_from_env() noexcept { return env_on("DQN_GEMM_AUTOTUNE"); }
+
+/// DQN_FUSED_UPDATE=1 runs budget, Adam, spectral norm and the target update as one cooperative
+/// launch instead of six kernels (the same results). Off by default: on the H200 it measured
+/// slower (docs/performance.md), the grid-wide barriers costing more than the kernel boundaries.
+bool fused_update_from_env() noexcept {
+  const char* v = std::getenv("DQN_FUSED_UPDATE");
+  return v && env_on("DQN_FUSED_UPDATE");
+}
+
+/// DQN_GEMM_SPLIT_K=0 runs tall-k GEMMs whole instead of split into slices (for comparisons).
+bool split_k_from_env() noexcept { return env_on("DQN_GEMM_SPLIT_K"); }
 
 /// Tuned choices, shared by every backend of the process: two engines built alike run the same
 /// algorithms, so their results agree bit for bit (tuning itself is timing, hence noisy).
@@ -193,6 +207,11 @@ class CudaBackend final : public Backend {
       note_device_bytes(kCounterBytes);
       scratch_bytes_ = kInitialScratchBytes;
       note_device_bytes(kInitialScratchBytes * kMaxLanes);
+      // The fused update (opt-in) needs cooperative launches inside captured graphs: probed here.
+      if (fused_update_from_env()) {
+        const int blocks = cuda::update_grid(props_);
+        if (blocks > 0 && cuda::cooperative_graphs_work(blocks)) update_blocks_ = blocks;
+      }
     } catch (...) {
       release();
       throw;
@@ -229,6 +248,7 @@ class CudaBackend final : public Backend {
       if (epilogue) separate_epilogue(g);
       return;
     }
+    if (const int slices = split_slices(g); slices > 1) return split_k(g, slices);
     const bool batched = g.batch > 1;
     const bool bf16 = precision_ == Precision::bf16;
     // Row-major C = op(A) op(B) is column-major Cᵀ = op(B)ᵀ op(A)ᵀ: B is cuBLAS's first operand.
@@ -350,6 +370,57 @@ class CudaBackend final : public Backend {
         return;
     }
     if (epilogue) separate_epilogue(g);
+  }
+
+  /// Tall reductions (k large, few output tiles: the weight gradients over B·N rows) leave most of
+  /// the GPU idle in one GEMM. Such a GEMM runs as a strided-batched GEMM over slices of k into
+  /// scratch, then a fixed-order sum of the slices (deterministic). 0: run it whole.
+  int split_slices(const Gemm& g) const noexcept {
+    if (!split_k_ || in_split_ || precision_ == Precision::bf16 || g.batch != 1 || g.beta != 0.0f || g.bias ||
+        g.act != Act::none || g.k < kSplitMinK)
+      return 0;
+    const int sms = std::max(props_.multiProcessorCount, 1);
+    const long tiles = static_cast<long>((g.m + 63) / 64) * ((g.n + 63) / 64);
+    if (tiles * 4 > sms) return 0;  // enough output tiles already
+    const long by_k = g.k / kSplitMinSlice, by_tiles = std::max(2L, 2L * sms / std::max(tiles, 1L));
+    return static_cast<int>(std::min({static_cast<long>(kSplitMaxSlices), by_k, by_tiles}));
+  }
+
+  void split_k(const Gemm& g, int slices) noexcept {
+    constexpr const char* op = "gemm";
+    // slices of a multiple of 4 along k: 16-byte aligned operands when k runs along a row
+    const int ks = ((g.k + slices - 1) / slices + 3) / 4 * 4, full = g.k / ks, rem = g.k - full * ks;
+    const int parts = full + (rem > 0 ? 1 : 0);
+    const std::int64_t mn = static_cast<std::int64_t>(g.m) * g.n;
+    const std::size_t bytes = static_cast<std::size_t>(parts) * static_cast<std::size_t>(mn) * 4;
+    void* s = scratch(op, bytes);
+    // While planning, the slices' GEMMs are still planned (and tuned) against the scratch's
+    // address, which is where they will write.
+    if (!s && !planning_) return;
+    auto* part = static_cast<float*>(planning_ ? scratch_ : s);
+    in_split_ = true;
+    Gemm sub = g;  // slice i: k in [i·ks, (i+1)·ks)
+    sub.k = ks;
+    sub.batch = full;
+    sub.stride_a = g.ta ? static_cast<std::int64_t>(ks) * g.lda : ks;
+    sub.stride_b = g.tb ? ks : static_cast<std::int64_t>(ks) * g.ldb;
+    sub.c = Real{part, 4};
+    sub.ldc = g.n;
+    sub.stride_c = mn;
+    gemm(sub);
+    if (rem > 0) {
+      const std::int64_t k0 = static_cast<std::int64_t>(full) * ks;
+      Gemm last = g;
+      last.k = rem;
+      last.a = g.a + (g.ta ? k0 * g.lda : k0);
+      last.b = g.b + (g.tb ? k0 : k0 * g.ldb);
+      last.c = Real{part + static_cast<std::int64_t>(full) * mn, 4};
+      last.ldc = g.n;
+      gemm(last);
+    }
+    in_split_ = false;
+    if (planning_) return;
+    DQN_CUDA_OK(op, cuda::sum_slices(stream_, g.c.as<float>(), g.m, g.n, g.ldc, part, parts));
   }
 
   void bias_act(Real y, Real bias, int rows, int cols, int ldy, Act act) noexcept override {
@@ -522,6 +593,39 @@ class CudaBackend final : public Backend {
     if (planning_) return;
     DQN_CUDA_OK(op, cuda::target_update(stream_, a, wave_blocks()));
   }
+
+  void update(const Update& u) noexcept override {
+    constexpr const char* op = "update";
+    const Budget& b = u.budget;
+    const Adam& a = u.adam;
+    const TargetUpdate& t = u.target;
+    // One cooperative kernel when it was probed to work and the arguments have the engine's
+    // shape; otherwise the four ops, each checking its own arguments.
+    const bool fused = update_blocks_ > 0 && b.H >= 1 && b.H <= cuda::update_max_heads() && b.P > 0 &&
+                       u.sn_count >= 0 && u.sn_count <= cuda::update_max_matrices() && a.P == b.P && t.P == b.P &&
+                       a.g.p == b.g.p && a.skip == b.skip && t.skip == b.skip && t.t == a.t &&
+                       t.params.p == a.params.p && t.period >= 0 &&
+                       (u.sn_count == 0 || (u.sn_mats && u.sn_max_rows > 0 && u.sn_max_cols > 0));
+    if (!fused) {
+      budget(b);
+      adam(a);
+      if (u.sn_count > 0) spectral_norm(u.sn_mats, u.sn_count, u.sn_max_rows, u.sn_max_cols, u.sigma_max, b.skip);
+      target_update(t);
+      return;
+    }
+    if (!b.skip || !b.skipped || !a.t) return fail(op, "null skip/skipped/t");
+    if (!real_ok(b.grads, op, "grads") || !real_ok(b.fractions, op, "fractions") || !real_ok(b.norms, op, "norms") ||
+        !real_ok(b.clips, op, "clips") || !real_ok(b.losses, op, "losses") || !real_ok(b.g, op, "g") ||
+        !real_ok(b.total_loss, op, "total_loss") || !real_ok(a.params, op, "params") || !real_ok(a.m, op, "m") ||
+        !real_ok(a.v, op, "v") || !real_ok(a.lr, op, "lr") || !real_ok(t.target, op, "target"))
+      return;
+    void* s = scratch(op, cuda::update_scratch_bytes(b.H, b.P, u.sn_count, u.sn_max_rows, u.sn_max_cols));
+    if (!s) return;
+    DQN_CUDA_OK(op, cuda::update(stream_, u, s, update_blocks_));
+  }
+
+  /// Blocks of the fused update's cooperative launch; 0: the four separate ops instead.
+  int fused_update_blocks() const noexcept { return update_blocks_; }
 
   /// Grid bound of the one-wave optimiser kernels: a few blocks per SM (their results do not
   /// depend on it). The budget's combine keeps its clips in H floats of shared memory.
@@ -1199,6 +1303,10 @@ class CudaBackend final : public Backend {
   std::size_t plan_need_ = 0;
   std::map<LtKey, LtPlan> plans_;
   bool autotune_ = autotune_from_env();  ///< DQN_GEMM_AUTOTUNE, read once per backend
+  int update_blocks_ = 0;                ///< the fused update's grid (0: not fused)
+  bool in_split_ = false;                ///< inside split_k: its slices are never split again
+  bool split_k_ = split_k_from_env();     ///< DQN_GEMM_SPLIT_K, read once per backend
+  static constexpr int kSplitMinK = 1024, kSplitMinSlice = 256, kSplitMaxSlices = 32;
   void* tune_d_ = nullptr;               ///< autotuning's private D
   std::size_t tune_bytes_ = 0;
   std::array<cudaEvent_t, 2 * kTuneSamples> tune_events_{};
@@ -1409,10 +1517,11 @@ class CudaRuntime final : public Runtime {
     char buf[512];
     std::snprintf(buf, sizeof buf,
                   "cuda device %d: %s (sm_%d%d, %d SMs, %.1f GiB), precision %s, cuBLASLt workspace %zu MiB, "
-                  "scratch %zu KiB, arena %zu KiB",
+                  "scratch %zu KiB, arena %zu KiB, update %s",
                   device_, p.name, p.major, p.minor, p.multiProcessorCount,
                   static_cast<double>(p.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0), precision_name(backend_.precision()),
-                  kWorkspaceBytes >> 20, backend_.scratch_bytes() >> 10, arena_bytes_ >> 10);
+                  kWorkspaceBytes >> 20, backend_.scratch_bytes() >> 10, arena_bytes_ >> 10,
+                  backend_.fused_update_blocks() > 0 ? "fused (one cooperative kernel)" : "as separate kernels");
     return buf;
   }
 

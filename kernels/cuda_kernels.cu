@@ -4,6 +4,7 @@
  *  reduction has a fixed shape and order. The only atomic is Adam's arrival counter on its step
  *  counter (adam_kernel), which decides nothing but which block writes t+1.
  */
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -23,6 +24,9 @@ unsigned blocks_for(std::int64_t n, int threads = kThreads) {
   return static_cast<unsigned>(std::clamp<std::int64_t>(b, 1, std::int64_t{1} << 20));
 }
 
+/// Whether every index of an n-element grid-stride loop (plus one grid's stride) fits 32 bits.
+bool fits_u32(std::int64_t n) { return n >= 0 && n < (std::int64_t{1} << 31); }
+
 using dev::block_sum;
 using dev::grid_start;
 using dev::grid_step;
@@ -31,21 +35,26 @@ using dev::warp_sum;
 
 // --- dense layers ---------------------------------------------------------------------------
 
+// Elementwise kernels index with I = std::uint32_t when every index fits (the usual case: 32-bit
+// division is several times cheaper than 64-bit), std::int64_t otherwise.
+template <class I>
 __global__ void bias_act_kernel(float* y, const float* bias, int rows, int cols, int ldy, bool relu) {
-  const std::int64_t n = static_cast<std::int64_t>(rows) * cols;
-  for (std::int64_t i = grid_start(); i < n; i += grid_step()) {
-    const std::int64_t r = i / cols, c = i - r * cols;
-    float* p = y + r * ldy + c;
+  const I n = static_cast<I>(rows) * static_cast<I>(cols);
+  for (I i = static_cast<I>(grid_start()); i < n; i += static_cast<I>(grid_step())) {
+    const I r = i / static_cast<I>(cols), c = i - r * static_cast<I>(cols);
+    float* p = y + static_cast<std::int64_t>(r) * ldy + c;
     float x = *p + (bias ? bias[c] : 0.0f);
     if (relu) x = x > 0.0f ? x : 0.0f;
     *p = x;
   }
 }
 
+template <class I>
 __global__ void relu_backward_kernel(float* dy, const float* y, int rows, int cols, int ld) {
-  const std::int64_t n = static_cast<std::int64_t>(rows) * cols;
-  for (std::int64_t i = grid_start(); i < n; i += grid_step()) {
-    const std::int64_t r = i / cols, k = r * ld + (i - r * cols);
+  const I n = static_cast<I>(rows) * static_cast<I>(cols);
+  for (I i = static_cast<I>(grid_start()); i < n; i += static_cast<I>(grid_step())) {
+    const I r = i / static_cast<I>(cols);
+    const std::int64_t k = static_cast<std::int64_t>(r) * ld + (i - r * static_cast<I>(cols));
     if (y[k] <= 0.0f) dy[k] = 0.0f;
   }
 }
@@ -346,21 +355,24 @@ __global__ void ensemble_disagreement_kernel(float* out, const float* q, int K, 
   }
 }
 
+template <class I>
 __global__ void cosine_embedding_kernel(float* out, const float* tau, int rows, int E) {
-  const std::int64_t n = static_cast<std::int64_t>(rows) * E;
-  for (std::int64_t k = grid_start(); k < n; k += grid_step()) {
-    const std::int64_t r = k / E;
-    const int i = static_cast<int>(k % E);
+  const I n = static_cast<I>(rows) * static_cast<I>(E);
+  for (I k = static_cast<I>(grid_start()); k < n; k += static_cast<I>(grid_step())) {
+    const I r = k / static_cast<I>(E);
+    const int i = static_cast<int>(k - r * static_cast<I>(E));
     out[k] = static_cast<float>(cos(3.14159265358979323846 * i * static_cast<double>(tau[r])));
   }
 }
 
+template <class I>
 __global__ void hadamard_kernel(float* x, const float* h2, const float* phi, int B, int N, int H) {
-  const std::int64_t n = static_cast<std::int64_t>(B) * N * H;
-  for (std::int64_t k = grid_start(); k < n; k += grid_step()) {
-    const std::int64_t b = k / (static_cast<std::int64_t>(N) * H);
-    const int h = static_cast<int>(k % H);
-    x[k] = h2[b * H + h] * phi[k];
+  const I n = static_cast<I>(B) * static_cast<I>(N) * static_cast<I>(H);
+  for (I k = static_cast<I>(grid_start()); k < n; k += static_cast<I>(grid_step())) {
+    const I row = k / static_cast<I>(H);
+    const I b = row / static_cast<I>(N);
+    const I h = k - row * static_cast<I>(H);
+    x[k] = h2[static_cast<std::int64_t>(b) * H + h] * phi[k];
   }
 }
 
@@ -373,11 +385,23 @@ __global__ void hadamard_backward_kernel(float* dphi, float* dh2, const float* d
     const int h = static_cast<int>(k % H);
     const double hv = h2[k];
     double acc = 0.0;
-    for (int s = 0; s < N; ++s) {
-      const std::int64_t at = (b * N + s) * H + h;
-      const double g = dx[at];
-      acc += g * static_cast<double>(phi[at]);
-      dphi[at] = static_cast<float>(g * hv);
+    constexpr int kBatch = 8;  // loads of 8 samples in flight before their (ordered) use
+    for (int s0 = 0; s0 < N; s0 += kBatch) {
+      float gx[kBatch], px[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const std::int64_t at = (b * N + s0 + u) * H + h;
+        gx[u] = s0 + u < N ? dx[at] : 0.0f;
+        px[u] = s0 + u < N ? phi[at] : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        if (s0 + u >= N) break;
+        const std::int64_t at = (b * N + s0 + u) * H + h;
+        const double g = gx[u];
+        acc += g * static_cast<double>(px[u]);
+        dphi[at] = static_cast<float>(g * hv);
+      }
     }
     dh2[k] = static_cast<float>(acc);
   }
@@ -446,13 +470,12 @@ int budget_chunks(std::int64_t P) {
   return static_cast<int>(std::max<std::int64_t>(1, (P + c - 1) / c));
 }
 
-/// Pass 1, grid (chunks, H): partial[h][j] = Σ g² over chunk j of head h, in double. A non-finite
-/// element makes the partial non-finite, and a finite one never does (the squares of finite floats
-/// cannot overflow a double sum), so the partials also carry the per-head non-finite flag.
-__global__ void __launch_bounds__(kThreads) budget_partial_kernel(const float* __restrict__ grads, std::int64_t P,
-                                                                  std::int64_t chunk, double* __restrict__ partial) {
-  __shared__ double sh[32];
-  const int h = blockIdx.y, j = blockIdx.x;
+/// Pass 1's work for head h, chunk j of nchunks (block-uniform): Σ g² over the chunk, in double.
+/// A non-finite element makes the partial non-finite, and a finite one never does (the squares of
+/// finite floats cannot overflow a double sum), so the partials also carry the per-head
+/// non-finite flag.
+__device__ void budget_partial_item(const float* __restrict__ grads, std::int64_t P, std::int64_t chunk, int h, int j,
+                                    int nchunks, double* __restrict__ partial, double* sh) {
   const float* gh = grads + static_cast<std::int64_t>(h) * P;
   const std::int64_t begin = static_cast<std::int64_t>(j) * chunk;
   const std::int64_t end = begin + chunk < P ? begin + chunk : P;
@@ -468,21 +491,26 @@ __global__ void __launch_bounds__(kThreads) budget_partial_kernel(const float* _
     for (int k = 0; k < kBudgetPer; ++k) acc += static_cast<double>(x[k]) * static_cast<double>(x[k]);
   }
   const double total = block_sum(acc, sh);
-  if (threadIdx.x == 0) partial[static_cast<std::int64_t>(h) * gridDim.x + j] = total;
+  if (threadIdx.x == 0) partial[static_cast<std::int64_t>(h) * nchunks + j] = total;
 }
 
-/// Pass 2, grid-stride over tiles of P. Every block first sums the partials (a warp per head, the
-/// same fixed order in every block, so all blocks agree) into norm_h, clip_h and the skip decision;
-/// block 0 writes norms, clips, total loss, skip and skipped; then every block writes its tiles of
-/// g = Σ_h clip_h g_h (clip as stored, in head order; zero when some head is not finite).
-/// Dynamic shared memory: H floats.
-__global__ void __launch_bounds__(kThreads) budget_combine_kernel(Budget a, const double* __restrict__ partial,
-                                                                  int nchunks) {
-  extern __shared__ float clip_sh[];
+/// Pass 1, grid (chunks, H): partial[h][j] = Σ g² over chunk j of head h, in double. A non-finite
+/// element makes the partial non-finite, and a finite one never does (the squares of finite floats
+/// cannot overflow a double sum), so the partials also carry the per-head non-finite flag.
+__global__ void __launch_bounds__(kThreads) budget_partial_kernel(const float* __restrict__ grads, std::int64_t P,
+                                                                  std::int64_t chunk, double* __restrict__ partial) {
+  __shared__ double sh[32];
+  budget_partial_item(grads, P, chunk, blockIdx.y, blockIdx.x, gridDim.x, partial, sh);
+}
+
+/// Every block: the norms and clip factors of the H heads from the partial sums (a warp per head,
+/// the same fixed order in every block, so all blocks agree) into clip_sh [H]; returns whether
+/// every head is finite (the same in every thread). The writer block also stores norms, clips,
+/// the total loss, skip and skipped.
+__device__ bool budget_clips(const Budget& a, const double* __restrict__ partial, int nchunks, float* clip_sh,
+                             bool writer) {
   const int H = a.H;
-  const std::int64_t P = a.P;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  const bool writer = blockIdx.x == 0;
   int ok = 1;
   for (int h = warp; h < H; h += nwarps) {
     double sq = 0.0;
@@ -512,25 +540,45 @@ __global__ void __launch_bounds__(kThreads) budget_combine_kernel(Budget a, cons
     *a.skip = all_finite ? 0 : 1;
     if (!all_finite) ++*a.skipped;
   }
+  return all_finite;
+}
+
+/// acc[k] = Σ_h clip_h g_h[i] (double, heads in order) for the tile's elements
+/// i = s + k·kThreads + threadIdx.x; all zero when some head is not finite.
+__device__ __forceinline__ void combine_tile(double (&acc)[kBudgetPer], const float* __restrict__ grads, int H,
+                                             std::int64_t P, std::int64_t s, const float* clip_sh, bool finite) {
+#pragma unroll
+  for (int k = 0; k < kBudgetPer; ++k) acc[k] = 0.0;
+  if (!finite) return;
+#pragma unroll 4
+  for (int h = 0; h < H; ++h) {
+    const double c = clip_sh[h];
+    const float* gh = grads + static_cast<std::int64_t>(h) * P;
+#pragma unroll
+    for (int k = 0; k < kBudgetPer; ++k) {
+      const std::int64_t i = s + k * kThreads + threadIdx.x;
+      if (i < P) acc[k] += c * static_cast<double>(gh[i]);
+    }
+  }
+}
+
+/// Pass 2, grid-stride over tiles of P. Every block first sums the partials (a warp per head, the
+/// same fixed order in every block, so all blocks agree) into norm_h, clip_h and the skip decision;
+/// block 0 writes norms, clips, total loss, skip and skipped; then every block writes its tiles of
+/// g = Σ_h clip_h g_h (clip as stored, in head order; zero when some head is not finite).
+/// Dynamic shared memory: H floats.
+__global__ void __launch_bounds__(kThreads) budget_combine_kernel(Budget a, const double* __restrict__ partial,
+                                                                  int nchunks) {
+  extern __shared__ float clip_sh[];
+  const bool all_finite = budget_clips(a, partial, nchunks, clip_sh, blockIdx.x == 0);
+  const int H = a.H;
+  const std::int64_t P = a.P;
   const float* grads = static_cast<const float*>(a.grads.p);
   float* g = static_cast<float*>(a.g.p);
   for (std::int64_t s = static_cast<std::int64_t>(blockIdx.x) * kBudgetTile; s < P;
        s += static_cast<std::int64_t>(gridDim.x) * kBudgetTile) {
     double acc[kBudgetPer];
-#pragma unroll
-    for (int k = 0; k < kBudgetPer; ++k) acc[k] = 0.0;
-    if (all_finite) {
-#pragma unroll 4
-      for (int h = 0; h < H; ++h) {
-        const double c = clip_sh[h];
-        const float* gh = grads + static_cast<std::int64_t>(h) * P;
-#pragma unroll
-        for (int k = 0; k < kBudgetPer; ++k) {
-          const std::int64_t i = s + k * kThreads + threadIdx.x;
-          if (i < P) acc[k] += c * static_cast<double>(gh[i]);
-        }
-      }
-    }
+    combine_tile(acc, grads, H, P, s, clip_sh, all_finite);
 #pragma unroll
     for (int k = 0; k < kBudgetPer; ++k) {
       const std::int64_t i = s + k * kThreads + threadIdx.x;
@@ -625,14 +673,20 @@ int sn_rows_per_block(int max_cols) { return std::clamp(kSnRowElems / std::max(m
 /// w_c = (Wᵀu)_c (v before normalising), vsq = Σ_c w_c² of the chunk, and the chunk's share of
 /// W v for every row, xp[r] = Σ_{c in chunk} W[r,c] w_c (‖v‖ divides it in pass 2). Scratch:
 /// vsq [matrices][chunks], xp [matrices][chunks][max_rows], doubles.
-__global__ void __launch_bounds__(kThreads) sn_cols_kernel(const SpectralMatrix* mats, int max_rows, int max_cols,
-                                                           const std::int32_t* skip, double* vsq, double* xp) {
-  if (*skip) return;
-  __shared__ float slab[kSnStage][kSnCols + 1];  // +1: a thread per row reads without bank conflicts
-  __shared__ double red[kThreads / 32][kSnCols];
-  __shared__ double wsh[kSnCols];
+/// Shared memory of one block of pass 1.
+struct SnColsShared {
+  float slab[kSnStage][kSnCols + 1];  // +1: a thread per row reads without bank conflicts
+  double red[kThreads / 32][kSnCols];
+  double wsh[kSnCols];
+};
+
+/// Pass 1's work for matrix mi, column chunk j of ncc (block-uniform; blockDim.x == kThreads).
+__device__ void sn_cols_item(const SpectralMatrix* mats, int mi, int j, int ncc, int max_rows, int max_cols,
+                             double* vsq, double* xp, SnColsShared& sm) {
+  auto& slab = sm.slab;
+  auto& red = sm.red;
+  auto& wsh = sm.wsh;
   constexpr int nwarps = kThreads / 32;
-  const int mi = blockIdx.y, j = blockIdx.x, ncc = gridDim.x;
   const SpectralMatrix s = mats[mi];
   const int rows = s.rows, cols = s.cols;
   if (rows <= 0 || cols <= 0 || rows > max_rows || cols > max_cols) return;  // pass 2 handles bad bounds
@@ -674,29 +728,53 @@ __global__ void __launch_bounds__(kThreads) sn_cols_kernel(const SpectralMatrix*
     }
     xpm[r] = x;
   }
+  __syncthreads();  // the shared slab is reused by the block's next item
+}
+
+__global__ void __launch_bounds__(kThreads) sn_cols_kernel(const SpectralMatrix* mats, int max_rows, int max_cols,
+                                                           const std::int32_t* skip, double* vsq, double* xp) {
+  if (*skip) return;
+  __shared__ SnColsShared sm;
+  sn_cols_item(mats, blockIdx.y, blockIdx.x, gridDim.x, max_rows, max_cols, vsq, xp, sm);
+}
+
+/// The target update of one element after the step's last write of params (Polyak when
+/// period == 0, else a copy; the caller decides whether a hard copy happens at all).
+struct TargetRule {
+  float* tgt = nullptr;  ///< null: no target update here
+  const float* params = nullptr;
+  double tau = 0.0;
+  bool copy = false;
+};
+
+__device__ __forceinline__ void apply_target(const TargetRule& t, std::int64_t i, float src) {
+  if (t.copy) {
+    t.tgt[i] = src;
+  } else {
+    const double old = t.tgt[i];
+    t.tgt[i] = static_cast<float>(old + t.tau * (static_cast<double>(src) - old));
+  }
 }
 
 /// Spectral norm pass 2, grid (row blocks, matrices): every block of a matrix computes
 /// ‖v‖ = max(√Σ vsq, 1e-12), x_r = (Σ_chunks xp[r]) / ‖v‖ for all rows and σ = ‖x‖ (the same
 /// fixed order in every block, so all agree), then writes u ← x/max(σ, 1e-12) for its rows and,
 /// when σ > σ_max, scales its rows of W by σ_max/σ. max(·, 1e-12) as the CPU's std::max (NaN stays).
-__global__ void __launch_bounds__(kThreads) sn_rows_kernel(const SpectralMatrix* mats, int max_rows, int max_cols,
-                                                           int rows_per_block, int ncc, float sigma_max,
-                                                           const std::int32_t* skip, const double* vsq,
-                                                           const double* xp) {
-  if (*skip) return;
-  __shared__ double sh[32];
-  const int mi = blockIdx.y;
+/// Pass 2's work for matrix mi, row block rb (block-uniform). With t.tgt, also the target update
+/// of the block's rows of W (the matrix lies inside params, so its elements are params' too).
+__device__ void sn_rows_item(const SpectralMatrix* mats, int mi, int rb, int max_rows, int max_cols,
+                             int rows_per_block, int ncc, float sigma_max, const double* vsq, const double* xp,
+                             const TargetRule& t, double* sh) {
   const SpectralMatrix s = mats[mi];
   const int rows = s.rows, cols = s.cols;
   if (rows <= 0 || cols <= 0) return;
   float* u = static_cast<float*>(s.u.p);
   if (rows > max_rows || cols > max_cols) {  // the host's bounds were wrong: poison u, write nothing else
-    if (blockIdx.x == 0)
+    if (rb == 0)
       for (int r = threadIdx.x; r < rows; r += kThreads) u[r] = NAN;
     return;
   }
-  const int r0 = blockIdx.x * rows_per_block;
+  const int r0 = rb * rows_per_block;
   if (r0 >= rows) return;
   const int r1 = min(rows, r0 + rows_per_block);
   const int nc = (cols + kSnCols - 1) / kSnCols;
@@ -719,14 +797,30 @@ __global__ void __launch_bounds__(kThreads) sn_rows_kernel(const SpectralMatrix*
   const double sigma = sqrt(block_sum(xsq, sh));
   const double unorm = sigma < 1e-12 ? 1e-12 : sigma;
   for (int r = r0 + threadIdx.x; r < r1; r += kThreads) u[r] = static_cast<float>(x_of(r) / unorm);
+  float* W = static_cast<float*>(s.w.p);
+  const std::int64_t end = static_cast<std::int64_t>(r1) * cols;
   if (sigma > static_cast<double>(sigma_max)) {
-    float* W = static_cast<float*>(s.w.p);
     const double factor = static_cast<double>(sigma_max) / sigma;
-    const std::int64_t end = static_cast<std::int64_t>(r1) * cols;
 #pragma unroll 4
+    for (std::int64_t i = static_cast<std::int64_t>(r0) * cols + threadIdx.x; i < end; i += kThreads) {
+      const float w = static_cast<float>(static_cast<double>(W[i]) * factor);
+      W[i] = w;
+      if (t.tgt) apply_target(t, (W - t.params) + i, w);
+    }
+  } else if (t.tgt) {
     for (std::int64_t i = static_cast<std::int64_t>(r0) * cols + threadIdx.x; i < end; i += kThreads)
-      W[i] = static_cast<float>(static_cast<double>(W[i]) * factor);
+      apply_target(t, (W - t.params) + i, W[i]);
   }
+}
+
+__global__ void __launch_bounds__(kThreads) sn_rows_kernel(const SpectralMatrix* mats, int max_rows, int max_cols,
+                                                           int rows_per_block, int ncc, float sigma_max,
+                                                           const std::int32_t* skip, const double* vsq,
+                                                           const double* xp) {
+  if (*skip) return;
+  __shared__ double sh[32];
+  sn_rows_item(mats, blockIdx.y, blockIdx.x, max_rows, max_cols, rows_per_block, ncc, sigma_max, vsq, xp,
+               TargetRule{}, sh);
 }
 
 /// Polyak (period 0) or, when *t % period == 0, a hard copy; one wave, grid-stride.
@@ -759,6 +853,148 @@ __global__ void __launch_bounds__(kThreads) target_update_kernel(float* tgt, con
         }
       }
     }
+  }
+}
+
+// --- the fused update -----------------------------------------------------------------------
+
+constexpr int kUpdateMaxHeads = 64;  // clip factors kept in static shared memory
+constexpr int kUpdateMaxSn = 64;     // spectrally normed matrices whose ranges are kept there
+
+/// The fused update's sizes and scratch, fixed by the host.
+struct UpdatePlan {
+  int nchunks = 1;          ///< budget partial sums per head
+  std::int64_t chunk = 0;   ///< elements per partial sum
+  int ncc = 0, rpb = 1, nrb = 0;  ///< spectral norm: column chunks, rows per row block, row blocks
+  double* partial = nullptr;
+  double* vsq = nullptr;
+  double* xp = nullptr;
+};
+
+/// Budget, Adam, spectral norm and the target update in one cooperative launch, phases separated
+/// by grid-wide barriers. Each phase does what its separate kernel does, in the same order and
+/// roundings, so the results are those of budget, adam, spectral_norm and target_update in turn:
+///   0. the sums of squares per (head, chunk); every block reads t;
+///   1. the clip factors (every block, the same order), then per element g = Σ_h c_h g_h, Adam and
+///      the target update of every element outside the spectrally normed matrices; block 0
+///      stores t+1;
+///   2. spectral-norm pass 1 per (matrix, column chunk);
+///   3. pass 2 per (matrix, row block), with the target update of those rows.
+/// Skipped (a head not finite): g = 0 and nothing else changes. If the normed matrices are not
+/// disjoint ranges inside params (the engine's always are), every element's target update waits
+/// for a last barrier instead.
+__global__ void __launch_bounds__(kThreads, 2) update_kernel(Update u, UpdatePlan pl) {
+  namespace cg = cooperative_groups;
+  cg::grid_group grid = cg::this_grid();
+  __shared__ double sh[32];
+  __shared__ float clip_sh[kUpdateMaxHeads];
+  __shared__ std::int64_t sn_lo[kUpdateMaxSn], sn_hi[kUpdateMaxSn];
+  __shared__ long long t_sh;
+  __shared__ SnColsShared sn_sm;
+  const Budget& b = u.budget;
+  const std::int64_t P = b.P;
+  const int nsn = u.sn_count;
+  float* theta = static_cast<float*>(u.adam.params.p);
+
+  // --- 0: t, the normed ranges, the partial sums of squares
+  if (threadIdx.x == 0) t_sh = static_cast<long long>(*u.adam.t);
+  int bad = 0;
+  for (int k = threadIdx.x; k < nsn; k += kThreads) {
+    const SpectralMatrix m = u.sn_mats[k];
+    std::int64_t lo = 0, hi = 0;
+    if (m.rows > 0 && m.cols > 0) {
+      lo = static_cast<const float*>(m.w.p) - theta;
+      hi = lo + static_cast<std::int64_t>(m.rows) * m.cols;
+      if (lo < 0 || hi > P || m.rows > u.sn_max_rows || m.cols > u.sn_max_cols) bad = 1;
+    }
+    sn_lo[k] = lo;
+    sn_hi[k] = hi;
+  }
+  __syncthreads();
+  for (int q = threadIdx.x; q < nsn * nsn; q += kThreads) {
+    const int x = q / nsn, y = q - (q / nsn) * nsn;
+    if (x != y && sn_lo[x] < sn_hi[y] && sn_lo[y] < sn_hi[x]) bad = 1;
+  }
+  const bool tidy = __syncthreads_or(bad) == 0;
+  const float* grads = static_cast<const float*>(b.grads.p);
+  for (int w = blockIdx.x; w < b.H * pl.nchunks; w += gridDim.x)
+    budget_partial_item(grads, P, pl.chunk, w / pl.nchunks, w % pl.nchunks, pl.nchunks, pl.partial, sh);
+  grid.sync();
+
+  // --- 1: clips, g, Adam, the target update outside the normed matrices
+  const bool finite = budget_clips(b, pl.partial, pl.nchunks, clip_sh, blockIdx.x == 0);
+  const long long t_new = t_sh + 1;  // every block read t before the barrier
+  if (finite && blockIdx.x == 0 && threadIdx.x == 0) *u.adam.t = t_new;
+  const double b1 = u.adam.beta1, b2 = u.adam.beta2, eps = u.adam.eps;
+  const double lr = *static_cast<const float*>(u.adam.lr.p);
+  const double bc1 = 1.0 - pow(b1, static_cast<double>(t_new)), bc2 = 1.0 - pow(b2, static_cast<double>(t_new));
+  const TargetUpdate& tu = u.target;
+  const bool target_on = finite && (tu.period == 0 || t_new % tu.period == 0);
+  const TargetRule rule{static_cast<float*>(tu.target.p), theta, static_cast<double>(tu.tau), tu.period != 0};
+  float* g = static_cast<float*>(b.g.p);
+  float* mom = static_cast<float*>(u.adam.m.p);
+  float* var = static_cast<float*>(u.adam.v.p);
+  for (std::int64_t s = static_cast<std::int64_t>(blockIdx.x) * kBudgetTile; s < P;
+       s += static_cast<std::int64_t>(gridDim.x) * kBudgetTile) {
+    double acc[kBudgetPer];
+    combine_tile(acc, grads, b.H, P, s, clip_sh, finite);
+#pragma unroll
+    for (int k = 0; k < kBudgetPer; ++k) {
+      const std::int64_t i = s + k * kThreads + threadIdx.x;
+      if (i >= P) continue;
+      const float gf = static_cast<float>(acc[k]);
+      g[i] = gf;
+      if (!finite) continue;
+      const double gi = gf;
+      const double mi = b1 * static_cast<double>(mom[i]) + (1.0 - b1) * gi;
+      const double vi = b2 * static_cast<double>(var[i]) + (1.0 - b2) * gi * gi;
+      mom[i] = static_cast<float>(mi);
+      var[i] = static_cast<float>(vi);
+      const float th = static_cast<float>(static_cast<double>(theta[i]) - lr * (mi / bc1) / (sqrt(vi / bc2) + eps));
+      theta[i] = th;
+      if (!target_on || !tidy) continue;
+      bool normed = false;
+      for (int q = 0; q < nsn; ++q) normed |= i >= sn_lo[q] && i < sn_hi[q];
+      if (!normed) apply_target(rule, i, th);
+    }
+  }
+  if (!finite) return;  // the same decision in every block: no one waits at a later barrier
+
+  // --- 2, 3: spectral norm, with the target update of the normed rows
+  if (nsn > 0) {
+    grid.sync();
+    for (int w = blockIdx.x; w < nsn * pl.ncc; w += gridDim.x)
+      sn_cols_item(u.sn_mats, w / pl.ncc, w % pl.ncc, pl.ncc, u.sn_max_rows, u.sn_max_cols, pl.vsq, pl.xp, sn_sm);
+    grid.sync();
+    const TargetRule rows_rule = target_on && tidy ? rule : TargetRule{};
+    for (int w = blockIdx.x; w < nsn * pl.nrb; w += gridDim.x)
+      sn_rows_item(u.sn_mats, w / pl.nrb, w % pl.nrb, u.sn_max_rows, u.sn_max_cols, pl.rpb, pl.ncc, u.sigma_max,
+                   pl.vsq, pl.xp, rows_rule, sh);
+  }
+  if (!target_on || tidy) return;
+  grid.sync();
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < P;
+       i += static_cast<std::int64_t>(gridDim.x) * kThreads)
+    apply_target(rule, i, theta[i]);
+}
+
+/// Whether a cooperative kernel launched into a captured graph runs here.
+__global__ void coop_probe_kernel(int* flag) {
+  cooperative_groups::this_grid().sync();
+  if (blockIdx.x == 0 && threadIdx.x == 0) *flag = 1;
+}
+
+// --- split-k sums ---------------------------------------------------------------------------
+
+/// C[r, c] = Σ_s part[s][r][c] over the slices in order (in double), part compact [S, m, n].
+template <class I>
+__global__ void sum_slices_kernel(float* c, int m, int n, int ldc, const float* part, int S) {
+  const I mn = static_cast<I>(m) * static_cast<I>(n);
+  for (I i = static_cast<I>(grid_start()); i < mn; i += static_cast<I>(grid_step())) {
+    double acc = 0.0;
+    for (int sl = 0; sl < S; ++sl) acc += static_cast<double>(part[static_cast<std::int64_t>(sl) * mn + i]);
+    const I r = i / static_cast<I>(n);
+    c[static_cast<std::int64_t>(r) * ldc + (i - r * static_cast<I>(n))] = static_cast<float>(acc);
   }
 }
 
@@ -808,14 +1044,20 @@ std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a;
 }  // namespace
 
 cudaError_t bias_act(cudaStream_t s, float* y, const float* bias, int rows, int cols, int ldy, bool relu) {
-  bias_act_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * cols), kThreads, 0, s>>>(y, bias, rows, cols,
-                                                                                          ldy, relu);
+  const std::int64_t n = static_cast<std::int64_t>(rows) * cols;
+  if (fits_u32(n))
+    bias_act_kernel<std::uint32_t><<<blocks_for(n), kThreads, 0, s>>>(y, bias, rows, cols, ldy, relu);
+  else
+    bias_act_kernel<std::int64_t><<<blocks_for(n), kThreads, 0, s>>>(y, bias, rows, cols, ldy, relu);
   return cudaGetLastError();
 }
 
 cudaError_t relu_backward(cudaStream_t s, float* dy, const float* y, int rows, int cols, int ld) {
-  relu_backward_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * cols), kThreads, 0, s>>>(dy, y, rows,
-                                                                                               cols, ld);
+  const std::int64_t n = static_cast<std::int64_t>(rows) * cols;
+  if (fits_u32(n))
+    relu_backward_kernel<std::uint32_t><<<blocks_for(n), kThreads, 0, s>>>(dy, y, rows, cols, ld);
+  else
+    relu_backward_kernel<std::int64_t><<<blocks_for(n), kThreads, 0, s>>>(dy, y, rows, cols, ld);
   return cudaGetLastError();
 }
 
@@ -902,12 +1144,20 @@ cudaError_t ensemble_disagreement(cudaStream_t s, float* out, const float* q, in
 }
 
 cudaError_t cosine_embedding(cudaStream_t s, float* out, const float* tau, int rows, int E) {
-  cosine_embedding_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * E), kThreads, 0, s>>>(out, tau, rows, E);
+  const std::int64_t n = static_cast<std::int64_t>(rows) * E;
+  if (fits_u32(n))
+    cosine_embedding_kernel<std::uint32_t><<<blocks_for(n), kThreads, 0, s>>>(out, tau, rows, E);
+  else
+    cosine_embedding_kernel<std::int64_t><<<blocks_for(n), kThreads, 0, s>>>(out, tau, rows, E);
   return cudaGetLastError();
 }
 
 cudaError_t hadamard(cudaStream_t s, float* x, const float* h2, const float* phi, int B, int N, int H) {
-  hadamard_kernel<<<blocks_for(static_cast<std::int64_t>(B) * N * H), kThreads, 0, s>>>(x, h2, phi, B, N, H);
+  const std::int64_t n = static_cast<std::int64_t>(B) * N * H;
+  if (fits_u32(n))
+    hadamard_kernel<std::uint32_t><<<blocks_for(n), kThreads, 0, s>>>(x, h2, phi, B, N, H);
+  else
+    hadamard_kernel<std::int64_t><<<blocks_for(n), kThreads, 0, s>>>(x, h2, phi, B, N, H);
   return cudaGetLastError();
 }
 
@@ -982,6 +1232,91 @@ cudaError_t target_update(cudaStream_t s, const TargetUpdate& a, int max_blocks)
   target_update_kernel<<<wave_blocks(a.P, max_blocks), kThreads, 0, s>>>(a.target.as<float>(),
                                                                          a.params.as<const float>(), a.P, a.tau,
                                                                          a.period, a.t, a.skip);
+  return cudaGetLastError();
+}
+
+std::size_t update_scratch_bytes(int H, std::int64_t P, int sn_count, int sn_max_rows, int sn_max_cols) {
+  return budget_scratch_bytes(H, P) +
+         (sn_count > 0 ? spectral_norm_scratch_bytes(sn_count, sn_max_rows, sn_max_cols) : 0);
+}
+
+int update_max_heads() { return kUpdateMaxHeads; }
+int update_max_matrices() { return kUpdateMaxSn; }
+
+int update_grid(const cudaDeviceProp& props) {
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, update_kernel, kThreads, 0) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return std::min(per_sm, 2) * props.multiProcessorCount;
+}
+
+cudaError_t update(cudaStream_t s, const Update& u, void* scratch, int blocks) {
+  UpdatePlan pl;
+  pl.nchunks = budget_chunks(u.budget.P);
+  pl.chunk = budget_chunk(u.budget.P);
+  pl.partial = static_cast<double*>(scratch);
+  if (u.sn_count > 0) {
+    pl.ncc = sn_col_chunks(u.sn_max_cols);
+    pl.rpb = sn_rows_per_block(u.sn_max_cols);
+    pl.nrb = (u.sn_max_rows + pl.rpb - 1) / pl.rpb;
+    char* sn = static_cast<char*>(scratch) + budget_scratch_bytes(u.budget.H, u.budget.P);
+    const std::size_t cells = static_cast<std::size_t>(u.sn_count) * static_cast<std::size_t>(pl.ncc);
+    pl.vsq = reinterpret_cast<double*>(sn);
+    pl.xp = reinterpret_cast<double*>(sn + round_up(cells * sizeof(double), 256));
+  }
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeCooperative;
+  attr.val.cooperative = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = s;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, update_kernel, u, pl);
+}
+
+bool cooperative_graphs_work(int blocks) {
+  int* flag = nullptr;
+  cudaStream_t st = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  int host = 0;
+  bool ok = cudaMalloc(&flag, sizeof(int)) == cudaSuccess && cudaMemset(flag, 0, sizeof(int)) == cudaSuccess &&
+            cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess &&
+            cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+  if (ok) {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeCooperative;
+    attr.val.cooperative = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(std::max(blocks, 1)));
+    cfg.blockDim = dim3(kThreads);
+    cfg.stream = st;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    const bool launched = cudaLaunchKernelEx(&cfg, coop_probe_kernel, flag) == cudaSuccess;
+    ok = cudaStreamEndCapture(st, &graph) == cudaSuccess && launched && graph &&
+         cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess && cudaGraphLaunch(exec, st) == cudaSuccess &&
+         cudaStreamSynchronize(st) == cudaSuccess &&
+         cudaMemcpy(&host, flag, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess && host == 1;
+  }
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  if (st) cudaStreamDestroy(st);
+  if (flag) cudaFree(flag);
+  cudaGetLastError();  // a refused probe is an answer, not the backend's error
+  return ok;
+}
+
+cudaError_t sum_slices(cudaStream_t s, float* c, int m, int n, int ldc, const float* part, int slices) {
+  const std::int64_t mn = static_cast<std::int64_t>(m) * n;
+  if (fits_u32(mn))
+    sum_slices_kernel<std::uint32_t><<<blocks_for(mn), kThreads, 0, s>>>(c, m, n, ldc, part, slices);
+  else
+    sum_slices_kernel<std::int64_t><<<blocks_for(mn), kThreads, 0, s>>>(c, m, n, ldc, part, slices);
   return cudaGetLastError();
 }
 

@@ -64,6 +64,23 @@ cudaError_t spectral_norm(cudaStream_t s, const SpectralMatrix* mats, int count,
                           float sigma_max, const std::int32_t* skip, void* scratch);
 cudaError_t target_update(cudaStream_t s, const TargetUpdate& a, int max_blocks);
 
+/// The fused update (budget, Adam, spectral norm, target update): one cooperative launch of
+/// `blocks` blocks (update_grid's count, all resident at once). Needs H <= update_max_heads(),
+/// sn_count <= update_max_matrices(), and the Update's shared pointers consistent (adam.g is
+/// budget.g, the skips one, target.params/t/P adam's). Scratch: update_scratch_bytes.
+std::size_t update_scratch_bytes(int H, std::int64_t P, int sn_count, int sn_max_rows, int sn_max_cols);
+int update_max_heads();
+int update_max_matrices();
+/// Blocks of the fused update on this device (co-resident); 0 when it cannot run.
+int update_grid(const cudaDeviceProp& props);
+cudaError_t update(cudaStream_t s, const Update& u, void* scratch, int blocks);
+/// Whether a cooperative launch of `blocks` blocks captured into a graph runs on the current
+/// device (probed once: capture, instantiate, launch, check). Never leaves an error behind.
+bool cooperative_graphs_work(int blocks);
+
+/// C[r, c] (row stride ldc) = Σ_s part[s][r][c], the slices of a split-k GEMM (compact [S, m, n]),
+/// summed in order in double.
+cudaError_t sum_slices(cudaStream_t s, float* c, int m, int n, int ldc, const float* part, int slices);
 cudaError_t fill(cudaStream_t s, float* x, float value, std::int64_t n);
 cudaError_t axpy(cudaStream_t s, float* y, const float* x, float alpha, std::int64_t n);
 cudaError_t uniform(cudaStream_t s, const Uniform& a);

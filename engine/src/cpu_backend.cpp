@@ -766,6 +766,13 @@ class CpuBackend final : public Backend {
     dueling_backward(a.dv, a.lddv, a.dadv, a.work_dlogits, a.B, a.D, a.A, a.Z);
   }
 
+  void update(const Update& u) noexcept override {
+    budget(u.budget);
+    adam(u.adam);
+    if (u.sn_count > 0) spectral_norm(u.sn_mats, u.sn_count, u.sn_max_rows, u.sn_max_cols, u.sigma_max, u.budget.skip);
+    target_update(u.target);
+  }
+
 
 
  private:

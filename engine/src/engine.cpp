@@ -387,37 +387,32 @@ void Engine::add_engine_stages_back() {
     writes.push_back("dtrunk/all");  // ReLU backward runs in place on it
     stages_.push_back(Stage{"trunk.backward", "engine", reads, writes, [this](Backend& be) { trunk_backward(be); }});
   }
-  stages_.push_back(Stage{"budget", "engine", {"grad/all", "opt/fractions", "report/losses"},
-                          {"grad/total", "report/norms", "report/clips", "report/total_loss", "opt/skip", "report/skipped"},
-                          [this](Backend& be) {
-                            Budget b;
+  // Budgets, Adam, spectral norm and the target update: one stage, one op (a backend may fuse it;
+  // the CUDA backend runs it as one cooperative kernel).
+  std::vector<std::string> writes{"grad/total", "report/norms", "report/clips", "report/total_loss", "opt/skip",
+                                  "report/skipped", "params", "adam.m", "adam.v", buf::step, "target"};
+  for (const auto& [p, u] : sn_params_) writes.push_back(u);
+  std::vector<std::string> reads{"grad/all", "opt/fractions", "report/losses", "opt/lr", "params", "target",
+                                 "adam.m", "adam.v", buf::step};
+  if (sn_count_ > 0) reads.push_back("sn/table");
+  for (const auto& [p, u] : sn_params_) reads.push_back(u);
+  stages_.push_back(Stage{"update", "engine", reads, writes, [this](Backend& be) {
+                            Update u;
+                            Budget& b = u.budget;
                             b.grads = grad_all_; b.fractions = fractions_dev_; b.norms = norms_; b.clips = clips_;
                             b.g = grad_total_; b.losses = losses_; b.total_loss = total_loss_; b.skip = skip_;
                             b.skipped = skipped_; b.H = int(heads_.size()); b.P = reg_.param_count();
                             b.max_grad_norm = float(spec_.max_grad_norm);
-                            be.budget(b);
-                          }, true});
-  stages_.push_back(Stage{"adam", "engine", {"grad/total", "opt/skip", "opt/lr"}, {"params", "adam.m", "adam.v", buf::step},
-                          [this](Backend& be) {
-                            Adam a;
+                            Adam& a = u.adam;
                             a.params = params_; a.g = grad_total_; a.m = adam_m_; a.v = adam_v_; a.P = reg_.param_count();
                             a.t = t_; a.lr = lr_; a.beta1 = float(spec_.adam.beta1); a.beta2 = float(spec_.adam.beta2);
                             a.eps = float(spec_.adam.eps); a.skip = skip_;
-                            be.adam(a);
-                          }, true});
-  if (sn_count_ > 0) {
-    std::vector<std::string> writes{"params"};
-    for (const auto& [p, u] : sn_params_) writes.push_back(u);
-    stages_.push_back(Stage{"spectral_norm", "engine", {"opt/skip", "sn/table"}, writes, [this](Backend& be) {
-                              be.spectral_norm(sn_table_, sn_count_, sn_max_rows_, sn_max_cols_,
-                                               float(spec_.spectral_norm.sigma_max), skip_);
-                            }, true});
-  }
-  stages_.push_back(Stage{"target.update", "engine", {"params", buf::step, "opt/skip"}, {"target"}, [this](Backend& be) {
-                            TargetUpdate u;
-                            u.target = target_; u.params = params_; u.P = reg_.param_count();
-                            u.tau = float(spec_.target.polyak); u.period = spec_.target.period; u.t = t_; u.skip = skip_;
-                            be.target_update(u);
+                            u.sn_mats = sn_table_; u.sn_count = sn_count_; u.sn_max_rows = sn_max_rows_;
+                            u.sn_max_cols = sn_max_cols_; u.sigma_max = float(spec_.spectral_norm.sigma_max);
+                            TargetUpdate& t = u.target;
+                            t.target = target_; t.params = params_; t.P = reg_.param_count();
+                            t.tau = float(spec_.target.polyak); t.period = spec_.target.period; t.t = t_; t.skip = skip_;
+                            be.update(u);
                           }, true});
 }
 
@@ -588,12 +583,14 @@ void Engine::set_fraction(std::size_t head, double f) {
   fractions_[head] = f;
   const float v = float(f);
   rt_->ops().upload_reals(fractions_dev_ + std::int64_t(head), &v, 1);
+  if (rt_->ops().status() != 0) throw std::runtime_error(std::string("set_fraction: ") + rt_->ops().message());
 }
 
 void Engine::set_lr(double lr) {
   if (!(lr > 0.0)) throw std::invalid_argument("set_lr: learning rate must be > 0");
   const float v = float(lr);
   rt_->ops().upload_reals(lr_, &v, 1);
+  if (rt_->ops().status() != 0) throw std::runtime_error(std::string("set_lr: ") + rt_->ops().message());
 }
 
 void Engine::request_report() {

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -180,6 +181,10 @@ TEST_CASE("gpu.ops.gemm: every layout and precision against the CPU") {
       {"deep k", false, true, 65, 129, 300, 0, 0, 0, 1.0f, 0.0f, 1, false},
       {"one row", false, true, 1, 53, 29, 0, 0, 0, 1.0f, 0.0f, 1, false},
       {"k = 0 only scales C", false, false, 37, 53, 0, 0, 0, 0, 1.0f, 0.5f, 1, false},
+      // tall k, few output tiles: split into slices of k and summed (fp32/tf32)
+      {"tall k, the weight-gradient layout (split)", true, false, 37, 53, 5000, 0, 0, 0, 1.0f, 0.0f, 1, false},
+      {"tall k with a remainder slice, padded, alpha (split)", false, true, 19, 130, 3001, 2, 3, 1, 0.5f, 0.0f, 1, false},
+      {"tall k with beta (not split)", true, false, 37, 53, 5000, 0, 0, 0, 1.0f, 0.5f, 1, false},
   };
   const struct {
     Precision p;
@@ -1158,6 +1163,169 @@ TEST_CASE("gpu.ops.skip_chain: budget → adam → spectral norm → target, fin
       expect_close(ug, hv(hc.s.u, rows), kReduction, "chain u");
     }
   }
+}
+
+TEST_CASE("gpu.ops.update: the fused update equals budget → adam → spectral norm → target, bit for bit") {
+  // The fused update (one cooperative kernel where the device runs it in a graph) against the
+  // four separate CUDA ops on a copy of the same state (the same kernels' arithmetic: equal
+  // bits) and against the CPU twin (float rounding). Cases: finite and a NaN head; Polyak, a hard
+  // copy on and off the period; normed matrices inside params (the target update of their rows
+  // fused into the spectral-norm pass), one outside params (the target update after everything),
+  // none.
+  struct Case {
+    const char* why;
+    bool bad;
+    std::int64_t period, t0;
+    int layout;  // 0: two matrices inside params, 1: one inside and one outside, 2: none
+  };
+  const Case cases[] = {
+      {"polyak, two normed matrices in params", false, 0, 10, 0},
+      {"hard copy on the period", false, 4, 11, 0},
+      {"hard copy off the period", false, 4, 12, 0},
+      {"a normed matrix outside params", false, 0, 10, 1},
+      {"no spectral norm", false, 0, 10, 2},
+      {"a NaN head skips everything", true, 0, 10, 0},
+      {"a NaN head, hard copy on the period", true, 4, 11, 1},
+  };
+  setenv("DQN_FUSED_UPDATE", "1", 1);  // opt-in: read when a backend is made
+  for (const Case& c : cases) {
+    INFO(c.why);
+    Gpu gpu;
+    Cpu cpu;
+    MESSAGE("update path: " << gpu.rt().describe());
+    CHECK_MESSAGE(gpu.rt().describe().find("update fused") != std::string::npos,
+                  "the cooperative update did not run here: only the separate kernels were compared");
+    BudgetCase bc(kNaN, c.bad);
+    const int H = BudgetCase::H;
+    const std::int64_t P = BudgetCase::P;
+    // Matrix 0: params[100 .. 100+37·53), matrix 1: params[3000 .. 3000+61·41) (layout 0) or its
+    // own buffer (layout 1).
+    const int r0 = 37, c0 = 53, r1 = 61, c1 = 41;
+    const std::int64_t off0 = 100, off1 = 3000;
+    auto params = random_vec(P, -1, 1, 70), m = random_vec(P, -0.01f, 0.01f, 71), v = random_vec(P, 0, 1e-4f, 72);
+    auto target = random_vec(P, -1, 1, 73), u0 = random_vec(r0, -0.2f, 0.2f, 74), u1 = random_vec(r1, -0.2f, 0.2f, 75);
+    auto outside = random_vec(static_cast<std::size_t>(r1) * c1, -1, 1, 76);
+    const std::vector<float> lr{1e-3f};
+    const int nsn = c.layout == 2 ? 0 : 2;
+    struct Side {
+      Update up;
+      std::vector<SpectralMatrix> mats;
+      Real u0, u1, outside;
+    };
+    auto build = [&](Side& sd, auto&& real, std::int32_t* skip, std::int64_t* skipped, std::int64_t* t) {
+      Budget& b = sd.up.budget;
+      b.H = H;
+      b.P = P;
+      b.grads = real(bc.grads);
+      b.fractions = real(bc.fractions);
+      b.losses = real(bc.losses);
+      b.norms = real(std::vector<float>(H, kNaN));
+      b.clips = real(std::vector<float>(H, kNaN));
+      b.g = real(std::vector<float>(static_cast<std::size_t>(P), kNaN));
+      b.total_loss = real(std::vector<float>{kNaN});
+      b.skip = skip;
+      b.skipped = skipped;
+      Adam& a = sd.up.adam;
+      a.P = P;
+      a.params = real(params);
+      a.g = b.g;
+      a.m = real(m);
+      a.v = real(v);
+      a.lr = real(lr);
+      a.t = t;
+      a.skip = skip;
+      sd.u0 = real(u0);
+      sd.u1 = real(u1);
+      sd.outside = real(outside);
+      if (nsn > 0) {
+        sd.mats.push_back({a.params + off0, sd.u0, r0, c0});
+        sd.mats.push_back({c.layout == 1 ? sd.outside : a.params + off1, sd.u1, r1, c1});
+      }
+      sd.up.sn_count = nsn;
+      sd.up.sn_max_rows = std::max(r0, r1);
+      sd.up.sn_max_cols = std::max(c0, c1);
+      sd.up.sigma_max = 2.0f;
+      TargetUpdate& tu = sd.up.target;
+      tu.P = P;
+      tu.target = real(target);
+      tu.params = a.params;
+      tu.tau = 0.005f;
+      tu.period = c.period;
+      tu.t = t;
+      tu.skip = skip;
+    };
+    // fused (gpu f), separate ops (gpu s), cpu
+    Side f, sp, hc;
+    auto on_gpu = [&](const std::vector<float>& h) { return gpu.put(h); };
+    std::int32_t* skip_f = gpu.put_typed(std::vector<std::int32_t>{-1});
+    std::int32_t* skip_s = gpu.put_typed(std::vector<std::int32_t>{-1});
+    std::int64_t* skipped_f = gpu.put_typed(std::vector<std::int64_t>{2});
+    std::int64_t* skipped_s = gpu.put_typed(std::vector<std::int64_t>{2});
+    std::int64_t* t_f = gpu.put_typed(std::vector<std::int64_t>{c.t0});
+    std::int64_t* t_s = gpu.put_typed(std::vector<std::int64_t>{c.t0});
+    build(f, on_gpu, skip_f, skipped_f, t_f);
+    build(sp, on_gpu, skip_s, skipped_s, t_s);
+    std::deque<std::vector<float>> store;  // host buffers; a deque never moves its elements
+    std::int32_t skip_h = -1;
+    std::int64_t skipped_h = 2, t_h = c.t0;
+    build(hc, [&](const std::vector<float>& h) { store.push_back(h); return host(store.back()); }, &skip_h, &skipped_h,
+          &t_h);
+    f.up.sn_mats = nsn ? gpu.put_typed(f.mats) : nullptr;
+    sp.up.sn_mats = nsn ? gpu.put_typed(sp.mats) : nullptr;
+    hc.up.sn_mats = nsn ? hc.mats.data() : nullptr;
+
+    gpu.ops.update(f.up);
+    gpu.ops.budget(sp.up.budget);
+    gpu.ops.adam(sp.up.adam);
+    if (nsn) gpu.ops.spectral_norm(sp.up.sn_mats, nsn, sp.up.sn_max_rows, sp.up.sn_max_cols, 2.0f, skip_s);
+    gpu.ops.target_update(sp.up.target);
+    gpu.ok();
+    cpu.ops->update(hc.up);
+    cpu.ok();
+
+    auto hv = [](const Real& r, std::int64_t n) { return std::vector<float>(r.as<float>(), r.as<float>() + n); };
+    const struct {
+      const char* name;
+      Real fr, sr, hr;
+      std::int64_t n;
+    } outs[] = {
+        {"params", f.up.adam.params, sp.up.adam.params, hc.up.adam.params, P},
+        {"m", f.up.adam.m, sp.up.adam.m, hc.up.adam.m, P},
+        {"v", f.up.adam.v, sp.up.adam.v, hc.up.adam.v, P},
+        {"target", f.up.target.target, sp.up.target.target, hc.up.target.target, P},
+        {"g", f.up.budget.g, sp.up.budget.g, hc.up.budget.g, P},
+        {"norms", f.up.budget.norms, sp.up.budget.norms, hc.up.budget.norms, H},
+        {"clips", f.up.budget.clips, sp.up.budget.clips, hc.up.budget.clips, H},
+        {"total loss", f.up.budget.total_loss, sp.up.budget.total_loss, hc.up.budget.total_loss, 1},
+        {"u0", f.u0, sp.u0, hc.u0, r0},
+        {"u1", f.u1, sp.u1, hc.u1, r1},
+        {"outside matrix", f.outside, sp.outside, hc.outside, static_cast<std::int64_t>(r1) * c1},
+    };
+    for (const auto& o : outs) {
+      const auto got = gpu.get(o.fr, o.n);
+      expect_same_bits(got, gpu.get(o.sr, o.n), std::string("fused vs separate: ") + o.name);
+      if (c.bad && std::string(o.name) != "norms" && std::string(o.name) != "clips" && std::string(o.name) != "g" &&
+          std::string(o.name) != "total loss")
+        continue;  // unchanged state is checked bit for bit below
+      expect_close(got, hv(o.hr, o.n), kReduction, std::string("fused vs cpu: ") + o.name);
+    }
+    CHECK(gpu.get_typed(skip_f, 1)[0] == (c.bad ? 1 : 0));
+    CHECK(gpu.get_typed(skipped_f, 1)[0] == (c.bad ? 3 : 2));
+    CHECK(gpu.get_typed(t_f, 1)[0] == (c.bad ? c.t0 : c.t0 + 1));
+    CHECK(t_h == (c.bad ? c.t0 : c.t0 + 1));
+    if (c.bad) {
+      expect_same_bits(gpu.get(f.up.adam.params, P), params, "skipped: params");
+      expect_same_bits(gpu.get(f.up.adam.m, P), m, "skipped: m");
+      expect_same_bits(gpu.get(f.up.target.target, P), target, "skipped: target");
+      expect_same_bits(gpu.get(f.u0, r0), u0, "skipped: u0");
+    } else {
+      // the step did something: params moved and (Polyak or a copy on the period) so did the target
+      CHECK(gpu.get(f.up.adam.params, P) != params);
+      const bool moved = gpu.get(f.up.target.target, P) != target;
+      CHECK(moved == (c.period == 0 || (c.t0 + 1) % c.period == 0));
+    }
+  }
+  unsetenv("DQN_FUSED_UPDATE");
 }
 
 namespace {

@@ -47,7 +47,7 @@ DQN_PLUGIN_EXPORT(kSelf)
 extern "C" const dqn::PluginDescriptor* dqn_plugin_descriptor();
 
 TEST_CASE("abi.version") {
-  CHECK(kAbiVersion == 3u);  // bump together with every table in this file
+  CHECK(kAbiVersion == 4u);  // bump together with every table in this file
   CHECK(std::is_same_v<std::remove_cv_t<decltype(kAbiVersion)>, std::uint32_t>);
 }
 
@@ -339,6 +339,10 @@ TEST_CASE("abi.interface_vtable_slots") {
       {"Backend::hadamard", slot_of(&Backend::hadamard), 34, ""},
       {"Backend::hadamard_backward", slot_of(&Backend::hadamard_backward), 35, ""},
       {"Backend::quantile_huber", slot_of(&Backend::quantile_huber), 36, ""},
+      {"Backend::dueling_dist", slot_of(&Backend::dueling_dist), 37, "ABI 3: fused head ops appended"},
+      {"Backend::c51_loss", slot_of(&Backend::c51_loss), 38, ""},
+      {"Backend::relu_bias_grad", slot_of(&Backend::relu_bias_grad), 39, ""},
+      {"Backend::update", slot_of(&Backend::update), 40, "ABI 4: the fused update appended"},
   });
 }
 #endif

@@ -214,6 +214,19 @@ struct C51Loss {
   float gamma_n = 0.99f, v_min = -10.0f, v_max = 10.0f;
 };
 
+/// Everything after the gradients, in the spec's order ("Gradient budgets", then "Optimizer,
+/// spectral norm, target"): exactly budget(budget); adam(adam); spectral_norm(sn_mats, sn_count,
+/// …, budget.skip) when sn_count > 0; target_update(target). A backend may run it as one fused
+/// pass (the CUDA backend: one cooperative launch); the results are those of the four ops.
+struct Update {
+  Budget budget;
+  Adam adam;                            ///< adam.g is budget.g; adam.skip is budget.skip
+  const SpectralMatrix* sn_mats = nullptr;  ///< as spectral_norm's (device memory on CUDA)
+  int sn_count = 0, sn_max_rows = 0, sn_max_cols = 0;
+  float sigma_max = 2.0f;
+  TargetUpdate target;                  ///< target.t is adam.t; target.skip is budget.skip
+};
+
 /// The op table. Every method is noexcept; a backend that fails records the first error and
 /// reports it through status().
 class Backend {
@@ -306,6 +319,9 @@ class Backend {
   /// followed by bias_grad (beta 0) per h.
   virtual void relu_bias_grad(Real dy, Real y, Real db, int rows, int cols, int ld, int heads,
                               std::int64_t stride_dy, std::int64_t stride_y, std::int64_t stride_db) noexcept = 0;
+
+  // --- appended in ABI 4 (the fused update); never reorder what is above ---
+  virtual void update(const Update& u) noexcept = 0;
 };
 
 }  // namespace dqn

@@ -1,17 +1,23 @@
-// The whole C51 step on the GPU: CUDA vs the CPU reference over 100 steps, graph replay vs the
-// same stages uncaptured (bit for bit), one capture, and zero syncs counted with CUPTI callbacks.
+// The whole step on the GPU: CUDA vs the CPU reference over 100 steps (C51 alone, and with each
+// auxiliary head and all of them), graph replay vs the same stages uncaptured (bit for bit),
+// budget fractions changed without re-capture, one capture, and zero syncs counted with CUPTI
+// callbacks (C51 alone and all four heads).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <vector>
 
 #if DQN_HAVE_CUPTI
 #include <cupti.h>
 #endif
 
+#include "dqn/head.hpp"
 #include "engine.hpp"
 #include "pipeline_parse.hpp"
 #include "plugin_loader.hpp"
@@ -24,18 +30,49 @@ const PluginLoader& loader() {
   return l;
 }
 
-// Awkward sizes (nothing a multiple of 32) around the ref workload's shape.
-std::string pipeline(const std::string& precision, const std::string& extra = "") {
+// Awkward sizes (nothing a multiple of 32) around the ref workload's shape; `aux` is head lines
+// after the C51 primary (aux_heads()).
+std::string pipeline(const std::string& precision, const std::string& extra = "", const std::string& aux = "") {
   return "name: gpu-test\nseed: 5\nbackend: cuda\nprecision: " + precision + R"(
 network: {state: 37, trunk: [61, 45], head_hidden: 29, branches: 3, actions: 5, atoms: 51, v_min: -10, v_max: 10}
 heads:
   - {plugin: c51, role: primary}
-batch: 67
+)" + aux + R"(batch: 67
 gamma: 0.99
 spectral_norm: {enabled: true, sigma_max: 2}
 target: {polyak: 0.005}
 report_every: 10
 )" + extra;
+}
+
+// The auxiliary heads at small awkward sizes (IQN: N = 7 online and N' = 9 target samples, so a
+// mix-up of the two shows, and E = 13; three ensemble members), 0.1 of the budget each: the
+// primary keeps 0.9 beside one of them and 0.7 beside all three.
+struct AuxHead {
+  const char* plugin;
+  const char* line;
+};
+const AuxHead kAuxHeads[] = {
+    {"iqn", "  - {plugin: iqn, role: auxiliary, budget: 0.1, quantiles: 7, target_quantiles: 9, embed: 13, kappa: 1.0}\n"},
+    {"ensemble", "  - {plugin: ensemble, role: auxiliary, budget: 0.1, members: 3}\n"},
+    {"cql", "  - {plugin: cql, role: auxiliary, budget: 0.1, alpha: 1.0}\n"},
+};
+
+// The head lines of the named auxiliaries, in that order; nullopt (and a message) when one of their
+// plugins is not built, for the caller to skip.
+std::optional<std::string> aux_heads(const std::vector<std::string>& names) {
+  std::string lines;
+  for (const auto& n : names) {
+    if (!loader().find(n)) {
+      MESSAGE("plugin '" << n << "' not found: skipped");
+      return std::nullopt;
+    }
+    const auto* a = std::find_if(std::begin(kAuxHeads), std::end(kAuxHeads),
+                                 [&](const AuxHead& x) { return n == x.plugin; });
+    REQUIRE_MESSAGE(a != std::end(kAuxHeads), "no test configuration for auxiliary head '" << n << "'");
+    lines += a->line;
+  }
+  return lines;
 }
 
 PipelineSpec parse(const std::string& text) {
@@ -65,6 +102,40 @@ double rel(const std::vector<double>& a, const std::vector<double>& b) {
 bool bit_equal(const std::vector<double>& a, const std::vector<double>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
 }
+
+// |a − b| ≤ tol·max(|a|, |b|): relative. (doctest's Approx adds 1 to its scale, which makes it an
+// absolute bound for values below 1, as grad norms and clip factors are.)
+bool near(double a, double b, double tol) { return std::fabs(a - b) <= tol * std::max(std::fabs(a), std::fabs(b)); }
+
+// What one CUDA report may differ from the CPU's by (relative; td_error as ‖Δ‖/‖ref‖).
+struct ReportTol {
+  double loss;      ///< every head's loss but IQN's
+  double iqn_loss;  ///< IQN's (see gpu.step.aux_heads_match_cpu)
+  double norm;      ///< grad norms, and clip factors (clip = f·G/(norm + 1e-6) inherits its error)
+  double td;
+};
+
+// The newest reports of both engines, head by head; `what` names the step in the messages.
+void compare_reports(Engine& gpu, Engine& cpu, const ReportTol& t, const char* what) {
+  INFO(std::string(what));  // (doctest 2.4 logs a bare const char* as a pointer)
+  const StepReport rg = gpu.read_report(), rc = cpu.read_report();
+  REQUIRE(rg.heads == rc.heads);
+  REQUIRE(rg.losses.size() == rg.heads.size());
+  REQUIRE(rc.losses.size() == rc.heads.size());
+  for (std::size_t h = 0; h < rg.heads.size(); ++h) {
+    INFO("head " << rg.heads[h]);
+    const double lt = rg.heads[h] == "iqn" ? t.iqn_loss : t.loss;
+    CHECK_MESSAGE(near(rg.losses[h], rc.losses[h], lt), "loss: cuda " << rg.losses[h] << ", cpu " << rc.losses[h]);
+    CHECK_MESSAGE(near(rg.grad_norms[h], rc.grad_norms[h], t.norm),
+                  "grad norm: cuda " << rg.grad_norms[h] << ", cpu " << rc.grad_norms[h]);
+    CHECK_MESSAGE(near(rg.clips[h], rc.clips[h], t.norm), "clip: cuda " << rg.clips[h] << ", cpu " << rc.clips[h]);
+  }
+  const std::vector<double> tg(rg.td_error.begin(), rg.td_error.end()), tc(rc.td_error.begin(), rc.td_error.end());
+  REQUIRE(tg.size() == tc.size());
+  CHECK(rel(tg, tc) < t.td);
+  CHECK(rg.skipped_steps == 0);
+  CHECK(rc.skipped_steps == 0);
+}
 }  // namespace
 
 TEST_CASE("gpu.step.matches_cpu") {
@@ -74,7 +145,7 @@ TEST_CASE("gpu.step.matches_cpu") {
   // those get looser bounds.
   struct Case { const char* precision; double params, loss; };
   for (const Case c : {Case{"fp32", 2e-4, 1e-4}, Case{"tf32", 5e-3, 5e-3}, Case{"bf16", 3e-2, 3e-2}}) {
-    CAPTURE(c.precision);
+    INFO("precision " << std::string(c.precision));
     const PipelineSpec spec = parse(pipeline(c.precision));
     auto gpu = make(spec, BackendKind::cuda);
     auto cpu = make(spec, BackendKind::cpu);
@@ -98,7 +169,7 @@ TEST_CASE("gpu.step.matches_cpu") {
     CHECK(rg.skipped_steps == 0);
     CHECK(rg.losses[0] == doctest::Approx(rc.losses[0]).epsilon(10 * c.loss));
     for (const char* b : {"params", "target", "adam.m", "sn.u.trunk.1.weight"}) {
-      INFO(b);
+      INFO(std::string(b));
       CHECK(rel(gpu->host_buffer(b), cpu->host_buffer(b)) < (std::string(b) == "adam.m" ? 20 : 1) * c.params);
     }
     CHECK(gpu->captures() == 1);
@@ -107,7 +178,7 @@ TEST_CASE("gpu.step.matches_cpu") {
 
 TEST_CASE("gpu.step.replay_equals_uncaptured") {
   for (const char* p : {"fp32", "tf32", "bf16"}) {
-    CAPTURE(p);
+    INFO("precision " << std::string(p));
     const PipelineSpec spec = parse(pipeline(p));
     auto a = make(spec, BackendKind::cuda);
     auto b = make(spec, BackendKind::cuda);
@@ -116,7 +187,7 @@ TEST_CASE("gpu.step.replay_equals_uncaptured") {
       b->step_uncaptured();
     }
     for (const char* buf : {"params", "target", "adam.m", "adam.v", "report/td_error", "report/losses"}) {
-      INFO(buf);
+      INFO(std::string(buf));
       CHECK(bit_equal(a->host_buffer(buf), b->host_buffer(buf)));
     }
   }
@@ -134,6 +205,52 @@ TEST_CASE("gpu.step.fraction_and_lr_change_without_recapture") {
   CHECK(n > 0);
   e->set_lr(0.5);
   e->step();
+  CHECK(e->captures() == 1);
+}
+
+TEST_CASE("gpu.step.aux_fraction_change_without_recapture") {
+  // All four heads; each auxiliary's fraction changed in turn between steps: the next report's clip
+  // factor of every head is min(1, f·G/(‖g_h‖ + 1e-6)) with the fractions as they now are, and the
+  // graph is never re-captured. With G = 0.25 (norms about c51 0.1, iqn 0.2, ensemble 0.06, cql
+  // 0.05) the changes move clips both ways: iqn 0.1 → 0.02 and cql 0.1 → 0.03 clip harder, the
+  // ensemble 0.1 → 0.8 is no longer clipped (clip 1).
+  const auto aux = aux_heads({"iqn", "ensemble", "cql"});
+  if (!aux) return;
+  const double G = 0.25;
+  const PipelineSpec spec = parse(pipeline("fp32", "max_grad_norm: 0.25\n", *aux));
+  auto e = make(spec, BackendKind::cuda);
+  REQUIRE(e->head_names() == std::vector<std::string>{"c51", "iqn", "ensemble", "cql"});
+  // The kernel forms the clip in double from the float fraction and G and rounds it and the norm
+  // to float: recomputed from the reported norm it is off by a few float roundings (≲ 3e-7), so
+  // 1e-5 relative.
+  auto check_clips = [&](const StepReport& r) {
+    REQUIRE(r.clips.size() == 4);
+    for (std::size_t h = 0; h < 4; ++h) {
+      INFO("head " << r.heads[h] << ", fraction " << e->fractions()[h] << ", norm " << r.grad_norms[h]);
+      CHECK(r.grad_norms[h] > 0);
+      CHECK(r.fractions[h] == e->fractions()[h]);
+      const double want = std::min(1.0, e->fractions()[h] * G / (r.grad_norms[h] + 1e-6));
+      CHECK_MESSAGE(near(r.clips[h], want, 1e-5), "clip " << r.clips[h] << ", want " << want);
+    }
+  };
+  e->step();
+  check_clips(e->read_report());
+  struct Change { std::size_t head; double f; };
+  for (const Change c : {Change{1, 0.02}, Change{2, 0.8}, Change{3, 0.03}}) {
+    const double old_f = e->fractions()[c.head];
+    e->set_fraction(c.head, c.f);
+    CHECK(e->fractions()[c.head] == c.f);
+    e->step();
+    const StepReport r = e->read_report();
+    INFO("changed " << r.heads[c.head] << " from " << old_f << " to " << c.f);
+    check_clips(r);
+    // The change shows: the old fraction would have given a clearly different clip.
+    const double n = r.grad_norms[c.head];
+    CHECK(!near(std::min(1.0, old_f * G / (n + 1e-6)), std::min(1.0, c.f * G / (n + 1e-6)), 0.1));
+  }
+  e->set_lr(0.5);
+  e->step();
+  check_clips(e->read_report());
   CHECK(e->captures() == 1);
 }
 
@@ -165,20 +282,32 @@ void CUPTIAPI on_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackId, const
   if (!g_on) return;
   g_calls[std::string(domain == CUPTI_CB_DOMAIN_RUNTIME_API ? "runtime:" : "driver:") + cb->functionName]++;
 }
-}  // namespace
 
-TEST_CASE("gpu.step.zero_syncs") {
-  // Over 1,000 steps the only CUDA calls are graph launches and the asynchronous report copies
-  // (a copy and an event record each report_every steps): no synchronize, no allocation, no
-  // blocking copy, no query of anything.
-  const PipelineSpec spec = parse(pipeline("tf32"));
+// Over 1,000 steps the only CUDA calls are graph launches and the asynchronous report copies
+// (a copy and an event record each report_every steps): no synchronize, no allocation, no
+// blocking copy, no query of anything.
+void check_zero_syncs(const std::string& text) {
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_calls.clear();  // nothing left from an earlier run
+    g_on = false;
+  }
+  const PipelineSpec spec = parse(text);
   auto e = make(spec, BackendKind::cuda);
   for (int i = 0; i < 10; ++i) e->step();
   e->read_report();
-  CUpti_SubscriberHandle sub;
-  REQUIRE(cuptiSubscribe(&sub, reinterpret_cast<CUpti_CallbackFunc>(on_api), nullptr) == CUPTI_SUCCESS);
-  REQUIRE(cuptiEnableDomain(1, sub, CUPTI_CB_DOMAIN_RUNTIME_API) == CUPTI_SUCCESS);
-  REQUIRE(cuptiEnableDomain(1, sub, CUPTI_CB_DOMAIN_DRIVER_API) == CUPTI_SUCCESS);
+  // Unsubscribed on every way out (a failed REQUIRE included): CUPTI takes one subscriber at a time.
+  struct Subscription {
+    CUpti_SubscriberHandle handle{};
+    bool active = false;
+    ~Subscription() {
+      if (active) cuptiUnsubscribe(handle);
+    }
+  } sub;
+  REQUIRE(cuptiSubscribe(&sub.handle, reinterpret_cast<CUpti_CallbackFunc>(on_api), nullptr) == CUPTI_SUCCESS);
+  sub.active = true;
+  REQUIRE(cuptiEnableDomain(1, sub.handle, CUPTI_CB_DOMAIN_RUNTIME_API) == CUPTI_SUCCESS);
+  REQUIRE(cuptiEnableDomain(1, sub.handle, CUPTI_CB_DOMAIN_DRIVER_API) == CUPTI_SUCCESS);
   const auto lookups = e->registry().lookups();
   {
     std::lock_guard<std::mutex> lock(g_mu);
@@ -189,9 +318,15 @@ TEST_CASE("gpu.step.zero_syncs") {
     std::lock_guard<std::mutex> lock(g_mu);
     g_on = false;
   }
-  cuptiUnsubscribe(sub);
+  cuptiUnsubscribe(sub.handle);
+  sub.active = false;
+  std::map<std::string, long> calls;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    calls.swap(g_calls);
+  }
   long launches = 0, copies = 0, records = 0;
-  for (const auto& [name, n] : g_calls) {
+  for (const auto& [name, n] : calls) {
     MESSAGE(name << " × " << n);
     if (name.find("GraphLaunch") != std::string::npos) launches += n;
     else if (name.find("MemcpyAsync") != std::string::npos || name.find("MemcpyDtoHAsync") != std::string::npos) copies += n;
@@ -211,33 +346,119 @@ TEST_CASE("gpu.step.zero_syncs") {
   REQUIRE(rep.has_value());
   CHECK(rep->step_index == 1010);
   CHECK(rep->losses[0] > 0);
+  REQUIRE(rep->heads.size() == e->head_names().size());
+  for (std::size_t h = 0; h < rep->heads.size(); ++h) {
+    INFO("head " << rep->heads[h]);
+    CHECK(std::isfinite(rep->losses[h]));
+    CHECK(std::isfinite(rep->grad_norms[h]));
+  }
+}
+}  // namespace
+
+TEST_CASE("gpu.step.zero_syncs") {
+  SUBCASE("c51") { check_zero_syncs(pipeline("tf32")); }
+  SUBCASE("c51 + iqn + ensemble + cql") {
+    if (const auto aux = aux_heads({"iqn", "ensemble", "cql"})) check_zero_syncs(pipeline("tf32", "", *aux));
+  }
 }
 #endif
 
 TEST_CASE("gpu.step.aux_heads_match_cpu") {
-  // Every auxiliary head plugin present composes with c51 in one graph and matches the CPU.
-  std::string heads = "  - {plugin: c51, role: primary}\n";
-  for (const char* aux : {"cql", "ensemble", "iqn"})
-    if (loader().find(aux)) heads += std::string("  - {plugin: ") + aux + ", role: auxiliary}\n";
-  if (heads.find("auxiliary") == std::string::npos) return;
-  std::string text = pipeline("fp32");
-  const auto at = text.find("heads:\n");
-  const auto end = text.find("batch:");
-  text = text.substr(0, at) + "heads:\n" + heads + text.substr(end);
-  const PipelineSpec spec = parse(text);
-  auto gpu = make(spec, BackendKind::cuda);
-  auto cpu = make(spec, BackendKind::cpu);
-  for (int i = 0; i < 50; ++i) {
+  // Each auxiliary head beside the C51 primary, and all four together, in fp32: CUDA vs the CPU
+  // reference after one step, after 100, and one more step from the GPU's state on both. With
+  // G = 0.25 every auxiliary is clipped (clips about iqn 0.15, ensemble 0.4, cql 0.5) and the
+  // primary is not (0.7·G = 0.175 against a norm of about 0.1): both sides of the min are compared.
+  //
+  // Tolerances are relative. "Measured": the CPU reference against itself with its parameters
+  // perturbed by 1e-7 or 1e-6 relative every step (fp32 rounding, which the GPU's summation order
+  // and GEMM algorithms redo differently), worst of 4 seeds × these 4 pipelines and C51 alone.
+  // - One step from identical state: fp32 summation order only, so gpu.step.matches_cpu's fp32
+  //   values (losses and td_error 1e-4, grad norms 1e-3); measured ≤ 2e-7.
+  // - After 100 steps the trajectories have parted: where a trunk ReLU's pre-activation crosses 0
+  //   in one run and not the other, that step's gradient jumps by up to 7 %, and Adam turns such
+  //   differences (and those of near-zero gradients) into lr-sized parameter differences.
+  const ReportTol one_step{1e-4, 1e-4, 1e-3, 1e-4};
+  const ReportTol hundred{
+      1e-3,  // losses: gpu.step.matches_cpu's after 100 steps; measured ≤ 1e-6
+      3e-2,  // IQN's loss: a* is an argmax, and a near tie (gaps down to 1e-5 relative occur)
+             // resolved the other way changes IQN's target quantiles for that (sample, branch):
+             // one such flip of the 201 measured 4.2e-3; 3e-2 leaves room for several
+      3e-2,  // grad norms and clips: ReLU flips in the last step's trunk; measured ≤ 5.3e-3
+      1e-3,  // td_error: as the losses; measured ≤ 2e-5
+  };
+  struct BufTol {
+    const char* name;
+    double tol;
+  };
+  const BufTol buffers[] = {
+      // Measured ≤ 2.9e-4 (the CPU's own f32 vs f64 already 1.8e-4 with cql; 7.2e-4 at a 1e-5
+      // stress): gpu.step.matches_cpu's 2e-4 for C51 alone would sit on the noise.
+      {"params", 2e-3},
+      // The Polyak average (τ = 0.005) of params: measured ≤ 4e-5 (7.9e-5 at the 1e-5 stress).
+      {"target", 4e-4},
+      // The EMA of the last ~10 gradients keeps the ReLU-flip jumps: measured ≤ 9.6e-3 at both
+      // noise levels (saturated; C51 alone 7.7e-3), so 5e-2.
+      {"adam.m", 5e-2},
+      // The EMA of g² over all the steps (β2 = 0.999), dominated by the large gradients: ≤ 1.9e-4.
+      {"adam.v", 1e-3},
+  };
+  struct Case {
+    const char* name;
+    std::vector<std::string> aux;
+  };
+  const Case cases[] = {
+      {"c51 + cql", {"cql"}},
+      {"c51 + ensemble", {"ensemble"}},
+      {"c51 + iqn", {"iqn"}},
+      {"c51 + iqn + ensemble + cql", {"iqn", "ensemble", "cql"}},
+  };
+  for (const Case& c : cases) {
+    INFO("heads: " << std::string(c.name));
+    const auto aux = aux_heads(c.aux);
+    if (!aux) continue;
+    const PipelineSpec spec = parse(pipeline("fp32", "max_grad_norm: 0.25\n", *aux));
+    auto gpu = make(spec, BackendKind::cuda);
+    auto cpu = make(spec, BackendKind::cpu);
+    std::vector<std::string> names{"c51"};
+    names.insert(names.end(), c.aux.begin(), c.aux.end());
+    REQUIRE(gpu->head_names() == names);
+    REQUIRE(cpu->head_names() == names);
+    // a* is an argmax: where the backends pick different actions for some pair (a tie within
+    // rounding), the step's reports are compared as after 100 steps.
+    auto same_a_star = [&] {
+      const auto ag = gpu->host_buffer(buf::a_star), ac = cpu->host_buffer(buf::a_star);
+      long differ = 0;
+      for (std::size_t i = 0; i < ag.size() && i < ac.size(); ++i) differ += ag[i] != ac[i];
+      if (differ) MESSAGE(differ << " of " << ag.size() << " a* differ: compared with the 100-step tolerances");
+      return differ == 0 && ag.size() == ac.size();
+    };
+
     gpu->step();
     cpu->step();
+    compare_reports(*gpu, *cpu, same_a_star() ? one_step : hundred, "step 1");
+
+    for (int i = 1; i < 100; ++i) {
+      gpu->step();
+      cpu->step();
+    }
+    CHECK(gpu->read_report().adam_step == 100);
+    CHECK(cpu->read_report().adam_step == 100);
+    compare_reports(*gpu, *cpu, hundred, "step 100");
+    for (const BufTol& b : buffers) {
+      INFO("buffer " << std::string(b.name));
+      const auto g = gpu->host_buffer(b.name), r = cpu->host_buffer(b.name);
+      REQUIRE(g.size() == r.size());
+      const double e = rel(g, r);
+      CHECK_MESSAGE(e < b.tol, "‖Δ‖/‖ref‖ = " << e);
+    }
+
+    // Step 101 from the GPU's state on both (weights, target, Adam moments and step, sn.u): each
+    // head's loss, gradient norm and clip at trained weights, with one-step tolerances again.
+    cpu->load_weights(gpu->save_state(false));
+    gpu->step();
+    cpu->step();
+    compare_reports(*gpu, *cpu, same_a_star() ? one_step : hundred, "step 101 from the GPU's state");
+    CHECK(gpu->read_report().adam_step == 101);
+    CHECK(gpu->captures() == 1);
   }
-  const StepReport rg = gpu->read_report(), rc = cpu->read_report();
-  REQUIRE(rg.heads.size() == rc.heads.size());
-  for (std::size_t h = 0; h < rg.heads.size(); ++h) {
-    INFO(rg.heads[h]);
-    CHECK(rg.losses[h] == doctest::Approx(rc.losses[h]).epsilon(1e-3));
-    CHECK(rg.grad_norms[h] == doctest::Approx(rc.grad_norms[h]).epsilon(1e-2));
-  }
-  CHECK(rel(gpu->host_buffer("params"), cpu->host_buffer("params")) < 2e-4);
-  CHECK(gpu->captures() == 1);
 }

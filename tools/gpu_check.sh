@@ -1,25 +1,72 @@
 #!/usr/bin/env bash
-# On a GPU machine: build with CUDA, run the suites (gpu included), a CUDA `dqn step`, and the
-# benchmark against the PyTorch peer. Logs go to ${OUT:-out}/. Usage: tools/gpu_check.sh [quick]
+# On a GPU machine, in one call: build with CUDA, run the suites (gpu included), a CUDA `dqn step`,
+# the benchmark against the PyTorch peer (C51 alone and all four heads), the fused update against
+# the separate kernels, and compute-sanitizer on the fused update and the zero-sync step. Logs
+# and JSON go to ${OUT:-out}/; a short summary is printed last.
+# Usage: tools/gpu_check.sh [quick|bench]   quick: build, tests, step; bench: build and benchmarks only
 set -uo pipefail
+mode=${1:-all}
 out=${OUT:-out}; mkdir -p "$out"
 export PATH=/usr/local/cuda/bin:$PATH
 build=build-gpu
+summary="$out/summary.txt"; : >"$summary"
+note() { echo "$*" | tee -a "$summary"; }
+t0=$(date +%s)
 if [ ! -f $build/build.ninja ]; then
   meson setup $build -Dcuda=enabled --buildtype=release >"$out/setup.log" 2>&1 || { tail -40 "$out/setup.log"; exit 1; }
 fi
-ninja -C $build -k 0 -j"$(nproc)" >"$out/build.log" 2>&1 || grep -E "error|FAILED" "$out/build.log" | head -40
-grep -E "warning" "$out/build.log" | sort -u | head -10
-meson test -C $build --no-rebuild --print-errorlogs --num-processes 8 --suite gpu --suite unit --suite numeric --suite plugins \
-  >"$out/test.log" 2>&1
-grep -E "^ *[0-9]+/[0-9]+ |^(Ok|Fail|Skipped|Timeout):" "$out/test.log" | tail -30
+ninja -C $build -k 0 -j"$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error|FAILED" "$out/build.log" | head -40; exit 1; }
+note "build: $(( $(date +%s) - t0 )) s, $(grep -c 'warning' "$out/build.log") warning lines"
 export DQN_PLUGIN_PATH=$PWD/$build/plugins
-$build/tools/dqn step pipelines/c51.yaml --backend cuda --random-batch 1 --steps 10 --out /tmp/o.safetensors &&
-  python3 tools/st_check.py /tmp/o.safetensors \
+
+if [ "$mode" != bench ]; then
+  t1=$(date +%s)
+  meson test -C $build --no-rebuild --print-errorlogs --num-processes 8 --suite gpu --suite unit --suite numeric \
+    --suite plugins >"$out/test.log" 2>&1
+  grep -E "^ *[0-9]+/[0-9]+ " "$out/test.log" | tee -a "$summary"
+  note "tests: $(( $(date +%s) - t1 )) s"
+  cp $build/meson-logs/testlog.txt "$out/testlog.txt" 2>/dev/null
+  $build/tools/dqn step pipelines/c51.yaml --backend cuda --random-batch 1 --steps 10 --out /tmp/o.safetensors \
+    >"$out/step.log" 2>&1 && python3 tools/st_check.py /tmp/o.safetensors \
     --expect trunk.0.weight,target.trunk.0.weight,adam.m.trunk.0.weight,adam.v.trunk.0.weight,adam.step,c51.branch.2.1.weight,loss.c51,grad_norm.c51,clip.c51,loss.total,td_error,skipped_steps \
-    >"$out/st_check.log" 2>&1; echo "st_check rc=$? ($(head -2 "$out/st_check.log" | tail -1))"
-[ "${1:-}" = quick ] && exit 0
-$build/tools/dqn bench pipelines/ref.yaml --batch 256,1024,4096 --precision fp32,tf32,bf16 --json >"$out/bench.jsonl" 2>&1
-$build/tools/dqn bench pipelines/ref.yaml --batch 256,1024,4096 --precision fp32,tf32,bf16
+    >"$out/st_check.log" 2>&1; note "cuda dqn step + st_check rc=$?"
+fi
+[ "$mode" = quick ] && exit 0
+
+all="heads.1.enabled=true heads.2.enabled=true heads.3.enabled=true"
+# The engine and the PyTorch peer in one invocation each (ratio = peer / engine).
 python3 bench/compare.py --dqn $build/tools/dqn --pipeline pipelines/ref.yaml --batch 256,1024,4096 --precision tf32 \
-  --json-out "$out/compare.json" 2>"$out/compare.err" || tail -20 "$out/compare.err"
+  --json-out "$out/compare_c51.json" >"$out/compare_c51.txt" 2>"$out/compare_c51.err" || tail -5 "$out/compare_c51.err"
+python3 bench/compare.py --dqn $build/tools/dqn --pipeline pipelines/ref.yaml --batch 256,1024,4096 --precision tf32 \
+  --heads c51,iqn,ensemble,cql $(for s in $all; do printf -- '--set %s ' "$s"; done) \
+  --json-out "$out/compare_full.json" >"$out/compare_full.txt" 2>"$out/compare_full.err" || tail -5 "$out/compare_full.err"
+$build/tools/dqn bench pipelines/ref.yaml --batch 256,1024,4096 --precision fp32,bf16 >"$out/bench_prec.txt" 2>&1
+# Switches against the defaults (the same results): the fused cooperative update (opt-in) and
+# tall-k GEMMs run whole instead of split.
+DQN_FUSED_UPDATE=1 $build/tools/dqn bench pipelines/ref.yaml --batch 256 --precision tf32 >"$out/bench_switches.txt" 2>&1
+DQN_FUSED_UPDATE=1 $build/tools/dqn bench pipelines/ref.yaml $all --batch 256 --precision tf32 2>&1 | tail -1 >>"$out/bench_switches.txt"
+DQN_GEMM_SPLIT_K=0 $build/tools/dqn bench pipelines/ref.yaml $all --batch 256,4096 --precision tf32 2>&1 | tail -2 >>"$out/bench_switches.txt"
+{
+  echo "== C51 (ref), tf32: engine vs PyTorch graph"; cat "$out/compare_c51.txt"
+  echo "== all four heads (ref), tf32"; cat "$out/compare_full.txt"
+  echo "== C51, fp32 and bf16"; cat "$out/bench_prec.txt"
+  echo "== DQN_FUSED_UPDATE=1 (C51, all heads; B 256), DQN_GEMM_SPLIT_K=0 (all heads; B 256, 4096), tf32"
+  grep -v "^pipeline" "$out/bench_switches.txt"
+} | tee -a "$summary"
+grep -o '"device": "[^"]*"' "$out/compare_c51.json" | head -1 | tee -a "$summary"
+[ "$mode" = bench ] && exit 0
+
+# compute-sanitizer (time-boxed): the fused update op, and whole steps with all four heads. The
+# zero-sync test is left out: it subscribes to CUPTI, which the sanitizer holds.
+for tool in ${SANITIZE_OPS:-memcheck racecheck}; do
+  timeout 60 meson test -C $build --no-rebuild --setup $tool gpu.ops --test-args='-tc=*update*' \
+    >"$out/san_${tool}_ops.log" 2>&1; note "$tool gpu.ops update: rc=$?"
+done
+for tool in ${SANITIZE_STEP:-memcheck initcheck}; do
+  timeout 100 meson test -C $build --no-rebuild --setup $tool gpu.step \
+    --test-args='-tc=*aux_fraction*,*replay_equals*,*nan_skips*' >"$out/san_${tool}_step.log" 2>&1
+  note "$tool gpu.step (aux fractions with four heads, replay, NaN skip): rc=$?"
+done
+note "total: $(( $(date +%s) - t0 )) s"
+# Everything in one archive (only a few files come back from a lent machine).
+tar -czf "$out/logs.tgz" -C "$out" --exclude=logs.tgz . 2>/dev/null

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Runs `dqn train PIPELINE --out TMP --seed N -q` and checks the run directory it wrote: the
-resolved pipeline, metrics.jsonl (every line a JSON object with the documented keys), the weights,
+resolved pipeline, metrics.jsonl (every line a JSON object with the documented keys, per head for
+--heads), the weights,
 and that the final evaluation's mean greedy return is at least --min-return."""
 import argparse
 import json
@@ -27,7 +28,9 @@ def main():
     ap.add_argument("pipeline")
     ap.add_argument("--seed", default="1")
     ap.add_argument("--min-return", type=float, default=475.0)
+    ap.add_argument("--heads", default="c51", help="heads whose loss, grad_norm and clip every line carries")
     a = ap.parse_args()
+    keys = KEYS + [f"{k}.{h}" for h in a.heads.split(",") if h != "c51" for k in ("loss", "grad_norm", "clip")]
     with tempfile.TemporaryDirectory(prefix="dqn-learning-") as tmp:
         out = os.path.join(tmp, "run")
         cmd = [a.dqn, "train", a.pipeline, "--out", out, "--seed", a.seed, "-q"]
@@ -43,7 +46,7 @@ def main():
         if not lines:
             sys.exit("FAIL: metrics.jsonl is empty")
         for i, m in enumerate(lines):
-            missing = [k for k in KEYS if k not in m]
+            missing = [k for k in keys if k not in m]
             if missing:
                 sys.exit(f"FAIL: metrics.jsonl line {i + 1} lacks {missing}")
         steps = [m["step"] for m in lines]

@@ -12,6 +12,8 @@
 namespace dqn::cli {
 
 namespace {
+constexpr int kEnqueueBurst = 64;  ///< steps enqueued back to back to time the host side
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
@@ -44,14 +46,18 @@ int cmd_bench(const BenchArgs& a) {
       for (int i = 0; i < a.warmup; ++i) e.step();
       std::vector<double> device_us, host_us;
       for (int r = 0; r < a.repeats; ++r) {
-        double enqueue = 0;
-        const double total = e.runtime().time_us([&] {
-          const auto t0 = std::chrono::steady_clock::now();
+        device_us.push_back(e.runtime().time_us([&] {
           for (int i = 0; i < a.iters; ++i) e.step();
-          enqueue = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-        });
-        device_us.push_back(total / a.iters);
-        host_us.push_back(enqueue / a.iters);
+        }) / a.iters);
+        // Host time to enqueue a step, from an idle stream and a short burst: thousands of
+        // launches in a row fill the launch queue, and then the host waits for the device.
+        const int burst = std::min(a.iters, kEnqueueBurst);
+        e.runtime().synchronize();
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < burst; ++i) e.step();
+        host_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+                          burst);
+        e.runtime().synchronize();
       }
       const StepReport rep = e.read_report();
       const double med = median(device_us);

@@ -887,7 +887,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_kernel(Update u, UpdatePla
   namespace cg = cooperative_groups;
   cg::grid_group grid = cg::this_grid();
   __shared__ double sh[32];
-  __shared__ float clip_sh[kUpdateMaxHeads];
+  __shared__ float clip_sh[kUpdateMaxHeads + 4];  // + 4: see budget()
   __shared__ std::int64_t sn_lo[kUpdateMaxSn], sn_hi[kUpdateMaxSn];
   __shared__ long long t_sh;
   __shared__ SnColsShared sn_sm;
@@ -1196,7 +1196,9 @@ cudaError_t budget(cudaStream_t s, const Budget& a, void* scratch, int max_block
   }
   const std::int64_t tiles = (a.P + kBudgetTile - 1) / kBudgetTile;
   const auto grid = static_cast<unsigned>(std::clamp<std::int64_t>(tiles, 1, std::max(max_blocks, 1)));
-  const std::size_t shmem = static_cast<std::size_t>(std::max(a.H, 1)) * sizeof(float);
+  // Rounded up to 4 floats: the unrolled head loop may load clips in groups (shared loads never
+  // fault, so the compiler speculates them), which must stay inside the allocation.
+  const std::size_t shmem = static_cast<std::size_t>((std::max(a.H, 1) + 3) / 4 * 4) * sizeof(float);
   budget_combine_kernel<<<grid, kThreads, shmem, s>>>(a, partial, nchunks);
   return cudaGetLastError();
 }

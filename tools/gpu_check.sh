@@ -31,7 +31,7 @@ if [ "$mode" != bench ]; then
     --expect trunk.0.weight,target.trunk.0.weight,adam.m.trunk.0.weight,adam.v.trunk.0.weight,adam.step,c51.branch.2.1.weight,loss.c51,grad_norm.c51,clip.c51,loss.total,td_error,skipped_steps \
     >"$out/st_check.log" 2>&1; note "cuda dqn step + st_check rc=$?"
 fi
-[ "$mode" = quick ] && exit 0
+if [ "$mode" = quick ]; then exit 0; fi
 
 all="heads.1.enabled=true heads.2.enabled=true heads.3.enabled=true"
 # The engine and the PyTorch peer in one invocation each (ratio = peer / engine).
@@ -68,5 +68,7 @@ for tool in ${SANITIZE_STEP:-memcheck initcheck}; do
   note "$tool gpu.step (aux fractions with four heads, replay, NaN skip): rc=$?"
 done
 note "total: $(( $(date +%s) - t0 )) s"
-# Everything in one archive (only a few files come back from a lent machine).
-tar -czf "$out/logs.tgz" -C "$out" --exclude=logs.tgz . 2>/dev/null
+# Everything in one archive beside the summary and the two comparisons (a lent machine returns
+# only a few files, the first in name order).
+tar -czf "$out/logs.tgz" -C "$out" --exclude=logs.tgz . 2>/dev/null &&
+  find "$out" -maxdepth 1 -type f ! -name logs.tgz ! -name summary.txt ! -name 'compare_*.json' -delete

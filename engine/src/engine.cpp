@@ -388,7 +388,7 @@ void Engine::add_engine_stages_back() {
     stages_.push_back(Stage{"trunk.backward", "engine", reads, writes, [this](Backend& be) { trunk_backward(be); }});
   }
   // Budgets, Adam, spectral norm and the target update: one stage, one op (a backend may fuse it;
-  // the CUDA backend runs it as one cooperative kernel).
+  // the CUDA backend can, as one cooperative kernel, with DQN_FUSED_UPDATE=1).
   std::vector<std::string> writes{"grad/total", "report/norms", "report/clips", "report/total_loss", "opt/skip",
                                   "report/skipped", "params", "adam.m", "adam.v", buf::step, "target"};
   for (const auto& [p, u] : sn_params_) writes.push_back(u);

@@ -217,7 +217,8 @@ struct C51Loss {
 /// Everything after the gradients, in the spec's order ("Gradient budgets", then "Optimizer,
 /// spectral norm, target"): exactly budget(budget); adam(adam); spectral_norm(sn_mats, sn_count,
 /// …, budget.skip) when sn_count > 0; target_update(target). A backend may run it as one fused
-/// pass (the CUDA backend: one cooperative launch); the results are those of the four ops.
+/// pass (the CUDA backend can: one cooperative launch, opt-in); the results are those of the
+/// four ops.
 struct Update {
   Budget budget;
   Adam adam;                            ///< adam.g is budget.g; adam.skip is budget.skip

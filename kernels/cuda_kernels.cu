@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "cuda_kernels.cuh"
 #include "device_util.cuh"
@@ -24,8 +25,30 @@ unsigned blocks_for(std::int64_t n, int threads = kThreads) {
   return static_cast<unsigned>(std::clamp<std::int64_t>(b, 1, std::int64_t{1} << 20));
 }
 
-/// Whether every index of an n-element grid-stride loop (plus one grid's stride) fits 32 bits.
-bool fits_u32(std::int64_t n) { return n >= 0 && n < (std::int64_t{1} << 31); }
+/// Calls launch(I{}) with I = std::uint32_t when every index of an n-element grid-stride loop
+/// (plus one grid's stride) fits 32 bits, else with I = std::int64_t.
+template <class F>
+void with_index_type(std::int64_t n, F&& launch) {
+  if (n >= 0 && n < (std::int64_t{1} << 31))
+    launch(std::uint32_t{});
+  else
+    launch(std::int64_t{});
+}
+
+/// Launches kernel<<<blocks, kThreads>>> on s as a cooperative launch (all blocks resident).
+template <class... P, class... A>
+cudaError_t launch_cooperative(void (*kernel)(P...), unsigned blocks, cudaStream_t s, A&&... args) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeCooperative;
+  attr.val.cooperative = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = s;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
+}
 
 using dev::block_sum;
 using dev::grid_start;
@@ -566,7 +589,7 @@ __device__ __forceinline__ void combine_tile(double (&acc)[kBudgetPer], const fl
 /// same fixed order in every block, so all blocks agree) into norm_h, clip_h and the skip decision;
 /// block 0 writes norms, clips, total loss, skip and skipped; then every block writes its tiles of
 /// g = Σ_h clip_h g_h (clip as stored, in head order; zero when some head is not finite).
-/// Dynamic shared memory: H floats.
+/// Dynamic shared memory: H floats, rounded up to 4 (see budget()).
 __global__ void __launch_bounds__(kThreads) budget_combine_kernel(Budget a, const double* __restrict__ partial,
                                                                   int nchunks) {
   extern __shared__ float clip_sh[];
@@ -600,6 +623,24 @@ unsigned wave_blocks(std::int64_t n, int max_blocks) {
   const std::int64_t per_block = std::int64_t{kThreads} * kElemPer;
   return static_cast<unsigned>(
       std::clamp<std::int64_t>((n + per_block - 1) / per_block, 1, std::max(max_blocks, 1)));
+}
+
+/// One element's Adam update: m and v in place (stored as floats, computed in double); returns
+/// the new θ. bc1 = 1 − β1^t, bc2 = 1 − β2^t for the step's new t.
+__device__ __forceinline__ float adam_element(float g, float& m, float& v, float theta, double b1, double b2,
+                                              double eps, double lr, double bc1, double bc2) {
+  const double gi = g;
+  const double mi = b1 * static_cast<double>(m) + (1.0 - b1) * gi;
+  const double vi = b2 * static_cast<double>(v) + (1.0 - b2) * gi * gi;
+  m = static_cast<float>(mi);
+  v = static_cast<float>(vi);
+  return static_cast<float>(static_cast<double>(theta) - lr * (mi / bc1) / (sqrt(vi / bc2) + eps));
+}
+
+/// The Polyak step of one target element: old + τ (src − old), in double.
+__device__ __forceinline__ float polyak(double tau, float old, float src) {
+  const double o = old;
+  return static_cast<float>(o + tau * (static_cast<double>(src) - o));
 }
 
 /// Adam, one launch (about one wave, grid-stride). The step counter: thread 0 of every block adds
@@ -651,12 +692,9 @@ __global__ void __launch_bounds__(kThreads) adam_kernel(float* theta, const floa
     for (int k = 0; k < kElemPer; ++k) {
       const std::int64_t i = base + k * kThreads;
       if (i < P) {
-        const double gi = gr[k];
-        const double mi = b1 * static_cast<double>(mr[k]) + (1.0 - b1) * gi;
-        const double vi = b2 * static_cast<double>(vr[k]) + (1.0 - b2) * gi * gi;
-        m[i] = static_cast<float>(mi);
-        v[i] = static_cast<float>(vi);
-        theta[i] = static_cast<float>(static_cast<double>(pr[k]) - lr * (mi / bc1) / (sqrt(vi / bc2) + eps));
+        theta[i] = adam_element(gr[k], mr[k], vr[k], pr[k], b1, b2, eps, lr, bc1, bc2);
+        m[i] = mr[k];
+        v[i] = vr[k];
       }
     }
   }
@@ -673,8 +711,7 @@ int sn_rows_per_block(int max_cols) { return std::clamp(kSnRowElems / std::max(m
 /// w_c = (Wᵀu)_c (v before normalising), vsq = Σ_c w_c² of the chunk, and the chunk's share of
 /// W v for every row, xp[r] = Σ_{c in chunk} W[r,c] w_c (‖v‖ divides it in pass 2). Scratch:
 /// vsq [matrices][chunks], xp [matrices][chunks][max_rows], doubles.
-/// Shared memory of one block of pass 1.
-struct SnColsShared {
+struct SnColsShared {  ///< the shared memory of one block of pass 1
   float slab[kSnStage][kSnCols + 1];  // +1: a thread per row reads without bank conflicts
   double red[kThreads / 32][kSnCols];
   double wsh[kSnCols];
@@ -748,12 +785,7 @@ struct TargetRule {
 };
 
 __device__ __forceinline__ void apply_target(const TargetRule& t, std::int64_t i, float src) {
-  if (t.copy) {
-    t.tgt[i] = src;
-  } else {
-    const double old = t.tgt[i];
-    t.tgt[i] = static_cast<float>(old + t.tau * (static_cast<double>(src) - old));
-  }
+  t.tgt[i] = t.copy ? src : polyak(t.tau, t.tgt[i], src);
 }
 
 /// Spectral norm pass 2, grid (row blocks, matrices): every block of a matrix computes
@@ -845,12 +877,7 @@ __global__ void __launch_bounds__(kThreads) target_update_kernel(float* tgt, con
     for (int k = 0; k < kElemPer; ++k) {
       const std::int64_t i = base + k * kThreads;
       if (i < P) {
-        if (period == 0) {
-          const double old = tr[k];
-          tgt[i] = static_cast<float>(old + tau * (static_cast<double>(sr[k]) - old));
-        } else {
-          tgt[i] = sr[k];
-        }
+        tgt[i] = period == 0 ? polyak(tau, tr[k], sr[k]) : sr[k];
       }
     }
   }
@@ -945,12 +972,10 @@ __global__ void __launch_bounds__(kThreads, 2) update_kernel(Update u, UpdatePla
       const float gf = static_cast<float>(acc[k]);
       g[i] = gf;
       if (!finite) continue;
-      const double gi = gf;
-      const double mi = b1 * static_cast<double>(mom[i]) + (1.0 - b1) * gi;
-      const double vi = b2 * static_cast<double>(var[i]) + (1.0 - b2) * gi * gi;
-      mom[i] = static_cast<float>(mi);
-      var[i] = static_cast<float>(vi);
-      const float th = static_cast<float>(static_cast<double>(theta[i]) - lr * (mi / bc1) / (sqrt(vi / bc2) + eps));
+      float mk = mom[i], vk = var[i];
+      const float th = adam_element(gf, mk, vk, theta[i], b1, b2, eps, lr, bc1, bc2);
+      mom[i] = mk;
+      var[i] = vk;
       theta[i] = th;
       if (!target_on || !tidy) continue;
       bool normed = false;
@@ -1045,19 +1070,17 @@ std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a;
 
 cudaError_t bias_act(cudaStream_t s, float* y, const float* bias, int rows, int cols, int ldy, bool relu) {
   const std::int64_t n = static_cast<std::int64_t>(rows) * cols;
-  if (fits_u32(n))
-    bias_act_kernel<std::uint32_t><<<blocks_for(n), kThreads, 0, s>>>(y, bias, rows, cols, ldy, relu);
-  else
-    bias_act_kernel<std::int64_t><<<blocks_for(n), kThreads, 0, s>>>(y, bias, rows, cols, ldy, relu);
+  with_index_type(n, [&](auto i) {
+    bias_act_kernel<decltype(i)><<<blocks_for(n), kThreads, 0, s>>>(y, bias, rows, cols, ldy, relu);
+  });
   return cudaGetLastError();
 }
 
 cudaError_t relu_backward(cudaStream_t s, float* dy, const float* y, int rows, int cols, int ld) {
   const std::int64_t n = static_cast<std::int64_t>(rows) * cols;
-  if (fits_u32(n))
-    relu_backward_kernel<std::uint32_t><<<blocks_for(n), kThreads, 0, s>>>(dy, y, rows, cols, ld);
-  else
-    relu_backward_kernel<std::int64_t><<<blocks_for(n), kThreads, 0, s>>>(dy, y, rows, cols, ld);
+  with_index_type(n, [&](auto i) {
+    relu_backward_kernel<decltype(i)><<<blocks_for(n), kThreads, 0, s>>>(dy, y, rows, cols, ld);
+  });
   return cudaGetLastError();
 }
 
@@ -1145,19 +1168,17 @@ cudaError_t ensemble_disagreement(cudaStream_t s, float* out, const float* q, in
 
 cudaError_t cosine_embedding(cudaStream_t s, float* out, const float* tau, int rows, int E) {
   const std::int64_t n = static_cast<std::int64_t>(rows) * E;
-  if (fits_u32(n))
-    cosine_embedding_kernel<std::uint32_t><<<blocks_for(n), kThreads, 0, s>>>(out, tau, rows, E);
-  else
-    cosine_embedding_kernel<std::int64_t><<<blocks_for(n), kThreads, 0, s>>>(out, tau, rows, E);
+  with_index_type(n, [&](auto i) {
+    cosine_embedding_kernel<decltype(i)><<<blocks_for(n), kThreads, 0, s>>>(out, tau, rows, E);
+  });
   return cudaGetLastError();
 }
 
 cudaError_t hadamard(cudaStream_t s, float* x, const float* h2, const float* phi, int B, int N, int H) {
   const std::int64_t n = static_cast<std::int64_t>(B) * N * H;
-  if (fits_u32(n))
-    hadamard_kernel<std::uint32_t><<<blocks_for(n), kThreads, 0, s>>>(x, h2, phi, B, N, H);
-  else
-    hadamard_kernel<std::int64_t><<<blocks_for(n), kThreads, 0, s>>>(x, h2, phi, B, N, H);
+  with_index_type(n, [&](auto i) {
+    hadamard_kernel<decltype(i)><<<blocks_for(n), kThreads, 0, s>>>(x, h2, phi, B, N, H);
+  });
   return cudaGetLastError();
 }
 
@@ -1268,16 +1289,7 @@ cudaError_t update(cudaStream_t s, const Update& u, void* scratch, int blocks) {
     pl.vsq = reinterpret_cast<double*>(sn);
     pl.xp = reinterpret_cast<double*>(sn + round_up(cells * sizeof(double), 256));
   }
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeCooperative;
-  attr.val.cooperative = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-  cfg.blockDim = dim3(kThreads);
-  cfg.stream = s;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, update_kernel, u, pl);
+  return launch_cooperative(update_kernel, static_cast<unsigned>(blocks), s, u, pl);
 }
 
 bool cooperative_graphs_work(int blocks) {
@@ -1290,16 +1302,8 @@ bool cooperative_graphs_work(int blocks) {
             cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess &&
             cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
   if (ok) {
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeCooperative;
-    attr.val.cooperative = 1;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>(std::max(blocks, 1)));
-    cfg.blockDim = dim3(kThreads);
-    cfg.stream = st;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    const bool launched = cudaLaunchKernelEx(&cfg, coop_probe_kernel, flag) == cudaSuccess;
+    const bool launched =
+        launch_cooperative(coop_probe_kernel, static_cast<unsigned>(std::max(blocks, 1)), st, flag) == cudaSuccess;
     ok = cudaStreamEndCapture(st, &graph) == cudaSuccess && launched && graph &&
          cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess && cudaGraphLaunch(exec, st) == cudaSuccess &&
          cudaStreamSynchronize(st) == cudaSuccess &&
@@ -1315,10 +1319,9 @@ bool cooperative_graphs_work(int blocks) {
 
 cudaError_t sum_slices(cudaStream_t s, float* c, int m, int n, int ldc, const float* part, int slices) {
   const std::int64_t mn = static_cast<std::int64_t>(m) * n;
-  if (fits_u32(mn))
-    sum_slices_kernel<std::uint32_t><<<blocks_for(mn), kThreads, 0, s>>>(c, m, n, ldc, part, slices);
-  else
-    sum_slices_kernel<std::int64_t><<<blocks_for(mn), kThreads, 0, s>>>(c, m, n, ldc, part, slices);
+  with_index_type(mn, [&](auto i) {
+    sum_slices_kernel<decltype(i)><<<blocks_for(mn), kThreads, 0, s>>>(c, m, n, ldc, part, slices);
+  });
   return cudaGetLastError();
 }
 

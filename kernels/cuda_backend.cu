@@ -142,6 +142,21 @@ bool fused_update_from_env() noexcept {
   return v && env_on("DQN_FUSED_UPDATE");
 }
 
+/// Which fused head kernels run in tf32 (bit 1: head_forward, bit 2: head_backward_inputs), from
+/// DQN_FUSED_HEAD: unset → backward only (the fused forward measured slower on the H200,
+/// docs/performance.md); 0/off → none; 1/on/all → both; forward; backward. Anything else: unset.
+constexpr unsigned kFuseForward = 1, kFuseBackward = 2;
+unsigned fused_head_from_env() noexcept {
+  const char* v = std::getenv("DQN_FUSED_HEAD");
+  if (!v) return kFuseBackward;
+  if (!env_on("DQN_FUSED_HEAD")) return 0;
+  if (std::strcmp(v, "forward") == 0) return kFuseForward;
+  if (std::strcmp(v, "backward") == 0) return kFuseBackward;
+  for (const char* on : {"1", "on", "all", "true", "yes", "ON", "TRUE", "YES"})
+    if (std::strcmp(v, on) == 0) return kFuseForward | kFuseBackward;
+  return kFuseBackward;
+}
+
 /// DQN_GEMM_SPLIT_K=0 runs tall-k GEMMs whole instead of split into slices (for comparisons).
 bool split_k_from_env() noexcept { return env_on("DQN_GEMM_SPLIT_K"); }
 
@@ -193,6 +208,9 @@ class CudaBackend final : public Backend {
       DQN_CUBLAS_THROW(cublasCreate(&blas_));
       DQN_CUBLAS_THROW(cublasLtCreate(&lt_));
       DQN_CUDA_THROW(cudaMalloc(&workspace_base_, kWorkspaceBytes * kMaxLanes));
+      // Zeroed once: some cuBLASLt kernels read words of the workspace they have not written
+      // (initcheck), whose values they do not use; zero keeps those reads defined.
+      DQN_CUDA_THROW(cudaMemset(workspace_base_, 0, kWorkspaceBytes * kMaxLanes));
       workspace_ = workspace_base_;
       note_device_bytes(kWorkspaceBytes * kMaxLanes);
       // cublasSetStream resets the workspace to cuBLAS's own pool: set the stream first.
@@ -200,6 +218,7 @@ class CudaBackend final : public Backend {
       DQN_CUBLAS_THROW(cublasSetWorkspace(blas_, workspace_, kWorkspaceBytes));
       DQN_CUBLAS_THROW(cublasSetMathMode(blas_, precision == Precision::fp32 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH));
       DQN_CUDA_THROW(cudaMalloc(&scratch_base_, kInitialScratchBytes * kMaxLanes));
+      DQN_CUDA_THROW(cudaMemset(scratch_base_, 0, kInitialScratchBytes * kMaxLanes));
       scratch_ = scratch_base_;
       // "last block done" counters, one slot per lane: 0 between kernels (each kernel resets its own)
       DQN_CUDA_THROW(cudaMalloc(&counters_, kCounterBytes));
@@ -207,6 +226,13 @@ class CudaBackend final : public Backend {
       note_device_bytes(kCounterBytes);
       scratch_bytes_ = kInitialScratchBytes;
       note_device_bytes(kInitialScratchBytes * kMaxLanes);
+      // The fused head forward may use up to the opt-in shared memory of a block: granted once here.
+      if (fused_head_ && cuda::head_forward_prepare(props_.sharedMemPerBlockOptin) == cudaSuccess) {
+        head_forward_shared_max_ = props_.sharedMemPerBlockOptin;
+      } else {
+        cudaGetLastError();
+        fused_head_ = 0;
+      }
       // The fused update (opt-in) needs cooperative launches inside captured graphs: probed here.
       if (fused_update_from_env()) {
         const int blocks = cuda::update_grid(props_);
@@ -624,6 +650,10 @@ class CudaBackend final : public Backend {
     DQN_CUDA_OK(op, cuda::update(stream_, u, s, update_blocks_));
   }
 
+  /// Where the library workspace and the scratch lie (for mapping a sanitizer's addresses).
+  const void* workspace_base() const noexcept { return workspace_base_; }
+  const void* scratch_base() const noexcept { return scratch_base_; }
+
   /// Blocks of the fused update's cooperative launch; 0: the four separate ops instead.
   int fused_update_blocks() const noexcept { return update_blocks_; }
 
@@ -802,6 +832,49 @@ class CudaBackend final : public Backend {
     DQN_CUDA_OK(op, cuda::dueling_dist(stream_, a));
   }
 
+  /// tf32 and few rows: one kernel (tensor-core mma, a block per 16 rows and branch); other
+  /// precisions, many rows, sizes beyond its shared memory, or DQN_FUSED_HEAD=0: the composed
+  /// GEMMs and dueling_dist.
+  void head_forward(const HeadForward& a) noexcept override {
+    constexpr const char* op = "head_forward";
+    // Every block streams the head's weights from L2 for its 16 rows: worth it while the blocks
+    // fit in about two waves; beyond, the GEMMs (which reuse each weight tile across rows) win.
+    const std::int64_t blocks = (std::int64_t(a.rows) + 15) / 16 * std::max(a.D, 1);
+    const bool fits = a.rows > 0 && a.H2 > 0 && a.Hh > 0 && a.D > 0 && a.D <= 65535 && a.A > 0 && a.Z > 0 &&
+                      blocks <= 2 * std::int64_t(props_.multiProcessorCount) &&
+                      cuda::head_forward_shared_bytes(a.H2, a.Hh, a.A, a.Z) <= head_forward_shared_max_;
+    if (!(fused_head_ & kFuseForward) || precision_ != Precision::tf32 || !fits) return head_forward_composed(a);
+    if (a.ldx < a.H2 || a.ldv < a.Z) return fail(op, "ldx smaller than H2 or ldv smaller than Z");
+    if (a.star_from < 0 || a.star_from > a.rows) return fail(op, "star_from outside [0, rows]");
+    if (a.a_star && !a.q) return fail(op, "a_star needs q");
+    if (!real_ok(a.x, op, "x") || !real_ok(a.w1, op, "w1") || !real_ok(a.b1, op, "b1") || !real_ok(a.wv2, op, "wv2") ||
+        !real_ok(a.bv2, op, "bv2") || !real_ok(a.wb2, op, "wb2") || !real_ok(a.bb2, op, "bb2") ||
+        !real_ok(a.hidden, op, "hidden") || !real_ok(a.v, op, "v") || !real_ok(a.adv, op, "adv"))
+      return;
+    if (a.logp && !real_ok(a.logp, op, "logp")) return;
+    if (a.q && !real_ok(a.q, op, "q")) return;
+    if (planning_) return;
+    DQN_CUDA_OK(op, cuda::head_forward(stream_, a));
+  }
+
+  /// tf32 and few rows: one kernel (a block per 16 rows and hidden segment); else the composed
+  /// GEMMs and relu_backward (as head_forward).
+  void head_backward_inputs(const HeadBackward& a) noexcept override {
+    constexpr const char* op = "head_backward_inputs";
+    const std::int64_t blocks = (std::int64_t(a.rows) + 15) / 16 * (1 + std::int64_t(std::max(a.D, 0)));
+    const bool fits = a.rows > 0 && a.Hh > 0 && a.D > 0 && a.D < 65535 && a.A > 0 && a.Z > 0 &&
+                      blocks <= 2 * std::int64_t(props_.multiProcessorCount) &&
+                      cuda::head_backward_inputs_shared_bytes(a.A, a.Z) <= head_forward_shared_max_;
+    if (!(fused_head_ & kFuseBackward) || precision_ != Precision::tf32 || !fits)
+      return head_backward_inputs_composed(a);
+    if (a.lddv < a.Z) return fail(op, "lddv smaller than Z");
+    if (!real_ok(a.dv, op, "dv") || !real_ok(a.dadv, op, "dadv") || !real_ok(a.wv2, op, "wv2") ||
+        !real_ok(a.wb2, op, "wb2") || !real_ok(a.hidden, op, "hidden") || !real_ok(a.dhidden, op, "dhidden"))
+      return;
+    if (planning_) return;
+    DQN_CUDA_OK(op, cuda::head_backward_inputs(stream_, a));
+  }
+
   void relu_bias_grad(Real dy, Real y, Real db, int rows, int cols, int ld, int heads, std::int64_t stride_dy,
                       std::int64_t stride_y, std::int64_t stride_db) noexcept override {
     constexpr const char* op = "relu_bias_grad";
@@ -877,6 +950,7 @@ class CudaBackend final : public Backend {
     scratch_ = scratch_base_ = nullptr;
     scratch_bytes_ = 0;
     DQN_CUDA_THROW(cudaMalloc(&scratch_base_, bytes * kMaxLanes));
+    DQN_CUDA_THROW(cudaMemset(scratch_base_, 0, bytes * kMaxLanes));
     scratch_bytes_ = bytes;
     scratch_ = static_cast<char*>(scratch_base_) + static_cast<std::size_t>(lane_) * scratch_bytes_;
     note_device_bytes(bytes * kMaxLanes);
@@ -1306,6 +1380,8 @@ class CudaBackend final : public Backend {
   int update_blocks_ = 0;                ///< the fused update's grid (0: not fused)
   bool in_split_ = false;                ///< inside split_k: its slices are never split again
   bool split_k_ = split_k_from_env();     ///< DQN_GEMM_SPLIT_K, read once per backend
+  unsigned fused_head_ = fused_head_from_env();  ///< DQN_FUSED_HEAD, read once per backend
+  std::size_t head_forward_shared_max_ = 0;  ///< the fused head forward's shared-memory limit
   static constexpr int kSplitMinK = 1024, kSplitMinSlice = 256, kSplitMaxSlices = 32;
   void* tune_d_ = nullptr;               ///< autotuning's private D
   std::size_t tune_bytes_ = 0;
@@ -1338,6 +1414,9 @@ class CudaRuntime final : public Runtime {
     if (arena_) throw std::runtime_error("cuda: alloc_arena called twice (the arena is allocated once, at freeze)");
     bytes = std::max<std::size_t>(round_up(bytes, 256), 256);
     DQN_CUDA_THROW(cudaMalloc(&arena_, bytes));  // cudaMalloc aligns to at least 256 bytes
+    // Zeroed once, so every byte of it is defined before the first step (as the CPU runtime's).
+    DQN_CUDA_THROW(cudaMemset(arena_, 0, bytes));
+    DQN_CUDA_THROW(cudaDeviceSynchronize());
     arena_bytes_ = bytes;
     backend_.note_device_bytes(bytes);
     return arena_;
@@ -1514,14 +1593,14 @@ class CudaRuntime final : public Runtime {
 
   std::string describe() const override {
     const cudaDeviceProp& p = backend_.props();
-    char buf[512];
+    char buf[640];
     std::snprintf(buf, sizeof buf,
                   "cuda device %d: %s (sm_%d%d, %d SMs, %.1f GiB), precision %s, cuBLASLt workspace %zu MiB, "
-                  "scratch %zu KiB, arena %zu KiB, update %s",
+                  "scratch %zu KiB, arena %zu KiB at %p (workspace at %p, scratch at %p), update %s",
                   device_, p.name, p.major, p.minor, p.multiProcessorCount,
                   static_cast<double>(p.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0), precision_name(backend_.precision()),
-                  kWorkspaceBytes >> 20, backend_.scratch_bytes() >> 10, arena_bytes_ >> 10,
-                  backend_.fused_update_blocks() > 0 ? "fused (one cooperative kernel)" : "as separate kernels");
+                  kWorkspaceBytes >> 20, backend_.scratch_bytes() >> 10, arena_bytes_ >> 10, arena_,
+                  backend_.workspace_base(), backend_.scratch_base(), backend_.fused_update_blocks() > 0 ? "fused (one cooperative kernel)" : "as separate kernels");
     return buf;
   }
 

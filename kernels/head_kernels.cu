@@ -4,6 +4,7 @@
  *  dueling gradients. Each reproduces, operation for operation, the unfused kernels it replaces
  *  (same roundings, same fixed summation orders), so it matches the CPU twin as closely as they did.
  */
+#include <algorithm>
 #include <cmath>
 
 #include "device_util.cuh"
@@ -254,6 +255,300 @@ __global__ void __launch_bounds__(kColTile * kRowThreads)
   }
 }
 
+// --- the fused head forward (tf32 tensor cores) ----------------------------------------------
+
+constexpr int kHfRows = 16;     // rows per block: one m16 tile of the mma
+constexpr int kHfWarps = 8;
+constexpr int kHfThreads = 32 * kHfWarps;
+constexpr int kHfTiles = 5;     // n-tiles of 8 columns a warp carries at once
+constexpr int kHfUnroll = 8;    // k-steps of 8 whose weight loads are in flight together
+
+/// Leading dimension (in 4-byte words) of a shared A operand with k columns: ≥ k rounded up to 8,
+/// and ≡ 4 (mod 32), so the fragment loads (row g, column t) of a warp hit 32 different banks.
+__host__ __device__ constexpr int hf_lda(int k) { return ((k + 7) / 8 * 8 - 4 + 31) / 32 * 32 + 4; }
+static_assert(hf_lda(256) == 260 && hf_lda(1) == 36 && hf_lda(40) == 68 && hf_lda(36) == 68 && hf_lda(28) == 36);
+
+__device__ __forceinline__ std::uint32_t to_tf32(float x) {
+  std::uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+
+/// c += a · b for one m16n8k8 tile (a row-major 16×8, b column-major 8×8, tf32; c f32).
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/// One segment of a block GEMM: out[16, N] = As[16, K] · Wᵀ with W [N, K] row-major in global
+/// memory (or out = As · W with W [K, N], see hf_warp_gemm's NK) and As tf32 words in shared
+/// memory (lda as hf_lda, zero beyond K).
+struct HfSeg {
+  const std::uint32_t* As;
+  int lda;
+  const float* W;
+  int N;
+  __device__ __forceinline__ int tiles() const { return (N + 7) / 8; }
+};
+
+/// One warp: the n-tiles first, first + 1, … (at most NT) of the two segments' tiles laid end to
+/// end (s0's, then s1's). NK: W is [N, K] (out = As Wᵀ), else [K, N] (out = As W).
+/// epi(segment, row, col, value) receives every result with col < N of its segment. The
+/// accumulation order over k is fixed: the result is deterministic.
+template <int NT, bool NK, class Epi>
+__device__ __forceinline__ void hf_warp_gemm(const HfSeg& s0, const HfSeg& s1, int K, int first, Epi& epi) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int t0 = s0.tiles(), total = t0 + s1.tiles();
+  float acc[NT][4];
+  const float* wrow[NT];  // NK: row n of W; else column n of W (stride N)
+  int ldw[NT];
+  bool ok[NT], seg1[NT];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int tile = first + j;
+    seg1[j] = tile >= t0;
+    const int N = seg1[j] ? s1.N : s0.N;
+    const int n = (seg1[j] ? tile - t0 : tile) * 8 + g;
+    ok[j] = tile < total && n < N;
+    wrow[j] = (seg1[j] ? s1.W : s0.W) + (ok[j] ? (NK ? static_cast<std::int64_t>(n) * K : n) : 0);
+    ldw[j] = NK ? 1 : N;
+    acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  }
+  const int K8 = (K + 7) / 8 * 8;
+  for (int k0 = 0; k0 < K8; k0 += 8 * kHfUnroll) {
+    float b[kHfUnroll][NT][2];
+#pragma unroll
+    for (int u = 0; u < kHfUnroll; ++u) {
+      const int k = k0 + 8 * u + t;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        b[u][j][0] = ok[j] && k < K ? __ldg(wrow[j] + static_cast<std::int64_t>(k) * ldw[j]) : 0.0f;
+        b[u][j][1] = ok[j] && k + 4 < K ? __ldg(wrow[j] + static_cast<std::int64_t>(k + 4) * ldw[j]) : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kHfUnroll; ++u) {
+      const int k = k0 + 8 * u;
+      if (k >= K8) break;
+      std::uint32_t a0[4], a1[4];
+      a0[0] = s0.As[g * s0.lda + k + t];
+      a0[1] = s0.As[(g + 8) * s0.lda + k + t];
+      a0[2] = s0.As[g * s0.lda + k + t + 4];
+      a0[3] = s0.As[(g + 8) * s0.lda + k + t + 4];
+      a1[0] = s1.As[g * s1.lda + k + t];
+      a1[1] = s1.As[(g + 8) * s1.lda + k + t];
+      a1[2] = s1.As[g * s1.lda + k + t + 4];
+      a1[3] = s1.As[(g + 8) * s1.lda + k + t + 4];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const std::uint32_t aj[4] = {seg1[j] ? a1[0] : a0[0], seg1[j] ? a1[1] : a0[1], seg1[j] ? a1[2] : a0[2],
+                                     seg1[j] ? a1[3] : a0[3]};
+        if (first + j < total) mma_tf32(acc[j], aj, to_tf32(b[u][j][0]), to_tf32(b[u][j][1]));
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int tile = first + j;
+    if (tile >= total) continue;
+    const int sg = seg1[j] ? 1 : 0, N = seg1[j] ? s1.N : s0.N;
+    const int c = (seg1[j] ? tile - t0 : tile) * 8 + 2 * t;
+    if (c < N) {
+      epi(sg, g, c, acc[j][0]);
+      epi(sg, g + 8, c, acc[j][2]);
+    }
+    if (c + 1 < N) {
+      epi(sg, g, c + 1, acc[j][1]);
+      epi(sg, g + 8, c + 1, acc[j][3]);
+    }
+  }
+}
+
+/// Every warp of the block takes groups of NT n-tiles of the two segments in turn.
+template <int NT = kHfTiles, bool NK = true, class Epi>
+__device__ __forceinline__ void hf_block_gemm(const HfSeg& s0, const HfSeg& s1, int K, Epi&& epi) {
+  const int warp = threadIdx.x >> 5, total = s0.tiles() + s1.tiles();
+  for (int first = warp * NT; first < total; first += kHfWarps * NT) hf_warp_gemm<NT, NK>(s0, s1, K, first, epi);
+}
+
+struct HfLayout {  ///< shared memory of one block, in 4-byte words
+  int ldx, ldh, x, hv, hb, v, adv, mean, qs, words;
+};
+
+__host__ __device__ inline HfLayout hf_layout(int H2, int Hh, int A, int Z) {
+  HfLayout l{};
+  l.ldx = hf_lda(H2);
+  l.ldh = hf_lda(Hh);
+  l.x = 0;
+  l.hv = l.x + kHfRows * l.ldx;
+  l.hb = l.hv + kHfRows * l.ldh;
+  l.v = l.hb + kHfRows * l.ldh;
+  l.adv = l.v + kHfRows * Z;
+  l.mean = l.adv + kHfRows * A * Z;
+  l.qs = l.mean + kHfRows * Z;
+  l.words = l.qs + kHfRows * A;
+  return l;
+}
+
+/// Grid (row tiles of 16, D): block (r, d) computes, for its 16 rows, the value stream and branch d
+/// from x: hidden_v and hidden_d (ReLU), v and adv_d, then the distribution of branch d (the
+/// dueling combine of a branch needs only v and that branch's advantages). Block d = 0 writes
+/// hidden_v and v; every block writes its branch's hidden, adv, logp, q and a*. The value stream
+/// is computed by every branch's block (cheaper than waiting for one another).
+__global__ void __launch_bounds__(kHfThreads) head_forward_kernel(HeadForward a, float dz) {
+  extern __shared__ float hf_shared[];
+  const int H2 = a.H2, Hh = a.Hh, D = a.D, A = a.A, Z = a.Z, az = A * Z, hc = (1 + D) * Hh;
+  const HfLayout L = hf_layout(H2, Hh, A, Z);
+  std::uint32_t* xs = reinterpret_cast<std::uint32_t*>(hf_shared + L.x);
+  std::uint32_t* hv = reinterpret_cast<std::uint32_t*>(hf_shared + L.hv);
+  std::uint32_t* hb = reinterpret_cast<std::uint32_t*>(hf_shared + L.hb);
+  float* vs = hf_shared + L.v;
+  float* advs = hf_shared + L.adv;
+  float* mean = hf_shared + L.mean;
+  float* qs = hf_shared + L.qs;
+  const int r0 = blockIdx.x * kHfRows, d = blockIdx.y;
+  const int nrows = min(kHfRows, a.rows - r0);
+  const float* X = static_cast<const float*>(a.x.p);
+  // x tile → tf32 words (zero beyond the rows and beyond H2, up to the padded width)
+  const int K8x = (H2 + 7) / 8 * 8;
+  for (int i = threadIdx.x; i < kHfRows * K8x; i += kHfThreads) {
+    const int r = i / K8x, c = i - r * K8x;
+    const float x = r < nrows && c < H2 ? X[static_cast<std::int64_t>(r0 + r) * a.ldx + c] : 0.0f;
+    xs[r * L.ldx + c] = to_tf32(x);
+  }
+  const int K8h = (Hh + 7) / 8 * 8;
+  for (int i = threadIdx.x; i < kHfRows * (K8h - Hh); i += kHfThreads) {  // the k padding of hv, hb
+    const int r = i / (K8h - Hh), c = Hh + i % (K8h - Hh);
+    hv[r * L.ldh + c] = 0u;
+    hb[r * L.ldh + c] = 0u;
+  }
+  __syncthreads();
+  {  // hidden layers: value stream (W1 rows [0, Hh)) and branch d (rows [(1+d)Hh, (2+d)Hh))
+    const float* W1 = static_cast<const float*>(a.w1.p);
+    const float* B1 = static_cast<const float*>(a.b1.p);
+    float* HID = static_cast<float*>(a.hidden.p);
+    const int col1 = (1 + d) * Hh;
+    auto epi = [&](int sg, int r, int c, float acc) {
+      const int col = sg ? col1 + c : c;
+      const float y = fmaxf(acc + B1[col], 0.0f);
+      (sg ? hb : hv)[r * L.ldh + c] = to_tf32(y);
+      if (r < nrows && (sg || d == 0)) HID[static_cast<std::int64_t>(r0 + r) * hc + col] = y;
+    };
+    hf_block_gemm(HfSeg{xs, L.ldx, W1, Hh}, HfSeg{xs, L.ldx, W1 + static_cast<std::int64_t>(col1) * H2, Hh}, H2, epi);
+  }
+  __syncthreads();
+  {  // output layers: adv_d = hidden_d Wb2_dᵀ + bb2_d, v = hidden_v Wv2ᵀ + bv2
+    const float* BV = static_cast<const float*>(a.bv2.p);
+    const float* BB = static_cast<const float*>(a.bb2.p) + static_cast<std::int64_t>(d) * az;
+    float* VO = static_cast<float*>(a.v.p);
+    float* ADVO = static_cast<float*>(a.adv.p);
+    auto epi = [&](int sg, int r, int c, float acc) {
+      if (sg == 0) {
+        const float y = acc + BB[c];
+        advs[r * az + c] = y;
+        if (r < nrows) ADVO[(static_cast<std::int64_t>(r0 + r) * D + d) * az + c] = y;
+      } else {
+        const float y = acc + BV[c];
+        vs[r * Z + c] = y;
+        if (d == 0 && r < nrows) VO[static_cast<std::int64_t>(r0 + r) * a.ldv + c] = y;
+      }
+    };
+    hf_block_gemm(HfSeg{hb, L.ldh, static_cast<const float*>(a.wb2.p) + static_cast<std::int64_t>(d) * az * Hh, az},
+                  HfSeg{hv, L.ldh, static_cast<const float*>(a.wv2.p), Z}, Hh, epi);
+  }
+  if (!a.logp.p) return;
+  __syncthreads();
+  // The distribution of branch d, in float: the mean advantage of every (row, atom), then a thread
+  // per (row, action) for the log-softmax of v + adv − mean over the atoms (written over its own
+  // advantages) and Q; then coalesced stores, and the double-DQN argmax (ties: lowest index).
+  for (int i = threadIdx.x; i < nrows * Z; i += kHfThreads) {
+    const int r = i / Z, z = i - r * Z;
+    float s = 0.0f;
+    for (int act = 0; act < A; ++act) s += advs[r * az + act * Z + z];
+    mean[i] = s / A;
+  }
+  __syncthreads();
+  const float v_min = a.v_min;
+  for (int item = threadIdx.x; item < nrows * A; item += kHfThreads) {
+    const int r = item / A, act = item - r * A;
+    float* x = advs + r * az + act * Z;
+    const float* vr = vs + r * Z;
+    const float* mr = mean + r * Z;
+    float mx = -INFINITY;
+    for (int i = 0; i < Z; ++i) {
+      const float l = vr[i] + x[i] - mr[i];
+      x[i] = l;
+      mx = fmaxf(mx, l);
+    }
+    float sum = 0.0f;
+    for (int i = 0; i < Z; ++i) sum += expf(x[i] - mx);
+    const float lse = mx + logf(sum);
+    float qa = 0.0f;
+    for (int i = 0; i < Z; ++i) {
+      const float l = x[i] - lse;
+      x[i] = l;
+      qa += (v_min + i * dz) * expf(l);
+    }
+    qs[item] = qa;
+  }
+  __syncthreads();
+  float* LP = static_cast<float*>(a.logp.p);
+  for (int i = threadIdx.x; i < nrows * az; i += kHfThreads) {
+    const int r = i / az, c = i - r * az;
+    LP[(static_cast<std::int64_t>(r0 + r) * D + d) * az + c] = advs[i];
+  }
+  if (a.q.p) {
+    float* Q = static_cast<float*>(a.q.p);
+    for (int i = threadIdx.x; i < nrows * A; i += kHfThreads) {
+      const int r = i / A, act = i - r * A;
+      Q[(static_cast<std::int64_t>(r0 + r) * D + d) * A + act] = qs[i];
+    }
+  }
+  if (!a.a_star) return;
+  for (int r = threadIdx.x; r < nrows; r += kHfThreads) {
+    if (r0 + r < a.star_from) continue;
+    int best = 0;
+    for (int act = 1; act < A; ++act)
+      if (qs[r * A + act] > qs[r * A + best]) best = act;  // strict: ties keep the lowest index
+    a.a_star[static_cast<std::int64_t>(r0 + r - a.star_from) * D + d] = best;
+  }
+}
+
+/// Grid (row tiles of 16, 1 + D): block (r, 0) computes dhidden_v = (dv · Wv2) ⊙ [hidden_v > 0]
+/// for its 16 rows, block (r, 1 + d) dhidden_d = (dadv_d · Wb2_d) ⊙ [hidden_d > 0]: the segments of
+/// dhidden are independent of one another.
+__global__ void __launch_bounds__(kHfThreads) head_backward_inputs_kernel(HeadBackward a) {
+  extern __shared__ float hb_shared[];
+  const int Hh = a.Hh, D = a.D, az = a.A * a.Z, hc = (1 + D) * Hh, s = blockIdx.y;
+  const int K = s == 0 ? a.Z : az;
+  const int lda = hf_lda(K), K8 = (K + 7) / 8 * 8;
+  std::uint32_t* as = reinterpret_cast<std::uint32_t*>(hb_shared);
+  const int r0 = blockIdx.x * kHfRows;
+  const int nrows = min(kHfRows, a.rows - r0);
+  const float* src = s == 0 ? static_cast<const float*>(a.dv.p) : static_cast<const float*>(a.dadv.p) + (s - 1) * az;
+  const std::int64_t lds = s == 0 ? a.lddv : static_cast<std::int64_t>(D) * az;
+  for (int i = threadIdx.x; i < kHfRows * K8; i += kHfThreads) {
+    const int r = i / K8, c = i - r * K8;
+    const float x = r < nrows && c < K ? src[(r0 + r) * lds + c] : 0.0f;
+    as[r * lda + c] = to_tf32(x);
+  }
+  __syncthreads();
+  const float* W = s == 0 ? static_cast<const float*>(a.wv2.p)
+                          : static_cast<const float*>(a.wb2.p) + static_cast<std::int64_t>(s - 1) * az * Hh;
+  const float* HID = static_cast<const float*>(a.hidden.p);
+  float* DH = static_cast<float*>(a.dhidden.p);
+  const int col0 = s * Hh;
+  auto epi = [&](int, int r, int c, float acc) {
+    if (r >= nrows) return;
+    const std::int64_t k = static_cast<std::int64_t>(r0 + r) * hc + col0 + c;
+    DH[k] = HID[k] > 0.0f ? acc : 0.0f;
+  };
+  const HfSeg seg{as, lda, W, Hh}, none{as, lda, W, 0};
+  hf_block_gemm<2, false>(seg, none, K, epi);
+}
+
 std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a; }
 
 int loss_warps(int D) { return D < kLossMaxWarps ? (D < 1 ? 1 : D) : kLossMaxWarps; }
@@ -291,6 +586,36 @@ cudaError_t c51_loss(cudaStream_t s, const C51Loss& a, void* scratch, unsigned* 
   c51_loss_kernel<<<a.B, 32 * warps, c51_loss_shared_bytes(a.D, a.Z), s>>>(
       a, support_step(a.v_min, a.v_max, a.Z), static_cast<double*>(scratch), counter);
   return cudaGetLastError();
+}
+
+std::size_t head_forward_shared_bytes(int H2, int Hh, int A, int Z) {
+  return static_cast<std::size_t>(hf_layout(H2, Hh, A, Z).words) * 4;
+}
+
+cudaError_t head_forward(cudaStream_t s, const HeadForward& a) {
+  const dim3 grid(static_cast<unsigned>((a.rows + kHfRows - 1) / kHfRows), static_cast<unsigned>(a.D));
+  head_forward_kernel<<<grid, kHfThreads, head_forward_shared_bytes(a.H2, a.Hh, a.A, a.Z), s>>>(
+      a, static_cast<float>(support_step(a.v_min, a.v_max, a.Z)));
+  return cudaGetLastError();
+}
+
+std::size_t head_backward_inputs_shared_bytes(int A, int Z) {
+  const int k = std::max(A * Z, Z);
+  return static_cast<std::size_t>(kHfRows) * hf_lda(k) * 4;
+}
+
+cudaError_t head_backward_inputs(cudaStream_t s, const HeadBackward& a) {
+  const dim3 grid(static_cast<unsigned>((a.rows + kHfRows - 1) / kHfRows), static_cast<unsigned>(1 + a.D));
+  head_backward_inputs_kernel<<<grid, kHfThreads, head_backward_inputs_shared_bytes(a.A, a.Z), s>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t head_forward_prepare(std::size_t max_shared_bytes) {
+  const cudaError_t e = cudaFuncSetAttribute(head_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(max_shared_bytes));
+  if (e != cudaSuccess) return e;
+  return cudaFuncSetAttribute(head_backward_inputs_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(max_shared_bytes));
 }
 
 }  // namespace dqn::cuda

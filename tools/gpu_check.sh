@@ -46,21 +46,25 @@ $build/tools/dqn bench pipelines/ref.yaml --batch 256,1024,4096 --precision fp32
 DQN_FUSED_UPDATE=1 $build/tools/dqn bench pipelines/ref.yaml --batch 256 --precision tf32 >"$out/bench_switches.txt" 2>&1
 DQN_FUSED_UPDATE=1 $build/tools/dqn bench pipelines/ref.yaml $all --batch 256 --precision tf32 2>&1 | tail -1 >>"$out/bench_switches.txt"
 DQN_GEMM_SPLIT_K=0 $build/tools/dqn bench pipelines/ref.yaml $all --batch 256,4096 --precision tf32 2>&1 | tail -2 >>"$out/bench_switches.txt"
+for fh in 0 1; do
+  DQN_FUSED_HEAD=$fh $build/tools/dqn bench pipelines/ref.yaml --batch 256 --precision tf32 2>&1 | tail -1 >>"$out/bench_switches.txt"
+  DQN_FUSED_HEAD=$fh $build/tools/dqn bench pipelines/ref.yaml $all --batch 256 --precision tf32 2>&1 | tail -1 >>"$out/bench_switches.txt"
+done
 {
   echo "== C51 (ref), tf32: engine vs PyTorch graph"; cat "$out/compare_c51.txt"
   echo "== all four heads (ref), tf32"; cat "$out/compare_full.txt"
   echo "== C51, fp32 and bf16"; cat "$out/bench_prec.txt"
-  echo "== DQN_FUSED_UPDATE=1 (C51, all heads; B 256), DQN_GEMM_SPLIT_K=0 (all heads; B 256, 4096), tf32"
+  echo "== DQN_FUSED_UPDATE=1 (C51, all heads; B 256), DQN_GEMM_SPLIT_K=0 (all heads; B 256, 4096), DQN_FUSED_HEAD=0 then =1 (C51, all heads; B 256), tf32"
   grep -v "^pipeline" "$out/bench_switches.txt"
 } | tee -a "$summary"
 grep -o '"device": "[^"]*"' "$out/compare_c51.json" | head -1 | tee -a "$summary"
 [ "$mode" = bench ] && exit 0
 
-# compute-sanitizer (time-boxed): the fused update op, and whole steps with all four heads. The
+# compute-sanitizer (time-boxed): the fused update and head ops, and whole steps with all four heads. The
 # zero-sync test is left out: it subscribes to CUPTI, which the sanitizer holds.
 for tool in ${SANITIZE_OPS:-memcheck racecheck}; do
-  timeout 60 meson test -C $build --no-rebuild --setup $tool gpu.ops --test-args='-tc=*update*' \
-    >"$out/san_${tool}_ops.log" 2>&1; note "$tool gpu.ops update: rc=$?"
+  timeout 60 meson test -C $build --no-rebuild --setup $tool gpu.ops --test-args='-tc=*update*,*head_forward*' \
+    >"$out/san_${tool}_ops.log" 2>&1; note "$tool gpu.ops update, head_forward: rc=$?"
 done
 for tool in ${SANITIZE_STEP:-memcheck initcheck}; do
   timeout 100 meson test -C $build --no-rebuild --setup $tool gpu.step \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine: per-kernel device time of the captured step (ncu, one kernel node at a time)
 # for the C51-only ref workload and ref with all heads, B 256, tf32. CSVs go to ${OUT:-out}/.
-# Usage: tools/gpu_profile.sh [batch]
+# Usage: tools/gpu_profile.sh [batch]   (NCU_CACHE=none: caches left warm between kernels, as in a replay)
 set -uo pipefail
 out=${OUT:-out}; mkdir -p "$out"
 export PATH=/usr/local/cuda/bin:$PATH
@@ -16,7 +16,7 @@ all="heads.1.enabled=true heads.2.enabled=true heads.3.enabled=true"
 for cfg in c51 full; do
   ov=""; [ $cfg = full ] && ov=$all
   # warm-up 1, then 2 profiled replays; the kernels launched at init are profiled too (filtered later)
-  ncu --clock-control none --graph-profiling node --metrics gpu__time_duration.sum --csv --print-units base \
+  ncu --clock-control none --cache-control ${NCU_CACHE:-all} --graph-profiling node --metrics gpu__time_duration.sum --csv --print-units base \
     $build/tools/dqn bench pipelines/ref.yaml $ov --batch $b --precision tf32 --warmup 1 --iters 2 --repeats 1 \
     >"$out/ncu_$cfg.csv" 2>"$out/ncu_$cfg.err" || tail -5 "$out/ncu_$cfg.err"
 done

@@ -39,6 +39,7 @@ class CpuRuntime final : public Runtime {
     // Never zero bytes, so an empty arena is still a distinct, freeable pointer.
     const std::size_t size = round_up(bytes == 0 ? 1 : bytes);
     arena_ = ::operator new(size, std::align_val_t{kAlignment});
+    std::memset(arena_, 0, size);  // every byte defined before the first step, as on the GPU
     arena_bytes_ = size;
     ++allocations_;
     return arena_;

@@ -152,7 +152,7 @@ HostActor::HostActor(const PipelineSpec& spec, const Registry& reg, int max_rows
   in_.resize(rows * std::size_t(S_));
   for (int w : widths_) trunk_acts_.emplace_back(rows * std::size_t(w));
   hidden_.resize(rows * std::size_t(dims_.hidden_cols()));
-  v_.resize(rows * std::size_t(dims_.Z));
+  v_.resize(rows * std::size_t(dims_.ldz()));  // [rows, ldz], as bdq::forward writes it
   const std::size_t daz = rows * std::size_t(dims_.D) * std::size_t(az);
   adv_.resize(daz);
   logits_.resize(daz);

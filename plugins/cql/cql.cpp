@@ -31,7 +31,7 @@ class CqlHead final : public Head {
       const std::int64_t B = B_, D = d_.D, A = d_.A, Z = d_.Z, hc = d_.hidden_cols();
       struct Decl { std::string n; std::vector<std::int64_t> s; };
       const std::vector<Decl> decls = {
-          {own("dq"), {B, D, A}}, {own("dlogits"), {B, D, A, Z}}, {own("dv"), {B, Z}},
+          {own("dq"), {B, D, A}}, {own("dlogits"), {B, D, A, Z}}, {own("dv"), {B, std::int64_t(d_.ldz())}},
           {own("dadv"), {B, D, A, Z}}, {own("dhidden"), {B, hc}},
       };
       for (const auto& x : decls)

@@ -634,6 +634,164 @@ TEST_CASE("gpu.ops.dueling_dist: combine + log-softmax + Q + argmax in one pass,
   }
 }
 
+TEST_CASE("gpu.ops.head_forward: the fused tf32 kernel against the CPU's GEMMs and dueling_dist") {
+  setenv("DQN_FUSED_HEAD", "1", 1);  // both fused kernels (read when a backend is made)
+  struct Unset {
+    ~Unset() { unsetenv("DQN_FUSED_HEAD"); }
+  } unset;
+  // tf32 keeps 10 mantissa bits of every GEMM operand: ≈5e-4 relative per product, so the
+  // outputs get 5e-3 (norm-wise); a* is checked against the CPU's Q with the same allowance.
+  constexpr double kTf32 = 5e-3;
+  const struct {
+    int rows, H2, Hh, D, A, Z, star_from;
+    bool dist;
+  } shapes[] = {{74, 256, 128, 3, 5, 51, 37, true}, {37, 72, 40, 2, 3, 11, 20, true}, {5, 13, 9, 1, 2, 3, 0, true},
+                {21, 30, 17, 4, 3, 7, 0, false}};
+  for (const auto& sh : shapes) {
+    INFO("rows " << sh.rows << " H2 " << sh.H2 << " Hh " << sh.Hh << " D " << sh.D << " A " << sh.A << " Z " << sh.Z);
+    Gpu gpu(Precision::tf32);
+    Cpu cpu;
+    const int rows = sh.rows, H2 = sh.H2, Hh = sh.Hh, D = sh.D, A = sh.A, Z = sh.Z, hc = (1 + D) * Hh, az = A * Z;
+    const int ldx = H2 + 5, ldv = Z + 2;
+    const std::size_t n_out = static_cast<std::size_t>(rows) * D * az, nq = static_cast<std::size_t>(rows) * D * A;
+    const std::size_t ns = static_cast<std::size_t>(rows - sh.star_from) * D;
+    const float s1 = 1.0f / std::sqrt(static_cast<float>(H2)), s2 = 1.0f / std::sqrt(static_cast<float>(Hh));
+    auto x = random_vec(static_cast<std::size_t>(rows) * ldx, -1.5f, 1.5f, 61);
+    auto w1 = random_vec(static_cast<std::size_t>(hc) * H2, -s1, s1, 62);
+    auto b1 = random_vec(static_cast<std::size_t>(hc), -0.2f, 0.2f, 63);
+    auto wv2 = random_vec(static_cast<std::size_t>(Z) * Hh, -s2, s2, 64);
+    auto bv2 = random_vec(static_cast<std::size_t>(Z), -0.2f, 0.2f, 65);
+    auto wb2 = random_vec(static_cast<std::size_t>(D) * az * Hh, -s2, s2, 66);
+    auto bb2 = random_vec(static_cast<std::size_t>(D) * az, -0.2f, 0.2f, 67);
+    HeadForward a;
+    a.ldx = ldx; a.ldv = ldv; a.rows = rows; a.H2 = H2; a.Hh = Hh; a.D = D; a.A = A; a.Z = Z;
+    a.star_from = sh.star_from; a.v_min = -10.0f; a.v_max = 10.0f;
+    HeadForward ag = a, ac = a;
+    // one poisoned row beyond `rows` in every output: nothing may be written there
+    ag.x = gpu.put(x); ag.w1 = gpu.put(w1); ag.b1 = gpu.put(b1); ag.wv2 = gpu.put(wv2); ag.bv2 = gpu.put(bv2);
+    ag.wb2 = gpu.put(wb2); ag.bb2 = gpu.put(bb2);
+    ag.hidden = gpu.poisoned(static_cast<std::int64_t>(rows + 1) * hc);
+    ag.v = gpu.poisoned(static_cast<std::int64_t>(rows + 1) * ldv);
+    ag.adv = gpu.poisoned(static_cast<std::int64_t>(rows + 1) * D * az);
+    std::vector<std::int32_t> poison(ns + D, -1);
+    if (sh.dist) {
+      ag.logp = gpu.poisoned(static_cast<std::int64_t>(n_out + static_cast<std::size_t>(D) * az));
+      ag.q = gpu.poisoned(static_cast<std::int64_t>(nq + static_cast<std::size_t>(D) * A));
+      ag.a_star = gpu.put_typed(poison);
+    }
+    for (int rep = 0; rep < 2; ++rep) gpu.ops.head_forward(ag);  // reruns give the same
+    gpu.ok();
+    std::vector<float> hid(static_cast<std::size_t>(rows) * hc, kNaN), v(static_cast<std::size_t>(rows) * ldv, kNaN),
+        adv(n_out, kNaN), lp(n_out, kNaN), q(nq, kNaN);
+    std::vector<std::int32_t> star_c(ns, -1);
+    ac.x = host(x); ac.w1 = host(w1); ac.b1 = host(b1); ac.wv2 = host(wv2); ac.bv2 = host(bv2); ac.wb2 = host(wb2);
+    ac.bb2 = host(bb2); ac.hidden = host(hid); ac.v = host(v); ac.adv = host(adv);
+    if (sh.dist) {
+      ac.logp = host(lp);
+      ac.q = host(q);
+      ac.a_star = star_c.data();
+    }
+    cpu.ops->head_forward(ac);
+    cpu.ok();
+    auto hid_g = gpu.get(ag.hidden, static_cast<std::int64_t>(rows + 1) * hc);
+    auto v_g = gpu.get(ag.v, static_cast<std::int64_t>(rows + 1) * ldv);
+    auto adv_g = gpu.get(ag.adv, static_cast<std::int64_t>(rows + 1) * D * az);
+    auto all_nan = [](const std::vector<float>& h, std::size_t from, std::size_t to) {
+      for (std::size_t i = from; i < to; ++i)
+        if (!std::isnan(h[i])) return false;
+      return true;
+    };
+    CHECK_MESSAGE(all_nan(hid_g, hid.size(), hid_g.size()), "hidden written beyond rows");
+    CHECK_MESSAGE(all_nan(adv_g, n_out, adv_g.size()), "adv written beyond rows");
+    CHECK_MESSAGE(all_nan(v_g, v.size(), v_g.size()), "v written beyond rows");
+    bool pad_kept = true;  // v's columns beyond Z keep what they held
+    for (int r = 0; r < rows; ++r)
+      for (int c = Z; c < ldv; ++c) pad_kept = pad_kept && std::isnan(v_g[static_cast<std::size_t>(r) * ldv + c]);
+    CHECK_MESSAGE(pad_kept, "v's padding columns written");
+    hid_g.resize(hid.size());
+    adv_g.resize(n_out);
+    v_g.resize(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i)
+      if (static_cast<int>(i % static_cast<std::size_t>(ldv)) >= Z) v_g[i] = v[i] = 0.0f;
+    expect_close(hid_g, hid, kTf32, "head_forward hidden");
+    expect_close(v_g, v, kTf32, "head_forward v");
+    expect_close(adv_g, adv, kTf32, "head_forward adv");
+    if (!sh.dist) continue;
+    auto lp_g = gpu.get(ag.logp, static_cast<std::int64_t>(n_out + static_cast<std::size_t>(D) * az));
+    auto q_g = gpu.get(ag.q, static_cast<std::int64_t>(nq + static_cast<std::size_t>(D) * A));
+    auto star_g = gpu.get_typed(ag.a_star, ns + static_cast<std::size_t>(D));
+    CHECK_MESSAGE(all_nan(lp_g, n_out, lp_g.size()), "logp written beyond rows");
+    CHECK_MESSAGE(all_nan(q_g, nq, q_g.size()), "q written beyond rows");
+    bool star_tail = true;
+    for (std::size_t i = ns; i < star_g.size(); ++i) star_tail = star_tail && star_g[i] == -1;
+    CHECK_MESSAGE(star_tail, "a* written beyond its rows");
+    lp_g.resize(n_out);
+    q_g.resize(nq);
+    expect_close(lp_g, lp, kTf32, "head_forward logp");
+    expect_close(q_g, q, kTf32, "head_forward q");
+    int bad = 0;  // the GPU's a* must be a best action by the CPU's Q, up to the tf32 allowance
+    for (std::size_t i = 0; i < ns; ++i) {
+      const std::size_t r = static_cast<std::size_t>(sh.star_from) + i / static_cast<std::size_t>(D),
+                        d = i % static_cast<std::size_t>(D);
+      const float* qr = q.data() + (r * static_cast<std::size_t>(D) + d) * static_cast<std::size_t>(A);
+      const int g = star_g[i];
+      if (g < 0 || g >= A) {
+        ++bad;
+        continue;
+      }
+      const float best = qr[star_c[i]];
+      if (qr[g] < best - 1e-2f * (1.0f + std::fabs(best))) ++bad;
+    }
+    CHECK_MESSAGE(bad == 0, bad << " of " << ns << " a* are not a best action");
+  }
+}
+
+TEST_CASE("gpu.ops.head_backward_inputs: the fused tf32 kernel against the CPU's GEMMs and relu_backward") {
+  setenv("DQN_FUSED_HEAD", "1", 1);  // both fused kernels (read when a backend is made)
+  struct Unset {
+    ~Unset() { unsetenv("DQN_FUSED_HEAD"); }
+  } unset;
+  constexpr double kTf32 = 5e-3;  // as head_forward: tf32 operands
+  const struct {
+    int rows, Hh, D, A, Z;
+  } shapes[] = {{256, 128, 3, 5, 51}, {37, 40, 2, 3, 11}, {5, 9, 1, 2, 3}};
+  for (const auto& sh : shapes) {
+    INFO("rows " << sh.rows << " Hh " << sh.Hh << " D " << sh.D << " A " << sh.A << " Z " << sh.Z);
+    Gpu gpu(Precision::tf32);
+    Cpu cpu;
+    const int rows = sh.rows, Hh = sh.Hh, D = sh.D, A = sh.A, Z = sh.Z, hc = (1 + D) * Hh, az = A * Z, lddv = Z + 3;
+    auto dv = random_vec(static_cast<std::size_t>(rows) * lddv, -1, 1, 71);
+    auto dadv = random_vec(static_cast<std::size_t>(rows) * D * az, -1, 1, 72);
+    auto wv2 = random_vec(static_cast<std::size_t>(Z) * Hh, -0.3f, 0.3f, 73);
+    auto wb2 = random_vec(static_cast<std::size_t>(D) * az * Hh, -0.3f, 0.3f, 74);
+    auto hidden = random_vec(static_cast<std::size_t>(rows) * hc, -1, 1, 75);
+    for (std::size_t i = 0; i < hidden.size(); i += 7) hidden[i] = 0.0f;  // exact zeros mask too
+    HeadBackward a;
+    a.lddv = lddv; a.rows = rows; a.Hh = Hh; a.D = D; a.A = A; a.Z = Z;
+    HeadBackward ag = a, ac = a;
+    ag.dv = gpu.put(dv); ag.dadv = gpu.put(dadv); ag.wv2 = gpu.put(wv2); ag.wb2 = gpu.put(wb2);
+    ag.hidden = gpu.put(hidden);
+    ag.dhidden = gpu.poisoned(static_cast<std::int64_t>(rows + 1) * hc);  // one row beyond: untouched
+    for (int rep = 0; rep < 2; ++rep) gpu.ops.head_backward_inputs(ag);
+    gpu.ok();
+    std::vector<float> dh(static_cast<std::size_t>(rows) * hc, kNaN);
+    ac.dv = host(dv); ac.dadv = host(dadv); ac.wv2 = host(wv2); ac.wb2 = host(wb2); ac.hidden = host(hidden);
+    ac.dhidden = host(dh);
+    cpu.ops->head_backward_inputs(ac);
+    cpu.ok();
+    auto got = gpu.get(ag.dhidden, static_cast<std::int64_t>(rows + 1) * hc);
+    bool tail = true;
+    for (std::size_t i = dh.size(); i < got.size(); ++i) tail = tail && std::isnan(got[i]);
+    CHECK_MESSAGE(tail, "dhidden written beyond rows");
+    got.resize(dh.size());
+    std::size_t mask_bad = 0;
+    for (std::size_t i = 0; i < dh.size(); ++i)
+      if (hidden[i] <= 0.0f && !(got[i] == 0.0f && dh[i] == 0.0f)) ++mask_bad;
+    CHECK_MESSAGE(mask_bad == 0, mask_bad << " masked elements are not 0");
+    expect_close(got, dh, kTf32, "head_backward_inputs dhidden");
+  }
+}
+
 TEST_CASE("gpu.ops.c51_loss: fused target distribution, projection, cross-entropy and dueling backward") {
   const struct {
     int B, D, A, Z;

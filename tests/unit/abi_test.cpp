@@ -47,7 +47,7 @@ DQN_PLUGIN_EXPORT(kSelf)
 extern "C" const dqn::PluginDescriptor* dqn_plugin_descriptor();
 
 TEST_CASE("abi.version") {
-  CHECK(kAbiVersion == 4u);  // bump together with every table in this file
+  CHECK(kAbiVersion == 5u);  // bump together with every table in this file
   CHECK(std::is_same_v<std::remove_cv_t<decltype(kAbiVersion)>, std::uint32_t>);
 }
 
@@ -147,6 +147,8 @@ TEST_CASE("abi.op_argument_layout") {
   CHECK(std::is_standard_layout_v<SpectralMatrix>);
   CHECK(std::is_standard_layout_v<CqlPenalty>);
   CHECK(std::is_standard_layout_v<QuantileHuber>);
+  CHECK(std::is_standard_layout_v<HeadForward>);
+  CHECK(std::is_standard_layout_v<HeadBackward>);
   check_rows({
       {"sizeof(Real)", sizeof(Real), 16, "passed by value through every op"},
       {"Real::p", offsetof(Real, p), 0, ""},
@@ -206,6 +208,31 @@ TEST_CASE("abi.op_argument_layout") {
       {"QuantileHuber::A", offsetof(QuantileHuber, A), 176, ""},
       {"QuantileHuber::gamma_n", offsetof(QuantileHuber, gamma_n), 180, ""},
       {"QuantileHuber::kappa", offsetof(QuantileHuber, kappa), 184, ""},
+      {"sizeof(HeadForward)", sizeof(HeadForward), 256, "ABI 5"},
+      {"HeadForward::x", offsetof(HeadForward, x), 0, ""},
+      {"HeadForward::ldx", offsetof(HeadForward, ldx), 16, ""},
+      {"HeadForward::w1", offsetof(HeadForward, w1), 24, "after 4 bytes of padding"},
+      {"HeadForward::bb2", offsetof(HeadForward, bb2), 104, ""},
+      {"HeadForward::hidden", offsetof(HeadForward, hidden), 120, ""},
+      {"HeadForward::v", offsetof(HeadForward, v), 136, ""},
+      {"HeadForward::ldv", offsetof(HeadForward, ldv), 152, ""},
+      {"HeadForward::adv", offsetof(HeadForward, adv), 160, ""},
+      {"HeadForward::logp", offsetof(HeadForward, logp), 176, ""},
+      {"HeadForward::q", offsetof(HeadForward, q), 192, ""},
+      {"HeadForward::a_star", offsetof(HeadForward, a_star), 208, ""},
+      {"HeadForward::star_from", offsetof(HeadForward, star_from), 216, ""},
+      {"HeadForward::rows", offsetof(HeadForward, rows), 220, ""},
+      {"HeadForward::v_max", offsetof(HeadForward, v_max), 248, "last field"},
+      {"sizeof(HeadBackward)", sizeof(HeadBackward), 128, "ABI 5"},
+      {"HeadBackward::dv", offsetof(HeadBackward, dv), 0, ""},
+      {"HeadBackward::lddv", offsetof(HeadBackward, lddv), 16, ""},
+      {"HeadBackward::dadv", offsetof(HeadBackward, dadv), 24, "after 4 bytes of padding"},
+      {"HeadBackward::wv2", offsetof(HeadBackward, wv2), 40, ""},
+      {"HeadBackward::wb2", offsetof(HeadBackward, wb2), 56, ""},
+      {"HeadBackward::hidden", offsetof(HeadBackward, hidden), 72, ""},
+      {"HeadBackward::dhidden", offsetof(HeadBackward, dhidden), 88, ""},
+      {"HeadBackward::rows", offsetof(HeadBackward, rows), 104, ""},
+      {"HeadBackward::Z", offsetof(HeadBackward, Z), 120, "last field, then 4 bytes of tail padding"},
   });
   // Defaults a plugin relies on when it fills only some fields.
   const Gemm g;
@@ -343,6 +370,8 @@ TEST_CASE("abi.interface_vtable_slots") {
       {"Backend::c51_loss", slot_of(&Backend::c51_loss), 38, ""},
       {"Backend::relu_bias_grad", slot_of(&Backend::relu_bias_grad), 39, ""},
       {"Backend::update", slot_of(&Backend::update), 40, "ABI 4: the fused update appended"},
+      {"Backend::head_forward", slot_of(&Backend::head_forward), 41, "ABI 5: the fused head forward appended"},
+      {"Backend::head_backward_inputs", slot_of(&Backend::head_backward_inputs), 42, ""},
   });
 }
 #endif

@@ -219,6 +219,44 @@ struct C51Loss {
 /// …, budget.skip) when sn_count > 0; target_update(target). A backend may run it as one fused
 /// pass (the CUDA backend can: one cooperative launch, opt-in); the results are those of the
 /// four ops.
+/// The distributional dueling branching head's forward over `rows` rows (spec "Network"):
+///   hidden = relu(x · W1ᵀ + b1)                 [rows, (1+D)·Hh]  (value, then the D branches)
+///   v      = hidden_v · Wv2ᵀ + bv2              [rows, ldv]       (the first Z columns)
+///   adv_d  = hidden_d · Wb2_dᵀ + bb2_d          [rows, D, A·Z]
+/// then, when logp is set, dueling_dist of v and adv (logp, q, a*). The default implementation
+/// is exactly those GEMMs and dueling_dist; a backend may fuse them (the CUDA backend does in tf32).
+struct HeadForward {
+  Real x;                         ///< in  [rows, ldx] (the first H2 columns)
+  int ldx = 0;
+  Real w1, b1;                    ///< [(1+D)Hh, H2], [(1+D)Hh]
+  Real wv2, bv2;                  ///< [Z, Hh], [Z]
+  Real wb2, bb2;                  ///< D × [A·Z, Hh], [D·A·Z]
+  Real hidden;                    ///< out [rows, (1+D)Hh]
+  Real v;                         ///< out [rows, ldv]
+  int ldv = 0;
+  Real adv;                       ///< out [rows, D, A, Z]
+  Real logp;                      ///< out [rows, D, A, Z]; null: stop after v and adv
+  Real q;                         ///< out [rows, D, A]; may be null
+  std::int32_t* a_star = nullptr; ///< out [rows − star_from, D]; may be null
+  int star_from = 0;
+  int rows = 0, H2 = 0, Hh = 0, D = 0, A = 0, Z = 0;
+  float v_min = -10.0f, v_max = 10.0f;
+};
+
+/// The input side of that head's backward up to its hidden layers (spec "Network", backward):
+///   dhidden_v = (dv · Wv2) ⊙ [hidden_v > 0],   dhidden_d = (dadv_d · Wb2_d) ⊙ [hidden_d > 0]
+/// into dhidden [rows, (1+D)Hh] (overwritten). The default implementation is two GEMMs and
+/// relu_backward; a backend may fuse them (the CUDA backend does in tf32).
+struct HeadBackward {
+  Real dv;                        ///< in  [rows, lddv] (the first Z columns)
+  int lddv = 0;
+  Real dadv;                      ///< in  [rows, D, A, Z]
+  Real wv2, wb2;                  ///< [Z, Hh], D × [A·Z, Hh]
+  Real hidden;                    ///< in  [rows, (1+D)Hh] post-ReLU (the mask)
+  Real dhidden;                   ///< out [rows, (1+D)Hh]
+  int rows = 0, Hh = 0, D = 0, A = 0, Z = 0;
+};
+
 struct Update {
   Budget budget;
   Adam adam;                            ///< adam.g is budget.g; adam.skip is budget.skip
@@ -323,6 +361,60 @@ class Backend {
 
   // --- appended in ABI 4 (the fused update); never reorder what is above ---
   virtual void update(const Update& u) noexcept = 0;
+
+  // --- appended in ABI 5 (the fused head forward and backward inputs); never reorder what is above ---
+  /// Defaults to the composition below (the CPU reference); the CUDA backend fuses it in tf32.
+  virtual void head_forward(const HeadForward& a) noexcept { head_forward_composed(a); }
+
+  /// head_forward as the ops it is made of: three GEMMs (bias and ReLU in their epilogues) and
+  /// dueling_dist.
+  void head_forward_composed(const HeadForward& a) noexcept {
+    const int hc = (1 + a.D) * a.Hh, az = a.A * a.Z;
+    Gemm g;  // hidden = relu(x · W1ᵀ + b1)
+    g.tb = true; g.m = a.rows; g.n = hc; g.k = a.H2;
+    g.a = a.x; g.lda = a.ldx; g.b = a.w1; g.ldb = a.H2; g.c = a.hidden; g.ldc = hc; g.weight_operand = 2;
+    g.bias = a.b1; g.act = Act::relu;
+    gemm(g);
+    Gemm gv;  // v = hidden_v · Wv2ᵀ + bv2
+    gv.tb = true; gv.m = a.rows; gv.n = a.Z; gv.k = a.Hh;
+    gv.a = a.hidden; gv.lda = hc; gv.b = a.wv2; gv.ldb = a.Hh; gv.c = a.v; gv.ldc = a.ldv; gv.weight_operand = 2;
+    gv.bias = a.bv2;
+    gemm(gv);
+    Gemm gb;  // adv_d = hidden_d · Wb2_dᵀ + bb2_d, all branches in one batched GEMM
+    gb.tb = true; gb.m = a.rows; gb.n = az; gb.k = a.Hh;
+    gb.a = a.hidden + a.Hh; gb.lda = hc; gb.stride_a = a.Hh;
+    gb.b = a.wb2; gb.ldb = a.Hh; gb.stride_b = std::int64_t(az) * a.Hh;
+    gb.c = a.adv; gb.ldc = a.D * az; gb.stride_c = az;
+    gb.batch = a.D; gb.weight_operand = 2;
+    gb.bias = a.bb2; gb.stride_bias = az;  // the D branch biases are contiguous
+    gemm(gb);
+    if (!a.logp) return;
+    DuelingDist dd;
+    dd.logp = a.logp; dd.q = a.q; dd.v = a.v; dd.ldv = a.ldv; dd.adv = a.adv;
+    dd.a_star = a.a_star; dd.star_from = a.star_from;
+    dd.rows = a.rows; dd.D = a.D; dd.A = a.A; dd.Z = a.Z; dd.v_min = a.v_min; dd.v_max = a.v_max;
+    dueling_dist(dd);
+  }
+
+  /// Defaults to the composition below (the CPU reference); the CUDA backend fuses it in tf32.
+  virtual void head_backward_inputs(const HeadBackward& a) noexcept { head_backward_inputs_composed(a); }
+
+  /// head_backward_inputs as the ops it is made of: two GEMMs and relu_backward.
+  void head_backward_inputs_composed(const HeadBackward& a) noexcept {
+    const int hc = (1 + a.D) * a.Hh, az = a.A * a.Z;
+    Gemm gx;  // dhidden_v = dv · Wv2
+    gx.m = a.rows; gx.n = a.Hh; gx.k = a.Z;
+    gx.a = a.dv; gx.lda = a.lddv; gx.b = a.wv2; gx.ldb = a.Hh; gx.c = a.dhidden; gx.ldc = hc; gx.weight_operand = 2;
+    gemm(gx);
+    Gemm gbx;  // dhidden_d = dadv_d · Wb2_d, batched over d
+    gbx.m = a.rows; gbx.n = a.Hh; gbx.k = az;
+    gbx.a = a.dadv; gbx.lda = a.D * az; gbx.stride_a = az;
+    gbx.b = a.wb2; gbx.ldb = a.Hh; gbx.stride_b = std::int64_t(az) * a.Hh;
+    gbx.c = a.dhidden + a.Hh; gbx.ldc = hc; gbx.stride_c = a.Hh;
+    gbx.batch = a.D; gbx.weight_operand = 2;
+    gemm(gbx);
+    relu_backward(a.dhidden, a.hidden, a.rows, hc, hc);
+  }
 };
 
 }  // namespace dqn

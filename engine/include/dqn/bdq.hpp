@@ -20,6 +20,9 @@ struct Dims {
   float v_min = -10.0f, v_max = 10.0f;
   int hidden_cols() const { return (1 + D) * Hh; }
   int az() const { return A * Z; }
+  /// Row stride of the value-stream buffers ([rows, ldz] for v and dv): Z rounded up to 4, so
+  /// their rows start 16-byte aligned and the GEMMs reading or writing them get aligned kernels.
+  int ldz() const { return (Z + 3) / 4 * 4; }
 };
 
 inline Dims dims_of(const NetworkDims& n) {
@@ -72,7 +75,7 @@ inline Params resolve(const Resolver& r, const std::string& prefix, Which which)
 /// Activation buffers of one forward pass over `rows` rows.
 struct Acts {
   Real hidden;  ///< [rows, (1+D)Hh] post-ReLU
-  Real v;       ///< [rows, Z]
+  Real v;       ///< [rows, ldz]
   Real adv;     ///< [rows, D, A, Z]
   Real logits;  ///< [rows, D, A, Z] (unused by forward: the fused distribution op needs none)
   Real logp;    ///< [rows, D, A, Z] (null: stop after the value and advantage layers)
@@ -81,64 +84,37 @@ struct Acts {
   int star_from = 0;
 };
 
-/// Forward over `rows` rows of h2 [rows, H2].
+/// Forward over `rows` rows of h2 [rows, H2]: the backend's head_forward (one fused kernel on
+/// CUDA in tf32; the three GEMMs and dueling_dist elsewhere).
 inline void forward(Backend& be, const Dims& d, const Params& p, Real h2, int rows, const Acts& a) {
-  const int hc = d.hidden_cols(), az = d.az();
-  Gemm g;  // hidden = relu(h2 · W1ᵀ + b1), bias and ReLU fused into the GEMM
-  g.tb = true; g.m = rows; g.n = hc; g.k = d.H2;
-  g.a = h2; g.lda = d.H2; g.b = p.w1; g.ldb = d.H2; g.c = a.hidden; g.ldc = hc; g.weight_operand = 2;
-  g.bias = p.b1; g.act = Act::relu;
-  be.gemm(g);
-
-  Gemm gv;  // v = hv · Wv2ᵀ + bv2
-  gv.tb = true; gv.m = rows; gv.n = d.Z; gv.k = d.Hh;
-  gv.a = a.hidden; gv.lda = hc; gv.b = p.wv2; gv.ldb = d.Hh; gv.c = a.v; gv.ldc = d.Z; gv.weight_operand = 2;
-  gv.bias = p.bv2;
-  be.gemm(gv);
-
-  Gemm gb;  // adv_d = hb_d · Wb2_dᵀ + bb2_d, all branches in one batched GEMM
-  gb.tb = true; gb.m = rows; gb.n = az; gb.k = d.Hh;
-  gb.a = a.hidden + d.Hh; gb.lda = hc; gb.stride_a = d.Hh;
-  gb.b = p.wb2; gb.ldb = d.Hh; gb.stride_b = std::int64_t(az) * d.Hh;
-  gb.c = a.adv; gb.ldc = d.D * az; gb.stride_c = az;
-  gb.batch = d.D; gb.weight_operand = 2;
-  gb.bias = p.bb2; gb.stride_bias = az;  // the D branch biases are contiguous
-  be.gemm(gb);
-
-  if (!a.logp) return;  // outputs only (the C51 loss fuses the target head's distribution)
-  DuelingDist dd;
-  dd.logp = a.logp; dd.q = a.q; dd.v = a.v; dd.ldv = d.Z; dd.adv = a.adv;
-  dd.a_star = a.a_star; dd.star_from = a.star_from;
-  dd.rows = rows; dd.D = d.D; dd.A = d.A; dd.Z = d.Z; dd.v_min = d.v_min; dd.v_max = d.v_max;
-  be.dueling_dist(dd);
+  HeadForward f;
+  f.x = h2; f.ldx = d.H2;
+  f.w1 = p.w1; f.b1 = p.b1; f.wv2 = p.wv2; f.bv2 = p.bv2; f.wb2 = p.wb2; f.bb2 = p.bb2;
+  f.hidden = a.hidden; f.v = a.v; f.ldv = d.ldz(); f.adv = a.adv;
+  f.logp = a.logp; f.q = a.q; f.a_star = a.a_star; f.star_from = a.star_from;
+  f.rows = rows; f.H2 = d.H2; f.Hh = d.Hh; f.D = d.D; f.A = d.A; f.Z = d.Z; f.v_min = d.v_min; f.v_max = d.v_max;
+  be.head_forward(f);
 }
 
 /// Scratch of one backward pass over B rows.
 struct BackScratch {
-  Real dv;       ///< [B, Z]
+  Real dv;       ///< [B, ldz]
   Real dadv;     ///< [B, D, A, Z]
   Real dhidden;  ///< [B, (1+D)Hh]
 };
 
-/// The input side of the backward from the dueling gradients s.dv [B, Z] and s.dadv [B, D, A, Z]:
-/// s.dhidden (ReLU-masked), the hidden layers' bias gradient and dh2 = beta_dh2·dh2 + ∂L/∂h2
-/// [B, H2]. `a` holds the forward activations of those B rows.
-inline void backward_inputs(Backend& be, const Dims& d, const Params& p, const Params& grad, int B, const Acts& a,
+/// The input side of the backward from the dueling gradients s.dv [B, ldz] and s.dadv [B, D, A, Z]:
+/// s.dhidden (ReLU-masked, the backend's head_backward_inputs) and dh2 = beta_dh2·dh2 + ∂L/∂h2
+/// [B, H2]. `a` holds the forward activations of those B rows. The hidden layers' bias gradient
+/// is backward_weights' (it needs only the masked s.dhidden).
+inline void backward_inputs(Backend& be, const Dims& d, const Params& p, const Params&, int B, const Acts& a,
                             const BackScratch& s, Real dh2, float beta_dh2) {
-  const int hc = d.hidden_cols(), az = d.az();
-  Gemm gx;  // dhv = dv · Wv2
-  gx.m = B; gx.n = d.Hh; gx.k = d.Z;
-  gx.a = s.dv; gx.lda = d.Z; gx.b = p.wv2; gx.ldb = d.Hh; gx.c = s.dhidden; gx.ldc = hc; gx.weight_operand = 2;
-  be.gemm(gx);
-  Gemm gbx;  // dhb_d = dadv_d · Wb2_d, batched over d
-  gbx.m = B; gbx.n = d.Hh; gbx.k = az;
-  gbx.a = s.dadv; gbx.lda = d.D * az; gbx.stride_a = az;
-  gbx.b = p.wb2; gbx.ldb = d.Hh; gbx.stride_b = std::int64_t(az) * d.Hh;
-  gbx.c = s.dhidden + d.Hh; gbx.ldc = hc; gbx.stride_c = d.Hh;
-  gbx.batch = d.D; gbx.weight_operand = 2;
-  be.gemm(gbx);
-  // hidden layers (value and branches as one matrix)
-  be.relu_bias_grad(s.dhidden, a.hidden, grad.b1, B, hc, hc, 1, 0, 0, 0);
+  const int hc = d.hidden_cols();
+  HeadBackward hb;
+  hb.dv = s.dv; hb.lddv = d.ldz(); hb.dadv = s.dadv; hb.wv2 = p.wv2; hb.wb2 = p.wb2;
+  hb.hidden = a.hidden; hb.dhidden = s.dhidden;
+  hb.rows = B; hb.Hh = d.Hh; hb.D = d.D; hb.A = d.A; hb.Z = d.Z;
+  be.head_backward_inputs(hb);
   Gemm gh;  // dh2 = dhidden · W1
   gh.m = B; gh.n = d.H2; gh.k = hc;
   gh.a = s.dhidden; gh.lda = hc; gh.b = p.w1; gh.ldb = d.H2; gh.beta = beta_dh2; gh.c = dh2; gh.ldc = d.H2;
@@ -146,17 +122,18 @@ inline void backward_inputs(Backend& be, const Dims& d, const Params& p, const P
   be.gemm(gh);
 }
 
-/// The weight side: the output layers' bias gradients and every weight gradient (overwriting),
-/// from s.dv, s.dadv and the masked s.dhidden of backward_inputs. Independent of dh2, so it can
-/// run beside the trunk's backward.
+/// The weight side: every bias and weight gradient of the head (overwriting), from s.dv, s.dadv
+/// and the masked s.dhidden of backward_inputs. Independent of dh2, so it can run beside the
+/// trunk's backward.
 inline void backward_weights(Backend& be, const Dims& d, const Params& grad, Real h2, int B, const Acts& a,
                              const BackScratch& s) {
   const int hc = d.hidden_cols(), az = d.az();
-  be.relu_bias_grad(s.dv, Real{}, grad.bv2, B, d.Z, d.Z, 1, 0, 0, 0);
+  be.relu_bias_grad(s.dhidden, Real{}, grad.b1, B, hc, hc, 1, 0, 0, 0);  // already masked: column sums
+  be.relu_bias_grad(s.dv, Real{}, grad.bv2, B, d.Z, d.ldz(), 1, 0, 0, 0);
   be.relu_bias_grad(s.dadv, Real{}, grad.bb2, B, d.D * az, d.D * az, 1, 0, 0, 0);
   Gemm gw;  // dWv2 = dvᵀ · hv
   gw.ta = true; gw.m = d.Z; gw.n = d.Hh; gw.k = B;
-  gw.a = s.dv; gw.lda = d.Z; gw.b = a.hidden; gw.ldb = hc; gw.c = grad.wv2; gw.ldc = d.Hh;
+  gw.a = s.dv; gw.lda = d.ldz(); gw.b = a.hidden; gw.ldb = hc; gw.c = grad.wv2; gw.ldc = d.Hh;
   be.gemm(gw);
   Gemm gbw;  // dWb2_d = dadv_dᵀ · hb_d
   gbw.ta = true; gbw.m = az; gbw.n = d.Hh; gbw.k = B;
@@ -182,7 +159,7 @@ inline void backward_from_dueling(Backend& be, const Dims& d, const Params& p, c
 /// backward_from_dueling.
 inline void backward(Backend& be, const Dims& d, const Params& p, const Params& grad, Real h2, int B,
                      const Acts& a, Real dlogits, const BackScratch& s, Real dh2, float beta_dh2) {
-  be.dueling_backward(s.dv, d.Z, s.dadv, dlogits, B, d.D, d.A, d.Z);
+  be.dueling_backward(s.dv, d.ldz(), s.dadv, dlogits, B, d.D, d.A, d.Z);
   backward_from_dueling(be, d, p, grad, h2, B, a, s, dh2, beta_dh2);
 }
 

@@ -864,7 +864,7 @@ class CudaBackend final : public Backend {
     const std::int64_t blocks = (std::int64_t(a.rows) + 15) / 16 * (1 + std::int64_t(std::max(a.D, 0)));
     const bool fits = a.rows > 0 && a.Hh > 0 && a.D > 0 && a.D < 65535 && a.A > 0 && a.Z > 0 &&
                       blocks <= 2 * std::int64_t(props_.multiProcessorCount) &&
-                      cuda::head_backward_inputs_shared_bytes(a.A, a.Z) <= head_forward_shared_max_;
+                      cuda::head_backward_inputs_shared_bytes(a.Hh, a.A, a.Z) <= head_forward_shared_max_;
     if (!(fused_head_ & kFuseBackward) || precision_ != Precision::tf32 || !fits)
       return head_backward_inputs_composed(a);
     if (a.lddv < a.Z) return fail(op, "lddv smaller than Z");

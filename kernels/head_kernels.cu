@@ -374,8 +374,31 @@ __device__ __forceinline__ void hf_block_gemm(const HfSeg& s0, const HfSeg& s1, 
 }
 
 struct HfLayout {  ///< shared memory of one block, in 4-byte words
-  int ldx, ldh, x, hv, hb, v, adv, mean, qs, words;
+  int ldx, ldh, x, hv, hb, v, adv, mean, qs, bias, words;
 };
+
+/// Loads rows [0, 16) × columns [0, cols_pad) of src (row stride lds; zero at rows ≥ nrows or
+/// columns ≥ cols) into dst (row stride ldd), as tf32 words when `tf32`. Each thread issues
+/// kHfLoad loads before its first store, so the block has them all in flight at once (a plain
+/// strided loop waits for each load in turn).
+constexpr int kHfLoad = 8;
+__device__ __forceinline__ void hf_load_tile(float* dst, int ldd, const float* __restrict__ src, std::int64_t lds,
+                                             int nrows, int cols, int cols_pad, bool tf32) {
+  const int total = kHfRows * cols_pad;
+  for (int base = threadIdx.x; base < total; base += kHfThreads * kHfLoad) {
+    float v[kHfLoad];
+#pragma unroll
+    for (int u = 0; u < kHfLoad; ++u) {
+      const int i = base + u * kHfThreads, r = i / cols_pad, c = i - r * cols_pad;
+      v[u] = i < total && r < nrows && c < cols ? __ldg(src + r * lds + c) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kHfLoad; ++u) {
+      const int i = base + u * kHfThreads, r = i / cols_pad, c = i - r * cols_pad;
+      if (i < total) dst[r * ldd + c] = tf32 ? __uint_as_float(to_tf32(v[u])) : v[u];
+    }
+  }
+}
 
 __host__ __device__ inline HfLayout hf_layout(int H2, int Hh, int A, int Z) {
   HfLayout l{};
@@ -388,7 +411,8 @@ __host__ __device__ inline HfLayout hf_layout(int H2, int Hh, int A, int Z) {
   l.adv = l.v + kHfRows * Z;
   l.mean = l.adv + kHfRows * A * Z;
   l.qs = l.mean + kHfRows * Z;
-  l.words = l.qs + kHfRows * A;
+  l.bias = l.qs + kHfRows * A;            // b1 of the value stream and branch d, bb2_d, bv2
+  l.words = l.bias + 2 * Hh + A * Z + Z;
   return l;
 }
 
@@ -410,13 +434,17 @@ __global__ void __launch_bounds__(kHfThreads) head_forward_kernel(HeadForward a,
   float* qs = hf_shared + L.qs;
   const int r0 = blockIdx.x * kHfRows, d = blockIdx.y;
   const int nrows = min(kHfRows, a.rows - r0);
-  const float* X = static_cast<const float*>(a.x.p);
+  const float* X = static_cast<const float*>(a.x.p) + static_cast<std::int64_t>(r0) * a.ldx;
   // x tile → tf32 words (zero beyond the rows and beyond H2, up to the padded width)
-  const int K8x = (H2 + 7) / 8 * 8;
-  for (int i = threadIdx.x; i < kHfRows * K8x; i += kHfThreads) {
-    const int r = i / K8x, c = i - r * K8x;
-    const float x = r < nrows && c < H2 ? X[static_cast<std::int64_t>(r0 + r) * a.ldx + c] : 0.0f;
-    xs[r * L.ldx + c] = to_tf32(x);
+  hf_load_tile(reinterpret_cast<float*>(xs), L.ldx, X, a.ldx, nrows, H2, (H2 + 7) / 8 * 8, true);
+  // the biases this block adds: b1 [0, Hh) and [(1+d)Hh, (2+d)Hh), bb2_d, bv2 (one pass)
+  float* bias = hf_shared + L.bias;
+  {
+    const float* B1 = static_cast<const float*>(a.b1.p);
+    const float* BB = static_cast<const float*>(a.bb2.p) + static_cast<std::int64_t>(d) * az;
+    const float* BV = static_cast<const float*>(a.bv2.p);
+    for (int i = threadIdx.x; i < 2 * Hh + az + Z; i += kHfThreads)
+      bias[i] = i < Hh ? B1[i] : i < 2 * Hh ? B1[d * Hh + i] : i < 2 * Hh + az ? BB[i - 2 * Hh] : BV[i - 2 * Hh - az];
   }
   const int K8h = (Hh + 7) / 8 * 8;
   for (int i = threadIdx.x; i < kHfRows * (K8h - Hh); i += kHfThreads) {  // the k padding of hv, hb
@@ -427,12 +455,11 @@ __global__ void __launch_bounds__(kHfThreads) head_forward_kernel(HeadForward a,
   __syncthreads();
   {  // hidden layers: value stream (W1 rows [0, Hh)) and branch d (rows [(1+d)Hh, (2+d)Hh))
     const float* W1 = static_cast<const float*>(a.w1.p);
-    const float* B1 = static_cast<const float*>(a.b1.p);
     float* HID = static_cast<float*>(a.hidden.p);
     const int col1 = (1 + d) * Hh;
     auto epi = [&](int sg, int r, int c, float acc) {
       const int col = sg ? col1 + c : c;
-      const float y = fmaxf(acc + B1[col], 0.0f);
+      const float y = fmaxf(acc + bias[sg * Hh + c], 0.0f);
       (sg ? hb : hv)[r * L.ldh + c] = to_tf32(y);
       if (r < nrows && (sg || d == 0)) HID[static_cast<std::int64_t>(r0 + r) * hc + col] = y;
     };
@@ -440,8 +467,8 @@ __global__ void __launch_bounds__(kHfThreads) head_forward_kernel(HeadForward a,
   }
   __syncthreads();
   {  // output layers: adv_d = hidden_d Wb2_dᵀ + bb2_d, v = hidden_v Wv2ᵀ + bv2
-    const float* BV = static_cast<const float*>(a.bv2.p);
-    const float* BB = static_cast<const float*>(a.bb2.p) + static_cast<std::int64_t>(d) * az;
+    const float* BB = bias + 2 * Hh;
+    const float* BV = BB + az;
     float* VO = static_cast<float*>(a.v.p);
     float* ADVO = static_cast<float*>(a.adv.p);
     auto epi = [&](int sg, int r, int c, float acc) {
@@ -525,25 +552,22 @@ __global__ void __launch_bounds__(kHfThreads) head_backward_inputs_kernel(HeadBa
   const int K = s == 0 ? a.Z : az;
   const int lda = hf_lda(K), K8 = (K + 7) / 8 * 8;
   std::uint32_t* as = reinterpret_cast<std::uint32_t*>(hb_shared);
+  float* mask = hb_shared + kHfRows * lda;  // this segment's hidden [16, Hh]
   const int r0 = blockIdx.x * kHfRows;
   const int nrows = min(kHfRows, a.rows - r0);
-  const float* src = s == 0 ? static_cast<const float*>(a.dv.p) : static_cast<const float*>(a.dadv.p) + (s - 1) * az;
   const std::int64_t lds = s == 0 ? a.lddv : static_cast<std::int64_t>(D) * az;
-  for (int i = threadIdx.x; i < kHfRows * K8; i += kHfThreads) {
-    const int r = i / K8, c = i - r * K8;
-    const float x = r < nrows && c < K ? src[(r0 + r) * lds + c] : 0.0f;
-    as[r * lda + c] = to_tf32(x);
-  }
+  const float* src = (s == 0 ? static_cast<const float*>(a.dv.p) : static_cast<const float*>(a.dadv.p) + (s - 1) * az) +
+                     r0 * lds;
+  hf_load_tile(reinterpret_cast<float*>(as), lda, src, lds, nrows, K, K8, true);
+  const int col0 = s * Hh;
+  hf_load_tile(mask, Hh, static_cast<const float*>(a.hidden.p) + static_cast<std::int64_t>(r0) * hc + col0, hc, nrows,
+               Hh, Hh, false);
   __syncthreads();
   const float* W = s == 0 ? static_cast<const float*>(a.wv2.p)
                           : static_cast<const float*>(a.wb2.p) + static_cast<std::int64_t>(s - 1) * az * Hh;
-  const float* HID = static_cast<const float*>(a.hidden.p);
   float* DH = static_cast<float*>(a.dhidden.p);
-  const int col0 = s * Hh;
   auto epi = [&](int, int r, int c, float acc) {
-    if (r >= nrows) return;
-    const std::int64_t k = static_cast<std::int64_t>(r0 + r) * hc + col0 + c;
-    DH[k] = HID[k] > 0.0f ? acc : 0.0f;
+    if (r < nrows) DH[static_cast<std::int64_t>(r0 + r) * hc + col0 + c] = mask[r * Hh + c] > 0.0f ? acc : 0.0f;
   };
   const HfSeg seg{as, lda, W, Hh}, none{as, lda, W, 0};
   hf_block_gemm<2, false>(seg, none, K, epi);
@@ -599,14 +623,14 @@ cudaError_t head_forward(cudaStream_t s, const HeadForward& a) {
   return cudaGetLastError();
 }
 
-std::size_t head_backward_inputs_shared_bytes(int A, int Z) {
+std::size_t head_backward_inputs_shared_bytes(int Hh, int A, int Z) {
   const int k = std::max(A * Z, Z);
-  return static_cast<std::size_t>(kHfRows) * hf_lda(k) * 4;
+  return static_cast<std::size_t>(kHfRows) * (hf_lda(k) + Hh) * 4;
 }
 
 cudaError_t head_backward_inputs(cudaStream_t s, const HeadBackward& a) {
   const dim3 grid(static_cast<unsigned>((a.rows + kHfRows - 1) / kHfRows), static_cast<unsigned>(1 + a.D));
-  head_backward_inputs_kernel<<<grid, kHfThreads, head_backward_inputs_shared_bytes(a.A, a.Z), s>>>(a);
+  head_backward_inputs_kernel<<<grid, kHfThreads, head_backward_inputs_shared_bytes(a.Hh, a.A, a.Z), s>>>(a);
   return cudaGetLastError();
 }
 

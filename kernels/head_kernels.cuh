@@ -30,7 +30,7 @@ cudaError_t relu_bias_grad(cudaStream_t s, float* dy, const float* y, float* db,
 std::size_t head_forward_shared_bytes(int H2, int Hh, int A, int Z);
 cudaError_t head_forward(cudaStream_t s, const HeadForward& a);
 /// The fused input side of the head's backward (head_backward_inputs): shared memory and launch.
-std::size_t head_backward_inputs_shared_bytes(int A, int Z);
+std::size_t head_backward_inputs_shared_bytes(int Hh, int A, int Z);
 cudaError_t head_backward_inputs(cudaStream_t s, const HeadBackward& a);
 /// Both fused head kernels may use up to `max_shared_bytes` of shared memory (once, outside capture).
 cudaError_t head_forward_prepare(std::size_t max_shared_bytes);

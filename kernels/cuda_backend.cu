@@ -226,9 +226,9 @@ class CudaBackend final : public Backend {
       note_device_bytes(kCounterBytes);
       scratch_bytes_ = kInitialScratchBytes;
       note_device_bytes(kInitialScratchBytes * kMaxLanes);
-      // The fused head forward may use up to the opt-in shared memory of a block: granted once here.
-      if (fused_head_ && cuda::head_forward_prepare(props_.sharedMemPerBlockOptin) == cudaSuccess) {
-        head_forward_shared_max_ = props_.sharedMemPerBlockOptin;
+      // The fused head kernels may use up to the opt-in shared memory of a block: granted once here.
+      if (fused_head_ && cuda::head_kernels_prepare(props_.sharedMemPerBlockOptin) == cudaSuccess) {
+        head_shared_max_ = props_.sharedMemPerBlockOptin;
       } else {
         cudaGetLastError();
         fused_head_ = 0;
@@ -832,18 +832,24 @@ class CudaBackend final : public Backend {
     DQN_CUDA_OK(op, cuda::dueling_dist(stream_, a));
   }
 
+  /// Whether the fused head kernel `which` runs for `rows` rows in `per_tile` blocks per row tile
+  /// with `shared` bytes of shared memory: switched on (DQN_FUSED_HEAD), tf32, and few enough
+  /// blocks. Every block streams its weights from L2 for its 16 rows, which pays while the blocks
+  /// fit in about two waves; beyond, the GEMMs (which reuse each weight tile across rows) win.
+  bool fuse_head(unsigned which, int rows, int per_tile, std::size_t shared) const noexcept {
+    const std::int64_t blocks = (std::int64_t(rows) + cuda::kHeadBlockRows - 1) / cuda::kHeadBlockRows * per_tile;
+    return (fused_head_ & which) && precision_ == Precision::tf32 &&
+           blocks <= 2 * std::int64_t(props_.multiProcessorCount) && shared <= head_shared_max_;
+  }
+
   /// tf32 and few rows: one kernel (tensor-core mma, a block per 16 rows and branch); other
   /// precisions, many rows, sizes beyond its shared memory, or DQN_FUSED_HEAD=0: the composed
   /// GEMMs and dueling_dist.
   void head_forward(const HeadForward& a) noexcept override {
     constexpr const char* op = "head_forward";
-    // Every block streams the head's weights from L2 for its 16 rows: worth it while the blocks
-    // fit in about two waves; beyond, the GEMMs (which reuse each weight tile across rows) win.
-    const std::int64_t blocks = (std::int64_t(a.rows) + 15) / 16 * std::max(a.D, 1);
-    const bool fits = a.rows > 0 && a.H2 > 0 && a.Hh > 0 && a.D > 0 && a.D <= 65535 && a.A > 0 && a.Z > 0 &&
-                      blocks <= 2 * std::int64_t(props_.multiProcessorCount) &&
-                      cuda::head_forward_shared_bytes(a.H2, a.Hh, a.A, a.Z) <= head_forward_shared_max_;
-    if (!(fused_head_ & kFuseForward) || precision_ != Precision::tf32 || !fits) return head_forward_composed(a);
+    const bool sizes = a.rows > 0 && a.H2 > 0 && a.Hh > 0 && a.D > 0 && a.D <= 65535 && a.A > 0 && a.Z > 0;
+    if (!sizes || !fuse_head(kFuseForward, a.rows, a.D, cuda::head_forward_shared_bytes(a.H2, a.Hh, a.A, a.Z)))
+      return head_forward_composed(a);
     if (a.ldx < a.H2 || a.ldv < a.Z) return fail(op, "ldx smaller than H2 or ldv smaller than Z");
     if (a.star_from < 0 || a.star_from > a.rows) return fail(op, "star_from outside [0, rows]");
     if (a.a_star && !a.q) return fail(op, "a_star needs q");
@@ -861,11 +867,8 @@ class CudaBackend final : public Backend {
   /// GEMMs and relu_backward (as head_forward).
   void head_backward_inputs(const HeadBackward& a) noexcept override {
     constexpr const char* op = "head_backward_inputs";
-    const std::int64_t blocks = (std::int64_t(a.rows) + 15) / 16 * (1 + std::int64_t(std::max(a.D, 0)));
-    const bool fits = a.rows > 0 && a.Hh > 0 && a.D > 0 && a.D < 65535 && a.A > 0 && a.Z > 0 &&
-                      blocks <= 2 * std::int64_t(props_.multiProcessorCount) &&
-                      cuda::head_backward_inputs_shared_bytes(a.Hh, a.A, a.Z) <= head_forward_shared_max_;
-    if (!(fused_head_ & kFuseBackward) || precision_ != Precision::tf32 || !fits)
+    const bool sizes = a.rows > 0 && a.Hh > 0 && a.D > 0 && a.D < 65535 && a.A > 0 && a.Z > 0;
+    if (!sizes || !fuse_head(kFuseBackward, a.rows, 1 + a.D, cuda::head_backward_inputs_shared_bytes(a.Hh, a.A, a.Z)))
       return head_backward_inputs_composed(a);
     if (a.lddv < a.Z) return fail(op, "lddv smaller than Z");
     if (!real_ok(a.dv, op, "dv") || !real_ok(a.dadv, op, "dadv") || !real_ok(a.wv2, op, "wv2") ||
@@ -1381,7 +1384,7 @@ class CudaBackend final : public Backend {
   bool in_split_ = false;                ///< inside split_k: its slices are never split again
   bool split_k_ = split_k_from_env();     ///< DQN_GEMM_SPLIT_K, read once per backend
   unsigned fused_head_ = fused_head_from_env();  ///< DQN_FUSED_HEAD, read once per backend
-  std::size_t head_forward_shared_max_ = 0;  ///< the fused head forward's shared-memory limit
+  std::size_t head_shared_max_ = 0;  ///< the fused head kernels' shared-memory limit
   static constexpr int kSplitMinK = 1024, kSplitMinSlice = 256, kSplitMaxSlices = 32;
   void* tune_d_ = nullptr;               ///< autotuning's private D
   std::size_t tune_bytes_ = 0;

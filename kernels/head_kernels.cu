@@ -3,6 +3,8 @@
  *  the double-DQN argmax in one pass) and the C51 loss from the target head's outputs to the
  *  dueling gradients. Each reproduces, operation for operation, the unfused kernels it replaces
  *  (same roundings, same fixed summation orders), so it matches the CPU twin as closely as they did.
+ *  The fused head forward and backward inputs (tf32 mma.sync, used in tf32 only) are the
+ *  exception: tf32 operands and float log-softmax, so they match the CPU within tf32 tolerances.
  */
 #include <algorithm>
 #include <cmath>
@@ -257,7 +259,7 @@ __global__ void __launch_bounds__(kColTile * kRowThreads)
 
 // --- the fused head forward (tf32 tensor cores) ----------------------------------------------
 
-constexpr int kHfRows = 16;     // rows per block: one m16 tile of the mma
+constexpr int kHfRows = kHeadBlockRows;
 constexpr int kHfWarps = 8;
 constexpr int kHfThreads = 32 * kHfWarps;
 constexpr int kHfTiles = 5;     // n-tiles of 8 columns a warp carries at once
@@ -634,7 +636,7 @@ cudaError_t head_backward_inputs(cudaStream_t s, const HeadBackward& a) {
   return cudaGetLastError();
 }
 
-cudaError_t head_forward_prepare(std::size_t max_shared_bytes) {
+cudaError_t head_kernels_prepare(std::size_t max_shared_bytes) {
   const cudaError_t e = cudaFuncSetAttribute(head_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(max_shared_bytes));
   if (e != cudaSuccess) return e;

@@ -26,6 +26,10 @@ cudaError_t c51_loss(cudaStream_t s, const C51Loss& a, void* scratch, unsigned* 
 cudaError_t relu_bias_grad(cudaStream_t s, float* dy, const float* y, float* db, int rows, int cols, int ld,
                            int heads, std::int64_t stride_dy, std::int64_t stride_y, std::int64_t stride_db);
 
+/// Rows of one block of the fused head kernels (one m16 tile of the tf32 mma); a launch has
+/// ceil(rows / 16) × D blocks (head_forward) or × (1 + D) (head_backward_inputs).
+inline constexpr int kHeadBlockRows = 16;
+
 /// The fused head forward (tf32 mma): its dynamic shared memory for these sizes and the launch.
 std::size_t head_forward_shared_bytes(int H2, int Hh, int A, int Z);
 cudaError_t head_forward(cudaStream_t s, const HeadForward& a);
@@ -33,6 +37,6 @@ cudaError_t head_forward(cudaStream_t s, const HeadForward& a);
 std::size_t head_backward_inputs_shared_bytes(int Hh, int A, int Z);
 cudaError_t head_backward_inputs(cudaStream_t s, const HeadBackward& a);
 /// Both fused head kernels may use up to `max_shared_bytes` of shared memory (once, outside capture).
-cudaError_t head_forward_prepare(std::size_t max_shared_bytes);
+cudaError_t head_kernels_prepare(std::size_t max_shared_bytes);
 
 }  // namespace dqn::cuda

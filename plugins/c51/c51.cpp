@@ -130,7 +130,7 @@ class C51Head final : public Head {
         break;
       }
       case kBackward:
-        bdq::backward_inputs(be, d_, online_, grad_, B, act_, back_, dtrunk_, 0.0f);
+        bdq::backward_inputs(be, d_, online_, B, act_, back_, dtrunk_, 0.0f);
         break;
       case kWeights:
         bdq::backward_weights(be, d_, grad_, h2_, B, act_, back_);

@@ -82,6 +82,16 @@ void expect_same_bits(const std::vector<T>& a, const std::vector<T>& b, const st
   CHECK_MESSAGE(first == a.size(), what << ": differs first at element " << first << " of " << a.size());
 }
 
+/// Sets an environment variable for one scope (the CUDA backend reads its switches when made);
+/// unset again however the scope ends.
+struct ScopedEnv {
+  const char* name;
+  ScopedEnv(const char* n, const char* value) : name(n) { setenv(n, value, 1); }
+  ~ScopedEnv() { unsetenv(name); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+};
+
 /// A CUDA runtime for one test, with one arena bump-allocated into the test's buffers.
 class Gpu {
  public:
@@ -635,10 +645,7 @@ TEST_CASE("gpu.ops.dueling_dist: combine + log-softmax + Q + argmax in one pass,
 }
 
 TEST_CASE("gpu.ops.head_forward: the fused tf32 kernel against the CPU's GEMMs and dueling_dist") {
-  setenv("DQN_FUSED_HEAD", "1", 1);  // both fused kernels (read when a backend is made)
-  struct Unset {
-    ~Unset() { unsetenv("DQN_FUSED_HEAD"); }
-  } unset;
+  const ScopedEnv fused("DQN_FUSED_HEAD", "1");  // both fused kernels (read when a backend is made)
   // tf32 keeps 10 mantissa bits of every GEMM operand: ≈5e-4 relative per product, so the
   // outputs get 5e-3 (norm-wise); a* is checked against the CPU's Q with the same allowance.
   constexpr double kTf32 = 5e-3;
@@ -747,10 +754,7 @@ TEST_CASE("gpu.ops.head_forward: the fused tf32 kernel against the CPU's GEMMs a
 }
 
 TEST_CASE("gpu.ops.head_backward_inputs: the fused tf32 kernel against the CPU's GEMMs and relu_backward") {
-  setenv("DQN_FUSED_HEAD", "1", 1);  // both fused kernels (read when a backend is made)
-  struct Unset {
-    ~Unset() { unsetenv("DQN_FUSED_HEAD"); }
-  } unset;
+  const ScopedEnv fused("DQN_FUSED_HEAD", "1");  // both fused kernels (read when a backend is made)
   constexpr double kTf32 = 5e-3;  // as head_forward: tf32 operands
   const struct {
     int rows, Hh, D, A, Z;
@@ -1345,7 +1349,7 @@ TEST_CASE("gpu.ops.update: the fused update equals budget → adam → spectral 
       {"a NaN head skips everything", true, 0, 10, 0},
       {"a NaN head, hard copy on the period", true, 4, 11, 1},
   };
-  setenv("DQN_FUSED_UPDATE", "1", 1);  // opt-in: read when a backend is made
+  const ScopedEnv fused("DQN_FUSED_UPDATE", "1");  // opt-in: read when a backend is made
   for (const Case& c : cases) {
     INFO(c.why);
     Gpu gpu;
@@ -1483,7 +1487,6 @@ TEST_CASE("gpu.ops.update: the fused update equals budget → adam → spectral 
       CHECK(moved == (c.period == 0 || (c.t0 + 1) % c.period == 0));
     }
   }
-  unsetenv("DQN_FUSED_UPDATE");
 }
 
 namespace {

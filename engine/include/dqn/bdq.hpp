@@ -107,8 +107,8 @@ struct BackScratch {
 /// s.dhidden (ReLU-masked, the backend's head_backward_inputs) and dh2 = beta_dh2·dh2 + ∂L/∂h2
 /// [B, H2]. `a` holds the forward activations of those B rows. The hidden layers' bias gradient
 /// is backward_weights' (it needs only the masked s.dhidden).
-inline void backward_inputs(Backend& be, const Dims& d, const Params& p, const Params&, int B, const Acts& a,
-                            const BackScratch& s, Real dh2, float beta_dh2) {
+inline void backward_inputs(Backend& be, const Dims& d, const Params& p, int B, const Acts& a, const BackScratch& s,
+                            Real dh2, float beta_dh2) {
   const int hc = d.hidden_cols();
   HeadBackward hb;
   hb.dv = s.dv; hb.lddv = d.ldz(); hb.dadv = s.dadv; hb.wv2 = p.wv2; hb.wb2 = p.wb2;
@@ -151,7 +151,7 @@ inline void backward_weights(Backend& be, const Dims& d, const Params& grad, Rea
 /// Backward from the dueling gradients: backward_inputs then backward_weights.
 inline void backward_from_dueling(Backend& be, const Dims& d, const Params& p, const Params& grad, Real h2,
                                   int B, const Acts& a, const BackScratch& s, Real dh2, float beta_dh2) {
-  backward_inputs(be, d, p, grad, B, a, s, dh2, beta_dh2);
+  backward_inputs(be, d, p, B, a, s, dh2, beta_dh2);
   backward_weights(be, d, grad, h2, B, a, s);
 }
 

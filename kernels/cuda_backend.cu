@@ -134,12 +134,17 @@ bool env_on(const char* name) noexcept {
 /// DQN_GEMM_AUTOTUNE=0 keeps the heuristic's first algorithm for every GEMM.
 bool autotune_from_env() noexcept { return env_on("DQN_GEMM_AUTOTUNE"); }
 
-/// DQN_FUSED_UPDATE=1 runs budget, Adam, spectral norm and the target update as one cooperative
-/// launch instead of six kernels (the same results). Off by default: on the H200 it measured
-/// slower (docs/performance.md), the grid-wide barriers costing more than the kernel boundaries.
-bool fused_update_from_env() noexcept {
+/// How the update (budget, Adam, spectral norm, target update) runs, from DQN_FUSED_UPDATE:
+/// unset or 0/off → the four ops as they are (six launches; the fastest on the H200,
+/// docs/performance.md); split → four launches (partial sums; clips, g, Adam and the target
+/// update outside the normed matrices; the two spectral-norm passes, the second with the normed
+/// rows' target update); 1/on → one cooperative launch (the grid-wide barriers cost more than the
+/// kernel boundaries they replace). The same results every way.
+enum class UpdateMode { separate, split, cooperative };
+UpdateMode update_mode_from_env() noexcept {
   const char* v = std::getenv("DQN_FUSED_UPDATE");
-  return v && env_on("DQN_FUSED_UPDATE");
+  if (!v || !env_on("DQN_FUSED_UPDATE")) return UpdateMode::separate;
+  return std::strcmp(v, "split") == 0 ? UpdateMode::split : UpdateMode::cooperative;
 }
 
 /// Which fused head kernels run in tf32 (bit 1: head_forward, bit 2: head_backward_inputs), from
@@ -234,7 +239,7 @@ class CudaBackend final : public Backend {
         fused_head_ = 0;
       }
       // The fused update (opt-in) needs cooperative launches inside captured graphs: probed here.
-      if (fused_update_from_env()) {
+      if (update_mode_ == UpdateMode::cooperative) {
         const int blocks = cuda::update_grid(props_);
         if (blocks > 0 && cuda::cooperative_graphs_work(blocks)) update_blocks_ = blocks;
       }
@@ -625,14 +630,16 @@ class CudaBackend final : public Backend {
     const Budget& b = u.budget;
     const Adam& a = u.adam;
     const TargetUpdate& t = u.target;
-    // One cooperative kernel when it was probed to work and the arguments have the engine's
-    // shape; otherwise the four ops, each checking its own arguments.
-    const bool fused = update_blocks_ > 0 && b.H >= 1 && b.H <= cuda::update_max_heads() && b.P > 0 &&
-                       u.sn_count >= 0 && u.sn_count <= cuda::update_max_matrices() && a.P == b.P && t.P == b.P &&
-                       a.g.p == b.g.p && a.skip == b.skip && t.skip == b.skip && t.t == a.t &&
-                       t.params.p == a.params.p && t.period >= 0 &&
-                       (u.sn_count == 0 || (u.sn_mats && u.sn_max_rows > 0 && u.sn_max_cols > 0));
-    if (!fused) {
+    // One cooperative kernel when it was probed to work, or the split kernels, when the arguments
+    // have the engine's shape (the split ones also need the normed matrices to be disjoint ranges
+    // inside params); otherwise the four ops, each checking its own arguments.
+    const bool shaped = b.H >= 1 && b.H <= cuda::update_max_heads() && b.P > 0 && u.sn_count >= 0 &&
+                        u.sn_count <= cuda::update_max_matrices() && a.P == b.P && t.P == b.P && a.g.p == b.g.p &&
+                        a.skip == b.skip && t.skip == b.skip && t.t == a.t && t.params.p == a.params.p &&
+                        t.period >= 0 && (u.sn_count == 0 || (u.sn_mats && u.sn_max_rows > 0 && u.sn_max_cols > 0));
+    const bool fused = shaped && update_blocks_ > 0;
+    const bool split = shaped && !fused && update_mode_ == UpdateMode::split && sn_tidy(u);
+    if (!fused && !split) {
       budget(b);
       adam(a);
       if (u.sn_count > 0) spectral_norm(u.sn_mats, u.sn_count, u.sn_max_rows, u.sn_max_cols, u.sigma_max, b.skip);
@@ -647,15 +654,53 @@ class CudaBackend final : public Backend {
       return;
     void* s = scratch(op, cuda::update_scratch_bytes(b.H, b.P, u.sn_count, u.sn_max_rows, u.sn_max_cols));
     if (!s) return;
-    DQN_CUDA_OK(op, cuda::update(stream_, u, s, update_blocks_));
+    if (planning_) return;
+    if (fused) DQN_CUDA_OK(op, cuda::update(stream_, u, s, update_blocks_));
+    else DQN_CUDA_OK(op, cuda::update_split(stream_, u, s, 2 * wave_blocks()));
+  }
+
+  /// Whether the update's normed matrices are disjoint ranges inside params, each within the
+  /// bounds (what the split update needs). The table lives on the device: read once, outside
+  /// capture (when the engine plans), and remembered for that table; during a capture an unseen
+  /// table counts as not tidy (the separate ops then run).
+  bool sn_tidy(const Update& u) noexcept {
+    if (u.sn_count == 0) return true;
+    const SnKey key{u.sn_mats, u.sn_count, u.adam.params.p, u.adam.P, u.sn_max_rows, u.sn_max_cols};
+    for (const auto& [k, tidy] : sn_tidy_)
+      if (k == key) return tidy;
+    if (capturing_) return false;
+    std::vector<SpectralMatrix> mats(static_cast<std::size_t>(u.sn_count));
+    if (cudaMemcpyAsync(mats.data(), u.sn_mats, mats.size() * sizeof(SpectralMatrix), cudaMemcpyDeviceToHost,
+                        stream_) != cudaSuccess ||
+        cudaStreamSynchronize(stream_) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    const auto* params = static_cast<const float*>(u.adam.params.p);
+    std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+    bool tidy = true;
+    for (const SpectralMatrix& m : mats) {
+      if (m.rows <= 0 || m.cols <= 0) continue;
+      const std::int64_t lo = static_cast<const float*>(m.w.p) - params, hi = lo + std::int64_t(m.rows) * m.cols;
+      if (lo < 0 || hi > u.adam.P || m.rows > u.sn_max_rows || m.cols > u.sn_max_cols) tidy = false;
+      ranges.emplace_back(lo, hi);
+    }
+    std::sort(ranges.begin(), ranges.end());
+    for (std::size_t i = 1; i < ranges.size(); ++i)
+      if (ranges[i].first < ranges[i - 1].second) tidy = false;
+    sn_tidy_.emplace_back(key, tidy);
+    return tidy;
   }
 
   /// Where the library workspace and the scratch lie (for mapping a sanitizer's addresses).
   const void* workspace_base() const noexcept { return workspace_base_; }
   const void* scratch_base() const noexcept { return scratch_base_; }
 
-  /// Blocks of the fused update's cooperative launch; 0: the four separate ops instead.
-  int fused_update_blocks() const noexcept { return update_blocks_; }
+  /// How the update runs (for describe()).
+  const char* update_path() const noexcept {
+    if (update_blocks_ > 0) return "fused (one cooperative kernel)";
+    return update_mode_ == UpdateMode::split ? "split (four kernels)" : "as separate kernels";
+  }
 
   /// Grid bound of the one-wave optimiser kernels: a few blocks per SM (their results do not
   /// depend on it). The budget's combine keeps its clips in H floats of shared memory.
@@ -817,6 +862,10 @@ class CudaBackend final : public Backend {
 
   // --- fused head ops (ABI 3) ---------------------------------------------------------------
 
+  /// The distribution kernels (dueling_dist, c51_loss) compute in double in fp32 pipelines, as
+  /// the CPU twin does, and in float in tf32 and bf16 ones (see head_kernels.cu).
+  bool double_math() const noexcept { return precision_ == Precision::fp32; }
+
   void dueling_dist(const DuelingDist& a) noexcept override {
     constexpr const char* op = "dueling_dist";
     if (a.rows < 0 || a.D < 0 || a.A <= 0 || a.Z <= 0) return fail(op, "need rows, D >= 0, A, Z >= 1");
@@ -829,7 +878,7 @@ class CudaBackend final : public Backend {
     if (cuda::dueling_dist_shared_bytes(a.Z, a.A) > 48 * 1024) return fail(op, "Z too large for shared memory");
     if (std::int64_t(a.rows) * a.D > 0x7fffffff) return fail(op, "rows·D too large");
     if (planning_) return;
-    DQN_CUDA_OK(op, cuda::dueling_dist(stream_, a));
+    DQN_CUDA_OK(op, cuda::dueling_dist(stream_, a, double_math()));
   }
 
   /// Whether the fused head kernel `which` runs for `rows` rows in `per_tile` blocks per row tile
@@ -912,7 +961,7 @@ class CudaBackend final : public Backend {
     // a_star/actions live on the device: an out-of-range index poisons that branch with NaN.
     void* s = scratch(op, cuda::c51_loss_scratch_bytes(a.B));
     if (!s) return;
-    DQN_CUDA_OK(op, cuda::c51_loss(stream_, a, s, counter()));
+    DQN_CUDA_OK(op, cuda::c51_loss(stream_, a, s, counter(), double_math()));
   }
 
 
@@ -1381,6 +1430,16 @@ class CudaBackend final : public Backend {
   std::map<LtKey, LtPlan> plans_;
   bool autotune_ = autotune_from_env();  ///< DQN_GEMM_AUTOTUNE, read once per backend
   int update_blocks_ = 0;                ///< the fused update's grid (0: not fused)
+  UpdateMode update_mode_ = update_mode_from_env();
+  struct SnKey {
+    const void* mats;
+    int count;
+    const void* params;
+    std::int64_t P;
+    int max_rows, max_cols;
+    bool operator==(const SnKey&) const = default;
+  };
+  std::vector<std::pair<SnKey, bool>> sn_tidy_;  ///< sn_tidy's verdicts, per table
   bool in_split_ = false;                ///< inside split_k: its slices are never split again
   bool split_k_ = split_k_from_env();     ///< DQN_GEMM_SPLIT_K, read once per backend
   unsigned fused_head_ = fused_head_from_env();  ///< DQN_FUSED_HEAD, read once per backend
@@ -1603,7 +1662,7 @@ class CudaRuntime final : public Runtime {
                   device_, p.name, p.major, p.minor, p.multiProcessorCount,
                   static_cast<double>(p.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0), precision_name(backend_.precision()),
                   kWorkspaceBytes >> 20, backend_.scratch_bytes() >> 10, arena_bytes_ >> 10, arena_,
-                  backend_.workspace_base(), backend_.scratch_base(), backend_.fused_update_blocks() > 0 ? "fused (one cooperative kernel)" : "as separate kernels");
+                  backend_.workspace_base(), backend_.scratch_base(), backend_.update_path());
     return buf;
   }
 

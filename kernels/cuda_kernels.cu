@@ -568,17 +568,18 @@ __device__ bool budget_clips(const Budget& a, const double* __restrict__ partial
 
 /// acc[k] = Σ_h clip_h g_h[i] (double, heads in order) for the tile's elements
 /// i = s + k·kThreads + threadIdx.x; all zero when some head is not finite.
-__device__ __forceinline__ void combine_tile(double (&acc)[kBudgetPer], const float* __restrict__ grads, int H,
+template <int PER = kBudgetPer>
+__device__ __forceinline__ void combine_tile(double (&acc)[PER], const float* __restrict__ grads, int H,
                                              std::int64_t P, std::int64_t s, const float* clip_sh, bool finite) {
 #pragma unroll
-  for (int k = 0; k < kBudgetPer; ++k) acc[k] = 0.0;
+  for (int k = 0; k < PER; ++k) acc[k] = 0.0;
   if (!finite) return;
 #pragma unroll 4
   for (int h = 0; h < H; ++h) {
     const double c = clip_sh[h];
     const float* gh = grads + static_cast<std::int64_t>(h) * P;
 #pragma unroll
-    for (int k = 0; k < kBudgetPer; ++k) {
+    for (int k = 0; k < PER; ++k) {
       const std::int64_t i = s + k * kThreads + threadIdx.x;
       if (i < P) acc[k] += c * static_cast<double>(gh[i]);
     }
@@ -883,6 +884,50 @@ __global__ void __launch_bounds__(kThreads) target_update_kernel(float* tgt, con
   }
 }
 
+/// Phase 1 of the fused and split updates for element i: stores g = float(acc) and, when the step
+/// is finite, Adam's m, v and θ from the loaded values; then the target update of θ unless the
+/// element lies in one of the normed ranges [lo, hi) (their rows are updated after the spectral norm).
+struct UpdateElement {
+  float *g, *mom, *var, *theta;
+  double b1, b2, eps, lr, bc1, bc2;
+  bool finite, target_on;
+  TargetRule rule;
+  const std::int64_t *lo, *hi;
+  int nsn;
+  __device__ __forceinline__ void operator()(std::int64_t i, double acc, float mk, float vk, float th0) const {
+    const float gf = static_cast<float>(acc);
+    g[i] = gf;
+    if (!finite) return;
+    const float th = adam_element(gf, mk, vk, th0, b1, b2, eps, lr, bc1, bc2);
+    mom[i] = mk;
+    var[i] = vk;
+    theta[i] = th;
+    if (!target_on) return;
+    bool normed = false;
+    for (int q = 0; q < nsn; ++q) normed |= i >= lo[q] && i < hi[q];
+    if (!normed) apply_target(rule, i, th);
+  }
+};
+
+/// Stores the normed matrices' element ranges [lo, hi) in params (an empty matrix: [0, 0)) for
+/// this thread's share of them; returns 1 when one of them lies outside params or its bounds.
+__device__ __forceinline__ int load_sn_ranges(const Update& u, const float* theta, std::int64_t* sn_lo,
+                                              std::int64_t* sn_hi) {
+  int bad = 0;
+  for (int k = threadIdx.x; k < u.sn_count; k += blockDim.x) {
+    const SpectralMatrix m = u.sn_mats[k];
+    std::int64_t lo = 0, hi = 0;
+    if (m.rows > 0 && m.cols > 0) {
+      lo = static_cast<const float*>(m.w.p) - theta;
+      hi = lo + static_cast<std::int64_t>(m.rows) * m.cols;
+      if (lo < 0 || hi > u.budget.P || m.rows > u.sn_max_rows || m.cols > u.sn_max_cols) bad = 1;
+    }
+    sn_lo[k] = lo;
+    sn_hi[k] = hi;
+  }
+  return bad;
+}
+
 // --- the fused update -----------------------------------------------------------------------
 
 constexpr int kUpdateMaxHeads = 64;  // clip factors kept in static shared memory
@@ -925,18 +970,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_kernel(Update u, UpdatePla
 
   // --- 0: t, the normed ranges, the partial sums of squares
   if (threadIdx.x == 0) t_sh = static_cast<long long>(*u.adam.t);
-  int bad = 0;
-  for (int k = threadIdx.x; k < nsn; k += kThreads) {
-    const SpectralMatrix m = u.sn_mats[k];
-    std::int64_t lo = 0, hi = 0;
-    if (m.rows > 0 && m.cols > 0) {
-      lo = static_cast<const float*>(m.w.p) - theta;
-      hi = lo + static_cast<std::int64_t>(m.rows) * m.cols;
-      if (lo < 0 || hi > P || m.rows > u.sn_max_rows || m.cols > u.sn_max_cols) bad = 1;
-    }
-    sn_lo[k] = lo;
-    sn_hi[k] = hi;
-  }
+  int bad = load_sn_ranges(u, theta, sn_lo, sn_hi);
   __syncthreads();
   for (int q = threadIdx.x; q < nsn * nsn; q += kThreads) {
     const int x = q / nsn, y = q - (q / nsn) * nsn;
@@ -958,9 +992,10 @@ __global__ void __launch_bounds__(kThreads, 2) update_kernel(Update u, UpdatePla
   const TargetUpdate& tu = u.target;
   const bool target_on = finite && (tu.period == 0 || t_new % tu.period == 0);
   const TargetRule rule{static_cast<float*>(tu.target.p), theta, static_cast<double>(tu.tau), tu.period != 0};
-  float* g = static_cast<float*>(b.g.p);
   float* mom = static_cast<float*>(u.adam.m.p);
   float* var = static_cast<float*>(u.adam.v.p);
+  const UpdateElement upd{static_cast<float*>(b.g.p), mom, var, theta, b1, b2, eps, lr, bc1, bc2, finite,
+                          target_on && tidy, rule, sn_lo, sn_hi, nsn};
   for (std::int64_t s = static_cast<std::int64_t>(blockIdx.x) * kBudgetTile; s < P;
        s += static_cast<std::int64_t>(gridDim.x) * kBudgetTile) {
     double acc[kBudgetPer];
@@ -968,19 +1003,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_kernel(Update u, UpdatePla
 #pragma unroll
     for (int k = 0; k < kBudgetPer; ++k) {
       const std::int64_t i = s + k * kThreads + threadIdx.x;
-      if (i >= P) continue;
-      const float gf = static_cast<float>(acc[k]);
-      g[i] = gf;
-      if (!finite) continue;
-      float mk = mom[i], vk = var[i];
-      const float th = adam_element(gf, mk, vk, theta[i], b1, b2, eps, lr, bc1, bc2);
-      mom[i] = mk;
-      var[i] = vk;
-      theta[i] = th;
-      if (!target_on || !tidy) continue;
-      bool normed = false;
-      for (int q = 0; q < nsn; ++q) normed |= i >= sn_lo[q] && i < sn_hi[q];
-      if (!normed) apply_target(rule, i, th);
+      if (i < P) upd(i, acc[k], finite ? mom[i] : 0.0f, finite ? var[i] : 0.0f, finite ? theta[i] : 0.0f);
     }
   }
   if (!finite) return;  // the same decision in every block: no one waits at a later barrier
@@ -1001,6 +1024,101 @@ __global__ void __launch_bounds__(kThreads, 2) update_kernel(Update u, UpdatePla
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < P;
        i += static_cast<std::int64_t>(gridDim.x) * kThreads)
     apply_target(rule, i, theta[i]);
+}
+
+// --- the split update: the fused update's phases as four ordinary launches -----------------
+
+/// Elements per thread and tile of the split update's Adam launch (fewer than the budget's: more
+/// blocks, each with less serial double arithmetic).
+constexpr int kSplitPer = 2;
+constexpr std::int64_t kSplitTile = std::int64_t{kThreads} * kSplitPer;
+
+/// The split update's second launch (after budget_partial_kernel): the fused update's phase 1 —
+/// the clip factors (every block, the same order; block 0 stores norms, clips, total loss, skip
+/// and skipped), then per element g = Σ_h c_h g_h, Adam, and the target update of every element
+/// outside the spectrally normed matrices (the caller has checked that they are disjoint ranges
+/// inside params). t advances by adam_kernel's ticket: the last block to arrive stores t+1.
+/// Skipped (a head not finite): g = 0 and nothing else changes.
+__global__ void __launch_bounds__(kThreads) update_adam_kernel(Update u, const double* __restrict__ partial,
+                                                               int nchunks) {
+  __shared__ float clip_sh[kUpdateMaxHeads + 4];  // + 4: see budget()
+  __shared__ std::int64_t sn_lo[kUpdateMaxSn], sn_hi[kUpdateMaxSn];
+  __shared__ double bc[2];
+  __shared__ long long t_new_sh;
+  const Budget& b = u.budget;
+  const std::int64_t P = b.P;
+  const int nsn = u.sn_count;
+  float* theta = static_cast<float*>(u.adam.params.p);
+  float* g = static_cast<float*>(b.g.p);
+  float* mom = static_cast<float*>(u.adam.m.p);
+  float* var = static_cast<float*>(u.adam.v.p);
+  // The first tile's Adam operands are loaded first: in flight while the clips are summed.
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * kSplitTile;
+  float mr[kSplitPer], vr[kSplitPer], pr[kSplitPer];
+  auto load = [&](std::int64_t s) {
+#pragma unroll
+    for (int k = 0; k < kSplitPer; ++k) {
+      const std::int64_t i = s + k * kThreads + threadIdx.x;
+      if (i < P) {
+        mr[k] = mom[i];
+        vr[k] = var[i];
+        pr[k] = theta[i];
+      }
+    }
+  };
+  load(first);
+  load_sn_ranges(u, theta, sn_lo, sn_hi);  // the caller checked that they are tidy
+  const bool finite = budget_clips(b, partial, nchunks, clip_sh, blockIdx.x == 0);  // its barrier publishes sn_lo/hi
+  if (finite && threadIdx.x < 32) {
+    unsigned long long old = 0;
+    if (threadIdx.x == 0) old = atomicAdd(reinterpret_cast<unsigned long long*>(u.adam.t), kTicket);
+    old = __shfl_sync(0xffffffffu, old, 0);
+    const unsigned long long t_old = old & (kTicket - 1);
+    if (threadIdx.x == 0) {
+      t_new_sh = static_cast<long long>(t_old) + 1;
+      if ((old >> kTicketShift) == gridDim.x - 1u) atomicExch(reinterpret_cast<unsigned long long*>(u.adam.t), t_old + 1);
+    }
+    if (threadIdx.x < 2) {
+      const double t1 = static_cast<double>(static_cast<std::int64_t>(t_old) + 1);
+      bc[threadIdx.x] = 1.0 - pow(threadIdx.x == 0 ? static_cast<double>(u.adam.beta1) : static_cast<double>(u.adam.beta2), t1);
+    }
+  }
+  __syncthreads();
+  const double b1 = u.adam.beta1, b2 = u.adam.beta2, eps = u.adam.eps;
+  const double lr = *static_cast<const float*>(u.adam.lr.p);
+  const double bc1 = finite ? bc[0] : 1.0, bc2 = finite ? bc[1] : 1.0;
+  const TargetUpdate& tu = u.target;
+  const long long t_new = finite ? t_new_sh : 0;
+  const bool target_on = finite && (tu.period == 0 || t_new % tu.period == 0);
+  const TargetRule rule{static_cast<float*>(tu.target.p), theta, static_cast<double>(tu.tau), tu.period != 0};
+  const float* grads = static_cast<const float*>(b.grads.p);
+  const UpdateElement upd{g, mom, var, theta, b1, b2, eps, lr, bc1, bc2, finite, target_on, rule, sn_lo, sn_hi, nsn};
+  for (std::int64_t s = first; s < P; s += static_cast<std::int64_t>(gridDim.x) * kSplitTile) {
+    if (s != first) load(s);
+    double acc[kSplitPer];
+    combine_tile<kSplitPer>(acc, grads, b.H, P, s, clip_sh, finite);
+#pragma unroll
+    for (int k = 0; k < kSplitPer; ++k) {
+      const std::int64_t i = s + k * kThreads + threadIdx.x;
+      if (i < P) upd(i, acc[k], mr[k], vr[k], pr[k]);
+    }
+  }
+}
+
+/// The split update's last launch: spectral-norm pass 2 (sn_rows_kernel) with the target update
+/// of the normed rows, when the step was not skipped and the target updates this step (t is the
+/// new step count by now).
+__global__ void __launch_bounds__(kThreads) sn_rows_target_kernel(const SpectralMatrix* mats, int max_rows, int max_cols,
+                                                                  int rows_per_block, int ncc, float sigma_max,
+                                                                  const std::int32_t* skip, const double* vsq,
+                                                                  const double* xp, TargetUpdate tu) {
+  if (*skip) return;
+  __shared__ double sh[32];
+  const bool target_on = tu.period == 0 || *tu.t % tu.period == 0;
+  const TargetRule rule = target_on ? TargetRule{static_cast<float*>(tu.target.p), static_cast<const float*>(tu.params.p),
+                                                 static_cast<double>(tu.tau), tu.period != 0}
+                                    : TargetRule{};
+  sn_rows_item(mats, blockIdx.y, blockIdx.x, max_rows, max_cols, rows_per_block, ncc, sigma_max, vsq, xp, rule, sh);
 }
 
 /// Whether a cooperative kernel launched into a captured graph runs here.
@@ -1290,6 +1408,30 @@ cudaError_t update(cudaStream_t s, const Update& u, void* scratch, int blocks) {
     pl.xp = reinterpret_cast<double*>(sn + round_up(cells * sizeof(double), 256));
   }
   return launch_cooperative(update_kernel, static_cast<unsigned>(blocks), s, u, pl);
+}
+
+cudaError_t update_split(cudaStream_t s, const Update& u, void* scratch, int max_blocks) {
+  const Budget& b = u.budget;
+  const int nchunks = budget_chunks(b.P);
+  auto* partial = static_cast<double*>(scratch);
+  budget_partial_kernel<<<dim3(nchunks, b.H), kThreads, 0, s>>>(b.grads.as<const float>(), b.P, budget_chunk(b.P),
+                                                                partial);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  const std::int64_t tiles = (b.P + kSplitTile - 1) / kSplitTile;
+  const auto grid = static_cast<unsigned>(std::clamp<std::int64_t>(tiles, 1, std::max(max_blocks, 1)));
+  update_adam_kernel<<<grid, kThreads, 0, s>>>(u, partial, nchunks);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  if (u.sn_count == 0) return cudaSuccess;
+  const int ncc = sn_col_chunks(u.sn_max_cols), rpb = sn_rows_per_block(u.sn_max_cols);
+  char* sn = static_cast<char*>(scratch) + budget_scratch_bytes(b.H, b.P);
+  const std::size_t cells = static_cast<std::size_t>(u.sn_count) * static_cast<std::size_t>(ncc);
+  auto* vsq = reinterpret_cast<double*>(sn);
+  auto* xp = reinterpret_cast<double*>(sn + round_up(cells * sizeof(double), 256));
+  sn_cols_kernel<<<dim3(ncc, u.sn_count), kThreads, 0, s>>>(u.sn_mats, u.sn_max_rows, u.sn_max_cols, b.skip, vsq, xp);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  sn_rows_target_kernel<<<dim3((u.sn_max_rows + rpb - 1) / rpb, u.sn_count), kThreads, 0, s>>>(
+      u.sn_mats, u.sn_max_rows, u.sn_max_cols, rpb, ncc, u.sigma_max, b.skip, vsq, xp, u.target);
+  return cudaGetLastError();
 }
 
 bool cooperative_graphs_work(int blocks) {

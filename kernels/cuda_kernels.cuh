@@ -74,6 +74,12 @@ int update_max_matrices();
 /// Blocks of the fused update on this device (co-resident); 0 when it cannot run.
 int update_grid(const cudaDeviceProp& props);
 cudaError_t update(cudaStream_t s, const Update& u, void* scratch, int blocks);
+/// The same update as four ordinary launches (budget partial sums; clips, g, Adam and the target
+/// update outside the normed matrices; spectral-norm passes 1 and 2, the second with the target
+/// update of the normed rows): the fused update's phases, with the same arithmetic. Needs what
+/// update() needs, and the normed matrices disjoint ranges inside params (the caller checks).
+/// max_blocks bounds the second launch's grid; results do not depend on it.
+cudaError_t update_split(cudaStream_t s, const Update& u, void* scratch, int max_blocks);
 /// Whether a cooperative launch of `blocks` blocks captured into a graph runs on the current
 /// device (probed once: capture, instantiate, launch, check). Never leaves an error behind.
 bool cooperative_graphs_work(int blocks);

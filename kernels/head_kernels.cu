@@ -24,26 +24,41 @@ double support_step(float v_min, float v_max, int Z) {
 
 constexpr int kDistMaxWarps = 16;  // warps per block of the distribution kernel (one per action)
 
+/// The distribution kernels' arithmetic type: double (fp32 pipelines: as the CPU twin, which
+/// computes these in double) or float (tf32 and bf16 pipelines, whose GEMM operands already round
+/// at 5e-4 and 4e-3 relative: float's 6e-8 is lost beneath them, and float exp/log cost a
+/// fraction of double's on the GPU).
+__device__ __forceinline__ double exp_t(double x) { return exp(x); }
+__device__ __forceinline__ float exp_t(float x) { return expf(x); }
+__device__ __forceinline__ double log_t(double x) { return log(x); }
+__device__ __forceinline__ float log_t(float x) { return logf(x); }
+__device__ __forceinline__ float warp_sum_t(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ double warp_sum_t(double v) { return warp_sum(v); }
+
 /// One block per (row, branch), one warp per action (actions beyond the warps loop). Shared:
-/// the mean advantage of each atom [Z] and the actions' Q [A].
-__global__ void dueling_dist_kernel(DuelingDist a, double dz) {
+/// the mean advantage of each atom [Z] and the actions' Q [A]. T: see exp_t.
+template <typename T>
+__global__ void dueling_dist_kernel(DuelingDist a, double dz_d) {
   extern __shared__ double dd_shared[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int D = a.D, A = a.A, Z = a.Z;
-  double* mean = dd_shared;                 // [Z]
+  T* mean = reinterpret_cast<T*>(dd_shared);         // [Z]
   float* qs = reinterpret_cast<float*>(dd_shared + Z);  // [A]
   const float* V = static_cast<const float*>(a.v.p);
   const float* ADV = static_cast<const float*>(a.adv.p);
   float* LP = static_cast<float*>(a.logp.p);
   float* Q = static_cast<float*>(a.q.p);
-  const double v_min = a.v_min;
+  const T v_min = a.v_min, dz = static_cast<T>(dz_d);
   const std::int64_t rd = blockIdx.x;
   const std::int64_t r = rd / D;
   const float* adv = ADV + rd * A * Z;
   const float* v = V + r * a.ldv;
   for (int i = threadIdx.x; i < Z; i += blockDim.x) {
-    double s = 0.0;
-    for (int act = 0; act < A; ++act) s += static_cast<double>(adv[act * Z + i]);
+    T s = 0;
+    for (int act = 0; act < A; ++act) s += static_cast<T>(adv[act * Z + i]);
     mean[i] = s / A;
   }
   __syncthreads();
@@ -53,24 +68,24 @@ __global__ void dueling_dist_kernel(DuelingDist a, double dz) {
     // logits rounded to float exactly as dueling_combine stores them
     float mx = -INFINITY;
     for (int i = lane; i < Z; i += 32)
-      mx = fmaxf(mx, static_cast<float>(static_cast<double>(v[i]) + static_cast<double>(x[i]) - mean[i]));
+      mx = fmaxf(mx, static_cast<float>(static_cast<T>(v[i]) + static_cast<T>(x[i]) - mean[i]));
     mx = warp_max(mx);
-    double sum = 0.0;
+    T sum = 0;
     for (int i = lane; i < Z; i += 32) {
-      const float xi = static_cast<float>(static_cast<double>(v[i]) + static_cast<double>(x[i]) - mean[i]);
-      sum += exp(static_cast<double>(xi) - mx);
+      const float xi = static_cast<float>(static_cast<T>(v[i]) + static_cast<T>(x[i]) - mean[i]);
+      sum += exp_t(static_cast<T>(xi) - mx);
     }
-    sum = warp_sum(sum);
-    const double lse = static_cast<double>(mx) + log(sum);
-    double qa = 0.0;
+    sum = warp_sum_t(sum);
+    const T lse = static_cast<T>(mx) + log_t(sum);
+    T qa = 0;
     for (int i = lane; i < Z; i += 32) {
-      const float xi = static_cast<float>(static_cast<double>(v[i]) + static_cast<double>(x[i]) - mean[i]);
-      const float l = static_cast<float>(static_cast<double>(xi) - lse);
+      const float xi = static_cast<float>(static_cast<T>(v[i]) + static_cast<T>(x[i]) - mean[i]);
+      const float l = static_cast<float>(static_cast<T>(xi) - lse);
       lp[i] = l;
-      if (Q) qa += (v_min + i * dz) * exp(static_cast<double>(l));
+      if (Q) qa += (v_min + i * dz) * exp_t(static_cast<T>(l));
     }
     if (Q) {
-      qa = warp_sum(qa);
+      qa = warp_sum_t(qa);
       if (lane == 0) {
         const float qf = static_cast<float>(qa);
         Q[rd * A + act] = qf;
@@ -88,116 +103,151 @@ __global__ void dueling_dist_kernel(DuelingDist a, double dz) {
   }
 }
 
-constexpr int kLossMaxWarps = 8;
+/// The c51 loss kernel's shape: a block per sample, in it a slot of `tpb` threads per branch
+/// (Z rounded up to whole warps, at most kLossMaxSlotThreads: a thread per atom) and `slots`
+/// branches at a time (at most kLossMaxThreads threads); more branches take more rounds.
+constexpr int kLossMaxSlotThreads = 256, kLossMaxThreads = 512;
+struct LossShape {
+  int tpb = 32, slots = 1;
+};
+__host__ __device__ inline LossShape loss_shape(int D, int Z) {
+  LossShape s;
+  s.tpb = (Z + 31) / 32 * 32;
+  if (s.tpb > kLossMaxSlotThreads) s.tpb = kLossMaxSlotThreads;
+  if (s.tpb < 32) s.tpb = 32;
+  s.slots = kLossMaxThreads / s.tpb;
+  if (s.slots > D) s.slots = D;
+  if (s.slots < 1) s.slots = 1;
+  return s;
+}
 
-/// One block per sample, one warp per branch (branches beyond the block's warps loop). Shared:
-/// per warp the target probabilities p and projected support tz [Z] each; per branch the taken
-/// action's gradient row g [D][Z] and the cross-entropy [D]. The last block reduces the weighted
-/// per-sample losses (scratch) in a fixed order.
-__global__ void c51_loss_kernel(C51Loss a, double dz, double* weighted, unsigned* counter) {
+/// Reduction over the threads of each slot (`W` warps each, in fixed order: lanes by butterfly,
+/// then the slot's warps in turn). Every thread of the block calls it; each gets its slot's result.
+template <typename R, typename Op>
+__device__ __forceinline__ R slot_reduce(R v, R* red, int W, int slot, Op op) {
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  R r = red[slot * W];
+  for (int k = 1; k < W; ++k) r = op(r, red[slot * W + k]);
+  __syncthreads();  // red is reused by the next reduction
+  return r;
+}
+
+/// One block per sample, a slot of threads per branch, a thread per atom (loss_shape). Shared:
+/// per branch the cross-entropy [D] (double) and the taken action's gradient row g [D][Z]; per
+/// slot the target probabilities p, the projected support tz and the projection m [Z] each. The
+/// last block reduces the weighted per-sample losses (scratch) in a fixed order. T: see exp_t.
+template <typename T>
+__global__ void c51_loss_kernel(C51Loss a, double dz_d, LossShape shape, double* weighted, unsigned* counter) {
   extern __shared__ double cl_shared[];
   __shared__ double red[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int tpb = shape.tpb, nslots = shape.slots, W = tpb >> 5;
+  const int slot = (threadIdx.x >> 5) / W, t = threadIdx.x - slot * tpb;
   const int b = blockIdx.x, D = a.D, A = a.A, Z = a.Z;
-  double* G = cl_shared;                                      // [D][Z]
-  double* xent_d = G + static_cast<std::int64_t>(D) * Z;      // [D]
-  double* p = xent_d + D + static_cast<std::int64_t>(warp) * 2 * Z;  // [Z] per warp
-  double* tz = p + Z;                                         // [Z] per warp
+  double* xent_d = cl_shared;                                              // [D]
+  T* G = reinterpret_cast<T*>(xent_d + D);                                 // [D][Z]
+  T* p = G + static_cast<std::int64_t>(D) * Z + static_cast<std::int64_t>(slot) * 3 * Z;  // [Z] per slot
+  T* tz = p + Z;                                                           // [Z] per slot
+  T* mm = tz + Z;                                                          // [Z] per slot
   const float* TV = static_cast<const float*>(a.tv.p);
   const float* TADV = static_cast<const float*>(a.tadv.p);
   const float* LP = static_cast<const float*>(a.logp.p);
   float* M = static_cast<float*>(a.m.p);
   float* DADV = static_cast<float*>(a.dadv.p);
-  const double v_min = a.v_min, v_max = a.v_max;
+  const T v_min = a.v_min, v_max = a.v_max, dz = static_cast<T>(dz_d);
   const float wb = static_cast<const float*>(a.weights.p)[b];
-  const double grad_scale = static_cast<double>(wb) / (static_cast<double>(a.B) * D);
-  const double discount = static_cast<double>(a.gamma_n) * (1.0 - static_cast<double>(static_cast<const float*>(a.dones.p)[b]));
-  const double reward = static_cast<const float*>(a.rewards.p)[b];
-  for (int d = warp; d < D; d += nwarps) {
+  const T grad_scale = static_cast<T>(static_cast<double>(wb) / (static_cast<double>(a.B) * D));
+  const T discount = static_cast<T>(a.gamma_n) * (T(1) - static_cast<T>(static_cast<const float*>(a.dones.p)[b]));
+  const T reward = static_cast<const float*>(a.rewards.p)[b];
+  auto add = [](auto x, auto y) { return x + y; };
+  auto fmx = [](float x, float y) { return fmaxf(x, y); };
+  const int rounds = (D + nslots - 1) / nslots;
+  for (int round = 0; round < rounds; ++round) {  // every thread runs every round (block-wide barriers)
+    const int d = round * nslots + slot;
+    const bool active = d < D;
     const int bd = b * D + d;
-    const int star = a.a_star[bd], taken = a.actions[bd];
+    const int star = active ? a.a_star[bd] : -1, taken = active ? a.actions[bd] : -1;
     const bool star_ok = star >= 0 && star < A, taken_ok = taken >= 0 && taken < A;
-    float* m = M + static_cast<std::int64_t>(bd) * Z;
     // 1. the target network's log-probabilities at a*, as dueling_combine + log_softmax
+    float mx = -INFINITY;
     if (star_ok) {
       const float* tadv = TADV + static_cast<std::int64_t>(bd) * A * Z;
       const float* tv = TV + static_cast<std::int64_t>(b) * a.ldtv;
-      float mx = -INFINITY;
-      for (int i = lane; i < Z; i += 32) {
-        double s = 0.0;
-        for (int act = 0; act < A; ++act) s += static_cast<double>(tadv[act * Z + i]);
-        const double mean = s / A;
-        const float x = static_cast<float>(static_cast<double>(tv[i]) + static_cast<double>(tadv[star * Z + i]) - mean);
+      for (int i = t; i < Z; i += tpb) {
+        T s = 0;
+        for (int act = 0; act < A; ++act) s += static_cast<T>(tadv[act * Z + i]);
+        const T mean = s / A;
+        const float x = static_cast<float>(static_cast<T>(tv[i]) + static_cast<T>(tadv[star * Z + i]) - mean);
         p[i] = x;  // the logit, for now
         mx = fmaxf(mx, x);
       }
-      mx = warp_max(mx);
-      double sum = 0.0;
-      for (int i = lane; i < Z; i += 32) sum += exp(p[i] - mx);
-      sum = warp_sum(sum);
-      const double lse = static_cast<double>(mx) + log(sum);
-      for (int i = lane; i < Z; i += 32) {
+    }
+    mx = slot_reduce(mx, reinterpret_cast<float*>(red), W, slot, fmx);
+    T sum = 0;
+    if (star_ok)
+      for (int i = t; i < Z; i += tpb) sum += exp_t(p[i] - mx);
+    sum = slot_reduce(sum, reinterpret_cast<T*>(red), W, slot, add);
+    if (star_ok) {
+      const T lse = static_cast<T>(mx) + log_t(sum);
+      for (int i = t; i < Z; i += tpb) {
         const float l = static_cast<float>(p[i] - lse);
-        p[i] = exp(static_cast<double>(l));
+        p[i] = exp_t(static_cast<T>(l));
         tz[i] = fmin(fmax(reward + discount * (v_min + i * dz), v_min), v_max);
       }
     }
-    __syncwarp();
-    // 2. the dense projection m (as c51_project: each atom sums over j in order)
-    for (int i = lane; i < Z; i += 32) {
+    __syncthreads();  // the slot's p and tz are complete
+    // 2. the dense projection m (as c51_project: each atom sums over j in order), and the
+    // cross-entropy's sums at the taken action (as c51_xent)
+    float* m = M + static_cast<std::int64_t>(bd) * Z;
+    const float* lp = LP + (static_cast<std::int64_t>(bd) * A + (taken_ok ? taken : 0)) * Z;
+    T xs = 0, m_sum = 0;
+    for (int i = t; i < Z; i += tpb) {
       float mi = NAN;  // an index the host could not check: visible, never read out of bounds
       if (star_ok) {
         // tz is non-decreasing in j, so the j with a non-zero weight |tz_j − z_i| < Δz form one
         // run: find its start, sum it in order (the zero terms of the dense sum change nothing).
-        const double zi = v_min + i * dz;
+        const T zi = v_min + i * dz;
         int lo = 0, hi = Z;
         while (lo < hi) {
           const int mid = (lo + hi) >> 1;
           if (tz[mid] > zi - dz) hi = mid;
           else lo = mid + 1;
         }
-        double acc = 0.0;
-        for (int j = lo; j < Z && tz[j] < zi + dz; ++j) acc += fmin(fmax(1.0 - fabs(tz[j] - zi) / dz, 0.0), 1.0) * p[j];
+        T acc = 0;
+        for (int j = lo; j < Z && tz[j] < zi + dz; ++j) acc += fmin(fmax(T(1) - fabs(tz[j] - zi) / dz, T(0)), T(1)) * p[j];
         mi = static_cast<float>(acc);
       }
-      m[i] = mi;
-    }
-    // 3. cross-entropy at the taken action and its gradient row (as c51_xent)
-    double xent = NAN;
-    if (taken_ok) {
-      const float* lp = LP + (static_cast<std::int64_t>(bd) * A + taken) * Z;
-      double x = 0.0, m_sum = 0.0;
-      for (int i = lane; i < Z; i += 32) {
-        x -= static_cast<double>(m[i]) * static_cast<double>(lp[i]);  // m[i]: this lane's own write
-        m_sum += static_cast<double>(m[i]);
+      if (active) m[i] = mi;
+      mm[i] = mi;
+      if (taken_ok) {
+        xs -= static_cast<T>(mi) * static_cast<T>(lp[i]);
+        m_sum += static_cast<T>(mi);
       }
-      xent = warp_sum(x);
-      m_sum = warp_sum(m_sum);
-      for (int i = lane; i < Z; i += 32) {
-        const double pi = exp(static_cast<double>(lp[i]));
-        const float g = static_cast<float>(grad_scale * (pi * m_sum - static_cast<double>(m[i])));
+    }
+    xs = slot_reduce(xs, reinterpret_cast<T*>(red), W, slot, add);
+    m_sum = slot_reduce(m_sum, reinterpret_cast<T*>(red), W, slot, add);
+    // 3. the gradient row of the taken action, and 4. the dueling backward of that dlogits (zero
+    // off the taken action): dadv = dl − mean_a dl
+    if (active) {
+      float* dadv = DADV + static_cast<std::int64_t>(bd) * A * Z;
+      for (int i = t; i < Z; i += tpb) {
+        float g = NAN;
+        if (taken_ok) g = static_cast<float>(grad_scale * (exp_t(static_cast<T>(lp[i])) * m_sum - mm[i]));
         G[static_cast<std::int64_t>(d) * Z + i] = g;
+        const T mean = static_cast<T>(g) / A;
+        const float other = static_cast<float>(T(0) - mean), own = static_cast<float>(static_cast<T>(g) - mean);
+        for (int act = 0; act < A; ++act) dadv[act * Z + i] = taken_ok && act != taken ? other : own;
       }
-    } else {
-      for (int i = lane; i < Z; i += 32) G[static_cast<std::int64_t>(d) * Z + i] = NAN;
+      if (t == 0) xent_d[d] = taken_ok ? static_cast<double>(xs) : NAN;
     }
-    if (lane == 0) xent_d[d] = xent;
-    // 4. dueling backward of that dlogits (zero off the taken action): dadv = dl − mean_a dl
-    float* dadv = DADV + static_cast<std::int64_t>(bd) * A * Z;
-    for (int i = lane; i < Z; i += 32) {
-      const double g = G[static_cast<std::int64_t>(d) * Z + i];
-      const double mean = g / A;
-      const float other = static_cast<float>(0.0 - mean), own = static_cast<float>(g - mean);
-      for (int act = 0; act < A; ++act) dadv[act * Z + i] = taken_ok && act != taken ? other : own;
-    }
-    __syncwarp();  // p and tz are rewritten by the warp's next branch
+    __syncthreads();  // p, tz and mm are rewritten by the slot's next branch
   }
-  __syncthreads();
   // dv[b,:] = Σ_d g[d,:] (branches in order); the sample's loss from the branches in order
   float* dv = static_cast<float*>(a.dv.p) + static_cast<std::int64_t>(b) * a.lddv;
   for (int i = threadIdx.x; i < Z; i += blockDim.x) {
     double total = 0.0;
-    for (int d = 0; d < D; ++d) total += G[static_cast<std::int64_t>(d) * Z + i];
+    for (int d = 0; d < D; ++d) total += static_cast<double>(G[static_cast<std::int64_t>(d) * Z + i]);
     dv[i] = static_cast<float>(total);
   }
   if (threadIdx.x == 0) {
@@ -577,8 +627,6 @@ __global__ void __launch_bounds__(kHfThreads) head_backward_inputs_kernel(HeadBa
 
 std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a; }
 
-int loss_warps(int D) { return D < kLossMaxWarps ? (D < 1 ? 1 : D) : kLossMaxWarps; }
-
 }  // namespace
 
 cudaError_t relu_bias_grad(cudaStream_t s, float* dy, const float* y, float* db, int rows, int cols, int ld,
@@ -592,25 +640,36 @@ std::size_t dueling_dist_shared_bytes(int Z, int A) {
   return static_cast<std::size_t>(Z) * sizeof(double) + round_up(static_cast<std::size_t>(A) * sizeof(float), 8);
 }
 
-cudaError_t dueling_dist(cudaStream_t s, const DuelingDist& a) {
+cudaError_t dueling_dist(cudaStream_t s, const DuelingDist& a, bool double_math) {
   const std::int64_t blocks = static_cast<std::int64_t>(a.rows) * a.D;
   const int warps = a.A < kDistMaxWarps ? a.A : kDistMaxWarps;
-  dueling_dist_kernel<<<static_cast<unsigned>(blocks), 32 * warps, dueling_dist_shared_bytes(a.Z, a.A), s>>>(
-      a, support_step(a.v_min, a.v_max, a.Z));
+  const std::size_t shmem = dueling_dist_shared_bytes(a.Z, a.A);
+  const double dz = support_step(a.v_min, a.v_max, a.Z);
+  if (double_math)
+    dueling_dist_kernel<double><<<static_cast<unsigned>(blocks), 32 * warps, shmem, s>>>(a, dz);
+  else
+    dueling_dist_kernel<float><<<static_cast<unsigned>(blocks), 32 * warps, shmem, s>>>(a, dz);
   return cudaGetLastError();
 }
 
 std::size_t c51_loss_scratch_bytes(int B) { return round_up(static_cast<std::size_t>(B) * sizeof(double), 256); }
 
 std::size_t c51_loss_shared_bytes(int D, int Z) {
-  const std::size_t w = static_cast<std::size_t>(loss_warps(D));
-  return (static_cast<std::size_t>(D) * Z + D + w * 2 * Z) * sizeof(double);
+  // sized for double arithmetic (float needs less)
+  const LossShape sh = loss_shape(D, Z);
+  return (static_cast<std::size_t>(D) + static_cast<std::size_t>(D) * Z + static_cast<std::size_t>(sh.slots) * 3 * Z) *
+         sizeof(double);
 }
 
-cudaError_t c51_loss(cudaStream_t s, const C51Loss& a, void* scratch, unsigned* counter) {
-  const int warps = loss_warps(a.D);
-  c51_loss_kernel<<<a.B, 32 * warps, c51_loss_shared_bytes(a.D, a.Z), s>>>(
-      a, support_step(a.v_min, a.v_max, a.Z), static_cast<double*>(scratch), counter);
+cudaError_t c51_loss(cudaStream_t s, const C51Loss& a, void* scratch, unsigned* counter, bool double_math) {
+  const LossShape sh = loss_shape(a.D, a.Z);
+  const double dz = support_step(a.v_min, a.v_max, a.Z);
+  auto* w = static_cast<double*>(scratch);
+  const std::size_t shmem = c51_loss_shared_bytes(a.D, a.Z);
+  if (double_math)
+    c51_loss_kernel<double><<<a.B, sh.tpb * sh.slots, shmem, s>>>(a, dz, sh, w, counter);
+  else
+    c51_loss_kernel<float><<<a.B, sh.tpb * sh.slots, shmem, s>>>(a, dz, sh, w, counter);
   return cudaGetLastError();
 }
 

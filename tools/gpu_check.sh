@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On a GPU machine, in one call: build with CUDA, run the suites (gpu included), a CUDA `dqn step`,
-# the benchmark against the PyTorch peer (C51 alone and all four heads), the fused update against
-# the separate kernels, and compute-sanitizer on the fused update and the zero-sync step. Logs
-# and JSON go to ${OUT:-out}/; a short summary is printed last.
+# the benchmark against the PyTorch peer (C51 alone and all four heads), the kernel switches, and
+# compute-sanitizer on the update, head and loss ops and on whole steps. Logs and JSON go to
+# ${OUT:-out}/; a short summary is printed last.
 # Usage: tools/gpu_check.sh [quick|bench]   quick: build, tests, step; bench: build and benchmarks only
 set -uo pipefail
 mode=${1:-all}
@@ -41,21 +41,29 @@ python3 bench/compare.py --dqn $build/tools/dqn --pipeline pipelines/ref.yaml --
   --heads c51,iqn,ensemble,cql $(for s in $all; do printf -- '--set %s ' "$s"; done) \
   --json-out "$out/compare_full.json" >"$out/compare_full.txt" 2>"$out/compare_full.err" || tail -5 "$out/compare_full.err"
 $build/tools/dqn bench pipelines/ref.yaml --batch 256,1024,4096 --precision fp32,bf16 >"$out/bench_prec.txt" 2>&1
-# Switches against the defaults (the same results): the fused cooperative update (opt-in) and
-# tall-k GEMMs run whole instead of split.
-DQN_FUSED_UPDATE=1 $build/tools/dqn bench pipelines/ref.yaml --batch 256 --precision tf32 >"$out/bench_switches.txt" 2>&1
-DQN_FUSED_UPDATE=1 $build/tools/dqn bench pipelines/ref.yaml $all --batch 256 --precision tf32 2>&1 | tail -1 >>"$out/bench_switches.txt"
-DQN_GEMM_SPLIT_K=0 $build/tools/dqn bench pipelines/ref.yaml $all --batch 256,4096 --precision tf32 2>&1 | tail -2 >>"$out/bench_switches.txt"
-for fh in 0 1; do
-  DQN_FUSED_HEAD=$fh $build/tools/dqn bench pipelines/ref.yaml --batch 256 --precision tf32 2>&1 | tail -1 >>"$out/bench_switches.txt"
-  DQN_FUSED_HEAD=$fh $build/tools/dqn bench pipelines/ref.yaml $all --batch 256 --precision tf32 2>&1 | tail -1 >>"$out/bench_switches.txt"
+# Switches against the defaults (the same results, other kernels), B 256, one labelled line each:
+# the update as one cooperative kernel (=1) or as four kernels (=split) instead of the four ops;
+# tall-k GEMMs run whole; the fused head kernels off (=0) or both on (=1).
+: >"$out/bench_switches.txt"
+sw() {  # sw LABEL CONFIG BATCHES ENV...
+  local label=$1 cfg=$2 batches=$3; shift 3
+  local ov=""; [ "$cfg" = all ] && ov=$all
+  env "$@" $build/tools/dqn bench pipelines/ref.yaml $ov --batch "$batches" --precision tf32 2>&1 | grep -v "^pipeline" |
+    sed "s|^|$label ($cfg): |" >>"$out/bench_switches.txt"
+}
+for cfg in c51 all; do
+  sw "DQN_FUSED_UPDATE=1" $cfg 256 DQN_FUSED_UPDATE=1
+  sw "DQN_FUSED_UPDATE=split" $cfg 256 DQN_FUSED_UPDATE=split
+  sw "DQN_FUSED_HEAD=0" $cfg 256 DQN_FUSED_HEAD=0
+  sw "DQN_FUSED_HEAD=1" $cfg 256 DQN_FUSED_HEAD=1
 done
+sw "DQN_GEMM_SPLIT_K=0" all 256,4096 DQN_GEMM_SPLIT_K=0
 {
   echo "== C51 (ref), tf32: engine vs PyTorch graph"; cat "$out/compare_c51.txt"
   echo "== all four heads (ref), tf32"; cat "$out/compare_full.txt"
   echo "== C51, fp32 and bf16"; cat "$out/bench_prec.txt"
-  echo "== DQN_FUSED_UPDATE=1 (C51, all heads; B 256), DQN_GEMM_SPLIT_K=0 (all heads; B 256, 4096), DQN_FUSED_HEAD=0 then =1 (C51, all heads; B 256), tf32"
-  grep -v "^pipeline" "$out/bench_switches.txt"
+  echo "== switches, tf32"
+  cat "$out/bench_switches.txt"
 } | tee -a "$summary"
 grep -o '"device": "[^"]*"' "$out/compare_c51.json" | head -1 | tee -a "$summary"
 [ "$mode" = bench ] && exit 0
@@ -63,8 +71,8 @@ grep -o '"device": "[^"]*"' "$out/compare_c51.json" | head -1 | tee -a "$summary
 # compute-sanitizer (time-boxed): the fused update and head ops, and whole steps with all four heads. The
 # zero-sync test is left out: it subscribes to CUPTI, which the sanitizer holds.
 for tool in ${SANITIZE_OPS:-memcheck racecheck}; do
-  timeout 60 meson test -C $build --no-rebuild --setup $tool gpu.ops --test-args='-tc=*update*,*head_*' \
-    >"$out/san_${tool}_ops.log" 2>&1; note "$tool gpu.ops update, head ops: rc=$?"
+  timeout 120 meson test -C $build --no-rebuild --setup $tool gpu.ops --test-args='-tc=*update*,*head_*,*c51_loss*,*dueling_dist*' \
+    >"$out/san_${tool}_ops.log" 2>&1; note "$tool gpu.ops update, head ops, c51_loss, dueling_dist: rc=$?"
 done
 for tool in ${SANITIZE_STEP:-memcheck initcheck}; do
   timeout 100 meson test -C $build --no-rebuild --setup $tool gpu.step \

@@ -28,6 +28,10 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 // fp32 (no TF32), tf32 (10-bit mantissa operands), bf16 (8-bit mantissa operands).
 constexpr double kElementwise = 1e-6;
 constexpr double kReduction = 1e-6;
+/// The distribution kernels' float arithmetic (tf32/bf16 backends) against the CPU's double:
+/// float rounds at 6e-8, and the projection divides support differences by Δz (|z|/Δz = 25 at
+/// 51 atoms on [-10, 10]), so a few 1e-6 relative; 2e-5 leaves a margin.
+constexpr double kFloatMath = 2e-5;
 constexpr double kFp32Gemm = 1e-5;
 constexpr double kTf32Gemm = 2e-3;
 constexpr double kBf16Gemm = 2e-2;
@@ -606,9 +610,14 @@ TEST_CASE("gpu.ops.dueling_dist: combine + log-softmax + Q + argmax in one pass,
     int rows, D, A, Z, star_from;
     bool q;
   } shapes[] = {{2 * 37, 3, 5, 51, 37, true}, {19, 2, 7, 101, 0, true}, {13, 4, 3, 9, 13, true}, {11, 3, 5, 33, 0, false}};
+  // fp32: the kernel's double arithmetic, as the CPU's; tf32: its float arithmetic (kFloatMath).
+  for (const Precision prec : {Precision::fp32, Precision::tf32})
   for (const auto& sh : shapes) {
-    INFO("rows " << sh.rows << " D " << sh.D << " A " << sh.A << " Z " << sh.Z << " star_from " << sh.star_from);
-    Gpu gpu;
+    INFO("rows " << sh.rows << " D " << sh.D << " A " << sh.A << " Z " << sh.Z << " star_from " << sh.star_from
+                 << (prec == Precision::fp32 ? " (double math)" : " (float math)"));
+    const double tol_e = prec == Precision::fp32 ? kElementwise : kFloatMath;
+    const double tol_r = prec == Precision::fp32 ? kReduction : kFloatMath;
+    Gpu gpu(prec);
     Cpu cpu;
     const int ldv = sh.Z + 3;
     const std::size_t n = static_cast<std::size_t>(sh.rows) * sh.D * sh.A * sh.Z;
@@ -636,9 +645,9 @@ TEST_CASE("gpu.ops.dueling_dist: combine + log-softmax + Q + argmax in one pass,
     ac.a_star = sh.q ? star_c.data() : nullptr;
     cpu.ops->dueling_dist(ac);
     cpu.ok();
-    expect_close(gpu.get(ad.logp, static_cast<std::int64_t>(n)), lp, kElementwise, "dueling_dist logp");
+    expect_close(gpu.get(ad.logp, static_cast<std::int64_t>(n)), lp, tol_e, "dueling_dist logp");
     if (sh.q) {
-      expect_close(gpu.get(ad.q, static_cast<std::int64_t>(nq)), q, kReduction, "dueling_dist q");
+      expect_close(gpu.get(ad.q, static_cast<std::int64_t>(nq)), q, tol_r, "dueling_dist q");
       expect_same_bits(gpu.get_typed(ad.a_star, ns), star_c, "dueling_dist a_star");
     }
   }
@@ -799,10 +808,15 @@ TEST_CASE("gpu.ops.head_backward_inputs: the fused tf32 kernel against the CPU's
 TEST_CASE("gpu.ops.c51_loss: fused target distribution, projection, cross-entropy and dueling backward") {
   const struct {
     int B, D, A, Z;
-  } shapes[] = {{37, 3, 5, 51}, {5, 11, 4, 21}, {64, 1, 2, 101}};
+  } shapes[] = {{37, 3, 5, 51}, {5, 11, 4, 21}, {64, 1, 2, 101}, {9, 40, 3, 13}, {7, 2, 3, 300}};
+  // fp32: double arithmetic; tf32: float (kFloatMath). The last two shapes take several rounds
+  // of branches per block, and several atoms per thread.
+  for (const Precision prec : {Precision::fp32, Precision::tf32})
   for (const auto& sh : shapes) {
-    INFO("B " << sh.B << " D " << sh.D << " A " << sh.A << " Z " << sh.Z);
-    Gpu gpu;
+    INFO("B " << sh.B << " D " << sh.D << " A " << sh.A << " Z " << sh.Z
+              << (prec == Precision::fp32 ? " (double math)" : " (float math)"));
+    const double tol = prec == Precision::fp32 ? kReduction : kFloatMath;
+    Gpu gpu(prec);
     Cpu cpu;
     const int B = sh.B, D = sh.D, A = sh.A, Z = sh.Z, ld = Z + 2;
     const std::size_t n = static_cast<std::size_t>(B) * D * A * Z;
@@ -846,11 +860,11 @@ TEST_CASE("gpu.ops.c51_loss: fused target distribution, projection, cross-entrop
     ac.work_dlogits = host(wd);
     cpu.ops->c51_loss(ac);
     cpu.ok();
-    expect_close(gpu.get(ad.m, static_cast<std::int64_t>(m.size())), m, kReduction, "c51_loss m");
-    expect_close(gpu.get(ad.loss_per_sample, B), lps, kReduction, "c51_loss per sample");
-    expect_close(gpu.get(ad.loss, 1), loss, kReduction, "c51_loss loss");
-    expect_close(gpu.get(ad.dv, static_cast<std::int64_t>(dv.size())), dv, kReduction, "c51_loss dv");
-    expect_close(gpu.get(ad.dadv, static_cast<std::int64_t>(n)), dadv, kReduction, "c51_loss dadv");
+    expect_close(gpu.get(ad.m, static_cast<std::int64_t>(m.size())), m, tol, "c51_loss m");
+    expect_close(gpu.get(ad.loss_per_sample, B), lps, tol, "c51_loss per sample");
+    expect_close(gpu.get(ad.loss, 1), loss, tol, "c51_loss loss");
+    expect_close(gpu.get(ad.dv, static_cast<std::int64_t>(dv.size())), dv, tol, "c51_loss dv");
+    expect_close(gpu.get(ad.dadv, static_cast<std::int64_t>(n)), dadv, tol, "c51_loss dadv");
   }
 }
 
@@ -1349,14 +1363,18 @@ TEST_CASE("gpu.ops.update: the fused update equals budget → adam → spectral 
       {"a NaN head skips everything", true, 0, 10, 0},
       {"a NaN head, hard copy on the period", true, 4, 11, 1},
   };
-  const ScopedEnv fused("DQN_FUSED_UPDATE", "1");  // opt-in: read when a backend is made
+  // Both fused paths: DQN_FUSED_UPDATE=1 (one cooperative kernel, where the device runs it in a
+  // graph) and =split (four kernels; with a normed matrix outside params, the separate ops).
+  for (const char* mode : {"1", "split"})
   for (const Case& c : cases) {
-    INFO(c.why);
+    INFO(c.why << ", DQN_FUSED_UPDATE " << mode);
+    const ScopedEnv env("DQN_FUSED_UPDATE", mode);  // read when a backend is made
     Gpu gpu;
     Cpu cpu;
     MESSAGE("update path: " << gpu.rt().describe());
-    CHECK_MESSAGE(gpu.rt().describe().find("update fused") != std::string::npos,
-                  "the cooperative update did not run here: only the separate kernels were compared");
+    const char* want = std::string(mode) == "1" ? "update fused" : "update split";
+    CHECK_MESSAGE(gpu.rt().describe().find(want) != std::string::npos,
+                  "expected '" << want << "': only the separate kernels were compared");
     BudgetCase bc(kNaN, c.bad);
     const int H = BudgetCase::H;
     const std::int64_t P = BudgetCase::P;

@@ -149,8 +149,8 @@ void Engine::build(const PluginLoader& plugins) {
   for (int i = 0; i < L; ++i) {
     const int in = i == 0 ? net_.state : net_.trunk[i - 1];
     const std::string p = "trunk." + std::to_string(i);
-    reg_.declare_param(p + ".weight", net_.trunk[i], in, in, kParamSpectralNorm, "engine");
-    reg_.declare_param(p + ".bias", net_.trunk[i], 0, in, 0, "engine");
+    reg_.declare_param(p + ".weight", net_.trunk[i], in, in, kParamSpectralNorm | kParamAlign, "engine");
+    reg_.declare_param(p + ".bias", net_.trunk[i], 0, in, kParamAlign, "engine");
   }
 
   // Heads: create from their plugins with resolved parameters and budgets.

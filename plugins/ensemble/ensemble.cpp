@@ -35,15 +35,15 @@ class EnsembleHead final : public Head {
     try {
       for (int k = 0; k < K_; ++k)
         if (int rc = bdq::declare_params(ctx, prefix(k), d_, 0)) return keep(rc);
-      const std::int64_t K = K_, B = B_, hc = d_.hidden_cols(), D = d_.D, A = d_.A, Z = d_.Z;
+      const std::int64_t K = K_, B = B_, hc = d_.hidden_cols(), D = d_.D, A = d_.A, Z = d_.Z, LZ = d_.ldz();
       // Activations carry the member as the leading dimension (ready for batched GEMMs).
       struct Decl { std::string n; std::vector<std::int64_t> s; BufferKind kind; };
       const std::vector<Decl> decls = {
-          {own("hidden"), {K, B, hc}, BufferKind::activation}, {own("v"), {K, B, Z}, BufferKind::activation},
+          {own("hidden"), {K, B, hc}, BufferKind::activation}, {own("v"), {K, B, LZ}, BufferKind::activation},
           {own("adv"), {K, B, D, A, Z}, BufferKind::activation}, {own("logits"), {K, B, D, A, Z}, BufferKind::activation},
           {own("logp"), {K, B, D, A, Z}, BufferKind::activation}, {own("q"), {K, B, D, A}, BufferKind::activation},
           {own("disagreement"), {B}, BufferKind::activation},
-          {own("dlogits"), {K, B, D, A, Z}, BufferKind::scratch}, {own("dv"), {K, B, Z}, BufferKind::scratch},
+          {own("dlogits"), {K, B, D, A, Z}, BufferKind::scratch}, {own("dv"), {K, B, LZ}, BufferKind::scratch},
           {own("dadv"), {K, B, D, A, Z}, BufferKind::scratch}, {own("dhidden"), {K, B, hc}, BufferKind::scratch},
       };
       for (const auto& x : decls)
@@ -74,7 +74,7 @@ class EnsembleHead final : public Head {
         Member m;
         m.online = bdq::resolve(r, prefix(k), bdq::Which::online);
         m.grad = bdq::resolve(r, prefix(k), bdq::Which::grad);
-        m.act = {hidden + k * B * hc, v + k * B * d_.Z, adv + k * B * daz, logits + k * B * daz, logp + k * B * daz,
+        m.act = {hidden + k * B * hc, v + k * B * d_.ldz(), adv + k * B * daz, logits + k * B * daz, logp + k * B * daz,
                  q + k * B * d_.D * d_.A};
         m.dlogits = dlogits + k * B * daz;
         ok = ok && m.online.w1 && m.grad.w1;
@@ -170,7 +170,7 @@ class EnsembleHead final : public Head {
   }
 
   void forward(Backend& be) const {
-    const int B = B_, hc = d_.hidden_cols(), az = d_.az(), daz = d_.D * az, Hh = d_.Hh, Z = d_.Z;
+    const int B = B_, hc = d_.hidden_cols(), az = d_.az(), daz = d_.D * az, Hh = d_.Hh, Z = d_.Z, LZ = d_.ldz();
     const std::int64_t sh = std::int64_t(B) * hc;
     const bdq::Params& p = members_[0].online;
     // Biases ride in the GEMM epilogue; member k's bias is member 0's + k·stride_ (uniform_stride).
@@ -178,7 +178,7 @@ class EnsembleHead final : public Head {
     g.weight_operand = 2;
     g.bias = p.b1; g.stride_bias = stride_; g.act = Act::relu;
     be.gemm(g);
-    g = batched(false, true, B, Z, Hh, all_.hidden, hc, sh, p.wv2, Hh, stride_, all_.v, Z, std::int64_t(B) * Z);
+    g = batched(false, true, B, Z, Hh, all_.hidden, hc, sh, p.wv2, Hh, stride_, all_.v, LZ, std::int64_t(B) * LZ);
     g.weight_operand = 2;
     g.bias = p.bv2; g.stride_bias = stride_;
     be.gemm(g);
@@ -191,23 +191,24 @@ class EnsembleHead final : public Head {
       be.gemm(g);
     }
     DuelingDist dd;  // every member's distribution and Q in one pass
-    dd.logp = all_.logp; dd.q = all_.q; dd.v = all_.v; dd.ldv = Z; dd.adv = all_.adv;
+    dd.logp = all_.logp; dd.q = all_.q; dd.v = all_.v; dd.ldv = LZ; dd.adv = all_.adv;
     dd.rows = K_ * B; dd.D = d_.D; dd.A = d_.A; dd.Z = Z; dd.v_min = d_.v_min; dd.v_max = d_.v_max;
     be.dueling_dist(dd);
   }
 
   void backward(Backend& be) const {
     const int B = B_, hc = d_.hidden_cols(), az = d_.az(), daz = d_.D * az, Hh = d_.Hh, Z = d_.Z, H2 = d_.H2;
-    const std::int64_t sh = std::int64_t(B) * hc, sv = std::int64_t(B) * Z, sa = std::int64_t(B) * daz;
+    const int LZ = d_.ldz();  // v and dv rows: Z padded to 4 (aligned GEMM kernels)
+    const std::int64_t sh = std::int64_t(B) * hc, sv = std::int64_t(B) * LZ, sa = std::int64_t(B) * daz;
     const bdq::Params& p = members_[0].online;
     const bdq::Params& gp = members_[0].grad;
     const Real dlogits = members_[0].dlogits;
-    be.dueling_backward(back_.dv, Z, back_.dadv, dlogits, K_ * B, d_.D, d_.A, Z);
-    be.relu_bias_grad(back_.dv, Real{}, gp.bv2, B, Z, Z, K_, sv, 0, stride_);  // bias gradients, every member
+    be.dueling_backward(back_.dv, LZ, back_.dadv, dlogits, K_ * B, d_.D, d_.A, Z);
+    be.relu_bias_grad(back_.dv, Real{}, gp.bv2, B, Z, LZ, K_, sv, 0, stride_);  // bias gradients, every member
     be.relu_bias_grad(back_.dadv, Real{}, gp.bb2, B, daz, daz, K_, sa, 0, stride_);
     // value output layer: dWv2 = dvᵀ hv, dhv = dv Wv2
-    be.gemm(batched(true, false, Z, Hh, B, back_.dv, Z, sv, all_.hidden, hc, sh, gp.wv2, Hh, stride_));
-    Gemm g = batched(false, false, B, Hh, Z, back_.dv, Z, sv, p.wv2, Hh, stride_, back_.dhidden, hc, sh);
+    be.gemm(batched(true, false, Z, Hh, B, back_.dv, LZ, sv, all_.hidden, hc, sh, gp.wv2, Hh, stride_));
+    Gemm g = batched(false, false, B, Hh, Z, back_.dv, LZ, sv, p.wv2, Hh, stride_, back_.dhidden, hc, sh);
     g.weight_operand = 2;
     be.gemm(g);
     // branch output layers, one member-batched GEMM per branch

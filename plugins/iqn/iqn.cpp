@@ -50,7 +50,7 @@ class IqnHead final : public Head {
     try {
       int rc = 0;
       auto p = [&](const char* n, int rows, int cols, int fan_in) {
-        if (rc == 0) rc = ctx.param(n, rows, cols, fan_in, 0);
+        if (rc == 0) rc = ctx.param(n, rows, cols, fan_in, kParamAlign);  // each tensor on 16 bytes
       };
       p("iqn.embed.weight", H2_, c_.E, c_.E);
       p("iqn.embed.bias", H2_, 0, c_.E);

@@ -280,6 +280,8 @@ TEST_CASE("abi.enum_values") {
       {"Act::none", std::int64_t(Act::none), 0},
       {"Act::relu", std::int64_t(Act::relu), 1},
       {"kParamSpectralNorm", std::int64_t(kParamSpectralNorm), 1},
+      {"kParamAlign", std::int64_t(kParamAlign), 2},
+      {"kParamAlignElems", kParamAlignElems, 4},
   };
   for (const E& e : values) {
     INFO(std::string(e.what));

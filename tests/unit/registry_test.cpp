@@ -206,6 +206,17 @@ TEST_CASE("registry.params.contiguous_in_declaration_order") {
   CHECK(r.find_param("sn.weight")->flags == kParamSpectralNorm);
   CHECK(r.find_param("sn.weight")->fan_in == 7);
   CHECK(r.find_param("sn.weight")->owner == "h");
+  // kParamAlign: padded to a multiple of 4 elements (31 + 4 = 35 → 36); the tensor after it, without
+  // the flag, follows directly; an already aligned offset gets no padding.
+  r.declare_param("g.weight", 3, 3, 3, kParamAlign | kParamSpectralNorm, "h");
+  r.declare_param("g.bias", 3, 0, 3, 0, "h");
+  r.declare_param("h.weight", 2, 2, 2, kParamAlign, "h");  // 36 + 9 + 3 = 48: aligned already
+  r.declare_param("h.bias", 1, 0, 2, kParamAlign, "h");    // 52
+  CHECK(r.find_param("g.weight")->offset == 36);
+  CHECK(r.find_param("g.bias")->offset == 45);
+  CHECK(r.find_param("h.weight")->offset == 48);
+  CHECK(r.find_param("h.bias")->offset == 52);
+  CHECK(r.param_count() == 53);
 }
 
 TEST_CASE("registry.freeze.layout") {

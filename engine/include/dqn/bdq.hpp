@@ -32,20 +32,24 @@ inline Dims dims_of(const NetworkDims& n) {
 inline std::string pname(const std::string& prefix, const std::string& rest) { return prefix + "." + rest; }
 
 /// Declares the head's parameters under `prefix` ("c51", "ensemble.0") in the contiguous order
-/// the forward relies on. flags go to every weight matrix (spectral norm for the primary).
+/// the forward relies on. flags go to every weight matrix (spectral norm for the primary). Each
+/// concatenated block (Params) starts on 16 bytes (kParamAlign), so the GEMMs on it, and on the
+/// next ensemble member's, get aligned kernels; inside a block the tensors follow directly.
 inline int declare_params(BuildContext& ctx, const std::string& prefix, const Dims& d, std::uint32_t weight_flags) {
   int rc = 0;
   auto p = [&](const std::string& name, int rows, int cols, int fan_in, std::uint32_t flags) {
     if (rc == 0) rc = ctx.param(pname(prefix, name).c_str(), rows, cols, fan_in, flags);
   };
-  p("value.0.weight", d.Hh, d.H2, d.H2, weight_flags);
+  const std::uint32_t start = kParamAlign;  // the first tensor of a block
+  p("value.0.weight", d.Hh, d.H2, d.H2, weight_flags | start);
   for (int b = 0; b < d.D; ++b) p("branch." + std::to_string(b) + ".0.weight", d.Hh, d.H2, d.H2, weight_flags);
-  p("value.0.bias", d.Hh, 0, d.H2, 0);
+  p("value.0.bias", d.Hh, 0, d.H2, start);
   for (int b = 0; b < d.D; ++b) p("branch." + std::to_string(b) + ".0.bias", d.Hh, 0, d.H2, 0);
-  p("value.1.weight", d.Z, d.Hh, d.Hh, weight_flags);
-  p("value.1.bias", d.Z, 0, d.Hh, 0);
-  for (int b = 0; b < d.D; ++b) p("branch." + std::to_string(b) + ".1.weight", d.az(), d.Hh, d.Hh, weight_flags);
-  for (int b = 0; b < d.D; ++b) p("branch." + std::to_string(b) + ".1.bias", d.az(), 0, d.Hh, 0);
+  p("value.1.weight", d.Z, d.Hh, d.Hh, weight_flags | start);
+  p("value.1.bias", d.Z, 0, d.Hh, start);
+  for (int b = 0; b < d.D; ++b)
+    p("branch." + std::to_string(b) + ".1.weight", d.az(), d.Hh, d.Hh, weight_flags | (b == 0 ? start : 0));
+  for (int b = 0; b < d.D; ++b) p("branch." + std::to_string(b) + ".1.bias", d.az(), 0, d.Hh, b == 0 ? start : 0);
   return rc;
 }
 

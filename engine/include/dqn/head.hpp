@@ -29,6 +29,13 @@ enum class BufferKind : std::int32_t {
 };
 
 inline constexpr std::uint32_t kParamSpectralNorm = 1u;  ///< param flag: spectrally normed matrix
+/// Param flag: the tensor starts on 16 bytes (a multiple of 4 elements in the flat parameter
+/// buffers; the registry pads before it with elements that stay 0). Set it on the first tensor of
+/// each contiguous group (a tensor without it follows the previous one directly), so that GEMMs
+/// on the group get aligned kernels.
+inline constexpr std::uint32_t kParamAlign = 2u;
+/// Elements per alignment unit of kParamAlign.
+inline constexpr std::int64_t kParamAlignElems = 4;
 
 /// A stage is one unit of work in the step; reads and writes are buffer names, and the state
 /// pseudo-buffers "params", "target" (read before they are written in a step).

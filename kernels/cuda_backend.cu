@@ -495,16 +495,19 @@ class CudaBackend final : public Backend {
                                           rows, D, A, Z));
   }
 
-  void dueling_backward(Real dv, int lddv, Real dadv, Real dlogits, int rows, int D, int A, int Z) noexcept override {
+  void dueling_backward(Real dv, int lddv, Real dadv, int lddadv, Real dlogits, int rows, int D, int A,
+                        int Z) noexcept override {
     constexpr const char* op = "dueling_backward";
     if (rows < 0 || D < 0 || A < 0 || Z < 0) return fail(op, "negative size");
     if (rows == 0 || Z == 0) return;
     if (lddv < Z) return fail(op, "lddv smaller than Z");
+    const int ldd = adv_ld(lddadv, A, Z);
+    if (ldd < A * Z) return fail(op, "lddadv smaller than A·Z");
     if (!real_ok(dv, op, "dv")) return;
     const bool any = D > 0 && A > 0;
     if (any && (!real_ok(dadv, op, "dadv") || !real_ok(dlogits, op, "dlogits"))) return;
     if (planning_) return;
-    DQN_CUDA_OK(op, cuda::dueling_backward(stream_, dv.as<float>(), lddv, any ? dadv.as<float>() : nullptr,
+    DQN_CUDA_OK(op, cuda::dueling_backward(stream_, dv.as<float>(), lddv, any ? dadv.as<float>() : nullptr, ldd,
                                            any ? dlogits.as<const float>() : nullptr, rows, any ? D : 0, A, Z));
   }
 
@@ -873,6 +876,7 @@ class CudaBackend final : public Backend {
     if (a.a_star && !a.q) return fail(op, "a_star needs q");
     if (a.rows == 0 || a.D == 0) return;
     if (a.ldv < a.Z) return fail(op, "ldv smaller than Z");
+    if (a.ldadv != 0 && a.ldadv < a.A * a.Z) return fail(op, "ldadv smaller than A·Z");
     if (!real_ok(a.logp, op, "logp") || !real_ok(a.v, op, "v") || !real_ok(a.adv, op, "adv")) return;
     if (a.q && !real_ok(a.q, op, "q")) return;
     if (cuda::dueling_dist_shared_bytes(a.Z, a.A) > 48 * 1024) return fail(op, "Z too large for shared memory");
@@ -900,6 +904,7 @@ class CudaBackend final : public Backend {
     if (!sizes || !fuse_head(kFuseForward, a.rows, a.D, cuda::head_forward_shared_bytes(a.H2, a.Hh, a.A, a.Z)))
       return head_forward_composed(a);
     if (a.ldx < a.H2 || a.ldv < a.Z) return fail(op, "ldx smaller than H2 or ldv smaller than Z");
+    if (a.ldadv != 0 && a.ldadv < a.A * a.Z) return fail(op, "ldadv smaller than A·Z");
     if (a.star_from < 0 || a.star_from > a.rows) return fail(op, "star_from outside [0, rows]");
     if (a.a_star && !a.q) return fail(op, "a_star needs q");
     if (!real_ok(a.x, op, "x") || !real_ok(a.w1, op, "w1") || !real_ok(a.b1, op, "b1") || !real_ok(a.wv2, op, "wv2") ||
@@ -920,6 +925,7 @@ class CudaBackend final : public Backend {
     if (!sizes || !fuse_head(kFuseBackward, a.rows, 1 + a.D, cuda::head_backward_inputs_shared_bytes(a.Hh, a.A, a.Z)))
       return head_backward_inputs_composed(a);
     if (a.lddv < a.Z) return fail(op, "lddv smaller than Z");
+    if (a.lddadv != 0 && a.lddadv < a.A * a.Z) return fail(op, "lddadv smaller than A·Z");
     if (!real_ok(a.dv, op, "dv") || !real_ok(a.dadv, op, "dadv") || !real_ok(a.wv2, op, "wv2") ||
         !real_ok(a.wb2, op, "wb2") || !real_ok(a.hidden, op, "hidden") || !real_ok(a.dhidden, op, "dhidden"))
       return;
@@ -952,6 +958,8 @@ class CudaBackend final : public Backend {
     }
     if (!a.actions || !a.a_star) return fail(op, "null actions/a_star");
     if (a.lddv < a.Z || a.ldtv < a.Z) return fail(op, "lddv/ldtv smaller than Z");
+    if ((a.ldtadv != 0 && a.ldtadv < a.A * a.Z) || (a.lddadv != 0 && a.lddadv < a.A * a.Z))
+      return fail(op, "ldtadv/lddadv smaller than A·Z");
     if (!real_ok(a.m, op, "m") || !real_ok(a.dv, op, "dv") || !real_ok(a.dadv, op, "dadv") ||
         !real_ok(a.logp, op, "logp") || !real_ok(a.weights, op, "weights") || !real_ok(a.tv, op, "tv") ||
         !real_ok(a.tadv, op, "tadv") || !real_ok(a.rewards, op, "rewards") || !real_ok(a.dones, op, "dones"))

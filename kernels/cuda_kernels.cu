@@ -123,9 +123,9 @@ __global__ void dueling_combine_kernel(float* logits, const float* v, int ldv, c
 }
 
 /// One thread per (b, atom), same summation order as the CPU twin; each branch's entries are
-/// all read before they are written, so dadv may alias dlogits.
-__global__ void dueling_backward_kernel(float* dv, int lddv, float* dadv, const float* dl, int rows, int D,
-                                        int A, int Z) {
+/// all read before they are written, so dadv may alias dlogits (when compact: lddadv == A·Z).
+__global__ void dueling_backward_kernel(float* dv, int lddv, float* dadv, int lddadv, const float* dl, int rows,
+                                        int D, int A, int Z) {
   const std::int64_t n = static_cast<std::int64_t>(rows) * Z;
   for (std::int64_t k = grid_start(); k < n; k += grid_step()) {
     const std::int64_t b = k / Z;
@@ -139,9 +139,10 @@ __global__ void dueling_backward_kernel(float* dv, int lddv, float* dadv, const 
       double mean = 0.0;
       for (int a = 0; a < A; ++a) mean += static_cast<double>(dl[row + (d * A + a) * Z]);
       mean /= A;
+      const std::int64_t drow = (b * D + d) * lddadv + i;
       for (int a = 0; a < A; ++a) {
         const std::int64_t j = row + (d * A + a) * Z;
-        dadv[j] = static_cast<float>(static_cast<double>(dl[j]) - mean);
+        dadv[drow + a * Z] = static_cast<float>(static_cast<double>(dl[j]) - mean);
       }
     }
   }
@@ -1215,10 +1216,10 @@ cudaError_t dueling_combine(cudaStream_t s, float* logits, const float* v, int l
   return cudaGetLastError();
 }
 
-cudaError_t dueling_backward(cudaStream_t s, float* dv, int lddv, float* dadv, const float* dlogits, int rows,
-                             int D, int A, int Z) {
+cudaError_t dueling_backward(cudaStream_t s, float* dv, int lddv, float* dadv, int lddadv, const float* dlogits,
+                             int rows, int D, int A, int Z) {
   dueling_backward_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * Z), kThreads, 0, s>>>(
-      dv, lddv, dadv, dlogits, rows, D, A, Z);
+      dv, lddv, dadv, lddadv, dlogits, rows, D, A, Z);
   return cudaGetLastError();
 }
 

@@ -20,7 +20,8 @@ cudaError_t bias_grad(cudaStream_t s, float* db, const float* dy, int rows, int 
 
 cudaError_t dueling_combine(cudaStream_t s, float* logits, const float* v, int ldv, const float* adv,
                             int rows, int D, int A, int Z);
-cudaError_t dueling_backward(cudaStream_t s, float* dv, int lddv, float* dadv, const float* dlogits,
+/// dadv's (row, branch) blocks lie lddadv (>= A·Z) apart; dlogits is compact.
+cudaError_t dueling_backward(cudaStream_t s, float* dv, int lddv, float* dadv, int lddadv, const float* dlogits,
                              int rows, int D, int A, int Z);
 cudaError_t log_softmax(cudaStream_t s, float* logp, const float* x, int rows, int n);
 cudaError_t expected_q(cudaStream_t s, float* q, const float* logp, int rows, int Z, float v_min, float v_max);

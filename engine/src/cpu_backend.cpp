@@ -117,36 +117,45 @@ class CpuBackend final : public Backend {
 
   void dueling_combine(Real logits, Real v, int ldv, Real adv, int rows, int D, int A,
                        int Z) noexcept override {
+    combine(logits, v, ldv, adv, A * Z, rows, D, A, Z);
+  }
+
+  /// dueling_combine from advantages whose (row, branch) blocks lie ldadv apart (logits compact).
+  void combine(Real logits, Real v, int ldv, Real adv, int ldadv, int rows, int D, int A, int Z) noexcept {
     if (rows < 0 || D < 0 || A < 0 || Z < 0) return fail("dueling_combine", "negative size");
     if (rows == 0 || D == 0 || A == 0 || Z == 0) return;
     if (ldv < Z) return fail("dueling_combine", "ldv smaller than Z");
+    if (ldadv < A * Z) return fail("dueling_combine", "ldadv smaller than A·Z");
     if (!real_ok(logits, "dueling_combine", "logits") || !real_ok(v, "dueling_combine", "v") ||
         !real_ok(adv, "dueling_combine", "adv"))
       return;
     T* L = logits.as<T>();
     const T* V = v.as<T>();
     const T* Adv = adv.as<T>();
-    // Per (b, d, atom): the mean is read before that atom is written, so logits may alias adv.
+    // Per (b, d, atom): the mean is read before that atom is written, so logits may alias adv
+    // (when compact).
     for (int b = 0; b < rows; ++b) {
       for (int d = 0; d < D; ++d) {
-        const std::int64_t base = (static_cast<std::int64_t>(b) * D + d) * A * Z;
+        const std::int64_t bd = static_cast<std::int64_t>(b) * D + d, base = bd * A * Z, abase = bd * ldadv;
         for (int i = 0; i < Z; ++i) {
           double mean = 0.0;
-          for (int a = 0; a < A; ++a) mean += static_cast<double>(Adv[base + a * Z + i]);
+          for (int a = 0; a < A; ++a) mean += static_cast<double>(Adv[abase + a * Z + i]);
           mean /= A;
           const double vi = V[idx(b, ldv, i)];
           for (int a = 0; a < A; ++a)
-            L[base + a * Z + i] = static_cast<T>(vi + static_cast<double>(Adv[base + a * Z + i]) - mean);
+            L[base + a * Z + i] = static_cast<T>(vi + static_cast<double>(Adv[abase + a * Z + i]) - mean);
         }
       }
     }
   }
 
-  void dueling_backward(Real dv, int lddv, Real dadv, Real dlogits, int rows, int D, int A,
+  void dueling_backward(Real dv, int lddv, Real dadv, int lddadv, Real dlogits, int rows, int D, int A,
                         int Z) noexcept override {
     if (rows < 0 || D < 0 || A < 0 || Z < 0) return fail("dueling_backward", "negative size");
     if (rows == 0 || Z == 0) return;
     if (lddv < Z) return fail("dueling_backward", "lddv smaller than Z");
+    const int ldd = adv_ld(lddadv, A, Z);
+    if (ldd < A * Z) return fail("dueling_backward", "lddadv smaller than A·Z");
     if (!real_ok(dv, "dueling_backward", "dv")) return;
     if (D > 0 && A > 0 &&
         (!real_ok(dadv, "dueling_backward", "dadv") || !real_ok(dlogits, "dueling_backward", "dlogits")))
@@ -154,7 +163,8 @@ class CpuBackend final : public Backend {
     T* DV = dv.as<T>();
     T* DA = D > 0 && A > 0 ? dadv.as<T>() : nullptr;
     const T* DL = D > 0 && A > 0 ? dlogits.as<T>() : nullptr;
-    // Every atom's sums are taken before that atom is written, so dadv may alias dlogits.
+    // Every atom's sums are taken before that atom is written, so dadv may alias dlogits (when
+    // compact).
     for (int b = 0; b < rows; ++b) {
       const std::int64_t row = static_cast<std::int64_t>(b) * D * A * Z;
       for (int i = 0; i < Z; ++i) {
@@ -166,9 +176,10 @@ class CpuBackend final : public Backend {
           double mean = 0.0;
           for (int a = 0; a < A; ++a) mean += static_cast<double>(DL[row + (d * A + a) * Z + i]);
           mean /= A;
+          const std::int64_t drow = (static_cast<std::int64_t>(b) * D + d) * ldd;
           for (int a = 0; a < A; ++a) {
             const std::int64_t k = row + (d * A + a) * Z + i;
-            DA[k] = static_cast<T>(static_cast<double>(DL[k]) - mean);
+            DA[drow + a * Z + i] = static_cast<T>(static_cast<double>(DL[k]) - mean);
           }
         }
       }
@@ -731,7 +742,7 @@ class CpuBackend final : public Backend {
     if (a.a_star && !a.q) return fail(op, "a_star needs q");
     if (a.rows == 0 || a.D == 0) return;
     const int n = a.rows * a.D * a.A;
-    dueling_combine(a.logp, a.v, a.ldv, a.adv, a.rows, a.D, a.A, a.Z);
+    combine(a.logp, a.v, a.ldv, a.adv, adv_ld(a.ldadv, a.A, a.Z), a.rows, a.D, a.A, a.Z);
     log_softmax(a.logp, a.logp, n, a.Z);
     if (a.q) expected_q(a.q, a.logp, n, a.Z, a.v_min, a.v_max);
     if (a.a_star && a.rows > a.star_from)
@@ -752,7 +763,7 @@ class CpuBackend final : public Backend {
     if (a.B < 0 || a.D < 0 || a.A <= 0 || a.Z < 2) return fail(op, "need B, D >= 0, A >= 1, Z >= 2");
     if (!real_ok(a.work_logp, op, "work_logp") || !real_ok(a.work_dlogits, op, "work_dlogits")) return;
     if (a.B > 0 && a.D > 0) {
-      dueling_combine(a.work_logp, a.tv, a.ldtv, a.tadv, a.B, a.D, a.A, a.Z);
+      combine(a.work_logp, a.tv, a.ldtv, a.tadv, adv_ld(a.ldtadv, a.A, a.Z), a.B, a.D, a.A, a.Z);
       log_softmax(a.work_logp, a.work_logp, a.B * a.D * a.A, a.Z);
       C51Project p;
       p.m = a.m; p.target_logp = a.work_logp; p.a_star = a.a_star; p.rewards = a.rewards; p.dones = a.dones;
@@ -763,7 +774,7 @@ class CpuBackend final : public Backend {
     x.loss_per_sample = a.loss_per_sample; x.loss = a.loss; x.dlogits = a.work_dlogits; x.logp = a.logp;
     x.actions = a.actions; x.m = a.m; x.weights = a.weights; x.B = a.B; x.D = a.D; x.A = a.A; x.Z = a.Z;
     c51_xent(x);
-    dueling_backward(a.dv, a.lddv, a.dadv, a.work_dlogits, a.B, a.D, a.A, a.Z);
+    dueling_backward(a.dv, a.lddv, a.dadv, a.lddadv, a.work_dlogits, a.B, a.D, a.A, a.Z);
   }
 
   void update(const Update& u) noexcept override {

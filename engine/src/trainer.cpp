@@ -154,7 +154,7 @@ HostActor::HostActor(const PipelineSpec& spec, const Registry& reg, int max_rows
   hidden_.resize(rows * std::size_t(dims_.hidden_cols()));
   v_.resize(rows * std::size_t(dims_.ldz()));  // [rows, ldz], as bdq::forward writes it
   const std::size_t daz = rows * std::size_t(dims_.D) * std::size_t(az);
-  adv_.resize(daz);
+  adv_.resize(rows * std::size_t(dims_.D) * std::size_t(dims_.ldaz()));  // [rows, D, ldaz], as bdq::forward writes it
   logits_.resize(daz);
   logp_.resize(daz);
   q_.resize(rows * std::size_t(dims_.D) * std::size_t(dims_.A));

@@ -28,15 +28,15 @@ class C51Head final : public Head {
     try {
       if (int rc = bdq::declare_params(ctx, "c51", d_, kParamSpectralNorm)) return keep(ctx, rc);
       const std::int64_t B2 = 2 * std::int64_t(B_), B = B_;
-      const std::int64_t hc = d_.hidden_cols(), D = d_.D, A = d_.A, Z = d_.Z, LZ = d_.ldz();
+      const std::int64_t hc = d_.hidden_cols(), D = d_.D, A = d_.A, Z = d_.Z, LZ = d_.ldz(), LAZ = d_.ldaz();
       struct Decl { std::string n; std::vector<std::int64_t> s; };
       const std::vector<Decl> decls = {
-          {b("hidden"), {B2, hc}}, {b("v"), {B2, LZ}}, {b("adv"), {B2, D, A, Z}},
+          {b("hidden"), {B2, hc}}, {b("v"), {B2, LZ}}, {b("adv"), {B2, D, LAZ}},
           {b("logp"), {B2, D, A, Z}}, {b("q"), {B2, D, A}},
-          {b("target.hidden"), {B, hc}}, {b("target.v"), {B, LZ}}, {b("target.adv"), {B, D, A, Z}},
+          {b("target.hidden"), {B, hc}}, {b("target.v"), {B, LZ}}, {b("target.adv"), {B, D, LAZ}},
           // workspace of the fused loss (the CPU twin composes the unfused ops through them)
           {b("work.logp"), {B, D, A, Z}}, {b("work.dlogits"), {B, D, A, Z}},
-          {b("dv"), {B, LZ}}, {b("dadv"), {B, D, A, Z}}, {b("dhidden"), {B, hc}},
+          {b("dv"), {B, LZ}}, {b("dadv"), {B, D, LAZ}}, {b("dhidden"), {B, hc}},
       };
       for (const auto& x : decls) {
         const bool act = x.n.find("/d") == std::string::npos && x.n.find("/work.") == std::string::npos;
@@ -123,7 +123,8 @@ class C51Head final : public Head {
         C51Loss x;
         x.m = m_; x.loss_per_sample = td_; x.loss = loss_; x.dv = back_.dv; x.lddv = d_.ldz(); x.dadv = back_.dadv;
         x.logp = act_.logp; x.actions = actions_; x.weights = weights_; x.tv = tact_.v; x.ldtv = d_.ldz();
-        x.tadv = tact_.adv; x.a_star = a_star_; x.rewards = rewards_; x.dones = dones_;
+        x.tadv = tact_.adv; x.ldtadv = d_.ldaz(); x.lddadv = d_.ldaz();
+        x.a_star = a_star_; x.rewards = rewards_; x.dones = dones_;
         x.work_logp = work_logp_; x.work_dlogits = work_dlogits_;
         x.B = B; x.D = D; x.A = A; x.Z = Z; x.gamma_n = gamma_n_; x.v_min = d_.v_min; x.v_max = d_.v_max;
         be.c51_loss(x);

@@ -32,7 +32,7 @@ class CqlHead final : public Head {
       struct Decl { std::string n; std::vector<std::int64_t> s; };
       const std::vector<Decl> decls = {
           {own("dq"), {B, D, A}}, {own("dlogits"), {B, D, A, Z}}, {own("dv"), {B, std::int64_t(d_.ldz())}},
-          {own("dadv"), {B, D, A, Z}}, {own("dhidden"), {B, hc}},
+          {own("dadv"), {B, D, std::int64_t(d_.ldaz())}}, {own("dhidden"), {B, hc}},
       };
       for (const auto& x : decls)
         if (int rc = ctx.buffer(x.n.c_str(), DType::real, x.s.data(), std::int32_t(x.s.size()), BufferKind::scratch))

@@ -35,16 +35,17 @@ class EnsembleHead final : public Head {
     try {
       for (int k = 0; k < K_; ++k)
         if (int rc = bdq::declare_params(ctx, prefix(k), d_, 0)) return keep(rc);
-      const std::int64_t K = K_, B = B_, hc = d_.hidden_cols(), D = d_.D, A = d_.A, Z = d_.Z, LZ = d_.ldz();
+      const std::int64_t K = K_, B = B_, hc = d_.hidden_cols(), D = d_.D, A = d_.A, Z = d_.Z, LZ = d_.ldz(),
+                         LAZ = d_.ldaz();
       // Activations carry the member as the leading dimension (ready for batched GEMMs).
       struct Decl { std::string n; std::vector<std::int64_t> s; BufferKind kind; };
       const std::vector<Decl> decls = {
           {own("hidden"), {K, B, hc}, BufferKind::activation}, {own("v"), {K, B, LZ}, BufferKind::activation},
-          {own("adv"), {K, B, D, A, Z}, BufferKind::activation}, {own("logits"), {K, B, D, A, Z}, BufferKind::activation},
+          {own("adv"), {K, B, D, LAZ}, BufferKind::activation}, {own("logits"), {K, B, D, A, Z}, BufferKind::activation},
           {own("logp"), {K, B, D, A, Z}, BufferKind::activation}, {own("q"), {K, B, D, A}, BufferKind::activation},
           {own("disagreement"), {B}, BufferKind::activation},
           {own("dlogits"), {K, B, D, A, Z}, BufferKind::scratch}, {own("dv"), {K, B, LZ}, BufferKind::scratch},
-          {own("dadv"), {K, B, D, A, Z}, BufferKind::scratch}, {own("dhidden"), {K, B, hc}, BufferKind::scratch},
+          {own("dadv"), {K, B, D, LAZ}, BufferKind::scratch}, {own("dhidden"), {K, B, hc}, BufferKind::scratch},
       };
       for (const auto& x : decls)
         if (int rc = ctx.buffer(x.n.c_str(), DType::real, x.s.data(), std::int32_t(x.s.size()), x.kind)) return keep(rc);
@@ -74,7 +75,7 @@ class EnsembleHead final : public Head {
         Member m;
         m.online = bdq::resolve(r, prefix(k), bdq::Which::online);
         m.grad = bdq::resolve(r, prefix(k), bdq::Which::grad);
-        m.act = {hidden + k * B * hc, v + k * B * d_.ldz(), adv + k * B * daz, logits + k * B * daz, logp + k * B * daz,
+        m.act = {hidden + k * B * hc, v + k * B * d_.ldz(), adv + k * B * std::int64_t(d_.D) * d_.ldaz(), logits + k * B * daz, logp + k * B * daz,
                  q + k * B * d_.D * d_.A};
         m.dlogits = dlogits + k * B * daz;
         ok = ok && m.online.w1 && m.grad.w1;
@@ -170,7 +171,8 @@ class EnsembleHead final : public Head {
   }
 
   void forward(Backend& be) const {
-    const int B = B_, hc = d_.hidden_cols(), az = d_.az(), daz = d_.D * az, Hh = d_.Hh, Z = d_.Z, LZ = d_.ldz();
+    const int B = B_, hc = d_.hidden_cols(), az = d_.az(), Hh = d_.Hh, Z = d_.Z, LZ = d_.ldz(), laz = d_.ldaz();
+    const int dlaz = d_.D * laz;  // adv rows: D blocks of ldaz (aligned GEMM kernels)
     const std::int64_t sh = std::int64_t(B) * hc;
     const bdq::Params& p = members_[0].online;
     // Biases ride in the GEMM epilogue; member k's bias is member 0's + k·stride_ (uniform_stride).
@@ -184,28 +186,30 @@ class EnsembleHead final : public Head {
     be.gemm(g);
     for (int d = 0; d < d_.D; ++d) {
       g = batched(false, true, B, az, Hh, all_.hidden + Hh + std::int64_t(d) * Hh, hc, sh,
-                  p.wb2 + std::int64_t(d) * az * Hh, Hh, stride_, all_.adv + std::int64_t(d) * az, daz,
-                  std::int64_t(B) * daz);
+                  p.wb2 + std::int64_t(d) * az * Hh, Hh, stride_, all_.adv + std::int64_t(d) * laz, dlaz,
+                  std::int64_t(B) * dlaz);
       g.weight_operand = 2;
       g.bias = p.bb2 + std::int64_t(d) * az; g.stride_bias = stride_;
       be.gemm(g);
     }
     DuelingDist dd;  // every member's distribution and Q in one pass
-    dd.logp = all_.logp; dd.q = all_.q; dd.v = all_.v; dd.ldv = LZ; dd.adv = all_.adv;
+    dd.logp = all_.logp; dd.q = all_.q; dd.v = all_.v; dd.ldv = LZ; dd.adv = all_.adv; dd.ldadv = laz;
     dd.rows = K_ * B; dd.D = d_.D; dd.A = d_.A; dd.Z = Z; dd.v_min = d_.v_min; dd.v_max = d_.v_max;
     be.dueling_dist(dd);
   }
 
   void backward(Backend& be) const {
-    const int B = B_, hc = d_.hidden_cols(), az = d_.az(), daz = d_.D * az, Hh = d_.Hh, Z = d_.Z, H2 = d_.H2;
-    const int LZ = d_.ldz();  // v and dv rows: Z padded to 4 (aligned GEMM kernels)
-    const std::int64_t sh = std::int64_t(B) * hc, sv = std::int64_t(B) * LZ, sa = std::int64_t(B) * daz;
+    const int B = B_, hc = d_.hidden_cols(), az = d_.az(), Hh = d_.Hh, Z = d_.Z, H2 = d_.H2;
+    const int LZ = d_.ldz(), laz = d_.ldaz(), dlaz = d_.D * laz;  // padded rows (aligned GEMM kernels)
+    const std::int64_t sh = std::int64_t(B) * hc, sv = std::int64_t(B) * LZ, sa = std::int64_t(B) * dlaz;
     const bdq::Params& p = members_[0].online;
     const bdq::Params& gp = members_[0].grad;
     const Real dlogits = members_[0].dlogits;
-    be.dueling_backward(back_.dv, LZ, back_.dadv, dlogits, K_ * B, d_.D, d_.A, Z);
+    be.dueling_backward(back_.dv, LZ, back_.dadv, laz, dlogits, K_ * B, d_.D, d_.A, Z);
     be.relu_bias_grad(back_.dv, Real{}, gp.bv2, B, Z, LZ, K_, sv, 0, stride_);  // bias gradients, every member
-    be.relu_bias_grad(back_.dadv, Real{}, gp.bb2, B, daz, daz, K_, sa, 0, stride_);
+    for (int d = 0; d < d_.D; ++d)  // the branch biases: one call per branch (every member)
+      be.relu_bias_grad(back_.dadv + std::int64_t(d) * laz, Real{}, gp.bb2 + std::int64_t(d) * az, B, az, dlaz, K_, sa,
+                        0, stride_);
     // value output layer: dWv2 = dvᵀ hv, dhv = dv Wv2
     be.gemm(batched(true, false, Z, Hh, B, back_.dv, LZ, sv, all_.hidden, hc, sh, gp.wv2, Hh, stride_));
     Gemm g = batched(false, false, B, Hh, Z, back_.dv, LZ, sv, p.wv2, Hh, stride_, back_.dhidden, hc, sh);
@@ -213,10 +217,10 @@ class EnsembleHead final : public Head {
     be.gemm(g);
     // branch output layers, one member-batched GEMM per branch
     for (int d = 0; d < d_.D; ++d) {
-      const std::int64_t wo = std::int64_t(d) * az * Hh, co = std::int64_t(d) * az, ho = Hh + std::int64_t(d) * Hh;
-      be.gemm(batched(true, false, az, Hh, B, back_.dadv + co, daz, sa, all_.hidden + ho, hc, sh, gp.wb2 + wo, Hh,
+      const std::int64_t wo = std::int64_t(d) * az * Hh, co = std::int64_t(d) * laz, ho = Hh + std::int64_t(d) * Hh;
+      be.gemm(batched(true, false, az, Hh, B, back_.dadv + co, dlaz, sa, all_.hidden + ho, hc, sh, gp.wb2 + wo, Hh,
                       stride_));
-      g = batched(false, false, B, Hh, az, back_.dadv + co, daz, sa, p.wb2 + wo, Hh, stride_, back_.dhidden + ho, hc, sh);
+      g = batched(false, false, B, Hh, az, back_.dadv + co, dlaz, sa, p.wb2 + wo, Hh, stride_, back_.dhidden + ho, hc, sh);
       g.weight_operand = 2;
       be.gemm(g);
     }

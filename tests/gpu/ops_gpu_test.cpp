@@ -439,17 +439,23 @@ TEST_CASE("gpu.ops.dueling_combine and dueling_backward, separate and in place")
     expect_close(gpu.get(ld, static_cast<std::int64_t>(n)), logits_c, kElementwise, "dueling_combine");
 
     auto dl = random_vec(n, -1, 1, 9);
-    std::vector<float> dv(static_cast<std::size_t>(rows) * ldv, kNaN);  // padding stays poisoned on both sides
-    Real dld = gpu.put(dl), dvd = gpu.put(dv);
-    Real dad = in_place ? dld : gpu.poisoned(static_cast<std::int64_t>(n));
-    gpu.ops.dueling_backward(dvd, ldv, dad, dld, rows, D, A, Z);
-    gpu.ok();
-    std::vector<float> dadv_c = in_place ? dl : std::vector<float>(n, kNaN);
-    auto dl_c = dl;
-    cpu.ops->dueling_backward(host(dv), ldv, host(dadv_c), in_place ? host(dadv_c) : host(dl_c), rows, D, A, Z);
-    cpu.ok();
-    expect_close(gpu.get(dvd, rows * ldv), dv, kReduction, "dueling_backward dv");
-    expect_close(gpu.get(dad, static_cast<std::int64_t>(n)), dadv_c, kElementwise, "dueling_backward dadv");
+    // Compact dadv (separate or in place), then (not in place) a padded one whose (row, branch)
+    // blocks lie A·Z + 3 apart: the padding stays poisoned on both sides.
+    for (const int ldd : in_place ? std::vector<int>{0} : std::vector<int>{0, A * Z + 3}) {
+      INFO("lddadv " << ldd);
+      const std::size_t nd = ldd ? static_cast<std::size_t>(rows) * D * ldd : n;
+      std::vector<float> dv(static_cast<std::size_t>(rows) * ldv, kNaN);  // padding stays poisoned on both sides
+      Real dld = gpu.put(dl), dvd = gpu.put(dv);
+      Real dad = in_place ? dld : gpu.poisoned(static_cast<std::int64_t>(nd));
+      gpu.ops.dueling_backward(dvd, ldv, dad, ldd, dld, rows, D, A, Z);
+      gpu.ok();
+      std::vector<float> dadv_c = in_place ? dl : std::vector<float>(nd, kNaN);
+      auto dl_c = dl;
+      cpu.ops->dueling_backward(host(dv), ldv, host(dadv_c), ldd, in_place ? host(dadv_c) : host(dl_c), rows, D, A, Z);
+      cpu.ok();
+      expect_close(gpu.get(dvd, rows * ldv), dv, kReduction, "dueling_backward dv");
+      expect_close(gpu.get(dad, static_cast<std::int64_t>(nd)), dadv_c, kElementwise, "dueling_backward dadv");
+    }
   }
 }
 
@@ -611,10 +617,12 @@ TEST_CASE("gpu.ops.dueling_dist: combine + log-softmax + Q + argmax in one pass,
     bool q;
   } shapes[] = {{2 * 37, 3, 5, 51, 37, true}, {19, 2, 7, 101, 0, true}, {13, 4, 3, 9, 13, true}, {11, 3, 5, 33, 0, false}};
   // fp32: the kernel's double arithmetic, as the CPU's; tf32: its float arithmetic (kFloatMath).
+  // pad: adv's (row, branch) blocks A·Z + pad apart (0: compact, ldadv unset).
+  for (const int pad : {0, 5})
   for (const Precision prec : {Precision::fp32, Precision::tf32})
   for (const auto& sh : shapes) {
     INFO("rows " << sh.rows << " D " << sh.D << " A " << sh.A << " Z " << sh.Z << " star_from " << sh.star_from
-                 << (prec == Precision::fp32 ? " (double math)" : " (float math)"));
+                 << (prec == Precision::fp32 ? " (double math)" : " (float math)") << " adv padding " << pad);
     const double tol_e = prec == Precision::fp32 ? kElementwise : kFloatMath;
     const double tol_r = prec == Precision::fp32 ? kReduction : kFloatMath;
     Gpu gpu(prec);
@@ -624,9 +632,11 @@ TEST_CASE("gpu.ops.dueling_dist: combine + log-softmax + Q + argmax in one pass,
     const std::size_t nq = static_cast<std::size_t>(sh.rows) * sh.D * sh.A;
     const std::size_t ns = static_cast<std::size_t>(sh.rows - sh.star_from) * sh.D;
     auto v = random_vec(static_cast<std::size_t>(sh.rows) * ldv, -2, 2, 31);
-    auto adv = random_vec(n, -3, 3, 32);
+    const int ldadv = pad ? sh.A * sh.Z + pad : 0;
+    auto adv = random_vec(pad ? static_cast<std::size_t>(sh.rows) * sh.D * ldadv : n, -3, 3, 32);
     DuelingDist a;
     a.ldv = ldv; a.rows = sh.rows; a.D = sh.D; a.A = sh.A; a.Z = sh.Z; a.star_from = sh.q ? sh.star_from : 0;
+    a.ldadv = ldadv;
     a.v_min = -10.0f; a.v_max = 10.0f;
     DuelingDist ad = a, ac = a;
     std::vector<std::int32_t> poison(ns, -1), star_c(ns, -1);
@@ -663,13 +673,17 @@ TEST_CASE("gpu.ops.head_forward: the fused tf32 kernel against the CPU's GEMMs a
     bool dist;
   } shapes[] = {{74, 256, 128, 3, 5, 51, 37, true}, {37, 72, 40, 2, 3, 11, 20, true}, {5, 13, 9, 1, 2, 3, 0, true},
                 {21, 30, 17, 4, 3, 7, 0, false}};
+  // pad: adv's (row, branch) blocks A·Z + pad apart (as bdq's ldaz: 255 → 256); 0: compact.
+  for (const int pad : {0, 1})
   for (const auto& sh : shapes) {
-    INFO("rows " << sh.rows << " H2 " << sh.H2 << " Hh " << sh.Hh << " D " << sh.D << " A " << sh.A << " Z " << sh.Z);
+    INFO("rows " << sh.rows << " H2 " << sh.H2 << " Hh " << sh.Hh << " D " << sh.D << " A " << sh.A << " Z " << sh.Z
+                 << " adv padding " << pad);
     Gpu gpu(Precision::tf32);
     Cpu cpu;
     const int rows = sh.rows, H2 = sh.H2, Hh = sh.Hh, D = sh.D, A = sh.A, Z = sh.Z, hc = (1 + D) * Hh, az = A * Z;
-    const int ldx = H2 + 5, ldv = Z + 2;
+    const int ldx = H2 + 5, ldv = Z + 2, lda = az + pad;
     const std::size_t n_out = static_cast<std::size_t>(rows) * D * az, nq = static_cast<std::size_t>(rows) * D * A;
+    const std::size_t n_adv = static_cast<std::size_t>(rows) * D * lda;
     const std::size_t ns = static_cast<std::size_t>(rows - sh.star_from) * D;
     const float s1 = 1.0f / std::sqrt(static_cast<float>(H2)), s2 = 1.0f / std::sqrt(static_cast<float>(Hh));
     auto x = random_vec(static_cast<std::size_t>(rows) * ldx, -1.5f, 1.5f, 61);
@@ -681,14 +695,14 @@ TEST_CASE("gpu.ops.head_forward: the fused tf32 kernel against the CPU's GEMMs a
     auto bb2 = random_vec(static_cast<std::size_t>(D) * az, -0.2f, 0.2f, 67);
     HeadForward a;
     a.ldx = ldx; a.ldv = ldv; a.rows = rows; a.H2 = H2; a.Hh = Hh; a.D = D; a.A = A; a.Z = Z;
-    a.star_from = sh.star_from; a.v_min = -10.0f; a.v_max = 10.0f;
+    a.star_from = sh.star_from; a.v_min = -10.0f; a.v_max = 10.0f; a.ldadv = pad ? lda : 0;
     HeadForward ag = a, ac = a;
     // one poisoned row beyond `rows` in every output: nothing may be written there
     ag.x = gpu.put(x); ag.w1 = gpu.put(w1); ag.b1 = gpu.put(b1); ag.wv2 = gpu.put(wv2); ag.bv2 = gpu.put(bv2);
     ag.wb2 = gpu.put(wb2); ag.bb2 = gpu.put(bb2);
     ag.hidden = gpu.poisoned(static_cast<std::int64_t>(rows + 1) * hc);
     ag.v = gpu.poisoned(static_cast<std::int64_t>(rows + 1) * ldv);
-    ag.adv = gpu.poisoned(static_cast<std::int64_t>(rows + 1) * D * az);
+    ag.adv = gpu.poisoned(static_cast<std::int64_t>(rows + 1) * D * lda);
     std::vector<std::int32_t> poison(ns + D, -1);
     if (sh.dist) {
       ag.logp = gpu.poisoned(static_cast<std::int64_t>(n_out + static_cast<std::size_t>(D) * az));
@@ -698,7 +712,7 @@ TEST_CASE("gpu.ops.head_forward: the fused tf32 kernel against the CPU's GEMMs a
     for (int rep = 0; rep < 2; ++rep) gpu.ops.head_forward(ag);  // reruns give the same
     gpu.ok();
     std::vector<float> hid(static_cast<std::size_t>(rows) * hc, kNaN), v(static_cast<std::size_t>(rows) * ldv, kNaN),
-        adv(n_out, kNaN), lp(n_out, kNaN), q(nq, kNaN);
+        adv(n_adv, kNaN), lp(n_out, kNaN), q(nq, kNaN);
     std::vector<std::int32_t> star_c(ns, -1);
     ac.x = host(x); ac.w1 = host(w1); ac.b1 = host(b1); ac.wv2 = host(wv2); ac.bv2 = host(bv2); ac.wb2 = host(wb2);
     ac.bb2 = host(bb2); ac.hidden = host(hid); ac.v = host(v); ac.adv = host(adv);
@@ -711,21 +725,21 @@ TEST_CASE("gpu.ops.head_forward: the fused tf32 kernel against the CPU's GEMMs a
     cpu.ok();
     auto hid_g = gpu.get(ag.hidden, static_cast<std::int64_t>(rows + 1) * hc);
     auto v_g = gpu.get(ag.v, static_cast<std::int64_t>(rows + 1) * ldv);
-    auto adv_g = gpu.get(ag.adv, static_cast<std::int64_t>(rows + 1) * D * az);
+    auto adv_g = gpu.get(ag.adv, static_cast<std::int64_t>(rows + 1) * D * lda);
     auto all_nan = [](const std::vector<float>& h, std::size_t from, std::size_t to) {
       for (std::size_t i = from; i < to; ++i)
         if (!std::isnan(h[i])) return false;
       return true;
     };
     CHECK_MESSAGE(all_nan(hid_g, hid.size(), hid_g.size()), "hidden written beyond rows");
-    CHECK_MESSAGE(all_nan(adv_g, n_out, adv_g.size()), "adv written beyond rows");
+    CHECK_MESSAGE(all_nan(adv_g, n_adv, adv_g.size()), "adv written beyond rows");
     CHECK_MESSAGE(all_nan(v_g, v.size(), v_g.size()), "v written beyond rows");
     bool pad_kept = true;  // v's columns beyond Z keep what they held
     for (int r = 0; r < rows; ++r)
       for (int c = Z; c < ldv; ++c) pad_kept = pad_kept && std::isnan(v_g[static_cast<std::size_t>(r) * ldv + c]);
     CHECK_MESSAGE(pad_kept, "v's padding columns written");
     hid_g.resize(hid.size());
-    adv_g.resize(n_out);
+    adv_g.resize(n_adv);  // adv's padding: NaN on both sides (compared as equal)
     v_g.resize(v.size());
     for (std::size_t i = 0; i < v.size(); ++i)
       if (static_cast<int>(i % static_cast<std::size_t>(ldv)) >= Z) v_g[i] = v[i] = 0.0f;
@@ -768,19 +782,20 @@ TEST_CASE("gpu.ops.head_backward_inputs: the fused tf32 kernel against the CPU's
   const struct {
     int rows, Hh, D, A, Z;
   } shapes[] = {{256, 128, 3, 5, 51}, {37, 40, 2, 3, 11}, {5, 9, 1, 2, 3}};
+  for (const int pad : {0, 1})  // dadv's (row, branch) blocks A·Z + pad apart; 0: compact
   for (const auto& sh : shapes) {
-    INFO("rows " << sh.rows << " Hh " << sh.Hh << " D " << sh.D << " A " << sh.A << " Z " << sh.Z);
+    INFO("rows " << sh.rows << " Hh " << sh.Hh << " D " << sh.D << " A " << sh.A << " Z " << sh.Z << " dadv padding " << pad);
     Gpu gpu(Precision::tf32);
     Cpu cpu;
     const int rows = sh.rows, Hh = sh.Hh, D = sh.D, A = sh.A, Z = sh.Z, hc = (1 + D) * Hh, az = A * Z, lddv = Z + 3;
     auto dv = random_vec(static_cast<std::size_t>(rows) * lddv, -1, 1, 71);
-    auto dadv = random_vec(static_cast<std::size_t>(rows) * D * az, -1, 1, 72);
+    auto dadv = random_vec(static_cast<std::size_t>(rows) * D * (az + pad), -1, 1, 72);
     auto wv2 = random_vec(static_cast<std::size_t>(Z) * Hh, -0.3f, 0.3f, 73);
     auto wb2 = random_vec(static_cast<std::size_t>(D) * az * Hh, -0.3f, 0.3f, 74);
     auto hidden = random_vec(static_cast<std::size_t>(rows) * hc, -1, 1, 75);
     for (std::size_t i = 0; i < hidden.size(); i += 7) hidden[i] = 0.0f;  // exact zeros mask too
     HeadBackward a;
-    a.lddv = lddv; a.rows = rows; a.Hh = Hh; a.D = D; a.A = A; a.Z = Z;
+    a.lddv = lddv; a.rows = rows; a.Hh = Hh; a.D = D; a.A = A; a.Z = Z; a.lddadv = pad ? az + pad : 0;
     HeadBackward ag = a, ac = a;
     ag.dv = gpu.put(dv); ag.dadv = gpu.put(dadv); ag.wv2 = gpu.put(wv2); ag.wb2 = gpu.put(wb2);
     ag.hidden = gpu.put(hidden);
@@ -810,19 +825,23 @@ TEST_CASE("gpu.ops.c51_loss: fused target distribution, projection, cross-entrop
     int B, D, A, Z;
   } shapes[] = {{37, 3, 5, 51}, {5, 11, 4, 21}, {64, 1, 2, 101}, {9, 40, 3, 13}, {7, 2, 3, 300}};
   // fp32: double arithmetic; tf32: float (kFloatMath). The last two shapes take several rounds
-  // of branches per block, and several atoms per thread.
+  // of branches per block, and several atoms per thread. pad: tadv's and dadv's (sample, branch)
+  // blocks A·Z + pad apart (0: compact); dadv's padding must stay poisoned.
+  for (const int pad : {0, 3})
   for (const Precision prec : {Precision::fp32, Precision::tf32})
   for (const auto& sh : shapes) {
     INFO("B " << sh.B << " D " << sh.D << " A " << sh.A << " Z " << sh.Z
-              << (prec == Precision::fp32 ? " (double math)" : " (float math)"));
+              << (prec == Precision::fp32 ? " (double math)" : " (float math)") << " adv padding " << pad);
     const double tol = prec == Precision::fp32 ? kReduction : kFloatMath;
     Gpu gpu(prec);
     Cpu cpu;
     const int B = sh.B, D = sh.D, A = sh.A, Z = sh.Z, ld = Z + 2;
     const std::size_t n = static_cast<std::size_t>(B) * D * A * Z;
+    const int ldadv = pad ? A * Z + pad : 0;
+    const std::size_t na = pad ? static_cast<std::size_t>(B) * D * ldadv : n;  // tadv and dadv
     auto lp = random_logp(B * D * A, Z, 41);
     auto tv = random_vec(static_cast<std::size_t>(B) * ld, -2, 2, 42);
-    auto tadv = random_vec(n, -3, 3, 43);
+    auto tadv = random_vec(na, -3, 3, 43);
     auto actions = random_ints(static_cast<std::size_t>(B) * D, 0, A - 1, 44);
     auto a_star = random_ints(static_cast<std::size_t>(B) * D, 0, A - 1, 45);
     auto rewards = random_vec(B, -3, 3, 46);
@@ -832,12 +851,13 @@ TEST_CASE("gpu.ops.c51_loss: fused target distribution, projection, cross-entrop
     auto w = random_vec(B, 0.5f, 1.5f, 48);
     C51Loss a;
     a.lddv = ld; a.ldtv = ld; a.B = B; a.D = D; a.A = A; a.Z = Z; a.gamma_n = 0.97f; a.v_min = -10.0f; a.v_max = 10.0f;
+    a.ldtadv = ldadv; a.lddadv = ldadv;
     C51Loss ad = a, ac = a;
     ad.m = gpu.poisoned(static_cast<std::int64_t>(B) * D * Z);
     ad.loss_per_sample = gpu.poisoned(B);
     ad.loss = gpu.poisoned(1);
     ad.dv = gpu.put(std::vector<float>(static_cast<std::size_t>(B) * ld, kNaN));  // padding stays poisoned
-    ad.dadv = gpu.poisoned(static_cast<std::int64_t>(n));
+    ad.dadv = gpu.poisoned(static_cast<std::int64_t>(na));
     ad.logp = gpu.put(lp);
     ad.actions = gpu.put_typed(actions);
     ad.weights = gpu.put(w);
@@ -853,7 +873,7 @@ TEST_CASE("gpu.ops.c51_loss: fused target distribution, projection, cross-entrop
       gpu.ok();
     }
     std::vector<float> m(static_cast<std::size_t>(B) * D * Z, kNaN), lps(B, kNaN), loss(1, kNaN),
-        dv(static_cast<std::size_t>(B) * ld, kNaN), dadv(n, kNaN), wl(n, kNaN), wd(n, kNaN);
+        dv(static_cast<std::size_t>(B) * ld, kNaN), dadv(na, kNaN), wl(n, kNaN), wd(n, kNaN);
     ac.m = host(m); ac.loss_per_sample = host(lps); ac.loss = host(loss); ac.dv = host(dv); ac.dadv = host(dadv);
     ac.logp = host(lp); ac.actions = actions.data(); ac.weights = host(w); ac.tv = host(tv); ac.tadv = host(tadv);
     ac.a_star = a_star.data(); ac.rewards = host(rewards); ac.dones = host(dones); ac.work_logp = host(wl);
@@ -864,7 +884,7 @@ TEST_CASE("gpu.ops.c51_loss: fused target distribution, projection, cross-entrop
     expect_close(gpu.get(ad.loss_per_sample, B), lps, tol, "c51_loss per sample");
     expect_close(gpu.get(ad.loss, 1), loss, tol, "c51_loss loss");
     expect_close(gpu.get(ad.dv, static_cast<std::int64_t>(dv.size())), dv, tol, "c51_loss dv");
-    expect_close(gpu.get(ad.dadv, static_cast<std::int64_t>(n)), dadv, tol, "c51_loss dadv");
+    expect_close(gpu.get(ad.dadv, static_cast<std::int64_t>(na)), dadv, tol, "c51_loss dadv");
   }
 }
 

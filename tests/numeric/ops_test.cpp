@@ -529,7 +529,7 @@ TEST_CASE("ops.dueling.fd") {
   Vd dl(n);
   for (std::size_t i = 0; i < n; ++i) dl[i] = c[i] * (1.0 - std::pow(std::tanh(logits[i]), 2));
   Vec dlogits(8, dl), dv(8, rows * ldv, kNaN), dadv(8, n, kNaN);
-  b.dueling_backward(dv.r(), ldv, dadv.r(), dlogits.r(), rows, D, A, Z);
+  b.dueling_backward(dv.r(), ldv, dadv.r(), 0, dlogits.r(), rows, D, A, Z);
   REQUIRE(b.status() == 0);
   // dv's padding columns are not written; v's padding does not enter the loss.
   Vd dv_full = dv.get();
@@ -543,10 +543,30 @@ TEST_CASE("ops.dueling.fd") {
 
   // In place (dadv aliasing dlogits) gives the same; f32 agrees with f64.
   Vec inplace(8, dl), dv2(8, rows * ldv);
-  b.dueling_backward(dv2.r(), ldv, inplace.r(), inplace.r(), rows, D, A, Z);
+  b.dueling_backward(dv2.r(), ldv, inplace.r(), 0, inplace.r(), rows, D, A, Z);
   CHECK(rel_err(inplace.get(), dadv.get()) < 1e-15);
+  // A padded dadv (each (row, branch) block lddadv = A·Z + 3 apart): the same values, the
+  // padding left as it was.
+  const int ldd = A * Z + 3;
+  Vec padded(8, static_cast<std::size_t>(rows) * D * ldd, kNaN), dv3(8, rows * ldv);
+  b.dueling_backward(dv3.r(), ldv, padded.r(), ldd, dlogits.r(), rows, D, A, Z);
+  REQUIRE(b.status() == 0);
+  {
+    const Vd pg = padded.get(), want = dadv.get();
+    int bad = 0, pad_written = 0;
+    for (int rd = 0; rd < rows * D; ++rd)
+      for (int k = 0; k < ldd; ++k) {
+        const double x = pg[static_cast<std::size_t>(rd) * ldd + k];
+        if (k >= A * Z) pad_written += !std::isnan(x);
+        else bad += x != want[static_cast<std::size_t>(rd) * A * Z + k];
+      }
+    CHECK(bad == 0);
+    CHECK(pad_written == 0);
+  }
+  b.dueling_backward(dv3.r(), ldv, padded.r(), A * Z - 1, dlogits.r(), rows, D, A, Z);
+  CHECK(b.status() != 0);  // a stride shorter than a block is refused
   Vec dl32(4, dl), dv32(4, rows * ldv, kNaN), dadv32(4, n);
-  be.f32->dueling_backward(dv32.r(), ldv, dadv32.r(), dl32.r(), rows, D, A, Z);
+  be.f32->dueling_backward(dv32.r(), ldv, dadv32.r(), 0, dl32.r(), rows, D, A, Z);
   CHECK(rel_err(dadv32.get(), dadv.get()) < 1e-5);
   Vd dv32_full = dv32.get();
   for (int r = 0; r < rows; ++r)

@@ -180,12 +180,16 @@ struct DuelingDist {
   Real q;                         ///< out [rows,D,A]; may be null when a_star is null
   Real v;                         ///< in  [rows, ldv] (the first Z columns)
   int ldv = 0;
-  Real adv;                       ///< in  [rows,D,A,Z]
+  Real adv;                       ///< in  [rows,D,ldadv] (the first A·Z of each (row, branch))
   std::int32_t* a_star = nullptr; ///< out [rows − star_from, D]; may be null
   int star_from = 0;
   int rows = 0, D = 0, A = 0, Z = 0;
   float v_min = -10.0f, v_max = 10.0f;
+  int ldadv = 0;                  ///< elements from one (row, branch) of adv to the next; 0: A·Z (ABI 6)
 };
+
+/// The stride of an advantage layout: ld, or A·Z when ld is 0 (compact).
+inline int adv_ld(int ld, int A, int Z) { return ld > 0 ? ld : A * Z; }
 
 /// The C51 loss fused from the target head's outputs to the dueling gradients (spec "C51
 /// loss"): the target network's log-probabilities at a* (dueling combine + log-softmax of
@@ -200,18 +204,19 @@ struct C51Loss {
   Real loss;                      ///< out [1]
   Real dv;                        ///< out [B, lddv]
   int lddv = 0;
-  Real dadv;                      ///< out [B,D,A,Z]
+  Real dadv;                      ///< out [B,D,lddadv] (the first A·Z of each (sample, branch))
   Real logp;                      ///< in  [B,D,A,Z] online log-probabilities at states
   const std::int32_t* actions = nullptr;  ///< in [B,D]
   Real weights;                   ///< in  [B] importance weights
   Real tv;                        ///< in  [B, ldtv] target head's value stream at next_states
   int ldtv = 0;
-  Real tadv;                      ///< in  [B,D,A,Z] target head's advantages at next_states
+  Real tadv;                      ///< in  [B,D,ldtadv] target head's advantages at next_states
   const std::int32_t* a_star = nullptr;   ///< in [B,D]
   Real rewards, dones;            ///< in  [B]
   Real work_logp, work_dlogits;   ///< workspace [B,D,A,Z] each
   int B = 0, D = 0, A = 0, Z = 0;
   float gamma_n = 0.99f, v_min = -10.0f, v_max = 10.0f;
+  int ldtadv = 0, lddadv = 0;     ///< (sample, branch) strides of tadv and dadv; 0: A·Z (ABI 6)
 };
 
 /// Everything after the gradients, in the spec's order ("Gradient budgets", then "Optimizer,
@@ -222,7 +227,7 @@ struct C51Loss {
 /// The distributional dueling branching head's forward over `rows` rows (spec "Network"):
 ///   hidden = relu(x · W1ᵀ + b1)                 [rows, (1+D)·Hh]  (value, then the D branches)
 ///   v      = hidden_v · Wv2ᵀ + bv2              [rows, ldv]       (the first Z columns)
-///   adv_d  = hidden_d · Wb2_dᵀ + bb2_d          [rows, D, A·Z]
+///   adv_d  = hidden_d · Wb2_dᵀ + bb2_d          [rows, D, ldadv]  (the first A·Z of each)
 /// then, when logp is set, dueling_dist of v and adv (logp, q, a*). The default implementation
 /// is exactly those GEMMs and dueling_dist; a backend may fuse them (the CUDA backend does in tf32).
 struct HeadForward {
@@ -234,13 +239,14 @@ struct HeadForward {
   Real hidden;                    ///< out [rows, (1+D)Hh]
   Real v;                         ///< out [rows, ldv]
   int ldv = 0;
-  Real adv;                       ///< out [rows, D, A, Z]
+  Real adv;                       ///< out [rows, D, ldadv]
   Real logp;                      ///< out [rows, D, A, Z]; null: stop after v and adv
   Real q;                         ///< out [rows, D, A]; may be null
   std::int32_t* a_star = nullptr; ///< out [rows − star_from, D]; may be null
   int star_from = 0;
   int rows = 0, H2 = 0, Hh = 0, D = 0, A = 0, Z = 0;
   float v_min = -10.0f, v_max = 10.0f;
+  int ldadv = 0;                  ///< (row, branch) stride of adv; 0: A·Z (ABI 6, in the tail padding)
 };
 
 /// The input side of that head's backward up to its hidden layers (spec "Network", backward):
@@ -250,11 +256,12 @@ struct HeadForward {
 struct HeadBackward {
   Real dv;                        ///< in  [rows, lddv] (the first Z columns)
   int lddv = 0;
-  Real dadv;                      ///< in  [rows, D, A, Z]
+  Real dadv;                      ///< in  [rows, D, lddadv]
   Real wv2, wb2;                  ///< [Z, Hh], D × [A·Z, Hh]
   Real hidden;                    ///< in  [rows, (1+D)Hh] post-ReLU (the mask)
   Real dhidden;                   ///< out [rows, (1+D)Hh]
   int rows = 0, Hh = 0, D = 0, A = 0, Z = 0;
+  int lddadv = 0;                 ///< (row, branch) stride of dadv; 0: A·Z (ABI 6, in the tail padding)
 };
 
 struct Update {
@@ -289,8 +296,10 @@ class Backend {
   /// logits[b,d,a,:] = v[b,:] + adv[b,d,a,:] − mean_a' adv[b,d,a',:]; v has row stride ldv.
   virtual void dueling_combine(Real logits, Real v, int ldv, Real adv, int rows, int D, int A,
                                int Z) noexcept = 0;
-  /// dv[b,:] = Σ_{d,a} dl[b,d,a,:]; dadv[b,d,a,:] = dl[b,d,a,:] − (1/A) Σ_a' dl[b,d,a',:]
-  virtual void dueling_backward(Real dv, int lddv, Real dadv, Real dlogits, int rows, int D,
+  /// dv[b,:] = Σ_{d,a} dl[b,d,a,:]; dadv[b,d,a,:] = dl[b,d,a,:] − (1/A) Σ_a' dl[b,d,a',:].
+  /// dlogits is compact [rows,D,A,Z]; dadv's (row, branch) stride is lddadv (0: A·Z; only then
+  /// may dadv alias dlogits). ABI 6 added lddadv.
+  virtual void dueling_backward(Real dv, int lddv, Real dadv, int lddadv, Real dlogits, int rows, int D,
                                 int A, int Z) noexcept = 0;
   /// logp[r,:] = log_softmax(x[r,:]) over n columns.
   virtual void log_softmax(Real logp, Real x, int rows, int n) noexcept = 0;
@@ -380,17 +389,18 @@ class Backend {
     gv.a = a.hidden; gv.lda = hc; gv.b = a.wv2; gv.ldb = a.Hh; gv.c = a.v; gv.ldc = a.ldv; gv.weight_operand = 2;
     gv.bias = a.bv2;
     gemm(gv);
+    const int lda = adv_ld(a.ldadv, a.A, a.Z);
     Gemm gb;  // adv_d = hidden_d · Wb2_dᵀ + bb2_d, all branches in one batched GEMM
     gb.tb = true; gb.m = a.rows; gb.n = az; gb.k = a.Hh;
     gb.a = a.hidden + a.Hh; gb.lda = hc; gb.stride_a = a.Hh;
     gb.b = a.wb2; gb.ldb = a.Hh; gb.stride_b = std::int64_t(az) * a.Hh;
-    gb.c = a.adv; gb.ldc = a.D * az; gb.stride_c = az;
+    gb.c = a.adv; gb.ldc = a.D * lda; gb.stride_c = lda;
     gb.batch = a.D; gb.weight_operand = 2;
     gb.bias = a.bb2; gb.stride_bias = az;  // the D branch biases are contiguous
     gemm(gb);
     if (!a.logp) return;
     DuelingDist dd;
-    dd.logp = a.logp; dd.q = a.q; dd.v = a.v; dd.ldv = a.ldv; dd.adv = a.adv;
+    dd.logp = a.logp; dd.q = a.q; dd.v = a.v; dd.ldv = a.ldv; dd.adv = a.adv; dd.ldadv = lda;
     dd.a_star = a.a_star; dd.star_from = a.star_from;
     dd.rows = a.rows; dd.D = a.D; dd.A = a.A; dd.Z = a.Z; dd.v_min = a.v_min; dd.v_max = a.v_max;
     dueling_dist(dd);
@@ -406,9 +416,10 @@ class Backend {
     gx.m = a.rows; gx.n = a.Hh; gx.k = a.Z;
     gx.a = a.dv; gx.lda = a.lddv; gx.b = a.wv2; gx.ldb = a.Hh; gx.c = a.dhidden; gx.ldc = hc; gx.weight_operand = 2;
     gemm(gx);
+    const int ldd = adv_ld(a.lddadv, a.A, a.Z);
     Gemm gbx;  // dhidden_d = dadv_d · Wb2_d, batched over d
     gbx.m = a.rows; gbx.n = a.Hh; gbx.k = az;
-    gbx.a = a.dadv; gbx.lda = a.D * az; gbx.stride_a = az;
+    gbx.a = a.dadv; gbx.lda = a.D * ldd; gbx.stride_a = ldd;
     gbx.b = a.wb2; gbx.ldb = a.Hh; gbx.stride_b = std::int64_t(az) * a.Hh;
     gbx.c = a.dhidden + a.Hh; gbx.ldc = hc; gbx.stride_c = a.Hh;
     gbx.batch = a.D; gbx.weight_operand = 2;

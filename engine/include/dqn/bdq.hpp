@@ -23,6 +23,9 @@ struct Dims {
   /// Row stride of the value-stream buffers ([rows, ldz] for v and dv): Z rounded up to 4, so
   /// their rows start 16-byte aligned and the GEMMs reading or writing them get aligned kernels.
   int ldz() const { return (Z + 3) / 4 * 4; }
+  /// Stride of one (row, branch) block of the advantage buffers ([rows, D, ldaz] for adv and
+  /// dadv): A·Z rounded up to 4, for the same reason.
+  int ldaz() const { return (A * Z + 3) / 4 * 4; }
 };
 
 inline Dims dims_of(const NetworkDims& n) {
@@ -80,7 +83,7 @@ inline Params resolve(const Resolver& r, const std::string& prefix, Which which)
 struct Acts {
   Real hidden;  ///< [rows, (1+D)Hh] post-ReLU
   Real v;       ///< [rows, ldz]
-  Real adv;     ///< [rows, D, A, Z]
+  Real adv;     ///< [rows, D, ldaz] (the first A·Z of each block)
   Real logits;  ///< [rows, D, A, Z] (unused by forward: the fused distribution op needs none)
   Real logp;    ///< [rows, D, A, Z] (null: stop after the value and advantage layers)
   Real q;       ///< [rows, D, A] (may be null: not computed)
@@ -94,7 +97,7 @@ inline void forward(Backend& be, const Dims& d, const Params& p, Real h2, int ro
   HeadForward f;
   f.x = h2; f.ldx = d.H2;
   f.w1 = p.w1; f.b1 = p.b1; f.wv2 = p.wv2; f.bv2 = p.bv2; f.wb2 = p.wb2; f.bb2 = p.bb2;
-  f.hidden = a.hidden; f.v = a.v; f.ldv = d.ldz(); f.adv = a.adv;
+  f.hidden = a.hidden; f.v = a.v; f.ldv = d.ldz(); f.adv = a.adv; f.ldadv = d.ldaz();
   f.logp = a.logp; f.q = a.q; f.a_star = a.a_star; f.star_from = a.star_from;
   f.rows = rows; f.H2 = d.H2; f.Hh = d.Hh; f.D = d.D; f.A = d.A; f.Z = d.Z; f.v_min = d.v_min; f.v_max = d.v_max;
   be.head_forward(f);
@@ -103,11 +106,11 @@ inline void forward(Backend& be, const Dims& d, const Params& p, Real h2, int ro
 /// Scratch of one backward pass over B rows.
 struct BackScratch {
   Real dv;       ///< [B, ldz]
-  Real dadv;     ///< [B, D, A, Z]
+  Real dadv;     ///< [B, D, ldaz]
   Real dhidden;  ///< [B, (1+D)Hh]
 };
 
-/// The input side of the backward from the dueling gradients s.dv [B, ldz] and s.dadv [B, D, A, Z]:
+/// The input side of the backward from the dueling gradients s.dv [B, ldz] and s.dadv [B, D, ldaz]:
 /// s.dhidden (ReLU-masked, the backend's head_backward_inputs) and dh2 = beta_dh2·dh2 + ∂L/∂h2
 /// [B, H2]. `a` holds the forward activations of those B rows. The hidden layers' bias gradient
 /// is backward_weights' (it needs only the masked s.dhidden).
@@ -115,7 +118,7 @@ inline void backward_inputs(Backend& be, const Dims& d, const Params& p, int B, 
                             Real dh2, float beta_dh2) {
   const int hc = d.hidden_cols();
   HeadBackward hb;
-  hb.dv = s.dv; hb.lddv = d.ldz(); hb.dadv = s.dadv; hb.wv2 = p.wv2; hb.wb2 = p.wb2;
+  hb.dv = s.dv; hb.lddv = d.ldz(); hb.dadv = s.dadv; hb.lddadv = d.ldaz(); hb.wv2 = p.wv2; hb.wb2 = p.wb2;
   hb.hidden = a.hidden; hb.dhidden = s.dhidden;
   hb.rows = B; hb.Hh = d.Hh; hb.D = d.D; hb.A = d.A; hb.Z = d.Z;
   be.head_backward_inputs(hb);
@@ -131,17 +134,17 @@ inline void backward_inputs(Backend& be, const Dims& d, const Params& p, int B, 
 /// trunk's backward.
 inline void backward_weights(Backend& be, const Dims& d, const Params& grad, Real h2, int B, const Acts& a,
                              const BackScratch& s) {
-  const int hc = d.hidden_cols(), az = d.az();
+  const int hc = d.hidden_cols(), az = d.az(), laz = d.ldaz();
   be.relu_bias_grad(s.dhidden, Real{}, grad.b1, B, hc, hc, 1, 0, 0, 0);  // already masked: column sums
   be.relu_bias_grad(s.dv, Real{}, grad.bv2, B, d.Z, d.ldz(), 1, 0, 0, 0);
-  be.relu_bias_grad(s.dadv, Real{}, grad.bb2, B, d.D * az, d.D * az, 1, 0, 0, 0);
+  be.relu_bias_grad(s.dadv, Real{}, grad.bb2, B, az, d.D * laz, d.D, laz, 0, az);  // a "head" per branch
   Gemm gw;  // dWv2 = dvᵀ · hv
   gw.ta = true; gw.m = d.Z; gw.n = d.Hh; gw.k = B;
   gw.a = s.dv; gw.lda = d.ldz(); gw.b = a.hidden; gw.ldb = hc; gw.c = grad.wv2; gw.ldc = d.Hh;
   be.gemm(gw);
   Gemm gbw;  // dWb2_d = dadv_dᵀ · hb_d
   gbw.ta = true; gbw.m = az; gbw.n = d.Hh; gbw.k = B;
-  gbw.a = s.dadv; gbw.lda = d.D * az; gbw.stride_a = az;
+  gbw.a = s.dadv; gbw.lda = d.D * laz; gbw.stride_a = laz;
   gbw.b = a.hidden + d.Hh; gbw.ldb = hc; gbw.stride_b = d.Hh;
   gbw.c = grad.wb2; gbw.ldc = d.Hh; gbw.stride_c = std::int64_t(az) * d.Hh;
   gbw.batch = d.D;
@@ -163,7 +166,7 @@ inline void backward_from_dueling(Backend& be, const Dims& d, const Params& p, c
 /// backward_from_dueling.
 inline void backward(Backend& be, const Dims& d, const Params& p, const Params& grad, Real h2, int B,
                      const Acts& a, Real dlogits, const BackScratch& s, Real dh2, float beta_dh2) {
-  be.dueling_backward(s.dv, d.ldz(), s.dadv, dlogits, B, d.D, d.A, d.Z);
+  be.dueling_backward(s.dv, d.ldz(), s.dadv, d.ldaz(), dlogits, B, d.D, d.A, d.Z);
   backward_from_dueling(be, d, p, grad, h2, B, a, s, dh2, beta_dh2);
 }
 

@@ -856,6 +856,7 @@ class CudaBackend final : public Backend {
         !real_ok(a.weights, op, "weights"))
       return;
     if (a.loss_per_sample && !real_ok(a.loss_per_sample, op, "loss_per_sample")) return;
+    if (a.ldq != 0 && a.ldq < a.D * a.A) return fail(op, "ldq smaller than D·A");
     if (cuda::quantile_huber_shared_bytes(a.D, a.N) > 48 * 1024) return fail(op, "D·N too large (over 6144 pairs)");
     // actions/a_star live on the device: an out-of-range index poisons that sample's dq and loss.
     void* s = scratch(op, cuda::quantile_huber_scratch_bytes(a.B));

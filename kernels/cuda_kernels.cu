@@ -436,6 +436,7 @@ __global__ void hadamard_backward_kernel(float* dphi, float* dh2, const float* d
 __global__ void quantile_huber_kernel(QuantileHuber a, double* weighted) {
   extern __shared__ double pair_loss[];  // [D·N]
   const int b = blockIdx.x, N = a.N, Nt = a.Nt, D = a.D, A = a.A;
+  const std::int64_t ldq = a.ldq > 0 ? a.ldq : static_cast<std::int64_t>(D) * A;  // row stride of q, q_target, dq
   const double kappa = a.kappa;
   const float* Q = static_cast<const float*>(a.q.p);
   const float* QT = static_cast<const float*>(a.q_target.p);
@@ -448,7 +449,7 @@ __global__ void quantile_huber_kernel(QuantileHuber a, double* weighted) {
   for (int p = threadIdx.x; p < D * N; p += blockDim.x) {
     const int d = p / N, i = p % N;
     const int act = a.actions[b * D + d], best = a.a_star[b * D + d];
-    const std::int64_t row = ((static_cast<std::int64_t>(b) * N + i) * D + d) * A;
+    const std::int64_t row = (static_cast<std::int64_t>(b) * N + i) * ldq + static_cast<std::int64_t>(d) * A;
     if (act < 0 || act >= A || best < 0 || best >= A) {  // poison instead of reading out of range
       for (int k = 0; k < A; ++k) DQ[row + k] = NAN;
       pair_loss[p] = NAN;
@@ -458,7 +459,7 @@ __global__ void quantile_huber_kernel(QuantileHuber a, double* weighted) {
     const double tau = static_cast<const float*>(a.tau.p)[static_cast<std::int64_t>(b) * N + i];
     double l = 0.0, g = 0.0;
     for (int j = 0; j < Nt; ++j) {
-      const double t = r + discount * static_cast<double>(QT[((static_cast<std::int64_t>(b) * Nt + j) * D + d) * A + best]);
+      const double t = r + discount * static_cast<double>(QT[(static_cast<std::int64_t>(b) * Nt + j) * ldq + static_cast<std::int64_t>(d) * A + best]);
       const double delta = t - theta, ad = fabs(delta);
       const double w = fabs(tau - (delta < 0.0 ? 1.0 : 0.0));
       l += w * (ad <= kappa ? 0.5 * delta * delta : kappa * (ad - 0.5 * kappa));

@@ -698,6 +698,8 @@ class CpuBackend final : public Backend {
       if (a.actions[k] < 0 || a.actions[k] >= a.A || a.a_star[k] < 0 || a.a_star[k] >= a.A)
         return fail(op, "action or a_star out of range");
     const int N = a.N, Nt = a.Nt, D = a.D, A = a.A;
+    const std::int64_t ldq = a.ldq > 0 ? a.ldq : std::int64_t(D) * A;
+    if (ldq < std::int64_t(D) * A) return fail(op, "ldq smaller than D·A");
     const double kappa = a.kappa;
     const T* Q = a.q.as<T>();
     const T* QT = a.q_target.as<T>();
@@ -713,11 +715,11 @@ class CpuBackend final : public Backend {
       for (int d = 0; d < D; ++d) {
         const int act = a.actions[b * D + d], best = a.a_star[b * D + d];
         for (int i = 0; i < N; ++i) {
-          const std::int64_t row = ((static_cast<std::int64_t>(b) * N + i) * D + d) * A;
+          const std::int64_t row = (static_cast<std::int64_t>(b) * N + i) * ldq + std::int64_t(d) * A;
           const double theta = Q[row + act], tau = TAU[static_cast<std::int64_t>(b) * N + i];
           double l = 0.0, g = 0.0;
           for (int j = 0; j < Nt; ++j) {
-            const double t = r + discount * static_cast<double>(QT[((static_cast<std::int64_t>(b) * Nt + j) * D + d) * A + best]);
+            const double t = r + discount * static_cast<double>(QT[(static_cast<std::int64_t>(b) * Nt + j) * ldq + std::int64_t(d) * A + best]);
             const double delta = t - theta, ad = std::abs(delta);
             const double w = std::abs(tau - (delta < 0.0 ? 1.0 : 0.0));
             l += w * (ad <= kappa ? 0.5 * delta * delta : kappa * (ad - 0.5 * kappa));

@@ -59,16 +59,16 @@ class IqnHead final : public Head {
       p("iqn.1.weight", DA_, Hh_, Hh_);
       p("iqn.1.bias", DA_, 0, Hh_);
       if (rc) return keep(rc);
-      const std::int64_t B = B_, N = c_.N, Nt = c_.Nt, E = c_.E, H2 = H2_, Hh = Hh_, DA = DA_;
+      const std::int64_t B = B_, N = c_.N, Nt = c_.Nt, E = c_.E, H2 = H2_, Hh = Hh_, LDA = ldq();
       struct Decl { std::string n; std::vector<std::int64_t> s; BufferKind kind; };
       const BufferKind act = BufferKind::activation, scr = BufferKind::scratch;
       const std::vector<Decl> decls = {
           {own("tau"), {B, N}, act}, {own("cos"), {B * N, E}, act}, {own("phi"), {B * N, H2}, act},
-          {own("x"), {B * N, H2}, act}, {own("hq"), {B * N, Hh}, act}, {own("q"), {B, N, DA}, act},
+          {own("x"), {B * N, H2}, act}, {own("hq"), {B * N, Hh}, act}, {own("q"), {B, N, LDA}, act},
           {own("tau_target"), {B, Nt}, act}, {own("target.cos"), {B * Nt, E}, act},
           {own("target.phi"), {B * Nt, H2}, act}, {own("target.x"), {B * Nt, H2}, act},
-          {own("target.hq"), {B * Nt, Hh}, act}, {own("target.q"), {B, Nt, DA}, act},
-          {own("dq"), {B * N, DA}, scr}, {own("dhq"), {B * N, Hh}, scr}, {own("dx"), {B * N, H2}, scr},
+          {own("target.hq"), {B * Nt, Hh}, act}, {own("target.q"), {B, Nt, LDA}, act},
+          {own("dq"), {B * N, LDA}, scr}, {own("dhq"), {B * N, Hh}, scr}, {own("dx"), {B * N, H2}, scr},
           {own("ones"), {B * N}, scr},
       };
       for (const auto& x : decls)
@@ -148,6 +148,7 @@ class IqnHead final : public Head {
         a.q_target = tpass_.q; a.actions = actions_; a.a_star = a_star_; a.tau = pass_.tau;
         a.rewards = rewards_; a.dones = dones_; a.weights = weights_;
         a.B = B_; a.N = c_.N; a.Nt = c_.Nt; a.D = D_; a.A = A_; a.gamma_n = gamma_n_; a.kappa = float(c_.kappa);
+        a.ldq = ldq();
         be.quantile_huber(a);
         break;
       }
@@ -163,12 +164,15 @@ class IqnHead final : public Head {
 
  private:
   std::string own(const char* n) const { return name_ + "/" + n; }
+  /// Row stride of the quantile values q, target q and dq: D·A rounded up to 4, so their rows
+  /// start 16-byte aligned and the GEMMs on them get aligned kernels.
+  int ldq() const { return (DA_ + 3) / 4 * 4; }
 
-  /// Row-major dense layer y = act(x Wᵀ + b) over `rows` rows.
-  static void dense(Backend& be, Real x, int in, Real w, Real b, Real y, int out, int rows, Act act) {
+  /// Row-major dense layer y = act(x Wᵀ + b) over `rows` rows (y's row stride ldy, 0: out).
+  static void dense(Backend& be, Real x, int in, Real w, Real b, Real y, int out, int rows, Act act, int ldy = 0) {
     Gemm g;
     g.tb = true; g.m = rows; g.n = out; g.k = in;
-    g.a = x; g.lda = in; g.b = w; g.ldb = in; g.c = y; g.ldc = out; g.weight_operand = 2;
+    g.a = x; g.lda = in; g.b = w; g.ldb = in; g.c = y; g.ldc = ldy > 0 ? ldy : out; g.weight_operand = 2;
     g.bias = b; g.act = act;  // fused epilogue
     be.gemm(g);
   }
@@ -182,35 +186,37 @@ class IqnHead final : public Head {
     dense(be, s.cos, c_.E, p.we, p.be, s.phi, H2_, rows, Act::relu);
     be.hadamard(s.x, h2, s.phi, B_, n, H2_);
     dense(be, s.x, H2_, p.w1, p.b1, s.hq, Hh_, rows, Act::relu);
-    dense(be, s.hq, Hh_, p.w2, p.b2, s.q, DA_, rows, Act::none);
+    dense(be, s.hq, Hh_, p.w2, p.b2, s.q, DA_, rows, Act::none, ldq());
   }
 
   /// dW = dyᵀ · x (overwriting) for a layer of `out` × `in` over `rows` rows, and its bias
   /// db = dyᵀ · 1 as a GEMM: rows = B·N is tall, which the column-sum kernel handles poorly.
-  void weight_grad(Backend& be, Real dy, int out, Real x, int in, int rows, Real dw, Real db) const {
+  /// dy's row stride is ldy (0: out).
+  void weight_grad(Backend& be, Real dy, int out, Real x, int in, int rows, Real dw, Real db, int ldy = 0) const {
+    const int ld = ldy > 0 ? ldy : out;
     Gemm gb;
     gb.ta = true; gb.m = out; gb.n = 1; gb.k = rows;
-    gb.a = dy; gb.lda = out; gb.b = ones_; gb.ldb = 1; gb.c = db; gb.ldc = 1;
+    gb.a = dy; gb.lda = ld; gb.b = ones_; gb.ldb = 1; gb.c = db; gb.ldc = 1;
     be.gemm(gb);
     Gemm g;
     g.ta = true; g.m = out; g.n = in; g.k = rows;
-    g.a = dy; g.lda = out; g.b = x; g.ldb = in; g.c = dw; g.ldc = in;
+    g.a = dy; g.lda = ld; g.b = x; g.ldb = in; g.c = dw; g.ldc = in;
     be.gemm(g);
   }
 
-  /// dx = dy · W for W [out, in].
-  static void input_grad(Backend& be, Real dy, int out, Real w, int in, int rows, Real dx) {
+  /// dx = dy · W for W [out, in] (dy's row stride ldy, 0: out).
+  static void input_grad(Backend& be, Real dy, int out, Real w, int in, int rows, Real dx, int ldy = 0) {
     Gemm g;
     g.m = rows; g.n = in; g.k = out;
-    g.a = dy; g.lda = out; g.b = w; g.ldb = in; g.c = dx; g.ldc = in; g.weight_operand = 2;
+    g.a = dy; g.lda = ldy > 0 ? ldy : out; g.b = w; g.ldb = in; g.c = dx; g.ldc = in; g.weight_operand = 2;
     be.gemm(g);
   }
 
   void backward(Backend& be) const {
     const int rows = B_ * c_.N;
     be.fill(ones_, 1.0f, rows);
-    weight_grad(be, dq_, DA_, pass_.hq, Hh_, rows, grad_.w2, grad_.b2);
-    input_grad(be, dq_, DA_, online_.w2, Hh_, rows, dhq_);
+    weight_grad(be, dq_, DA_, pass_.hq, Hh_, rows, grad_.w2, grad_.b2, ldq());
+    input_grad(be, dq_, DA_, online_.w2, Hh_, rows, dhq_, ldq());
     be.relu_backward(dhq_, pass_.hq, rows, Hh_, Hh_);
     weight_grad(be, dhq_, Hh_, pass_.x, H2_, rows, grad_.w1, grad_.b1);
     input_grad(be, dhq_, Hh_, online_.w1, H2_, rows, dx_);

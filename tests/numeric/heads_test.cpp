@@ -297,7 +297,9 @@ TEST_CASE("heads.iqn.loss_matches_spec") {
   auto e = make(spec, true);
   e->forward_backward();
   const int B = spec.batch, D = spec.network.branches, A = spec.network.actions, N = 3, Nt = 4;
+  const int ldq = (D * A + 3) / 4 * 4;  // q rows: D·A padded to 4 floats
   const auto q = e->host_buffer("iqn/q"), qt = e->host_buffer("iqn/target.q"), tau = e->host_buffer("iqn/tau");
+  REQUIRE(q.size() == std::size_t(B) * N * ldq);
   const auto act = e->host_buffer("batch/actions"), ast = e->host_buffer("target/a_star");
   const auto r = e->host_buffer("batch/rewards"), dn = e->host_buffer("batch/dones"), w = e->host_buffer("batch/is_weights");
   double want = 0;
@@ -306,9 +308,9 @@ TEST_CASE("heads.iqn.loss_matches_spec") {
     for (int d = 0; d < D; ++d)
       for (int i = 0; i < N; ++i)
         for (int j = 0; j < Nt; ++j) {
-          const double theta = q[std::size_t(((b * N + i) * D + d) * A + int(act[std::size_t(b * D + d)]))];
+          const double theta = q[std::size_t((b * N + i) * ldq + d * A + int(act[std::size_t(b * D + d)]))];
           const double T = r[std::size_t(b)] + 0.9 * (1 - dn[std::size_t(b)]) *
-                                                   qt[std::size_t(((b * Nt + j) * D + d) * A + int(ast[std::size_t(b * D + d)]))];
+                                                   qt[std::size_t((b * Nt + j) * ldq + d * A + int(ast[std::size_t(b * D + d)]))];
           const double delta = T - theta;
           const double rho = std::fabs(delta) <= 1 ? 0.5 * delta * delta : std::fabs(delta) - 0.5;
           L += std::fabs(tau[std::size_t(b * N + i)] - (delta < 0 ? 1.0 : 0.0)) * rho / Nt;

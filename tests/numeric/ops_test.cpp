@@ -1511,6 +1511,36 @@ TEST_CASE("ops.quantile_huber.fd") {
   CHECK(rel_err(dq32.get(), grad) < 1e-5);
   CHECK(loss32[0] == doctest::Approx(loss[0]).epsilon(1e-5));
 
+  // Rows ldq = D·A + 2 apart (q, target q and dq padded): the same loss and dq, bit for bit, and
+  // dq's padding untouched; a stride below D·A is refused.
+  {
+    const int ldq = D * A + 2;
+    Vd QP(static_cast<std::size_t>(B) * N * ldq, 0.0), QTP(static_cast<std::size_t>(B) * Nt * ldq, 0.0);
+    for (int row = 0; row < B * N; ++row)
+      for (int k = 0; k < D * A; ++k) QP[std::size_t(row * ldq + k)] = Q[std::size_t(row * D * A + k)];
+    for (int row = 0; row < B * Nt; ++row)
+      for (int k = 0; k < D * A; ++k) QTP[std::size_t(row * ldq + k)] = QT[std::size_t(row * D * A + k)];
+    Vec qp(8, QP), qtp(8, QTP), dqp(8, QP.size(), kNaN), lossp(8, 1, kNaN);
+    auto ap = args(qp, qtp, tau, r, done, w, dqp, lossp, nullptr);
+    ap.ldq = ldq;
+    b.quantile_huber(ap);
+    REQUIRE(b.status() == 0);
+    CHECK(lossp[0] == loss[0]);
+    int bad = 0, pad_written = 0;
+    for (int row = 0; row < B * N; ++row)
+      for (int k = 0; k < ldq; ++k) {
+        const double x = dqp[std::size_t(row * ldq + k)];
+        if (k >= D * A) pad_written += !std::isnan(x);
+        else bad += x != grad[std::size_t(row * D * A + k)];
+      }
+    CHECK(bad == 0);
+    CHECK(pad_written == 0);
+    Backends be2;
+    ap.ldq = D * A - 1;
+    be2.f64->quantile_huber(ap);
+    CHECK(be2.f64->status() != 0);
+  }
+
   // A NaN target quantile reaches the gradient (a finite ±κ there would hide it from the budget's skip).
   Vec qtn(8, QT), dqn_(8, Q.size(), kNaN), lossn(8, 1, kNaN);
   for (int j = 0; j < Nt; ++j) qtn.set(((0 * Nt + j) * D + 0) * A + a_star[0], kNaN);

@@ -157,15 +157,16 @@ struct CqlPenalty {
 struct QuantileHuber {
   Real loss;                    ///< out [1]
   Real loss_per_sample;         ///< out [B] (may be null)
-  Real dq;                      ///< out [B,N,D,A]
-  Real q;                       ///< in  [B,N,D,A] online quantile values at states
-  Real q_target;                ///< in  [B,N',D,A] target quantile values at next_states
+  Real dq;                      ///< out [B,N,ldq] (the first D·A of each (sample, quantile) row)
+  Real q;                       ///< in  [B,N,ldq] online quantile values at states
+  Real q_target;                ///< in  [B,N',ldq] target quantile values at next_states
   const std::int32_t* actions;  ///< in  [B,D]
   const std::int32_t* a_star;   ///< in  [B,D]
   Real tau;                     ///< in  [B,N]
   Real rewards, dones, weights; ///< in  [B]
   int B = 0, N = 0, Nt = 0, D = 0, A = 0;
   float gamma_n = 0.99f, kappa = 1.0f;
+  int ldq = 0;                  ///< row stride of q, q_target and dq; 0: D·A (compact). ABI 6
 };
 
 /// Fused dueling distribution (spec "Network", the head's output): for every row r < rows,

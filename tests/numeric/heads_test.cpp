@@ -429,3 +429,53 @@ TEST_CASE("heads.full_pipeline_f32_matches_f64_and_is_deterministic") {
   for (std::size_t h = 0; h < 4; ++h) CHECK(ra.losses[h] == doctest::Approx(rc.losses[h]).epsilon(1e-5));
   CHECK(ra.skipped_steps == 0);
 }
+
+TEST_CASE("heads.layout.aligned_groups") {
+  // Every contiguous parameter group starts on 16 bytes (kParamAlign), with awkward sizes
+  // everywhere (A·Z = 15, D·A = 6, member sizes odd before padding): the GEMMs on them, and the
+  // batched ones across ensemble members, can get aligned kernels. Inside a group the tensors
+  // follow directly (bdq reads them as one block), and the padding holds zeros.
+  const PipelineSpec spec =
+      parse(tiny_pipeline(std::string(kIqn) + "  - {plugin: ensemble, members: 3}\n  - {plugin: cql}\n"));
+  auto e = make(spec, false);
+  const Registry& reg = e->registry();
+  int flagged = 0;
+  std::vector<bool> covered(std::size_t(reg.param_count()), false);
+  for (const auto& p : reg.params()) {
+    for (std::int64_t i = 0; i < p.numel(); ++i) covered[std::size_t(p.offset + i)] = true;
+    if (!(p.flags & kParamAlign)) continue;
+    ++flagged;
+    INFO(p.name);
+    CHECK(p.offset % kParamAlignElems == 0);
+  }
+  auto off = [&](const std::string& n) {
+    const auto* p = reg.find_param(n);
+    REQUIRE(p);
+    return p->offset;
+  };
+  for (const std::string pre : {"c51", "ensemble.0", "ensemble.1", "ensemble.2"}) {
+    INFO(pre);
+    for (const char* start : {".value.0.weight", ".value.0.bias", ".value.1.weight", ".value.1.bias", ".branch.0.1.weight",
+                              ".branch.0.1.bias"})
+      CHECK(off(pre + start) % kParamAlignElems == 0);
+    // contiguous inside the blocks: branch 1 follows branch 0
+    CHECK(off(pre + ".branch.1.0.weight") == off(pre + ".branch.0.0.weight") + reg.find_param(pre + ".branch.0.0.weight")->numel());
+    CHECK(off(pre + ".branch.1.1.bias") == off(pre + ".branch.0.1.bias") + 3 * 5);  // A·Z
+  }
+  // one stride from member to member
+  CHECK(off("ensemble.1.value.0.weight") - off("ensemble.0.value.0.weight") ==
+        off("ensemble.2.value.0.weight") - off("ensemble.1.value.0.weight"));
+  CHECK(flagged >= 4 * 6 + 6 + 4);  // 4 head blocks × 6 groups, IQN's 6 tensors, the trunk's 4
+  // The padding is never a parameter, and stays zero after steps.
+  e->step();
+  e->step();
+  const auto theta = e->host_buffer("params");
+  int pad = 0, nonzero = 0;
+  for (std::size_t i = 0; i < covered.size(); ++i)
+    if (!covered[i]) {
+      ++pad;
+      nonzero += theta[i] != 0.0;
+    }
+  CHECK(pad > 0);
+  CHECK(nonzero == 0);
+}

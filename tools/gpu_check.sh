@@ -3,7 +3,9 @@
 # the benchmark against the PyTorch peer (C51 alone and all four heads), the kernel switches, and
 # compute-sanitizer on the update, head and loss ops and on whole steps. Logs and JSON go to
 # ${OUT:-out}/; a short summary is printed last.
-# Usage: tools/gpu_check.sh [quick|bench]   quick: build, tests, step; bench: build and benchmarks only
+# Usage: tools/gpu_check.sh [quick|bench|fast]   quick: build, tests, step; bench: build and benchmarks
+# only; fast: build, tests, step, then the two comparisons at B 256 and ncu's per-kernel times of
+# the C51 step (for iterating on kernels: about half the device time of a full run)
 set -uo pipefail
 mode=${1:-all}
 out=${OUT:-out}; mkdir -p "$out"
@@ -34,6 +36,19 @@ fi
 if [ "$mode" = quick ]; then exit 0; fi
 
 all="heads.1.enabled=true heads.2.enabled=true heads.3.enabled=true"
+if [ "$mode" = fast ]; then
+  for cfg in c51 full; do
+    extra=""; [ $cfg = full ] && extra="--heads c51,iqn,ensemble,cql $(for s in $all; do printf -- '--set %s ' "$s"; done)"
+    python3 bench/compare.py --dqn $build/tools/dqn --pipeline pipelines/ref.yaml --batch 256 --precision tf32 $extra \
+      --json-out "$out/compare_$cfg.json" 2>"$out/compare_$cfg.err" | tee -a "$summary" || tail -5 "$out/compare_$cfg.err"
+  done
+  timeout 120 ncu --clock-control none --cache-control none --graph-profiling node --metrics gpu__time_duration.sum \
+    --csv --print-units base $build/tools/dqn bench pipelines/ref.yaml --batch 256 --precision tf32 --warmup 1 \
+    --iters 2 --repeats 1 >"$out/ncu_c51.csv" 2>"$out/ncu_c51.err"
+  python3 tools/ncu_summary.py "$out/ncu_c51.csv" 2>&1 | cut -c1-110 | tee -a "$summary"
+  note "total: $(( $(date +%s) - t0 )) s"
+  exit 0
+fi
 # The engine and the PyTorch peer in one invocation each (ratio = peer / engine).
 python3 bench/compare.py --dqn $build/tools/dqn --pipeline pipelines/ref.yaml --batch 256,1024,4096 --precision tf32 \
   --json-out "$out/compare_c51.json" >"$out/compare_c51.txt" 2>"$out/compare_c51.err" || tail -5 "$out/compare_c51.err"

@@ -620,6 +620,21 @@ constexpr int kElemPer = 4;  // elements per thread per round of the elementwise
 constexpr int kTicketShift = 40;
 constexpr unsigned long long kTicket = 1ull << kTicketShift;
 
+/// The first warp of every block of a one-launch Adam step (see adam_kernel): thread 0 takes the
+/// block's ticket from *t; the last block to arrive stores t+1. Lanes 0 and 1 store the bias
+/// corrections 1 − β1^(t+1) and 1 − β2^(t+1) into bc[0] and bc[1]. Returns t+1 (in every lane).
+__device__ __forceinline__ long long adam_ticket(std::int64_t* t, double b1, double b2, double* bc) {
+  unsigned long long old = 0;
+  if (threadIdx.x == 0) old = atomicAdd(reinterpret_cast<unsigned long long*>(t), kTicket);
+  old = __shfl_sync(0xffffffffu, old, 0);
+  const unsigned long long t_old = old & (kTicket - 1);
+  if (threadIdx.x == 0 && (old >> kTicketShift) == gridDim.x - 1u)
+    atomicExch(reinterpret_cast<unsigned long long*>(t), t_old + 1);
+  const double t1 = static_cast<double>(static_cast<std::int64_t>(t_old) + 1);
+  if (threadIdx.x < 2) bc[threadIdx.x] = 1.0 - pow(threadIdx.x == 0 ? b1 : b2, t1);  // both in one pass
+  return static_cast<long long>(t_old) + 1;
+}
+
 /// Blocks for an elementwise kernel doing kElemPer elements per thread and round: enough for n,
 /// at most max_blocks (about one wave); the kernels stride over the rest.
 unsigned wave_blocks(std::int64_t n, int max_blocks) {
@@ -675,18 +690,7 @@ __global__ void __launch_bounds__(kThreads) adam_kernel(float* theta, const floa
   };
   load(first);  // the first round's operands are in flight while the step is read
   const double lr = *lr_p;
-  if (threadIdx.x < 32) {
-    unsigned long long old = 0;
-    if (threadIdx.x == 0) old = atomicAdd(reinterpret_cast<unsigned long long*>(t), kTicket);
-    old = __shfl_sync(0xffffffffu, old, 0);
-    const unsigned long long t_old = old & (kTicket - 1);
-    if (threadIdx.x == 0 && (old >> kTicketShift) == gridDim.x - 1u)
-      atomicExch(reinterpret_cast<unsigned long long*>(t), t_old + 1);
-    if (threadIdx.x < 2) {  // lanes 0 and 1: both corrections in one pass
-      const double t1 = static_cast<double>(static_cast<std::int64_t>(t_old) + 1);
-      bc[threadIdx.x] = 1.0 - pow(threadIdx.x == 0 ? b1 : b2, t1);
-    }
-  }
+  if (threadIdx.x < 32) adam_ticket(t, b1, b2, bc);
   __syncthreads();
   const double bc1 = bc[0], bc2 = bc[1];
   for (std::int64_t base = first; base < P; base += stride) {
@@ -1072,18 +1076,8 @@ __global__ void __launch_bounds__(kThreads) update_adam_kernel(Update u, const d
   load_sn_ranges(u, theta, sn_lo, sn_hi);  // the caller checked that they are tidy
   const bool finite = budget_clips(b, partial, nchunks, clip_sh, blockIdx.x == 0);  // its barrier publishes sn_lo/hi
   if (finite && threadIdx.x < 32) {
-    unsigned long long old = 0;
-    if (threadIdx.x == 0) old = atomicAdd(reinterpret_cast<unsigned long long*>(u.adam.t), kTicket);
-    old = __shfl_sync(0xffffffffu, old, 0);
-    const unsigned long long t_old = old & (kTicket - 1);
-    if (threadIdx.x == 0) {
-      t_new_sh = static_cast<long long>(t_old) + 1;
-      if ((old >> kTicketShift) == gridDim.x - 1u) atomicExch(reinterpret_cast<unsigned long long*>(u.adam.t), t_old + 1);
-    }
-    if (threadIdx.x < 2) {
-      const double t1 = static_cast<double>(static_cast<std::int64_t>(t_old) + 1);
-      bc[threadIdx.x] = 1.0 - pow(threadIdx.x == 0 ? static_cast<double>(u.adam.beta1) : static_cast<double>(u.adam.beta2), t1);
-    }
+    const long long t_new = adam_ticket(u.adam.t, u.adam.beta1, u.adam.beta2, bc);
+    if (threadIdx.x == 0) t_new_sh = t_new;
   }
   __syncthreads();
   const double b1 = u.adam.beta1, b2 = u.adam.beta2, eps = u.adam.eps;

@@ -501,7 +501,7 @@ class CudaBackend final : public Backend {
     if (rows < 0 || D < 0 || A < 0 || Z < 0) return fail(op, "negative size");
     if (rows == 0 || Z == 0) return;
     if (lddv < Z) return fail(op, "lddv smaller than Z");
-    const int ldd = adv_ld(lddadv, A, Z);
+    const int ldd = ld_or(lddadv, A * Z);
     if (ldd < A * Z) return fail(op, "lddadv smaller than A·Z");
     if (!real_ok(dv, op, "dv")) return;
     const bool any = D > 0 && A > 0;
@@ -856,7 +856,7 @@ class CudaBackend final : public Backend {
         !real_ok(a.weights, op, "weights"))
       return;
     if (a.loss_per_sample && !real_ok(a.loss_per_sample, op, "loss_per_sample")) return;
-    if (a.ldq != 0 && a.ldq < a.D * a.A) return fail(op, "ldq smaller than D·A");
+    if (ld_or(a.ldq, a.D * a.A) < a.D * a.A) return fail(op, "ldq smaller than D·A");
     if (cuda::quantile_huber_shared_bytes(a.D, a.N) > 48 * 1024) return fail(op, "D·N too large (over 6144 pairs)");
     // actions/a_star live on the device: an out-of-range index poisons that sample's dq and loss.
     void* s = scratch(op, cuda::quantile_huber_scratch_bytes(a.B));
@@ -877,7 +877,7 @@ class CudaBackend final : public Backend {
     if (a.a_star && !a.q) return fail(op, "a_star needs q");
     if (a.rows == 0 || a.D == 0) return;
     if (a.ldv < a.Z) return fail(op, "ldv smaller than Z");
-    if (a.ldadv != 0 && a.ldadv < a.A * a.Z) return fail(op, "ldadv smaller than A·Z");
+    if (ld_or(a.ldadv, a.A * a.Z) < a.A * a.Z) return fail(op, "ldadv smaller than A·Z");
     if (!real_ok(a.logp, op, "logp") || !real_ok(a.v, op, "v") || !real_ok(a.adv, op, "adv")) return;
     if (a.q && !real_ok(a.q, op, "q")) return;
     if (cuda::dueling_dist_shared_bytes(a.Z, a.A) > 48 * 1024) return fail(op, "Z too large for shared memory");
@@ -905,7 +905,7 @@ class CudaBackend final : public Backend {
     if (!sizes || !fuse_head(kFuseForward, a.rows, a.D, cuda::head_forward_shared_bytes(a.H2, a.Hh, a.A, a.Z)))
       return head_forward_composed(a);
     if (a.ldx < a.H2 || a.ldv < a.Z) return fail(op, "ldx smaller than H2 or ldv smaller than Z");
-    if (a.ldadv != 0 && a.ldadv < a.A * a.Z) return fail(op, "ldadv smaller than A·Z");
+    if (ld_or(a.ldadv, a.A * a.Z) < a.A * a.Z) return fail(op, "ldadv smaller than A·Z");
     if (a.star_from < 0 || a.star_from > a.rows) return fail(op, "star_from outside [0, rows]");
     if (a.a_star && !a.q) return fail(op, "a_star needs q");
     if (!real_ok(a.x, op, "x") || !real_ok(a.w1, op, "w1") || !real_ok(a.b1, op, "b1") || !real_ok(a.wv2, op, "wv2") ||
@@ -926,7 +926,7 @@ class CudaBackend final : public Backend {
     if (!sizes || !fuse_head(kFuseBackward, a.rows, 1 + a.D, cuda::head_backward_inputs_shared_bytes(a.Hh, a.A, a.Z)))
       return head_backward_inputs_composed(a);
     if (a.lddv < a.Z) return fail(op, "lddv smaller than Z");
-    if (a.lddadv != 0 && a.lddadv < a.A * a.Z) return fail(op, "lddadv smaller than A·Z");
+    if (ld_or(a.lddadv, a.A * a.Z) < a.A * a.Z) return fail(op, "lddadv smaller than A·Z");
     if (!real_ok(a.dv, op, "dv") || !real_ok(a.dadv, op, "dadv") || !real_ok(a.wv2, op, "wv2") ||
         !real_ok(a.wb2, op, "wb2") || !real_ok(a.hidden, op, "hidden") || !real_ok(a.dhidden, op, "dhidden"))
       return;
@@ -959,7 +959,7 @@ class CudaBackend final : public Backend {
     }
     if (!a.actions || !a.a_star) return fail(op, "null actions/a_star");
     if (a.lddv < a.Z || a.ldtv < a.Z) return fail(op, "lddv/ldtv smaller than Z");
-    if ((a.ldtadv != 0 && a.ldtadv < a.A * a.Z) || (a.lddadv != 0 && a.lddadv < a.A * a.Z))
+    if (ld_or(a.ldtadv, a.A * a.Z) < a.A * a.Z || ld_or(a.lddadv, a.A * a.Z) < a.A * a.Z)
       return fail(op, "ldtadv/lddadv smaller than A·Z");
     if (!real_ok(a.m, op, "m") || !real_ok(a.dv, op, "dv") || !real_ok(a.dadv, op, "dadv") ||
         !real_ok(a.logp, op, "logp") || !real_ok(a.weights, op, "weights") || !real_ok(a.tv, op, "tv") ||

@@ -436,7 +436,7 @@ __global__ void hadamard_backward_kernel(float* dphi, float* dh2, const float* d
 __global__ void quantile_huber_kernel(QuantileHuber a, double* weighted) {
   extern __shared__ double pair_loss[];  // [D·N]
   const int b = blockIdx.x, N = a.N, Nt = a.Nt, D = a.D, A = a.A;
-  const std::int64_t ldq = a.ldq > 0 ? a.ldq : static_cast<std::int64_t>(D) * A;  // row stride of q, q_target, dq
+  const std::int64_t ldq = ld_or(a.ldq, D * A);  // row stride of q, q_target, dq
   const double kappa = a.kappa;
   const float* Q = static_cast<const float*>(a.q.p);
   const float* QT = static_cast<const float*>(a.q_target.p);
@@ -852,14 +852,51 @@ __device__ void sn_rows_item(const SpectralMatrix* mats, int mi, int rb, int max
   }
 }
 
+/// Pass 2 as one launch. With tu.target set (the split update), also the target update of the
+/// normed rows when the target updates this step (t is the new step count by then).
 __global__ void __launch_bounds__(kThreads) sn_rows_kernel(const SpectralMatrix* mats, int max_rows, int max_cols,
                                                            int rows_per_block, int ncc, float sigma_max,
                                                            const std::int32_t* skip, const double* vsq,
-                                                           const double* xp) {
+                                                           const double* xp, TargetUpdate tu) {
   if (*skip) return;
   __shared__ double sh[32];
-  sn_rows_item(mats, blockIdx.y, blockIdx.x, max_rows, max_cols, rows_per_block, ncc, sigma_max, vsq, xp,
-               TargetRule{}, sh);
+  const bool target_on = tu.target.p && (tu.period == 0 || *tu.t % tu.period == 0);
+  const TargetRule rule = target_on ? TargetRule{static_cast<float*>(tu.target.p), static_cast<const float*>(tu.params.p),
+                                                 static_cast<double>(tu.tau), tu.period != 0}
+                                    : TargetRule{};
+  sn_rows_item(mats, blockIdx.y, blockIdx.x, max_rows, max_cols, rows_per_block, ncc, sigma_max, vsq, xp, rule, sh);
+}
+
+/// The spectral norm's scratch (laid out as spectral_norm_scratch_bytes counts it) and grids.
+struct SnPlan {
+  int ncc = 0, rpb = 1, nrb = 0;  ///< column chunks, rows per row block, row blocks
+  double* vsq = nullptr;           ///< [count][ncc]
+  double* xp = nullptr;            ///< [count][ncc][max_rows]
+};
+
+std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a; }
+
+SnPlan sn_plan(void* scratch, int count, int max_rows, int max_cols) {
+  SnPlan p;
+  p.ncc = sn_col_chunks(max_cols);
+  p.rpb = sn_rows_per_block(max_cols);
+  p.nrb = (max_rows + p.rpb - 1) / p.rpb;
+  const std::size_t cells = static_cast<std::size_t>(count) * static_cast<std::size_t>(p.ncc);
+  p.vsq = static_cast<double*>(scratch);
+  p.xp = reinterpret_cast<double*>(static_cast<char*>(scratch) + round_up(cells * sizeof(double), 256));
+  return p;
+}
+
+/// Both passes of the spectral norm, after `skip` says whether the step stands; `tu`: see
+/// sn_rows_kernel (target.p null: no target update).
+cudaError_t sn_launch(cudaStream_t s, const SpectralMatrix* mats, int count, int max_rows, int max_cols,
+                      float sigma_max, const std::int32_t* skip, void* scratch, const TargetUpdate& tu) {
+  const SnPlan p = sn_plan(scratch, count, max_rows, max_cols);
+  sn_cols_kernel<<<dim3(p.ncc, count), kThreads, 0, s>>>(mats, max_rows, max_cols, skip, p.vsq, p.xp);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  sn_rows_kernel<<<dim3(p.nrb, count), kThreads, 0, s>>>(mats, max_rows, max_cols, p.rpb, p.ncc, sigma_max, skip,
+                                                        p.vsq, p.xp, tu);
+  return cudaGetLastError();
 }
 
 /// Polyak (period 0) or, when *t % period == 0, a hard copy; one wave, grid-stride.
@@ -1101,21 +1138,6 @@ __global__ void __launch_bounds__(kThreads) update_adam_kernel(Update u, const d
   }
 }
 
-/// The split update's last launch: spectral-norm pass 2 (sn_rows_kernel) with the target update
-/// of the normed rows, when the step was not skipped and the target updates this step (t is the
-/// new step count by now).
-__global__ void __launch_bounds__(kThreads) sn_rows_target_kernel(const SpectralMatrix* mats, int max_rows, int max_cols,
-                                                                  int rows_per_block, int ncc, float sigma_max,
-                                                                  const std::int32_t* skip, const double* vsq,
-                                                                  const double* xp, TargetUpdate tu) {
-  if (*skip) return;
-  __shared__ double sh[32];
-  const bool target_on = tu.period == 0 || *tu.t % tu.period == 0;
-  const TargetRule rule = target_on ? TargetRule{static_cast<float*>(tu.target.p), static_cast<const float*>(tu.params.p),
-                                                 static_cast<double>(tu.tau), tu.period != 0}
-                                    : TargetRule{};
-  sn_rows_item(mats, blockIdx.y, blockIdx.x, max_rows, max_cols, rows_per_block, ncc, sigma_max, vsq, xp, rule, sh);
-}
 
 /// Whether a cooperative kernel launched into a captured graph runs here.
 __global__ void coop_probe_kernel(int* flag) {
@@ -1177,8 +1199,6 @@ __global__ void scale_matrix_kernel(float* c, int rows, int cols, std::int64_t l
 double support_step(float v_min, float v_max, int Z) {
   return Z > 1 ? (static_cast<double>(v_max) - static_cast<double>(v_min)) / (Z - 1) : 0.0;
 }
-
-std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a; }
 
 }  // namespace
 
@@ -1354,15 +1374,7 @@ std::size_t spectral_norm_scratch_bytes(int count, int max_rows, int max_cols) {
 
 cudaError_t spectral_norm(cudaStream_t s, const SpectralMatrix* mats, int count, int max_rows, int max_cols,
                           float sigma_max, const std::int32_t* skip, void* scratch) {
-  const int ncc = sn_col_chunks(max_cols), rpb = sn_rows_per_block(max_cols);
-  const std::size_t cells = static_cast<std::size_t>(count) * static_cast<std::size_t>(ncc);
-  auto* vsq = static_cast<double*>(scratch);
-  auto* xp = reinterpret_cast<double*>(static_cast<char*>(scratch) + round_up(cells * sizeof(double), 256));
-  sn_cols_kernel<<<dim3(ncc, count), kThreads, 0, s>>>(mats, max_rows, max_cols, skip, vsq, xp);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  sn_rows_kernel<<<dim3((max_rows + rpb - 1) / rpb, count), kThreads, 0, s>>>(mats, max_rows, max_cols, rpb, ncc,
-                                                                              sigma_max, skip, vsq, xp);
-  return cudaGetLastError();
+  return sn_launch(s, mats, count, max_rows, max_cols, sigma_max, skip, scratch, TargetUpdate{});
 }
 
 cudaError_t target_update(cudaStream_t s, const TargetUpdate& a, int max_blocks) {
@@ -1395,13 +1407,13 @@ cudaError_t update(cudaStream_t s, const Update& u, void* scratch, int blocks) {
   pl.chunk = budget_chunk(u.budget.P);
   pl.partial = static_cast<double*>(scratch);
   if (u.sn_count > 0) {
-    pl.ncc = sn_col_chunks(u.sn_max_cols);
-    pl.rpb = sn_rows_per_block(u.sn_max_cols);
-    pl.nrb = (u.sn_max_rows + pl.rpb - 1) / pl.rpb;
-    char* sn = static_cast<char*>(scratch) + budget_scratch_bytes(u.budget.H, u.budget.P);
-    const std::size_t cells = static_cast<std::size_t>(u.sn_count) * static_cast<std::size_t>(pl.ncc);
-    pl.vsq = reinterpret_cast<double*>(sn);
-    pl.xp = reinterpret_cast<double*>(sn + round_up(cells * sizeof(double), 256));
+    const SnPlan sp = sn_plan(static_cast<char*>(scratch) + budget_scratch_bytes(u.budget.H, u.budget.P), u.sn_count,
+                              u.sn_max_rows, u.sn_max_cols);
+    pl.ncc = sp.ncc;
+    pl.rpb = sp.rpb;
+    pl.nrb = sp.nrb;
+    pl.vsq = sp.vsq;
+    pl.xp = sp.xp;
   }
   return launch_cooperative(update_kernel, static_cast<unsigned>(blocks), s, u, pl);
 }
@@ -1418,16 +1430,8 @@ cudaError_t update_split(cudaStream_t s, const Update& u, void* scratch, int max
   update_adam_kernel<<<grid, kThreads, 0, s>>>(u, partial, nchunks);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (u.sn_count == 0) return cudaSuccess;
-  const int ncc = sn_col_chunks(u.sn_max_cols), rpb = sn_rows_per_block(u.sn_max_cols);
-  char* sn = static_cast<char*>(scratch) + budget_scratch_bytes(b.H, b.P);
-  const std::size_t cells = static_cast<std::size_t>(u.sn_count) * static_cast<std::size_t>(ncc);
-  auto* vsq = reinterpret_cast<double*>(sn);
-  auto* xp = reinterpret_cast<double*>(sn + round_up(cells * sizeof(double), 256));
-  sn_cols_kernel<<<dim3(ncc, u.sn_count), kThreads, 0, s>>>(u.sn_mats, u.sn_max_rows, u.sn_max_cols, b.skip, vsq, xp);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  sn_rows_target_kernel<<<dim3((u.sn_max_rows + rpb - 1) / rpb, u.sn_count), kThreads, 0, s>>>(
-      u.sn_mats, u.sn_max_rows, u.sn_max_cols, rpb, ncc, u.sigma_max, b.skip, vsq, xp, u.target);
-  return cudaGetLastError();
+  return sn_launch(s, u.sn_mats, u.sn_count, u.sn_max_rows, u.sn_max_cols, u.sigma_max, b.skip,
+                   static_cast<char*>(scratch) + budget_scratch_bytes(b.H, b.P), u.target);
 }
 
 bool cooperative_graphs_work(int blocks) {

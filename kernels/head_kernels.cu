@@ -54,7 +54,7 @@ __global__ void dueling_dist_kernel(DuelingDist a, double dz_d) {
   const T v_min = a.v_min, dz = static_cast<T>(dz_d);
   const std::int64_t rd = blockIdx.x;
   const std::int64_t r = rd / D;
-  const float* adv = ADV + rd * (a.ldadv > 0 ? a.ldadv : A * Z);
+  const float* adv = ADV + rd * ld_or(a.ldadv, A * Z);
   const float* v = V + r * a.ldv;
   for (int i = threadIdx.x; i < Z; i += blockDim.x) {
     T s = 0;
@@ -172,7 +172,7 @@ __global__ void c51_loss_kernel(C51Loss a, double dz_d, LossShape shape, double*
     // 1. the target network's log-probabilities at a*, as dueling_combine + log_softmax
     float mx = -INFINITY;
     if (star_ok) {
-      const float* tadv = TADV + static_cast<std::int64_t>(bd) * (a.ldtadv > 0 ? a.ldtadv : A * Z);
+      const float* tadv = TADV + static_cast<std::int64_t>(bd) * ld_or(a.ldtadv, A * Z);
       const float* tv = TV + static_cast<std::int64_t>(b) * a.ldtv;
       for (int i = t; i < Z; i += tpb) {
         T s = 0;
@@ -230,7 +230,7 @@ __global__ void c51_loss_kernel(C51Loss a, double dz_d, LossShape shape, double*
     // 3. the gradient row of the taken action, and 4. the dueling backward of that dlogits (zero
     // off the taken action): dadv = dl − mean_a dl
     if (active) {
-      float* dadv = DADV + static_cast<std::int64_t>(bd) * (a.lddadv > 0 ? a.lddadv : A * Z);
+      float* dadv = DADV + static_cast<std::int64_t>(bd) * ld_or(a.lddadv, A * Z);
       for (int i = t; i < Z; i += tpb) {
         float g = NAN;
         if (taken_ok) g = static_cast<float>(grad_scale * (exp_t(static_cast<T>(lp[i])) * m_sum - mm[i]));
@@ -476,7 +476,7 @@ __host__ __device__ inline HfLayout hf_layout(int H2, int Hh, int A, int Z) {
 __global__ void __launch_bounds__(kHfThreads) head_forward_kernel(HeadForward a, float dz) {
   extern __shared__ float hf_shared[];
   const int H2 = a.H2, Hh = a.Hh, D = a.D, A = a.A, Z = a.Z, az = A * Z, hc = (1 + D) * Hh;
-  const int lda = a.ldadv > 0 ? a.ldadv : az;  // adv's (row, branch) stride
+  const int lda = ld_or(a.ldadv, az);  // adv's (row, branch) stride
   const HfLayout L = hf_layout(H2, Hh, A, Z);
   std::uint32_t* xs = reinterpret_cast<std::uint32_t*>(hf_shared + L.x);
   std::uint32_t* hv = reinterpret_cast<std::uint32_t*>(hf_shared + L.hv);
@@ -608,7 +608,7 @@ __global__ void __launch_bounds__(kHfThreads) head_backward_inputs_kernel(HeadBa
   float* mask = hb_shared + kHfRows * lda;  // this segment's hidden [16, Hh]
   const int r0 = blockIdx.x * kHfRows;
   const int nrows = min(kHfRows, a.rows - r0);
-  const int ldd = a.lddadv > 0 ? a.lddadv : az;  // dadv's (row, branch) stride
+  const int ldd = ld_or(a.lddadv, az);  // dadv's (row, branch) stride
   const std::int64_t lds = s == 0 ? a.lddv : static_cast<std::int64_t>(D) * ldd;
   const float* src = (s == 0 ? static_cast<const float*>(a.dv.p) : static_cast<const float*>(a.dadv.p) + (s - 1) * ldd) +
                      r0 * lds;

@@ -154,7 +154,7 @@ class CpuBackend final : public Backend {
     if (rows < 0 || D < 0 || A < 0 || Z < 0) return fail("dueling_backward", "negative size");
     if (rows == 0 || Z == 0) return;
     if (lddv < Z) return fail("dueling_backward", "lddv smaller than Z");
-    const int ldd = adv_ld(lddadv, A, Z);
+    const int ldd = ld_or(lddadv, A * Z);
     if (ldd < A * Z) return fail("dueling_backward", "lddadv smaller than A·Z");
     if (!real_ok(dv, "dueling_backward", "dv")) return;
     if (D > 0 && A > 0 &&
@@ -698,7 +698,7 @@ class CpuBackend final : public Backend {
       if (a.actions[k] < 0 || a.actions[k] >= a.A || a.a_star[k] < 0 || a.a_star[k] >= a.A)
         return fail(op, "action or a_star out of range");
     const int N = a.N, Nt = a.Nt, D = a.D, A = a.A;
-    const std::int64_t ldq = a.ldq > 0 ? a.ldq : std::int64_t(D) * A;
+    const std::int64_t ldq = ld_or(a.ldq, D * A);
     if (ldq < std::int64_t(D) * A) return fail(op, "ldq smaller than D·A");
     const double kappa = a.kappa;
     const T* Q = a.q.as<T>();
@@ -744,7 +744,7 @@ class CpuBackend final : public Backend {
     if (a.a_star && !a.q) return fail(op, "a_star needs q");
     if (a.rows == 0 || a.D == 0) return;
     const int n = a.rows * a.D * a.A;
-    combine(a.logp, a.v, a.ldv, a.adv, adv_ld(a.ldadv, a.A, a.Z), a.rows, a.D, a.A, a.Z);
+    combine(a.logp, a.v, a.ldv, a.adv, ld_or(a.ldadv, a.A * a.Z), a.rows, a.D, a.A, a.Z);
     log_softmax(a.logp, a.logp, n, a.Z);
     if (a.q) expected_q(a.q, a.logp, n, a.Z, a.v_min, a.v_max);
     if (a.a_star && a.rows > a.star_from)
@@ -765,7 +765,7 @@ class CpuBackend final : public Backend {
     if (a.B < 0 || a.D < 0 || a.A <= 0 || a.Z < 2) return fail(op, "need B, D >= 0, A >= 1, Z >= 2");
     if (!real_ok(a.work_logp, op, "work_logp") || !real_ok(a.work_dlogits, op, "work_dlogits")) return;
     if (a.B > 0 && a.D > 0) {
-      combine(a.work_logp, a.tv, a.ldtv, a.tadv, adv_ld(a.ldtadv, a.A, a.Z), a.B, a.D, a.A, a.Z);
+      combine(a.work_logp, a.tv, a.ldtv, a.tadv, ld_or(a.ldtadv, a.A * a.Z), a.B, a.D, a.A, a.Z);
       log_softmax(a.work_logp, a.work_logp, a.B * a.D * a.A, a.Z);
       C51Project p;
       p.m = a.m; p.target_logp = a.work_logp; p.a_star = a.a_star; p.rewards = a.rewards; p.dones = a.dones;

@@ -134,7 +134,7 @@ void Registry::declare_param(const std::string& name, std::int32_t rows, std::in
   p.cols = cols;
   p.fan_in = fan_in;
   p.flags = flags;
-  if (flags & kParamAlign) param_total_ = (param_total_ + kParamAlignElems - 1) / kParamAlignElems * kParamAlignElems;
+  if (flags & kParamAlign) param_total_ = align_elems(param_total_);
   p.offset = param_total_;
   param_total_ += p.numel();
   param_index_[name] = params_.size();

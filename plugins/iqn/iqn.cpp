@@ -166,13 +166,13 @@ class IqnHead final : public Head {
   std::string own(const char* n) const { return name_ + "/" + n; }
   /// Row stride of the quantile values q, target q and dq: D·A rounded up to 4, so their rows
   /// start 16-byte aligned and the GEMMs on them get aligned kernels.
-  int ldq() const { return (DA_ + 3) / 4 * 4; }
+  int ldq() const { return static_cast<int>(align_elems(DA_)); }
 
   /// Row-major dense layer y = act(x Wᵀ + b) over `rows` rows (y's row stride ldy, 0: out).
   static void dense(Backend& be, Real x, int in, Real w, Real b, Real y, int out, int rows, Act act, int ldy = 0) {
     Gemm g;
     g.tb = true; g.m = rows; g.n = out; g.k = in;
-    g.a = x; g.lda = in; g.b = w; g.ldb = in; g.c = y; g.ldc = ldy > 0 ? ldy : out; g.weight_operand = 2;
+    g.a = x; g.lda = in; g.b = w; g.ldb = in; g.c = y; g.ldc = ld_or(ldy, out); g.weight_operand = 2;
     g.bias = b; g.act = act;  // fused epilogue
     be.gemm(g);
   }
@@ -193,7 +193,7 @@ class IqnHead final : public Head {
   /// db = dyᵀ · 1 as a GEMM: rows = B·N is tall, which the column-sum kernel handles poorly.
   /// dy's row stride is ldy (0: out).
   void weight_grad(Backend& be, Real dy, int out, Real x, int in, int rows, Real dw, Real db, int ldy = 0) const {
-    const int ld = ldy > 0 ? ldy : out;
+    const int ld = ld_or(ldy, out);
     Gemm gb;
     gb.ta = true; gb.m = out; gb.n = 1; gb.k = rows;
     gb.a = dy; gb.lda = ld; gb.b = ones_; gb.ldb = 1; gb.c = db; gb.ldc = 1;
@@ -208,7 +208,7 @@ class IqnHead final : public Head {
   static void input_grad(Backend& be, Real dy, int out, Real w, int in, int rows, Real dx, int ldy = 0) {
     Gemm g;
     g.m = rows; g.n = in; g.k = out;
-    g.a = dy; g.lda = ldy > 0 ? ldy : out; g.b = w; g.ldb = in; g.c = dx; g.ldc = in; g.weight_operand = 2;
+    g.a = dy; g.lda = ld_or(ldy, out); g.b = w; g.ldb = in; g.c = dx; g.ldc = in; g.weight_operand = 2;
     be.gemm(g);
   }
 

@@ -8,6 +8,13 @@
 #include <cstddef>
 #include <cstdint>
 
+/// Marks the few helpers here that the CUDA kernels call too.
+#if defined(__CUDACC__)
+#define DQN_HOST_DEVICE __host__ __device__
+#else
+#define DQN_HOST_DEVICE
+#endif
+
 namespace dqn {
 
 /// A pointer to real numbers whose element size is the backend's (4 for f32, 8 for the f64
@@ -189,8 +196,10 @@ struct DuelingDist {
   int ldadv = 0;                  ///< elements from one (row, branch) of adv to the next; 0: A·Z (ABI 6)
 };
 
-/// The stride of an advantage layout: ld, or A·Z when ld is 0 (compact).
-inline int adv_ld(int ld, int A, int Z) { return ld > 0 ? ld : A * Z; }
+/// A row or block stride of the ops' optional-stride fields (ldadv, lddadv, ldtadv, ldq): ld, or
+/// `compact` when ld is 0. Both backends and the CUDA kernels read the fields through this, and
+/// refuse a result below `compact`.
+DQN_HOST_DEVICE constexpr int ld_or(int ld, int compact) { return ld != 0 ? ld : compact; }
 
 /// The C51 loss fused from the target head's outputs to the dueling gradients (spec "C51
 /// loss"): the target network's log-probabilities at a* (dueling combine + log-softmax of
@@ -220,11 +229,6 @@ struct C51Loss {
   int ldtadv = 0, lddadv = 0;     ///< (sample, branch) strides of tadv and dadv; 0: A·Z (ABI 6)
 };
 
-/// Everything after the gradients, in the spec's order ("Gradient budgets", then "Optimizer,
-/// spectral norm, target"): exactly budget(budget); adam(adam); spectral_norm(sn_mats, sn_count,
-/// …, budget.skip) when sn_count > 0; target_update(target). A backend may run it as one fused
-/// pass (the CUDA backend can: one cooperative launch, opt-in); the results are those of the
-/// four ops.
 /// The distributional dueling branching head's forward over `rows` rows (spec "Network"):
 ///   hidden = relu(x · W1ᵀ + b1)                 [rows, (1+D)·Hh]  (value, then the D branches)
 ///   v      = hidden_v · Wv2ᵀ + bv2              [rows, ldv]       (the first Z columns)
@@ -265,6 +269,10 @@ struct HeadBackward {
   int lddadv = 0;                 ///< (row, branch) stride of dadv; 0: A·Z (ABI 6, in the tail padding)
 };
 
+/// Everything after the gradients, in the spec's order ("Gradient budgets", then "Optimizer,
+/// spectral norm, target"): exactly budget(budget); adam(adam); spectral_norm(sn_mats, sn_count,
+/// …, budget.skip) when sn_count > 0; target_update(target). A backend may fuse it (the CUDA
+/// backend can, opt-in: one cooperative launch, or four); the results are those of the four ops.
 struct Update {
   Budget budget;
   Adam adam;                            ///< adam.g is budget.g; adam.skip is budget.skip
@@ -390,7 +398,7 @@ class Backend {
     gv.a = a.hidden; gv.lda = hc; gv.b = a.wv2; gv.ldb = a.Hh; gv.c = a.v; gv.ldc = a.ldv; gv.weight_operand = 2;
     gv.bias = a.bv2;
     gemm(gv);
-    const int lda = adv_ld(a.ldadv, a.A, a.Z);
+    const int lda = ld_or(a.ldadv, a.A * a.Z);
     Gemm gb;  // adv_d = hidden_d · Wb2_dᵀ + bb2_d, all branches in one batched GEMM
     gb.tb = true; gb.m = a.rows; gb.n = az; gb.k = a.Hh;
     gb.a = a.hidden + a.Hh; gb.lda = hc; gb.stride_a = a.Hh;
@@ -417,7 +425,7 @@ class Backend {
     gx.m = a.rows; gx.n = a.Hh; gx.k = a.Z;
     gx.a = a.dv; gx.lda = a.lddv; gx.b = a.wv2; gx.ldb = a.Hh; gx.c = a.dhidden; gx.ldc = hc; gx.weight_operand = 2;
     gemm(gx);
-    const int ldd = adv_ld(a.lddadv, a.A, a.Z);
+    const int ldd = ld_or(a.lddadv, a.A * a.Z);
     Gemm gbx;  // dhidden_d = dadv_d · Wb2_d, batched over d
     gbx.m = a.rows; gbx.n = a.Hh; gbx.k = az;
     gbx.a = a.dadv; gbx.lda = a.D * ldd; gbx.stride_a = ldd;

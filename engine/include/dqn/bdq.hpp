@@ -22,10 +22,10 @@ struct Dims {
   int az() const { return A * Z; }
   /// Row stride of the value-stream buffers ([rows, ldz] for v and dv): Z rounded up to 4, so
   /// their rows start 16-byte aligned and the GEMMs reading or writing them get aligned kernels.
-  int ldz() const { return (Z + 3) / 4 * 4; }
+  int ldz() const { return static_cast<int>(align_elems(Z)); }
   /// Stride of one (row, branch) block of the advantage buffers ([rows, D, ldaz] for adv and
   /// dadv): A·Z rounded up to 4, for the same reason.
-  int ldaz() const { return (A * Z + 3) / 4 * 4; }
+  int ldaz() const { return static_cast<int>(align_elems(std::int64_t(A) * Z)); }
 };
 
 inline Dims dims_of(const NetworkDims& n) {

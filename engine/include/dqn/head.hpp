@@ -36,6 +36,9 @@ inline constexpr std::uint32_t kParamSpectralNorm = 1u;  ///< param flag: spectr
 inline constexpr std::uint32_t kParamAlign = 2u;
 /// Elements per alignment unit of kParamAlign.
 inline constexpr std::int64_t kParamAlignElems = 4;
+/// n rounded up to whole alignment units: the offset of an aligned tensor, and the padded row
+/// strides of the heads' buffers (so those rows start 16-byte aligned too).
+constexpr std::int64_t align_elems(std::int64_t n) { return (n + kParamAlignElems - 1) / kParamAlignElems * kParamAlignElems; }
 
 /// A stage is one unit of work in the step; reads and writes are buffer names, and the state
 /// pseudo-buffers "params", "target" (read before they are written in a step).

@@ -206,13 +206,19 @@ void Engine::build(const PluginLoader& plugins) {
   std::int64_t trunk_n = 0;
   for (const auto& p : reg_.params())
     if (p.owner == "engine") trunk_n = std::max(trunk_n, p.offset + p.numel());
+  // Per tensor, one more window: "grad/<head>/<parameter>" for the trunk's tensors and for the
+  // head's own, so stages that write different tensors of one gradient row (a layer's weight and
+  // bias gradients, one part of a head and another) can say so and run side by side.
   for (std::size_t h = 0; h < heads_.size(); ++h) {
     const std::string g = "grad/" + head_names_[h];
     reg_.declare_view(g, "grad/all", std::int64_t(h) * P, {P}, "engine");
     reg_.declare_view(g + "/trunk", "grad/all", std::int64_t(h) * P, {trunk_n}, "engine");
     std::int64_t lo = P, hi = 0;
-    for (const auto& p : reg_.params())
+    for (const auto& p : reg_.params()) {
       if (p.owner == head_names_[h]) lo = std::min(lo, p.offset), hi = std::max(hi, p.offset + p.numel());
+      if (p.owner == head_names_[h] || p.owner == "engine")
+        reg_.declare_view(g + "/" + p.name, "grad/all", std::int64_t(h) * P + p.offset, {p.numel()}, "engine");
+    }
     if (hi > lo) reg_.declare_view(g + "/params", "grad/all", std::int64_t(h) * P + lo, {hi - lo}, "engine");
   }
   if (spec_.spectral_norm.enabled) {
@@ -329,7 +335,8 @@ void Engine::declare_engine_buffers() {
                  BufferKind::activation, "engine");
     reg_.declare(last ? std::string(buf::target_h2) : "target/a" + std::to_string(i), DType::real, {B, net_.trunk[i]},
                  BufferKind::activation, "engine");
-    reg_.declare("trunk/dz" + std::to_string(i), DType::real, {H * B, net_.trunk[i]}, BufferKind::scratch, "engine");
+    if (!last)  // the last layer's gradient is dtrunk/all
+      reg_.declare("trunk/dz" + std::to_string(i), DType::real, {H * B, net_.trunk[i]}, BufferKind::scratch, "engine");
   }
   reg_.declare(buf::step, DType::i64, {1}, BufferKind::optimizer, "engine");
   reg_.declare("opt/lr", DType::real, {1}, BufferKind::optimizer, "engine");
@@ -374,18 +381,26 @@ void Engine::add_engine_stages_back() {
     acts.push_back(i == L - 1 ? std::string(buf::h2) : "trunk/a" + std::to_string(i));
     dz.push_back("trunk/dz" + std::to_string(i));
   }
-  {
-    // One trunk backward for every head: the heads' ∂L/∂h2 stacked [H·B, H2], ReLU masks and
-    // bias gradients in one pass per layer, dW as one GEMM batched over heads, d(input) as one
-    // GEMM over H·B rows.
-    std::vector<std::string> reads = acts;
-    reads.push_back(buf::states2);
-    reads.push_back("params");
-    reads.push_back("dtrunk/all");
-    std::vector<std::string> writes = dz;
-    for (std::size_t h = 0; h < heads_.size(); ++h) writes.push_back("grad/" + head_names_[h] + "/trunk");
-    writes.push_back("dtrunk/all");  // ReLU backward runs in place on it
-    stages_.push_back(Stage{"trunk.backward", "engine", reads, writes, [this](Backend& be) { trunk_backward(be); }});
+  // One trunk backward for every head: the heads' ∂L/∂h2 stacked [H·B, H2], ReLU masks and bias
+  // gradients in one pass per layer, dW as one GEMM batched over heads, d(input) as one GEMM over
+  // H·B rows. A stage per layer for the input side (trunk.backward.<i>: mask, bias gradient,
+  // d(input)) and one for its weight gradient (trunk.weights.<i>), which needs only the masked
+  // gradient and so runs beside the layers below.
+  for (int i = L - 1; i >= 0; --i) {
+    const std::string li = std::to_string(i);
+    const std::string dz_i = i == L - 1 ? std::string("dtrunk/all") : dz[std::size_t(i)];
+    std::vector<std::string> reads{acts[std::size_t(i)], dz_i}, writes{dz_i};  // masked in place
+    if (i > 0) {
+      reads.push_back("params");
+      writes.push_back(dz[std::size_t(i - 1)]);
+    }
+    for (const auto& h : head_names_) writes.push_back("grad/" + h + "/trunk." + li + ".bias");
+    stages_.push_back(Stage{"trunk.backward." + li, "engine", reads, writes,
+                            [this, i](Backend& be) { trunk_backward_layer(be, i); }});
+    std::vector<std::string> wreads{dz_i, i == 0 ? std::string(buf::states2) : acts[std::size_t(i - 1)]}, wwrites;
+    for (const auto& h : head_names_) wwrites.push_back("grad/" + h + "/trunk." + li + ".weight");
+    stages_.push_back(Stage{"trunk.weights." + li, "engine", wreads, wwrites,
+                            [this, i](Backend& be) { trunk_weights_layer(be, i); }});
   }
   // Budgets, Adam, spectral norm and the target update: one stage, one op (a backend may fuse it;
   // the CUDA backend can, as one cooperative kernel, with DQN_FUSED_UPDATE=1).
@@ -438,6 +453,7 @@ void Engine::bind_engine() {
   clips_ = reg_.real("report/clips");
   total_loss_ = reg_.real("report/total_loss");
   td_error_ = reg_.real(buf::td_error);
+  dtrunk_all_ = reg_.real("dtrunk/all");
   const int L = net_.trunk_layers;
   for (int i = 0; i < L; ++i) {
     const std::string p = "trunk." + std::to_string(i);
@@ -448,7 +464,7 @@ void Engine::bind_engine() {
     const bool last = i == L - 1;
     trunk_a_.push_back(reg_.real(last ? std::string(buf::h2) : "trunk/a" + std::to_string(i)));
     trunk_ta_.push_back(reg_.real(last ? std::string(buf::target_h2) : "target/a" + std::to_string(i)));
-    trunk_dz_.push_back(reg_.real("trunk/dz" + std::to_string(i)));
+    trunk_dz_.push_back(last ? dtrunk_all_ : reg_.real("trunk/dz" + std::to_string(i)));
   }
   const std::int64_t P = reg_.param_count();
   for (std::size_t h = 0; h < heads_.size(); ++h) {
@@ -461,7 +477,6 @@ void Engine::bind_engine() {
       trunk_gb_.back().push_back(reg_.param_in(g, p + ".bias"));
     }
   }
-  dtrunk_all_ = reg_.real("dtrunk/all");
   for (const auto& [p, u] : sn_params_) sn_u_.push_back(reg_.real(u));
   if (sn_count_ > 0) sn_table_ = reinterpret_cast<SpectralMatrix*>(reg_.i64("sn/table"));
   const auto* rb = reg_.find("report/losses");
@@ -493,32 +508,38 @@ void Engine::trunk_forward(Backend& be, bool target) {
   }
 }
 
-// Backprop every head's ∂L_h/∂h_L (dtrunk/all, rows of `states`) through the trunk into grad/<h>.
-void Engine::trunk_backward(Backend& be) {
-  const int B = spec_.batch, L = net_.trunk_layers, H = int(heads_.size());
+// Backprop every head's ∂L_h/∂h_L (dtrunk/all, rows of `states`) through trunk layer i: the ReLU
+// mask and the bias gradients into grad/<h>, then (below the first layer) d(input).
+void Engine::trunk_backward_layer(Backend& be, int i) {
+  const int B = spec_.batch, H = int(heads_.size());
   const std::int64_t P = reg_.param_count();
-  for (int i = L - 1; i >= 0; --i) {
-    const int w = net_.trunk[i];
-    const int in_w = i == 0 ? net_.state : net_.trunk[i - 1];
-    const Real dz = i == L - 1 ? dtrunk_all_ : trunk_dz_[i];  // [H·B, w]
-    // rows 0..B of the 2B activation block are `states`: the same mask for every head
-    be.relu_bias_grad(dz, trunk_a_[i], trunk_gb_[0][i], B, w, w, H, std::int64_t(B) * w, 0, P);
-    const Real in = i == 0 ? states2_ : trunk_a_[i - 1];
-    Gemm gw;  // dW_h = dz_hᵀ · in, batched over heads (grad/all rows are P apart)
-    gw.ta = true; gw.m = w; gw.n = in_w; gw.k = B;
-    gw.a = dz; gw.lda = w; gw.stride_a = std::int64_t(B) * w;
-    gw.b = in; gw.ldb = in_w; gw.stride_b = 0;
-    gw.c = trunk_gw_[0][i]; gw.ldc = in_w; gw.stride_c = P;
-    gw.batch = H;
-    be.gemm(gw);
-    if (i > 0) {
-      Gemm gx;  // d(in) = dz · W over all H·B rows
-      gx.m = H * B; gx.n = in_w; gx.k = w;
-      gx.a = dz; gx.lda = w; gx.b = trunk_w_[i]; gx.ldb = in_w; gx.c = trunk_dz_[i - 1]; gx.ldc = in_w;
-      gx.weight_operand = 2;
-      be.gemm(gx);
-    }
-  }
+  const int w = net_.trunk[i];
+  const int in_w = i == 0 ? net_.state : net_.trunk[i - 1];
+  const Real dz = trunk_dz_[i];  // [H·B, w]
+  // rows 0..B of the 2B activation block are `states`: the same mask for every head
+  be.relu_bias_grad(dz, trunk_a_[i], trunk_gb_[0][i], B, w, w, H, std::int64_t(B) * w, 0, P);
+  if (i == 0) return;
+  Gemm gx;  // d(in) = dz · W over all H·B rows
+  gx.m = H * B; gx.n = in_w; gx.k = w;
+  gx.a = dz; gx.lda = w; gx.b = trunk_w_[i]; gx.ldb = in_w; gx.c = trunk_dz_[i - 1]; gx.ldc = in_w;
+  gx.weight_operand = 2;
+  be.gemm(gx);
+}
+
+// dW_h = dz_hᵀ · in of trunk layer i from its masked gradient, batched over heads (grad/all rows
+// are P apart).
+void Engine::trunk_weights_layer(Backend& be, int i) {
+  const int B = spec_.batch, H = int(heads_.size());
+  const std::int64_t P = reg_.param_count();
+  const int w = net_.trunk[i];
+  const int in_w = i == 0 ? net_.state : net_.trunk[i - 1];
+  Gemm gw;
+  gw.ta = true; gw.m = w; gw.n = in_w; gw.k = B;
+  gw.a = trunk_dz_[i]; gw.lda = w; gw.stride_a = std::int64_t(B) * w;
+  gw.b = i == 0 ? states2_ : trunk_a_[i - 1]; gw.ldb = in_w; gw.stride_b = 0;
+  gw.c = trunk_gw_[0][i]; gw.ldc = in_w; gw.stride_c = P;
+  gw.batch = H;
+  be.gemm(gw);
 }
 
 // ---------------------------------------------------------------------------------------------

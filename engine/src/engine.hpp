@@ -122,7 +122,8 @@ class Engine {
   void add_engine_stages_back();
   void bind_engine();
   void trunk_forward(Backend& be, bool target);
-  void trunk_backward(Backend& be);
+  void trunk_backward_layer(Backend& be, int i);
+  void trunk_weights_layer(Backend& be, int i);
   void capture_stages();
   StepReport parse_report(const std::vector<unsigned char>& bytes) const;
 
@@ -147,7 +148,8 @@ class Engine {
   std::int32_t* skip_ = nullptr;
   std::int64_t* skipped_ = nullptr;
   Real losses_, norms_, clips_, total_loss_, td_error_;
-  std::vector<Real> trunk_w_, trunk_b_, trunk_tw_, trunk_tb_, trunk_a_, trunk_ta_, trunk_dz_;
+  std::vector<Real> trunk_w_, trunk_b_, trunk_tw_, trunk_tb_, trunk_a_, trunk_ta_;
+  std::vector<Real> trunk_dz_;  ///< per layer its gradient [H·B, width]; the last is dtrunk_all_
   std::vector<std::vector<Real>> trunk_gw_, trunk_gb_;  // per head
   Real dtrunk_all_;                                     // [H·B, H2]
   SpectralMatrix* sn_table_ = nullptr;

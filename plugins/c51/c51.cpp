@@ -16,7 +16,7 @@ namespace {
 
 using namespace dqn;
 
-enum Tag : std::int32_t { kForward = 0, kTarget = 1, kLoss = 2, kBackward = 3, kWeights = 4 };
+enum Tag : std::int32_t { kForward = 0, kTarget = 1, kLoss = 2, kBackward = 3, kWeights = 4, kWeightsOut = 5 };
 
 class C51Head final : public Head {
  public:
@@ -57,12 +57,18 @@ class C51Head final : public Head {
                            {b("logp"), b("target.v"), b("target.adv"), buf::a_star, buf::actions, buf::is_weights,
                             buf::rewards, buf::dones},
                            {loss, buf::td_error, buf::target_m, b("dv"), b("dadv"), b("work.logp"), b("work.dlogits")});
-      // backward: the input side (on to the trunk); weights: the head's weight gradients, beside
-      // the trunk's backward.
+      // weights.out: the output layers' gradients, from dv and dadv alone (beside the backward);
+      // backward: the input side (on to the trunk); weights: the hidden layers' gradients, beside
+      // the trunk's backward. Each writes the gradients of its own tensors.
+      auto grads = [&](int layer) {
+        std::vector<std::string> g;
+        for (const auto& p : bdq::layer_params("c51", d_, layer)) g.push_back(grad + "/" + p);
+        return g;
+      };
+      rc = rc ? rc : stage(ctx, kWeightsOut, "weights.out", {b("dv"), b("dadv"), b("hidden")}, grads(1));
       rc = rc ? rc : stage(ctx, kBackward, "backward", {b("dv"), b("dadv"), b("hidden"), "params"},
-                           {b("dhidden"), grad + "/params", dtrunk});
-      rc = rc ? rc : stage(ctx, kWeights, "weights", {b("dv"), b("dadv"), b("dhidden"), b("hidden"), buf::h2},
-                           {grad + "/params"});
+                           {b("dhidden"), dtrunk});
+      rc = rc ? rc : stage(ctx, kWeights, "weights", {b("dhidden"), buf::h2}, grads(0));
       return keep(ctx, rc);
     } catch (const std::exception& e) {
       error_ = e.what();
@@ -134,7 +140,10 @@ class C51Head final : public Head {
         bdq::backward_inputs(be, d_, online_, B, act_, back_, dtrunk_, 0.0f);
         break;
       case kWeights:
-        bdq::backward_weights(be, d_, grad_, h2_, B, act_, back_);
+        bdq::backward_weights_hidden(be, d_, grad_, h2_, B, back_);
+        break;
+      case kWeightsOut:
+        bdq::backward_weights_out(be, d_, grad_, B, act_, back_);
         break;
       default:
         break;

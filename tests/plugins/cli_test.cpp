@@ -404,26 +404,30 @@ TEST_CASE("cli.step.explain") {
     order.push_back(rest.substr(0, rest.find(' ')));
   }
   // The online and the target chains are independent until the loss (they run side by side on
-  // the GPU); from the loss on, the step is one chain.
+  // the GPU); from the loss on, the output layers' gradients, the input side with the trunk's
+  // layers and the weight gradients of each form branches that meet at the update.
   const std::vector<std::pair<std::string, std::string>> before = {
       {"trunk.forward", "c51.forward"}, {"target.trunk.forward", "c51.target"}, {"c51.forward", "c51.loss"},
-      {"c51.target", "c51.loss"}, {"c51.loss", "c51.backward"}, {"c51.backward", "trunk.backward"},
-      {"c51.backward", "c51.weights"}, {"c51.weights", "update"}, {"trunk.backward", "update"}};
+      {"c51.target", "c51.loss"}, {"c51.loss", "c51.weights.out"}, {"c51.loss", "c51.backward"},
+      {"c51.backward", "c51.weights"}, {"c51.backward", "trunk.backward.1"},
+      {"trunk.backward.1", "trunk.weights.1"}, {"trunk.backward.1", "trunk.backward.0"},
+      {"trunk.backward.0", "trunk.weights.0"}, {"c51.weights.out", "update"}, {"c51.weights", "update"},
+      {"trunk.weights.1", "update"}, {"trunk.weights.0", "update"}};
   auto pos = [&](const std::string& n) {
     const auto it = std::find(order.begin(), order.end(), n);
     CHECK_MESSAGE(it != order.end(), n);
     return it - order.begin();
   };
-  CHECK(order.size() == 9);
+  CHECK(order.size() == 13);
   for (const auto& [a, b] : before) CHECK_MESSAGE(pos(a) < pos(b), a << " before " << b);
-  CHECK(has(r.out, "stages in order (9):"));
+  CHECK(has(r.out, "stages in order (13):"));
   CHECK(has(r.out, "registry:\narena: "));
   CHECK(has(r.out, "c51.loss  <c51>"));
   // With spectral norm the update stage reads the matrix table and writes every power-iteration
   // vector (budgets, Adam, spectral norm and the target update are one op).
   const Run sn = dqn_run("step " + quote(c51_yaml()) + " " + kSmall + " spectral_norm.enabled=true --explain");
   REQUIRE(sn.rc == 0);
-  CHECK(has(sn.out, "  9. update  <engine>"));
+  CHECK(has(sn.out, "  13. update  <engine>"));
   CHECK(has(sn.out, "sn.u.trunk.0.weight"));
   CHECK(has(sn.out, "sn/table"));
 }

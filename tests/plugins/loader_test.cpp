@@ -427,7 +427,7 @@ TEST_CASE("loader.third_party_head_runs_with_c51") {
       const std::string rest = line.substr(dot + 2);
       order.push_back(rest.substr(0, rest.find(' ')));
     }
-    CHECK(order.size() == 11);
+    CHECK(order.size() == 13);
   }
   INFO(explain);
   auto pos = [&](const std::string& n) {
@@ -438,8 +438,9 @@ TEST_CASE("loader.third_party_head_runs_with_c51") {
   CHECK(pos("trunk.forward") < pos("h2_l2.penalty"));
   CHECK(pos("h2_l2.penalty") < pos("h2_l2.report"));
   CHECK(pos("h2_l2.report") < pos("update"));
-  CHECK(pos("h2_l2.penalty") < pos("trunk.backward"));  // one trunk backward for every head
-  CHECK(pos("trunk.backward") < pos("update"));
+  CHECK(pos("h2_l2.penalty") < pos("trunk.backward.0"));  // one trunk backward for every head
+  CHECK(pos("trunk.backward.0") < pos("trunk.weights.0"));
+  CHECK(pos("trunk.weights.0") < pos("update"));
   CHECK(pos("c51.loss") < pos("update"));
   CHECK(has(explain, "h2_l2/sum_sq"));  // its own buffer is in the arena
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "registry.hpp"
+#include "runtime.hpp"
 #include "scheduler.hpp"
 
 using namespace dqn;
@@ -173,6 +174,39 @@ TEST_CASE("scheduler.step_shaped_set") {
   const std::vector<std::string> expected = {"trunk.forward", "c51.forward", "c51.loss", "c51.backward",
                                              "budget", "adam", "target.update"};
   CHECK(names_in(stages, schedule(stages, reg)) == expected);
+}
+
+TEST_CASE("scheduler.dependencies") {
+  // What a stage waits for when stages run side by side: the earlier stages touching an
+  // overlapping byte range with one of the two writing it. Disjoint views of one buffer (a
+  // layer's weight and bias gradients, the per-head rows of grad/all) do not wait for each other.
+  auto rt = make_cpu_runtime(false);
+  Registry reg = make_registry();
+  reg.declare("grad/all", DType::real, {2, 10}, BufferKind::gradient, "engine");
+  reg.declare_view("grad/h/w", "grad/all", 0, {6}, "engine");
+  reg.declare_view("grad/h/b", "grad/all", 6, {4}, "engine");
+  reg.declare_view("grad/h", "grad/all", 0, {10}, "engine");
+  reg.declare_view("grad/k/w", "grad/all", 10, {6}, "engine");
+  reg.freeze(*rt);
+  const std::vector<Stage> stages = to_stages({
+      {"fwd", {"in", "params"}, {"a"}},
+      {"data", {"a"}, {"b", "grad/h/b"}},         // RAW on a
+      {"weights", {"a", "in"}, {"grad/h/w"}},     // RAW on a; beside data (disjoint view)
+      {"other", {"in"}, {"grad/k/w"}},            // another row: independent of everything so far
+      {"reread", {"a"}, {"c"}},                   // RAW on a only
+      {"whole", {"grad/h"}, {"g"}},               // reads the row both wrote
+      {"update", {"grad/all", "c"}, {"params"}},  // every gradient, c; WAR on params after fwd
+  });
+  const std::vector<std::size_t> order = {0, 1, 2, 3, 4, 5, 6};
+  const auto deps = dependencies(stages, order, reg);
+  REQUIRE(deps.size() == 7);
+  CHECK(deps[0].empty());
+  CHECK(deps[1] == std::vector<std::size_t>{0});
+  CHECK(deps[2] == std::vector<std::size_t>{0});
+  CHECK(deps[3].empty());
+  CHECK(deps[4] == std::vector<std::size_t>{0});
+  CHECK(deps[5] == std::vector<std::size_t>{1, 2});
+  CHECK(deps[6] == std::vector<std::size_t>{0, 1, 2, 3, 4});
 }
 
 TEST_CASE("scheduler.explain") {

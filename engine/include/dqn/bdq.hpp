@@ -9,6 +9,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "dqn/backend.hpp"
 #include "dqn/head.hpp"
@@ -54,6 +55,19 @@ inline int declare_params(BuildContext& ctx, const std::string& prefix, const Di
     p("branch." + std::to_string(b) + ".1.weight", d.az(), d.Hh, d.Hh, weight_flags | (b == 0 ? start : 0));
   for (int b = 0; b < d.D; ++b) p("branch." + std::to_string(b) + ".1.bias", d.az(), 0, d.Hh, b == 0 ? start : 0);
   return rc;
+}
+
+/// The names of the parameters of one layer of the head under `prefix`: layer 0 the hidden layers
+/// (value and branch weights and biases), layer 1 the output layers. For stage declarations:
+/// "grad/<head>/<name>" is that tensor's gradient.
+inline std::vector<std::string> layer_params(const std::string& prefix, const Dims& d, int layer) {
+  const std::string l = std::to_string(layer);
+  std::vector<std::string> names{pname(prefix, "value." + l + ".weight"), pname(prefix, "value." + l + ".bias")};
+  for (int b = 0; b < d.D; ++b) {
+    names.push_back(pname(prefix, "branch." + std::to_string(b) + "." + l + ".weight"));
+    names.push_back(pname(prefix, "branch." + std::to_string(b) + "." + l + ".bias"));
+  }
+  return names;
 }
 
 /// The head's parameters as concatenated blocks (online, target or a gradient).
@@ -129,13 +143,11 @@ inline void backward_inputs(Backend& be, const Dims& d, const Params& p, int B, 
   be.gemm(gh);
 }
 
-/// The weight side: every bias and weight gradient of the head (overwriting), from s.dv, s.dadv
-/// and the masked s.dhidden of backward_inputs. Independent of dh2, so it can run beside the
-/// trunk's backward.
-inline void backward_weights(Backend& be, const Dims& d, const Params& grad, Real h2, int B, const Acts& a,
-                             const BackScratch& s) {
+/// The output layers' weight side: the gradients of bv2, bb2, Wv2 and Wb2 (overwriting), from
+/// s.dv and s.dadv alone (so it can run beside backward_inputs).
+inline void backward_weights_out(Backend& be, const Dims& d, const Params& grad, int B, const Acts& a,
+                                 const BackScratch& s) {
   const int hc = d.hidden_cols(), az = d.az(), laz = d.ldaz();
-  be.relu_bias_grad(s.dhidden, Real{}, grad.b1, B, hc, hc, 1, 0, 0, 0);  // already masked: column sums
   be.relu_bias_grad(s.dv, Real{}, grad.bv2, B, d.Z, d.ldz(), 1, 0, 0, 0);
   be.relu_bias_grad(s.dadv, Real{}, grad.bb2, B, az, d.D * laz, d.D, laz, 0, az);  // a "head" per branch
   Gemm gw;  // dWv2 = dvᵀ · hv
@@ -149,10 +161,26 @@ inline void backward_weights(Backend& be, const Dims& d, const Params& grad, Rea
   gbw.c = grad.wb2; gbw.ldc = d.Hh; gbw.stride_c = std::int64_t(az) * d.Hh;
   gbw.batch = d.D;
   be.gemm(gbw);
+}
+
+/// The hidden layers' weight side: the gradients of b1 and W1 (overwriting), from the masked
+/// s.dhidden of backward_inputs. Independent of dh2, so it can run beside the trunk's backward.
+inline void backward_weights_hidden(Backend& be, const Dims& d, const Params& grad, Real h2, int B,
+                                    const BackScratch& s) {
+  const int hc = d.hidden_cols();
+  be.relu_bias_grad(s.dhidden, Real{}, grad.b1, B, hc, hc, 1, 0, 0, 0);  // already masked: column sums
   Gemm g1;  // dW1 = dhiddenᵀ · h2
   g1.ta = true; g1.m = hc; g1.n = d.H2; g1.k = B;
   g1.a = s.dhidden; g1.lda = hc; g1.b = h2; g1.ldb = d.H2; g1.c = grad.w1; g1.ldc = d.H2;
   be.gemm(g1);
+}
+
+/// The weight side: every bias and weight gradient of the head (overwriting), from s.dv, s.dadv
+/// and the masked s.dhidden of backward_inputs.
+inline void backward_weights(Backend& be, const Dims& d, const Params& grad, Real h2, int B, const Acts& a,
+                             const BackScratch& s) {
+  backward_weights_hidden(be, d, grad, h2, B, s);
+  backward_weights_out(be, d, grad, B, a, s);
 }
 
 /// Backward from the dueling gradients: backward_inputs then backward_weights.

@@ -33,7 +33,7 @@ namespace {
 constexpr std::size_t kWorkspaceBytes = std::size_t{8} << 20;        // cuBLAS + cuBLASLt, per lane
 constexpr std::size_t kInitialScratchBytes = std::size_t{4} << 20;   // per lane, usable without a plan
 constexpr int kReportSlots = 64;
-constexpr int kMaxLanes = 4;                                          // concurrent streams of a captured step
+constexpr int kMaxLanes = 8;                                          // concurrent streams of a captured step
 constexpr std::size_t kCounterBytes = kMaxLanes * 32 * sizeof(unsigned);  // one 128-byte slot per lane
 
 std::string where(const char* file, int line, int device) {

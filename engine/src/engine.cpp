@@ -287,36 +287,20 @@ void Engine::build(const PluginLoader& plugins) {
                 reg_.arena_bytes(), rt_->describe());
 }
 
-// Captures the stages in order, spread over the runtime's lanes: a stage continues the lane of
-// its latest dependency when that dependency is the lane's last stage, else takes an unused lane
-// (else the lane that has been idle longest), and waits for its dependencies on other lanes.
-// Stages that share no buffer then run concurrently inside the one graph.
+// Captures the stages in order, spread over the runtime's lanes (plan_lanes: each stage waits
+// only for the stages it depends on while lanes last), so stages that share no buffer run
+// concurrently inside the one graph.
 void Engine::capture_stages() {
-  const auto deps = dependencies(stages_, order_, reg_);
-  const int L = std::max(1, rt_->lanes());
-  std::vector<int> lane_of(order_.size(), 0), last(std::size_t(L), -1);
-  lanes_used_ = 0;
+  const LanePlan plan = plan_lanes(dependencies(stages_, order_, reg_), rt_->lanes());
   for (std::size_t k = 0; k < order_.size(); ++k) {
-    int lane = -1;
-    for (auto it = deps[k].rbegin(); it != deps[k].rend() && lane < 0; ++it)
-      if (last[std::size_t(lane_of[*it])] == int(*it)) lane = lane_of[*it];
-    for (int l = 0; l < L && lane < 0; ++l)
-      if (last[std::size_t(l)] < 0) lane = l;
-    if (lane < 0) lane = int(std::min_element(last.begin(), last.end()) - last.begin());
-    // Per other lane only its latest dependency: a lane's stages finish in order.
-    std::vector<int> newest(std::size_t(L), -1), after;
-    for (auto j : deps[k])
-      if (lane_of[j] != lane) newest[std::size_t(lane_of[j])] = std::max(newest[std::size_t(lane_of[j])], int(j));
-    for (int v : newest)
-      if (v >= 0) after.push_back(v);
-    rt_->stage_begin(lane, after);
+    std::vector<int> after(plan.after[k].begin(), plan.after[k].end());
+    rt_->stage_begin(plan.lane[k], after);
     stages_[order_[k]].run(rt_->ops());
     rt_->stage_done(int(k));
-    lane_of[k] = lane;
-    last[std::size_t(lane)] = int(k);
-    lanes_used_ = std::max(lanes_used_, lane + 1);
   }
-  stage_lanes_ = lane_of;
+  lanes_used_ = plan.used;
+  false_deps_ = plan.false_deps;
+  stage_lanes_ = plan.lane;
 }
 
 void Engine::declare_engine_buffers() {
@@ -813,7 +797,8 @@ std::string Engine::explain() const {
   os << "\nstages in order (" << order_.size() << "):\n" << dqn::explain(stages_, order_);
   os << "registry:\n" << reg_.layout_text();
   if (captured_) {
-    os << "captured: 1 graph, " << rt_->graph_nodes() << " nodes over " << lanes_used_ << " lane(s):";
+    os << "captured: 1 graph, " << rt_->graph_nodes() << " nodes over " << lanes_used_ << " lane(s), "
+       << false_deps_ << " stage(s) queued behind one they do not need:";
     for (std::size_t k = 0; k < order_.size() && k < stage_lanes_.size(); ++k)
       os << (k ? ", " : " ") << stages_[order_[k]].name << "@" << stage_lanes_[k];
     os << "\n";

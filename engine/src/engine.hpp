@@ -109,6 +109,8 @@ class Engine {
   std::int64_t graph_nodes() const { return rt_->graph_nodes(); }
   /// Lanes (concurrent streams) the captured step uses; 1 on the CPU.
   int lanes_used() const { return lanes_used_; }
+  /// Stages the capture had to queue behind a stage they do not depend on (too few lanes).
+  int false_dependencies() const { return false_deps_; }
 
   /// The stage order and the registry layout (`dqn step --explain`).
   std::string explain() const;
@@ -167,6 +169,7 @@ class Engine {
   std::int64_t steps_ = 0, captures_ = 0;
   bool captured_ = false;
   int lanes_used_ = 1;            ///< lanes the captured step spreads over
+  int false_deps_ = 0;            ///< stages the capture queued behind one they do not need
   std::vector<int> stage_lanes_;  ///< lane of each stage, by position in order_ (after capture)
 };
 

@@ -168,6 +168,46 @@ std::vector<std::vector<std::size_t>> dependencies(const std::vector<Stage>& sta
   return deps;
 }
 
+LanePlan plan_lanes(const std::vector<std::vector<std::size_t>>& deps, int lanes) {
+  const std::size_t n = deps.size();
+  const int L = std::max(1, lanes);
+  LanePlan p;
+  p.lane.assign(n, 0);
+  p.after.assign(n, {});
+  // ancestors[k]: every position stage k waits for, directly or through others
+  std::vector<std::vector<bool>> ancestors(n, std::vector<bool>(n, false));
+  std::vector<int> last(std::size_t(L), -1);  // per lane its last position, -1: unused
+  for (std::size_t k = 0; k < n; ++k) {
+    for (auto j : deps[k]) {
+      if (j >= k) throw std::invalid_argument("plan_lanes: stage " + std::to_string(k) + " depends on a later one");
+      ancestors[k][j] = true;
+      for (std::size_t i = 0; i < j; ++i)
+        if (ancestors[j][i]) ancestors[k][i] = true;
+    }
+    int lane = -1, best = -1;
+    for (int l = 0; l < L; ++l) {  // the lane whose last stage is k's newest ancestor
+      const int t = last[std::size_t(l)];
+      if (t >= 0 && ancestors[k][std::size_t(t)] && t > best) best = t, lane = l;
+    }
+    for (int l = 0; l < L && lane < 0; ++l)
+      if (last[std::size_t(l)] < 0) lane = l;
+    if (lane < 0) {
+      lane = int(std::min_element(last.begin(), last.end()) - last.begin());
+      ++p.false_deps;
+    }
+    std::vector<int> newest(std::size_t(L), -1);
+    for (auto j : deps[k])
+      if (p.lane[j] != lane) newest[std::size_t(p.lane[j])] = std::max(newest[std::size_t(p.lane[j])], int(j));
+    for (int v : newest)
+      if (v >= 0) p.after[k].push_back(std::size_t(v));
+    std::sort(p.after[k].begin(), p.after[k].end());
+    p.lane[k] = lane;
+    last[std::size_t(lane)] = int(k);
+    p.used = std::max(p.used, lane + 1);
+  }
+  return p;
+}
+
 std::string explain(const std::vector<Stage>& stages, const std::vector<std::size_t>& order) {
   std::ostringstream os;
   auto join = [](const std::vector<std::string>& v) {

@@ -34,6 +34,23 @@ std::vector<std::size_t> schedule(const std::vector<Stage>& stages, const Regist
 std::vector<std::vector<std::size_t>> dependencies(const std::vector<Stage>& stages,
                                                    const std::vector<std::size_t>& order, const Registry& reg);
 
+/// Where each stage of a step runs when the step is captured over `lanes` in-order streams:
+/// lane[k] for position k of the order, and after[k] the earlier positions on other lanes it
+/// waits for (per lane the newest of its dependencies there: a lane's stages finish in order).
+struct LanePlan {
+  std::vector<int> lane;
+  std::vector<std::vector<std::size_t>> after;
+  int used = 0;        ///< lanes that received a stage
+  int false_deps = 0;  ///< stages placed behind a stage they do not depend on (too few lanes)
+};
+
+/// Places the stages (deps as dependencies() gives them) on lanes so that a stage waits only for
+/// what it depends on: it continues a lane whose last stage is one of its ancestors (the lane of
+/// its newest such ancestor first), else takes an unused lane; only when every lane is busy with
+/// stages it does not depend on does it queue behind the lane that has been idle longest (counted
+/// in false_deps).
+LanePlan plan_lanes(const std::vector<std::vector<std::size_t>>& deps, int lanes);
+
 /// One line per stage in order: "  3. c51.loss  <c51>  reads: …  writes: …".
 std::string explain(const std::vector<Stage>& stages, const std::vector<std::size_t>& order);
 

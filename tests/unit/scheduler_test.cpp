@@ -209,6 +209,37 @@ TEST_CASE("scheduler.dependencies") {
   CHECK(deps[6] == std::vector<std::size_t>{0, 1, 2, 3, 4});
 }
 
+TEST_CASE("scheduler.plan_lanes") {
+  using Deps = std::vector<std::vector<std::size_t>>;
+  using After = std::vector<std::vector<std::size_t>>;
+  // A chain stays on one lane and waits for nothing else.
+  {
+    const LanePlan p = plan_lanes(Deps{{}, {0}, {1}}, 4);
+    CHECK(p.lane == std::vector<int>{0, 0, 0});
+    CHECK(p.after == After{{}, {}, {}});
+    CHECK(p.used == 1);
+    CHECK(p.false_deps == 0);
+  }
+  // 0 → {1 → 3 → {4 → 5}, 2}; 3 also waits for 2; 6 needs only 4 (so 2 too, through 4): lane 1,
+  // whose last stage (2) is an ancestor of 6, takes it, although 6 does not name 2. Two lanes
+  // suffice and nothing queues behind a stage it does not need (5 is not 6's ancestor).
+  {
+    const Deps deps{{}, {0}, {0}, {1}, {2, 3}, {4}, {4}};
+    const LanePlan p = plan_lanes(deps, 2);
+    CHECK(p.lane == std::vector<int>{0, 0, 1, 0, 0, 0, 1});
+    CHECK(p.after == After{{}, {}, {0}, {}, {2}, {}, {4}});
+    CHECK(p.used == 2);
+    CHECK(p.false_deps == 0);
+  }
+  // More independent branches than lanes: the extra one queues behind the longest idle lane.
+  {
+    const LanePlan p = plan_lanes(Deps{{}, {}, {}}, 2);
+    CHECK(p.lane == std::vector<int>{0, 1, 0});
+    CHECK(p.false_deps == 1);
+  }
+  CHECK_THROWS_AS(plan_lanes(Deps{{1}, {}}, 2), std::invalid_argument);
+}
+
 TEST_CASE("scheduler.explain") {
   const Registry reg = make_registry();
   const std::vector<Stage> stages = to_stages({

@@ -93,6 +93,11 @@ constexpr int kMaxAlgos = 8;
 /// more than kTuneMargin (so near-ties keep the heuristic's order and choices are stabler).
 constexpr int kTuneReps = 8, kTuneSamples = 5;
 constexpr float kTuneMargin = 0.03f;
+/// With DQN_GEMM_TUNE_SPLIT_K=1, autotuning also times split-k variants (k cut into 2 or 4 slices, summed in the workspace in a
+/// fixed order) of the heuristic's first kSplitKBase algorithms, when each slice keeps at least
+/// kSplitKMinSlice of k: the step's GEMMs are small in m·n (a few 64×64 tiles for 132 SMs) and
+/// the heuristic ranks by throughput, not by the latency a step sees.
+constexpr int kSplitKBase = 4, kSplitKMinSlice = 64;
 
 /// A named wrapper: nvcc's front end trips over std containers of the anonymous-struct typedef.
 struct LtAlgo {
@@ -133,6 +138,12 @@ bool env_on(const char* name) noexcept {
 
 /// DQN_GEMM_AUTOTUNE=0 keeps the heuristic's first algorithm for every GEMM.
 bool autotune_from_env() noexcept { return env_on("DQN_GEMM_AUTOTUNE"); }
+/// DQN_GEMM_TUNE_SPLIT_K=1 lets autotuning also time cuBLASLt split-k variants (off unless set:
+/// on the H200 the C51 step measured 125.1 µs with them against 123.5 without).
+bool tune_split_k_from_env() noexcept {
+  const char* v = std::getenv("DQN_GEMM_TUNE_SPLIT_K");
+  return v && env_on("DQN_GEMM_TUNE_SPLIT_K");
+}
 
 /// How the update (budget, Adam, spectral norm, target update) runs, from DQN_FUSED_UPDATE:
 /// unset or 0/off → the four ops as they are (six launches; the fastest on the H200,
@@ -1178,6 +1189,7 @@ class CudaBackend final : public Backend {
             for (int i = 0; i < std::min(found, kMaxAlgos); ++i)
               if (results[static_cast<std::size_t>(i)].state == CUBLAS_STATUS_SUCCESS)
                 p.candidates.push_back(LtAlgo{results[static_cast<std::size_t>(i)].algo});
+            if (autotune_ && tune_split_k_) add_split_k_variants(p, key);
           } catch (...) {
             p.candidates.clear();  // out of memory: the heuristic's first below, if any
             if (found > 0 && results[0].state == CUBLAS_STATUS_SUCCESS) p.candidates.assign(1, LtAlgo{results[0].algo});
@@ -1219,6 +1231,49 @@ class CudaBackend final : public Backend {
       plan.release();
       fail(op, "out of memory caching a GEMM plan");
       return nullptr;
+    }
+  }
+
+  /// Appends to p.candidates the split-k variants (see kSplitKBase) that cuBLASLt accepts for
+  /// this problem within the workspace. Reduction in the workspace in the compute type: a fixed
+  /// order, so the result does not change from run to run.
+  void add_split_k_variants(LtPlan& p, const LtKey& key) {
+    const std::size_t base = std::min<std::size_t>(p.candidates.size(), kSplitKBase);
+    for (std::size_t i = 0; i < base; ++i) {
+      const cublasLtMatmulAlgo_t& algo = p.candidates[i].algo;
+      std::int32_t splits = 1, support = 0;
+      std::uint32_t schemes = 0;
+      std::size_t got = 0;
+      if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits, &got) !=
+              CUBLAS_STATUS_SUCCESS || splits != 1)
+        continue;
+      int id = 0;
+      if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &got) != CUBLAS_STATUS_SUCCESS)
+        continue;
+      cublasLtMatmulAlgo_t probe{};
+      if (cublasLtMatmulAlgoInit(lt_, p.compute, CUDA_R_32F, static_cast<cudaDataType_t>(key.ab_type),
+                                 static_cast<cudaDataType_t>(key.ab_type), CUDA_R_32F, CUDA_R_32F, id, &probe) !=
+              CUBLAS_STATUS_SUCCESS ||
+          cublasLtMatmulAlgoCapGetAttribute(&probe, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &support, sizeof support, &got) !=
+              CUBLAS_STATUS_SUCCESS ||
+          !support ||
+          cublasLtMatmulAlgoCapGetAttribute(&probe, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes,
+                                            &got) != CUBLAS_STATUS_SUCCESS ||
+          !(schemes & CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE))
+        continue;
+      for (const std::int32_t n : {2, 4}) {
+        if (key.k / n < kSplitKMinSlice) break;
+        cublasLtMatmulAlgo_t v = algo;
+        const std::uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+        cublasLtMatmulHeuristicResult_t check{};
+        if (cublasLtMatmulAlgoConfigSetAttribute(&v, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &n, sizeof n) ==
+                CUBLAS_STATUS_SUCCESS &&
+            cublasLtMatmulAlgoConfigSetAttribute(&v, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme) ==
+                CUBLAS_STATUS_SUCCESS &&
+            cublasLtMatmulAlgoCheck(lt_, p.desc, p.la, p.lb, p.lc, p.lc, &v, &check) == CUBLAS_STATUS_SUCCESS &&
+            check.state == CUBLAS_STATUS_SUCCESS && check.workspaceSize <= kWorkspaceBytes)
+          p.candidates.push_back(LtAlgo{v});
+      }
     }
   }
 
@@ -1438,6 +1493,7 @@ class CudaBackend final : public Backend {
   std::size_t plan_need_ = 0;
   std::map<LtKey, LtPlan> plans_;
   bool autotune_ = autotune_from_env();  ///< DQN_GEMM_AUTOTUNE, read once per backend
+  bool tune_split_k_ = tune_split_k_from_env();  ///< DQN_GEMM_TUNE_SPLIT_K, read once per backend
   int update_blocks_ = 0;                ///< the fused update's grid (0: not fused)
   UpdateMode update_mode_ = update_mode_from_env();
   struct SnKey {

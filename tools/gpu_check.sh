@@ -58,7 +58,8 @@ python3 bench/compare.py --dqn $build/tools/dqn --pipeline pipelines/ref.yaml --
 $build/tools/dqn bench pipelines/ref.yaml --batch 256,1024,4096 --precision fp32,bf16 >"$out/bench_prec.txt" 2>&1
 # Switches against the defaults (the same results, other kernels), B 256, one labelled line each:
 # the update as one cooperative kernel (=1) or as four kernels (=split) instead of the four ops;
-# tall-k GEMMs run whole; the fused head kernels off (=0) or both on (=1).
+# tall-k GEMMs run whole; the fused head kernels off (=0) or both on (=1); autotuning also over
+# cuBLASLt's split-k variants.
 : >"$out/bench_switches.txt"
 sw() {  # sw LABEL CONFIG BATCHES ENV...
   local label=$1 cfg=$2 batches=$3; shift 3
@@ -71,6 +72,7 @@ for cfg in c51 all; do
   sw "DQN_FUSED_UPDATE=split" $cfg 256 DQN_FUSED_UPDATE=split
   sw "DQN_FUSED_HEAD=0" $cfg 256 DQN_FUSED_HEAD=0
   sw "DQN_FUSED_HEAD=1" $cfg 256 DQN_FUSED_HEAD=1
+  sw "DQN_GEMM_TUNE_SPLIT_K=1" $cfg 256 DQN_GEMM_TUNE_SPLIT_K=1
 done
 sw "DQN_GEMM_SPLIT_K=0" all 256,4096 DQN_GEMM_SPLIT_K=0
 {

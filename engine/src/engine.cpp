@@ -206,9 +206,10 @@ void Engine::build(const PluginLoader& plugins) {
   std::int64_t trunk_n = 0;
   for (const auto& p : reg_.params())
     if (p.owner == "engine") trunk_n = std::max(trunk_n, p.offset + p.numel());
-  // Per tensor, one more window: "grad/<head>/<parameter>" for the trunk's tensors and for the
-  // head's own, so stages that write different tensors of one gradient row (a layer's weight and
-  // bias gradients, one part of a head and another) can say so and run side by side.
+  // Per tensor, one more window: "grad/<head>/<parameter>" for every parameter (a head's gradient
+  // may reach another head's parameters: CQL's reaches c51's), so stages that write different
+  // tensors of one gradient row (a layer's weight and bias gradients, the input side of a backward
+  // and its weight gradients) can say so and run side by side.
   for (std::size_t h = 0; h < heads_.size(); ++h) {
     const std::string g = "grad/" + head_names_[h];
     reg_.declare_view(g, "grad/all", std::int64_t(h) * P, {P}, "engine");
@@ -216,8 +217,7 @@ void Engine::build(const PluginLoader& plugins) {
     std::int64_t lo = P, hi = 0;
     for (const auto& p : reg_.params()) {
       if (p.owner == head_names_[h]) lo = std::min(lo, p.offset), hi = std::max(hi, p.offset + p.numel());
-      if (p.owner == head_names_[h] || p.owner == "engine")
-        reg_.declare_view(g + "/" + p.name, "grad/all", std::int64_t(h) * P + p.offset, {p.numel()}, "engine");
+      reg_.declare_view(g + "/" + p.name, "grad/all", std::int64_t(h) * P + p.offset, {p.numel()}, "engine");
     }
     if (hi > lo) reg_.declare_view(g + "/params", "grad/all", std::int64_t(h) * P + lo, {hi - lo}, "engine");
   }
@@ -786,6 +786,17 @@ void Engine::set_batch(const HostBatch& b) {
   be.upload_reals(dones_, b.dones.data(), b.B);
   be.upload_reals(weights_, b.is_weights.data(), b.B);
   if (be.status()) throw std::runtime_error(std::string("set_batch: ") + be.message());
+}
+
+std::vector<std::pair<std::string, std::vector<std::string>>> Engine::stage_waits() const {
+  const auto deps = dependencies(stages_, order_, reg_);
+  std::vector<std::pair<std::string, std::vector<std::string>>> out;
+  for (std::size_t k = 0; k < order_.size(); ++k) {
+    std::vector<std::string> names;
+    for (auto j : deps[k]) names.push_back(stages_[order_[j]].name);
+    out.emplace_back(stages_[order_[k]].name, std::move(names));
+  }
+  return out;
 }
 
 std::string Engine::explain() const {

@@ -109,6 +109,9 @@ class Engine {
   std::int64_t graph_nodes() const { return rt_->graph_nodes(); }
   /// Lanes (concurrent streams) the captured step uses; 1 on the CPU.
   int lanes_used() const { return lanes_used_; }
+  /// Per stage (in order) the earlier stages it waits for when stages run side by side (their
+  /// byte ranges overlap, one of the two writing): what the captured graph's edges follow.
+  std::vector<std::pair<std::string, std::vector<std::string>>> stage_waits() const;
   /// Stages the capture had to queue behind a stage they do not depend on (too few lanes).
   int false_dependencies() const { return false_deps_; }
 

@@ -18,7 +18,7 @@ namespace {
 
 using namespace dqn;
 
-enum Tag : std::int32_t { kLoss = 0, kBackward = 1 };
+enum Tag : std::int32_t { kLoss = 0, kBackward = 1, kWeights = 2 };
 
 class CqlHead final : public Head {
  public:
@@ -39,8 +39,15 @@ class CqlHead final : public Head {
           return keep(rc);
       const std::string loss = "loss/" + name_, grad = "grad/" + name_, dtrunk = "dtrunk/" + name_;
       int rc = stage(ctx, kLoss, "loss", {prim("q"), buf::actions}, {loss, own("dq")});
-      rc = rc ? rc : stage(ctx, kBackward, "backward", {own("dq"), prim("logp"), prim("hidden"), buf::h2, "params"},
-                           {own("dlogits"), own("dv"), own("dadv"), own("dhidden"), grad, dtrunk});
+      // backward: the input side, on to the trunk; weights: the gradients of the primary's head
+      // parameters (in this head's row), beside the trunk's backward.
+      rc = rc ? rc : stage(ctx, kBackward, "backward", {own("dq"), prim("logp"), prim("hidden"), "params"},
+                           {own("dlogits"), own("dv"), own("dadv"), own("dhidden"), dtrunk});
+      std::vector<std::string> grads;
+      for (int layer : {0, 1})
+        for (const auto& p : bdq::layer_params("c51", d_, layer)) grads.push_back(grad + "/" + p);
+      rc = rc ? rc : stage(ctx, kWeights, "weights", {own("dv"), own("dadv"), own("dhidden"), prim("hidden"), buf::h2},
+                           grads);
       return keep(rc);
     } catch (const std::exception& e) {
       error_ = e.what();
@@ -85,7 +92,11 @@ class CqlHead final : public Head {
       }
       case kBackward:
         be.expected_q_backward(dlogits_, dq_, logp_, B * d_.D * d_.A, d_.Z, d_.v_min, d_.v_max);
-        bdq::backward(be, d_, online_, grad_, h2_, B, act_, dlogits_, back_, dtrunk_, 0.0f);
+        be.dueling_backward(back_.dv, d_.ldz(), back_.dadv, d_.ldaz(), dlogits_, B, d_.D, d_.A, d_.Z);
+        bdq::backward_inputs(be, d_, online_, B, act_, back_, dtrunk_, 0.0f);
+        break;
+      case kWeights:
+        bdq::backward_weights(be, d_, grad_, h2_, B, act_, back_);
         break;
       default:
         break;

@@ -24,7 +24,7 @@ namespace {
 
 using namespace dqn;
 
-enum Tag : std::int32_t { kForward = 0, kLoss = 1, kBackward = 2 };
+enum Tag : std::int32_t { kForward = 0, kLoss = 1, kBackward = 2, kWeights = 3 };
 
 class EnsembleHead final : public Head {
  public:
@@ -54,8 +54,20 @@ class EnsembleHead final : public Head {
                      {own("hidden"), own("v"), own("adv"), own("logits"), own("logp"), own("q"), own("disagreement")});
       rc = rc ? rc : stage(ctx, kLoss, "loss", {own("logp"), buf::target_m, buf::actions, buf::is_weights},
                            {loss, own("dlogits")});
-      rc = rc ? rc : stage(ctx, kBackward, "backward", {own("dlogits"), own("hidden"), buf::h2, "params"},
-                           {own("dv"), own("dadv"), own("dhidden"), grad, dtrunk});
+      // backward: the input side, on to the trunk (with the hidden layers' bias gradients, which
+      // come with their ReLU mask); weights: every other gradient, beside the trunk's backward.
+      std::vector<std::string> hidden_biases, weights;
+      for (int k = 0; k < K_; ++k)
+        for (int layer : {0, 1})
+          for (const auto& p : bdq::layer_params(prefix(k), d_, layer)) {
+            const bool hidden_bias = layer == 0 && p.size() > 5 && p.compare(p.size() - 5, 5, ".bias") == 0;
+            (hidden_bias ? hidden_biases : weights).push_back(grad + "/" + p);
+          }
+      std::vector<std::string> back_writes{own("dv"), own("dadv"), own("dhidden"), dtrunk};
+      back_writes.insert(back_writes.end(), hidden_biases.begin(), hidden_biases.end());
+      rc = rc ? rc : stage(ctx, kBackward, "backward", {own("dlogits"), own("hidden"), "params"}, back_writes);
+      rc = rc ? rc : stage(ctx, kWeights, "weights", {own("dv"), own("dadv"), own("dhidden"), own("hidden"), buf::h2},
+                           weights);
       return keep(rc);
     } catch (const std::exception& e) {
       error_ = e.what();
@@ -127,7 +139,10 @@ class EnsembleHead final : public Head {
       }
         break;
       case kBackward:
-        backward(be);
+        backward_inputs(be);
+        break;
+      case kWeights:
+        backward_weights(be);
         break;
       default:
         break;
@@ -198,7 +213,9 @@ class EnsembleHead final : public Head {
     be.dueling_dist(dd);
   }
 
-  void backward(Backend& be) const {
+  /// The input side for every member: the dueling gradients, dhidden (ReLU-masked, with the
+  /// hidden layers' bias gradients from the same pass) and ∂L/∂h2 = Σ_k dhidden_k W1_k.
+  void backward_inputs(Backend& be) const {
     const int B = B_, hc = d_.hidden_cols(), az = d_.az(), Hh = d_.Hh, Z = d_.Z, H2 = d_.H2;
     const int LZ = d_.ldz(), laz = d_.ldaz(), dlaz = d_.D * laz;  // padded rows (aligned GEMM kernels)
     const std::int64_t sh = std::int64_t(B) * hc, sv = std::int64_t(B) * LZ, sa = std::int64_t(B) * dlaz;
@@ -206,27 +223,19 @@ class EnsembleHead final : public Head {
     const bdq::Params& gp = members_[0].grad;
     const Real dlogits = members_[0].dlogits;
     be.dueling_backward(back_.dv, LZ, back_.dadv, laz, dlogits, K_ * B, d_.D, d_.A, Z);
-    be.relu_bias_grad(back_.dv, Real{}, gp.bv2, B, Z, LZ, K_, sv, 0, stride_);  // bias gradients, every member
-    for (int d = 0; d < d_.D; ++d)  // the branch biases: one call per branch (every member)
-      be.relu_bias_grad(back_.dadv + std::int64_t(d) * laz, Real{}, gp.bb2 + std::int64_t(d) * az, B, az, dlaz, K_, sa,
-                        0, stride_);
-    // value output layer: dWv2 = dvᵀ hv, dhv = dv Wv2
-    be.gemm(batched(true, false, Z, Hh, B, back_.dv, LZ, sv, all_.hidden, hc, sh, gp.wv2, Hh, stride_));
+    // value output layer: dhv = dv Wv2
     Gemm g = batched(false, false, B, Hh, Z, back_.dv, LZ, sv, p.wv2, Hh, stride_, back_.dhidden, hc, sh);
     g.weight_operand = 2;
     be.gemm(g);
     // branch output layers, one member-batched GEMM per branch
     for (int d = 0; d < d_.D; ++d) {
       const std::int64_t wo = std::int64_t(d) * az * Hh, co = std::int64_t(d) * laz, ho = Hh + std::int64_t(d) * Hh;
-      be.gemm(batched(true, false, az, Hh, B, back_.dadv + co, dlaz, sa, all_.hidden + ho, hc, sh, gp.wb2 + wo, Hh,
-                      stride_));
       g = batched(false, false, B, Hh, az, back_.dadv + co, dlaz, sa, p.wb2 + wo, Hh, stride_, back_.dhidden + ho, hc, sh);
       g.weight_operand = 2;
       be.gemm(g);
     }
-    // hidden layers
+    // hidden layers: the mask and the bias gradients in one pass
     be.relu_bias_grad(back_.dhidden, all_.hidden, gp.b1, B, hc, hc, K_, sh, sh, stride_);
-    be.gemm(batched(true, false, hc, H2, B, back_.dhidden, hc, sh, h2_, H2, 0, gp.w1, H2, stride_));
     // dtrunk = Σ_k dhidden_k W1_k, members in order (a sum over the batch: no single batched GEMM)
     for (int k = 0; k < K_; ++k) {
       Gemm gh;
@@ -235,6 +244,26 @@ class EnsembleHead final : public Head {
       gh.beta = k == 0 ? 0.0f : 1.0f; gh.c = dtrunk_; gh.ldc = H2; gh.weight_operand = 2;
       be.gemm(gh);
     }
+  }
+
+  /// The weight side for every member (overwriting): the output layers' bias and weight gradients
+  /// from dv and dadv, and W1's from the masked dhidden.
+  void backward_weights(Backend& be) const {
+    const int B = B_, hc = d_.hidden_cols(), az = d_.az(), Hh = d_.Hh, Z = d_.Z, H2 = d_.H2;
+    const int LZ = d_.ldz(), laz = d_.ldaz(), dlaz = d_.D * laz;
+    const std::int64_t sh = std::int64_t(B) * hc, sv = std::int64_t(B) * LZ, sa = std::int64_t(B) * dlaz;
+    const bdq::Params& gp = members_[0].grad;
+    be.relu_bias_grad(back_.dv, Real{}, gp.bv2, B, Z, LZ, K_, sv, 0, stride_);  // bias gradients, every member
+    for (int d = 0; d < d_.D; ++d)  // the branch biases: one call per branch (every member)
+      be.relu_bias_grad(back_.dadv + std::int64_t(d) * laz, Real{}, gp.bb2 + std::int64_t(d) * az, B, az, dlaz, K_, sa,
+                        0, stride_);
+    be.gemm(batched(true, false, Z, Hh, B, back_.dv, LZ, sv, all_.hidden, hc, sh, gp.wv2, Hh, stride_));  // dWv2 = dvᵀ hv
+    for (int d = 0; d < d_.D; ++d) {  // dWb2_d = dadv_dᵀ hb_d
+      const std::int64_t wo = std::int64_t(d) * az * Hh, co = std::int64_t(d) * laz, ho = Hh + std::int64_t(d) * Hh;
+      be.gemm(batched(true, false, az, Hh, B, back_.dadv + co, dlaz, sa, all_.hidden + ho, hc, sh, gp.wb2 + wo, Hh,
+                      stride_));
+    }
+    be.gemm(batched(true, false, hc, H2, B, back_.dhidden, hc, sh, h2_, H2, 0, gp.w1, H2, stride_));  // dW1
   }
 
   std::string own(const char* n) const { return name_ + "/" + n; }

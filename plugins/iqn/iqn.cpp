@@ -19,7 +19,7 @@ namespace {
 
 using namespace dqn;
 
-enum Tag : std::int32_t { kForward = 0, kTarget = 1, kLoss = 2, kBackward = 3 };
+enum Tag : std::int32_t { kForward = 0, kTarget = 1, kLoss = 2, kBackward = 3, kWeights = 4 };
 
 constexpr std::uint32_t kTauStream = 0x7A00u;        ///< τ  [B,N]
 constexpr std::uint32_t kTauTargetStream = 0x7A01u;  ///< τ' [B,N']
@@ -83,9 +83,17 @@ class IqnHead final : public Head {
                            {own("q"), own("target.q"), own("tau"), buf::actions, buf::a_star, buf::rewards,
                             buf::dones, buf::is_weights},
                            {loss, own("dq")});
-      rc = rc ? rc : stage(ctx, kBackward, "backward",
-                           {own("dq"), own("hq"), own("x"), own("phi"), own("cos"), buf::h2, "params"},
-                           {own("dhq"), own("dx"), own("ones"), grad, dtrunk});
+      // backward: the input side, on to the trunk (∂L/∂h2); weights: the layers' gradients, from
+      // the masked gradients the input side leaves, beside the trunk's backward.
+      rc = rc ? rc : stage(ctx, kBackward, "backward", {own("dq"), own("hq"), own("phi"), buf::h2, "params"},
+                           {own("dhq"), own("dx"), dtrunk});
+      std::vector<std::string> grads;
+      for (const char* p : {"iqn.embed.weight", "iqn.embed.bias", "iqn.0.weight", "iqn.0.bias", "iqn.1.weight",
+                            "iqn.1.bias"})
+        grads.push_back(grad + "/" + p);
+      grads.push_back(own("ones"));
+      rc = rc ? rc : stage(ctx, kWeights, "weights", {own("dq"), own("hq"), own("dhq"), own("x"), own("dx"), own("cos")},
+                           grads);
       return keep(rc);
     } catch (const std::exception& e) {
       error_ = e.what();
@@ -153,7 +161,10 @@ class IqnHead final : public Head {
         break;
       }
       case kBackward:
-        backward(be);
+        backward_inputs(be);
+        break;
+      case kWeights:
+        backward_weights(be);
         break;
       default:
         break;
@@ -212,17 +223,24 @@ class IqnHead final : public Head {
     be.gemm(g);
   }
 
-  void backward(Backend& be) const {
+  /// The input side: dhq (ReLU-masked), dx → dφ (masked) and ∂L/∂h2 into dtrunk.
+  void backward_inputs(Backend& be) const {
     const int rows = B_ * c_.N;
-    be.fill(ones_, 1.0f, rows);
-    weight_grad(be, dq_, DA_, pass_.hq, Hh_, rows, grad_.w2, grad_.b2, ldq());
     input_grad(be, dq_, DA_, online_.w2, Hh_, rows, dhq_, ldq());
     be.relu_backward(dhq_, pass_.hq, rows, Hh_, Hh_);
-    weight_grad(be, dhq_, Hh_, pass_.x, H2_, rows, grad_.w1, grad_.b1);
     input_grad(be, dhq_, Hh_, online_.w1, H2_, rows, dx_);
     // dx → dφ in place, and ∂L/∂h2 summed over the N samples of each row.
     be.hadamard_backward(dx_, dtrunk_, dx_, h2_, pass_.phi, B_, c_.N, H2_);
     be.relu_backward(dx_, pass_.phi, rows, H2_, H2_);
+  }
+
+  /// The weight side: every layer's weight and bias gradient (overwriting), from dq and the masked
+  /// dhq and dφ of backward_inputs.
+  void backward_weights(Backend& be) const {
+    const int rows = B_ * c_.N;
+    be.fill(ones_, 1.0f, rows);
+    weight_grad(be, dq_, DA_, pass_.hq, Hh_, rows, grad_.w2, grad_.b2, ldq());
+    weight_grad(be, dhq_, Hh_, pass_.x, H2_, rows, grad_.w1, grad_.b1);
     weight_grad(be, dx_, H2_, pass_.cos, c_.E, rows, grad_.we, grad_.be);
   }
 

@@ -372,6 +372,42 @@ TEST_CASE("heads.budget.full") {
   CHECK(r.clips[0] == doctest::Approx(0.75 * G / (r.grad_norms[0] + 1e-6)).epsilon(1e-5));
 }
 
+TEST_CASE("heads.stages.weight_gradients_beside_the_trunk_backward") {
+  // Every head's backward is its input side (∂L/∂h2) and its weight gradients as two stages: the
+  // trunk's backward waits for the input sides only, the update for everything, and no weight
+  // stage waits for the trunk (they run side by side in the captured graph).
+  PipelineSpec spec = parse(tiny_pipeline(std::string(kIqn) + "  - {plugin: ensemble, members: 2}\n  - {plugin: cql}\n"));
+  auto e = make(spec, false);
+  const auto waits = e->stage_waits();
+  auto of = [&](const std::string& stage) {
+    for (const auto& [name, w] : waits)
+      if (name == stage) return w;
+    FAIL("no stage " << stage);
+    return std::vector<std::string>{};
+  };
+  auto has = [](const std::vector<std::string>& v, const std::string& x) {
+    return std::find(v.begin(), v.end(), x) != v.end();
+  };
+  const std::vector<std::string> heads{"c51", "iqn", "ensemble", "cql"};
+  const auto trunk = of("trunk.backward.1");
+  const auto update = of("update");
+  for (const auto& h : heads) {
+    CAPTURE(h);
+    CHECK(has(trunk, h + ".backward"));
+    CHECK_FALSE(has(trunk, h + ".weights"));
+    CHECK(has(update, h + ".weights"));
+    for (const auto& w : of(h + ".weights")) {
+      const bool trunk_backward = w.rfind("trunk.", 0) == 0 && w != "trunk.forward";
+      CHECK_MESSAGE(!trunk_backward, h << ".weights waits for " << w);
+    }
+  }
+  CHECK_FALSE(has(trunk, "c51.weights.out"));
+  CHECK(has(of("trunk.weights.1"), "trunk.backward.1"));
+  CHECK_FALSE(has(of("trunk.backward.0"), "trunk.weights.1"));
+  CHECK(has(update, "trunk.weights.0"));
+  CHECK(has(update, "trunk.weights.1"));
+}
+
 TEST_CASE("heads.nonfinite_in_one_auxiliary_skips_the_step") {
   // NaN iqn output biases poison only the iqn head's loss and gradient: the whole step's updates
   // are skipped, every parameter, moment, t and target unchanged, and the next good step runs.

@@ -252,7 +252,7 @@ void Engine::build(const PluginLoader& plugins) {
 
   // Constants in device memory: lr, budget fractions, the spectral-norm table.
   set_lr(spec_.adam.lr);
-  for (std::size_t h = 0; h < heads_.size(); ++h) set_fraction(h, fractions_[h]);
+  set_fractions(fractions_);
   if (sn_count_ > 0) {
     std::vector<SpectralMatrix> table;
     for (std::size_t i = 0; i < sn_params_.size(); ++i) {
@@ -584,11 +584,36 @@ void Engine::host_write(const std::string& name, std::int64_t index, double valu
 
 void Engine::set_fraction(std::size_t head, double f) {
   if (head >= fractions_.size()) throw std::out_of_range("set_fraction: no head " + std::to_string(head));
-  if (!(f >= 0.0 && f <= 1.0)) throw std::invalid_argument("set_fraction: fraction must be in [0,1], got " + std::to_string(f));
-  fractions_[head] = f;
-  const float v = float(f);
-  rt_->ops().upload_reals(fractions_dev_ + std::int64_t(head), &v, 1);
+  std::vector<double> all = fractions_;
+  all[head] = f;
+  set_fractions(all);
+}
+
+void Engine::set_fractions(const std::vector<double>& f) {
+  if (f.size() != fractions_.size())
+    throw std::invalid_argument("set_fractions: " + std::to_string(f.size()) + " fractions for " +
+                                std::to_string(fractions_.size()) + " heads");
+  double sum = 0.0;
+  for (std::size_t h = 0; h < f.size(); ++h) {
+    if (!(f[h] >= 0.0 && f[h] <= 1.0))
+      throw std::invalid_argument("set_fraction: head " + std::to_string(h) + " (" + head_names_[h] +
+                                  "): a fraction must be in [0,1], got " + std::to_string(f[h]) +
+                                  "; nothing was changed");
+    sum += f[h];
+  }
+  // The budgets share max_grad_norm: the clipped gradients' norms add up to at most Σ f_h · G.
+  if (sum > 1.0 + kFractionSlack) {
+    std::ostringstream text;
+    text << "set_fraction: the fractions would sum to " << sum << " (";
+    for (std::size_t h = 0; h < f.size(); ++h) text << (h ? ", " : "") << head_names_[h] << " " << f[h];
+    text << "), more than 1: lower another head's first (or set them together with set_fractions); nothing "
+            "was changed";
+    throw std::invalid_argument(text.str());
+  }
+  std::vector<float> v(f.begin(), f.end());
+  rt_->ops().upload_reals(fractions_dev_, v.data(), std::int64_t(v.size()));
   if (rt_->ops().status() != 0) throw std::runtime_error(std::string("set_fraction: ") + rt_->ops().message());
+  fractions_ = f;
 }
 
 void Engine::set_lr(double lr) {

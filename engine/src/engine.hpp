@@ -99,8 +99,13 @@ class Engine {
   std::optional<StepReport> latest_report();
 
   /// Budget fractions and learning rate live in device memory: changed here, read by the next
-  /// replay, no re-capture.
+  /// replay, no re-capture. Each fraction lies in [0, 1] and together they sum to at most 1 (the
+  /// budgets share max_grad_norm); a change that breaks either throws std::invalid_argument and
+  /// changes nothing. set_fractions changes every head's at once (moving budget between heads).
   void set_fraction(std::size_t head, double f);
+  void set_fractions(const std::vector<double>& f);
+  /// How far above 1 the fractions' sum may round (0.98 + 0.02 and the like).
+  static constexpr double kFractionSlack = 1e-9;
   void set_lr(double lr);
   const std::vector<double>& fractions() const { return fractions_; }
 

@@ -372,6 +372,43 @@ TEST_CASE("heads.budget.full") {
   CHECK(r.clips[0] == doctest::Approx(0.75 * G / (r.grad_norms[0] + 1e-6)).epsilon(1e-5));
 }
 
+TEST_CASE("heads.budget.fractions_sum_to_at_most_one") {
+  // The budgets share max_grad_norm: a change that makes the fractions sum above 1 is refused,
+  // names the heads and their fractions, and changes nothing (host or device); set_fractions
+  // moves budget between heads in one call.
+  PipelineSpec spec = parse(tiny_pipeline("  - {plugin: cql}\n", "max_grad_norm: 0.001\n"));
+  auto e = make(spec, true);
+  REQUIRE(e->fractions() == std::vector<double>{0.9, 0.1});
+  std::string message;
+  try {
+    e->set_fraction(1, 0.3);
+  } catch (const std::invalid_argument& x) {
+    message = x.what();
+  }
+  INFO(message);
+  CHECK(message.find("sum to 1.2") != std::string::npos);
+  CHECK(message.find("c51 0.9") != std::string::npos);
+  CHECK(message.find("cql 0.3") != std::string::npos);
+  CHECK(message.find("nothing was changed") != std::string::npos);
+  CHECK(e->fractions() == std::vector<double>{0.9, 0.1});
+  e->step();
+  StepReport r = e->read_report();
+  CHECK(r.fractions[1] == doctest::Approx(0.1));  // the device kept the old fraction too
+  CHECK(r.clips[1] == doctest::Approx(std::min(1.0, 0.1 * 0.001 / (r.grad_norms[1] + 1e-6))).epsilon(1e-5));
+  CHECK_THROWS_AS(e->set_fractions({0.9, 0.2}), std::invalid_argument);
+  CHECK_THROWS_AS(e->set_fractions({0.7}), std::invalid_argument);
+  CHECK_THROWS_AS(e->set_fractions({-0.1, 0.2}), std::invalid_argument);
+  e->set_fractions({0.7, 0.3});  // budget moved from c51 to CQL in one call
+  CHECK(e->fractions() == std::vector<double>{0.7, 0.3});
+  e->set_fraction(1, 0.05);  // a smaller share is fine: the sum may stay below 1
+  e->step();
+  r = e->read_report();
+  CHECK(r.fractions[0] == doctest::Approx(0.7));
+  CHECK(r.fractions[1] == doctest::Approx(0.05));
+  CHECK(r.clips[0] == doctest::Approx(std::min(1.0, 0.7 * 0.001 / (r.grad_norms[0] + 1e-6))).epsilon(1e-5));
+  CHECK(r.clips[1] == doctest::Approx(std::min(1.0, 0.05 * 0.001 / (r.grad_norms[1] + 1e-6))).epsilon(1e-5));
+}
+
 TEST_CASE("heads.stages.weight_gradients_beside_the_trunk_backward") {
   // Every head's backward is its input side (∂L/∂h2) and its weight gradients as two stages: the
   // trunk's backward waits for the input sides only, the update for everything, and no weight

@@ -166,6 +166,8 @@ TEST_CASE("step.budget.fraction_changes_between_steps") {
   CHECK(norm(e->host_buffer("grad/total")) == doctest::Approx(0.25 * 0.001).epsilon(1e-3));
   CHECK_THROWS_AS(e->set_fraction(0, 1.5), std::invalid_argument);
   CHECK_THROWS_AS(e->set_fraction(3, 0.5), std::out_of_range);
+  CHECK_THROWS_AS(e->set_fractions({0.5, 0.5}), std::invalid_argument);  // one head
+  CHECK(e->fractions() == std::vector<double>{0.25});
 }
 
 TEST_CASE("step.nonfinite_gradient_skips_every_update") {

@@ -13,6 +13,16 @@ export PATH=/usr/local/cuda/bin:$PATH
 build=build-gpu
 summary="$out/summary.txt"; : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }
+# Everything in one archive beside the summary and the comparisons (a lent machine returns only a
+# few files, the first in name order). The archive is written outside $out first: tar reading the
+# folder it writes into complains ("file changed as we read it") and exits non-zero.
+pack() {
+  local tgz
+  tgz=$(mktemp /tmp/gpu_check_logs.XXXXXX)
+  tar -czf "$tgz" -C "$out" . 2>/dev/null; mv "$tgz" "$out/logs.tgz"
+  [ -s "$out/logs.tgz" ] &&
+    find "$out" -maxdepth 1 -type f ! -name logs.tgz ! -name summary.txt ! -name 'compare_*.json' -delete
+}
 t0=$(date +%s)
 if [ ! -f $build/build.ninja ]; then
   meson setup $build -Dcuda=enabled --buildtype=release >"$out/setup.log" 2>&1 || { tail -40 "$out/setup.log"; exit 1; }
@@ -33,7 +43,7 @@ if [ "$mode" != bench ]; then
     --expect trunk.0.weight,target.trunk.0.weight,adam.m.trunk.0.weight,adam.v.trunk.0.weight,adam.step,c51.branch.2.1.weight,loss.c51,grad_norm.c51,clip.c51,loss.total,td_error,skipped_steps \
     >"$out/st_check.log" 2>&1; note "cuda dqn step + st_check rc=$?"
 fi
-if [ "$mode" = quick ]; then exit 0; fi
+if [ "$mode" = quick ]; then pack; exit 0; fi
 
 all="heads.1.enabled=true heads.2.enabled=true heads.3.enabled=true"
 if [ "$mode" = fast ]; then
@@ -47,6 +57,7 @@ if [ "$mode" = fast ]; then
     --iters 2 --repeats 1 >"$out/ncu_c51.csv" 2>"$out/ncu_c51.err"
   python3 tools/ncu_summary.py "$out/ncu_c51.csv" 2>&1 | cut -c1-110 | tee -a "$summary"
   note "total: $(( $(date +%s) - t0 )) s"
+  pack
   exit 0
 fi
 # The engine and the PyTorch peer in one invocation each (ratio = peer / engine).
@@ -83,7 +94,7 @@ sw "DQN_GEMM_SPLIT_K=0" all 256,4096 DQN_GEMM_SPLIT_K=0
   cat "$out/bench_switches.txt"
 } | tee -a "$summary"
 grep -o '"device": "[^"]*"' "$out/compare_c51.json" | head -1 | tee -a "$summary"
-[ "$mode" = bench ] && exit 0
+if [ "$mode" = bench ]; then pack; exit 0; fi
 
 # compute-sanitizer (time-boxed): the fused update and head ops, and whole steps with all four heads. The
 # zero-sync test is left out: it subscribes to CUPTI, which the sanitizer holds.
@@ -97,11 +108,4 @@ for tool in ${SANITIZE_STEP:-memcheck initcheck}; do
   note "$tool gpu.step (aux fractions with four heads, replay, NaN skip): rc=$?"
 done
 note "total: $(( $(date +%s) - t0 )) s"
-# Everything in one archive beside the summary and the two comparisons (a lent machine returns
-# only a few files, the first in name order).
-# The archive is written outside $out first: tar reading the folder it writes into complains
-# ("file changed as we read it") and exits non-zero.
-tgz=$(mktemp /tmp/gpu_check_logs.XXXXXX)
-tar -czf "$tgz" -C "$out" . 2>/dev/null; mv "$tgz" "$out/logs.tgz"
-[ -s "$out/logs.tgz" ] &&
-  find "$out" -maxdepth 1 -type f ! -name logs.tgz ! -name summary.txt ! -name 'compare_*.json' -delete
+pack

@@ -830,7 +830,8 @@ std::string Engine::explain() const {
   os << "heads:";
   for (std::size_t h = 0; h < heads_.size(); ++h)
     os << "  " << head_names_[h] << " (" << heads_[h].plugin().descriptor->name << ", budget " << fractions_[h] << ")";
-  os << "\nstages in order (" << order_.size() << "):\n" << dqn::explain(stages_, order_);
+  const auto deps = dependencies(stages_, order_, reg_);
+  os << "\nstages in order (" << order_.size() << "):\n" << dqn::explain(stages_, order_, &deps);
   os << "registry:\n" << reg_.layout_text();
   if (captured_) {
     os << "captured: 1 graph, " << rt_->graph_nodes() << " nodes over " << lanes_used_ << " lane(s), "

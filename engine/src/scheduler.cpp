@@ -208,19 +208,24 @@ LanePlan plan_lanes(const std::vector<std::vector<std::size_t>>& deps, int lanes
   return p;
 }
 
-std::string explain(const std::vector<Stage>& stages, const std::vector<std::size_t>& order) {
+std::string explain(const std::vector<Stage>& stages, const std::vector<std::size_t>& order,
+                    const std::vector<std::vector<std::size_t>>* deps) {
   std::ostringstream os;
   auto join = [](const std::vector<std::string>& v) {
     std::string s;
     for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
     return s.empty() ? std::string("-") : s;
   };
-  int k = 1;
-  for (auto i : order) {
-    const auto& s = stages[i];
-    os << "  " << k++ << ". " << s.name << "  <" << s.owner << ">\n"
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    const auto& s = stages[order[k]];
+    os << "  " << k + 1 << ". " << s.name << "  <" << s.owner << ">\n"
        << "       reads:  " << join(s.reads) << "\n"
        << "       writes: " << join(s.writes) << "\n";
+    if (deps && k < deps->size()) {
+      std::vector<std::string> names;
+      for (auto j : (*deps)[k]) names.push_back(stages[order[j]].name);
+      os << "       waits:  " << join(names) << "\n";
+    }
   }
   return os.str();
 }

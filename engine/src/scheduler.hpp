@@ -51,7 +51,9 @@ struct LanePlan {
 /// in false_deps).
 LanePlan plan_lanes(const std::vector<std::vector<std::size_t>>& deps, int lanes);
 
-/// One line per stage in order: "  3. c51.loss  <c51>  reads: …  writes: …".
-std::string explain(const std::vector<Stage>& stages, const std::vector<std::size_t>& order);
+/// One line per stage in order: "  3. c51.loss  <c51>  reads: …  writes: …"; with deps (as
+/// dependencies() gives them), also the stages each one waits for ("waits:  …").
+std::string explain(const std::vector<Stage>& stages, const std::vector<std::size_t>& order,
+                    const std::vector<std::vector<std::size_t>>* deps = nullptr);
 
 }  // namespace dqn

@@ -396,7 +396,7 @@ TEST_CASE("cli.step.explain") {
   std::string line;
   std::getline(in, line);
   while (std::getline(in, line) && line.rfind("  ", 0) == 0) {
-    if (has(line, "reads:") || has(line, "writes:")) continue;
+    if (has(line, "reads:") || has(line, "writes:") || has(line, "waits:")) continue;
     const auto dot = line.find(". ");
     REQUIRE(dot != std::string::npos);
     CHECK(std::stoi(line.substr(0, dot)) == int(order.size()) + 1);  // numbered from 1
@@ -421,6 +421,10 @@ TEST_CASE("cli.step.explain") {
   CHECK(order.size() == 13);
   for (const auto& [a, b] : before) CHECK_MESSAGE(pos(a) < pos(b), a << " before " << b);
   CHECK(has(r.out, "stages in order (13):"));
+  // Each stage names what it waits for when stages run side by side: the loss both chains.
+  CHECK(has(r.out, "c51.loss  <c51>"));
+  CHECK(has(r.out, "       waits:  c51.forward, c51.target\n"));
+  CHECK(has(r.out, "       waits:  -\n"));  // the two trunk forwards wait for nothing
   CHECK(has(r.out, "registry:\narena: "));
   CHECK(has(r.out, "c51.loss  <c51>"));
   // With spectral norm the update stage reads the matrix table and writes every power-iteration

@@ -261,4 +261,10 @@ TEST_CASE("scheduler.explain") {
       "       writes: -\n";
   CHECK(text == expected);
   CHECK(explain(stages, {}) == "");
+  // With dependencies, a "waits:" line per stage names them.
+  const std::vector<std::vector<std::size_t>> deps{{}, {0}, {1}};
+  const std::string with = explain(stages, order, &deps);
+  CHECK(with.find("       writes: a\n       waits:  -\n") != std::string::npos);
+  CHECK(with.find("       writes: b, c\n       waits:  first\n") != std::string::npos);
+  CHECK(with.find("       writes: -\n       waits:  second\n") != std::string::npos);
 }

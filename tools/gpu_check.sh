@@ -42,6 +42,12 @@ if [ "$mode" != bench ]; then
     >"$out/step.log" 2>&1 && python3 tools/st_check.py /tmp/o.safetensors \
     --expect trunk.0.weight,target.trunk.0.weight,adam.m.trunk.0.weight,adam.v.trunk.0.weight,adam.step,c51.branch.2.1.weight,loss.c51,grad_norm.c51,clip.c51,loss.total,td_error,skipped_steps \
     >"$out/st_check.log" 2>&1; note "cuda dqn step + st_check rc=$?"
+  # The captured graphs: nodes, lanes, and stages queued behind one they do not need (want 0).
+  for extra in "" "heads.1.enabled=true heads.2.enabled=true heads.3.enabled=true"; do
+    # shellcheck disable=SC2086
+    $build/tools/dqn step pipelines/ref.yaml $extra --backend cuda --random-batch 1 --steps 1 --out /tmp/explain.st \
+      --explain 2>&1 | grep -o '^captured: [^:]*' | tee -a "$summary"
+  done
 fi
 if [ "$mode" = quick ]; then pack; exit 0; fi
 

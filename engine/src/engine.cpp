@@ -200,26 +200,16 @@ void Engine::build(const PluginLoader& plugins) {
   reg_.declare("adam.v", DType::real, {P}, BufferKind::optimizer, "engine");
   reg_.declare("grad/all", DType::real, {H, P}, BufferKind::gradient, "engine");
   reg_.declare("grad/total", DType::real, {P}, BufferKind::gradient, "engine");
-  // Per head: its whole gradient, and two windows of it that stages write side by side — the
-  // trunk's part (written by trunk.backward) and the part of the parameters the head declared
-  // itself (written by its own backward stages).
-  std::int64_t trunk_n = 0;
-  for (const auto& p : reg_.params())
-    if (p.owner == "engine") trunk_n = std::max(trunk_n, p.offset + p.numel());
-  // Per tensor, one more window: "grad/<head>/<parameter>" for every parameter (a head's gradient
-  // may reach another head's parameters: CQL's reaches c51's), so stages that write different
-  // tensors of one gradient row (a layer's weight and bias gradients, the input side of a backward
-  // and its weight gradients) can say so and run side by side.
+  // Per head: its whole gradient row "grad/<head>", and a window of it per parameter,
+  // "grad/<head>/<parameter>", for every parameter (a head's gradient may reach another head's
+  // parameters: CQL's reaches c51's), so stages that write different tensors of one row (a layer's
+  // weight and bias gradients, the input side of a backward and its weight gradients) can say so
+  // and run side by side.
   for (std::size_t h = 0; h < heads_.size(); ++h) {
     const std::string g = "grad/" + head_names_[h];
     reg_.declare_view(g, "grad/all", std::int64_t(h) * P, {P}, "engine");
-    reg_.declare_view(g + "/trunk", "grad/all", std::int64_t(h) * P, {trunk_n}, "engine");
-    std::int64_t lo = P, hi = 0;
-    for (const auto& p : reg_.params()) {
-      if (p.owner == head_names_[h]) lo = std::min(lo, p.offset), hi = std::max(hi, p.offset + p.numel());
+    for (const auto& p : reg_.params())
       reg_.declare_view(g + "/" + p.name, "grad/all", std::int64_t(h) * P + p.offset, {p.numel()}, "engine");
-    }
-    if (hi > lo) reg_.declare_view(g + "/params", "grad/all", std::int64_t(h) * P + lo, {hi - lo}, "engine");
   }
   if (spec_.spectral_norm.enabled) {
     for (const auto& p : reg_.params()) {
@@ -360,10 +350,10 @@ void Engine::add_engine_stages_front() {
 
 void Engine::add_engine_stages_back() {
   const int L = net_.trunk_layers;
-  std::vector<std::string> acts, dz;
+  std::vector<std::string> acts, dz;  // per layer its activation and its gradient (masked in place)
   for (int i = 0; i < L; ++i) {
     acts.push_back(i == L - 1 ? std::string(buf::h2) : "trunk/a" + std::to_string(i));
-    dz.push_back("trunk/dz" + std::to_string(i));
+    dz.push_back(i == L - 1 ? std::string("dtrunk/all") : "trunk/dz" + std::to_string(i));
   }
   // One trunk backward for every head: the heads' ∂L/∂h2 stacked [H·B, H2], ReLU masks and bias
   // gradients in one pass per layer, dW as one GEMM batched over heads, d(input) as one GEMM over
@@ -372,8 +362,8 @@ void Engine::add_engine_stages_back() {
   // gradient and so runs beside the layers below.
   for (int i = L - 1; i >= 0; --i) {
     const std::string li = std::to_string(i);
-    const std::string dz_i = i == L - 1 ? std::string("dtrunk/all") : dz[std::size_t(i)];
-    std::vector<std::string> reads{acts[std::size_t(i)], dz_i}, writes{dz_i};  // masked in place
+    const std::string& dz_i = dz[std::size_t(i)];
+    std::vector<std::string> reads{acts[std::size_t(i)], dz_i}, writes{dz_i};
     if (i > 0) {
       reads.push_back("params");
       writes.push_back(dz[std::size_t(i - 1)]);

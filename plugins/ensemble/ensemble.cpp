@@ -257,7 +257,8 @@ class EnsembleHead final : public Head {
     for (int d = 0; d < d_.D; ++d)  // the branch biases: one call per branch (every member)
       be.relu_bias_grad(back_.dadv + std::int64_t(d) * laz, Real{}, gp.bb2 + std::int64_t(d) * az, B, az, dlaz, K_, sa,
                         0, stride_);
-    be.gemm(batched(true, false, Z, Hh, B, back_.dv, LZ, sv, all_.hidden, hc, sh, gp.wv2, Hh, stride_));  // dWv2 = dvᵀ hv
+    // dWv2 = dvᵀ hv
+    be.gemm(batched(true, false, Z, Hh, B, back_.dv, LZ, sv, all_.hidden, hc, sh, gp.wv2, Hh, stride_));
     for (int d = 0; d < d_.D; ++d) {  // dWb2_d = dadv_dᵀ hb_d
       const std::int64_t wo = std::int64_t(d) * az * Hh, co = std::int64_t(d) * laz, ho = Hh + std::int64_t(d) * Hh;
       be.gemm(batched(true, false, az, Hh, B, back_.dadv + co, dlaz, sa, all_.hidden + ho, hc, sh, gp.wb2 + wo, Hh,

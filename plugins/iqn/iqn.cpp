@@ -92,8 +92,8 @@ class IqnHead final : public Head {
                             "iqn.1.bias"})
         grads.push_back(grad + "/" + p);
       grads.push_back(own("ones"));
-      rc = rc ? rc : stage(ctx, kWeights, "weights", {own("dq"), own("hq"), own("dhq"), own("x"), own("dx"), own("cos")},
-                           grads);
+      rc = rc ? rc : stage(ctx, kWeights, "weights",
+                           {own("dq"), own("hq"), own("dhq"), own("x"), own("dx"), own("cos")}, grads);
       return keep(rc);
     } catch (const std::exception& e) {
       error_ = e.what();

@@ -1138,7 +1138,6 @@ __global__ void __launch_bounds__(kThreads) update_adam_kernel(Update u, const d
   }
 }
 
-
 /// Whether a cooperative kernel launched into a captured graph runs here.
 __global__ void coop_probe_kernel(int* flag) {
   cooperative_groups::this_grid().sync();

@@ -288,9 +288,7 @@ void Engine::capture_stages() {
     stages_[order_[k]].run(rt_->ops());
     rt_->stage_done(int(k));
   }
-  lanes_used_ = plan.used;
-  false_deps_ = plan.false_deps;
-  stage_lanes_ = plan.lane;
+  lanes_ = plan;
 }
 
 void Engine::declare_engine_buffers() {
@@ -824,10 +822,10 @@ std::string Engine::explain() const {
   os << "\nstages in order (" << order_.size() << "):\n" << dqn::explain(stages_, order_, &deps);
   os << "registry:\n" << reg_.layout_text();
   if (captured_) {
-    os << "captured: 1 graph, " << rt_->graph_nodes() << " nodes over " << lanes_used_ << " lane(s), "
-       << false_deps_ << " stage(s) queued behind one they do not need:";
-    for (std::size_t k = 0; k < order_.size() && k < stage_lanes_.size(); ++k)
-      os << (k ? ", " : " ") << stages_[order_[k]].name << "@" << stage_lanes_[k];
+    os << "captured: 1 graph, " << rt_->graph_nodes() << " nodes over " << lanes_used() << " lane(s), "
+       << lanes_.false_deps << " stage(s) queued behind one they do not need:";
+    for (std::size_t k = 0; k < order_.size() && k < lanes_.lane.size(); ++k)
+      os << (k ? ", " : " ") << stages_[order_[k]].name << "@" << lanes_.lane[k];
     os << "\n";
   }
   return os.str();

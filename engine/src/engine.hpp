@@ -4,6 +4,7 @@
  */
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -113,12 +114,12 @@ class Engine {
   std::int64_t captures() const { return captures_; }
   std::int64_t graph_nodes() const { return rt_->graph_nodes(); }
   /// Lanes (concurrent streams) the captured step uses; 1 on the CPU.
-  int lanes_used() const { return lanes_used_; }
+  int lanes_used() const { return std::max(1, lanes_.used); }
   /// Per stage (in order) the earlier stages it waits for when stages run side by side (their
   /// byte ranges overlap, one of the two writing): what the captured graph's edges follow.
   std::vector<std::pair<std::string, std::vector<std::string>>> stage_waits() const;
   /// Stages the capture had to queue behind a stage they do not depend on (too few lanes).
-  int false_dependencies() const { return false_deps_; }
+  int false_dependencies() const { return lanes_.false_deps; }
 
   /// The stage order and the registry layout (`dqn step --explain`).
   std::string explain() const;
@@ -176,9 +177,7 @@ class Engine {
 
   std::int64_t steps_ = 0, captures_ = 0;
   bool captured_ = false;
-  int lanes_used_ = 1;            ///< lanes the captured step spreads over
-  int false_deps_ = 0;            ///< stages the capture queued behind one they do not need
-  std::vector<int> stage_lanes_;  ///< lane of each stage, by position in order_ (after capture)
+  LanePlan lanes_;  ///< where the captured step's stages run (empty: not captured)
 };
 
 }  // namespace dqn

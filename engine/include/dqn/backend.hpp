@@ -398,18 +398,18 @@ class Backend {
     gv.a = a.hidden; gv.lda = hc; gv.b = a.wv2; gv.ldb = a.Hh; gv.c = a.v; gv.ldc = a.ldv; gv.weight_operand = 2;
     gv.bias = a.bv2;
     gemm(gv);
-    const int lda = ld_or(a.ldadv, a.A * a.Z);
+    const int ladv = ld_or(a.ldadv, a.A * a.Z);
     Gemm gb;  // adv_d = hidden_d · Wb2_dᵀ + bb2_d, all branches in one batched GEMM
     gb.tb = true; gb.m = a.rows; gb.n = az; gb.k = a.Hh;
     gb.a = a.hidden + a.Hh; gb.lda = hc; gb.stride_a = a.Hh;
     gb.b = a.wb2; gb.ldb = a.Hh; gb.stride_b = std::int64_t(az) * a.Hh;
-    gb.c = a.adv; gb.ldc = a.D * lda; gb.stride_c = lda;
+    gb.c = a.adv; gb.ldc = a.D * ladv; gb.stride_c = ladv;
     gb.batch = a.D; gb.weight_operand = 2;
     gb.bias = a.bb2; gb.stride_bias = az;  // the D branch biases are contiguous
     gemm(gb);
     if (!a.logp) return;
     DuelingDist dd;
-    dd.logp = a.logp; dd.q = a.q; dd.v = a.v; dd.ldv = a.ldv; dd.adv = a.adv; dd.ldadv = lda;
+    dd.logp = a.logp; dd.q = a.q; dd.v = a.v; dd.ldv = a.ldv; dd.adv = a.adv; dd.ldadv = ladv;
     dd.a_star = a.a_star; dd.star_from = a.star_from;
     dd.rows = a.rows; dd.D = a.D; dd.A = a.A; dd.Z = a.Z; dd.v_min = a.v_min; dd.v_max = a.v_max;
     dueling_dist(dd);

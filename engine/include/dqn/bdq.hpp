@@ -183,19 +183,4 @@ inline void backward_weights(Backend& be, const Dims& d, const Params& grad, Rea
   backward_weights_out(be, d, grad, B, a, s);
 }
 
-/// Backward from the dueling gradients: backward_inputs then backward_weights.
-inline void backward_from_dueling(Backend& be, const Dims& d, const Params& p, const Params& grad, Real h2,
-                                  int B, const Acts& a, const BackScratch& s, Real dh2, float beta_dh2) {
-  backward_inputs(be, d, p, B, a, s, dh2, beta_dh2);
-  backward_weights(be, d, grad, h2, B, a, s);
-}
-
-/// Backward from dlogits [B, D, A, Z] (through the dueling combine first); see
-/// backward_from_dueling.
-inline void backward(Backend& be, const Dims& d, const Params& p, const Params& grad, Real h2, int B,
-                     const Acts& a, Real dlogits, const BackScratch& s, Real dh2, float beta_dh2) {
-  be.dueling_backward(s.dv, d.ldz(), s.dadv, d.ldaz(), dlogits, B, d.D, d.A, d.Z);
-  backward_from_dueling(be, d, p, grad, h2, B, a, s, dh2, beta_dh2);
-}
-
 }  // namespace dqn::bdq

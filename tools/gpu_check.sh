@@ -4,10 +4,11 @@
 # compute-sanitizer on the update, head and loss ops and on whole steps. Logs and JSON go to
 # ${OUT:-out}/; a short summary is printed last.
 # Usage: tools/gpu_check.sh [quick|bench|fast]   quick: build, tests, step; bench: build and benchmarks
-# only; fast: build, tests, step, then the two comparisons at B 256 and ncu's per-kernel times of
-# the C51 step (for iterating on kernels: about half the device time of a full run)
+# only; fast: build, tests, step, then the two comparisons at B 256 and the replayed steps' kernel
+# timelines (dqn-trace) (for iterating on kernels: about half the device time of a full run)
 set -uo pipefail
 mode=${1:-all}
+all="heads.1.enabled=true heads.2.enabled=true heads.3.enabled=true"
 out=${OUT:-out}; mkdir -p "$out"
 export PATH=/usr/local/cuda/bin:$PATH
 build=build-gpu
@@ -22,6 +23,14 @@ pack() {
   tar -czf "$tgz" -C "$out" . 2>/dev/null; mv "$tgz" "$out/logs.tgz"
   [ -s "$out/logs.tgz" ] &&
     find "$out" -maxdepth 1 -type f ! -name logs.tgz ! -name summary.txt ! -name 'compare_*.json' -delete
+}
+# The replayed step's kernel timeline (tools/trace): C51 into the summary, all four heads into a file.
+trace() {
+  $build/tools/dqn-trace pipelines/ref.yaml --batch 256 --precision tf32 >"$out/trace_c51.txt" 2>&1
+  cat "$out/trace_c51.txt" >>"$summary"; head -3 "$out/trace_c51.txt"
+  # shellcheck disable=SC2086
+  $build/tools/dqn-trace pipelines/ref.yaml $all --batch 256 --precision tf32 >"$out/trace_full.txt" 2>&1
+  head -3 "$out/trace_full.txt" | tee -a "$summary"
 }
 t0=$(date +%s)
 if [ ! -f $build/build.ninja ]; then
@@ -51,17 +60,13 @@ if [ "$mode" != bench ]; then
 fi
 if [ "$mode" = quick ]; then pack; exit 0; fi
 
-all="heads.1.enabled=true heads.2.enabled=true heads.3.enabled=true"
 if [ "$mode" = fast ]; then
   for cfg in c51 full; do
     extra=""; [ $cfg = full ] && extra="--heads c51,iqn,ensemble,cql $(for s in $all; do printf -- '--set %s ' "$s"; done)"
     python3 bench/compare.py --dqn $build/tools/dqn --pipeline pipelines/ref.yaml --batch 256 --precision tf32 $extra \
       --json-out "$out/compare_$cfg.json" 2>"$out/compare_$cfg.err" | tee -a "$summary" || tail -5 "$out/compare_$cfg.err"
   done
-  timeout 120 ncu --clock-control none --cache-control none --graph-profiling node --metrics gpu__time_duration.sum \
-    --csv --print-units base $build/tools/dqn bench pipelines/ref.yaml --batch 256 --precision tf32 --warmup 1 \
-    --iters 2 --repeats 1 >"$out/ncu_c51.csv" 2>"$out/ncu_c51.err"
-  python3 tools/ncu_summary.py "$out/ncu_c51.csv" 2>&1 | cut -c1-110 | tee -a "$summary"
+  trace
   note "total: $(( $(date +%s) - t0 )) s"
   pack
   exit 0

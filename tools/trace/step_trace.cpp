@@ -1,0 +1,180 @@
+// dqn-trace: where a captured step's time goes. Replays the step with CUPTI's concurrent-kernel
+// activity records on and prints, per graph node, the median start, duration and end relative
+// to the step's first kernel, the stage that most likely held it back (the node that ended last
+// before it started) and the time the whole GPU sat idle inside the step. ncu times kernels one
+// at a time with cold caches; this times them where they run, side by side, in the replay.
+// Usage: dqn-trace PIPELINE [key=value ...] [--batch N] [--precision P] [--steps N]
+#include <cupti.h>
+#include <cxxabi.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine.hpp"
+#include "pipeline_parse.hpp"
+#include "plugin_loader.hpp"
+
+namespace {
+
+struct Rec {
+  std::uint64_t start, end, node;
+  std::string name;
+};
+std::vector<Rec> g_recs;
+
+constexpr std::size_t kBufBytes = 8u << 20;
+
+void CUPTIAPI buffer_requested(uint8_t** buf, size_t* size, size_t* max_records) {
+  *buf = static_cast<uint8_t*>(std::aligned_alloc(8, kBufBytes));
+  *size = kBufBytes;
+  *max_records = 0;
+}
+
+std::string short_name(const char* mangled) {
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> d(abi::__cxa_demangle(mangled, nullptr, nullptr, &status), std::free);
+  std::string s = status == 0 && d ? d.get() : mangled;
+  // "void ns::kernel<...>(args)" -> "kernel<...>", then cut long template lists.
+  if (auto p = s.find('('); p != std::string::npos) s.resize(p);
+  if (s.rfind("void ", 0) == 0) s.erase(0, 5);
+  if (auto p = s.find("::"); p != std::string::npos && s.find('<') > p) s.erase(0, s.rfind("::", s.find('<')) + 2);
+  if (s.size() > 60) s.resize(60);
+  return s;
+}
+
+void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buf, size_t, size_t valid) {
+  CUpti_Activity* r = nullptr;
+  while (cuptiActivityGetNextRecord(buf, valid, &r) == CUPTI_SUCCESS) {
+    if (r->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
+    const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(r);
+    g_recs.push_back({k->start, k->end, k->graphNodeId, short_name(k->name)});
+  }
+  std::free(buf);
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+#define CUPTI_OK(x)                                                          \
+  do {                                                                       \
+    if (CUptiResult r_ = (x); r_ != CUPTI_SUCCESS) {                         \
+      const char* s_ = nullptr;                                              \
+      cuptiGetResultString(r_, &s_);                                         \
+      std::fprintf(stderr, "dqn-trace: %s: %s\n", #x, s_ ? s_ : "CUPTI error"); \
+      return 1;                                                              \
+    }                                                                        \
+  } while (0)
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dqn-trace — per-node timeline of the captured step (CUPTI activity records)"};
+  std::string pipeline, plugin_path;
+  std::vector<std::string> overrides;
+  int batch = 0, steps = 200, warmup = 200;
+  std::string precision;
+  app.add_option("pipeline", pipeline, "pipeline file")->required();
+  app.add_option("overrides", overrides, "key.path=value overrides");
+  app.add_option("--plugin-path", plugin_path, "plugin directories (colon-separated)");
+  app.add_option("--batch", batch, "batch size (default: the pipeline's)");
+  app.add_option("--precision", precision, "fp32, tf32 or bf16 (default: the pipeline's)");
+  app.add_option("--steps", steps, "traced replays")->check(CLI::Range(3, 100000));
+  app.add_option("--warmup", warmup, "replays before tracing")->check(CLI::Range(0, 100000));
+  CLI11_PARSE(app, argc, argv);
+
+  using namespace dqn;
+  PluginLoader loader(PluginLoader::search_path_from(plugin_path));
+  ParseOptions opt;
+  opt.overrides = overrides;
+  opt.overrides.push_back("backend=cuda");
+  opt.overrides.push_back("report_every=1000000000");
+  if (batch > 0) opt.overrides.push_back("batch=" + std::to_string(batch));
+  if (!precision.empty()) opt.overrides.push_back("precision=" + precision);
+  opt.plugins = &loader;
+  PipelineSpec spec;
+  try {
+    spec = load_pipeline(pipeline, opt);
+  } catch (const PipelineErrors& e) {
+    for (const auto& err : e.errors()) std::fprintf(stderr, "%s\n", err.what());
+    return 1;
+  }
+  if (spec.training.replay.capacity < spec.batch) spec.training.replay.capacity = spec.batch;
+  Engine e(spec, loader);
+  e.init_weights(spec.seed);
+  e.set_batch(HostBatch::random(spec, 1));
+  for (int i = 0; i < warmup; ++i) e.step();
+  e.runtime().synchronize();
+
+  CUPTI_OK(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
+  CUPTI_OK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+  for (int i = 0; i < steps; ++i) e.step();
+  e.runtime().synchronize();
+  CUPTI_OK(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+  CUPTI_OK(cuptiActivityFlushAll(1));
+
+  // Replays run one after the other on one stream: sorted by start, every `per` records are one.
+  std::sort(g_recs.begin(), g_recs.end(), [](const Rec& a, const Rec& b) { return a.start < b.start; });
+  std::map<std::uint64_t, std::string> names;
+  for (const auto& r : g_recs) names[r.node] = r.name;
+  const std::size_t per = names.size();
+  if (per == 0 || g_recs.size() % per != 0) {
+    std::fprintf(stderr, "dqn-trace: %zu kernel records for %zu graph nodes: replays not separable\n", g_recs.size(),
+                 per);
+    return 1;
+  }
+  const std::size_t replays = g_recs.size() / per;
+  std::map<std::uint64_t, std::vector<double>> st, du, en;
+  std::vector<double> span, period, idle, busy_sum;
+  for (std::size_t k = 0; k < replays; ++k) {
+    const Rec* r = &g_recs[k * per];
+    const std::uint64_t t0 = r[0].start;
+    std::uint64_t last = 0, covered = t0, gap = 0, busy = 0;
+    for (std::size_t i = 0; i < per; ++i) {
+      st[r[i].node].push_back((r[i].start - t0) * 1e-3);
+      du[r[i].node].push_back((r[i].end - r[i].start) * 1e-3);
+      en[r[i].node].push_back((r[i].end - t0) * 1e-3);
+      if (r[i].start > covered) gap += r[i].start - covered;  // nothing ran in between
+      covered = std::max(covered, r[i].end);
+      last = std::max(last, r[i].end);
+      busy += r[i].end - r[i].start;
+    }
+    span.push_back((last - t0) * 1e-3);
+    idle.push_back(gap * 1e-3);
+    busy_sum.push_back(busy * 1e-3);
+    if (k + 1 < replays) period.push_back((g_recs[(k + 1) * per].start - t0) * 1e-3);
+  }
+  struct Row {
+    std::uint64_t node;
+    double s, d, e;
+  };
+  std::vector<Row> rows;
+  for (const auto& [node, name] : names) rows.push_back({node, median(st[node]), median(du[node]), median(en[node])});
+  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.s < b.s; });
+  std::printf("%s: batch %d, %s, %zu kernel nodes, %zu replays traced\n", spec.name.c_str(), spec.batch,
+              to_string(spec.precision), per, replays);
+  std::printf("step period %.2f us (first kernel to next step's first), span %.2f us, GPU idle inside the step "
+              "%.2f us, kernel time summed %.2f us\n",
+              median(period), median(span), median(idle), median(busy_sum));
+  std::printf("%5s %8s %8s %8s  %-60s %s\n", "node", "start", "dur", "end", "kernel", "after (last end before start)");
+  for (const auto& r : rows) {
+    const Row* prev = nullptr;
+    for (const auto& q : rows)
+      if (q.e <= r.s + 0.05 && (!prev || q.e > prev->e)) prev = &q;
+    char after[96] = "";
+    if (prev) std::snprintf(after, sizeof after, "%llu (+%.2f)", static_cast<unsigned long long>(prev->node), r.s - prev->e);
+    std::printf("%5llu %8.2f %8.2f %8.2f  %-60s %s\n", static_cast<unsigned long long>(r.node), r.s, r.d, r.e,
+                names[r.node].c_str(), after);
+  }
+  return 0;
+}

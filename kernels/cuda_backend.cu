@@ -147,15 +147,19 @@ bool tune_split_k_from_env() noexcept {
 }
 
 /// How the update (budget, Adam, spectral norm, target update) runs, from DQN_FUSED_UPDATE:
-/// unset or 0/off → the four ops as they are (six launches; the fastest on the H200,
-/// docs/performance.md); split → four launches (partial sums; clips, g, Adam and the target
-/// update outside the normed matrices; the two spectral-norm passes, the second with the normed
-/// rows' target update); 1/on → one cooperative launch (the grid-wide barriers cost more than the
-/// kernel boundaries they replace). The same results every way.
-enum class UpdateMode { separate, split, cooperative };
+/// unset or cluster → two launches (partial sums; thread-block clusters, one per normed matrix,
+/// and more for the other elements), where the device launches clusters and the normed matrices
+/// are disjoint ranges inside params, else the four ops; 0/off → the four ops as they are (six
+/// launches); split → four launches (partial sums; clips, g, Adam and the target update outside
+/// the normed matrices; the two spectral-norm passes, the second with the normed rows' target
+/// update); 1/on → one cooperative launch (the grid-wide barriers cost more than the kernel
+/// boundaries they replace). The same results every way, but for the cluster update's power
+/// iteration, which sums in another order (update_cluster()).
+enum class UpdateMode { separate, split, cooperative, cluster };
 UpdateMode update_mode_from_env() noexcept {
   const char* v = std::getenv("DQN_FUSED_UPDATE");
-  if (!v || !env_on("DQN_FUSED_UPDATE")) return UpdateMode::separate;
+  if (!v || !*v || std::strcmp(v, "cluster") == 0) return UpdateMode::cluster;
+  if (!env_on("DQN_FUSED_UPDATE")) return UpdateMode::separate;
   return std::strcmp(v, "split") == 0 ? UpdateMode::split : UpdateMode::cooperative;
 }
 
@@ -255,6 +259,7 @@ class CudaBackend final : public Backend {
         const int blocks = cuda::update_grid(props_);
         if (blocks > 0 && cuda::cooperative_graphs_work(blocks)) update_blocks_ = blocks;
       }
+      if (update_mode_ == UpdateMode::cluster) update_cluster_ = cuda::update_cluster_size();
     } catch (...) {
       release();
       throw;
@@ -654,7 +659,9 @@ class CudaBackend final : public Backend {
                         t.period >= 0 && (u.sn_count == 0 || (u.sn_mats && u.sn_max_rows > 0 && u.sn_max_cols > 0));
     const bool fused = shaped && update_blocks_ > 0;
     const bool split = shaped && !fused && update_mode_ == UpdateMode::split && sn_tidy(u);
-    if (!fused && !split) {
+    const bool cluster = shaped && update_cluster_ > 0 && u.sn_max_cols <= cuda::update_cluster_max_cols() &&
+                         sn_tidy(u);
+    if (!fused && !split && !cluster) {
       budget(b);
       adam(a);
       if (u.sn_count > 0) spectral_norm(u.sn_mats, u.sn_count, u.sn_max_rows, u.sn_max_cols, u.sigma_max, b.skip);
@@ -671,18 +678,18 @@ class CudaBackend final : public Backend {
     if (!s) return;
     if (planning_) return;
     if (fused) DQN_CUDA_OK(op, cuda::update(stream_, u, s, update_blocks_));
+    else if (cluster) DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), wave_blocks()));
     else DQN_CUDA_OK(op, cuda::update_split(stream_, u, s, 2 * wave_blocks()));
   }
 
   /// Whether the update's normed matrices are disjoint ranges inside params, each within the
-  /// bounds (what the split update needs). The table lives on the device: read once, outside
-  /// capture (when the engine plans), and remembered for that table; during a capture an unseen
-  /// table counts as not tidy (the separate ops then run).
+  /// bounds (what the split and cluster updates need). The table lives on the device: read once,
+  /// outside capture (when the engine plans), and remembered for that table with the matrices'
+  /// ranges (sn_ranges); during a capture an unseen table counts as not tidy (the separate ops
+  /// then run).
   bool sn_tidy(const Update& u) noexcept {
     if (u.sn_count == 0) return true;
-    const SnKey key{u.sn_mats, u.sn_count, u.adam.params.p, u.adam.P, u.sn_max_rows, u.sn_max_cols};
-    for (const auto& [k, tidy] : sn_tidy_)
-      if (k == key) return tidy;
+    if (const SnTable* known = sn_table(u)) return known->tidy;
     if (capturing_) return false;
     std::vector<SpectralMatrix> mats(static_cast<std::size_t>(u.sn_count));
     if (cudaMemcpyAsync(mats.data(), u.sn_mats, mats.size() * sizeof(SpectralMatrix), cudaMemcpyDeviceToHost,
@@ -692,19 +699,28 @@ class CudaBackend final : public Backend {
       return false;
     }
     const auto* params = static_cast<const float*>(u.adam.params.p);
-    std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
-    bool tidy = true;
+    SnTable tab{sn_key(u), true, {}};
     for (const SpectralMatrix& m : mats) {
-      if (m.rows <= 0 || m.cols <= 0) continue;
-      const std::int64_t lo = static_cast<const float*>(m.w.p) - params, hi = lo + std::int64_t(m.rows) * m.cols;
-      if (lo < 0 || hi > u.adam.P || m.rows > u.sn_max_rows || m.cols > u.sn_max_cols) tidy = false;
-      ranges.emplace_back(lo, hi);
+      std::int64_t lo = 0, hi = 0;
+      if (m.rows > 0 && m.cols > 0) {
+        lo = static_cast<const float*>(m.w.p) - params;
+        hi = lo + std::int64_t(m.rows) * m.cols;
+        if (lo < 0 || hi > u.adam.P || m.rows > u.sn_max_rows || m.cols > u.sn_max_cols) tab.tidy = false;
+      }
+      tab.ranges.emplace_back(lo, hi);
     }
-    std::sort(ranges.begin(), ranges.end());
-    for (std::size_t i = 1; i < ranges.size(); ++i)
-      if (ranges[i].first < ranges[i - 1].second) tidy = false;
-    sn_tidy_.emplace_back(key, tidy);
-    return tidy;
+    auto sorted = tab.ranges;
+    std::sort(sorted.begin(), sorted.end());
+    for (std::size_t i = 1; i < sorted.size(); ++i)
+      if (sorted[i].first < sorted[i - 1].second && sorted[i - 1].second > sorted[i - 1].first) tab.tidy = false;
+    sn_tables_.push_back(std::move(tab));
+    return sn_tables_.back().tidy;
+  }
+  /// The normed matrices' ranges in params, in table order (after sn_tidy said tidy).
+  const std::vector<std::pair<std::int64_t, std::int64_t>>& sn_ranges(const Update& u) const noexcept {
+    static const std::vector<std::pair<std::int64_t, std::int64_t>> none;
+    const SnTable* known = sn_table(u);
+    return known ? known->ranges : none;
   }
 
   /// Where the library workspace and the scratch lie (for mapping a sanitizer's addresses).
@@ -714,6 +730,7 @@ class CudaBackend final : public Backend {
   /// How the update runs (for describe()).
   const char* update_path() const noexcept {
     if (update_blocks_ > 0) return "fused (one cooperative kernel)";
+    if (update_cluster_ > 0) return update_cluster_ == 16 ? "cluster (16 blocks a cluster)" : "cluster (8 blocks a cluster)";
     return update_mode_ == UpdateMode::split ? "split (four kernels)" : "as separate kernels";
   }
 
@@ -1496,6 +1513,7 @@ class CudaBackend final : public Backend {
   bool autotune_ = autotune_from_env();  ///< DQN_GEMM_AUTOTUNE, read once per backend
   bool tune_split_k_ = tune_split_k_from_env();  ///< DQN_GEMM_TUNE_SPLIT_K, read once per backend
   int update_blocks_ = 0;                ///< the fused update's grid (0: not fused)
+  int update_cluster_ = 0;               ///< the cluster update's blocks per cluster (0: not used)
   UpdateMode update_mode_ = update_mode_from_env();
   struct SnKey {
     const void* mats;
@@ -1505,7 +1523,21 @@ class CudaBackend final : public Backend {
     int max_rows, max_cols;
     bool operator==(const SnKey&) const = default;
   };
-  std::vector<std::pair<SnKey, bool>> sn_tidy_;  ///< sn_tidy's verdicts, per table
+  struct SnTable {
+    SnKey key;
+    bool tidy;
+    std::vector<std::pair<std::int64_t, std::int64_t>> ranges;  ///< per matrix, [0, 0) when empty
+  };
+  static SnKey sn_key(const Update& u) noexcept {
+    return SnKey{u.sn_mats, u.sn_count, u.adam.params.p, u.adam.P, u.sn_max_rows, u.sn_max_cols};
+  }
+  const SnTable* sn_table(const Update& u) const noexcept {
+    const SnKey key = sn_key(u);
+    for (const auto& tab : sn_tables_)
+      if (tab.key == key) return &tab;
+    return nullptr;
+  }
+  std::vector<SnTable> sn_tables_;  ///< sn_tidy's verdicts and ranges, per table
   bool in_split_ = false;                ///< inside split_k: its slices are never split again
   bool split_k_ = split_k_from_env();     ///< DQN_GEMM_SPLIT_K, read once per backend
   unsigned fused_head_ = fused_head_from_env();  ///< DQN_FUSED_HEAD, read once per backend

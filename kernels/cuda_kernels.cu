@@ -1138,6 +1138,191 @@ __global__ void __launch_bounds__(kThreads) update_adam_kernel(Update u, const d
   }
 }
 
+// --- the cluster update: the budget's partial sums, then one launch of thread-block clusters --
+
+/// g = Σ_h c_h g_h (double, heads in order, as combine_tile) and the update of the elements
+/// i = s + k·kThreads + threadIdx.x < hi: all loads of the tile first, then the arithmetic.
+template <int PER>
+__device__ __forceinline__ void update_tile(const UpdateElement& upd, const float* __restrict__ grads, int H,
+                                            std::int64_t P, std::int64_t s, std::int64_t hi, const float* clip_sh,
+                                            bool finite) {
+  double acc[PER];
+  float mr[PER], vr[PER], pr[PER];
+#pragma unroll
+  for (int k = 0; k < PER; ++k) {
+    const std::int64_t i = s + k * kThreads + threadIdx.x;
+    acc[k] = 0.0;
+    mr[k] = vr[k] = pr[k] = 0.0f;
+    if (finite && i < hi) {
+      mr[k] = upd.mom[i];
+      vr[k] = upd.var[i];
+      pr[k] = upd.theta[i];
+    }
+  }
+  if (finite) {
+#pragma unroll 4
+    for (int h = 0; h < H; ++h) {
+      const double c = clip_sh[h];
+      const float* gh = grads + static_cast<std::int64_t>(h) * P;
+#pragma unroll
+      for (int k = 0; k < PER; ++k) {
+        const std::int64_t i = s + k * kThreads + threadIdx.x;
+        if (i < hi) acc[k] += c * static_cast<double>(gh[i]);
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < PER; ++k) {
+    const std::int64_t i = s + k * kThreads + threadIdx.x;
+    if (i < hi) upd(i, acc[k], mr[k], vr[k], pr[k]);
+  }
+}
+
+/// Cluster k < nsn owns normed matrix k (its rows split evenly over the cluster's blocks); the
+/// clusters after them update the elements outside every normed matrix, tile by tile.
+constexpr int kClusterMaxSegs = kUpdateMaxSn + 1;
+constexpr int kClusterPer = 2;  // elements per thread and tile
+constexpr std::int64_t kClusterTile = std::int64_t{kThreads} * kClusterPer;
+struct ClusterPlan {
+  int cs = 8;    ///< blocks per cluster
+  int nsn = 0;   ///< normed matrices (one cluster each)
+  int nseg = 0;  ///< ranges of params outside every normed matrix
+  int rpc = 1;   ///< rows per block of a normed matrix (max_rows over cs, rounded up)
+  int max_cols = 1;
+  std::int64_t seg_lo[kClusterMaxSegs] = {}, seg_hi[kClusterMaxSegs] = {};
+  std::int64_t seg_tile0[kClusterMaxSegs + 1] = {};  ///< first tile of each range; [nseg]: all tiles
+};
+
+/// Dynamic shared memory of the cluster update: (Wᵀu) of the block's rows and then v [max_cols],
+/// x = W v of its rows [rpc], Σ x² of its rows [1] (doubles).
+std::size_t cluster_update_shared(int max_cols, int rpc) {
+  return (static_cast<std::size_t>(max_cols) + static_cast<std::size_t>(rpc) + 2) * sizeof(double);
+}
+
+/// The update after budget_partial_kernel, in clusters (every block: the clip factors, the skip
+/// decision and t, as update_adam_kernel). A normed matrix's cluster updates its elements (g,
+/// Adam), then runs the power iteration over distributed shared memory: each block sums Wᵀu over
+/// its rows, every block adds the blocks' sums in rank order (all get the same v = Wᵀu/‖Wᵀu‖),
+/// computes x = W v for its rows and Σ x² of them; σ adds those in rank order; each block writes
+/// u ← x/σ for its rows and scales them by σ_max/σ when σ > σ_max, then their target update. The
+/// other clusters do g, Adam and the target update outside the normed matrices. Needs the normed
+/// matrices disjoint ranges inside params within the bounds (the caller checks). Skipped: g = 0,
+/// nothing else changes.
+__global__ void __launch_bounds__(kThreads) update_cluster_kernel(Update u, const double* __restrict__ partial,
+                                                                  int nchunks, ClusterPlan pl) {
+  namespace cg = cooperative_groups;
+  extern __shared__ double cu_shared[];
+  __shared__ float clip_sh[kUpdateMaxHeads + 4];  // + 4: see budget()
+  __shared__ double bc[2];
+  __shared__ double sh[32];
+  __shared__ long long t_new_sh;
+  const Budget& b = u.budget;
+  const std::int64_t P = b.P;
+  float* theta = static_cast<float*>(u.adam.params.p);
+  const bool finite = budget_clips(b, partial, nchunks, clip_sh, blockIdx.x == 0);
+  if (finite && threadIdx.x < 32) {
+    const long long t_new = adam_ticket(u.adam.t, u.adam.beta1, u.adam.beta2, bc);
+    if (threadIdx.x == 0) t_new_sh = t_new;
+  }
+  __syncthreads();
+  const double bc1 = finite ? bc[0] : 1.0, bc2 = finite ? bc[1] : 1.0;
+  const TargetUpdate& tu = u.target;
+  const long long t_new = finite ? t_new_sh : 0;
+  const bool target_on = finite && (tu.period == 0 || t_new % tu.period == 0);
+  const TargetRule rule{static_cast<float*>(tu.target.p), theta, static_cast<double>(tu.tau), tu.period != 0};
+  const float* grads = static_cast<const float*>(b.grads.p);
+  UpdateElement upd{static_cast<float*>(b.g.p), static_cast<float*>(u.adam.m.p), static_cast<float*>(u.adam.v.p),
+                    theta, u.adam.beta1, u.adam.beta2, u.adam.eps, *static_cast<const float*>(u.adam.lr.p), bc1, bc2,
+                    finite, target_on, rule, nullptr, nullptr, 0};
+  const int cid = static_cast<int>(blockIdx.x) / pl.cs;
+  if (cid >= pl.nsn) {  // outside the normed matrices: whole tiles over the ranges
+    const int first = pl.nsn * pl.cs, nblocks = static_cast<int>(gridDim.x) - first;
+    const std::int64_t tiles = pl.seg_tile0[pl.nseg];
+    int q = 0;
+    for (std::int64_t tile = static_cast<int>(blockIdx.x) - first; tile < tiles; tile += nblocks) {
+      while (pl.seg_tile0[q + 1] <= tile) ++q;
+      update_tile<kClusterPer>(upd, grads, b.H, P, pl.seg_lo[q] + (tile - pl.seg_tile0[q]) * kClusterTile,
+                               pl.seg_hi[q], clip_sh, finite);
+    }
+    return;
+  }
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const SpectralMatrix sm = u.sn_mats[cid];
+  const int rows = max(sm.rows, 0), cols = max(sm.cols, 0);
+  float* W = static_cast<float*>(sm.w.p);
+  float* uv = static_cast<float*>(sm.u.p);
+  const int r0 = min(rows, rank * pl.rpc), r1 = min(rows, r0 + pl.rpc);
+  const std::int64_t off = W - theta;
+  const std::int64_t lo = off + static_cast<std::int64_t>(r0) * cols, hi = off + static_cast<std::int64_t>(r1) * cols;
+  upd.target_on = false;  // the normed rows' target update follows the spectral norm
+  for (std::int64_t s = lo; s < hi; s += kClusterTile) update_tile<kClusterPer>(upd, grads, b.H, P, s, hi, clip_sh, finite);
+  if (!finite || rows == 0 || cols == 0) return;  // the same in every block of the cluster
+  double* vv = cu_shared;             // [max_cols]: Σ over this block's rows of W[r, c] u[r], then v
+  double* xr = vv + pl.max_cols;      // [rpc]
+  double* xsq = xr + pl.rpc;          // [1]
+  __syncthreads();                    // this block's rows of W are written
+  for (int c = threadIdx.x; c < cols; c += kThreads) {
+    double acc = 0.0;
+    for (int r = r0; r < r1; ++r)
+      acc += static_cast<double>(W[static_cast<std::int64_t>(r) * cols + c]) * static_cast<double>(uv[r]);
+    vv[c] = acc;
+  }
+  cluster.sync();
+  // v = Wᵀu (the blocks' sums in rank order), the same in every block; then normalised
+  double* wt[16];
+  const int cs = min(pl.cs, 16);
+  for (int q = 0; q < cs; ++q) wt[q] = cluster.map_shared_rank(vv, q);
+  double vsq = 0.0;
+  double own[8];  // the column sums of this thread (cols <= 8·kThreads, checked by the host)
+  int n_own = 0;
+  for (int c = threadIdx.x; c < cols; c += kThreads) {
+    double w = 0.0;
+    for (int q = 0; q < cs; ++q) w += wt[q][c];
+    own[n_own++] = w;
+    vsq += w * w;
+  }
+  const double vn = sqrt(block_sum(vsq, sh));
+  const double vnorm = vn < 1e-12 ? 1e-12 : vn;
+  cluster.sync();  // every block has read every block's sums: vv may be overwritten
+  n_own = 0;
+  for (int c = threadIdx.x; c < cols; c += kThreads) vv[c] = own[n_own++] / vnorm;
+  __syncthreads();
+  // x = W v for this block's rows: a warp per row, lanes along the row
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int r = r0 + warp; r < r1; r += kThreads / 32) {
+    double x = 0.0;
+    const float* wr = W + static_cast<std::int64_t>(r) * cols;
+    for (int c = lane; c < cols; c += 32) x += static_cast<double>(wr[c]) * vv[c];
+    x = warp_sum(x);
+    if (lane == 0) xr[r - r0] = x;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double q = 0.0;
+    for (int r = 0; r < r1 - r0; ++r) q += xr[r] * xr[r];
+    *xsq = q;
+  }
+  cluster.sync();
+  double ssq = 0.0;
+  for (int q = 0; q < cs; ++q) ssq += *cluster.map_shared_rank(xsq, q);
+  const double sigma = sqrt(ssq);
+  const double unorm = sigma < 1e-12 ? 1e-12 : sigma;
+  for (int r = r0 + threadIdx.x; r < r1; r += kThreads) uv[r] = static_cast<float>(xr[r - r0] / unorm);
+  const TargetRule rows_rule = target_on ? rule : TargetRule{};
+  if (sigma > static_cast<double>(u.sigma_max)) {
+    const double factor = static_cast<double>(u.sigma_max) / sigma;
+    for (std::int64_t i = lo + threadIdx.x; i < hi; i += kThreads) {
+      const float w = static_cast<float>(static_cast<double>(theta[i]) * factor);
+      theta[i] = w;
+      if (rows_rule.tgt) apply_target(rows_rule, i, w);
+    }
+  } else if (rows_rule.tgt) {
+    for (std::int64_t i = lo + threadIdx.x; i < hi; i += kThreads) apply_target(rows_rule, i, theta[i]);
+  }
+  cluster.sync();  // no block leaves while another may still read its shared memory
+}
+
 /// Whether a cooperative kernel launched into a captured graph runs here.
 __global__ void coop_probe_kernel(int* flag) {
   cooperative_groups::this_grid().sync();
@@ -1431,6 +1616,89 @@ cudaError_t update_split(cudaStream_t s, const Update& u, void* scratch, int max
   if (u.sn_count == 0) return cudaSuccess;
   return sn_launch(s, u.sn_mats, u.sn_count, u.sn_max_rows, u.sn_max_cols, u.sigma_max, b.skip,
                    static_cast<char*>(scratch) + budget_scratch_bytes(b.H, b.P), u.target);
+}
+
+int update_cluster_size() {
+  int dev = 0, ok = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&ok, cudaDevAttrClusterLaunch, dev) != cudaSuccess ||
+      !ok) {
+    cudaGetLastError();
+    return 0;
+  }
+  // 16 blocks per cluster where the device schedules them (a non-portable size), else 8.
+  cudaFuncSetAttribute(update_cluster_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  cudaGetLastError();
+  for (int cs : {16, 8}) {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = static_cast<unsigned>(cs);
+    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(cs));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = cluster_update_shared(update_cluster_max_cols(), 64);
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, update_cluster_kernel, &cfg) == cudaSuccess && clusters > 0)
+      return cs;
+    cudaGetLastError();
+  }
+  return 0;
+}
+
+int update_cluster_max_cols() { return 8 * kThreads; }
+
+cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
+                           const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks) {
+  const Budget& b = u.budget;
+  if (cs < 1 || cs > 16 || u.sn_count > kUpdateMaxSn || u.sn_max_cols > update_cluster_max_cols() ||
+      static_cast<int>(ranges.size()) != u.sn_count)
+    return cudaErrorInvalidValue;
+  ClusterPlan pl;
+  pl.cs = cs;
+  pl.nsn = u.sn_count;
+  pl.max_cols = std::max(u.sn_max_cols, 1);
+  pl.rpc = std::max((u.sn_max_rows + cs - 1) / cs, 1);
+  // The ranges of params outside every normed matrix, and their tiles.
+  std::vector<std::pair<std::int64_t, std::int64_t>> normed;
+  for (const auto& r : ranges)
+    if (r.second > r.first) normed.push_back(r);
+  std::sort(normed.begin(), normed.end());
+  std::int64_t at = 0;
+  auto add = [&](std::int64_t lo, std::int64_t hi) {
+    if (hi <= lo) return;
+    pl.seg_lo[pl.nseg] = lo;
+    pl.seg_hi[pl.nseg] = hi;
+    pl.seg_tile0[pl.nseg + 1] = pl.seg_tile0[pl.nseg] + (hi - lo + kClusterTile - 1) / kClusterTile;
+    ++pl.nseg;
+  };
+  for (const auto& r : normed) {
+    add(at, r.first);
+    at = std::max(at, r.second);
+  }
+  add(at, b.P);
+  const std::int64_t tiles = pl.seg_tile0[pl.nseg];
+  const std::int64_t plain = std::min<std::int64_t>(tiles, std::max(max_blocks, cs));
+  const std::int64_t plain_blocks = (plain + cs - 1) / cs * cs;
+  const int nchunks = budget_chunks(b.P);
+  auto* partial = static_cast<double*>(scratch);
+  budget_partial_kernel<<<dim3(nchunks, b.H), kThreads, 0, s>>>(b.grads.as<const float>(), b.P, budget_chunk(b.P),
+                                                                partial);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(cs);
+  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(static_cast<std::int64_t>(pl.nsn) * cs + plain_blocks));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = cluster_update_shared(pl.max_cols, pl.rpc);
+  cfg.stream = s;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  if (cfg.gridDim.x == 0) return cudaSuccess;
+  return cudaLaunchKernelEx(&cfg, update_cluster_kernel, u, static_cast<const double*>(partial), nchunks, pl);
 }
 
 bool cooperative_graphs_work(int blocks) {

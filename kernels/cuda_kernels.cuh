@@ -9,6 +9,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "dqn/backend.hpp"
 
@@ -81,6 +83,20 @@ cudaError_t update(cudaStream_t s, const Update& u, void* scratch, int blocks);
 /// update() needs, and the normed matrices disjoint ranges inside params (the caller checks).
 /// max_blocks bounds the second launch's grid; results do not depend on it.
 cudaError_t update_split(cudaStream_t s, const Update& u, void* scratch, int max_blocks);
+/// The same update as two launches: the budget's partial sums, then thread-block clusters of
+/// `cs` blocks (update_cluster_size), one per normed matrix (its elements' g and Adam, the power
+/// iteration over distributed shared memory, the scaling and the target update of its rows) and
+/// more for the elements outside the normed matrices (g, Adam, target update). Needs what
+/// update_split() needs, sn_max_cols <= update_cluster_max_cols(), and `ranges`: each normed
+/// matrix's element range [lo, hi) in params, in table order ([0, 0) for an empty one). Equal to
+/// the other paths bit for bit except the normed matrices, their u and their target rows, whose
+/// power iteration sums in another order (double sums: the floats may differ in the last bit).
+/// max_blocks bounds the clusters outside the normed matrices; results do not depend on it.
+cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
+                           const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks);
+/// Blocks per cluster of the cluster update on the current device (16 or 8); 0 when it cannot run.
+int update_cluster_size();
+int update_cluster_max_cols();
 /// Whether a cooperative launch of `blocks` blocks captured into a graph runs on the current
 /// device (probed once: capture, instantiate, launch, check). Never leaves an error behind.
 bool cooperative_graphs_work(int blocks);

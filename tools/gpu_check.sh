@@ -67,6 +67,14 @@ if [ "$mode" = fast ]; then
       --json-out "$out/compare_$cfg.json" 2>"$out/compare_$cfg.err" | tee -a "$summary" || tail -5 "$out/compare_$cfg.err"
   done
   trace
+  # FAST_SWITCHES="DQN_X=a DQN_Y=b": the C51 and all-heads steps at B 256 with each setting.
+  for kv in ${FAST_SWITCHES:-}; do
+    for extra in "" "$all"; do
+      # shellcheck disable=SC2086
+      env "$kv" $build/tools/dqn bench pipelines/ref.yaml $extra --batch 256 --precision tf32 2>&1 | grep -v "^pipeline" |
+        sed "s|^|$kv ${extra:+(all heads)}: |" | tee -a "$summary"
+    done
+  done
   note "total: $(( $(date +%s) - t0 )) s"
   pack
   exit 0
@@ -79,7 +87,8 @@ python3 bench/compare.py --dqn $build/tools/dqn --pipeline pipelines/ref.yaml --
   --json-out "$out/compare_full.json" >"$out/compare_full.txt" 2>"$out/compare_full.err" || tail -5 "$out/compare_full.err"
 $build/tools/dqn bench pipelines/ref.yaml --batch 256,1024,4096 --precision fp32,bf16 >"$out/bench_prec.txt" 2>&1
 # Switches against the defaults (the same results, other kernels), B 256, one labelled line each:
-# the update as one cooperative kernel (=1) or as four kernels (=split) instead of the four ops;
+# the update as the four ops (=0), one cooperative kernel (=1) or four kernels (=split) instead of
+# the cluster update;
 # tall-k GEMMs run whole; the fused head kernels off (=0) or both on (=1); autotuning also over
 # cuBLASLt's split-k variants.
 : >"$out/bench_switches.txt"
@@ -90,6 +99,7 @@ sw() {  # sw LABEL CONFIG BATCHES ENV...
     sed "s|^|$label ($cfg): |" >>"$out/bench_switches.txt"
 }
 for cfg in c51 all; do
+  sw "DQN_FUSED_UPDATE=0" $cfg 256 DQN_FUSED_UPDATE=0
   sw "DQN_FUSED_UPDATE=1" $cfg 256 DQN_FUSED_UPDATE=1
   sw "DQN_FUSED_UPDATE=split" $cfg 256 DQN_FUSED_UPDATE=split
   sw "DQN_FUSED_HEAD=0" $cfg 256 DQN_FUSED_HEAD=0

@@ -41,8 +41,17 @@ std::string short_name(const char* mangled) {
   int status = 0;
   std::unique_ptr<char, void (*)(void*)> d(abi::__cxa_demangle(mangled, nullptr, nullptr, &status), std::free);
   std::string s = status == 0 && d ? d.get() : mangled;
+  for (std::size_t p; (p = s.find("(anonymous namespace)::")) != std::string::npos;) s.erase(p, 23);
   // "void ns::kernel<...>(args)" -> "kernel<...>", then cut long template lists.
-  if (auto p = s.find('('); p != std::string::npos) s.resize(p);
+  int depth = 0;  // the argument list: the first '(' outside template brackets
+  for (std::size_t p = 0; p < s.size(); ++p) {
+    if (s[p] == '<') ++depth;
+    if (s[p] == '>') --depth;
+    if (s[p] == '(' && depth == 0) {
+      s.resize(p);
+      break;
+    }
+  }
   if (s.rfind("void ", 0) == 0) s.erase(0, 5);
   if (auto p = s.find("::"); p != std::string::npos && s.find('<') > p) s.erase(0, s.rfind("::", s.find('<')) + 2);
   if (s.size() > 60) s.resize(60);
@@ -167,13 +176,16 @@ int main(int argc, char** argv) {
               "%.2f us, kernel time summed %.2f us\n",
               median(period), median(span), median(idle), median(busy_sum));
   std::printf("%5s %8s %8s %8s  %-60s %s\n", "node", "start", "dur", "end", "kernel", "after (last end before start)");
+  const std::uint64_t base = rows.empty() ? 0 : std::min_element(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
+                                                  return a.node < b.node;
+                                                })->node;
   for (const auto& r : rows) {
     const Row* prev = nullptr;
     for (const auto& q : rows)
       if (q.e <= r.s + 0.05 && (!prev || q.e > prev->e)) prev = &q;
     char after[96] = "";
-    if (prev) std::snprintf(after, sizeof after, "%llu (+%.2f)", static_cast<unsigned long long>(prev->node), r.s - prev->e);
-    std::printf("%5llu %8.2f %8.2f %8.2f  %-60s %s\n", static_cast<unsigned long long>(r.node), r.s, r.d, r.e,
+    if (prev) std::snprintf(after, sizeof after, "%llu (+%.2f)", static_cast<unsigned long long>(prev->node - base), r.s - prev->e);
+    std::printf("%5llu %8.2f %8.2f %8.2f  %-60s %s\n", static_cast<unsigned long long>(r.node - base), r.s, r.d, r.e,
                 names[r.node].c_str(), after);
   }
   return 0;

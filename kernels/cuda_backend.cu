@@ -163,6 +163,15 @@ UpdateMode update_mode_from_env() noexcept {
   return std::strcmp(v, "split") == 0 ? UpdateMode::split : UpdateMode::cooperative;
 }
 
+/// DQN_UPDATE_CLUSTER=8 or 16: the cluster update's blocks per cluster (default: 16 where the
+/// device schedules such clusters, else 8).
+int cluster_size_from_env() noexcept {
+  const char* v = std::getenv("DQN_UPDATE_CLUSTER");
+  if (v && std::strcmp(v, "8") == 0) return 8;
+  if (v && std::strcmp(v, "16") == 0) return 16;
+  return 0;
+}
+
 /// Which fused head kernels run in tf32 (bit 1: head_forward, bit 2: head_backward_inputs), from
 /// DQN_FUSED_HEAD: unset → backward only (the fused forward measured slower on the H200,
 /// docs/performance.md); 0/off → none; 1/on/all → both; forward; backward. Anything else: unset.
@@ -259,7 +268,7 @@ class CudaBackend final : public Backend {
         const int blocks = cuda::update_grid(props_);
         if (blocks > 0 && cuda::cooperative_graphs_work(blocks)) update_blocks_ = blocks;
       }
-      if (update_mode_ == UpdateMode::cluster) update_cluster_ = cuda::update_cluster_size();
+      if (update_mode_ == UpdateMode::cluster) update_cluster_ = cuda::update_cluster_size(cluster_size_from_env());
     } catch (...) {
       release();
       throw;

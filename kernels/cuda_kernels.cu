@@ -1140,49 +1140,69 @@ __global__ void __launch_bounds__(kThreads) update_adam_kernel(Update u, const d
 
 // --- the cluster update: the budget's partial sums, then one launch of thread-block clusters --
 
-/// g = Σ_h c_h g_h (double, heads in order, as combine_tile) and the update of the elements
-/// i = s + k·kThreads + threadIdx.x < hi: all loads of the tile first, then the arithmetic.
-template <int PER>
-__device__ __forceinline__ void update_tile(const UpdateElement& upd, const float* __restrict__ grads, int H,
-                                            std::int64_t P, std::int64_t s, std::int64_t hi, const float* clip_sh,
-                                            bool finite) {
-  double acc[PER];
-  float mr[PER], vr[PER], pr[PER];
+/// What every element of the cluster update needs (the step's constants, read once per block).
+struct ClusterStep {
+  const float* __restrict__ grads;
+  float *g, *mom, *var, *theta;
+  const float* clip_sh;
+  std::int64_t P;
+  int H;
+  double b1, b2, eps, lr, bc1, bc2;
+  bool finite;
+  TargetRule rule;  ///< tgt null: no target update
+};
+
+constexpr int kClusterPer = 8;  // elements per thread and tile: a tile is one round of loads
+constexpr std::int64_t kClusterTile = std::int64_t{kThreads} * kClusterPer;
+
+/// The elements i = s + k·kThreads + threadIdx.x < hi: g = Σ_h c_h g_h (double, heads in order,
+/// as combine_tile), Adam (adam_element) and, with target, the target update (apply_target's
+/// arithmetic). Every load of the tile is issued before the first store.
+__device__ __forceinline__ void cluster_tile(const ClusterStep& x, std::int64_t s, std::int64_t hi, bool target) {
+  double acc[kClusterPer];
+  float mr[kClusterPer], vr[kClusterPer], pr[kClusterPer], tr[kClusterPer];
+  const bool polyak_on = target && !x.rule.copy;
 #pragma unroll
-  for (int k = 0; k < PER; ++k) {
+  for (int k = 0; k < kClusterPer; ++k) {
     const std::int64_t i = s + k * kThreads + threadIdx.x;
     acc[k] = 0.0;
-    mr[k] = vr[k] = pr[k] = 0.0f;
-    if (finite && i < hi) {
-      mr[k] = upd.mom[i];
-      vr[k] = upd.var[i];
-      pr[k] = upd.theta[i];
+    mr[k] = vr[k] = pr[k] = tr[k] = 0.0f;
+    if (x.finite && i < hi) {
+      mr[k] = x.mom[i];
+      vr[k] = x.var[i];
+      pr[k] = x.theta[i];
+      if (polyak_on) tr[k] = x.rule.tgt[i];
     }
   }
-  if (finite) {
-#pragma unroll 4
-    for (int h = 0; h < H; ++h) {
-      const double c = clip_sh[h];
-      const float* gh = grads + static_cast<std::int64_t>(h) * P;
+  if (x.finite) {
+    for (int h = 0; h < x.H; ++h) {
+      const double c = x.clip_sh[h];
+      const float* gh = x.grads + static_cast<std::int64_t>(h) * x.P;
 #pragma unroll
-      for (int k = 0; k < PER; ++k) {
+      for (int k = 0; k < kClusterPer; ++k) {
         const std::int64_t i = s + k * kThreads + threadIdx.x;
         if (i < hi) acc[k] += c * static_cast<double>(gh[i]);
       }
     }
   }
 #pragma unroll
-  for (int k = 0; k < PER; ++k) {
+  for (int k = 0; k < kClusterPer; ++k) {
     const std::int64_t i = s + k * kThreads + threadIdx.x;
-    if (i < hi) upd(i, acc[k], mr[k], vr[k], pr[k]);
+    if (i >= hi) continue;
+    const float gf = static_cast<float>(acc[k]);
+    x.g[i] = gf;
+    if (!x.finite) continue;
+    const float th = adam_element(gf, mr[k], vr[k], pr[k], x.b1, x.b2, x.eps, x.lr, x.bc1, x.bc2);
+    x.mom[i] = mr[k];
+    x.var[i] = vr[k];
+    x.theta[i] = th;
+    if (target) x.rule.tgt[i] = x.rule.copy ? th : polyak(x.rule.tau, tr[k], th);
   }
 }
 
 /// Cluster k < nsn owns normed matrix k (its rows split evenly over the cluster's blocks); the
 /// clusters after them update the elements outside every normed matrix, tile by tile.
 constexpr int kClusterMaxSegs = kUpdateMaxSn + 1;
-constexpr int kClusterPer = 2;  // elements per thread and tile
-constexpr std::int64_t kClusterTile = std::int64_t{kThreads} * kClusterPer;
 struct ClusterPlan {
   int cs = 8;    ///< blocks per cluster
   int nsn = 0;   ///< normed matrices (one cluster each)
@@ -1193,10 +1213,11 @@ struct ClusterPlan {
   std::int64_t seg_tile0[kClusterMaxSegs + 1] = {};  ///< first tile of each range; [nseg]: all tiles
 };
 
-/// Dynamic shared memory of the cluster update: (Wᵀu) of the block's rows and then v [max_cols],
-/// x = W v of its rows [rpc], Σ x² of its rows [1] (doubles).
+/// Dynamic shared memory of the cluster update (doubles): Σ over the block's rows of W[r, c] u[r]
+/// [max_cols] (read by the whole cluster), v [max_cols], x = W v of the block's rows [rpc], Σ x²
+/// of them [1].
 std::size_t cluster_update_shared(int max_cols, int rpc) {
-  return (static_cast<std::size_t>(max_cols) + static_cast<std::size_t>(rpc) + 2) * sizeof(double);
+  return (2 * static_cast<std::size_t>(max_cols) + static_cast<std::size_t>(rpc) + 2) * sizeof(double);
 }
 
 /// The update after budget_partial_kernel, in clusters (every block: the clip factors, the skip
@@ -1208,7 +1229,7 @@ std::size_t cluster_update_shared(int max_cols, int rpc) {
 /// other clusters do g, Adam and the target update outside the normed matrices. Needs the normed
 /// matrices disjoint ranges inside params within the bounds (the caller checks). Skipped: g = 0,
 /// nothing else changes.
-__global__ void __launch_bounds__(kThreads) update_cluster_kernel(Update u, const double* __restrict__ partial,
+__global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, const double* __restrict__ partial,
                                                                   int nchunks, ClusterPlan pl) {
   namespace cg = cooperative_groups;
   extern __shared__ double cu_shared[];
@@ -1217,7 +1238,6 @@ __global__ void __launch_bounds__(kThreads) update_cluster_kernel(Update u, cons
   __shared__ double sh[32];
   __shared__ long long t_new_sh;
   const Budget& b = u.budget;
-  const std::int64_t P = b.P;
   float* theta = static_cast<float*>(u.adam.params.p);
   const bool finite = budget_clips(b, partial, nchunks, clip_sh, blockIdx.x == 0);
   if (finite && threadIdx.x < 32) {
@@ -1225,15 +1245,25 @@ __global__ void __launch_bounds__(kThreads) update_cluster_kernel(Update u, cons
     if (threadIdx.x == 0) t_new_sh = t_new;
   }
   __syncthreads();
-  const double bc1 = finite ? bc[0] : 1.0, bc2 = finite ? bc[1] : 1.0;
   const TargetUpdate& tu = u.target;
   const long long t_new = finite ? t_new_sh : 0;
   const bool target_on = finite && (tu.period == 0 || t_new % tu.period == 0);
-  const TargetRule rule{static_cast<float*>(tu.target.p), theta, static_cast<double>(tu.tau), tu.period != 0};
-  const float* grads = static_cast<const float*>(b.grads.p);
-  UpdateElement upd{static_cast<float*>(b.g.p), static_cast<float*>(u.adam.m.p), static_cast<float*>(u.adam.v.p),
-                    theta, u.adam.beta1, u.adam.beta2, u.adam.eps, *static_cast<const float*>(u.adam.lr.p), bc1, bc2,
-                    finite, target_on, rule, nullptr, nullptr, 0};
+  const ClusterStep x{static_cast<const float*>(b.grads.p),
+                      static_cast<float*>(b.g.p),
+                      static_cast<float*>(u.adam.m.p),
+                      static_cast<float*>(u.adam.v.p),
+                      theta,
+                      clip_sh,
+                      b.P,
+                      b.H,
+                      u.adam.beta1,
+                      u.adam.beta2,
+                      u.adam.eps,
+                      *static_cast<const float*>(u.adam.lr.p),
+                      finite ? bc[0] : 1.0,
+                      finite ? bc[1] : 1.0,
+                      finite,
+                      TargetRule{static_cast<float*>(tu.target.p), theta, static_cast<double>(tu.tau), tu.period != 0}};
   const int cid = static_cast<int>(blockIdx.x) / pl.cs;
   if (cid >= pl.nsn) {  // outside the normed matrices: whole tiles over the ranges
     const int first = pl.nsn * pl.cs, nblocks = static_cast<int>(gridDim.x) - first;
@@ -1241,13 +1271,12 @@ __global__ void __launch_bounds__(kThreads) update_cluster_kernel(Update u, cons
     int q = 0;
     for (std::int64_t tile = static_cast<int>(blockIdx.x) - first; tile < tiles; tile += nblocks) {
       while (pl.seg_tile0[q + 1] <= tile) ++q;
-      update_tile<kClusterPer>(upd, grads, b.H, P, pl.seg_lo[q] + (tile - pl.seg_tile0[q]) * kClusterTile,
-                               pl.seg_hi[q], clip_sh, finite);
+      cluster_tile(x, pl.seg_lo[q] + (tile - pl.seg_tile0[q]) * kClusterTile, pl.seg_hi[q], target_on);
     }
     return;
   }
   cg::cluster_group cluster = cg::this_cluster();
-  const int rank = static_cast<int>(cluster.block_rank());
+  const int rank = static_cast<int>(cluster.block_rank()), cs = pl.cs;
   const SpectralMatrix sm = u.sn_mats[cid];
   const int rows = max(sm.rows, 0), cols = max(sm.cols, 0);
   float* W = static_cast<float*>(sm.w.p);
@@ -1255,47 +1284,42 @@ __global__ void __launch_bounds__(kThreads) update_cluster_kernel(Update u, cons
   const int r0 = min(rows, rank * pl.rpc), r1 = min(rows, r0 + pl.rpc);
   const std::int64_t off = W - theta;
   const std::int64_t lo = off + static_cast<std::int64_t>(r0) * cols, hi = off + static_cast<std::int64_t>(r1) * cols;
-  upd.target_on = false;  // the normed rows' target update follows the spectral norm
-  for (std::int64_t s = lo; s < hi; s += kClusterTile) update_tile<kClusterPer>(upd, grads, b.H, P, s, hi, clip_sh, finite);
+  for (std::int64_t s = lo; s < hi; s += kClusterTile) cluster_tile(x, s, hi, false);  // target: after the norm
   if (!finite || rows == 0 || cols == 0) return;  // the same in every block of the cluster
-  double* vv = cu_shared;             // [max_cols]: Σ over this block's rows of W[r, c] u[r], then v
-  double* xr = vv + pl.max_cols;      // [rpc]
-  double* xsq = xr + pl.rpc;          // [1]
-  __syncthreads();                    // this block's rows of W are written
+  double* part = cu_shared;          // [max_cols]: Σ over this block's rows of W[r, c] u[r]
+  double* vv = part + pl.max_cols;   // [max_cols]: v
+  double* xr = vv + pl.max_cols;     // [rpc]
+  double* xsq = xr + pl.rpc;         // [1]
+  __syncthreads();                   // this block's rows of W are written
   for (int c = threadIdx.x; c < cols; c += kThreads) {
     double acc = 0.0;
+#pragma unroll 8
     for (int r = r0; r < r1; ++r)
       acc += static_cast<double>(W[static_cast<std::int64_t>(r) * cols + c]) * static_cast<double>(uv[r]);
-    vv[c] = acc;
+    part[c] = acc;
   }
   cluster.sync();
-  // v = Wᵀu (the blocks' sums in rank order), the same in every block; then normalised
-  double* wt[16];
-  const int cs = min(pl.cs, 16);
-  for (int q = 0; q < cs; ++q) wt[q] = cluster.map_shared_rank(vv, q);
+  // Wᵀu: the blocks' sums in rank order, the same in every block
   double vsq = 0.0;
-  double own[8];  // the column sums of this thread (cols <= 8·kThreads, checked by the host)
-  int n_own = 0;
   for (int c = threadIdx.x; c < cols; c += kThreads) {
     double w = 0.0;
-    for (int q = 0; q < cs; ++q) w += wt[q][c];
-    own[n_own++] = w;
+    for (int q = 0; q < cs; ++q) w += cluster.map_shared_rank(part, q)[c];
+    vv[c] = w;
     vsq += w * w;
   }
-  const double vn = sqrt(block_sum(vsq, sh));
+  const double vn = sqrt(block_sum(vsq, sh));  // its barriers also publish vv
   const double vnorm = vn < 1e-12 ? 1e-12 : vn;
-  cluster.sync();  // every block has read every block's sums: vv may be overwritten
-  n_own = 0;
-  for (int c = threadIdx.x; c < cols; c += kThreads) vv[c] = own[n_own++] / vnorm;
+  for (int c = threadIdx.x; c < cols; c += kThreads) vv[c] /= vnorm;
   __syncthreads();
   // x = W v for this block's rows: a warp per row, lanes along the row
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int r = r0 + warp; r < r1; r += kThreads / 32) {
-    double x = 0.0;
+    double xs = 0.0;
     const float* wr = W + static_cast<std::int64_t>(r) * cols;
-    for (int c = lane; c < cols; c += 32) x += static_cast<double>(wr[c]) * vv[c];
-    x = warp_sum(x);
-    if (lane == 0) xr[r - r0] = x;
+#pragma unroll 8
+    for (int c = lane; c < cols; c += 32) xs += static_cast<double>(wr[c]) * vv[c];
+    xs = warp_sum(xs);
+    if (lane == 0) xr[r - r0] = xs;
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -1309,16 +1333,34 @@ __global__ void __launch_bounds__(kThreads) update_cluster_kernel(Update u, cons
   const double sigma = sqrt(ssq);
   const double unorm = sigma < 1e-12 ? 1e-12 : sigma;
   for (int r = r0 + threadIdx.x; r < r1; r += kThreads) uv[r] = static_cast<float>(xr[r - r0] / unorm);
-  const TargetRule rows_rule = target_on ? rule : TargetRule{};
-  if (sigma > static_cast<double>(u.sigma_max)) {
-    const double factor = static_cast<double>(u.sigma_max) / sigma;
-    for (std::int64_t i = lo + threadIdx.x; i < hi; i += kThreads) {
-      const float w = static_cast<float>(static_cast<double>(theta[i]) * factor);
-      theta[i] = w;
-      if (rows_rule.tgt) apply_target(rows_rule, i, w);
+  // the block's rows: scaled when σ > σ_max, then their target update (loads first, per tile)
+  const bool scale = sigma > static_cast<double>(u.sigma_max);
+  const double factor = scale ? static_cast<double>(u.sigma_max) / sigma : 1.0;
+  if (scale || target_on) {
+    const bool polyak_on = target_on && !x.rule.copy;
+    for (std::int64_t s = lo; s < hi; s += kClusterTile) {
+      float wr[kClusterPer], tr[kClusterPer];
+#pragma unroll
+      for (int k = 0; k < kClusterPer; ++k) {
+        const std::int64_t i = s + k * kThreads + threadIdx.x;
+        wr[k] = tr[k] = 0.0f;
+        if (i < hi) {
+          wr[k] = theta[i];
+          if (polyak_on) tr[k] = x.rule.tgt[i];
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kClusterPer; ++k) {
+        const std::int64_t i = s + k * kThreads + threadIdx.x;
+        if (i >= hi) continue;
+        float w = wr[k];
+        if (scale) {
+          w = static_cast<float>(static_cast<double>(w) * factor);
+          theta[i] = w;
+        }
+        if (target_on) x.rule.tgt[i] = x.rule.copy ? w : polyak(x.rule.tau, tr[k], w);
+      }
     }
-  } else if (rows_rule.tgt) {
-    for (std::int64_t i = lo + threadIdx.x; i < hi; i += kThreads) apply_target(rows_rule, i, theta[i]);
   }
   cluster.sync();  // no block leaves while another may still read its shared memory
 }
@@ -1618,7 +1660,7 @@ cudaError_t update_split(cudaStream_t s, const Update& u, void* scratch, int max
                    static_cast<char*>(scratch) + budget_scratch_bytes(b.H, b.P), u.target);
 }
 
-int update_cluster_size() {
+int update_cluster_size(int want) {
   int dev = 0, ok = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&ok, cudaDevAttrClusterLaunch, dev) != cudaSuccess ||
       !ok) {
@@ -1629,6 +1671,7 @@ int update_cluster_size() {
   cudaFuncSetAttribute(update_cluster_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   cudaGetLastError();
   for (int cs : {16, 8}) {
+    if (want != 0 && cs != want) continue;
     cudaLaunchAttribute attr{};
     attr.id = cudaLaunchAttributeClusterDimension;
     attr.val.clusterDim.x = static_cast<unsigned>(cs);

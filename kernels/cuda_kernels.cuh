@@ -94,8 +94,9 @@ cudaError_t update_split(cudaStream_t s, const Update& u, void* scratch, int max
 /// max_blocks bounds the clusters outside the normed matrices; results do not depend on it.
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks);
-/// Blocks per cluster of the cluster update on the current device (16 or 8); 0 when it cannot run.
-int update_cluster_size();
+/// Blocks per cluster of the cluster update on the current device: `want` (16 or 8) or, with 0,
+/// 16 where the device schedules such clusters, else 8; 0 when it cannot run.
+int update_cluster_size(int want = 0);
 int update_cluster_max_cols();
 /// Whether a cooperative launch of `blocks` blocks captured into a graph runs on the current
 /// device (probed once: capture, instantiate, launch, check). Never leaves an error behind.

@@ -1140,6 +1140,22 @@ __global__ void __launch_bounds__(kThreads) update_adam_kernel(Update u, const d
 
 // --- the cluster update: the budget's partial sums, then one launch of thread-block clusters --
 
+/// The cluster update's first launch, grid (chunks, H): budget_partial_kernel's sums and, in
+/// block (0, 0), the step's new t and Adam's bias corrections (adam_ticket's arithmetic) into
+/// step[0..2] = {1 − β1^t, 1 − β2^t, t}, so that the second launch starts with them at hand.
+__global__ void __launch_bounds__(kThreads) budget_partial_step_kernel(const float* __restrict__ grads,
+                                                                       std::int64_t P, std::int64_t chunk,
+                                                                       double* __restrict__ partial,
+                                                                       const std::int64_t* t, double b1, double b2,
+                                                                       double* step) {
+  __shared__ double sh[32];
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < 3) {
+    const double t1 = static_cast<double>(static_cast<std::int64_t>(*t & static_cast<std::int64_t>(kTicket - 1)) + 1);
+    step[threadIdx.x] = threadIdx.x == 2 ? t1 : 1.0 - pow(threadIdx.x == 0 ? b1 : b2, t1);
+  }
+  budget_partial_item(grads, P, chunk, blockIdx.y, blockIdx.x, gridDim.x, partial, sh);
+}
+
 /// What every element of the cluster update needs (the step's constants, read once per block).
 struct ClusterStep {
   const float* __restrict__ grads;
@@ -1152,30 +1168,54 @@ struct ClusterStep {
   TargetRule rule;  ///< tgt null: no target update
 };
 
-constexpr int kClusterPer = 8;  // elements per thread and tile: a tile is one round of loads
+constexpr int kClusterPer = 8;        // elements per thread and tile: a tile is one round of loads
+constexpr int kClusterEarlyHeads = 2;  // heads whose gradients a tile loads before the clip factors
 constexpr std::int64_t kClusterTile = std::int64_t{kThreads} * kClusterPer;
 
-/// The elements i = s + k·kThreads + threadIdx.x < hi: g = Σ_h c_h g_h (double, heads in order,
-/// as combine_tile), Adam (adam_element) and, with target, the target update (apply_target's
-/// arithmetic). Every load of the tile is issued before the first store.
-__device__ __forceinline__ void cluster_tile(const ClusterStep& x, std::int64_t s, std::int64_t hi, bool target) {
-  double acc[kClusterPer];
-  float mr[kClusterPer], vr[kClusterPer], pr[kClusterPer], tr[kClusterPer];
-  const bool polyak_on = target && !x.rule.copy;
+/// One tile's operands in registers: m, v, θ, the target (Polyak) and the first heads' gradients.
+struct ClusterTile {
+  float m[kClusterPer], v[kClusterPer], th[kClusterPer], tg[kClusterPer];
+  float gr[kClusterEarlyHeads][kClusterPer];
+};
+
+/// Loads the tile's elements i = s + k·kThreads + threadIdx.x < hi (nothing here depends on the
+/// clip factors or the skip decision, so it can run before them).
+__device__ __forceinline__ void cluster_load(const ClusterStep& x, std::int64_t s, std::int64_t hi, bool polyak,
+                                             ClusterTile& r) {
 #pragma unroll
   for (int k = 0; k < kClusterPer; ++k) {
     const std::int64_t i = s + k * kThreads + threadIdx.x;
-    acc[k] = 0.0;
-    mr[k] = vr[k] = pr[k] = tr[k] = 0.0f;
-    if (x.finite && i < hi) {
-      mr[k] = x.mom[i];
-      vr[k] = x.var[i];
-      pr[k] = x.theta[i];
-      if (polyak_on) tr[k] = x.rule.tgt[i];
+    r.m[k] = r.v[k] = r.th[k] = r.tg[k] = 0.0f;
+#pragma unroll
+    for (int h = 0; h < kClusterEarlyHeads; ++h) r.gr[h][k] = 0.0f;
+    if (i < hi) {
+      r.m[k] = x.mom[i];
+      r.v[k] = x.var[i];
+      r.th[k] = x.theta[i];
+      if (polyak) r.tg[k] = x.rule.tgt[i];
+#pragma unroll
+      for (int h = 0; h < kClusterEarlyHeads; ++h)
+        if (h < x.H) r.gr[h][k] = x.grads[static_cast<std::int64_t>(h) * x.P + i];
     }
   }
+}
+
+/// The loaded tile: g = Σ_h c_h g_h (double, heads in order, as combine_tile), Adam (adam_element)
+/// and, with target, the target update (apply_target's arithmetic; r.tg loaded for Polyak).
+__device__ __forceinline__ void cluster_store(const ClusterStep& x, std::int64_t s, std::int64_t hi, bool target,
+                                              ClusterTile& r) {
+  double acc[kClusterPer];
+#pragma unroll
+  for (int k = 0; k < kClusterPer; ++k) acc[k] = 0.0;
   if (x.finite) {
-    for (int h = 0; h < x.H; ++h) {
+#pragma unroll
+    for (int h = 0; h < kClusterEarlyHeads; ++h) {
+      if (h >= x.H) break;
+      const double c = x.clip_sh[h];
+#pragma unroll
+      for (int k = 0; k < kClusterPer; ++k) acc[k] += c * static_cast<double>(r.gr[h][k]);
+    }
+    for (int h = kClusterEarlyHeads; h < x.H; ++h) {
       const double c = x.clip_sh[h];
       const float* gh = x.grads + static_cast<std::int64_t>(h) * x.P;
 #pragma unroll
@@ -1192,11 +1232,11 @@ __device__ __forceinline__ void cluster_tile(const ClusterStep& x, std::int64_t 
     const float gf = static_cast<float>(acc[k]);
     x.g[i] = gf;
     if (!x.finite) continue;
-    const float th = adam_element(gf, mr[k], vr[k], pr[k], x.b1, x.b2, x.eps, x.lr, x.bc1, x.bc2);
-    x.mom[i] = mr[k];
-    x.var[i] = vr[k];
+    const float th = adam_element(gf, r.m[k], r.v[k], r.th[k], x.b1, x.b2, x.eps, x.lr, x.bc1, x.bc2);
+    x.mom[i] = r.m[k];
+    x.var[i] = r.v[k];
     x.theta[i] = th;
-    if (target) x.rule.tgt[i] = x.rule.copy ? th : polyak(x.rule.tau, tr[k], th);
+    if (target) x.rule.tgt[i] = x.rule.copy ? th : polyak(x.rule.tau, r.tg[k], th);
   }
 }
 
@@ -1204,11 +1244,11 @@ __device__ __forceinline__ void cluster_tile(const ClusterStep& x, std::int64_t 
 /// clusters after them update the elements outside every normed matrix, tile by tile.
 constexpr int kClusterMaxSegs = kUpdateMaxSn + 1;
 struct ClusterPlan {
-  int cs = 8;    ///< blocks per cluster
   int nsn = 0;   ///< normed matrices (one cluster each)
   int nseg = 0;  ///< ranges of params outside every normed matrix
-  int rpc = 1;   ///< rows per block of a normed matrix (max_rows over cs, rounded up)
+  int rpc = 1;   ///< rows per block of a normed matrix (max_rows over the cluster size, rounded up)
   int max_cols = 1;
+  const double* step = nullptr;  ///< {1 − β1^t, 1 − β2^t, t} from budget_partial_step_kernel
   std::int64_t seg_lo[kClusterMaxSegs] = {}, seg_hi[kClusterMaxSegs] = {};
   std::int64_t seg_tile0[kClusterMaxSegs + 1] = {};  ///< first tile of each range; [nseg]: all tiles
 };
@@ -1220,71 +1260,99 @@ std::size_t cluster_update_shared(int max_cols, int rpc) {
   return (2 * static_cast<std::size_t>(max_cols) + static_cast<std::size_t>(rpc) + 2) * sizeof(double);
 }
 
-/// The update after budget_partial_kernel, in clusters (every block: the clip factors, the skip
-/// decision and t, as update_adam_kernel). A normed matrix's cluster updates its elements (g,
-/// Adam), then runs the power iteration over distributed shared memory: each block sums Wᵀu over
-/// its rows, every block adds the blocks' sums in rank order (all get the same v = Wᵀu/‖Wᵀu‖),
-/// computes x = W v for its rows and Σ x² of them; σ adds those in rank order; each block writes
-/// u ← x/σ for its rows and scales them by σ_max/σ when σ > σ_max, then their target update. The
-/// other clusters do g, Adam and the target update outside the normed matrices. Needs the normed
-/// matrices disjoint ranges inside params within the bounds (the caller checks). Skipped: g = 0,
-/// nothing else changes.
+/// The update after budget_partial_step_kernel, in clusters of CS blocks. Every block: the clip
+/// factors and the skip decision (budget_clips), t and the bias corrections from the first launch
+/// (block 0 stores t); each block's first tile is loaded before that. A normed matrix's cluster
+/// updates its elements (g, Adam), then runs the power iteration over distributed shared memory:
+/// each block sums Wᵀu over its rows, every block adds the blocks' sums in rank order (all get the
+/// same v = Wᵀu/‖Wᵀu‖), computes x = W v for its rows and Σ x² of them; σ adds those in rank order;
+/// each block writes u ← x/σ for its rows and scales them by σ_max/σ when σ > σ_max, then their
+/// target update. The other clusters do g, Adam and the target update outside the normed
+/// matrices. Needs the normed matrices disjoint ranges inside params within the bounds (the caller
+/// checks). Skipped: g = 0, nothing else changes.
+template <int CS>
 __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, const double* __restrict__ partial,
-                                                                  int nchunks, ClusterPlan pl) {
+                                                                     int nchunks, ClusterPlan pl) {
   namespace cg = cooperative_groups;
   extern __shared__ double cu_shared[];
   __shared__ float clip_sh[kUpdateMaxHeads + 4];  // + 4: see budget()
-  __shared__ double bc[2];
   __shared__ double sh[32];
-  __shared__ long long t_new_sh;
   const Budget& b = u.budget;
   float* theta = static_cast<float*>(u.adam.params.p);
-  const bool finite = budget_clips(b, partial, nchunks, clip_sh, blockIdx.x == 0);
-  if (finite && threadIdx.x < 32) {
-    const long long t_new = adam_ticket(u.adam.t, u.adam.beta1, u.adam.beta2, bc);
-    if (threadIdx.x == 0) t_new_sh = t_new;
-  }
-  __syncthreads();
   const TargetUpdate& tu = u.target;
-  const long long t_new = finite ? t_new_sh : 0;
+  const double bc1 = pl.step[0], bc2 = pl.step[1];
+  const auto t_new = static_cast<long long>(pl.step[2]);
+  ClusterStep x{static_cast<const float*>(b.grads.p),
+                static_cast<float*>(b.g.p),
+                static_cast<float*>(u.adam.m.p),
+                static_cast<float*>(u.adam.v.p),
+                theta,
+                clip_sh,
+                b.P,
+                b.H,
+                u.adam.beta1,
+                u.adam.beta2,
+                u.adam.eps,
+                *static_cast<const float*>(u.adam.lr.p),
+                1.0,
+                1.0,
+                false,
+                TargetRule{static_cast<float*>(tu.target.p), theta, static_cast<double>(tu.tau), tu.period != 0}};
+  const bool every = tu.period == 0;  // Polyak: the target's old values are needed (every step)
+  // This block's elements: a normed matrix's rows, or tiles of the ranges outside them.
+  const int cid = static_cast<int>(blockIdx.x) / CS;
+  const bool normed = cid < pl.nsn;
+  const int rank = static_cast<int>(blockIdx.x) % CS;
+  int rows = 0, cols = 0, r0 = 0, r1 = 0;
+  std::int64_t lo = 0, hi = 0;
+  SpectralMatrix sm{};
+  const int first = pl.nsn * CS, nblocks = static_cast<int>(gridDim.x) - first;
+  const std::int64_t tiles = pl.seg_tile0[pl.nseg];
+  int q = 0;
+  std::int64_t tile = static_cast<int>(blockIdx.x) - first;
+  if (normed) {
+    sm = u.sn_mats[cid];
+    rows = max(sm.rows, 0);
+    cols = max(sm.cols, 0);
+    r0 = min(rows, rank * pl.rpc);
+    r1 = min(rows, r0 + pl.rpc);
+    const std::int64_t off = static_cast<float*>(sm.w.p) - theta;
+    lo = off + static_cast<std::int64_t>(r0) * cols;
+    hi = off + static_cast<std::int64_t>(r1) * cols;
+  } else if (tile < tiles) {
+    while (pl.seg_tile0[q + 1] <= tile) ++q;
+    lo = pl.seg_lo[q] + (tile - pl.seg_tile0[q]) * kClusterTile;
+    hi = pl.seg_hi[q];
+  }
+  ClusterTile reg;
+  cluster_load(x, lo, min(hi, lo + kClusterTile), every && !normed, reg);  // in flight during the clips
+  const bool finite = budget_clips(b, partial, nchunks, clip_sh, blockIdx.x == 0);
+  if (finite && blockIdx.x == 0 && threadIdx.x == 0) *u.adam.t = t_new;
+  x.finite = finite;
+  x.bc1 = finite ? bc1 : 1.0;
+  x.bc2 = finite ? bc2 : 1.0;
   const bool target_on = finite && (tu.period == 0 || t_new % tu.period == 0);
-  const ClusterStep x{static_cast<const float*>(b.grads.p),
-                      static_cast<float*>(b.g.p),
-                      static_cast<float*>(u.adam.m.p),
-                      static_cast<float*>(u.adam.v.p),
-                      theta,
-                      clip_sh,
-                      b.P,
-                      b.H,
-                      u.adam.beta1,
-                      u.adam.beta2,
-                      u.adam.eps,
-                      *static_cast<const float*>(u.adam.lr.p),
-                      finite ? bc[0] : 1.0,
-                      finite ? bc[1] : 1.0,
-                      finite,
-                      TargetRule{static_cast<float*>(tu.target.p), theta, static_cast<double>(tu.tau), tu.period != 0}};
-  const int cid = static_cast<int>(blockIdx.x) / pl.cs;
-  if (cid >= pl.nsn) {  // outside the normed matrices: whole tiles over the ranges
-    const int first = pl.nsn * pl.cs, nblocks = static_cast<int>(gridDim.x) - first;
-    const std::int64_t tiles = pl.seg_tile0[pl.nseg];
-    int q = 0;
-    for (std::int64_t tile = static_cast<int>(blockIdx.x) - first; tile < tiles; tile += nblocks) {
+  if (!normed) {
+    if (tile >= tiles) return;
+    cluster_store(x, lo, min(hi, lo + kClusterTile), target_on, reg);
+    for (tile += nblocks; tile < tiles; tile += nblocks) {
       while (pl.seg_tile0[q + 1] <= tile) ++q;
-      cluster_tile(x, pl.seg_lo[q] + (tile - pl.seg_tile0[q]) * kClusterTile, pl.seg_hi[q], target_on);
+      const std::int64_t s = pl.seg_lo[q] + (tile - pl.seg_tile0[q]) * kClusterTile;
+      const std::int64_t e = min(pl.seg_hi[q], s + kClusterTile);
+      cluster_load(x, s, e, every && target_on, reg);
+      cluster_store(x, s, e, target_on, reg);
     }
     return;
   }
   cg::cluster_group cluster = cg::this_cluster();
-  const int rank = static_cast<int>(cluster.block_rank()), cs = pl.cs;
-  const SpectralMatrix sm = u.sn_mats[cid];
-  const int rows = max(sm.rows, 0), cols = max(sm.cols, 0);
   float* W = static_cast<float*>(sm.w.p);
   float* uv = static_cast<float*>(sm.u.p);
-  const int r0 = min(rows, rank * pl.rpc), r1 = min(rows, r0 + pl.rpc);
-  const std::int64_t off = W - theta;
-  const std::int64_t lo = off + static_cast<std::int64_t>(r0) * cols, hi = off + static_cast<std::int64_t>(r1) * cols;
-  for (std::int64_t s = lo; s < hi; s += kClusterTile) cluster_tile(x, s, hi, false);  // target: after the norm
+  // the block's rows: g and Adam (their target update follows the spectral norm)
+  cluster_store(x, lo, min(hi, lo + kClusterTile), false, reg);
+  for (std::int64_t s = lo + kClusterTile; s < hi; s += kClusterTile) {
+    cluster_load(x, s, min(hi, s + kClusterTile), false, reg);
+    cluster_store(x, s, min(hi, s + kClusterTile), false, reg);
+  }
   if (!finite || rows == 0 || cols == 0) return;  // the same in every block of the cluster
   double* part = cu_shared;          // [max_cols]: Σ over this block's rows of W[r, c] u[r]
   double* vv = part + pl.max_cols;   // [max_cols]: v
@@ -1302,8 +1370,12 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   // Wᵀu: the blocks' sums in rank order, the same in every block
   double vsq = 0.0;
   for (int c = threadIdx.x; c < cols; c += kThreads) {
+    double wq[CS];
+#pragma unroll
+    for (int k = 0; k < CS; ++k) wq[k] = cluster.map_shared_rank(part, k)[c];
     double w = 0.0;
-    for (int q = 0; q < cs; ++q) w += cluster.map_shared_rank(part, q)[c];
+#pragma unroll
+    for (int k = 0; k < CS; ++k) w += wq[k];
     vv[c] = w;
     vsq += w * w;
   }
@@ -1322,14 +1394,19 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
     if (lane == 0) xr[r - r0] = xs;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    double q = 0.0;
-    for (int r = 0; r < r1 - r0; ++r) q += xr[r] * xr[r];
-    *xsq = q;
+  if (warp == 0) {
+    double sq = 0.0;
+    for (int r = lane; r < r1 - r0; r += 32) sq += xr[r] * xr[r];
+    sq = warp_sum(sq);
+    if (lane == 0) *xsq = sq;
   }
   cluster.sync();
+  double sq[CS];
+#pragma unroll
+  for (int k = 0; k < CS; ++k) sq[k] = *cluster.map_shared_rank(xsq, k);
   double ssq = 0.0;
-  for (int q = 0; q < cs; ++q) ssq += *cluster.map_shared_rank(xsq, q);
+#pragma unroll
+  for (int k = 0; k < CS; ++k) ssq += sq[k];
   const double sigma = sqrt(ssq);
   const double unorm = sigma < 1e-12 ? 1e-12 : sigma;
   for (int r = r0 + threadIdx.x; r < r1; r += kThreads) uv[r] = static_cast<float>(xr[r - r0] / unorm);
@@ -1611,8 +1688,10 @@ cudaError_t target_update(cudaStream_t s, const TargetUpdate& a, int max_blocks)
 }
 
 std::size_t update_scratch_bytes(int H, std::int64_t P, int sn_count, int sn_max_rows, int sn_max_cols) {
+  // + 256: the cluster update's step constants after the partial sums (where the spectral norm's
+  // scratch lies in the other paths)
   return budget_scratch_bytes(H, P) +
-         (sn_count > 0 ? spectral_norm_scratch_bytes(sn_count, sn_max_rows, sn_max_cols) : 0);
+         std::max<std::size_t>(256, sn_count > 0 ? spectral_norm_scratch_bytes(sn_count, sn_max_rows, sn_max_cols) : 0);
 }
 
 int update_max_heads() { return kUpdateMaxHeads; }
@@ -1668,7 +1747,7 @@ int update_cluster_size(int want) {
     return 0;
   }
   // 16 blocks per cluster where the device schedules them (a non-portable size), else 8.
-  cudaFuncSetAttribute(update_cluster_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  cudaFuncSetAttribute(update_cluster_kernel<16>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   cudaGetLastError();
   for (int cs : {16, 8}) {
     if (want != 0 && cs != want) continue;
@@ -1683,7 +1762,9 @@ int update_cluster_size(int want) {
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, update_cluster_kernel, &cfg) == cudaSuccess && clusters > 0)
+    if (cudaOccupancyMaxActiveClusters(&clusters, cs == 16 ? update_cluster_kernel<16> : update_cluster_kernel<8>,
+                                       &cfg) == cudaSuccess &&
+        clusters > 0)
       return cs;
     cudaGetLastError();
   }
@@ -1695,11 +1776,10 @@ int update_cluster_max_cols() { return 8 * kThreads; }
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks) {
   const Budget& b = u.budget;
-  if (cs < 1 || cs > 16 || u.sn_count > kUpdateMaxSn || u.sn_max_cols > update_cluster_max_cols() ||
+  if ((cs != 8 && cs != 16) || u.sn_count > kUpdateMaxSn || u.sn_max_cols > update_cluster_max_cols() ||
       static_cast<int>(ranges.size()) != u.sn_count)
     return cudaErrorInvalidValue;
   ClusterPlan pl;
-  pl.cs = cs;
   pl.nsn = u.sn_count;
   pl.max_cols = std::max(u.sn_max_cols, 1);
   pl.rpc = std::max((u.sn_max_rows + cs - 1) / cs, 1);
@@ -1726,8 +1806,10 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   const std::int64_t plain_blocks = (plain + cs - 1) / cs * cs;
   const int nchunks = budget_chunks(b.P);
   auto* partial = static_cast<double*>(scratch);
-  budget_partial_kernel<<<dim3(nchunks, b.H), kThreads, 0, s>>>(b.grads.as<const float>(), b.P, budget_chunk(b.P),
-                                                                partial);
+  auto* step = reinterpret_cast<double*>(static_cast<char*>(scratch) + budget_scratch_bytes(b.H, b.P));
+  pl.step = step;
+  budget_partial_step_kernel<<<dim3(nchunks, b.H), kThreads, 0, s>>>(
+      b.grads.as<const float>(), b.P, budget_chunk(b.P), partial, u.adam.t, u.adam.beta1, u.adam.beta2, step);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeClusterDimension;
@@ -1741,7 +1823,8 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
   if (cfg.gridDim.x == 0) return cudaSuccess;
-  return cudaLaunchKernelEx(&cfg, update_cluster_kernel, u, static_cast<const double*>(partial), nchunks, pl);
+  return cs == 16 ? cudaLaunchKernelEx(&cfg, update_cluster_kernel<16>, u, static_cast<const double*>(partial), nchunks, pl)
+                  : cudaLaunchKernelEx(&cfg, update_cluster_kernel<8>, u, static_cast<const double*>(partial), nchunks, pl);
 }
 
 bool cooperative_graphs_work(int blocks) {

@@ -134,6 +134,28 @@ __device__ __forceinline__ R slot_reduce(R v, R* red, int W, int slot, Op op) {
   return r;
 }
 
+/// slot_reduce of two values at once (one pair of barriers): each as slot_reduce would give it.
+template <typename R, typename Op>
+__device__ __forceinline__ void slot_reduce2(R& a, R& b, R* red_a, R* red_b, int W, int slot, Op op) {
+  for (int o = 16; o > 0; o >>= 1) {
+    a = op(a, __shfl_xor_sync(0xffffffffu, a, o));
+    b = op(b, __shfl_xor_sync(0xffffffffu, b, o));
+  }
+  if ((threadIdx.x & 31) == 0) {
+    red_a[threadIdx.x >> 5] = a;
+    red_b[threadIdx.x >> 5] = b;
+  }
+  __syncthreads();
+  R ra = red_a[slot * W], rb = red_b[slot * W];
+  for (int k = 1; k < W; ++k) {
+    ra = op(ra, red_a[slot * W + k]);
+    rb = op(rb, red_b[slot * W + k]);
+  }
+  __syncthreads();  // red_a and red_b are reused by the next reduction
+  a = ra;
+  b = rb;
+}
+
 /// One block per sample, a slot of threads per branch, a thread per atom (loss_shape). Shared:
 /// per branch the cross-entropy [D] (double) and the taken action's gradient row g [D][Z]; per
 /// slot the target probabilities p, the projected support tz and the projection m [Z] each. The
@@ -141,7 +163,7 @@ __device__ __forceinline__ R slot_reduce(R v, R* red, int W, int slot, Op op) {
 template <typename T>
 __global__ void c51_loss_kernel(C51Loss a, double dz_d, LossShape shape, double* weighted, unsigned* counter) {
   extern __shared__ double cl_shared[];
-  __shared__ double red[32];
+  __shared__ double red[32], red2[32];
   const int tpb = shape.tpb, nslots = shape.slots, W = tpb >> 5;
   const int slot = (threadIdx.x >> 5) / W, t = threadIdx.x - slot * tpb;
   const int b = blockIdx.x, D = a.D, A = a.A, Z = a.Z;
@@ -169,6 +191,11 @@ __global__ void c51_loss_kernel(C51Loss a, double dz_d, LossShape shape, double*
     const int bd = b * D + d;
     const int star = active ? a.a_star[bd] : -1, taken = active ? a.actions[bd] : -1;
     const bool star_ok = star >= 0 && star < A, taken_ok = taken >= 0 && taken < A;
+    // The online log-probabilities at the taken action (this thread's first atom), loaded now:
+    // in flight while the target distribution is built.
+    const float* lp = LP + (static_cast<std::int64_t>(bd) * A + (taken_ok ? taken : 0)) * Z;
+    const float lp_first = taken_ok && t < Z ? lp[t] : 0.0f;
+    auto lp_at = [&](int i) { return i == t ? lp_first : lp[i]; };
     // 1. the target network's log-probabilities at a*, as dueling_combine + log_softmax
     float mx = -INFINITY;
     if (star_ok) {
@@ -200,7 +227,6 @@ __global__ void c51_loss_kernel(C51Loss a, double dz_d, LossShape shape, double*
     // 2. the dense projection m (as c51_project: each atom sums over j in order), and the
     // cross-entropy's sums at the taken action (as c51_xent)
     float* m = M + static_cast<std::int64_t>(bd) * Z;
-    const float* lp = LP + (static_cast<std::int64_t>(bd) * A + (taken_ok ? taken : 0)) * Z;
     T xs = 0, m_sum = 0;
     for (int i = t; i < Z; i += tpb) {
       float mi = NAN;  // an index the host could not check: visible, never read out of bounds
@@ -221,19 +247,18 @@ __global__ void c51_loss_kernel(C51Loss a, double dz_d, LossShape shape, double*
       if (active) m[i] = mi;
       mm[i] = mi;
       if (taken_ok) {
-        xs -= static_cast<T>(mi) * static_cast<T>(lp[i]);
+        xs -= static_cast<T>(mi) * static_cast<T>(lp_at(i));
         m_sum += static_cast<T>(mi);
       }
     }
-    xs = slot_reduce(xs, reinterpret_cast<T*>(red), W, slot, add);
-    m_sum = slot_reduce(m_sum, reinterpret_cast<T*>(red), W, slot, add);
+    slot_reduce2(xs, m_sum, reinterpret_cast<T*>(red), reinterpret_cast<T*>(red2), W, slot, add);
     // 3. the gradient row of the taken action, and 4. the dueling backward of that dlogits (zero
     // off the taken action): dadv = dl − mean_a dl
     if (active) {
       float* dadv = DADV + static_cast<std::int64_t>(bd) * ld_or(a.lddadv, A * Z);
       for (int i = t; i < Z; i += tpb) {
         float g = NAN;
-        if (taken_ok) g = static_cast<float>(grad_scale * (exp_t(static_cast<T>(lp[i])) * m_sum - mm[i]));
+        if (taken_ok) g = static_cast<float>(grad_scale * (exp_t(static_cast<T>(lp_at(i))) * m_sum - mm[i]));
         G[static_cast<std::int64_t>(d) * Z + i] = g;
         const T mean = static_cast<T>(g) / A;
         const float other = static_cast<float>(T(0) - mean), own = static_cast<float>(static_cast<T>(g) - mean);

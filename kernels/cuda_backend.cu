@@ -150,8 +150,8 @@ bool tune_split_k_from_env() noexcept {
 /// unset → two launches (partial sums; thread-block clusters, one per normed matrix, and more for
 /// the other elements) where the device launches clusters and the normed matrices are disjoint
 /// ranges inside params holding at least half of them (mostly_normed), else the four ops;
-/// cluster → the two launches whenever the device and the matrices allow; 0/off → the four ops as they are (six
-/// launches); split → four launches (partial sums; clips, g, Adam and the target update outside
+/// cluster → the two launches whenever the device and the matrices allow; 0/off → the four ops
+/// as they are (six launches); split → four launches (partial sums; clips, g, Adam and the target update outside
 /// the normed matrices; the two spectral-norm passes, the second with the normed rows' target
 /// update); 1/on → one cooperative launch (the grid-wide barriers cost more than the kernel
 /// boundaries they replace). The same results every way, but for the cluster update's power
@@ -670,7 +670,8 @@ class CudaBackend final : public Backend {
     const bool fused = shaped && update_blocks_ > 0;
     const bool split = shaped && !fused && update_mode_ == UpdateMode::split && sn_tidy(u);
     const bool cluster = shaped && !fused && !split && update_cluster_ > 0 &&
-                         u.sn_max_cols <= cuda::update_cluster_max_cols() && sn_tidy(u) && mostly_normed(u);
+                         cuda::update_cluster_fits(update_cluster_, u.sn_max_rows, u.sn_max_cols) && sn_tidy(u) &&
+                         mostly_normed(u);
     if (!fused && !split && !cluster) {
       budget(b);
       adam(a);
@@ -688,7 +689,8 @@ class CudaBackend final : public Backend {
     if (!s) return;
     if (planning_) return;
     if (fused) DQN_CUDA_OK(op, cuda::update(stream_, u, s, update_blocks_));
-    else if (cluster) DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), wave_blocks()));
+    else if (cluster)
+      DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), wave_blocks()));
     else DQN_CUDA_OK(op, cuda::update_split(stream_, u, s, 2 * wave_blocks()));
   }
 
@@ -752,7 +754,8 @@ class CudaBackend final : public Backend {
   const char* update_path() const noexcept {
     if (update_blocks_ > 0) return "fused (one cooperative kernel)";
     if (update_cluster_ > 0) {
-      if (cluster_forced_) return update_cluster_ == 16 ? "cluster (16 blocks a cluster)" : "cluster (8 blocks a cluster)";
+      if (cluster_forced_)
+        return update_cluster_ == 16 ? "cluster (16 blocks a cluster)" : "cluster (8 blocks a cluster)";
       return update_cluster_ == 16
                  ? "cluster (16 blocks a cluster) where normed matrices hold half of params, else separate kernels"
                  : "cluster (8 blocks a cluster) where normed matrices hold half of params, else separate kernels";

@@ -1256,6 +1256,7 @@ struct ClusterPlan {
 /// Dynamic shared memory of the cluster update (doubles): Σ over the block's rows of W[r, c] u[r]
 /// [max_cols] (read by the whole cluster), v [max_cols], x = W v of the block's rows [rpc], Σ x²
 /// of them [1].
+constexpr std::size_t kClusterMaxShared = 40 * 1024;  // with the static shared memory, under the default 48 KiB
 std::size_t cluster_update_shared(int max_cols, int rpc) {
   return (2 * static_cast<std::size_t>(max_cols) + static_cast<std::size_t>(rpc) + 2) * sizeof(double);
 }
@@ -1758,7 +1759,7 @@ int update_cluster_size(int want) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(static_cast<unsigned>(cs));
     cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = cluster_update_shared(update_cluster_max_cols(), 64);
+    cfg.dynamicSmemBytes = cluster_update_shared(2048, 64);  // a typical large case (33 KiB)
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
     int clusters = 0;
@@ -1771,12 +1772,15 @@ int update_cluster_size(int want) {
   return 0;
 }
 
-int update_cluster_max_cols() { return 8 * kThreads; }
+bool update_cluster_fits(int cs, int max_rows, int max_cols) {
+  if (cs < 1 || max_rows < 0 || max_cols < 0) return false;
+  return cluster_update_shared(max_cols, (max_rows + cs - 1) / cs) <= kClusterMaxShared;
+}
 
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks) {
   const Budget& b = u.budget;
-  if ((cs != 8 && cs != 16) || u.sn_count > kUpdateMaxSn || u.sn_max_cols > update_cluster_max_cols() ||
+  if ((cs != 8 && cs != 16) || u.sn_count > kUpdateMaxSn || !update_cluster_fits(cs, u.sn_max_rows, u.sn_max_cols) ||
       static_cast<int>(ranges.size()) != u.sn_count)
     return cudaErrorInvalidValue;
   ClusterPlan pl;

@@ -519,12 +519,28 @@ __device__ void budget_partial_item(const float* __restrict__ grads, std::int64_
   if (threadIdx.x == 0) partial[static_cast<std::int64_t>(h) * nchunks + j] = total;
 }
 
+
+/// Adam's arrival counter lives in the upper bits of *t (below them, t itself).
+constexpr int kTicketShift = 40;
+constexpr unsigned long long kTicket = 1ull << kTicketShift;
+
+/// Adam's bias correction 1 − β^t for the step's new t (every GPU path computes it this way).
+__device__ __forceinline__ double bias_correction(double beta, double t) { return 1.0 - pow(beta, t); }
+
 /// Pass 1, grid (chunks, H): partial[h][j] = Σ g² over chunk j of head h, in double. A non-finite
 /// element makes the partial non-finite, and a finite one never does (the squares of finite floats
-/// cannot overflow a double sum), so the partials also carry the per-head non-finite flag.
+/// cannot overflow a double sum), so the partials also carry the per-head non-finite flag. With
+/// step (the cluster update), block (0, 0) also stores the step's new t and Adam's bias
+/// corrections there, step[0..2] = {1 − β1^t, 1 − β2^t, t}, so that the next launch starts with them.
 __global__ void __launch_bounds__(kThreads) budget_partial_kernel(const float* __restrict__ grads, std::int64_t P,
-                                                                  std::int64_t chunk, double* __restrict__ partial) {
+                                                                  std::int64_t chunk, double* __restrict__ partial,
+                                                                  const std::int64_t* t = nullptr, double b1 = 0.0,
+                                                                  double b2 = 0.0, double* step = nullptr) {
   __shared__ double sh[32];
+  if (step && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < 3) {
+    const double t1 = static_cast<double>(static_cast<std::int64_t>(*t & static_cast<std::int64_t>(kTicket - 1)) + 1);
+    step[threadIdx.x] = threadIdx.x == 2 ? t1 : bias_correction(threadIdx.x == 0 ? b1 : b2, t1);
+  }
   budget_partial_item(grads, P, chunk, blockIdx.y, blockIdx.x, gridDim.x, partial, sh);
 }
 
@@ -616,10 +632,6 @@ __global__ void __launch_bounds__(kThreads) budget_combine_kernel(Budget a, cons
 // --- optimiser, spectral norm, target -------------------------------------------------------
 
 constexpr int kElemPer = 4;  // elements per thread per round of the elementwise optimiser kernels
-/// Adam's arrival counter lives in the upper bits of *t (below them, t itself).
-constexpr int kTicketShift = 40;
-constexpr unsigned long long kTicket = 1ull << kTicketShift;
-
 /// The first warp of every block of a one-launch Adam step (see adam_kernel): thread 0 takes the
 /// block's ticket from *t; the last block to arrive stores t+1. Lanes 0 and 1 store the bias
 /// corrections 1 − β1^(t+1) and 1 − β2^(t+1) into bc[0] and bc[1]. Returns t+1 (in every lane).
@@ -631,7 +643,7 @@ __device__ __forceinline__ long long adam_ticket(std::int64_t* t, double b1, dou
   if (threadIdx.x == 0 && (old >> kTicketShift) == gridDim.x - 1u)
     atomicExch(reinterpret_cast<unsigned long long*>(t), t_old + 1);
   const double t1 = static_cast<double>(static_cast<std::int64_t>(t_old) + 1);
-  if (threadIdx.x < 2) bc[threadIdx.x] = 1.0 - pow(threadIdx.x == 0 ? b1 : b2, t1);  // both in one pass
+  if (threadIdx.x < 2) bc[threadIdx.x] = bias_correction(threadIdx.x == 0 ? b1 : b2, t1);  // both in one pass
   return static_cast<long long>(t_old) + 1;
 }
 
@@ -1031,7 +1043,8 @@ __global__ void __launch_bounds__(kThreads, 2) update_kernel(Update u, UpdatePla
   if (finite && blockIdx.x == 0 && threadIdx.x == 0) *u.adam.t = t_new;
   const double b1 = u.adam.beta1, b2 = u.adam.beta2, eps = u.adam.eps;
   const double lr = *static_cast<const float*>(u.adam.lr.p);
-  const double bc1 = 1.0 - pow(b1, static_cast<double>(t_new)), bc2 = 1.0 - pow(b2, static_cast<double>(t_new));
+  const double bc1 = bias_correction(b1, static_cast<double>(t_new));
+  const double bc2 = bias_correction(b2, static_cast<double>(t_new));
   const TargetUpdate& tu = u.target;
   const bool target_on = finite && (tu.period == 0 || t_new % tu.period == 0);
   const TargetRule rule{static_cast<float*>(tu.target.p), theta, static_cast<double>(tu.tau), tu.period != 0};
@@ -1140,22 +1153,6 @@ __global__ void __launch_bounds__(kThreads) update_adam_kernel(Update u, const d
 
 // --- the cluster update: the budget's partial sums, then one launch of thread-block clusters --
 
-/// The cluster update's first launch, grid (chunks, H): budget_partial_kernel's sums and, in
-/// block (0, 0), the step's new t and Adam's bias corrections (adam_ticket's arithmetic) into
-/// step[0..2] = {1 − β1^t, 1 − β2^t, t}, so that the second launch starts with them at hand.
-__global__ void __launch_bounds__(kThreads) budget_partial_step_kernel(const float* __restrict__ grads,
-                                                                       std::int64_t P, std::int64_t chunk,
-                                                                       double* __restrict__ partial,
-                                                                       const std::int64_t* t, double b1, double b2,
-                                                                       double* step) {
-  __shared__ double sh[32];
-  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < 3) {
-    const double t1 = static_cast<double>(static_cast<std::int64_t>(*t & static_cast<std::int64_t>(kTicket - 1)) + 1);
-    step[threadIdx.x] = threadIdx.x == 2 ? t1 : 1.0 - pow(threadIdx.x == 0 ? b1 : b2, t1);
-  }
-  budget_partial_item(grads, P, chunk, blockIdx.y, blockIdx.x, gridDim.x, partial, sh);
-}
-
 /// What every element of the cluster update needs (the step's constants, read once per block).
 struct ClusterStep {
   const float* __restrict__ grads;
@@ -1248,7 +1245,7 @@ struct ClusterPlan {
   int nseg = 0;  ///< ranges of params outside every normed matrix
   int rpc = 1;   ///< rows per block of a normed matrix (max_rows over the cluster size, rounded up)
   int max_cols = 1;
-  const double* step = nullptr;  ///< {1 − β1^t, 1 − β2^t, t} from budget_partial_step_kernel
+  const double* step = nullptr;  ///< {1 − β1^t, 1 − β2^t, t} from budget_partial_kernel
   std::int64_t seg_lo[kClusterMaxSegs] = {}, seg_hi[kClusterMaxSegs] = {};
   std::int64_t seg_tile0[kClusterMaxSegs + 1] = {};  ///< first tile of each range; [nseg]: all tiles
 };
@@ -1261,7 +1258,7 @@ std::size_t cluster_update_shared(int max_cols, int rpc) {
   return (2 * static_cast<std::size_t>(max_cols) + static_cast<std::size_t>(rpc) + 2) * sizeof(double);
 }
 
-/// The update after budget_partial_step_kernel, in clusters of CS blocks. Every block: the clip
+/// The update after budget_partial_kernel (with step), in clusters of CS blocks. Every block: the clip
 /// factors and the skip decision (budget_clips), t and the bias corrections from the first launch
 /// (block 0 stores t); each block's first tile is loaded before that. A normed matrix's cluster
 /// updates its elements (g, Adam), then runs the power iteration over distributed shared memory:
@@ -1740,6 +1737,24 @@ cudaError_t update_split(cudaStream_t s, const Update& u, void* scratch, int max
                    static_cast<char*>(scratch) + budget_scratch_bytes(b.H, b.P), u.target);
 }
 
+/// The launch of `blocks` blocks of kThreads in clusters of cs (attr: storage for the cluster
+/// attribute the configuration points to).
+cudaLaunchConfig_t cluster_config(int cs, unsigned blocks, std::size_t shared, cudaStream_t s,
+                                  cudaLaunchAttribute& attr) {
+  attr = cudaLaunchAttribute{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(cs);
+  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = shared;
+  cfg.stream = s;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
 int update_cluster_size(int want) {
   int dev = 0, ok = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&ok, cudaDevAttrClusterLaunch, dev) != cudaSuccess ||
@@ -1753,15 +1768,9 @@ int update_cluster_size(int want) {
   for (int cs : {16, 8}) {
     if (want != 0 && cs != want) continue;
     cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = static_cast<unsigned>(cs);
-    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>(cs));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = cluster_update_shared(2048, 64);  // a typical large case (33 KiB)
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
+    // one cluster, with the shared memory of a typical large case (33 KiB)
+    const cudaLaunchConfig_t cfg =
+        cluster_config(cs, static_cast<unsigned>(cs), cluster_update_shared(2048, 64), nullptr, attr);
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, cs == 16 ? update_cluster_kernel<16> : update_cluster_kernel<8>,
                                        &cfg) == cudaSuccess &&
@@ -1812,21 +1821,13 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   auto* partial = static_cast<double*>(scratch);
   auto* step = reinterpret_cast<double*>(static_cast<char*>(scratch) + budget_scratch_bytes(b.H, b.P));
   pl.step = step;
-  budget_partial_step_kernel<<<dim3(nchunks, b.H), kThreads, 0, s>>>(
+  budget_partial_kernel<<<dim3(nchunks, b.H), kThreads, 0, s>>>(
       b.grads.as<const float>(), b.P, budget_chunk(b.P), partial, u.adam.t, u.adam.beta1, u.adam.beta2, step);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = static_cast<unsigned>(cs);
-  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(static_cast<std::int64_t>(pl.nsn) * cs + plain_blocks));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = cluster_update_shared(pl.max_cols, pl.rpc);
-  cfg.stream = s;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  if (cfg.gridDim.x == 0) return cudaSuccess;
+  const auto blocks = static_cast<unsigned>(static_cast<std::int64_t>(pl.nsn) * cs + plain_blocks);
+  if (blocks == 0) return cudaSuccess;
+  const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, cluster_update_shared(pl.max_cols, pl.rpc), s, attr);
   return cs == 16 ? cudaLaunchKernelEx(&cfg, update_cluster_kernel<16>, u, static_cast<const double*>(partial), nchunks, pl)
                   : cudaLaunchKernelEx(&cfg, update_cluster_kernel<8>, u, static_cast<const double*>(partial), nchunks, pl);
 }

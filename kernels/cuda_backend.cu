@@ -34,7 +34,10 @@ constexpr std::size_t kWorkspaceBytes = std::size_t{8} << 20;        // cuBLAS +
 constexpr std::size_t kInitialScratchBytes = std::size_t{4} << 20;   // per lane, usable without a plan
 constexpr int kReportSlots = 64;
 constexpr int kMaxLanes = 8;                                          // concurrent streams of a captured step
-constexpr std::size_t kCounterBytes = kMaxLanes * 32 * sizeof(unsigned);  // one 128-byte slot per lane
+/// Stream slots: one per lane, then one side slot per lane (kMaxLanes + lane) on which an op of
+/// that lane may run a part of itself beside the rest (head_forward's value GEMM).
+constexpr int kSlots = 2 * kMaxLanes;
+constexpr std::size_t kCounterBytes = kSlots * 32 * sizeof(unsigned);  // one 128-byte slot each
 
 std::string where(const char* file, int line, int device) {
   return std::string(" at ") + file + ":" + std::to_string(line) + " (cuda device " + std::to_string(device) + ")";
@@ -231,32 +234,33 @@ class CudaBackend final : public Backend {
     try {
       DQN_CUDA_THROW(cudaSetDevice(device));
       DQN_CUDA_THROW(cudaGetDeviceProperties(&props_, device));
-      // One stream per lane (lane 0 is the runtime's stream; the others join a capture forked from
-      // it). Each lane has its own slice of the library workspace and of the scratch, so ops on
+      // One stream per slot (lane 0 is the runtime's stream; the others join a capture forked from
+      // it). Each slot has its own slice of the library workspace and of the scratch, so ops on
       // different lanes may run concurrently.
       for (auto& st : streams_) DQN_CUDA_THROW(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+      for (auto& e : side_events_) DQN_CUDA_THROW(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
       stream_ = streams_[0];
       DQN_CUBLAS_THROW(cublasCreate(&blas_));
       DQN_CUBLAS_THROW(cublasLtCreate(&lt_));
-      DQN_CUDA_THROW(cudaMalloc(&workspace_base_, kWorkspaceBytes * kMaxLanes));
+      DQN_CUDA_THROW(cudaMalloc(&workspace_base_, kWorkspaceBytes * kSlots));
       // Zeroed once: some cuBLASLt kernels read words of the workspace they have not written
       // (initcheck), whose values they do not use; zero keeps those reads defined.
-      DQN_CUDA_THROW(cudaMemset(workspace_base_, 0, kWorkspaceBytes * kMaxLanes));
+      DQN_CUDA_THROW(cudaMemset(workspace_base_, 0, kWorkspaceBytes * kSlots));
       workspace_ = workspace_base_;
-      note_device_bytes(kWorkspaceBytes * kMaxLanes);
+      note_device_bytes(kWorkspaceBytes * kSlots);
       // cublasSetStream resets the workspace to cuBLAS's own pool: set the stream first.
       DQN_CUBLAS_THROW(cublasSetStream(blas_, stream_));
       DQN_CUBLAS_THROW(cublasSetWorkspace(blas_, workspace_, kWorkspaceBytes));
       DQN_CUBLAS_THROW(cublasSetMathMode(blas_, precision == Precision::fp32 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH));
-      DQN_CUDA_THROW(cudaMalloc(&scratch_base_, kInitialScratchBytes * kMaxLanes));
-      DQN_CUDA_THROW(cudaMemset(scratch_base_, 0, kInitialScratchBytes * kMaxLanes));
+      DQN_CUDA_THROW(cudaMalloc(&scratch_base_, kInitialScratchBytes * kSlots));
+      DQN_CUDA_THROW(cudaMemset(scratch_base_, 0, kInitialScratchBytes * kSlots));
       scratch_ = scratch_base_;
       // "last block done" counters, one slot per lane: 0 between kernels (each kernel resets its own)
       DQN_CUDA_THROW(cudaMalloc(&counters_, kCounterBytes));
       DQN_CUDA_THROW(cudaMemset(counters_, 0, kCounterBytes));
       note_device_bytes(kCounterBytes);
       scratch_bytes_ = kInitialScratchBytes;
-      note_device_bytes(kInitialScratchBytes * kMaxLanes);
+      note_device_bytes(kInitialScratchBytes * kSlots);
       // The fused head kernels may use up to the opt-in shared memory of a block: granted once here.
       if (fused_head_ && cuda::head_kernels_prepare(props_.sharedMemPerBlockOptin) == cudaSuccess) {
         head_shared_max_ = props_.sharedMemPerBlockOptin;
@@ -961,7 +965,7 @@ class CudaBackend final : public Backend {
     constexpr const char* op = "head_forward";
     const bool sizes = a.rows > 0 && a.H2 > 0 && a.Hh > 0 && a.D > 0 && a.D <= 65535 && a.A > 0 && a.Z > 0;
     if (!sizes || !fuse_head(kFuseForward, a.rows, a.D, cuda::head_forward_shared_bytes(a.H2, a.Hh, a.A, a.Z)))
-      return head_forward_composed(a);
+      return head_forward_beside(a);
     if (a.ldx < a.H2 || a.ldv < a.Z) return fail(op, "ldx smaller than H2 or ldv smaller than Z");
     if (ld_or(a.ldadv, a.A * a.Z) < a.A * a.Z) return fail(op, "ldadv smaller than A·Z");
     if (a.star_from < 0 || a.star_from > a.rows) return fail(op, "star_from outside [0, rows]");
@@ -974,6 +978,39 @@ class CudaBackend final : public Backend {
     if (a.q && !real_ok(a.q, op, "q")) return;
     if (planning_) return;
     DQN_CUDA_OK(op, cuda::head_forward(stream_, a));
+  }
+
+  /// head_forward_composed with the value GEMM on the lane's side slot, beside the advantage
+  /// GEMM (both read only the hidden layer; each is a few blocks, and on one stream the value
+  /// GEMM's 5 µs sat on the step's critical path). Captured, the fork and join are graph edges.
+  void head_forward_beside(const HeadForward& a) noexcept {
+    constexpr const char* op = "head_forward";
+    const HeadForwardOps o = head_forward_ops(a);
+    gemm(o.hidden);
+    const int lane = lane_;
+    const bool events = !planning_;  // while planning, nothing is launched
+    bool ok = status_ == 0 && (!events || DQN_CUDA_OK(op, cudaEventRecord(side_events_[0], stream_)));
+    if (ok && switch_slot(op, kMaxLanes + lane)) {
+      if (events) ok = DQN_CUDA_OK(op, cudaStreamWaitEvent(stream_, side_events_[0], 0));
+      if (ok) gemm(o.value);
+      if (ok && events) ok = DQN_CUDA_OK(op, cudaEventRecord(side_events_[1], stream_));
+      ok = switch_slot(op, lane) && ok;
+    }
+    if (!ok) return;
+    gemm(o.adv);
+    if (events && !DQN_CUDA_OK(op, cudaStreamWaitEvent(stream_, side_events_[1], 0))) return;
+    if (a.logp) dueling_dist(o.dist);
+  }
+
+  /// use_slot for an op (records a failure instead of throwing).
+  bool switch_slot(const char* op, int slot) noexcept {
+    try {
+      use_slot(slot);
+      return true;
+    } catch (const std::exception& e) {
+      record(1, op, e.what());
+      return false;
+    }
   }
 
   /// tf32 and few rows: one kernel (a block per 16 rows and hidden segment); else the composed
@@ -1065,14 +1102,14 @@ class CudaBackend final : public Backend {
     bytes = round_up(bytes, 256);
     DQN_CUDA_THROW(cudaDeviceSynchronize());
     DQN_CUDA_THROW(cudaFree(scratch_base_));
-    forget_device_bytes(scratch_bytes_ * kMaxLanes);
+    forget_device_bytes(scratch_bytes_ * kSlots);
     scratch_ = scratch_base_ = nullptr;
     scratch_bytes_ = 0;
-    DQN_CUDA_THROW(cudaMalloc(&scratch_base_, bytes * kMaxLanes));
-    DQN_CUDA_THROW(cudaMemset(scratch_base_, 0, bytes * kMaxLanes));
+    DQN_CUDA_THROW(cudaMalloc(&scratch_base_, bytes * kSlots));
+    DQN_CUDA_THROW(cudaMemset(scratch_base_, 0, bytes * kSlots));
     scratch_bytes_ = bytes;
     scratch_ = static_cast<char*>(scratch_base_) + static_cast<std::size_t>(lane_) * scratch_bytes_;
-    note_device_bytes(bytes * kMaxLanes);
+    note_device_bytes(bytes * kSlots);
   }
 
   /// Makes the following ops run on lane `lane` (its stream, workspace, scratch and counter).
@@ -1080,6 +1117,13 @@ class CudaBackend final : public Backend {
   void set_lane(int lane) {
     if (lane < 0 || lane >= kMaxLanes)
       throw std::runtime_error("cuda: lane " + std::to_string(lane) + " outside [0, " + std::to_string(kMaxLanes) + ")");
+    use_slot(lane);
+  }
+  int lane() const noexcept { return lane_; }
+
+ private:
+  /// Makes the following ops run on stream slot `lane` (a lane, or kMaxLanes + lane: its side slot).
+  void use_slot(int lane) {
     if (lane == lane_) return;
     lane_ = lane;
     stream_ = streams_[lane];
@@ -1089,9 +1133,7 @@ class CudaBackend final : public Backend {
     DQN_CUBLAS_THROW(cublasSetStream(blas_, stream_));
     DQN_CUBLAS_THROW(cublasSetWorkspace(blas_, workspace_, kWorkspaceBytes));
   }
-  int lane() const noexcept { return lane_; }
 
- private:
   void fail(const char* op, const char* why) noexcept { record(1, op, why); }
 
   void record(int code, const char* op, const std::string& why) noexcept {
@@ -1515,6 +1557,10 @@ class CudaBackend final : public Backend {
       if (st) cudaStreamDestroy(st);
       st = nullptr;
     }
+    for (auto& e : side_events_) {
+      if (e) cudaEventDestroy(e);
+      e = nullptr;
+    }
     scratch_ = workspace_ = scratch_base_ = workspace_base_ = nullptr;
     lt_ = nullptr;
     blas_ = nullptr;
@@ -1530,9 +1576,10 @@ class CudaBackend final : public Backend {
   void* workspace_ = nullptr;
   void* scratch_ = nullptr;
   unsigned* counters_ = nullptr;
-  cudaStream_t streams_[kMaxLanes] = {};
-  void* workspace_base_ = nullptr;  ///< kMaxLanes slices of kWorkspaceBytes; workspace_ is the lane's
-  void* scratch_base_ = nullptr;    ///< kMaxLanes slices of scratch_bytes_; scratch_ is the lane's
+  cudaStream_t streams_[kSlots] = {};
+  cudaEvent_t side_events_[2] = {};  ///< fork and join of an op's side slot (see head_forward)
+  void* workspace_base_ = nullptr;  ///< kSlots slices of kWorkspaceBytes; workspace_ is the slot's
+  void* scratch_base_ = nullptr;    ///< kSlots slices of scratch_bytes_; scratch_ is the slot's
   std::size_t scratch_bytes_ = 0;
   std::size_t device_bytes_ = 0, peak_bytes_ = 0;
   bool planning_ = false, capturing_ = false;

@@ -655,22 +655,32 @@ unsigned wave_blocks(std::int64_t n, int max_blocks) {
       std::clamp<std::int64_t>((n + per_block - 1) / per_block, 1, std::max(max_blocks, 1)));
 }
 
-/// One element's Adam update: m and v in place (stored as floats, computed in double); returns
-/// the new θ. bc1 = 1 − β1^t, bc2 = 1 − β2^t for the step's new t.
-__device__ __forceinline__ float adam_element(float g, float& m, float& v, float theta, double b1, double b2,
-                                              double eps, double lr, double bc1, double bc2) {
-  const double gi = g;
-  const double mi = b1 * static_cast<double>(m) + (1.0 - b1) * gi;
-  const double vi = b2 * static_cast<double>(v) + (1.0 - b2) * gi * gi;
-  m = static_cast<float>(mi);
-  v = static_cast<float>(vi);
-  return static_cast<float>(static_cast<double>(theta) - lr * (mi / bc1) / (sqrt(vi / bc2) + eps));
+/// Adam's constants for one step, rounded to float once: β1, 1 − β1, β2, 1 − β2, lr / (1 − β1^t),
+/// 1 / (1 − β2^t) and ε (bc1 = 1 − β1^t, bc2 = 1 − β2^t for the step's new t, in double).
+struct AdamCoef {
+  float b1, c1, b2, c2, step, inv_bc2, eps;
+};
+__device__ __forceinline__ AdamCoef adam_coef(double b1, double b2, double eps, double lr, double bc1, double bc2) {
+  return AdamCoef{static_cast<float>(b1),       static_cast<float>(1.0 - b1), static_cast<float>(b2),
+                  static_cast<float>(1.0 - b2), static_cast<float>(lr / bc1), static_cast<float>(1.0 / bc2),
+                  static_cast<float>(eps)};
 }
 
-/// The Polyak step of one target element: old + τ (src − old), in double.
+/// One element's Adam update, in float arithmetic (the CPU twin computes in double; the two
+/// differ by float rounding, about 1e-7 relative): m and v in place; returns the new θ. Each
+/// operation is rounded explicitly, so every kernel that uses it computes the same bits. A double
+/// chain here (two divisions and a square root per element) set the length of the update kernels.
+__device__ __forceinline__ float adam_element(float g, float& m, float& v, float theta, const AdamCoef& c) {
+  const float mi = __fmaf_rn(c.b1, m, __fmul_rn(c.c1, g));
+  const float vi = __fmaf_rn(c.b2, v, __fmul_rn(__fmul_rn(c.c2, g), g));
+  m = mi;
+  v = vi;
+  return __fsub_rn(theta, __fdiv_rn(__fmul_rn(c.step, mi), __fadd_rn(__fsqrt_rn(__fmul_rn(vi, c.inv_bc2)), c.eps)));
+}
+
+/// The Polyak step of one target element: old + τ (src − old), in float (one rounding each).
 __device__ __forceinline__ float polyak(double tau, float old, float src) {
-  const double o = old;
-  return static_cast<float>(o + tau * (static_cast<double>(src) - o));
+  return __fmaf_rn(static_cast<float>(tau), __fsub_rn(src, old), old);
 }
 
 /// Adam, one launch (about one wave, grid-stride). The step counter: thread 0 of every block adds
@@ -704,14 +714,14 @@ __global__ void __launch_bounds__(kThreads) adam_kernel(float* theta, const floa
   const double lr = *lr_p;
   if (threadIdx.x < 32) adam_ticket(t, b1, b2, bc);
   __syncthreads();
-  const double bc1 = bc[0], bc2 = bc[1];
+  const AdamCoef c = adam_coef(b1, b2, eps, lr, bc[0], bc[1]);
   for (std::int64_t base = first; base < P; base += stride) {
     if (base != first) load(base);
 #pragma unroll
     for (int k = 0; k < kElemPer; ++k) {
       const std::int64_t i = base + k * kThreads;
       if (i < P) {
-        theta[i] = adam_element(gr[k], mr[k], vr[k], pr[k], b1, b2, eps, lr, bc1, bc2);
+        theta[i] = adam_element(gr[k], mr[k], vr[k], pr[k], c);
         m[i] = mr[k];
         v[i] = vr[k];
       }
@@ -944,7 +954,7 @@ __global__ void __launch_bounds__(kThreads) target_update_kernel(float* tgt, con
 /// element lies in one of the normed ranges [lo, hi) (their rows are updated after the spectral norm).
 struct UpdateElement {
   float *g, *mom, *var, *theta;
-  double b1, b2, eps, lr, bc1, bc2;
+  AdamCoef adam;
   bool finite, target_on;
   TargetRule rule;
   const std::int64_t *lo, *hi;
@@ -953,7 +963,7 @@ struct UpdateElement {
     const float gf = static_cast<float>(acc);
     g[i] = gf;
     if (!finite) return;
-    const float th = adam_element(gf, mk, vk, th0, b1, b2, eps, lr, bc1, bc2);
+    const float th = adam_element(gf, mk, vk, th0, adam);
     mom[i] = mk;
     var[i] = vk;
     theta[i] = th;
@@ -1050,7 +1060,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_kernel(Update u, UpdatePla
   const TargetRule rule{static_cast<float*>(tu.target.p), theta, static_cast<double>(tu.tau), tu.period != 0};
   float* mom = static_cast<float*>(u.adam.m.p);
   float* var = static_cast<float*>(u.adam.v.p);
-  const UpdateElement upd{static_cast<float*>(b.g.p), mom, var, theta, b1, b2, eps, lr, bc1, bc2, finite,
+  const UpdateElement upd{static_cast<float*>(b.g.p), mom, var, theta, adam_coef(b1, b2, eps, lr, bc1, bc2), finite,
                           target_on && tidy, rule, sn_lo, sn_hi, nsn};
   for (std::int64_t s = static_cast<std::int64_t>(blockIdx.x) * kBudgetTile; s < P;
        s += static_cast<std::int64_t>(gridDim.x) * kBudgetTile) {
@@ -1138,7 +1148,8 @@ __global__ void __launch_bounds__(kThreads) update_adam_kernel(Update u, const d
   const bool target_on = finite && (tu.period == 0 || t_new % tu.period == 0);
   const TargetRule rule{static_cast<float*>(tu.target.p), theta, static_cast<double>(tu.tau), tu.period != 0};
   const float* grads = static_cast<const float*>(b.grads.p);
-  const UpdateElement upd{g, mom, var, theta, b1, b2, eps, lr, bc1, bc2, finite, target_on, rule, sn_lo, sn_hi, nsn};
+  const UpdateElement upd{g,   mom,       var,  theta,          adam_coef(b1, b2, eps, lr, bc1, bc2),
+                          finite, target_on, rule, sn_lo, sn_hi, nsn};
   for (std::int64_t s = first; s < P; s += static_cast<std::int64_t>(gridDim.x) * kSplitTile) {
     if (s != first) load(s);
     double acc[kSplitPer];
@@ -1160,7 +1171,7 @@ struct ClusterStep {
   const float* clip_sh;
   std::int64_t P;
   int H;
-  double b1, b2, eps, lr, bc1, bc2;
+  AdamCoef adam;  ///< set once the step is known finite
   bool finite;
   TargetRule rule;  ///< tgt null: no target update
 };
@@ -1229,7 +1240,7 @@ __device__ __forceinline__ void cluster_store(const ClusterStep& x, std::int64_t
     const float gf = static_cast<float>(acc[k]);
     x.g[i] = gf;
     if (!x.finite) continue;
-    const float th = adam_element(gf, r.m[k], r.v[k], r.th[k], x.b1, x.b2, x.eps, x.lr, x.bc1, x.bc2);
+    const float th = adam_element(gf, r.m[k], r.v[k], r.th[k], x.adam);
     x.mom[i] = r.m[k];
     x.var[i] = r.v[k];
     x.theta[i] = th;
@@ -1288,12 +1299,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
                 clip_sh,
                 b.P,
                 b.H,
-                u.adam.beta1,
-                u.adam.beta2,
-                u.adam.eps,
-                *static_cast<const float*>(u.adam.lr.p),
-                1.0,
-                1.0,
+                AdamCoef{},
                 false,
                 TargetRule{static_cast<float*>(tu.target.p), theta, static_cast<double>(tu.tau), tu.period != 0}};
   const bool every = tu.period == 0;  // Polyak: the target's old values are needed (every step)
@@ -1327,8 +1333,8 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   const bool finite = budget_clips(b, partial, nchunks, clip_sh, blockIdx.x == 0);
   if (finite && blockIdx.x == 0 && threadIdx.x == 0) *u.adam.t = t_new;
   x.finite = finite;
-  x.bc1 = finite ? bc1 : 1.0;
-  x.bc2 = finite ? bc2 : 1.0;
+  if (finite)
+    x.adam = adam_coef(u.adam.beta1, u.adam.beta2, u.adam.eps, *static_cast<const float*>(u.adam.lr.p), bc1, bc2);
   const bool target_on = finite && (tu.period == 0 || t_new % tu.period == 0);
   if (!normed) {
     if (tile >= tiles) return;

@@ -387,32 +387,43 @@ class Backend {
   /// head_forward as the ops it is made of: three GEMMs (bias and ReLU in their epilogues) and
   /// dueling_dist.
   void head_forward_composed(const HeadForward& a) noexcept {
+    const HeadForwardOps o = head_forward_ops(a);
+    gemm(o.hidden);
+    gemm(o.value);
+    gemm(o.adv);
+    if (a.logp) dueling_dist(o.dist);
+  }
+
+  /// The ops of head_forward_composed: the hidden GEMM first; the value and advantage GEMMs read
+  /// only its output (so they may run side by side); dueling_dist (when a.logp) reads both.
+  struct HeadForwardOps {
+    Gemm hidden, value, adv;
+    DuelingDist dist;
+  };
+  static HeadForwardOps head_forward_ops(const HeadForward& a) noexcept {
+    HeadForwardOps o;
     const int hc = (1 + a.D) * a.Hh, az = a.A * a.Z;
-    Gemm g;  // hidden = relu(x · W1ᵀ + b1)
+    Gemm& g = o.hidden;  // hidden = relu(x · W1ᵀ + b1)
     g.tb = true; g.m = a.rows; g.n = hc; g.k = a.H2;
     g.a = a.x; g.lda = a.ldx; g.b = a.w1; g.ldb = a.H2; g.c = a.hidden; g.ldc = hc; g.weight_operand = 2;
     g.bias = a.b1; g.act = Act::relu;
-    gemm(g);
-    Gemm gv;  // v = hidden_v · Wv2ᵀ + bv2
+    Gemm& gv = o.value;  // v = hidden_v · Wv2ᵀ + bv2
     gv.tb = true; gv.m = a.rows; gv.n = a.Z; gv.k = a.Hh;
     gv.a = a.hidden; gv.lda = hc; gv.b = a.wv2; gv.ldb = a.Hh; gv.c = a.v; gv.ldc = a.ldv; gv.weight_operand = 2;
     gv.bias = a.bv2;
-    gemm(gv);
     const int ladv = ld_or(a.ldadv, a.A * a.Z);
-    Gemm gb;  // adv_d = hidden_d · Wb2_dᵀ + bb2_d, all branches in one batched GEMM
+    Gemm& gb = o.adv;  // adv_d = hidden_d · Wb2_dᵀ + bb2_d, all branches in one batched GEMM
     gb.tb = true; gb.m = a.rows; gb.n = az; gb.k = a.Hh;
     gb.a = a.hidden + a.Hh; gb.lda = hc; gb.stride_a = a.Hh;
     gb.b = a.wb2; gb.ldb = a.Hh; gb.stride_b = std::int64_t(az) * a.Hh;
     gb.c = a.adv; gb.ldc = a.D * ladv; gb.stride_c = ladv;
     gb.batch = a.D; gb.weight_operand = 2;
     gb.bias = a.bb2; gb.stride_bias = az;  // the D branch biases are contiguous
-    gemm(gb);
-    if (!a.logp) return;
-    DuelingDist dd;
+    DuelingDist& dd = o.dist;
     dd.logp = a.logp; dd.q = a.q; dd.v = a.v; dd.ldv = a.ldv; dd.adv = a.adv; dd.ldadv = ladv;
     dd.a_star = a.a_star; dd.star_from = a.star_from;
     dd.rows = a.rows; dd.D = a.D; dd.A = a.A; dd.Z = a.Z; dd.v_min = a.v_min; dd.v_max = a.v_max;
-    dueling_dist(dd);
+    return o;
   }
 
   /// Defaults to the composition below (the CPU reference); the CUDA backend fuses it in tf32.

@@ -963,6 +963,8 @@ class CudaBackend final : public Backend {
   /// GEMMs and dueling_dist.
   void head_forward(const HeadForward& a) noexcept override {
     constexpr const char* op = "head_forward";
+    if ((a.wv2_rows != 0 && a.wv2_rows < a.Z) || (a.wb2_rows != 0 && a.wb2_rows < a.A * a.Z))
+      return fail(op, "wv2_rows/wb2_rows smaller than Z/A·Z");
     const bool sizes = a.rows > 0 && a.H2 > 0 && a.Hh > 0 && a.D > 0 && a.D <= 65535 && a.A > 0 && a.Z > 0;
     if (!sizes || !fuse_head(kFuseForward, a.rows, a.D, cuda::head_forward_shared_bytes(a.H2, a.Hh, a.A, a.Z)))
       return head_forward_beside(a);
@@ -1017,6 +1019,7 @@ class CudaBackend final : public Backend {
   /// GEMMs and relu_backward (as head_forward).
   void head_backward_inputs(const HeadBackward& a) noexcept override {
     constexpr const char* op = "head_backward_inputs";
+    if (a.wb2_rows != 0 && a.wb2_rows < a.A * a.Z) return fail(op, "wb2_rows smaller than A·Z");
     const bool sizes = a.rows > 0 && a.Hh > 0 && a.D > 0 && a.D < 65535 && a.A > 0 && a.Z > 0;
     if (!sizes || !fuse_head(kFuseBackward, a.rows, 1 + a.D, cuda::head_backward_inputs_shared_bytes(a.Hh, a.A, a.Z)))
       return head_backward_inputs_composed(a);

@@ -519,7 +519,7 @@ __global__ void __launch_bounds__(kHfThreads) head_forward_kernel(HeadForward a,
   float* bias = hf_shared + L.bias;
   {
     const float* B1 = static_cast<const float*>(a.b1.p);
-    const float* BB = static_cast<const float*>(a.bb2.p) + static_cast<std::int64_t>(d) * az;
+    const float* BB = static_cast<const float*>(a.bb2.p) + static_cast<std::int64_t>(d) * ld_or(a.wb2_rows, az);
     const float* BV = static_cast<const float*>(a.bv2.p);
     for (int i = threadIdx.x; i < 2 * Hh + az + Z; i += kHfThreads)
       bias[i] = i < Hh ? B1[i] : i < 2 * Hh ? B1[d * Hh + i] : i < 2 * Hh + az ? BB[i - 2 * Hh] : BV[i - 2 * Hh - az];
@@ -560,7 +560,8 @@ __global__ void __launch_bounds__(kHfThreads) head_forward_kernel(HeadForward a,
         if (d == 0 && r < nrows) VO[static_cast<std::int64_t>(r0 + r) * a.ldv + c] = y;
       }
     };
-    hf_block_gemm(HfSeg{hb, L.ldh, static_cast<const float*>(a.wb2.p) + static_cast<std::int64_t>(d) * az * Hh, az},
+    const std::int64_t wb = static_cast<std::int64_t>(d) * ld_or(a.wb2_rows, az) * Hh;  // branch d's block
+    hf_block_gemm(HfSeg{hb, L.ldh, static_cast<const float*>(a.wb2.p) + wb, az},
                   HfSeg{hv, L.ldh, static_cast<const float*>(a.wv2.p), Z}, Hh, epi);
   }
   if (!a.logp.p) return;
@@ -643,7 +644,7 @@ __global__ void __launch_bounds__(kHfThreads) head_backward_inputs_kernel(HeadBa
                Hh, Hh, false);
   __syncthreads();
   const float* W = s == 0 ? static_cast<const float*>(a.wv2.p)
-                          : static_cast<const float*>(a.wb2.p) + static_cast<std::int64_t>(s - 1) * az * Hh;
+                          : static_cast<const float*>(a.wb2.p) + static_cast<std::int64_t>(s - 1) * ld_or(a.wb2_rows, az) * Hh;
   float* DH = static_cast<float*>(a.dhidden.p);
   auto epi = [&](int, int r, int c, float acc) {
     if (r < nrows) DH[static_cast<std::int64_t>(r0 + r) * hc + col0 + c] = mask[r * Hh + c] > 0.0f ? acc : 0.0f;

@@ -134,9 +134,10 @@ void Registry::declare_param(const std::string& name, std::int32_t rows, std::in
   p.cols = cols;
   p.fan_in = fan_in;
   p.flags = flags;
+  p.stored_rows = (flags & kParamPadRows) ? static_cast<std::int32_t>(align_elems(rows)) : rows;
   if (flags & kParamAlign) param_total_ = align_elems(param_total_);
   p.offset = param_total_;
-  param_total_ += p.numel();
+  param_total_ += p.stored();
   param_index_[name] = params_.size();
   params_.push_back(std::move(p));
 }

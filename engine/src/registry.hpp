@@ -40,7 +40,10 @@ class Registry {
     std::int32_t fan_in = 1;
     std::uint32_t flags = 0;
     std::int64_t offset = 0;          ///< in elements of the flat parameter vector
+    std::int32_t stored_rows = 0;     ///< rows held in the flat vector: rows, or align_elems(rows) (kParamPadRows)
     std::int64_t numel() const { return cols == 0 ? rows : std::int64_t(rows) * cols; }
+    /// Elements held from offset on: numel() and the zero rows of kParamPadRows.
+    std::int64_t stored() const { return cols == 0 ? stored_rows : std::int64_t(stored_rows) * cols; }
     std::vector<std::int64_t> shape() const;
   };
 

@@ -125,27 +125,29 @@ HostActor::HostActor(const PipelineSpec& spec, const Registry& reg, int max_rows
   }
   dims_ = bdq::Dims{widths_.back(), n.head_hidden, n.branches, n.actions, n.atoms, float(n.v_min), float(n.v_max)};
   const std::int64_t Hh = dims_.Hh, H2 = dims_.H2, az = dims_.az();
-  // bdq::forward reads the value and branch layers as concatenated blocks: check they are.
+  // bdq::forward reads the value and branch layers as concatenated blocks, `stride` elements
+  // apart (the output layers' padded rows included): check they are.
   auto contiguous = [&](const std::string& first, const std::string& fmt_rest, std::int64_t numel,
-                        std::int64_t base, std::int64_t d0) {
+                        std::int64_t base, std::int64_t d0, std::int64_t stride) {
     for (int d = 0; d < dims_.D; ++d) {
       const std::string name = "c51.branch." + std::to_string(d) + fmt_rest;
-      const std::int64_t want = base + (d0 + d) * numel;
+      const std::int64_t want = base + (d0 + d) * stride;
       if (off(name, numel) != want)
         throw std::invalid_argument("host actor: '" + name + "' does not follow '" + first +
                                     "' in the parameter layout bdq::forward relies on");
     }
   };
+  const std::int64_t azr = dims_.wb2_rows();
   w1_ = off("c51.value.0.weight", Hh * H2);
-  contiguous("c51.value.0.weight", ".0.weight", Hh * H2, w1_, 1);
+  contiguous("c51.value.0.weight", ".0.weight", Hh * H2, w1_, 1, Hh * H2);
   b1_ = off("c51.value.0.bias", Hh);
-  contiguous("c51.value.0.bias", ".0.bias", Hh, b1_, 1);
+  contiguous("c51.value.0.bias", ".0.bias", Hh, b1_, 1, Hh);
   wv2_ = off("c51.value.1.weight", std::int64_t(dims_.Z) * Hh);
   bv2_ = off("c51.value.1.bias", dims_.Z);
   wb2_ = off("c51.branch.0.1.weight", az * Hh);
-  contiguous("c51.branch.0.1.weight", ".1.weight", az * Hh, wb2_, 0);
+  contiguous("c51.branch.0.1.weight", ".1.weight", az * Hh, wb2_, 0, azr * Hh);
   bb2_ = off("c51.branch.0.1.bias", az);
-  contiguous("c51.branch.0.1.bias", ".1.bias", az, bb2_, 0);
+  contiguous("c51.branch.0.1.bias", ".1.bias", az, bb2_, 0, azr);
 
   params_.assign(std::size_t(reg.param_count()), 0.0f);
   const auto rows = std::size_t(max_rows);

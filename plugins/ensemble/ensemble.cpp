@@ -186,7 +186,7 @@ class EnsembleHead final : public Head {
   }
 
   void forward(Backend& be) const {
-    const int B = B_, hc = d_.hidden_cols(), az = d_.az(), Hh = d_.Hh, Z = d_.Z, LZ = d_.ldz(), laz = d_.ldaz();
+    const int B = B_, hc = d_.hidden_cols(), Hh = d_.Hh, Z = d_.Z, LZ = d_.ldz(), laz = d_.ldaz();
     const int dlaz = d_.D * laz;  // adv rows: D blocks of ldaz (aligned GEMM kernels)
     const std::int64_t sh = std::int64_t(B) * hc;
     const bdq::Params& p = members_[0].online;
@@ -195,16 +195,20 @@ class EnsembleHead final : public Head {
     g.weight_operand = 2;
     g.bias = p.b1; g.stride_bias = stride_; g.act = Act::relu;
     be.gemm(g);
-    g = batched(false, true, B, Z, Hh, all_.hidden, hc, sh, p.wv2, Hh, stride_, all_.v, LZ, std::int64_t(B) * LZ);
+    // The output layers write whole padded rows (wv2_rows = ldz, wb2_rows = ldaz columns; the
+    // zero weight rows give zero columns): aligned GEMM kernels.
+    const int azr = d_.wb2_rows();
+    g = batched(false, true, B, d_.wv2_rows(), Hh, all_.hidden, hc, sh, p.wv2, Hh, stride_, all_.v, LZ,
+                std::int64_t(B) * LZ);
     g.weight_operand = 2;
     g.bias = p.bv2; g.stride_bias = stride_;
     be.gemm(g);
     for (int d = 0; d < d_.D; ++d) {
-      g = batched(false, true, B, az, Hh, all_.hidden + Hh + std::int64_t(d) * Hh, hc, sh,
-                  p.wb2 + std::int64_t(d) * az * Hh, Hh, stride_, all_.adv + std::int64_t(d) * laz, dlaz,
+      g = batched(false, true, B, azr, Hh, all_.hidden + Hh + std::int64_t(d) * Hh, hc, sh,
+                  p.wb2 + std::int64_t(d) * azr * Hh, Hh, stride_, all_.adv + std::int64_t(d) * laz, dlaz,
                   std::int64_t(B) * dlaz);
       g.weight_operand = 2;
-      g.bias = p.bb2 + std::int64_t(d) * az; g.stride_bias = stride_;
+      g.bias = p.bb2 + std::int64_t(d) * azr; g.stride_bias = stride_;
       be.gemm(g);
     }
     DuelingDist dd;  // every member's distribution and Q in one pass
@@ -229,7 +233,8 @@ class EnsembleHead final : public Head {
     be.gemm(g);
     // branch output layers, one member-batched GEMM per branch
     for (int d = 0; d < d_.D; ++d) {
-      const std::int64_t wo = std::int64_t(d) * az * Hh, co = std::int64_t(d) * laz, ho = Hh + std::int64_t(d) * Hh;
+      const std::int64_t wo = std::int64_t(d) * d_.wb2_rows() * Hh, co = std::int64_t(d) * laz;
+      const std::int64_t ho = Hh + std::int64_t(d) * Hh;
       g = batched(false, false, B, Hh, az, back_.dadv + co, dlaz, sa, p.wb2 + wo, Hh, stride_, back_.dhidden + ho, hc, sh);
       g.weight_operand = 2;
       be.gemm(g);
@@ -254,13 +259,14 @@ class EnsembleHead final : public Head {
     const std::int64_t sh = std::int64_t(B) * hc, sv = std::int64_t(B) * LZ, sa = std::int64_t(B) * dlaz;
     const bdq::Params& gp = members_[0].grad;
     be.relu_bias_grad(back_.dv, Real{}, gp.bv2, B, Z, LZ, K_, sv, 0, stride_);  // bias gradients, every member
+    const int azr = d_.wb2_rows();  // branch blocks of the parameters (the zero rows' gradients stay 0)
     for (int d = 0; d < d_.D; ++d)  // the branch biases: one call per branch (every member)
-      be.relu_bias_grad(back_.dadv + std::int64_t(d) * laz, Real{}, gp.bb2 + std::int64_t(d) * az, B, az, dlaz, K_, sa,
+      be.relu_bias_grad(back_.dadv + std::int64_t(d) * laz, Real{}, gp.bb2 + std::int64_t(d) * azr, B, az, dlaz, K_, sa,
                         0, stride_);
     // dWv2 = dvᵀ hv
     be.gemm(batched(true, false, Z, Hh, B, back_.dv, LZ, sv, all_.hidden, hc, sh, gp.wv2, Hh, stride_));
     for (int d = 0; d < d_.D; ++d) {  // dWb2_d = dadv_dᵀ hb_d
-      const std::int64_t wo = std::int64_t(d) * az * Hh, co = std::int64_t(d) * laz, ho = Hh + std::int64_t(d) * Hh;
+      const std::int64_t wo = std::int64_t(d) * azr * Hh, co = std::int64_t(d) * laz, ho = Hh + std::int64_t(d) * Hh;
       be.gemm(batched(true, false, az, Hh, B, back_.dadv + co, dlaz, sa, all_.hidden + ho, hc, sh, gp.wb2 + wo, Hh,
                       stride_));
     }

@@ -49,15 +49,17 @@ class IqnHead final : public Head {
   int declare(BuildContext& ctx) noexcept override {
     try {
       int rc = 0;
-      auto p = [&](const char* n, int rows, int cols, int fan_in) {
-        if (rc == 0) rc = ctx.param(n, rows, cols, fan_in, kParamAlign);  // each tensor on 16 bytes
+      auto p = [&](const char* n, int rows, int cols, int fan_in, std::uint32_t flags = 0) {
+        if (rc == 0) rc = ctx.param(n, rows, cols, fan_in, kParamAlign | flags);  // each tensor on 16 bytes
       };
       p("iqn.embed.weight", H2_, c_.E, c_.E);
       p("iqn.embed.bias", H2_, 0, c_.E);
       p("iqn.0.weight", Hh_, H2_, H2_);
       p("iqn.0.bias", Hh_, 0, H2_);
-      p("iqn.1.weight", DA_, Hh_, Hh_);
-      p("iqn.1.bias", DA_, 0, Hh_);
+      // The output layer's rows padded to ldq() (zero rows): its forward GEMM writes whole aligned
+      // rows of q and gets an aligned tensor-core kernel (D·A = 15 columns got a plain-fp32 one).
+      p("iqn.1.weight", DA_, Hh_, Hh_, kParamPadRows);
+      p("iqn.1.bias", DA_, 0, Hh_, kParamPadRows);
       if (rc) return keep(rc);
       const std::int64_t B = B_, N = c_.N, Nt = c_.Nt, E = c_.E, H2 = H2_, Hh = Hh_, LDA = ldq();
       struct Decl { std::string n; std::vector<std::int64_t> s; BufferKind kind; };
@@ -197,7 +199,7 @@ class IqnHead final : public Head {
     dense(be, s.cos, c_.E, p.we, p.be, s.phi, H2_, rows, Act::relu);
     be.hadamard(s.x, h2, s.phi, B_, n, H2_);
     dense(be, s.x, H2_, p.w1, p.b1, s.hq, Hh_, rows, Act::relu);
-    dense(be, s.hq, Hh_, p.w2, p.b2, s.q, DA_, rows, Act::none, ldq());
+    dense(be, s.hq, Hh_, p.w2, p.b2, s.q, ldq(), rows, Act::none);  // the padded rows too (zero columns)
   }
 
   /// dW = dyᵀ · x (overwriting) for a layer of `out` × `in` over `rows` rows, and its bias

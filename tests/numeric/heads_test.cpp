@@ -533,7 +533,8 @@ TEST_CASE("heads.layout.aligned_groups") {
       CHECK(off(pre + start) % kParamAlignElems == 0);
     // contiguous inside the blocks: branch 1 follows branch 0
     CHECK(off(pre + ".branch.1.0.weight") == off(pre + ".branch.0.0.weight") + reg.find_param(pre + ".branch.0.0.weight")->numel());
-    CHECK(off(pre + ".branch.1.1.bias") == off(pre + ".branch.0.1.bias") + 3 * 5);  // A·Z
+    CHECK(off(pre + ".branch.1.1.bias") == off(pre + ".branch.0.1.bias") + 16);  // A·Z = 15, padded (kParamPadRows)
+    CHECK(off(pre + ".branch.1.1.weight") == off(pre + ".branch.0.1.weight") + 16 * reg.find_param(pre + ".branch.0.1.weight")->cols);
   }
   // one stride from member to member
   CHECK(off("ensemble.1.value.0.weight") - off("ensemble.0.value.0.weight") ==

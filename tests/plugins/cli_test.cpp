@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "dqn/plugin.hpp"
 #include "safetensors.hpp"
 
 namespace fs = std::filesystem;
@@ -162,7 +163,7 @@ TEST_CASE("cli.plugins") {
   CHECK(has(f.out, "h2_l2 0.3.0"));
   CHECK(has(f.out, "roles: auxiliary; default budget 0.1"));
   CHECK(has(f.out, "weight (number, default 0.01, min 0): "));  // its schema
-  CHECK(has(f.out, "not loaded: plugin 'wrong_abi' (" + fixtures + "/libdqn_wrong_abi.so) was built for ABI 99, engine is ABI 6"));
+  CHECK(has(f.out, "not loaded: plugin 'wrong_abi' (" + fixtures + "/libdqn_wrong_abi.so) was built for ABI 99, engine is ABI " + std::to_string(dqn::kAbiVersion)));
   CHECK(has(f.out, "not loaded: plugin '" + fixtures + "/libdqn_not_a_plugin.so': no 'dqn_plugin_descriptor' symbol"));
   CHECK(has(f.out, "\nc51 "));  // still found after the fixtures
   // Nothing on the path: said so, and a failing exit.

@@ -237,7 +237,7 @@ TEST_CASE("loader.load_file_refusals") {
   };
   const std::vector<Case> cases = {
       {"ABI mismatch names both versions, the plugin and its path", fixture("wrong_abi"),
-       {"plugin 'wrong_abi'", "(" + fixture("wrong_abi") + ")", "was built for ABI 99, engine is ABI 6", "rebuild"}},
+       {"plugin 'wrong_abi'", "(" + fixture("wrong_abi") + ")", "was built for ABI 99, engine is ABI " + std::to_string(kAbiVersion), "rebuild"}},
       {"descriptor of another size", fixture("wrong_size"),
        {fixture("wrong_size"), "descriptor size " + std::to_string(sizeof(PluginDescriptor) - 8),
         "engine's " + std::to_string(sizeof(PluginDescriptor))}},
@@ -283,7 +283,7 @@ TEST_CASE("loader.listing_reports_bad_files_and_continues") {
   };
   const std::vector<Expect> expect = {
       {fixture("not_a_plugin"), "no 'dqn_plugin_descriptor' symbol"},
-      {fixture("wrong_abi"), "was built for ABI 99, engine is ABI 6"},
+      {fixture("wrong_abi"), "was built for ABI 99, engine is ABI " + std::to_string(kAbiVersion)},
       {fixture("wrong_size"), "descriptor size"},
       {garbage, "cannot be loaded"},
   };

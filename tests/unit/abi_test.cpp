@@ -47,7 +47,7 @@ DQN_PLUGIN_EXPORT(kSelf)
 extern "C" const dqn::PluginDescriptor* dqn_plugin_descriptor();
 
 TEST_CASE("abi.version") {
-  CHECK(kAbiVersion == 6u);  // bump together with every table in this file
+  CHECK(kAbiVersion == 7u);  // bump together with every table in this file
   CHECK(std::is_same_v<std::remove_cv_t<decltype(kAbiVersion)>, std::uint32_t>);
 }
 
@@ -208,7 +208,7 @@ TEST_CASE("abi.op_argument_layout") {
       {"QuantileHuber::A", offsetof(QuantileHuber, A), 176, ""},
       {"QuantileHuber::gamma_n", offsetof(QuantileHuber, gamma_n), 180, ""},
       {"QuantileHuber::kappa", offsetof(QuantileHuber, kappa), 184, ""},
-      {"sizeof(HeadForward)", sizeof(HeadForward), 256, "ABI 5"},
+      {"sizeof(HeadForward)", sizeof(HeadForward), 264, "ABI 7"},
       {"HeadForward::x", offsetof(HeadForward, x), 0, ""},
       {"HeadForward::ldx", offsetof(HeadForward, ldx), 16, ""},
       {"HeadForward::w1", offsetof(HeadForward, w1), 24, "after 4 bytes of padding"},
@@ -223,8 +223,10 @@ TEST_CASE("abi.op_argument_layout") {
       {"HeadForward::star_from", offsetof(HeadForward, star_from), 216, ""},
       {"HeadForward::rows", offsetof(HeadForward, rows), 220, ""},
       {"HeadForward::v_max", offsetof(HeadForward, v_max), 248, ""},
-      {"HeadForward::ldadv", offsetof(HeadForward, ldadv), 252, "ABI 6: last field, in what was tail padding"},
-      {"sizeof(HeadBackward)", sizeof(HeadBackward), 128, "ABI 5"},
+      {"HeadForward::ldadv", offsetof(HeadForward, ldadv), 252, "ABI 6: in what was tail padding"},
+      {"HeadForward::wv2_rows", offsetof(HeadForward, wv2_rows), 256, "ABI 7"},
+      {"HeadForward::wb2_rows", offsetof(HeadForward, wb2_rows), 260, "ABI 7: last field"},
+      {"sizeof(HeadBackward)", sizeof(HeadBackward), 136, "ABI 7"},
       {"HeadBackward::dv", offsetof(HeadBackward, dv), 0, ""},
       {"HeadBackward::lddv", offsetof(HeadBackward, lddv), 16, ""},
       {"HeadBackward::dadv", offsetof(HeadBackward, dadv), 24, "after 4 bytes of padding"},
@@ -234,7 +236,8 @@ TEST_CASE("abi.op_argument_layout") {
       {"HeadBackward::dhidden", offsetof(HeadBackward, dhidden), 88, ""},
       {"HeadBackward::rows", offsetof(HeadBackward, rows), 104, ""},
       {"HeadBackward::Z", offsetof(HeadBackward, Z), 120, ""},
-      {"HeadBackward::lddadv", offsetof(HeadBackward, lddadv), 124, "ABI 6: last field, in what was tail padding"},
+      {"HeadBackward::lddadv", offsetof(HeadBackward, lddadv), 124, "ABI 6: in what was tail padding"},
+      {"HeadBackward::wb2_rows", offsetof(HeadBackward, wb2_rows), 128, "ABI 7: last field"},
   });
   // Defaults a plugin relies on when it fills only some fields.
   const Gemm g;

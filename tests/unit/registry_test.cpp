@@ -217,6 +217,22 @@ TEST_CASE("registry.params.contiguous_in_declaration_order") {
   CHECK(r.find_param("h.weight")->offset == 48);
   CHECK(r.find_param("h.bias")->offset == 52);
   CHECK(r.param_count() == 53);
+  // kParamPadRows: the rows are held rounded up to 4 (5 → 8 rows of 3, a vector of 5 → 8); the
+  // logical shape and numel stay, and the next tensor starts after the zero rows.
+  r.declare_param("o.weight", 5, 3, 3, kParamAlign | kParamPadRows, "h");  // 53 → 56
+  r.declare_param("o.bias", 5, 0, 3, kParamPadRows, "h");                 // 56 + 24
+  r.declare_param("o.next", 2, 0, 3, 0, "h");                             // 80 + 8
+  const auto* ow = r.find_param("o.weight");
+  CHECK(ow->offset == 56);
+  CHECK(ow->numel() == 15);
+  CHECK(ow->stored_rows == 8);
+  CHECK(ow->stored() == 24);
+  CHECK(ow->shape() == std::vector<std::int64_t>{5, 3});
+  CHECK(r.find_param("o.bias")->offset == 80);
+  CHECK(r.find_param("o.bias")->stored() == 8);
+  CHECK(r.find_param("o.next")->offset == 88);
+  CHECK(r.find_param("o.next")->stored() == 2);  // no flag: held as declared
+  CHECK(r.param_count() == 90);
 }
 
 TEST_CASE("registry.freeze.layout") {

@@ -252,6 +252,10 @@ struct HeadForward {
   int rows = 0, H2 = 0, Hh = 0, D = 0, A = 0, Z = 0;
   float v_min = -10.0f, v_max = 10.0f;
   int ldadv = 0;                  ///< (row, branch) stride of adv; 0: A·Z (ABI 6, in the tail padding)
+  /// Rows stored for wv2 and bv2, and for each branch's block of wb2 and bb2 (ABI 7): at least Z
+  /// and A·Z, the rows past those zero (kParamPadRows); 0: Z, A·Z. Where ldv and ldadv leave room,
+  /// the output GEMMs write that many columns of v and adv (the last ones 0).
+  int wv2_rows = 0, wb2_rows = 0;
 };
 
 /// The input side of that head's backward up to its hidden layers (spec "Network", backward):
@@ -267,6 +271,7 @@ struct HeadBackward {
   Real dhidden;                   ///< out [rows, (1+D)Hh]
   int rows = 0, Hh = 0, D = 0, A = 0, Z = 0;
   int lddadv = 0;                 ///< (row, branch) stride of dadv; 0: A·Z (ABI 6, in the tail padding)
+  int wb2_rows = 0;               ///< rows stored per branch block of wb2 (>= A·Z; 0: A·Z) (ABI 7)
 };
 
 /// Everything after the gradients, in the spec's order ("Gradient budgets", then "Optimizer,
@@ -407,18 +412,19 @@ class Backend {
     g.tb = true; g.m = a.rows; g.n = hc; g.k = a.H2;
     g.a = a.x; g.lda = a.ldx; g.b = a.w1; g.ldb = a.H2; g.c = a.hidden; g.ldc = hc; g.weight_operand = 2;
     g.bias = a.b1; g.act = Act::relu;
-    Gemm& gv = o.value;  // v = hidden_v · Wv2ᵀ + bv2
-    gv.tb = true; gv.m = a.rows; gv.n = a.Z; gv.k = a.Hh;
+    const int ladv = ld_or(a.ldadv, a.A * a.Z);
+    const int zr = ld_or(a.wv2_rows, a.Z), azr = ld_or(a.wb2_rows, az);
+    Gemm& gv = o.value;  // v = hidden_v · Wv2ᵀ + bv2 (and the zero rows' columns where ldv has room)
+    gv.tb = true; gv.m = a.rows; gv.n = a.ldv >= zr ? zr : a.Z; gv.k = a.Hh;
     gv.a = a.hidden; gv.lda = hc; gv.b = a.wv2; gv.ldb = a.Hh; gv.c = a.v; gv.ldc = a.ldv; gv.weight_operand = 2;
     gv.bias = a.bv2;
-    const int ladv = ld_or(a.ldadv, a.A * a.Z);
     Gemm& gb = o.adv;  // adv_d = hidden_d · Wb2_dᵀ + bb2_d, all branches in one batched GEMM
-    gb.tb = true; gb.m = a.rows; gb.n = az; gb.k = a.Hh;
+    gb.tb = true; gb.m = a.rows; gb.n = ladv >= azr ? azr : az; gb.k = a.Hh;
     gb.a = a.hidden + a.Hh; gb.lda = hc; gb.stride_a = a.Hh;
-    gb.b = a.wb2; gb.ldb = a.Hh; gb.stride_b = std::int64_t(az) * a.Hh;
+    gb.b = a.wb2; gb.ldb = a.Hh; gb.stride_b = std::int64_t(azr) * a.Hh;
     gb.c = a.adv; gb.ldc = a.D * ladv; gb.stride_c = ladv;
     gb.batch = a.D; gb.weight_operand = 2;
-    gb.bias = a.bb2; gb.stride_bias = az;  // the D branch biases are contiguous
+    gb.bias = a.bb2; gb.stride_bias = azr;  // the D branch biases follow each other, azr apart
     DuelingDist& dd = o.dist;
     dd.logp = a.logp; dd.q = a.q; dd.v = a.v; dd.ldv = a.ldv; dd.adv = a.adv; dd.ldadv = ladv;
     dd.a_star = a.a_star; dd.star_from = a.star_from;
@@ -440,7 +446,7 @@ class Backend {
     Gemm gbx;  // dhidden_d = dadv_d · Wb2_d, batched over d
     gbx.m = a.rows; gbx.n = a.Hh; gbx.k = az;
     gbx.a = a.dadv; gbx.lda = a.D * ldd; gbx.stride_a = ldd;
-    gbx.b = a.wb2; gbx.ldb = a.Hh; gbx.stride_b = std::int64_t(az) * a.Hh;
+    gbx.b = a.wb2; gbx.ldb = a.Hh; gbx.stride_b = std::int64_t(ld_or(a.wb2_rows, az)) * a.Hh;
     gbx.c = a.dhidden + a.Hh; gbx.ldc = hc; gbx.stride_c = a.Hh;
     gbx.batch = a.D; gbx.weight_operand = 2;
     gemm(gbx);

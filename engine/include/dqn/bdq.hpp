@@ -27,6 +27,11 @@ struct Dims {
   /// Stride of one (row, branch) block of the advantage buffers ([rows, D, ldaz] for adv and
   /// dadv): A·Z rounded up to 4, for the same reason.
   int ldaz() const { return static_cast<int>(align_elems(std::int64_t(A) * Z)); }
+  /// Rows stored for the value output layer (value.1.weight, value.1.bias) and for each branch's
+  /// (branch.d.1.*): Z and A·Z padded with zero rows (kParamPadRows), so that the output GEMMs
+  /// write whole aligned rows of v and adv (ldz and ldaz columns).
+  int wv2_rows() const { return ldz(); }
+  int wb2_rows() const { return ldaz(); }
 };
 
 inline Dims dims_of(const NetworkDims& n) {
@@ -38,22 +43,25 @@ inline std::string pname(const std::string& prefix, const std::string& rest) { r
 /// Declares the head's parameters under `prefix` ("c51", "ensemble.0") in the contiguous order
 /// the forward relies on. flags go to every weight matrix (spectral norm for the primary). Each
 /// concatenated block (Params) starts on 16 bytes (kParamAlign), so the GEMMs on it, and on the
-/// next ensemble member's, get aligned kernels; inside a block the tensors follow directly.
+/// next ensemble member's, get aligned kernels; inside a block the tensors follow directly. The
+/// output layers' rows are padded (kParamPadRows: wv2_rows, wb2_rows), so one branch's block
+/// follows the previous one wb2_rows rows on.
 inline int declare_params(BuildContext& ctx, const std::string& prefix, const Dims& d, std::uint32_t weight_flags) {
   int rc = 0;
   auto p = [&](const std::string& name, int rows, int cols, int fan_in, std::uint32_t flags) {
     if (rc == 0) rc = ctx.param(pname(prefix, name).c_str(), rows, cols, fan_in, flags);
   };
   const std::uint32_t start = kParamAlign;  // the first tensor of a block
+  const std::uint32_t pad = kParamPadRows;  // the output layers
   p("value.0.weight", d.Hh, d.H2, d.H2, weight_flags | start);
   for (int b = 0; b < d.D; ++b) p("branch." + std::to_string(b) + ".0.weight", d.Hh, d.H2, d.H2, weight_flags);
   p("value.0.bias", d.Hh, 0, d.H2, start);
   for (int b = 0; b < d.D; ++b) p("branch." + std::to_string(b) + ".0.bias", d.Hh, 0, d.H2, 0);
-  p("value.1.weight", d.Z, d.Hh, d.Hh, weight_flags | start);
-  p("value.1.bias", d.Z, 0, d.Hh, start);
+  p("value.1.weight", d.Z, d.Hh, d.Hh, weight_flags | start | pad);
+  p("value.1.bias", d.Z, 0, d.Hh, start | pad);
   for (int b = 0; b < d.D; ++b)
-    p("branch." + std::to_string(b) + ".1.weight", d.az(), d.Hh, d.Hh, weight_flags | (b == 0 ? start : 0));
-  for (int b = 0; b < d.D; ++b) p("branch." + std::to_string(b) + ".1.bias", d.az(), 0, d.Hh, b == 0 ? start : 0);
+    p("branch." + std::to_string(b) + ".1.weight", d.az(), d.Hh, d.Hh, weight_flags | (b == 0 ? start : 0) | pad);
+  for (int b = 0; b < d.D; ++b) p("branch." + std::to_string(b) + ".1.bias", d.az(), 0, d.Hh, (b == 0 ? start : 0) | pad);
   return rc;
 }
 
@@ -74,10 +82,10 @@ inline std::vector<std::string> layer_params(const std::string& prefix, const Di
 struct Params {
   Real w1;   ///< [(1+D)Hh, H2]
   Real b1;   ///< [(1+D)Hh]
-  Real wv2;  ///< [Z, Hh]
-  Real bv2;  ///< [Z]
-  Real wb2;  ///< D × [A·Z, Hh]
-  Real bb2;  ///< [D·A·Z]
+  Real wv2;  ///< [Z, Hh] (wv2_rows rows stored)
+  Real bv2;  ///< [Z] (wv2_rows stored)
+  Real wb2;  ///< D × [A·Z, Hh], wb2_rows·Hh apart
+  Real bb2;  ///< D × [A·Z], wb2_rows apart
 };
 
 enum class Which { online, target, grad };
@@ -112,6 +120,7 @@ inline void forward(Backend& be, const Dims& d, const Params& p, Real h2, int ro
   f.x = h2; f.ldx = d.H2;
   f.w1 = p.w1; f.b1 = p.b1; f.wv2 = p.wv2; f.bv2 = p.bv2; f.wb2 = p.wb2; f.bb2 = p.bb2;
   f.hidden = a.hidden; f.v = a.v; f.ldv = d.ldz(); f.adv = a.adv; f.ldadv = d.ldaz();
+  f.wv2_rows = d.wv2_rows(); f.wb2_rows = d.wb2_rows();
   f.logp = a.logp; f.q = a.q; f.a_star = a.a_star; f.star_from = a.star_from;
   f.rows = rows; f.H2 = d.H2; f.Hh = d.Hh; f.D = d.D; f.A = d.A; f.Z = d.Z; f.v_min = d.v_min; f.v_max = d.v_max;
   be.head_forward(f);
@@ -134,7 +143,7 @@ inline void backward_inputs(Backend& be, const Dims& d, const Params& p, int B, 
   HeadBackward hb;
   hb.dv = s.dv; hb.lddv = d.ldz(); hb.dadv = s.dadv; hb.lddadv = d.ldaz(); hb.wv2 = p.wv2; hb.wb2 = p.wb2;
   hb.hidden = a.hidden; hb.dhidden = s.dhidden;
-  hb.rows = B; hb.Hh = d.Hh; hb.D = d.D; hb.A = d.A; hb.Z = d.Z;
+  hb.rows = B; hb.Hh = d.Hh; hb.D = d.D; hb.A = d.A; hb.Z = d.Z; hb.wb2_rows = d.wb2_rows();
   be.head_backward_inputs(hb);
   Gemm gh;  // dh2 = dhidden · W1
   gh.m = B; gh.n = d.H2; gh.k = hc;
@@ -147,9 +156,9 @@ inline void backward_inputs(Backend& be, const Dims& d, const Params& p, int B, 
 /// s.dv and s.dadv alone (so it can run beside backward_inputs).
 inline void backward_weights_out(Backend& be, const Dims& d, const Params& grad, int B, const Acts& a,
                                  const BackScratch& s) {
-  const int hc = d.hidden_cols(), az = d.az(), laz = d.ldaz();
+  const int hc = d.hidden_cols(), az = d.az(), laz = d.ldaz(), azr = d.wb2_rows();
   be.relu_bias_grad(s.dv, Real{}, grad.bv2, B, d.Z, d.ldz(), 1, 0, 0, 0);
-  be.relu_bias_grad(s.dadv, Real{}, grad.bb2, B, az, d.D * laz, d.D, laz, 0, az);  // a "head" per branch
+  be.relu_bias_grad(s.dadv, Real{}, grad.bb2, B, az, d.D * laz, d.D, laz, 0, azr);  // a "head" per branch
   Gemm gw;  // dWv2 = dvᵀ · hv
   gw.ta = true; gw.m = d.Z; gw.n = d.Hh; gw.k = B;
   gw.a = s.dv; gw.lda = d.ldz(); gw.b = a.hidden; gw.ldb = hc; gw.c = grad.wv2; gw.ldc = d.Hh;
@@ -158,7 +167,7 @@ inline void backward_weights_out(Backend& be, const Dims& d, const Params& grad,
   gbw.ta = true; gbw.m = az; gbw.n = d.Hh; gbw.k = B;
   gbw.a = s.dadv; gbw.lda = d.D * laz; gbw.stride_a = laz;
   gbw.b = a.hidden + d.Hh; gbw.ldb = hc; gbw.stride_b = d.Hh;
-  gbw.c = grad.wb2; gbw.ldc = d.Hh; gbw.stride_c = std::int64_t(az) * d.Hh;
+  gbw.c = grad.wb2; gbw.ldc = d.Hh; gbw.stride_c = std::int64_t(azr) * d.Hh;  // the zero rows' gradient stays 0
   gbw.batch = d.D;
   be.gemm(gbw);
 }

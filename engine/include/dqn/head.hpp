@@ -39,6 +39,13 @@ inline constexpr std::int64_t kParamAlignElems = 4;
 /// n rounded up to whole alignment units: the offset of an aligned tensor, and the padded row
 /// strides of the heads' buffers (so those rows start 16-byte aligned too).
 constexpr std::int64_t align_elems(std::int64_t n) { return (n + kParamAlignElems - 1) / kParamAlignElems * kParamAlignElems; }
+/// Param flag: the tensor's rows (a vector's length) are stored rounded up to whole alignment
+/// units, align_elems(rows); the rows past `rows` follow the tensor in the flat parameter buffers
+/// and stay 0 (nothing writes them: a checkpoint holds the `rows` rows, and their gradient is 0).
+/// For output layers whose width is not a multiple of 4 (Z = 51, A·Z = 255, D·A = 15): a GEMM
+/// may then write align_elems(rows) output columns (the last ones 0) and get aligned kernels
+/// instead of align1 or plain-fp32 ones.
+inline constexpr std::uint32_t kParamPadRows = 4u;
 
 /// A stage is one unit of work in the step; reads and writes are buffer names, and the state
 /// pseudo-buffers "params", "target" (read before they are written in a step).
@@ -59,7 +66,8 @@ class BuildContext {
   virtual std::int32_t batch() const noexcept = 0;
   /// A parameter tensor `name` (the spec's checkpoint name, e.g. "c51.value.0.weight"): rows×cols,
   /// cols = 0 for a bias vector. Parameters of one call sequence are laid out contiguously in
-  /// declaration order, so consecutive same-shaped weights can be used as one matrix.
+  /// declaration order (kParamAlign and kParamPadRows add zeros before or after a tensor), so
+  /// consecutive same-shaped weights can be used as one matrix.
   virtual int param(const char* name, std::int32_t rows, std::int32_t cols, std::int32_t fan_in,
                     std::uint32_t flags) noexcept = 0;
   virtual int buffer(const char* name, DType dtype, const std::int64_t* shape, std::int32_t rank,

@@ -495,25 +495,51 @@ int budget_chunks(std::int64_t P) {
   return static_cast<int>(std::max<std::int64_t>(1, (P + c - 1) / c));
 }
 
+/// The partial sums' shape: chunks of whole tiles over the longest row the norms read (P, or the
+/// most elements one head reaches), at most kBudgetMaxChunks of them.
+struct BudgetShape {
+  std::int64_t chunk;
+  int nchunks;
+};
+BudgetShape budget_shape(const Budget& b) {
+  const std::int64_t len = b.reach ? std::max<std::int64_t>(b.reach_max, 1) : b.P;
+  return BudgetShape{budget_chunk(len), budget_chunks(len)};
+}
+
 /// Pass 1's work for head h, chunk j of nchunks (block-uniform): Σ g² over the chunk, in double.
+/// With reach, the chunks run over the concatenation of the head's ranges (see Budget::reach).
 /// A non-finite element makes the partial non-finite, and a finite one never does (the squares of
 /// finite floats cannot overflow a double sum), so the partials also carry the per-head
 /// non-finite flag.
-__device__ void budget_partial_item(const float* __restrict__ grads, std::int64_t P, std::int64_t chunk, int h, int j,
-                                    int nchunks, double* __restrict__ partial, double* sh) {
+__device__ void budget_partial_item(const float* __restrict__ grads, std::int64_t P, std::int64_t chunk,
+                                    const std::int64_t* __restrict__ reach, int h, int j, int nchunks,
+                                    double* __restrict__ partial, double* sh) {
   const float* gh = grads + static_cast<std::int64_t>(h) * P;
-  const std::int64_t begin = static_cast<std::int64_t>(j) * chunk;
-  const std::int64_t end = begin + chunk < P ? begin + chunk : P;
+  const std::int64_t begin = static_cast<std::int64_t>(j) * chunk, end = begin + chunk;
   double acc = 0.0;
-  for (std::int64_t s = begin; s < end; s += kBudgetTile) {
-    float x[kBudgetPer];  // all loads of the tile first, then the (ordered) sum
+  auto span = [&](std::int64_t lo, std::int64_t hi) {  // elements [lo, hi) of the row
+    for (std::int64_t s = lo; s < hi; s += kBudgetTile) {
+      float x[kBudgetPer];  // all loads of the tile first, then the (ordered) sum
 #pragma unroll
-    for (int k = 0; k < kBudgetPer; ++k) {
-      const std::int64_t i = s + k * kThreads + threadIdx.x;
-      x[k] = i < end ? gh[i] : 0.0f;
+      for (int k = 0; k < kBudgetPer; ++k) {
+        const std::int64_t i = s + k * kThreads + threadIdx.x;
+        x[k] = i < hi ? gh[i] : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < kBudgetPer; ++k) acc += static_cast<double>(x[k]) * static_cast<double>(x[k]);
     }
-#pragma unroll
-    for (int k = 0; k < kBudgetPer; ++k) acc += static_cast<double>(x[k]) * static_cast<double>(x[k]);
+  };
+  if (!reach) {
+    span(begin, end < P ? end : P);
+  } else {
+    std::int64_t at = 0;  // where range q starts in the concatenation
+    for (int q = 0; q < kBudgetReach; ++q) {
+      const std::int64_t lo = reach[(static_cast<std::int64_t>(h) * kBudgetReach + q) * 2];
+      const std::int64_t len = reach[(static_cast<std::int64_t>(h) * kBudgetReach + q) * 2 + 1] - lo;
+      const std::int64_t a = begin > at ? begin : at, b = end < at + len ? end : at + len;
+      if (a < b) span(lo + (a - at), lo + (b - at));
+      at += len;
+    }
   }
   const double total = block_sum(acc, sh);
   if (threadIdx.x == 0) partial[static_cast<std::int64_t>(h) * nchunks + j] = total;
@@ -533,7 +559,8 @@ __device__ __forceinline__ double bias_correction(double beta, double t) { retur
 /// step (the cluster update), block (0, 0) also stores the step's new t and Adam's bias
 /// corrections there, step[0..2] = {1 − β1^t, 1 − β2^t, t}, so that the next launch starts with them.
 __global__ void __launch_bounds__(kThreads) budget_partial_kernel(const float* __restrict__ grads, std::int64_t P,
-                                                                  std::int64_t chunk, double* __restrict__ partial,
+                                                                  std::int64_t chunk, const std::int64_t* reach,
+                                                                  double* __restrict__ partial,
                                                                   const std::int64_t* t = nullptr, double b1 = 0.0,
                                                                   double b2 = 0.0, double* step = nullptr) {
   __shared__ double sh[32];
@@ -541,7 +568,7 @@ __global__ void __launch_bounds__(kThreads) budget_partial_kernel(const float* _
     const double t1 = static_cast<double>(static_cast<std::int64_t>(*t & static_cast<std::int64_t>(kTicket - 1)) + 1);
     step[threadIdx.x] = threadIdx.x == 2 ? t1 : bias_correction(threadIdx.x == 0 ? b1 : b2, t1);
   }
-  budget_partial_item(grads, P, chunk, blockIdx.y, blockIdx.x, gridDim.x, partial, sh);
+  budget_partial_item(grads, P, chunk, reach, blockIdx.y, blockIdx.x, gridDim.x, partial, sh);
 }
 
 /// Every block: the norms and clip factors of the H heads from the partial sums (a warp per head,
@@ -1044,7 +1071,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_kernel(Update u, UpdatePla
   const bool tidy = __syncthreads_or(bad) == 0;
   const float* grads = static_cast<const float*>(b.grads.p);
   for (int w = blockIdx.x; w < b.H * pl.nchunks; w += gridDim.x)
-    budget_partial_item(grads, P, pl.chunk, w / pl.nchunks, w % pl.nchunks, pl.nchunks, pl.partial, sh);
+    budget_partial_item(grads, P, pl.chunk, b.reach, w / pl.nchunks, w % pl.nchunks, pl.nchunks, pl.partial, sh);
   grid.sync();
 
   // --- 1: clips, g, Adam, the target update outside the normed matrices
@@ -1644,15 +1671,16 @@ cudaError_t quantile_huber(cudaStream_t s, const QuantileHuber& a, void* scratch
   return cudaGetLastError();
 }
 
-std::size_t budget_scratch_bytes(int H, std::int64_t P) {
-  return round_up(static_cast<std::size_t>(H) * static_cast<std::size_t>(budget_chunks(P)) * sizeof(double), 256);
+std::size_t budget_scratch_bytes(int H, std::int64_t /*P*/) {
+  return round_up(static_cast<std::size_t>(H) * static_cast<std::size_t>(kBudgetMaxChunks) * sizeof(double), 256);
 }
 
 cudaError_t budget(cudaStream_t s, const Budget& a, void* scratch, int max_blocks) {
-  const int nchunks = budget_chunks(a.P);
+  const BudgetShape bs = budget_shape(a);
+  const int nchunks = bs.nchunks;
   auto* partial = static_cast<double*>(scratch);
   if (a.H > 0) {
-    budget_partial_kernel<<<dim3(nchunks, a.H), kThreads, 0, s>>>(a.grads.as<const float>(), a.P, budget_chunk(a.P),
+    budget_partial_kernel<<<dim3(nchunks, a.H), kThreads, 0, s>>>(a.grads.as<const float>(), a.P, bs.chunk, a.reach,
                                                                   partial);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
@@ -1712,8 +1740,9 @@ int update_grid(const cudaDeviceProp& props) {
 
 cudaError_t update(cudaStream_t s, const Update& u, void* scratch, int blocks) {
   UpdatePlan pl;
-  pl.nchunks = budget_chunks(u.budget.P);
-  pl.chunk = budget_chunk(u.budget.P);
+  const BudgetShape bs = budget_shape(u.budget);
+  pl.nchunks = bs.nchunks;
+  pl.chunk = bs.chunk;
   pl.partial = static_cast<double*>(scratch);
   if (u.sn_count > 0) {
     const SnPlan sp = sn_plan(static_cast<char*>(scratch) + budget_scratch_bytes(u.budget.H, u.budget.P), u.sn_count,
@@ -1729,9 +1758,10 @@ cudaError_t update(cudaStream_t s, const Update& u, void* scratch, int blocks) {
 
 cudaError_t update_split(cudaStream_t s, const Update& u, void* scratch, int max_blocks) {
   const Budget& b = u.budget;
-  const int nchunks = budget_chunks(b.P);
+  const BudgetShape bs = budget_shape(b);
+  const int nchunks = bs.nchunks;
   auto* partial = static_cast<double*>(scratch);
-  budget_partial_kernel<<<dim3(nchunks, b.H), kThreads, 0, s>>>(b.grads.as<const float>(), b.P, budget_chunk(b.P),
+  budget_partial_kernel<<<dim3(nchunks, b.H), kThreads, 0, s>>>(b.grads.as<const float>(), b.P, bs.chunk, b.reach,
                                                                 partial);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   const std::int64_t tiles = (b.P + kSplitTile - 1) / kSplitTile;
@@ -1823,12 +1853,13 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   const std::int64_t tiles = pl.seg_tile0[pl.nseg];
   const std::int64_t plain = std::min<std::int64_t>(tiles, std::max(max_blocks, cs));
   const std::int64_t plain_blocks = (plain + cs - 1) / cs * cs;
-  const int nchunks = budget_chunks(b.P);
+  const BudgetShape bs = budget_shape(b);
+  const int nchunks = bs.nchunks;
   auto* partial = static_cast<double*>(scratch);
   auto* step = reinterpret_cast<double*>(static_cast<char*>(scratch) + budget_scratch_bytes(b.H, b.P));
   pl.step = step;
   budget_partial_kernel<<<dim3(nchunks, b.H), kThreads, 0, s>>>(
-      b.grads.as<const float>(), b.P, budget_chunk(b.P), partial, u.adam.t, u.adam.beta1, u.adam.beta2, step);
+      b.grads.as<const float>(), b.P, bs.chunk, b.reach, partial, u.adam.t, u.adam.beta1, u.adam.beta2, step);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   cudaLaunchAttribute attr{};
   const auto blocks = static_cast<unsigned>(static_cast<std::int64_t>(pl.nsn) * cs + plain_blocks);

@@ -2,6 +2,7 @@
 // capture and replay, checkpoints and reports.
 #include "engine.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -228,6 +229,8 @@ void Engine::build(const PluginLoader& plugins) {
     reg_.declare("sn/table", DType::i64, {std::max<std::int64_t>(words, 1)}, BufferKind::optimizer, "engine");
   }
   add_engine_stages_back();
+  compute_budget_reach();
+  reg_.declare("budget/reach", DType::i64, {H * kBudgetReach * 2}, BufferKind::optimizer, "engine");
 
   reg_.freeze(*rt_);
   bind_engine();
@@ -251,6 +254,7 @@ void Engine::build(const PluginLoader& plugins) {
     }
     rt_->ops().upload(sn_table_, table.data(), table.size() * sizeof(SpectralMatrix));
   }
+  rt_->ops().upload(budget_reach_, budget_reach_host_.data(), budget_reach_host_.size() * sizeof(std::int64_t));
   const auto [rb, re] = reg_.report_range();
   report_begin_ = rb;
   report_bytes_ = re - rb;
@@ -382,6 +386,7 @@ void Engine::add_engine_stages_back() {
   std::vector<std::string> reads{"grad/all", "opt/fractions", "report/losses", "opt/lr", "params", "target",
                                  "adam.m", "adam.v", buf::step};
   if (sn_count_ > 0) reads.push_back("sn/table");
+  reads.push_back("budget/reach");
   for (const auto& [p, u] : sn_params_) reads.push_back(u);
   stages_.push_back(Stage{"update", "engine", reads, writes, [this](Backend& be) {
                             Update u;
@@ -390,6 +395,7 @@ void Engine::add_engine_stages_back() {
                             b.g = grad_total_; b.losses = losses_; b.total_loss = total_loss_; b.skip = skip_;
                             b.skipped = skipped_; b.H = int(heads_.size()); b.P = reg_.param_count();
                             b.max_grad_norm = float(spec_.max_grad_norm);
+                            b.reach = budget_reach_; b.reach_max = budget_reach_max_;
                             Adam& a = u.adam;
                             a.params = params_; a.g = grad_total_; a.m = adam_m_; a.v = adam_v_; a.P = reg_.param_count();
                             a.t = t_; a.lr = lr_; a.beta1 = float(spec_.adam.beta1); a.beta2 = float(spec_.adam.beta2);
@@ -451,6 +457,7 @@ void Engine::bind_engine() {
   }
   for (const auto& [p, u] : sn_params_) sn_u_.push_back(reg_.real(u));
   if (sn_count_ > 0) sn_table_ = reinterpret_cast<SpectralMatrix*>(reg_.i64("sn/table"));
+  budget_reach_ = reg_.i64("budget/reach");
   const auto* rb = reg_.find("report/losses");
   const std::size_t base = reg_.report_range().first;
   rl_.losses = rb->offset_bytes - base;
@@ -477,6 +484,49 @@ void Engine::trunk_forward(Backend& be, bool target) {
     be.gemm(g);
     in = out;
     in_w = net_.trunk[i];
+  }
+}
+
+// Budget::reach: head h's gradient row is written only where the stages say ("grad/<h>" whole, or
+// "grad/<h>/<param>": its parameters, the trunk's, another head's it reaches); the rest stays 0
+// from the arena's zero fill, so the norms need only these ranges (the all-heads step read four
+// whole rows where under half of it can be non-zero). Merged into at most kBudgetReach ranges
+// (closing the smallest gaps: zeros add nothing).
+void Engine::compute_budget_reach() {
+  const std::int64_t P = reg_.param_count();
+  budget_reach_host_.assign(heads_.size() * kBudgetReach * 2, 0);
+  budget_reach_max_ = 0;
+  for (std::size_t h = 0; h < heads_.size(); ++h) {
+    const std::string g = "grad/" + head_names_[h];
+    std::vector<std::pair<std::int64_t, std::int64_t>> r;
+    for (const auto& st : stages_)
+      for (const auto& w : st.writes) {
+        if (w == g) {
+          r.emplace_back(0, P);
+        } else if (w.size() > g.size() + 1 && w.compare(0, g.size() + 1, g + "/") == 0) {
+          if (const auto* p = reg_.find_param(w.substr(g.size() + 1))) r.emplace_back(p->offset, p->offset + p->stored());
+        }
+      }
+    std::sort(r.begin(), r.end());
+    std::vector<std::pair<std::int64_t, std::int64_t>> m;
+    for (const auto& x : r) {
+      if (!m.empty() && x.first <= m.back().second) m.back().second = std::max(m.back().second, x.second);
+      else m.push_back(x);
+    }
+    while (m.size() > std::size_t(kBudgetReach)) {  // close the smallest gap
+      std::size_t best = 0;
+      for (std::size_t i = 1; i + 1 < m.size(); ++i)
+        if (m[i + 1].first - m[i].second < m[best + 1].first - m[best].second) best = i;
+      m[best].second = m[best + 1].second;
+      m.erase(m.begin() + std::ptrdiff_t(best) + 1);
+    }
+    std::int64_t len = 0;
+    for (std::size_t q = 0; q < m.size(); ++q) {
+      budget_reach_host_[(h * kBudgetReach + q) * 2] = m[q].first;
+      budget_reach_host_[(h * kBudgetReach + q) * 2 + 1] = m[q].second;
+      len += m[q].second - m[q].first;
+    }
+    budget_reach_max_ = std::max(budget_reach_max_, len);
   }
 }
 

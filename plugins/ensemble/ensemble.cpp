@@ -24,7 +24,7 @@ namespace {
 
 using namespace dqn;
 
-enum Tag : std::int32_t { kForward = 0, kLoss = 1, kBackward = 2, kWeights = 3 };
+enum Tag : std::int32_t { kForward = 0, kLoss = 1, kBackward = 2, kWeights = 3, kTrunk = 4 };
 
 class EnsembleHead final : public Head {
  public:
@@ -46,6 +46,7 @@ class EnsembleHead final : public Head {
           {own("disagreement"), {B}, BufferKind::activation},
           {own("dlogits"), {K, B, D, A, Z}, BufferKind::scratch}, {own("dv"), {K, B, LZ}, BufferKind::scratch},
           {own("dadv"), {K, B, D, LAZ}, BufferKind::scratch}, {own("dhidden"), {K, B, hc}, BufferKind::scratch},
+          {own("dtrunk_parts"), {K, B, std::int64_t(d_.H2)}, BufferKind::scratch},
       };
       for (const auto& x : decls)
         if (int rc = ctx.buffer(x.n.c_str(), DType::real, x.s.data(), std::int32_t(x.s.size()), x.kind)) return keep(rc);
@@ -54,8 +55,9 @@ class EnsembleHead final : public Head {
                      {own("hidden"), own("v"), own("adv"), own("logits"), own("logp"), own("q"), own("disagreement")});
       rc = rc ? rc : stage(ctx, kLoss, "loss", {own("logp"), buf::target_m, buf::actions, buf::is_weights},
                            {loss, own("dlogits")});
-      // backward: the input side, on to the trunk (with the hidden layers' bias gradients, which
-      // come with their ReLU mask); weights: every other gradient, beside the trunk's backward.
+      // backward: the input side down to the masked dhidden (with the hidden layers' bias
+      // gradients, which come with their ReLU mask); trunk: ∂L/∂h2 from it; weights: every other
+      // gradient, beside the trunk stage and the trunk's backward (both need only dhidden).
       std::vector<std::string> hidden_biases, weights;
       for (int k = 0; k < K_; ++k)
         for (int layer : {0, 1})
@@ -63,9 +65,10 @@ class EnsembleHead final : public Head {
             const bool hidden_bias = layer == 0 && p.size() > 5 && p.compare(p.size() - 5, 5, ".bias") == 0;
             (hidden_bias ? hidden_biases : weights).push_back(grad + "/" + p);
           }
-      std::vector<std::string> back_writes{own("dv"), own("dadv"), own("dhidden"), dtrunk};
+      std::vector<std::string> back_writes{own("dv"), own("dadv"), own("dhidden")};
       back_writes.insert(back_writes.end(), hidden_biases.begin(), hidden_biases.end());
       rc = rc ? rc : stage(ctx, kBackward, "backward", {own("dlogits"), own("hidden"), "params"}, back_writes);
+      rc = rc ? rc : stage(ctx, kTrunk, "trunk", {own("dhidden"), "params"}, {own("dtrunk_parts"), dtrunk});
       rc = rc ? rc : stage(ctx, kWeights, "weights", {own("dv"), own("dadv"), own("dhidden"), own("hidden"), buf::h2},
                            weights);
       return keep(rc);
@@ -107,8 +110,9 @@ class EnsembleHead final : public Head {
       actions_ = r.i32(buf::actions);
       loss_ = r.real(("loss/" + name_).c_str());
       dtrunk_ = r.real(("dtrunk/" + name_).c_str());
+      parts_ = r.real(own("dtrunk_parts").c_str());
       if (!(ok && disagreement_ && back_.dv && back_.dadv && back_.dhidden && h2_ && m_ && weights_ && actions_ &&
-            loss_ && dtrunk_)) {
+            loss_ && dtrunk_ && parts_)) {
         error_ = "ensemble: a buffer or parameter it needs is missing";
         return 1;
       }
@@ -140,6 +144,9 @@ class EnsembleHead final : public Head {
         break;
       case kBackward:
         backward_inputs(be);
+        break;
+      case kTrunk:
+        backward_trunk(be);
         break;
       case kWeights:
         backward_weights(be);
@@ -220,7 +227,7 @@ class EnsembleHead final : public Head {
   /// The input side for every member: the dueling gradients, dhidden (ReLU-masked, with the
   /// hidden layers' bias gradients from the same pass) and ∂L/∂h2 = Σ_k dhidden_k W1_k.
   void backward_inputs(Backend& be) const {
-    const int B = B_, hc = d_.hidden_cols(), az = d_.az(), Hh = d_.Hh, Z = d_.Z, H2 = d_.H2;
+    const int B = B_, hc = d_.hidden_cols(), az = d_.az(), Hh = d_.Hh, Z = d_.Z;
     const int LZ = d_.ldz(), laz = d_.ldaz(), dlaz = d_.D * laz;  // padded rows (aligned GEMM kernels)
     const std::int64_t sh = std::int64_t(B) * hc, sv = std::int64_t(B) * LZ, sa = std::int64_t(B) * dlaz;
     const bdq::Params& p = members_[0].online;
@@ -241,14 +248,21 @@ class EnsembleHead final : public Head {
     }
     // hidden layers: the mask and the bias gradients in one pass
     be.relu_bias_grad(back_.dhidden, all_.hidden, gp.b1, B, hc, hc, K_, sh, sh, stride_);
-    // dtrunk = Σ_k dhidden_k W1_k, members in order (a sum over the batch: no single batched GEMM)
-    for (int k = 0; k < K_; ++k) {
-      Gemm gh;
-      gh.m = B; gh.n = H2; gh.k = hc;
-      gh.a = back_.dhidden + k * sh; gh.lda = hc; gh.b = members_[std::size_t(k)].online.w1; gh.ldb = H2;
-      gh.beta = k == 0 ? 0.0f : 1.0f; gh.c = dtrunk_; gh.ldc = H2; gh.weight_operand = 2;
-      be.gemm(gh);
-    }
+  }
+
+  /// ∂L/∂h2 = Σ_k dhidden_k W1_k, members in order: each member's product in one member-batched
+  /// GEMM (the K products of a chain of beta-accumulating GEMMs ran one after another, each a few
+  /// blocks over a long k), then the sum. The same roundings as that chain: each step adds one
+  /// member's float product to the float sum.
+  void backward_trunk(Backend& be) const {
+    const int B = B_, hc = d_.hidden_cols(), H2 = d_.H2;
+    const std::int64_t sh = std::int64_t(B) * hc, part = std::int64_t(B) * H2;
+    const bdq::Params& p = members_[0].online;
+    Gemm g = batched(false, false, B, H2, hc, back_.dhidden, hc, sh, p.w1, H2, stride_, parts_, H2, part);
+    g.weight_operand = 2;
+    be.gemm(g);
+    be.copy(dtrunk_, parts_, part);
+    for (int k = 1; k < K_; ++k) be.axpy(dtrunk_, parts_ + k * part, 1.0f, part);
   }
 
   /// The weight side for every member (overwriting): the output layers' bias and weight gradients
@@ -293,7 +307,7 @@ class EnsembleHead final : public Head {
   bdq::BackScratch back_{};  ///< [K,B,...]: every member's
   bdq::Acts all_{};          ///< [K,B,...]: every member's activations
   std::int64_t stride_ = 0;  ///< elements from one member's parameter block to the next
-  Real q_, disagreement_, h2_, m_, weights_, loss_, dtrunk_;
+  Real q_, disagreement_, h2_, m_, weights_, loss_, dtrunk_, parts_;
   std::int32_t* actions_ = nullptr;
 };
 

@@ -430,7 +430,8 @@ TEST_CASE("heads.stages.weight_gradients_beside_the_trunk_backward") {
   const auto update = of("update");
   for (const auto& h : heads) {
     CAPTURE(h);
-    CHECK(has(trunk, h + ".backward"));
+    // the ensemble's ∂L/∂h2 is a stage of its own after its input side (ensemble.trunk)
+    CHECK(has(trunk, h == "ensemble" ? h + ".trunk" : h + ".backward"));
     CHECK_FALSE(has(trunk, h + ".weights"));
     CHECK(has(update, h + ".weights"));
     for (const auto& w : of(h + ".weights")) {
@@ -439,6 +440,8 @@ TEST_CASE("heads.stages.weight_gradients_beside_the_trunk_backward") {
     }
   }
   CHECK_FALSE(has(trunk, "c51.weights.out"));
+  CHECK(has(of("ensemble.trunk"), "ensemble.backward"));
+  CHECK_FALSE(has(of("ensemble.weights"), "ensemble.trunk"));  // beside it
   CHECK(has(of("trunk.weights.1"), "trunk.backward.1"));
   CHECK_FALSE(has(of("trunk.backward.0"), "trunk.weights.1"));
   CHECK(has(update, "trunk.weights.0"));
@@ -552,4 +555,48 @@ TEST_CASE("heads.layout.aligned_groups") {
     }
   CHECK(pad > 0);
   CHECK(nonzero == 0);
+}
+
+TEST_CASE("heads.budget.reach_covers_every_written_gradient") {
+  // The norms read each head's gradient row only inside its reach (Budget::reach, from the stages'
+  // declared writes): after steps, every element outside it is exactly 0, each head's reach holds
+  // the trunk, and the auxiliaries' reaches leave out most of the other heads' parameters.
+  const PipelineSpec spec =
+      parse(tiny_pipeline(std::string(kIqn) + "  - {plugin: ensemble, members: 3}\n  - {plugin: cql}\n"));
+  auto e = make(spec, false);
+  const Registry& reg = e->registry();
+  const std::int64_t P = reg.param_count();
+  e->step();
+  e->step();
+  const auto reach = e->host_buffer("budget/reach");
+  const auto grads = e->host_buffer("grad/all");
+  const std::vector<std::string> heads{"c51", "iqn", "ensemble", "cql"};
+  REQUIRE(reach.size() == heads.size() * kBudgetReach * 2);
+  REQUIRE(grads.size() == heads.size() * std::size_t(P));
+  auto inside = [&](std::size_t h, std::int64_t i) {
+    for (int q = 0; q < kBudgetReach; ++q)
+      if (i >= std::int64_t(reach[(h * kBudgetReach + q) * 2]) && i < std::int64_t(reach[(h * kBudgetReach + q) * 2 + 1]))
+        return true;
+    return false;
+  };
+  for (std::size_t h = 0; h < heads.size(); ++h) {
+    CAPTURE(heads[h]);
+    std::int64_t in = 0, nonzero_in = 0, nonzero_out = 0;
+    for (std::int64_t i = 0; i < P; ++i) {
+      const double v = grads[h * std::size_t(P) + std::size_t(i)];
+      if (inside(h, i)) {
+        ++in;
+        nonzero_in += v != 0.0;
+      } else {
+        nonzero_out += v != 0.0;
+      }
+    }
+    CHECK(nonzero_out == 0);
+    CHECK(nonzero_in > 0);
+    const auto* t0 = reg.find_param("trunk.0.weight");
+    REQUIRE(t0);
+    CHECK(inside(h, t0->offset));
+    if (heads[h] == "iqn") CHECK(in < P / 2);
+    if (heads[h] != "ensemble") CHECK_FALSE(inside(h, reg.find_param("ensemble.1.value.0.weight")->offset));
+  }
 }

@@ -101,6 +101,9 @@ struct C51Xent {
 /// Gradient budgets (spec "Gradient budgets"). grads is [H,P]; for each head h:
 /// norm_h = ‖g_h‖, clip_h = min(1, f_h·G/(norm_h+1e-6)); g = Σ c_h g_h. If any g_h is not
 /// finite, *skip = 1 and *skipped += 1, else *skip = 0.
+/// Ranges per head in Budget::reach.
+inline constexpr int kBudgetReach = 4;
+
 struct Budget {
   Real grads;           ///< in  [H,P]
   Real fractions;       ///< in  [H] (device memory, changeable between steps)
@@ -114,6 +117,12 @@ struct Budget {
   int H = 0;
   std::int64_t P = 0;
   float max_grad_norm = 10.0f;
+  /// Optional (ABI 7): [H, kBudgetReach, 2] element ranges [lo, hi) of each head's gradient row
+  /// that its stages write (empty ranges lo == hi); the rest of the row is 0, so a backend may
+  /// read only these for the norms. In memory the backend reads (device memory for CUDA). Null:
+  /// whole rows.
+  const std::int64_t* reach = nullptr;
+  std::int64_t reach_max = 0;  ///< with reach: the most elements one head's ranges hold (sizes launches)
 };
 
 /// Adam with state in device memory; does nothing when *skip != 0.

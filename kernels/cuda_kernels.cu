@@ -611,16 +611,31 @@ __device__ bool budget_clips(const Budget& a, const double* __restrict__ partial
   return all_finite;
 }
 
+/// Whether head h's reach (Budget::reach; null: everything) meets elements [s, e).
+__device__ __forceinline__ bool reach_meets(const std::int64_t* reach, int h, std::int64_t s, std::int64_t e) {
+  if (!reach) return true;
+  for (int q = 0; q < kBudgetReach; ++q) {
+    const std::int64_t lo = reach[(static_cast<std::int64_t>(h) * kBudgetReach + q) * 2];
+    const std::int64_t hi = reach[(static_cast<std::int64_t>(h) * kBudgetReach + q) * 2 + 1];
+    if (lo < e && s < hi) return true;
+  }
+  return false;
+}
+
 /// acc[k] = Σ_h clip_h g_h[i] (double, heads in order) for the tile's elements
-/// i = s + k·kThreads + threadIdx.x; all zero when some head is not finite.
+/// i = s + k·kThreads + threadIdx.x; all zero when some head is not finite. A head whose reach
+/// misses the tile is skipped: its elements there are 0, and adding a zero term to a sum that
+/// starts at +0 never changes it, so the result is the same to the bit.
 template <int PER = kBudgetPer>
 __device__ __forceinline__ void combine_tile(double (&acc)[PER], const float* __restrict__ grads, int H,
-                                             std::int64_t P, std::int64_t s, const float* clip_sh, bool finite) {
+                                             std::int64_t P, std::int64_t s, const float* clip_sh, bool finite,
+                                             const std::int64_t* reach) {
 #pragma unroll
   for (int k = 0; k < PER; ++k) acc[k] = 0.0;
   if (!finite) return;
 #pragma unroll 4
   for (int h = 0; h < H; ++h) {
+    if (!reach_meets(reach, h, s, s + static_cast<std::int64_t>(PER) * kThreads)) continue;
     const double c = clip_sh[h];
     const float* gh = grads + static_cast<std::int64_t>(h) * P;
 #pragma unroll
@@ -647,7 +662,7 @@ __global__ void __launch_bounds__(kThreads) budget_combine_kernel(Budget a, cons
   for (std::int64_t s = static_cast<std::int64_t>(blockIdx.x) * kBudgetTile; s < P;
        s += static_cast<std::int64_t>(gridDim.x) * kBudgetTile) {
     double acc[kBudgetPer];
-    combine_tile(acc, grads, H, P, s, clip_sh, all_finite);
+    combine_tile(acc, grads, H, P, s, clip_sh, all_finite, a.reach);
 #pragma unroll
     for (int k = 0; k < kBudgetPer; ++k) {
       const std::int64_t i = s + k * kThreads + threadIdx.x;
@@ -1092,7 +1107,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_kernel(Update u, UpdatePla
   for (std::int64_t s = static_cast<std::int64_t>(blockIdx.x) * kBudgetTile; s < P;
        s += static_cast<std::int64_t>(gridDim.x) * kBudgetTile) {
     double acc[kBudgetPer];
-    combine_tile(acc, grads, b.H, P, s, clip_sh, finite);
+    combine_tile(acc, grads, b.H, P, s, clip_sh, finite, b.reach);
 #pragma unroll
     for (int k = 0; k < kBudgetPer; ++k) {
       const std::int64_t i = s + k * kThreads + threadIdx.x;
@@ -1180,7 +1195,7 @@ __global__ void __launch_bounds__(kThreads) update_adam_kernel(Update u, const d
   for (std::int64_t s = first; s < P; s += static_cast<std::int64_t>(gridDim.x) * kSplitTile) {
     if (s != first) load(s);
     double acc[kSplitPer];
-    combine_tile<kSplitPer>(acc, grads, b.H, P, s, clip_sh, finite);
+    combine_tile<kSplitPer>(acc, grads, b.H, P, s, clip_sh, finite, b.reach);
 #pragma unroll
     for (int k = 0; k < kSplitPer; ++k) {
       const std::int64_t i = s + k * kThreads + threadIdx.x;

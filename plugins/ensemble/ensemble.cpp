@@ -24,7 +24,7 @@ namespace {
 
 using namespace dqn;
 
-enum Tag : std::int32_t { kForward = 0, kLoss = 1, kBackward = 2, kWeights = 3, kTrunk = 4 };
+enum Tag : std::int32_t { kForward = 0, kLoss = 1, kBackward = 2, kWeights = 3, kTrunk = 4, kWeightsHidden = 5 };
 
 class EnsembleHead final : public Head {
  public:
@@ -58,19 +58,21 @@ class EnsembleHead final : public Head {
       // backward: the input side down to the masked dhidden (with the hidden layers' bias
       // gradients, which come with their ReLU mask); trunk: ∂L/∂h2 from it; weights: every other
       // gradient, beside the trunk stage and the trunk's backward (both need only dhidden).
-      std::vector<std::string> hidden_biases, weights;
+      // (weights: the output layers' gradients; weights.hidden: the hidden layers' weight
+      // gradients, on another lane: two chains of a few GEMMs each instead of one)
+      std::vector<std::string> hidden_biases, weights, hidden_weights;
       for (int k = 0; k < K_; ++k)
         for (int layer : {0, 1})
           for (const auto& p : bdq::layer_params(prefix(k), d_, layer)) {
-            const bool hidden_bias = layer == 0 && p.size() > 5 && p.compare(p.size() - 5, 5, ".bias") == 0;
-            (hidden_bias ? hidden_biases : weights).push_back(grad + "/" + p);
+            const bool bias = p.size() > 5 && p.compare(p.size() - 5, 5, ".bias") == 0;
+            (layer == 1 ? weights : bias ? hidden_biases : hidden_weights).push_back(grad + "/" + p);
           }
       std::vector<std::string> back_writes{own("dv"), own("dadv"), own("dhidden")};
       back_writes.insert(back_writes.end(), hidden_biases.begin(), hidden_biases.end());
       rc = rc ? rc : stage(ctx, kBackward, "backward", {own("dlogits"), own("hidden"), "params"}, back_writes);
       rc = rc ? rc : stage(ctx, kTrunk, "trunk", {own("dhidden"), "params"}, {own("dtrunk_parts"), dtrunk});
-      rc = rc ? rc : stage(ctx, kWeights, "weights", {own("dv"), own("dadv"), own("dhidden"), own("hidden"), buf::h2},
-                           weights);
+      rc = rc ? rc : stage(ctx, kWeights, "weights", {own("dv"), own("dadv"), own("hidden")}, weights);
+      rc = rc ? rc : stage(ctx, kWeightsHidden, "weights.hidden", {own("dhidden"), buf::h2}, hidden_weights);
       return keep(rc);
     } catch (const std::exception& e) {
       error_ = e.what();
@@ -149,7 +151,10 @@ class EnsembleHead final : public Head {
         backward_trunk(be);
         break;
       case kWeights:
-        backward_weights(be);
+        backward_weights_out(be);
+        break;
+      case kWeightsHidden:
+        backward_weights_hidden(be);
         break;
       default:
         break;
@@ -265,10 +270,9 @@ class EnsembleHead final : public Head {
     for (int k = 1; k < K_; ++k) be.axpy(dtrunk_, parts_ + k * part, 1.0f, part);
   }
 
-  /// The weight side for every member (overwriting): the output layers' bias and weight gradients
-  /// from dv and dadv, and W1's from the masked dhidden.
-  void backward_weights(Backend& be) const {
-    const int B = B_, hc = d_.hidden_cols(), az = d_.az(), Hh = d_.Hh, Z = d_.Z, H2 = d_.H2;
+  /// The output layers' bias and weight gradients for every member (overwriting), from dv and dadv.
+  void backward_weights_out(Backend& be) const {
+    const int B = B_, hc = d_.hidden_cols(), az = d_.az(), Hh = d_.Hh, Z = d_.Z;
     const int LZ = d_.ldz(), laz = d_.ldaz(), dlaz = d_.D * laz;
     const std::int64_t sh = std::int64_t(B) * hc, sv = std::int64_t(B) * LZ, sa = std::int64_t(B) * dlaz;
     const bdq::Params& gp = members_[0].grad;
@@ -284,7 +288,13 @@ class EnsembleHead final : public Head {
       be.gemm(batched(true, false, az, Hh, B, back_.dadv + co, dlaz, sa, all_.hidden + ho, hc, sh, gp.wb2 + wo, Hh,
                       stride_));
     }
-    be.gemm(batched(true, false, hc, H2, B, back_.dhidden, hc, sh, h2_, H2, 0, gp.w1, H2, stride_));  // dW1
+  }
+
+  /// dW1 = dhiddenᵀ h2 for every member (overwriting), from the masked dhidden.
+  void backward_weights_hidden(Backend& be) const {
+    const int B = B_, hc = d_.hidden_cols(), H2 = d_.H2;
+    const std::int64_t sh = std::int64_t(B) * hc;
+    be.gemm(batched(true, false, hc, H2, B, back_.dhidden, hc, sh, h2_, H2, 0, members_[0].grad.w1, H2, stride_));
   }
 
   std::string own(const char* n) const { return name_ + "/" + n; }

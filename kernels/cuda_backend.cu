@@ -617,7 +617,7 @@ class CudaBackend final : public Backend {
     if (a.H > 0 && a.P > 0 && !real_ok(a.grads, op, "grads")) return;
     if (a.P > 0 && !real_ok(a.g, op, "g")) return;
     if (!real_ok(a.total_loss, op, "total_loss")) return;
-    void* s = scratch(op, cuda::budget_scratch_bytes(a.H, a.P));
+    void* s = scratch(op, cuda::budget_scratch_bytes(a.H));
     if (!s) return;
     DQN_CUDA_OK(op, cuda::budget(stream_, a, s, wave_blocks()));
   }
@@ -689,7 +689,7 @@ class CudaBackend final : public Backend {
         !real_ok(b.total_loss, op, "total_loss") || !real_ok(a.params, op, "params") || !real_ok(a.m, op, "m") ||
         !real_ok(a.v, op, "v") || !real_ok(a.lr, op, "lr") || !real_ok(t.target, op, "target"))
       return;
-    void* s = scratch(op, cuda::update_scratch_bytes(b.H, b.P, u.sn_count, u.sn_max_rows, u.sn_max_cols));
+    void* s = scratch(op, cuda::update_scratch_bytes(b.H, u.sn_count, u.sn_max_rows, u.sn_max_cols));
     if (!s) return;
     if (planning_) return;
     if (fused) DQN_CUDA_OK(op, cuda::update(stream_, u, s, update_blocks_));

@@ -506,6 +506,11 @@ BudgetShape budget_shape(const Budget& b) {
   return BudgetShape{budget_chunk(len), budget_chunks(len)};
 }
 
+/// Head h's range q in Budget::reach: {lo, hi}.
+__device__ __forceinline__ const std::int64_t* reach_range(const std::int64_t* reach, int h, int q) {
+  return reach + (static_cast<std::int64_t>(h) * kBudgetReach + q) * 2;
+}
+
 /// Pass 1's work for head h, chunk j of nchunks (block-uniform): Σ g² over the chunk, in double.
 /// With reach, the chunks run over the concatenation of the head's ranges (see Budget::reach).
 /// A non-finite element makes the partial non-finite, and a finite one never does (the squares of
@@ -534,8 +539,8 @@ __device__ void budget_partial_item(const float* __restrict__ grads, std::int64_
   } else {
     std::int64_t at = 0;  // where range q starts in the concatenation
     for (int q = 0; q < kBudgetReach; ++q) {
-      const std::int64_t lo = reach[(static_cast<std::int64_t>(h) * kBudgetReach + q) * 2];
-      const std::int64_t len = reach[(static_cast<std::int64_t>(h) * kBudgetReach + q) * 2 + 1] - lo;
+      const std::int64_t* r = reach_range(reach, h, q);
+      const std::int64_t lo = r[0], len = r[1] - r[0];
       const std::int64_t a = begin > at ? begin : at, b = end < at + len ? end : at + len;
       if (a < b) span(lo + (a - at), lo + (b - at));
       at += len;
@@ -615,9 +620,8 @@ __device__ bool budget_clips(const Budget& a, const double* __restrict__ partial
 __device__ __forceinline__ bool reach_meets(const std::int64_t* reach, int h, std::int64_t s, std::int64_t e) {
   if (!reach) return true;
   for (int q = 0; q < kBudgetReach; ++q) {
-    const std::int64_t lo = reach[(static_cast<std::int64_t>(h) * kBudgetReach + q) * 2];
-    const std::int64_t hi = reach[(static_cast<std::int64_t>(h) * kBudgetReach + q) * 2 + 1];
-    if (lo < e && s < hi) return true;
+    const std::int64_t* r = reach_range(reach, h, q);
+    if (r[0] < e && s < r[1]) return true;
   }
   return false;
 }
@@ -1686,7 +1690,7 @@ cudaError_t quantile_huber(cudaStream_t s, const QuantileHuber& a, void* scratch
   return cudaGetLastError();
 }
 
-std::size_t budget_scratch_bytes(int H, std::int64_t /*P*/) {
+std::size_t budget_scratch_bytes(int H) {  // the partial sums: at most kBudgetMaxChunks per head
   return round_up(static_cast<std::size_t>(H) * static_cast<std::size_t>(kBudgetMaxChunks) * sizeof(double), 256);
 }
 
@@ -1734,10 +1738,10 @@ cudaError_t target_update(cudaStream_t s, const TargetUpdate& a, int max_blocks)
   return cudaGetLastError();
 }
 
-std::size_t update_scratch_bytes(int H, std::int64_t P, int sn_count, int sn_max_rows, int sn_max_cols) {
+std::size_t update_scratch_bytes(int H, int sn_count, int sn_max_rows, int sn_max_cols) {
   // + 256: the cluster update's step constants after the partial sums (where the spectral norm's
   // scratch lies in the other paths)
-  return budget_scratch_bytes(H, P) +
+  return budget_scratch_bytes(H) +
          std::max<std::size_t>(256, sn_count > 0 ? spectral_norm_scratch_bytes(sn_count, sn_max_rows, sn_max_cols) : 0);
 }
 
@@ -1760,7 +1764,7 @@ cudaError_t update(cudaStream_t s, const Update& u, void* scratch, int blocks) {
   pl.chunk = bs.chunk;
   pl.partial = static_cast<double*>(scratch);
   if (u.sn_count > 0) {
-    const SnPlan sp = sn_plan(static_cast<char*>(scratch) + budget_scratch_bytes(u.budget.H, u.budget.P), u.sn_count,
+    const SnPlan sp = sn_plan(static_cast<char*>(scratch) + budget_scratch_bytes(u.budget.H), u.sn_count,
                               u.sn_max_rows, u.sn_max_cols);
     pl.ncc = sp.ncc;
     pl.rpb = sp.rpb;
@@ -1785,7 +1789,7 @@ cudaError_t update_split(cudaStream_t s, const Update& u, void* scratch, int max
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (u.sn_count == 0) return cudaSuccess;
   return sn_launch(s, u.sn_mats, u.sn_count, u.sn_max_rows, u.sn_max_cols, u.sigma_max, b.skip,
-                   static_cast<char*>(scratch) + budget_scratch_bytes(b.H, b.P), u.target);
+                   static_cast<char*>(scratch) + budget_scratch_bytes(b.H), u.target);
 }
 
 /// The launch of `blocks` blocks of kThreads in clusters of cs (attr: storage for the cluster
@@ -1871,7 +1875,7 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   const BudgetShape bs = budget_shape(b);
   const int nchunks = bs.nchunks;
   auto* partial = static_cast<double*>(scratch);
-  auto* step = reinterpret_cast<double*>(static_cast<char*>(scratch) + budget_scratch_bytes(b.H, b.P));
+  auto* step = reinterpret_cast<double*>(static_cast<char*>(scratch) + budget_scratch_bytes(b.H));
   pl.step = step;
   budget_partial_kernel<<<dim3(nchunks, b.H), kThreads, 0, s>>>(
       b.grads.as<const float>(), b.P, bs.chunk, b.reach, partial, u.adam.t, u.adam.beta1, u.adam.beta2, step);

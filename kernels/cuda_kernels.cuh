@@ -51,8 +51,8 @@ std::size_t quantile_huber_scratch_bytes(int B);
 std::size_t quantile_huber_shared_bytes(int D, int N);
 cudaError_t quantile_huber(cudaStream_t s, const QuantileHuber& a, void* scratch);
 
-/// Scratch budget needs: one partial sum of squares per (head, chunk of P).
-std::size_t budget_scratch_bytes(int H, std::int64_t P);
+/// Scratch budget needs: one partial sum of squares per (head, chunk), at most 512 chunks a head.
+std::size_t budget_scratch_bytes(int H);
 /// Two launches: partial sums, then norms/clips/skip/total loss (in every block) and g.
 /// max_blocks bounds the second launch's grid (about one wave); results do not depend on it.
 cudaError_t budget(cudaStream_t s, const Budget& a, void* scratch, int max_blocks);
@@ -71,7 +71,7 @@ cudaError_t target_update(cudaStream_t s, const TargetUpdate& a, int max_blocks)
 /// `blocks` blocks (update_grid's count, all resident at once). Needs H <= update_max_heads(),
 /// sn_count <= update_max_matrices(), and the Update's shared pointers consistent (adam.g is
 /// budget.g, the skips one, target.params/t/P adam's). Scratch: update_scratch_bytes.
-std::size_t update_scratch_bytes(int H, std::int64_t P, int sn_count, int sn_max_rows, int sn_max_cols);
+std::size_t update_scratch_bytes(int H, int sn_count, int sn_max_rows, int sn_max_cols);
 int update_max_heads();
 int update_max_matrices();
 /// Blocks of the fused update on this device (co-resident); 0 when it cannot run.

@@ -98,12 +98,12 @@ struct C51Xent {
   int members = 1;
 };
 
-/// Gradient budgets (spec "Gradient budgets"). grads is [H,P]; for each head h:
-/// norm_h = ‖g_h‖, clip_h = min(1, f_h·G/(norm_h+1e-6)); g = Σ c_h g_h. If any g_h is not
-/// finite, *skip = 1 and *skipped += 1, else *skip = 0.
 /// Ranges per head in Budget::reach.
 inline constexpr int kBudgetReach = 4;
 
+/// Gradient budgets (spec "Gradient budgets"). grads is [H,P]; for each head h:
+/// norm_h = ‖g_h‖, clip_h = min(1, f_h·G/(norm_h+1e-6)); g = Σ c_h g_h. If any g_h is not
+/// finite, *skip = 1 and *skipped += 1, else *skip = 0.
 struct Budget {
   Real grads;           ///< in  [H,P]
   Real fractions;       ///< in  [H] (device memory, changeable between steps)

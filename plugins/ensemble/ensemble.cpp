@@ -257,8 +257,9 @@ class EnsembleHead final : public Head {
 
   /// ∂L/∂h2 = Σ_k dhidden_k W1_k, members in order: each member's product in one member-batched
   /// GEMM (the K products of a chain of beta-accumulating GEMMs ran one after another, each a few
-  /// blocks over a long k), then the sum. The same roundings as that chain: each step adds one
-  /// member's float product to the float sum.
+  /// blocks over a long k), then the sum: each step adds one member's float product to the float
+  /// sum. On CUDA that is how the chain's epilogue rounded too; the CPU backend's GEMM added its
+  /// double product before rounding, so there the sum moved by float rounding.
   void backward_trunk(Backend& be) const {
     const int B = B_, hc = d_.hidden_cols(), H2 = d_.H2;
     const std::int64_t sh = std::int64_t(B) * hc, part = std::int64_t(B) * H2;

@@ -386,18 +386,57 @@ TEST_CASE("gpu.ops.bias_act: bias + activation on a padded matrix") {
 }
 
 TEST_CASE("gpu.ops.relu_backward: masks where y <= 0, zeros included") {
-  const int rows = 37, cols = 53, ld = 59;
+  // 53 of 59: the scalar kernel; 52 of 56 (multiples of 4, aligned rows): the four-column one
+  struct Shape { int cols, ld; };
+  for (const Shape sh : {Shape{53, 59}, Shape{52, 56}}) {
+    CAPTURE(sh.cols);
+    const int rows = 37, cols = sh.cols, ld = sh.ld;
+    Gpu gpu;
+    Cpu cpu;
+    auto y = random_vec(static_cast<std::size_t>(rows) * ld, -1, 1, 3);
+    for (std::size_t i = 0; i < y.size(); i += 4) y[i] = 0.0f;
+    auto dy = random_vec(y.size(), -1, 1, 4);
+    Real dyd = gpu.put(dy), yd = gpu.put(y);
+    gpu.ops.relu_backward(dyd, yd, rows, cols, ld);
+    gpu.ok();
+    cpu.ops->relu_backward(host(dy), host(y), rows, cols, ld);
+    cpu.ok();
+    expect_same_bits(gpu.get(dyd, rows * ld), dy, "relu_backward (a mask is exact; padding untouched)");
+  }
+}
+
+TEST_CASE("gpu.ops.cosine_embedding and hadamard (IQN) against the CPU") {
   Gpu gpu;
   Cpu cpu;
-  auto y = random_vec(static_cast<std::size_t>(rows) * ld, -1, 1, 3);
-  for (std::size_t i = 0; i < y.size(); i += 4) y[i] = 0.0f;
-  auto dy = random_vec(y.size(), -1, 1, 4);
-  Real dyd = gpu.put(dy), yd = gpu.put(y);
-  gpu.ops.relu_backward(dyd, yd, rows, cols, ld);
-  gpu.ok();
-  cpu.ops->relu_backward(host(dy), host(y), rows, cols, ld);
-  cpu.ok();
-  expect_same_bits(gpu.get(dyd, rows * ld), dy, "relu_backward (a mask is exact)");
+  {  // cos(π i τ): the GPU reduces i·τ mod 2 exactly and takes a float cospi
+    const int rows = 333, E = 64;
+    auto tau = random_vec(rows, 0, 1, 7);
+    tau[0] = 0.0f;
+    tau[1] = 0.99999994f;
+    std::vector<float> out(static_cast<std::size_t>(rows) * E);
+    Real od = gpu.put(out), td = gpu.put(tau);
+    gpu.ops.cosine_embedding(od, td, rows, E);
+    gpu.ok();
+    cpu.ops->cosine_embedding(host(out), host(tau), rows, E);
+    cpu.ok();
+    const auto g = gpu.get(od, rows * E);
+    double worst = 0.0;
+    for (std::size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::fabs(double(g[i]) - double(out[i])));
+    CHECK(worst < 1e-6);  // absolute: every value lies in [-1, 1]
+  }
+  for (const int H : {64, 61}) {  // 64: the four-column kernel; 61: the scalar one
+    CAPTURE(H);
+    const int B = 7, N = 5;
+    auto h2 = random_vec(static_cast<std::size_t>(B) * H, -1, 1, 8);
+    auto phi = random_vec(static_cast<std::size_t>(B) * N * H, -1, 1, 9);
+    std::vector<float> x(phi.size());
+    Real xd = gpu.put(x), hd = gpu.put(h2), pd = gpu.put(phi);
+    gpu.ops.hadamard(xd, hd, pd, B, N, H);
+    gpu.ok();
+    cpu.ops->hadamard(host(x), host(h2), host(phi), B, N, H);
+    cpu.ok();
+    expect_same_bits(gpu.get(xd, static_cast<std::int64_t>(x.size())), x, "hadamard (one product each)");
+  }
 }
 
 TEST_CASE("gpu.ops.bias_grad: deterministic column sums, beta 0 overwrites") {

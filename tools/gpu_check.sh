@@ -89,7 +89,7 @@ $build/tools/dqn bench pipelines/ref.yaml --batch 256,1024,4096 --precision fp32
 # Switches against the defaults (the same results, other kernels), B 256, one labelled line each:
 # the update as the four ops (=0), one cooperative kernel (=1) or four kernels (=split) instead of
 # the cluster update;
-# tall-k GEMMs run whole; the fused head kernels off (=0) or both on (=1); autotuning also over
+# tall-k GEMMs run whole; the fused head backward (=backward) or both fused head kernels (=1); autotuning also over
 # cuBLASLt's split-k variants.
 : >"$out/bench_switches.txt"
 sw() {  # sw LABEL CONFIG BATCHES ENV...
@@ -102,7 +102,7 @@ for cfg in c51 all; do
   sw "DQN_FUSED_UPDATE=0" $cfg 256 DQN_FUSED_UPDATE=0
   sw "DQN_FUSED_UPDATE=1" $cfg 256 DQN_FUSED_UPDATE=1
   sw "DQN_FUSED_UPDATE=split" $cfg 256 DQN_FUSED_UPDATE=split
-  sw "DQN_FUSED_HEAD=0" $cfg 256 DQN_FUSED_HEAD=0
+  sw "DQN_FUSED_HEAD=backward" $cfg 256 DQN_FUSED_HEAD=backward
   sw "DQN_FUSED_HEAD=1" $cfg 256 DQN_FUSED_HEAD=1
   sw "DQN_GEMM_TUNE_SPLIT_K=1" $cfg 256 DQN_GEMM_TUNE_SPLIT_K=1
 done

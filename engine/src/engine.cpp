@@ -507,19 +507,7 @@ void Engine::compute_budget_reach() {
           if (const auto* p = reg_.find_param(w.substr(g.size() + 1))) r.emplace_back(p->offset, p->offset + p->stored());
         }
       }
-    std::sort(r.begin(), r.end());
-    std::vector<std::pair<std::int64_t, std::int64_t>> m;
-    for (const auto& x : r) {
-      if (!m.empty() && x.first <= m.back().second) m.back().second = std::max(m.back().second, x.second);
-      else m.push_back(x);
-    }
-    while (m.size() > std::size_t(kBudgetReach)) {  // close the smallest gap
-      std::size_t best = 0;
-      for (std::size_t i = 1; i + 1 < m.size(); ++i)
-        if (m[i + 1].first - m[i].second < m[best + 1].first - m[best].second) best = i;
-      m[best].second = m[best + 1].second;
-      m.erase(m.begin() + std::ptrdiff_t(best) + 1);
-    }
+    const auto m = merge_ranges(std::move(r), std::size_t(kBudgetReach));
     std::int64_t len = 0;
     for (std::size_t q = 0; q < m.size(); ++q) {
       budget_reach_host_[(h * kBudgetReach + q) * 2] = m[q].first;

@@ -142,6 +142,25 @@ void Registry::declare_param(const std::string& name, std::int32_t rows, std::in
   params_.push_back(std::move(p));
 }
 
+std::vector<std::pair<std::int64_t, std::int64_t>> merge_ranges(std::vector<std::pair<std::int64_t, std::int64_t>> r,
+                                                                std::size_t max) {
+  std::sort(r.begin(), r.end());
+  std::vector<std::pair<std::int64_t, std::int64_t>> m;
+  for (const auto& x : r) {
+    if (x.second <= x.first) continue;
+    if (!m.empty() && x.first <= m.back().second) m.back().second = std::max(m.back().second, x.second);
+    else m.push_back(x);
+  }
+  while (m.size() > std::max<std::size_t>(max, 1)) {  // close the smallest gap
+    std::size_t best = 0;
+    for (std::size_t i = 1; i + 1 < m.size(); ++i)
+      if (m[i + 1].first - m[i].second < m[best + 1].first - m[best].second) best = i;
+    m[best].second = m[best + 1].second;
+    m.erase(m.begin() + std::ptrdiff_t(best) + 1);
+  }
+  return m;
+}
+
 bool Registry::has(const std::string& name) const { return buffers_.count(name) != 0; }
 
 const Registry::Buffer* Registry::find(const std::string& name) const {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dqn/backend.hpp"
@@ -110,5 +111,11 @@ class Registry {
   mutable std::int64_t lookups_ = 0, late_lookups_ = 0;
   std::int64_t allocations_ = 0;
 };
+
+/// Element ranges [lo, hi) sorted and merged (overlapping or touching ones joined), then, while
+/// more than `max` remain, the two with the smallest gap between them joined (the gap included).
+/// The result covers every input element in at most `max` ranges (max >= 1).
+std::vector<std::pair<std::int64_t, std::int64_t>> merge_ranges(std::vector<std::pair<std::int64_t, std::int64_t>> r,
+                                                                std::size_t max);
 
 }  // namespace dqn

@@ -459,3 +459,13 @@ TEST_CASE("registry.layout_text") {
   CHECK(std::string(to_string(BufferKind::parameter)) == "parameter");
   CHECK(std::string(to_string(DType::i64)) == "i64");
 }
+
+TEST_CASE("registry.merge_ranges") {
+  using R = std::vector<std::pair<std::int64_t, std::int64_t>>;
+  // sorted, overlapping and touching ranges joined, empty ones dropped
+  CHECK(merge_ranges(R{{10, 20}, {0, 5}, {5, 8}, {15, 30}, {40, 40}}, 4) == R{{0, 8}, {10, 30}});
+  // more than max: the smallest gaps close first (2 between 12 and 14, then 4 between 14·16 and 20)
+  CHECK(merge_ranges(R{{0, 10}, {12, 14}, {16, 18}, {50, 60}, {100, 101}}, 3) == R{{0, 18}, {50, 60}, {100, 101}});
+  CHECK(merge_ranges(R{{0, 10}, {12, 14}, {16, 18}, {50, 60}, {100, 101}}, 1) == R{{0, 101}});
+  CHECK(merge_ranges(R{}, 4).empty());
+}

@@ -229,7 +229,6 @@ void Engine::build(const PluginLoader& plugins) {
     reg_.declare("sn/table", DType::i64, {std::max<std::int64_t>(words, 1)}, BufferKind::optimizer, "engine");
   }
   add_engine_stages_back();
-  compute_budget_reach();
   reg_.declare("budget/reach", DType::i64, {H * kBudgetReach * 2}, BufferKind::optimizer, "engine");
 
   reg_.freeze(*rt_);
@@ -254,7 +253,7 @@ void Engine::build(const PluginLoader& plugins) {
     }
     rt_->ops().upload(sn_table_, table.data(), table.size() * sizeof(SpectralMatrix));
   }
-  rt_->ops().upload(budget_reach_, budget_reach_host_.data(), budget_reach_host_.size() * sizeof(std::int64_t));
+  upload_budget_reach();
   const auto [rb, re] = reg_.report_range();
   report_begin_ = rb;
   report_bytes_ = re - rb;
@@ -492,9 +491,9 @@ void Engine::trunk_forward(Backend& be, bool target) {
 // from the arena's zero fill, so the norms need only these ranges (the all-heads step read four
 // whole rows where under half of it can be non-zero). Merged into at most kBudgetReach ranges
 // (closing the smallest gaps: zeros add nothing).
-void Engine::compute_budget_reach() {
+void Engine::upload_budget_reach() {
   const std::int64_t P = reg_.param_count();
-  budget_reach_host_.assign(heads_.size() * kBudgetReach * 2, 0);
+  std::vector<std::int64_t> reach(heads_.size() * kBudgetReach * 2, 0);
   budget_reach_max_ = 0;
   for (std::size_t h = 0; h < heads_.size(); ++h) {
     const std::string g = "grad/" + head_names_[h];
@@ -510,12 +509,13 @@ void Engine::compute_budget_reach() {
     const auto m = merge_ranges(std::move(r), std::size_t(kBudgetReach));
     std::int64_t len = 0;
     for (std::size_t q = 0; q < m.size(); ++q) {
-      budget_reach_host_[(h * kBudgetReach + q) * 2] = m[q].first;
-      budget_reach_host_[(h * kBudgetReach + q) * 2 + 1] = m[q].second;
+      reach[(h * kBudgetReach + q) * 2] = m[q].first;
+      reach[(h * kBudgetReach + q) * 2 + 1] = m[q].second;
       len += m[q].second - m[q].first;
     }
     budget_reach_max_ = std::max(budget_reach_max_, len);
   }
+  rt_->ops().upload(budget_reach_, reach.data(), reach.size() * sizeof(std::int64_t));
 }
 
 // Backprop every head's ∂L_h/∂h_L (dtrunk/all, rows of `states`) through trunk layer i: the ReLU

@@ -132,7 +132,7 @@ class Engine {
   void add_engine_stages_front();
   void add_engine_stages_back();
   void bind_engine();
-  void compute_budget_reach();
+  void upload_budget_reach();
   void trunk_forward(Backend& be, bool target);
   void trunk_backward_layer(Backend& be, int i);
   void trunk_weights_layer(Backend& be, int i);
@@ -165,8 +165,7 @@ class Engine {
   std::vector<std::vector<Real>> trunk_gw_, trunk_gb_;  // per head
   Real dtrunk_all_;                                     // [H·B, H2]
   SpectralMatrix* sn_table_ = nullptr;
-  std::int64_t* budget_reach_ = nullptr;        ///< [H, kBudgetReach, 2] (Budget::reach), device memory
-  std::vector<std::int64_t> budget_reach_host_;  ///< the same, computed from the stages' writes
+  std::int64_t* budget_reach_ = nullptr;  ///< [H, kBudgetReach, 2] (Budget::reach), from the stages' writes
   std::int64_t budget_reach_max_ = 0;
   int sn_count_ = 0, sn_max_rows_ = 0, sn_max_cols_ = 0;
   std::vector<std::pair<std::string, std::string>> sn_params_;  // param name, u buffer name

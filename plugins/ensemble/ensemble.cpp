@@ -56,10 +56,9 @@ class EnsembleHead final : public Head {
       rc = rc ? rc : stage(ctx, kLoss, "loss", {own("logp"), buf::target_m, buf::actions, buf::is_weights},
                            {loss, own("dlogits")});
       // backward: the input side down to the masked dhidden (with the hidden layers' bias
-      // gradients, which come with their ReLU mask); trunk: ∂L/∂h2 from it; weights: every other
-      // gradient, beside the trunk stage and the trunk's backward (both need only dhidden).
-      // (weights: the output layers' gradients; weights.hidden: the hidden layers' weight
-      // gradients, on another lane: two chains of a few GEMMs each instead of one)
+      // gradients, which come with their ReLU mask); trunk: ∂L/∂h2 from it; weights (the output
+      // layers) and weights.hidden (the hidden layers' weights): the other gradients, on lanes of
+      // their own beside the trunk stage and the trunk's backward.
       std::vector<std::string> hidden_biases, weights, hidden_weights;
       for (int k = 0; k < K_; ++k)
         for (int layer : {0, 1})
@@ -209,18 +208,17 @@ class EnsembleHead final : public Head {
     be.gemm(g);
     // The output layers write whole padded rows (wv2_rows = ldz, wb2_rows = ldaz columns; the
     // zero weight rows give zero columns): aligned GEMM kernels.
-    const int azr = d_.wb2_rows();
     g = batched(false, true, B, d_.wv2_rows(), Hh, all_.hidden, hc, sh, p.wv2, Hh, stride_, all_.v, LZ,
                 std::int64_t(B) * LZ);
     g.weight_operand = 2;
     g.bias = p.bv2; g.stride_bias = stride_;
     be.gemm(g);
     for (int d = 0; d < d_.D; ++d) {
-      g = batched(false, true, B, azr, Hh, all_.hidden + Hh + std::int64_t(d) * Hh, hc, sh,
-                  p.wb2 + std::int64_t(d) * azr * Hh, Hh, stride_, all_.adv + std::int64_t(d) * laz, dlaz,
-                  std::int64_t(B) * dlaz);
+      const BranchAt at = branch_at(d);
+      g = batched(false, true, B, d_.wb2_rows(), Hh, all_.hidden + at.hidden, hc, sh, p.wb2 + at.weight, Hh, stride_,
+                  all_.adv + at.adv, dlaz, std::int64_t(B) * dlaz);
       g.weight_operand = 2;
-      g.bias = p.bb2 + std::int64_t(d) * azr; g.stride_bias = stride_;
+      g.bias = p.bb2 + at.bias; g.stride_bias = stride_;
       be.gemm(g);
     }
     DuelingDist dd;  // every member's distribution and Q in one pass
@@ -229,8 +227,8 @@ class EnsembleHead final : public Head {
     be.dueling_dist(dd);
   }
 
-  /// The input side for every member: the dueling gradients, dhidden (ReLU-masked, with the
-  /// hidden layers' bias gradients from the same pass) and ∂L/∂h2 = Σ_k dhidden_k W1_k.
+  /// The input side for every member: the dueling gradients and dhidden (ReLU-masked, with the
+  /// hidden layers' bias gradients from the same pass).
   void backward_inputs(Backend& be) const {
     const int B = B_, hc = d_.hidden_cols(), az = d_.az(), Hh = d_.Hh, Z = d_.Z;
     const int LZ = d_.ldz(), laz = d_.ldaz(), dlaz = d_.D * laz;  // padded rows (aligned GEMM kernels)
@@ -245,9 +243,9 @@ class EnsembleHead final : public Head {
     be.gemm(g);
     // branch output layers, one member-batched GEMM per branch
     for (int d = 0; d < d_.D; ++d) {
-      const std::int64_t wo = std::int64_t(d) * d_.wb2_rows() * Hh, co = std::int64_t(d) * laz;
-      const std::int64_t ho = Hh + std::int64_t(d) * Hh;
-      g = batched(false, false, B, Hh, az, back_.dadv + co, dlaz, sa, p.wb2 + wo, Hh, stride_, back_.dhidden + ho, hc, sh);
+      const BranchAt at = branch_at(d);
+      g = batched(false, false, B, Hh, az, back_.dadv + at.adv, dlaz, sa, p.wb2 + at.weight, Hh, stride_,
+                  back_.dhidden + at.hidden, hc, sh);
       g.weight_operand = 2;
       be.gemm(g);
     }
@@ -278,16 +276,15 @@ class EnsembleHead final : public Head {
     const std::int64_t sh = std::int64_t(B) * hc, sv = std::int64_t(B) * LZ, sa = std::int64_t(B) * dlaz;
     const bdq::Params& gp = members_[0].grad;
     be.relu_bias_grad(back_.dv, Real{}, gp.bv2, B, Z, LZ, K_, sv, 0, stride_);  // bias gradients, every member
-    const int azr = d_.wb2_rows();  // branch blocks of the parameters (the zero rows' gradients stay 0)
     for (int d = 0; d < d_.D; ++d)  // the branch biases: one call per branch (every member)
-      be.relu_bias_grad(back_.dadv + std::int64_t(d) * laz, Real{}, gp.bb2 + std::int64_t(d) * azr, B, az, dlaz, K_, sa,
-                        0, stride_);
+      be.relu_bias_grad(back_.dadv + branch_at(d).adv, Real{}, gp.bb2 + branch_at(d).bias, B, az, dlaz, K_, sa, 0,
+                        stride_);
     // dWv2 = dvᵀ hv
     be.gemm(batched(true, false, Z, Hh, B, back_.dv, LZ, sv, all_.hidden, hc, sh, gp.wv2, Hh, stride_));
-    for (int d = 0; d < d_.D; ++d) {  // dWb2_d = dadv_dᵀ hb_d
-      const std::int64_t wo = std::int64_t(d) * azr * Hh, co = std::int64_t(d) * laz, ho = Hh + std::int64_t(d) * Hh;
-      be.gemm(batched(true, false, az, Hh, B, back_.dadv + co, dlaz, sa, all_.hidden + ho, hc, sh, gp.wb2 + wo, Hh,
-                      stride_));
+    for (int d = 0; d < d_.D; ++d) {  // dWb2_d = dadv_dᵀ hb_d (the zero rows' gradients stay 0)
+      const BranchAt at = branch_at(d);
+      be.gemm(batched(true, false, az, Hh, B, back_.dadv + at.adv, dlaz, sa, all_.hidden + at.hidden, hc, sh,
+                      gp.wb2 + at.weight, Hh, stride_));
     }
   }
 
@@ -300,6 +297,17 @@ class EnsembleHead final : public Head {
 
   std::string own(const char* n) const { return name_ + "/" + n; }
   static std::string prefix(int k) { return "ensemble." + std::to_string(k); }
+
+  /// Where branch d starts: in a member's output-layer weights and biases (padded rows,
+  /// wb2_rows apart), in a row of adv/dadv (ldaz apart) and in a row of hidden (after the value
+  /// stream's Hh columns).
+  struct BranchAt {
+    std::int64_t weight, bias, adv, hidden;
+  };
+  BranchAt branch_at(int d) const {
+    const std::int64_t r = d_.wb2_rows();
+    return BranchAt{d * r * d_.Hh, d * r, std::int64_t(d) * d_.ldaz(), std::int64_t(d_.Hh) * (1 + d)};
+  }
 
   int stage(BuildContext& ctx, Tag tag, const char* what, std::vector<std::string> reads,
             std::vector<std::string> writes) {

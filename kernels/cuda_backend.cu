@@ -755,14 +755,11 @@ class CudaBackend final : public Backend {
   const void* scratch_base() const noexcept { return scratch_base_; }
 
   /// How the update runs (for describe()).
-  const char* update_path() const noexcept {
+  std::string update_path() const {
     if (update_blocks_ > 0) return "fused (one cooperative kernel)";
     if (update_cluster_ > 0) {
-      if (cluster_forced_)
-        return update_cluster_ == 16 ? "cluster (16 blocks a cluster)" : "cluster (8 blocks a cluster)";
-      return update_cluster_ == 16
-                 ? "cluster (16 blocks a cluster) where normed matrices hold half of params, else separate kernels"
-                 : "cluster (8 blocks a cluster) where normed matrices hold half of params, else separate kernels";
+      const std::string c = "cluster (" + std::to_string(update_cluster_) + " blocks a cluster)";
+      return cluster_forced_ ? c : c + " where normed matrices hold half of params, else separate kernels";
     }
     return update_mode_ == UpdateMode::split ? "split (four kernels)" : "as separate kernels";
   }
@@ -1844,7 +1841,7 @@ class CudaRuntime final : public Runtime {
                   device_, p.name, p.major, p.minor, p.multiProcessorCount,
                   static_cast<double>(p.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0), precision_name(backend_.precision()),
                   kWorkspaceBytes >> 20, backend_.scratch_bytes() >> 10, arena_bytes_ >> 10, arena_,
-                  backend_.workspace_base(), backend_.scratch_base(), backend_.update_path());
+                  backend_.workspace_base(), backend_.scratch_base(), backend_.update_path().c_str());
     return buf;
   }
 

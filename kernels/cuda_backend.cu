@@ -191,6 +191,30 @@ unsigned fused_head_from_env() noexcept {
   return 0;
 }
 
+/// Whether tf32 GEMMs may run on tile_gemm (the tensor-core kernel for small shapes), from
+/// DQN_TILE_GEMM: unset → autotuning times its tile shapes against the cuBLASLt algorithm it chose
+/// and keeps the fastest (with DQN_GEMM_AUTOTUNE=0: cuBLASLt); 0/off → cuBLASLt only; 1/on →
+/// tile_gemm always, the fastest tile shape (the first without autotuning); 16x32, 32x32 or 64x64
+/// → tile_gemm always, that shape (for tests and comparisons). Other precisions: cuBLASLt.
+struct TileMode {
+  bool on = true;      ///< tile_gemm may run
+  bool forced = false; ///< tile_gemm runs whenever it fits (never cuBLASLt)
+  int config = -1;     ///< forced to this shape; -1: timed (or the first)
+};
+TileMode tile_mode_from_env() noexcept {
+  TileMode t;
+  const char* v = std::getenv("DQN_TILE_GEMM");
+  if (!v || !*v) return t;
+  if (!env_on("DQN_TILE_GEMM")) {
+    t.on = false;
+    return t;
+  }
+  for (int c = 0; c < cuda::kTileGemmConfigs; ++c)
+    if (std::strcmp(v, cuda::tile_gemm_name(c)) == 0) t.config = c;
+  t.forced = true;
+  return t;
+}
+
 /// DQN_GEMM_SPLIT_K=0 runs tall-k GEMMs whole instead of split into slices (for comparisons).
 bool split_k_from_env() noexcept { return env_on("DQN_GEMM_SPLIT_K"); }
 
@@ -207,6 +231,12 @@ std::mutex& tuned_mutex() {
 }
 std::map<TuneKey, TunedAlgo>& tuned_algos() {
   static std::map<TuneKey, TunedAlgo> m;
+  return m;
+}
+
+/// The tile_gemm choice per problem (-1: cuBLASLt, else the tile shape), shared like tuned_algos.
+std::map<TuneKey, int>& tuned_tiles() {
+  static std::map<TuneKey, int> m;
   return m;
 }
 
@@ -261,6 +291,11 @@ class CudaBackend final : public Backend {
       note_device_bytes(kCounterBytes);
       scratch_bytes_ = kInitialScratchBytes;
       note_device_bytes(kInitialScratchBytes * kSlots);
+      // tile_gemm's shared memory beyond 48 KiB, granted once (tf32 only; without it, cuBLASLt).
+      if (precision_ == Precision::tf32 && tile_.on && cuda::tile_gemm_prepare() != cudaSuccess) {
+        cudaGetLastError();
+        tile_ = TileMode{false, false, -1};
+      }
       // The fused head kernels may use up to the opt-in shared memory of a block: granted once here.
       if (fused_head_ && cuda::head_kernels_prepare(props_.sharedMemPerBlockOptin) == cudaSuccess) {
         head_shared_max_ = props_.sharedMemPerBlockOptin;
@@ -346,6 +381,21 @@ class CudaBackend final : public Backend {
       key.align_a = alignment_of(g.b.p, key.stride_a * 4);
       key.align_b = alignment_of(g.a.p, key.stride_b * 4);
     }
+    // tile_gemm (tf32): decided once per problem (forced, or timed against cuBLASLt below).
+    int* tile = nullptr;
+    cuda::TileGemm tg;
+    LtKey tkey = key;
+    if (precision_ == Precision::tf32 && tile_.on) {
+      tg = tile_args(g);
+      tkey.epilogue = (g.bias ? 1 : 0) | (g.act == Act::relu ? 2 : 0);
+      tkey.stride_bias = g.bias && batched ? g.stride_bias : 0;
+      if (!(tile = tile_slot(tkey))) return;
+      if (*tile == kTileUndecided && tile_.forced) *tile = forced_tile(tkey, tg, g.c.as<const float>());
+      if (status_ != 0) return;
+      if (*tile >= 0) return planning_ ? void() : run_tile(tg, *tile);
+      if (*tile == kTileUndecided && (capturing_ || !autotune_)) *tile = kTileLt;
+      if (*tile == kTileLt) tile = nullptr;  // cuBLASLt from here on
+    }
     // The fused epilogue (beta == 0 only: then C = act(alpha·AB + bias) without any doubt about
     // where beta·C enters). Our n is cuBLAS's m, the rows of column-major D: the bias runs along
     // them and is broadcast over D's columns (our m rows), as cuBLASLt's bias epilogue does.
@@ -389,7 +439,7 @@ class CudaBackend final : public Backend {
         return;
       pa = b16;
       pb = a16;
-    } else if (planning_ && !tune) {
+    } else if (planning_ && !tune && !tile) {
       return;
     }
     const float alpha = g.alpha, beta = g.beta;
@@ -401,6 +451,11 @@ class CudaBackend final : public Backend {
         if (!(plan = plan_for(key, nullptr))) return;
         if (wants_tuning(plan)) autotune(*plan, key, pa, pb, c, nullptr, alpha, beta);
       }
+    }
+    if (tile) {  // undecided: the tile shapes against the cuBLASLt algorithm just chosen
+      *tile = timed_tile(tkey, tg, *plan, fused, pa, pb, c, g.bias.p, alpha, beta);
+      if (status_ != 0) return;
+      if (*tile >= 0) return planning_ ? void() : run_tile(tg, *tile);
     }
     if (planning_) return;
     plan->decided = true;  // from this run (or capture) on, the algorithm never changes
@@ -1383,6 +1438,141 @@ class CudaBackend final : public Backend {
                           kWorkspaceBytes, stream_);
   }
 
+  // --- tile_gemm -------------------------------------------------------------------------------
+
+  static constexpr int kTileUndecided = -2, kTileLt = -1;
+
+  static cuda::TileGemm tile_args(const Gemm& g) noexcept {
+    cuda::TileGemm t;
+    t.ta = g.ta;
+    t.tb = g.tb;
+    t.relu = g.act == Act::relu;
+    t.m = g.m;
+    t.n = g.n;
+    t.k = g.k;
+    t.lda = g.lda;
+    t.ldb = g.ldb;
+    t.ldc = g.ldc;
+    t.batch = g.batch;
+    t.alpha = g.alpha;
+    t.beta = g.beta;
+    t.a = g.a.as<const float>();
+    t.b = g.b.as<const float>();
+    t.c = g.c.as<float>();
+    t.c_in = t.c;
+    t.bias = g.bias ? g.bias.as<const float>() : nullptr;
+    const bool batched = g.batch > 1;
+    t.stride_a = batched ? g.stride_a : 0;
+    t.stride_b = batched ? g.stride_b : 0;
+    t.stride_c = batched ? g.stride_c : 0;
+    t.stride_bias = batched && g.bias ? g.stride_bias : 0;
+    return t;
+  }
+
+  /// This problem's tile choice (kTileUndecided until decided), taken from the process's shared
+  /// choices when another backend decided it by timing. Null after recording an error.
+  int* tile_slot(const LtKey& tkey) noexcept {
+    try {
+      auto [it, fresh] = tiles_.try_emplace(tkey, kTileUndecided);
+      if (fresh && !tile_.forced) {
+        std::lock_guard<std::mutex> lock(tuned_mutex());
+        const auto& shared = tuned_tiles();
+        if (auto s = shared.find(TuneKey{device_, static_cast<int>(precision_), tkey}); s != shared.end())
+          it->second = s->second;
+      }
+      return &it->second;
+    } catch (...) {
+      fail("gemm", "out of memory caching a GEMM plan");
+      return nullptr;
+    }
+  }
+  void remember_tile(const LtKey& tkey, int choice) noexcept {
+    if (tile_.forced) return;  // a forced choice is this backend's own
+    try {
+      std::lock_guard<std::mutex> lock(tuned_mutex());
+      tuned_tiles().emplace(TuneKey{device_, static_cast<int>(precision_), tkey}, choice);
+    } catch (...) {
+      // not shared with later engines; this one keeps its choice
+    }
+  }
+
+  void run_tile(const cuda::TileGemm& tg, int config) noexcept {
+    DQN_CUDA_OK("gemm", cuda::tile_gemm(stream_, tg, config));
+  }
+
+  /// DQN_TILE_GEMM=1 or a shape: the named shape, or the fastest that fits (timed, outside
+  /// capture with autotuning on; else the first); cuBLASLt only when no shape fits.
+  int forced_tile(const LtKey& tkey, const cuda::TileGemm& tg, const float* c) noexcept {
+    int choice = kTileLt;
+    if (tile_.config >= 0) {
+      if (cuda::tile_gemm_fits(tg, tile_.config)) choice = tile_.config;
+    } else {
+      for (int cfg = cuda::kTileGemmConfigs - 1; cfg >= 0; --cfg)
+        if (cuda::tile_gemm_fits(tg, cfg)) choice = cfg;  // the first that fits
+      float* d = choice >= 0 && autotune_ && !capturing_ ? tune_buffer(tile_extent(tg)) : nullptr;
+      if (d && tune_events()) choice = fastest_tile(tg, c, d, INFINITY, choice);
+    }
+    remember_tile(tkey, choice);
+    return choice;
+  }
+
+  /// Times the cuBLASLt algorithm `p` holds (fixed by its own tuning just before) and every tile
+  /// shape that fits, on these operands (D in the private buffer). kTileLt when timing is not
+  /// possible.
+  int timed_tile(const LtKey& tkey, const cuda::TileGemm& tg, const LtPlan& p, bool fused, const void* pa,
+                 const void* pb, const float* c, const void* bias, float alpha, float beta) noexcept {
+    int choice = kTileLt;
+    float* d = tune_buffer(tile_extent(tg));
+    if (d && tune_events()) {
+      float best = INFINITY;
+      if (p.use_lt) {
+        bool works = false;
+        best = time_algo(p, p.algo, pa, pb, c, d, fused ? bias : nullptr, alpha, beta, works);
+        if (status_ != 0) return kTileLt;
+        if (!works) best = INFINITY;
+        // Unfused, the cuBLASLt path also runs bias_act, which tile_gemm does not need: not
+        // counted, so a tile shape must win on the GEMM alone.
+      }
+      choice = fastest_tile(tg, c, d, best, choice);
+    }
+    remember_tile(tkey, choice);
+    return choice;
+  }
+
+  /// Times every tile shape that fits; one replaces the incumbent `choice` (timed at `best` ms,
+  /// +inf: none yet) only when faster by more than kTuneMargin. kTileLt after a sticky error.
+  int fastest_tile(const cuda::TileGemm& tg, const float* c, float* d, float best, int choice) noexcept {
+    for (int cfg = 0; cfg < cuda::kTileGemmConfigs; ++cfg) {
+      if (!cuda::tile_gemm_fits(tg, cfg)) continue;
+      const float ms = time_tile(tg, cfg, c, d);
+      if (status_ != 0) return kTileLt;
+      if (ms < best * (1.0f - kTuneMargin)) {
+        best = ms;
+        choice = cfg;
+      }
+    }
+    return choice;
+  }
+
+  /// Elements from C's first to one past its last (row-major, batched): the tune buffer's need.
+  static std::size_t tile_extent(const cuda::TileGemm& tg) noexcept {
+    const std::int64_t extent = (tg.batch > 1 ? (tg.batch - 1) * tg.stride_c : 0) +
+                                static_cast<std::int64_t>(tg.m - 1) * tg.ldc + tg.n;
+    return static_cast<std::size_t>(extent) * 4;
+  }
+
+  float time_tile(const cuda::TileGemm& tg, int cfg, const float* c, float* d) noexcept {
+    cuda::TileGemm t = tg;
+    t.c_in = c;  // beta·C from the caller's C, D to the private buffer
+    t.c = d;
+    const bool works = cuda::tile_gemm(stream_, t, cfg) == cudaSuccess;  // also the warm-up
+    if (!works) {
+      cudaGetLastError();
+      return INFINITY;
+    }
+    return time_graph([&] { return cuda::tile_gemm(stream_, t, cfg) == cudaSuccess; });
+  }
+
   /// The unfused epilogue: C_i = act(C_i + bias_i) with the bias_act kernel, one launch when the
   /// batch entries sit side by side in C's rows with their biases contiguous (bdq's branches).
   void separate_epilogue(const Gemm& g) noexcept {
@@ -1451,15 +1641,22 @@ class CudaBackend final : public Backend {
   /// works: cuBLASLt accepted the algorithm for this problem.
   float time_algo(const LtPlan& p, const cublasLtMatmulAlgo_t& algo, const void* a, const void* b, const float* c,
                   float* d, const void* bias, float alpha, float beta, bool& works) noexcept {
-    constexpr const char* op = "gemm (autotune)";
     works = lt_matmul(p, algo, a, b, c, d, bias, alpha, beta) == CUBLAS_STATUS_SUCCESS;  // also the warm-up
     if (!works) return INFINITY;
+    return time_graph([&] { return lt_matmul(p, algo, a, b, c, d, bias, alpha, beta) == CUBLAS_STATUS_SUCCESS; });
+  }
+
+  /// The median over kTuneSamples of kTuneReps calls of `enqueue` (one launch on stream_ each)
+  /// replayed from a graph, in ms; +inf when timing failed. Synchronises: never inside a capture.
+  template <class F>
+  float time_graph(F&& enqueue) noexcept {
+    constexpr const char* op = "gemm (autotune)";
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
     float result = INFINITY;
     if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
       bool ok = true;
-      for (int r = 0; r < kTuneReps && ok; ++r) ok = lt_matmul(p, algo, a, b, c, d, bias, alpha, beta) == CUBLAS_STATUS_SUCCESS;
+      for (int r = 0; r < kTuneReps && ok; ++r) ok = enqueue();
       const cudaError_t e = cudaStreamEndCapture(stream_, &graph);
       if (ok && e == cudaSuccess && graph && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess &&
           cudaGraphLaunch(exec, stream_) == cudaSuccess) {
@@ -1586,6 +1783,8 @@ class CudaBackend final : public Backend {
   int lane_ = 0;
   std::size_t plan_need_ = 0;
   std::map<LtKey, LtPlan> plans_;
+  std::map<LtKey, int> tiles_;  ///< tile_gemm choice per problem (key with the epilogue's bias/relu bits)
+  TileMode tile_ = tile_mode_from_env();  ///< DQN_TILE_GEMM, read once per backend
   bool autotune_ = autotune_from_env();  ///< DQN_GEMM_AUTOTUNE, read once per backend
   bool tune_split_k_ = tune_split_k_from_env();  ///< DQN_GEMM_TUNE_SPLIT_K, read once per backend
   int update_blocks_ = 0;                ///< the fused update's grid (0: not fused)

@@ -104,6 +104,31 @@ bool update_cluster_fits(int cs, int max_rows, int max_cols);
 /// device (probed once: capture, instantiate, launch, check). Never leaves an error behind.
 bool cooperative_graphs_work(int blocks);
 
+/// One row-major GEMM for tile_gemm: C_z = act(alpha·op(A_z)·op(B_z) + beta·C_in,z + bias_z) for
+/// z < batch (the Gemm of backend.hpp with raw pointers; C_in is read only when beta != 0 and is
+/// C itself in the step, a separate buffer when autotuning writes elsewhere).
+struct TileGemm {
+  bool ta = false, tb = false, relu = false;
+  int m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0, batch = 1;
+  float alpha = 1.0f, beta = 0.0f;
+  const float* a = nullptr;
+  const float* b = nullptr;
+  const float* c_in = nullptr;
+  float* c = nullptr;
+  const float* bias = nullptr;
+  std::int64_t stride_a = 0, stride_b = 0, stride_c = 0, stride_bias = 0;
+};
+/// The tile shapes of tile_gemm (block tiles 16×32, 32×32 and 64×64 of C).
+inline constexpr int kTileGemmConfigs = 3;
+const char* tile_gemm_name(int config);
+/// Whether `config` can run `g` (k > 0, batch and tile counts within the grid's limits).
+bool tile_gemm_fits(const TileGemm& g, int config);
+/// Once per device before the first tile_gemm: the kernels' shared memory beyond 48 KiB.
+cudaError_t tile_gemm_prepare();
+/// The tf32 tensor-core GEMM (tf32 operands rounded to nearest, f32 accumulation) with its
+/// epilogue fused; deterministic. cudaErrorInvalidValue when !tile_gemm_fits(g, config).
+cudaError_t tile_gemm(cudaStream_t s, const TileGemm& g, int config);
+
 /// C[r, c] (row stride ldc) = Σ_s part[s][r][c], the slices of a split-k GEMM (compact [S, m, n]),
 /// summed in order in double.
 cudaError_t sum_slices(cudaStream_t s, float* c, int m, int n, int ldc, const float* part, int slices);

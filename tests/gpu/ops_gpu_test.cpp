@@ -86,17 +86,35 @@ void expect_same_bits(const std::vector<T>& a, const std::vector<T>& b, const st
   CHECK_MESSAGE(first == a.size(), what << ": differs first at element " << first << " of " << a.size());
 }
 
-/// Sets an environment variable for one scope (the CUDA backend reads its switches when made);
-/// unset again however the scope ends.
+/// Sets an environment variable for one scope (the CUDA backend reads its switches when made;
+/// null unsets it); unset again however the scope ends.
 struct ScopedEnv {
   const char* name;
-  ScopedEnv(const char* n, const char* value) : name(n) { setenv(n, value, 1); }
+  ScopedEnv(const char* n, const char* value) : name(n) {
+    if (value) setenv(n, value, 1);
+    else unsetenv(n);
+  }
   ~ScopedEnv() { unsetenv(name); }
   ScopedEnv(const ScopedEnv&) = delete;
   ScopedEnv& operator=(const ScopedEnv&) = delete;
 };
 
 /// A CUDA runtime for one test, with one arena bump-allocated into the test's buffers.
+/// The GEMM paths each layout runs through: fp32, tf32 on cuBLASLt only, tf32 on each tile shape
+/// of the tile_gemm kernel (DQN_TILE_GEMM, read when the backend is made), bf16.
+struct GemmPath {
+  Precision p;
+  const char* name;
+  double tol;
+  const char* tile_env;
+};
+constexpr GemmPath kGemmPaths[] = {{Precision::fp32, "fp32", kFp32Gemm, nullptr},
+                                   {Precision::tf32, "tf32", kTf32Gemm, "0"},
+                                   {Precision::tf32, "tf32 tile 16x32", kTf32Gemm, "16x32"},
+                                   {Precision::tf32, "tf32 tile 32x32", kTf32Gemm, "32x32"},
+                                   {Precision::tf32, "tf32 tile 64x64", kTf32Gemm, "64x64"},
+                                   {Precision::bf16, "bf16", kBf16Gemm, nullptr}};
+
 class Gpu {
  public:
   explicit Gpu(Precision p = Precision::fp32, std::size_t arena_bytes = std::size_t{64} << 20)
@@ -175,7 +193,7 @@ std::vector<float> random_logp(int rows, int n, std::uint32_t seed) {
 
 // --- dense layers -----------------------------------------------------------------------------
 
-TEST_CASE("gpu.ops.gemm: every layout and precision against the CPU") {
+TEST_CASE("gpu.ops.gemm: every layout, precision and tile shape against the CPU") {
   struct Case {
     const char* why;
     bool ta, tb;
@@ -200,14 +218,10 @@ TEST_CASE("gpu.ops.gemm: every layout and precision against the CPU") {
       {"tall k with a remainder slice, padded, alpha (split)", false, true, 19, 130, 3001, 2, 3, 1, 0.5f, 0.0f, 1, false},
       {"tall k with beta (not split)", true, false, 37, 53, 5000, 0, 0, 0, 1.0f, 0.5f, 1, false},
   };
-  const struct {
-    Precision p;
-    const char* name;
-    double tol;
-  } precisions[] = {{Precision::fp32, "fp32", kFp32Gemm}, {Precision::tf32, "tf32", kTf32Gemm}, {Precision::bf16, "bf16", kBf16Gemm}};
 
   std::uint32_t seed = 100;
-  for (const auto& prec : precisions) {
+  for (const GemmPath& prec : kGemmPaths) {
+    const ScopedEnv tile("DQN_TILE_GEMM", prec.tile_env);
     Gpu gpu(prec.p);
     Cpu cpu;
     double worst = 0.0;
@@ -289,13 +303,9 @@ TEST_CASE("gpu.ops.gemm_epilogue: fused bias/ReLU (and its fallbacks) against th
       {"beta != 0 (runs unfused)", 37, 53, 29, 1, 0.5f, true, true, false, 0, 0},
       {"k = 0", 37, 53, 0, 1, 0.5f, true, true, false, 0, 0},
   };
-  const struct {
-    Precision p;
-    const char* name;
-    double tol;
-  } precisions[] = {{Precision::fp32, "fp32", kFp32Gemm}, {Precision::tf32, "tf32", kTf32Gemm}, {Precision::bf16, "bf16", kBf16Gemm}};
   std::uint32_t seed = 900;
-  for (const auto& prec : precisions) {
+  for (const GemmPath& prec : kGemmPaths) {
+    const ScopedEnv tile("DQN_TILE_GEMM", prec.tile_env);
     Gpu gpu(prec.p);
     Cpu cpu;
     for (const Case& c : cases) {

@@ -144,15 +144,22 @@ TEST_CASE("gpu.step.matches_cpu") {
   // bits in the GEMM operands (≈5e-4 per product) and bf16 7 bits (≈4e-3), and Adam's
   // normalised update turns small gradient differences into lr-sized parameter differences, so
   // those get looser bounds.
-  // tf32 runs twice: with the default kernels and with both fused head kernels (DQN_FUSED_HEAD=1).
-  struct Case { const char* precision; double params, loss; const char* fused_head; };
-  for (const Case c : {Case{"fp32", 2e-4, 1e-4, nullptr}, Case{"tf32", 5e-3, 5e-3, nullptr},
-                       Case{"tf32", 5e-3, 5e-3, "1"}, Case{"bf16", 3e-2, 3e-2, nullptr}}) {
-    INFO("precision " << std::string(c.precision) << ", DQN_FUSED_HEAD " << (c.fused_head ? c.fused_head : "unset"));
+  // tf32 runs four times: with the default kernels (GEMMs on cuBLASLt or tile_gemm, as tuned),
+  // cuBLASLt only (DQN_TILE_GEMM=0), tile_gemm always (=1), and both fused head kernels
+  // (DQN_FUSED_HEAD=1).
+  struct Case { const char* precision; double params, loss; const char* fused_head; const char* tile; };
+  for (const Case c : {Case{"fp32", 2e-4, 1e-4, nullptr, nullptr}, Case{"tf32", 5e-3, 5e-3, nullptr, nullptr},
+                       Case{"tf32", 5e-3, 5e-3, nullptr, "0"}, Case{"tf32", 5e-3, 5e-3, nullptr, "1"},
+                       Case{"tf32", 5e-3, 5e-3, "1", nullptr}, Case{"bf16", 3e-2, 3e-2, nullptr, nullptr}}) {
+    INFO("precision " << std::string(c.precision) << ", DQN_FUSED_HEAD " << (c.fused_head ? c.fused_head : "unset")
+                      << ", DQN_TILE_GEMM " << (c.tile ? c.tile : "unset"));
     const PipelineSpec spec = parse(pipeline(c.precision));
-    if (c.fused_head) setenv("DQN_FUSED_HEAD", c.fused_head, 1);  // read when the backend is made
+    // read when the backend is made
+    if (c.fused_head) setenv("DQN_FUSED_HEAD", c.fused_head, 1);
+    if (c.tile) setenv("DQN_TILE_GEMM", c.tile, 1);
     auto gpu = make(spec, BackendKind::cuda);
     unsetenv("DQN_FUSED_HEAD");
+    unsetenv("DQN_TILE_GEMM");
     auto cpu = make(spec, BackendKind::cpu);
     // One step: everything from identical weights.
     gpu->step();

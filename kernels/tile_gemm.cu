@@ -1,0 +1,228 @@
+/** @file tile_gemm.cu
+ *  @brief A tf32 tensor-core GEMM for the step's small shapes (a few hundred rows and columns),
+ *  where a library GEMM spends its time in the latency of its k loop rather than in arithmetic.
+ *  Each block owns one BM × BN tile of C and keeps up to S k-slices of its A and B panels in
+ *  flight at once (cp.async into shared memory: for k ≤ S·32 the whole panels are requested
+ *  before the first multiply), then runs mma.sync m16n8k8 with operands rounded to tf32 (round
+ *  to nearest, as cuBLAS's TF32 mode) and f32 accumulation, and applies the Gemm's epilogue
+ *  (alpha, beta·C, bias, ReLU) in registers. Deterministic: a fixed summation order per element.
+ */
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda_kernels.cuh"
+
+namespace dqn::cuda {
+namespace {
+
+constexpr int kBK = 32;        // k per pipeline stage
+constexpr int kThreads = 128;  // four warps
+constexpr int kPadA = 4, kPadB = 8;  // shared-memory row padding: conflict-free fragment loads
+
+template <int BM, int BN, int S>
+struct TileShape {
+  static constexpr int lda_s = kBK + kPadA;  // A stage: [BM][kBK + 4]
+  static constexpr int ldb_s = BN + kPadB;   // B stage: [kBK][BN + 8]
+  static constexpr int stage_floats = BM * lda_s + kBK * ldb_s;
+  static constexpr int bytes = S * stage_floats * 4;
+};
+
+__device__ __forceinline__ void cp_async4(float* dst, const float* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  const int n = valid ? 4 : 0;  // 0: nothing is read, the destination is zero-filled
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ std::uint32_t to_tf32(float x) {
+  std::uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/// Block tile BM × BN, warp tile WM × WN (four warps), S stages of kBK along k. TA/TB: A is
+/// stored [k, m] / B is stored [n, k] (the Gemm's ta/tb).
+template <int BM, int BN, int WM, int WN, int S, bool TA, bool TB>
+__global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g) {
+  static_assert((BM / WM) * (BN / WN) == kThreads / 32, "four warps per block");
+  static_assert(WM % 16 == 0 && WN % 8 == 0, "whole mma tiles per warp");
+  using Shape = TileShape<BM, BN, S>;
+  constexpr int MT = WM / 16, NT = WN / 8;
+  extern __shared__ float tg_shared[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN, z = blockIdx.z;
+  const float* A = g.a + z * g.stride_a;
+  const float* B = g.b + z * g.stride_b;
+  const int m = g.m, n = g.n, k = g.k, lda = g.lda, ldb = g.ldb;
+  const int KT = (k + kBK - 1) / kBK;
+
+  auto load_stage = [&](int kt, int slot) {
+    float* As = tg_shared + slot * Shape::stage_floats;
+    float* Bs = As + BM * Shape::lda_s;
+    const int k0 = kt * kBK;
+    for (int e = tid; e < BM * kBK; e += kThreads) {
+      const int i = TA ? e % BM : e / kBK, kk = TA ? e / BM : e % kBK;
+      const int gi = m0 + i, gk = k0 + kk;
+      const bool ok = gi < m && gk < k;
+      const float* src = ok ? (TA ? A + static_cast<std::int64_t>(gk) * lda + gi : A + static_cast<std::int64_t>(gi) * lda + gk) : A;
+      cp_async4(As + i * Shape::lda_s + kk, src, ok);
+    }
+    for (int e = tid; e < kBK * BN; e += kThreads) {
+      const int j = TB ? e / kBK : e % BN, kk = TB ? e % kBK : e / BN;
+      const int gj = n0 + j, gk = k0 + kk;
+      const bool ok = gj < n && gk < k;
+      const float* src = ok ? (TB ? B + static_cast<std::int64_t>(gj) * ldb + gk : B + static_cast<std::int64_t>(gk) * ldb + gj) : B;
+      cp_async4(Bs + kk * Shape::ldb_s + j, src, ok);
+    }
+  };
+
+  float acc[MT][NT][4] = {};
+  const int wm = warp / (BN / WN), wn = warp % (BN / WN);
+  const int gq = lane >> 2, tq = lane & 3;  // the mma fragment's group and thread-in-group
+
+  for (int s = 0; s < S - 1; ++s) {
+    if (s < KT) load_stage(s, s);
+    cp_async_commit();  // empty groups keep the count uniform
+  }
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<S - 2>();
+    __syncthreads();  // stage kt is visible to all; every warp is done with the slot reloaded below
+    if (kt + S - 1 < KT) load_stage(kt + S - 1, (kt + S - 1) % S);
+    cp_async_commit();
+    const float* As = tg_shared + (kt % S) * Shape::stage_floats;
+    const float* Bs = As + BM * Shape::lda_s;
+#pragma unroll
+    for (int k8 = 0; k8 < kBK; k8 += 8) {
+      std::uint32_t af[MT][4], bf[NT][2];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const float* p = As + (wm * WM + mt * 16 + gq) * Shape::lda_s + k8 + tq;
+        af[mt][0] = to_tf32(p[0]);
+        af[mt][1] = to_tf32(p[8 * Shape::lda_s]);
+        af[mt][2] = to_tf32(p[4]);
+        af[mt][3] = to_tf32(p[8 * Shape::lda_s + 4]);
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const float* p = Bs + (k8 + tq) * Shape::ldb_s + wn * WN + nt * 8 + gq;
+        bf[nt][0] = to_tf32(p[0]);
+        bf[nt][1] = to_tf32(p[4 * Shape::ldb_s]);
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) mma_tf32(acc[mt][nt], af[mt], bf[nt]);
+    }
+  }
+  cp_async_wait<0>();  // no copy may still target shared memory when the block exits
+
+  // Epilogue: C = act(alpha·AB + beta·C + bias), C read only when beta != 0 (as bias_act after
+  // the GEMM: the bias is added to the rounded alpha·AB + beta·C).
+  float* C = g.c + z * g.stride_c;
+  const float* Cin = g.c_in + z * g.stride_c;
+  const float* bias = g.bias ? g.bias + z * g.stride_bias : nullptr;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int r = m0 + wm * WM + mt * 16 + gq + (q >> 1) * 8;
+        const int c = n0 + wn * WN + nt * 8 + 2 * tq + (q & 1);
+        if (r >= m || c >= n) continue;
+        const std::int64_t at = static_cast<std::int64_t>(r) * g.ldc + c;
+        float v = g.alpha * acc[mt][nt][q];
+        if (g.beta != 0.0f) v += g.beta * Cin[at];
+        if (bias) v += bias[c];
+        if (g.relu) v = v > 0.0f ? v : 0.0f;
+        C[at] = v;
+      }
+}
+
+struct Config {
+  int bm, bn;
+  const char* name;
+};
+constexpr Config kConfigs[kTileGemmConfigs] = {{16, 32, "16x32"}, {32, 32, "32x32"}, {64, 64, "64x64"}};
+
+template <int C, bool TA, bool TB>
+struct Kernel;
+template <bool TA, bool TB>
+struct Kernel<0, TA, TB> {
+  static constexpr int S = 8, bytes = TileShape<16, 32, S>::bytes;
+  static constexpr auto fn = tile_gemm_kernel<16, 32, 16, 8, S, TA, TB>;
+};
+template <bool TA, bool TB>
+struct Kernel<1, TA, TB> {
+  static constexpr int S = 8, bytes = TileShape<32, 32, S>::bytes;
+  static constexpr auto fn = tile_gemm_kernel<32, 32, 16, 16, S, TA, TB>;
+};
+template <bool TA, bool TB>
+struct Kernel<2, TA, TB> {
+  static constexpr int S = 6, bytes = TileShape<64, 64, S>::bytes;
+  static constexpr auto fn = tile_gemm_kernel<64, 64, 32, 32, S, TA, TB>;
+};
+
+template <int C, bool TA, bool TB>
+cudaError_t prepare_one() {
+  return cudaFuncSetAttribute(Kernel<C, TA, TB>::fn, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel<C, TA, TB>::bytes);
+}
+template <int C>
+cudaError_t prepare_config() {
+  for (cudaError_t e : {prepare_one<C, false, false>(), prepare_one<C, false, true>(), prepare_one<C, true, false>(),
+                        prepare_one<C, true, true>()})
+    if (e != cudaSuccess) return e;
+  return cudaSuccess;
+}
+
+template <int C, bool TA, bool TB>
+cudaError_t launch_one(cudaStream_t s, const TileGemm& g) {
+  const dim3 grid((g.m + kConfigs[C].bm - 1) / kConfigs[C].bm, (g.n + kConfigs[C].bn - 1) / kConfigs[C].bn, g.batch);
+  Kernel<C, TA, TB>::fn<<<grid, kThreads, Kernel<C, TA, TB>::bytes, s>>>(g);
+  return cudaGetLastError();
+}
+template <int C>
+cudaError_t launch_config(cudaStream_t s, const TileGemm& g) {
+  if (g.ta) return g.tb ? launch_one<C, true, true>(s, g) : launch_one<C, true, false>(s, g);
+  return g.tb ? launch_one<C, false, true>(s, g) : launch_one<C, false, false>(s, g);
+}
+
+}  // namespace
+
+const char* tile_gemm_name(int config) {
+  return config >= 0 && config < kTileGemmConfigs ? kConfigs[config].name : "?";
+}
+
+bool tile_gemm_fits(const TileGemm& g, int config) {
+  if (config < 0 || config >= kTileGemmConfigs) return false;
+  const long long ny = (g.n + kConfigs[config].bn - 1) / kConfigs[config].bn;
+  return g.m > 0 && g.n > 0 && g.k > 0 && g.batch >= 1 && g.batch <= 65535 && ny <= 65535;
+}
+
+cudaError_t tile_gemm_prepare() {
+  for (cudaError_t e : {prepare_config<0>(), prepare_config<1>(), prepare_config<2>()})
+    if (e != cudaSuccess) return e;
+  return cudaSuccess;
+}
+
+cudaError_t tile_gemm(cudaStream_t s, const TileGemm& g, int config) {
+  if (!tile_gemm_fits(g, config)) return cudaErrorInvalidValue;
+  switch (config) {
+    case 0: return launch_config<0>(s, g);
+    case 1: return launch_config<1>(s, g);
+    default: return launch_config<2>(s, g);
+  }
+}
+
+}  // namespace dqn::cuda

@@ -1036,24 +1036,38 @@ class CudaBackend final : public Backend {
 
   /// head_forward_composed with the value GEMM on the lane's side slot, beside the advantage
   /// GEMM (both read only the hidden layer; each is a few blocks, and on one stream the value
-  /// GEMM's 5 µs sat on the step's critical path). Captured, the fork and join are graph edges.
+  /// GEMM's 5 µs sat on the step's critical path).
   void head_forward_beside(const HeadForward& a) noexcept {
-    constexpr const char* op = "head_forward";
     const HeadForwardOps o = head_forward_ops(a);
     gemm(o.hidden);
+    if (!beside("head_forward", o.value, o.adv)) return;
+    if (a.logp) dueling_dist(o.dist);
+  }
+
+  /// head_backward_inputs_composed with the value GEMM on the side slot, beside the branches'
+  /// GEMM (they write disjoint columns of dhidden; on one stream they ran one after the other).
+  void head_backward_beside(const HeadBackward& a) noexcept {
+    const HeadBackwardOps o = head_backward_ops(a);
+    if (!beside("head_backward_inputs", o.value, o.branch)) return;
+    relu_backward(a.dhidden, a.hidden, a.rows, o.hc, o.hc);
+  }
+
+  /// `side` on the lane's side slot and `main` on its own stream, side by side, both after what
+  /// the lane enqueued before and both before what it enqueues after. Captured, the fork and join
+  /// are graph edges. False after recording an error.
+  bool beside(const char* op, const Gemm& side, const Gemm& main) noexcept {
     const int lane = lane_;
     const bool events = !planning_;  // while planning, nothing is launched
     bool ok = status_ == 0 && (!events || DQN_CUDA_OK(op, cudaEventRecord(side_events_[0], stream_)));
     if (ok && switch_slot(op, kMaxLanes + lane)) {
       if (events) ok = DQN_CUDA_OK(op, cudaStreamWaitEvent(stream_, side_events_[0], 0));
-      if (ok) gemm(o.value);
+      if (ok) gemm(side);
       if (ok && events) ok = DQN_CUDA_OK(op, cudaEventRecord(side_events_[1], stream_));
       ok = switch_slot(op, lane) && ok;
     }
-    if (!ok) return;
-    gemm(o.adv);
-    if (events && !DQN_CUDA_OK(op, cudaStreamWaitEvent(stream_, side_events_[1], 0))) return;
-    if (a.logp) dueling_dist(o.dist);
+    if (!ok) return false;
+    gemm(main);
+    return !events || DQN_CUDA_OK(op, cudaStreamWaitEvent(stream_, side_events_[1], 0));
   }
 
   /// use_slot for an op (records a failure instead of throwing).
@@ -1067,14 +1081,14 @@ class CudaBackend final : public Backend {
     }
   }
 
-  /// tf32 and few rows: one kernel (a block per 16 rows and hidden segment); else the composed
-  /// GEMMs and relu_backward (as head_forward).
+  /// tf32, few rows and DQN_FUSED_HEAD: one kernel (a block per 16 rows and hidden segment); else
+  /// the composed GEMMs (side by side) and relu_backward (as head_forward).
   void head_backward_inputs(const HeadBackward& a) noexcept override {
     constexpr const char* op = "head_backward_inputs";
     if (a.wb2_rows != 0 && a.wb2_rows < a.A * a.Z) return fail(op, "wb2_rows smaller than A·Z");
     const bool sizes = a.rows > 0 && a.Hh > 0 && a.D > 0 && a.D < 65535 && a.A > 0 && a.Z > 0;
     if (!sizes || !fuse_head(kFuseBackward, a.rows, 1 + a.D, cuda::head_backward_inputs_shared_bytes(a.Hh, a.A, a.Z)))
-      return head_backward_inputs_composed(a);
+      return head_backward_beside(a);
     if (a.lddv < a.Z) return fail(op, "lddv smaller than Z");
     if (ld_or(a.lddadv, a.A * a.Z) < a.A * a.Z) return fail(op, "lddadv smaller than A·Z");
     if (!real_ok(a.dv, op, "dv") || !real_ok(a.dadv, op, "dadv") || !real_ok(a.wv2, op, "wv2") ||

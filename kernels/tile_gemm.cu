@@ -18,20 +18,28 @@ namespace {
 
 constexpr int kBK = 32;        // k per pipeline stage
 constexpr int kThreads = 128;  // four warps
-constexpr int kPadA = 4, kPadB = 8;  // shared-memory row padding: conflict-free fragment loads
 
-template <int BM, int BN, int S>
+/// Shared-memory layout of one stage. Each operand keeps its global layout's contiguous dimension
+/// contiguous (so it arrives in 16-byte copies): A [BM][kBK] or, transposed, [kBK][BM]; B [kBK][BN]
+/// or, transposed, [BN][kBK]. Rows are padded (k-contiguous rows by 4, m/n-contiguous rows by 8)
+/// so that the mma fragment loads hit 32 distinct banks.
+template <int BM, int BN, bool TA, bool TB>
 struct TileShape {
-  static constexpr int lda_s = kBK + kPadA;  // A stage: [BM][kBK + 4]
-  static constexpr int ldb_s = BN + kPadB;   // B stage: [kBK][BN + 8]
-  static constexpr int stage_floats = BM * lda_s + kBK * ldb_s;
-  static constexpr int bytes = S * stage_floats * 4;
+  static constexpr int lda_s = TA ? BM + 8 : kBK + 4;
+  static constexpr int ldb_s = TB ? kBK + 4 : BN + 8;
+  static constexpr int a_floats = TA ? kBK * lda_s : BM * lda_s;
+  static constexpr int stage_floats = a_floats + (TB ? BN * ldb_s : kBK * ldb_s);
 };
 
 __device__ __forceinline__ void cp_async4(float* dst, const float* src, bool valid) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   const int n = valid ? 4 : 0;  // 0: nothing is read, the destination is zero-filled
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(n));
+}
+/// 16 bytes, of which the first `bytes` (0, 4, 8, 12 or 16) are read and the rest zero-filled.
+__device__ __forceinline__ void cp_async16(float* dst, const float* src, int bytes) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -51,40 +59,60 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const std::uint32_t (&a)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+/// Copies one operand's tile of a stage: `rows` × `cols` in shared memory (row stride ld_s),
+/// `cols` the contiguous dimension, from global rows r0.. (row stride ld) and columns c0..,
+/// bounded by row_end and col_end (zero-filled beyond). vec: 16-byte copies (ld a multiple of 4
+/// and the base 16-byte aligned); else 4-byte ones.
+template <int ROWS, int COLS>
+__device__ __forceinline__ void copy_tile(float* dst, int ld_s, const float* src, int ld, int r0, int c0, int row_end,
+                                          int col_end, bool vec) {
+  constexpr int kChunks = ROWS * COLS / 4, kPerThread = kChunks / kThreads;
+  static_assert(kChunks % kThreads == 0, "whole chunks per thread");
+#pragma unroll
+  for (int q = 0; q < kPerThread; ++q) {
+    const int c = threadIdx.x + q * kThreads;
+    const int r = c / (COLS / 4), col = (c % (COLS / 4)) * 4;
+    const int gr = r0 + r, gc = c0 + col;
+    float* d = dst + r * ld_s + col;
+    const float* p = src + static_cast<std::int64_t>(gr) * ld + gc;
+    if (vec) {
+      const int left = gr < row_end ? col_end - gc : 0;
+      const int bytes = left >= 4 ? 16 : left > 0 ? 4 * left : 0;
+      cp_async16(d, bytes > 0 ? p : src, bytes);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool ok = gr < row_end && gc + e < col_end;
+        cp_async4(d + e, ok ? p + e : src, ok);
+      }
+    }
+  }
+}
+
 /// Block tile BM × BN, warp tile WM × WN (four warps), S stages of kBK along k. TA/TB: A is
 /// stored [k, m] / B is stored [n, k] (the Gemm's ta/tb).
 template <int BM, int BN, int WM, int WN, int S, bool TA, bool TB>
-__global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g) {
+__global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool vec_a, bool vec_b) {
   static_assert((BM / WM) * (BN / WN) == kThreads / 32, "four warps per block");
   static_assert(WM % 16 == 0 && WN % 8 == 0, "whole mma tiles per warp");
-  using Shape = TileShape<BM, BN, S>;
-  constexpr int MT = WM / 16, NT = WN / 8;
-  extern __shared__ float tg_shared[];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  using Shape = TileShape<BM, BN, TA, TB>;
+  constexpr int MT = WM / 16, NT = WN / 8, LA = Shape::lda_s, LB = Shape::ldb_s;
+  extern __shared__ __align__(16) float tg_shared[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN, z = blockIdx.z;
   const float* A = g.a + z * g.stride_a;
   const float* B = g.b + z * g.stride_b;
-  const int m = g.m, n = g.n, k = g.k, lda = g.lda, ldb = g.ldb;
+  const int m = g.m, n = g.n, k = g.k;
   const int KT = (k + kBK - 1) / kBK;
 
   auto load_stage = [&](int kt, int slot) {
     float* As = tg_shared + slot * Shape::stage_floats;
-    float* Bs = As + BM * Shape::lda_s;
+    float* Bs = As + Shape::a_floats;
     const int k0 = kt * kBK;
-    for (int e = tid; e < BM * kBK; e += kThreads) {
-      const int i = TA ? e % BM : e / kBK, kk = TA ? e / BM : e % kBK;
-      const int gi = m0 + i, gk = k0 + kk;
-      const bool ok = gi < m && gk < k;
-      const float* src = ok ? (TA ? A + static_cast<std::int64_t>(gk) * lda + gi : A + static_cast<std::int64_t>(gi) * lda + gk) : A;
-      cp_async4(As + i * Shape::lda_s + kk, src, ok);
-    }
-    for (int e = tid; e < kBK * BN; e += kThreads) {
-      const int j = TB ? e / kBK : e % BN, kk = TB ? e % kBK : e / BN;
-      const int gj = n0 + j, gk = k0 + kk;
-      const bool ok = gj < n && gk < k;
-      const float* src = ok ? (TB ? B + static_cast<std::int64_t>(gj) * ldb + gk : B + static_cast<std::int64_t>(gk) * ldb + gj) : B;
-      cp_async4(Bs + kk * Shape::ldb_s + j, src, ok);
-    }
+    if constexpr (TA) copy_tile<kBK, BM>(As, LA, A, g.lda, k0, m0, k, m, vec_a);
+    else copy_tile<BM, kBK>(As, LA, A, g.lda, m0, k0, m, k, vec_a);
+    if constexpr (TB) copy_tile<BN, kBK>(Bs, LB, B, g.ldb, n0, k0, n, k, vec_b);
+    else copy_tile<kBK, BN>(Bs, LB, B, g.ldb, k0, n0, k, n, vec_b);
   };
 
   float acc[MT][NT][4] = {};
@@ -101,23 +129,39 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g) {
     if (kt + S - 1 < KT) load_stage(kt + S - 1, (kt + S - 1) % S);
     cp_async_commit();
     const float* As = tg_shared + (kt % S) * Shape::stage_floats;
-    const float* Bs = As + BM * Shape::lda_s;
+    const float* Bs = As + Shape::a_floats;
 #pragma unroll
     for (int k8 = 0; k8 < kBK; k8 += 8) {
       std::uint32_t af[MT][4], bf[NT][2];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        const float* p = As + (wm * WM + mt * 16 + gq) * Shape::lda_s + k8 + tq;
-        af[mt][0] = to_tf32(p[0]);
-        af[mt][1] = to_tf32(p[8 * Shape::lda_s]);
-        af[mt][2] = to_tf32(p[4]);
-        af[mt][3] = to_tf32(p[8 * Shape::lda_s + 4]);
+        const int r = wm * WM + mt * 16 + gq;
+        if constexpr (TA) {
+          const float* p = As + (k8 + tq) * LA + r;
+          af[mt][0] = to_tf32(p[0]);
+          af[mt][1] = to_tf32(p[8]);
+          af[mt][2] = to_tf32(p[4 * LA]);
+          af[mt][3] = to_tf32(p[4 * LA + 8]);
+        } else {
+          const float* p = As + r * LA + k8 + tq;
+          af[mt][0] = to_tf32(p[0]);
+          af[mt][1] = to_tf32(p[8 * LA]);
+          af[mt][2] = to_tf32(p[4]);
+          af[mt][3] = to_tf32(p[8 * LA + 4]);
+        }
       }
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        const float* p = Bs + (k8 + tq) * Shape::ldb_s + wn * WN + nt * 8 + gq;
-        bf[nt][0] = to_tf32(p[0]);
-        bf[nt][1] = to_tf32(p[4 * Shape::ldb_s]);
+        const int c = wn * WN + nt * 8 + gq;
+        if constexpr (TB) {
+          const float* p = Bs + c * LB + k8 + tq;
+          bf[nt][0] = to_tf32(p[0]);
+          bf[nt][1] = to_tf32(p[4]);
+        } else {
+          const float* p = Bs + (k8 + tq) * LB + c;
+          bf[nt][0] = to_tf32(p[0]);
+          bf[nt][1] = to_tf32(p[4 * LB]);
+        }
       }
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
@@ -160,17 +204,17 @@ template <int C, bool TA, bool TB>
 struct Kernel;
 template <bool TA, bool TB>
 struct Kernel<0, TA, TB> {
-  static constexpr int S = 8, bytes = TileShape<16, 32, S>::bytes;
+  static constexpr int S = 8, bytes = S * TileShape<16, 32, TA, TB>::stage_floats * 4;
   static constexpr auto fn = tile_gemm_kernel<16, 32, 16, 8, S, TA, TB>;
 };
 template <bool TA, bool TB>
 struct Kernel<1, TA, TB> {
-  static constexpr int S = 8, bytes = TileShape<32, 32, S>::bytes;
+  static constexpr int S = 8, bytes = S * TileShape<32, 32, TA, TB>::stage_floats * 4;
   static constexpr auto fn = tile_gemm_kernel<32, 32, 16, 16, S, TA, TB>;
 };
 template <bool TA, bool TB>
 struct Kernel<2, TA, TB> {
-  static constexpr int S = 6, bytes = TileShape<64, 64, S>::bytes;
+  static constexpr int S = 6, bytes = S * TileShape<64, 64, TA, TB>::stage_floats * 4;
   static constexpr auto fn = tile_gemm_kernel<64, 64, 32, 32, S, TA, TB>;
 };
 
@@ -189,7 +233,12 @@ cudaError_t prepare_config() {
 template <int C, bool TA, bool TB>
 cudaError_t launch_one(cudaStream_t s, const TileGemm& g) {
   const dim3 grid((g.m + kConfigs[C].bm - 1) / kConfigs[C].bm, (g.n + kConfigs[C].bn - 1) / kConfigs[C].bn, g.batch);
-  Kernel<C, TA, TB>::fn<<<grid, kThreads, Kernel<C, TA, TB>::bytes, s>>>(g);
+  // 16-byte copies where the operand's rows (and batch entries) start on 16-byte boundaries
+  const auto aligned = [](const float* p, int ld, std::int64_t stride) {
+    return reinterpret_cast<std::uintptr_t>(p) % 16 == 0 && ld % 4 == 0 && stride % 4 == 0;
+  };
+  Kernel<C, TA, TB>::fn<<<grid, kThreads, Kernel<C, TA, TB>::bytes, s>>>(g, aligned(g.a, g.lda, g.stride_a),
+                                                                         aligned(g.b, g.ldb, g.stride_b));
   return cudaGetLastError();
 }
 template <int C>

@@ -446,20 +446,33 @@ class Backend {
 
   /// head_backward_inputs as the ops it is made of: two GEMMs and relu_backward.
   void head_backward_inputs_composed(const HeadBackward& a) noexcept {
+    const HeadBackwardOps o = head_backward_ops(a);
+    gemm(o.value);
+    gemm(o.branch);
+    relu_backward(a.dhidden, a.hidden, a.rows, o.hc, o.hc);
+  }
+
+  /// The GEMMs of head_backward_inputs_composed: they write disjoint columns of dhidden (so they
+  /// may run side by side); relu_backward over all hc columns follows both.
+  struct HeadBackwardOps {
+    Gemm value, branch;
+    int hc = 0;
+  };
+  static HeadBackwardOps head_backward_ops(const HeadBackward& a) noexcept {
+    HeadBackwardOps o;
     const int hc = (1 + a.D) * a.Hh, az = a.A * a.Z;
-    Gemm gx;  // dhidden_v = dv · Wv2
+    o.hc = hc;
+    Gemm& gx = o.value;  // dhidden_v = dv · Wv2
     gx.m = a.rows; gx.n = a.Hh; gx.k = a.Z;
     gx.a = a.dv; gx.lda = a.lddv; gx.b = a.wv2; gx.ldb = a.Hh; gx.c = a.dhidden; gx.ldc = hc; gx.weight_operand = 2;
-    gemm(gx);
     const int ldd = ld_or(a.lddadv, a.A * a.Z);
-    Gemm gbx;  // dhidden_d = dadv_d · Wb2_d, batched over d
+    Gemm& gbx = o.branch;  // dhidden_d = dadv_d · Wb2_d, batched over d
     gbx.m = a.rows; gbx.n = a.Hh; gbx.k = az;
     gbx.a = a.dadv; gbx.lda = a.D * ldd; gbx.stride_a = ldd;
     gbx.b = a.wb2; gbx.ldb = a.Hh; gbx.stride_b = std::int64_t(ld_or(a.wb2_rows, az)) * a.Hh;
     gbx.c = a.dhidden + a.Hh; gbx.ldc = hc; gbx.stride_c = a.Hh;
     gbx.batch = a.D; gbx.weight_operand = 2;
-    gemm(gbx);
-    relu_backward(a.dhidden, a.hidden, a.rows, hc, hc);
+    return o;
   }
 };
 

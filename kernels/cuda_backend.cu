@@ -194,9 +194,8 @@ unsigned fused_head_from_env() noexcept {
 /// Whether tf32 GEMMs may run on tile_gemm (the tensor-core kernel for small shapes), from
 /// DQN_TILE_GEMM: unset → autotuning times its tile shapes against the cuBLASLt algorithm it chose
 /// and keeps the fastest (with DQN_GEMM_AUTOTUNE=0: cuBLASLt); 0/off → cuBLASLt only; 1/on →
-/// tile_gemm always, the fastest tile shape (the first without autotuning); a shape's name
-/// (cuda::tile_gemm_name: 16x32, 32x32, 64x64, 16x16k4, 16x32k4, 32x32k4) → tile_gemm always, that
-/// shape (for tests and comparisons). Other precisions: cuBLASLt.
+/// tile_gemm always, the fastest tile shape (the first without autotuning); 16x32, 32x32 or 64x64
+/// → tile_gemm always, that shape (for tests and comparisons). Other precisions: cuBLASLt.
 struct TileMode {
   bool on = true;      ///< tile_gemm may run
   bool forced = false; ///< tile_gemm runs whenever it fits (never cuBLASLt)

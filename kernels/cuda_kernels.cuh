@@ -118,9 +118,8 @@ struct TileGemm {
   const float* bias = nullptr;
   std::int64_t stride_a = 0, stride_b = 0, stride_c = 0, stride_bias = 0;
 };
-/// The tile shapes of tile_gemm: block tiles 16×32, 32×32 and 64×64 of C with a warp per
-/// sub-tile, and 16×16, 16×32 and 32×32 with four warps splitting k ("k4").
-inline constexpr int kTileGemmConfigs = 6;
+/// The tile shapes of tile_gemm (block tiles 16×32, 32×32 and 64×64 of C).
+inline constexpr int kTileGemmConfigs = 3;
 const char* tile_gemm_name(int config);
 /// Whether `config` can run `g` (k > 0, batch and tile counts within the grid's limits).
 bool tile_gemm_fits(const TileGemm& g, int config);

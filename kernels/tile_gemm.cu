@@ -89,16 +89,11 @@ __device__ __forceinline__ void copy_tile(float* dst, int ld_s, const float* src
   }
 }
 
-/// Block tile BM × BN, warp tile WM × WN, S stages of kBK along k. KS: the warps that share one
-/// warp tile, each taking every KS-th 8-wide k step (fewer dependent steps per warp, more
-/// independent mma in each), their sums added in shared memory in warp order at the end (so the
-/// result is still fixed); (BM/WM)·(BN/WN)·KS = four warps. TA/TB: A is stored [k, m] / B is
-/// stored [n, k] (the Gemm's ta/tb).
-template <int BM, int BN, int WM, int WN, int KS, int S, bool TA, bool TB>
+/// Block tile BM × BN, warp tile WM × WN (four warps), S stages of kBK along k. TA/TB: A is
+/// stored [k, m] / B is stored [n, k] (the Gemm's ta/tb).
+template <int BM, int BN, int WM, int WN, int S, bool TA, bool TB>
 __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool vec_a, bool vec_b) {
-  static_assert((BM / WM) * (BN / WN) * KS == kThreads / 32, "four warps per block");
-  static_assert(kBK / 8 % KS == 0, "whole k steps per warp and stage");
-  static_assert(KS == 1 || KS * BM * BN <= S * TileShape<BM, BN, TA, TB>::stage_floats, "the k split's sums fit");
+  static_assert((BM / WM) * (BN / WN) == kThreads / 32, "four warps per block");
   static_assert(WM % 16 == 0 && WN % 8 == 0, "whole mma tiles per warp");
   using Shape = TileShape<BM, BN, TA, TB>;
   constexpr int MT = WM / 16, NT = WN / 8, LA = Shape::lda_s, LB = Shape::ldb_s;
@@ -121,8 +116,7 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool ve
   };
 
   float acc[MT][NT][4] = {};
-  const int wt = warp / KS, wk = warp % KS;  // warp tile, and this warp's share of the k steps
-  const int wm = wt / (BN / WN), wn = wt % (BN / WN);
+  const int wm = warp / (BN / WN), wn = warp % (BN / WN);
   const int gq = lane >> 2, tq = lane & 3;  // the mma fragment's group and thread-in-group
 
   for (int s = 0; s < S - 1; ++s) {
@@ -137,7 +131,7 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool ve
     const float* As = tg_shared + (kt % S) * Shape::stage_floats;
     const float* Bs = As + Shape::a_floats;
 #pragma unroll
-    for (int k8 = 8 * wk; k8 < kBK; k8 += 8 * KS) {
+    for (int k8 = 0; k8 < kBK; k8 += 8) {
       std::uint32_t af[MT][4], bf[NT][2];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
@@ -182,87 +176,46 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool ve
   float* C = g.c + z * g.stride_c;
   const float* Cin = g.c_in + z * g.stride_c;
   const float* bias = g.bias ? g.bias + z * g.stride_bias : nullptr;
-  const auto store = [&](int r, int c, float sum) {
-    const std::int64_t at = static_cast<std::int64_t>(r) * g.ldc + c;
-    float v = g.alpha * sum;
-    if (g.beta != 0.0f) v += g.beta * Cin[at];
-    if (bias) v += bias[c];
-    if (g.relu) v = v > 0.0f ? v : 0.0f;
-    C[at] = v;
-  };
-  if constexpr (KS > 1) {
-    // Each warp's partial tile into shared memory (the stages are free: every copy has landed),
-    // then every element summed over the warps in order.
-    __syncthreads();
-    float* red = tg_shared + wk * BM * BN;
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int q = 0; q < 4; ++q)
-          red[(wm * WM + mt * 16 + gq + (q >> 1) * 8) * BN + wn * WN + nt * 8 + 2 * tq + (q & 1)] = acc[mt][nt][q];
-    __syncthreads();
-    for (int e = threadIdx.x; e < BM * BN; e += kThreads) {
-      const int r = m0 + e / BN, c = n0 + e % BN;
-      if (r >= m || c >= n) continue;
-      float sum = tg_shared[e];
-#pragma unroll
-      for (int w = 1; w < KS; ++w) sum += tg_shared[w * BM * BN + e];
-      store(r, c, sum);
-    }
-  } else {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int r = m0 + wm * WM + mt * 16 + gq + (q >> 1) * 8;
-          const int c = n0 + wn * WN + nt * 8 + 2 * tq + (q & 1);
-          if (r < m && c < n) store(r, c, acc[mt][nt][q]);
-        }
-  }
+      for (int q = 0; q < 4; ++q) {
+        const int r = m0 + wm * WM + mt * 16 + gq + (q >> 1) * 8;
+        const int c = n0 + wn * WN + nt * 8 + 2 * tq + (q & 1);
+        if (r >= m || c >= n) continue;
+        const std::int64_t at = static_cast<std::int64_t>(r) * g.ldc + c;
+        float v = g.alpha * acc[mt][nt][q];
+        if (g.beta != 0.0f) v += g.beta * Cin[at];
+        if (bias) v += bias[c];
+        if (g.relu) v = v > 0.0f ? v : 0.0f;
+        C[at] = v;
+      }
 }
 
 struct Config {
   int bm, bn;
   const char* name;
 };
-constexpr Config kConfigs[kTileGemmConfigs] = {{16, 32, "16x32"}, {32, 32, "32x32"}, {64, 64, "64x64"},
-                                               {16, 16, "16x16k4"}, {16, 32, "16x32k4"}, {32, 32, "32x32k4"}};
+constexpr Config kConfigs[kTileGemmConfigs] = {{16, 32, "16x32"}, {32, 32, "32x32"}, {64, 64, "64x64"}};
 
 template <int C, bool TA, bool TB>
 struct Kernel;
 template <bool TA, bool TB>
 struct Kernel<0, TA, TB> {
   static constexpr int S = 8, bytes = S * TileShape<16, 32, TA, TB>::stage_floats * 4;
-  static constexpr auto fn = tile_gemm_kernel<16, 32, 16, 8, 1, S, TA, TB>;
+  static constexpr auto fn = tile_gemm_kernel<16, 32, 16, 8, S, TA, TB>;
 };
 template <bool TA, bool TB>
 struct Kernel<1, TA, TB> {
   static constexpr int S = 8, bytes = S * TileShape<32, 32, TA, TB>::stage_floats * 4;
-  static constexpr auto fn = tile_gemm_kernel<32, 32, 16, 16, 1, S, TA, TB>;
+  static constexpr auto fn = tile_gemm_kernel<32, 32, 16, 16, S, TA, TB>;
 };
 template <bool TA, bool TB>
 struct Kernel<2, TA, TB> {
   static constexpr int S = 6, bytes = S * TileShape<64, 64, TA, TB>::stage_floats * 4;
-  static constexpr auto fn = tile_gemm_kernel<64, 64, 32, 32, 1, S, TA, TB>;
-};
-template <bool TA, bool TB>
-struct Kernel<3, TA, TB> {
-  static constexpr int S = 8, bytes = S * TileShape<16, 16, TA, TB>::stage_floats * 4;
-  static constexpr auto fn = tile_gemm_kernel<16, 16, 16, 16, 4, S, TA, TB>;
-};
-template <bool TA, bool TB>
-struct Kernel<4, TA, TB> {
-  static constexpr int S = 8, bytes = S * TileShape<16, 32, TA, TB>::stage_floats * 4;
-  static constexpr auto fn = tile_gemm_kernel<16, 32, 16, 32, 4, S, TA, TB>;
-};
-template <bool TA, bool TB>
-struct Kernel<5, TA, TB> {
-  static constexpr int S = 8, bytes = S * TileShape<32, 32, TA, TB>::stage_floats * 4;
-  static constexpr auto fn = tile_gemm_kernel<32, 32, 32, 32, 4, S, TA, TB>;
+  static constexpr auto fn = tile_gemm_kernel<64, 64, 32, 32, S, TA, TB>;
 };
 
 template <int C, bool TA, bool TB>
@@ -307,8 +260,7 @@ bool tile_gemm_fits(const TileGemm& g, int config) {
 }
 
 cudaError_t tile_gemm_prepare() {
-  for (cudaError_t e : {prepare_config<0>(), prepare_config<1>(), prepare_config<2>(), prepare_config<3>(),
-                        prepare_config<4>(), prepare_config<5>()})
+  for (cudaError_t e : {prepare_config<0>(), prepare_config<1>(), prepare_config<2>()})
     if (e != cudaSuccess) return e;
   return cudaSuccess;
 }
@@ -318,10 +270,7 @@ cudaError_t tile_gemm(cudaStream_t s, const TileGemm& g, int config) {
   switch (config) {
     case 0: return launch_config<0>(s, g);
     case 1: return launch_config<1>(s, g);
-    case 2: return launch_config<2>(s, g);
-    case 3: return launch_config<3>(s, g);
-    case 4: return launch_config<4>(s, g);
-    default: return launch_config<5>(s, g);
+    default: return launch_config<2>(s, g);
   }
 }
 

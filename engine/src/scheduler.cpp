@@ -177,38 +177,20 @@ LanePlan plan_lanes(const std::vector<std::vector<std::size_t>>& deps, int lanes
   // ancestors[k]: every position stage k waits for, directly or through others
   std::vector<std::vector<bool>> ancestors(n, std::vector<bool>(n, false));
   std::vector<int> last(std::size_t(L), -1);  // per lane its last position, -1: unused
-  // top[k]: stages on the longest chain ending at k; bottom[k]: on the longest starting at k
-  std::vector<int> top(n, 1), bottom(n, 1), heir(n, -1);
-  for (std::size_t k = 0; k < n; ++k)
-    for (auto j : deps[k]) {
-      if (j >= k) throw std::invalid_argument("plan_lanes: stage " + std::to_string(k) + " depends on a later one");
-      top[k] = std::max(top[k], top[j] + 1);
-    }
-  for (std::size_t k = n; k-- > 0;)
-    for (auto j : deps[k]) bottom[j] = std::max(bottom[j], bottom[k] + 1);
-  for (std::size_t k = 0; k < n; ++k)
-    for (auto j : deps[k])
-      if (heir[j] < 0 || bottom[k] > bottom[std::size_t(heir[j])]) heir[j] = int(k);
   for (std::size_t k = 0; k < n; ++k) {
     for (auto j : deps[k]) {
+      if (j >= k) throw std::invalid_argument("plan_lanes: stage " + std::to_string(k) + " depends on a later one");
       ancestors[k][j] = true;
       for (std::size_t i = 0; i < j; ++i)
         if (ancestors[j][i]) ancestors[k][i] = true;
     }
-    const auto at = [&](int l) { return last[std::size_t(l)]; };
-    const auto ancestor = [&](int t) { return t >= 0 && ancestors[k][std::size_t(t)]; };
-    int lane = -1;
-    for (int l = 0, longest = -1; l < L; ++l)  // 1. a lane whose last stage has k for heir
-      if (at(l) >= 0 && heir[std::size_t(at(l))] == int(k) && top[std::size_t(at(l))] > longest)
-        longest = top[std::size_t(at(l))], lane = l;
-    if (lane < 0)  // 2. the newest ancestor whose heir is placed
-      for (int l = 0, newest = -1; l < L; ++l)
-        if (ancestor(at(l)) && heir[std::size_t(at(l))] < int(k) && at(l) > newest) newest = at(l), lane = l;
-    for (int l = 0; l < L && lane < 0; ++l)  // 3. an unused lane
-      if (at(l) < 0) lane = l;
-    if (lane < 0)  // 4. the newest ancestor still waiting for its heir
-      for (int l = 0, newest = -1; l < L; ++l)
-        if (ancestor(at(l)) && at(l) > newest) newest = at(l), lane = l;
+    int lane = -1, best = -1;
+    for (int l = 0; l < L; ++l) {  // the lane whose last stage is k's newest ancestor
+      const int t = last[std::size_t(l)];
+      if (t >= 0 && ancestors[k][std::size_t(t)] && t > best) best = t, lane = l;
+    }
+    for (int l = 0; l < L && lane < 0; ++l)
+      if (last[std::size_t(l)] < 0) lane = l;
     if (lane < 0) {
       lane = int(std::min_element(last.begin(), last.end()) - last.begin());
       ++p.false_deps;

@@ -45,18 +45,10 @@ struct LanePlan {
 };
 
 /// Places the stages (deps as dependencies() gives them) on lanes so that a stage waits only for
-/// what it depends on, and so that the longest chains stay on one lane (a wait across lanes costs
-/// more on the GPU than one inside a lane). Each stage has an heir: of the stages that depend on it
-/// directly, the one with the longest chain of dependents after it (ties: the earliest). A stage
-/// continues, in this order of preference:
-///   1. a lane whose last stage is a direct dependency whose heir it is (several: the one with the
-///      longest chain of ancestors, then the lowest lane);
-///   2. a lane whose last stage is an ancestor whose heir is already placed (the newest such stage);
-///   3. an unused lane;
-///   4. a lane whose last stage is an ancestor still waiting for its heir (the heir then takes
-///      another lane);
-/// and only when every lane is busy with stages it does not depend on does it queue behind the
-/// lane that has been idle longest (counted in false_deps).
+/// what it depends on: it continues a lane whose last stage is one of its ancestors (the lane of
+/// its newest such ancestor first), else takes an unused lane; only when every lane is busy with
+/// stages it does not depend on does it queue behind the lane that has been idle longest (counted
+/// in false_deps).
 LanePlan plan_lanes(const std::vector<std::vector<std::size_t>>& deps, int lanes);
 
 /// One line per stage in order: "  3. c51.loss  <c51>  reads: …  writes: …"; with deps (as

@@ -113,9 +113,6 @@ constexpr GemmPath kGemmPaths[] = {{Precision::fp32, "fp32", kFp32Gemm, nullptr}
                                    {Precision::tf32, "tf32 tile 16x32", kTf32Gemm, "16x32"},
                                    {Precision::tf32, "tf32 tile 32x32", kTf32Gemm, "32x32"},
                                    {Precision::tf32, "tf32 tile 64x64", kTf32Gemm, "64x64"},
-                                   {Precision::tf32, "tf32 tile 16x16k4", kTf32Gemm, "16x16k4"},
-                                   {Precision::tf32, "tf32 tile 16x32k4", kTf32Gemm, "16x32k4"},
-                                   {Precision::tf32, "tf32 tile 32x32k4", kTf32Gemm, "32x32k4"},
                                    {Precision::bf16, "bf16", kBf16Gemm, nullptr}};
 
 class Gpu {

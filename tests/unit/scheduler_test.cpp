@@ -237,22 +237,6 @@ TEST_CASE("scheduler.plan_lanes") {
     CHECK(p.lane == std::vector<int>{0, 1, 0});
     CHECK(p.false_deps == 1);
   }
-  // The C51 step's stages (ref.yaml): trunk, target trunk, head forward, target head, loss, output
-  // weights, head backward, head weights, trunk backward 1, its weights, trunk backward 0, its
-  // weights, update. The loss continues the online forward's lane (both forwards have it for
-  // heir and are equally deep: the lower lane), and the head backward (the longer chain after the
-  // loss) continues the loss's lane, not the output weights placed before it: the chain from the
-  // trunk to the update runs on one lane.
-  {
-    const Deps deps{{}, {}, {0}, {1}, {2, 3}, {2, 4}, {2, 4}, {0, 6}, {0, 6}, {0, 6, 8}, {0, 8}, {8, 10},
-                    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}};
-    const LanePlan p = plan_lanes(deps, 4);
-    CHECK(p.lane == std::vector<int>{0, 1, 0, 1, 0, 1, 0, 2, 0, 3, 0, 0, 0});
-    CHECK(p.false_deps == 0);
-    // a chain's stage whose heir is still to come keeps its lane for it when another is free
-    const LanePlan q = plan_lanes(Deps{{}, {0}, {0}, {2}}, 2);
-    CHECK(q.lane == std::vector<int>{0, 1, 0, 0});
-  }
   CHECK_THROWS_AS(plan_lanes(Deps{{1}, {}}, 2), std::invalid_argument);
 }
 

@@ -90,7 +90,7 @@ $build/tools/dqn bench pipelines/ref.yaml --batch 256,1024,4096 --precision fp32
 # the update as the four ops (=0), one cooperative kernel (=1) or four kernels (=split) instead of
 # the cluster update;
 # tall-k GEMMs run whole; the fused head backward (=backward) or both fused head kernels (=1); autotuning also over
-# cuBLASLt's split-k variants.
+# cuBLASLt's split-k variants; cuBLASLt for every GEMM (DQN_TILE_GEMM=0).
 : >"$out/bench_switches.txt"
 sw() {  # sw LABEL CONFIG BATCHES ENV...
   local label=$1 cfg=$2 batches=$3; shift 3
@@ -105,6 +105,7 @@ for cfg in c51 all; do
   sw "DQN_FUSED_HEAD=backward" $cfg 256 DQN_FUSED_HEAD=backward
   sw "DQN_FUSED_HEAD=1" $cfg 256 DQN_FUSED_HEAD=1
   sw "DQN_GEMM_TUNE_SPLIT_K=1" $cfg 256 DQN_GEMM_TUNE_SPLIT_K=1
+  sw "DQN_TILE_GEMM=0" $cfg 256 DQN_TILE_GEMM=0
 done
 sw "DQN_GEMM_SPLIT_K=0" all 256,4096 DQN_GEMM_SPLIT_K=0
 {
@@ -120,8 +121,8 @@ if [ "$mode" = bench ]; then pack; exit 0; fi
 # compute-sanitizer (time-boxed): the fused update and head ops, and whole steps with all four heads. The
 # zero-sync test is left out: it subscribes to CUPTI, which the sanitizer holds.
 for tool in ${SANITIZE_OPS:-memcheck racecheck}; do
-  timeout 120 meson test -C $build --no-rebuild --setup $tool gpu.ops --test-args='-tc=*update*,*head_*,*c51_loss*,*dueling_dist*' \
-    >"$out/san_${tool}_ops.log" 2>&1; note "$tool gpu.ops update, head ops, c51_loss, dueling_dist: rc=$?"
+  timeout 120 meson test -C $build --no-rebuild --setup $tool gpu.ops --test-args='-tc=*update*,*head_*,*c51_loss*,*dueling_dist*,*tile_gemm*' \
+    >"$out/san_${tool}_ops.log" 2>&1; note "$tool gpu.ops update, head ops, c51_loss, dueling_dist, tile_gemm: rc=$?"
 done
 for tool in ${SANITIZE_STEP:-memcheck initcheck}; do
   timeout 100 meson test -C $build --no-rebuild --setup $tool gpu.step \

@@ -1521,7 +1521,7 @@ class CudaBackend final : public Backend {
     if (tile_.config >= 0) {
       if (cuda::tile_gemm_fits(tg, tile_.config)) choice = tile_.config;
     } else {
-      for (int cfg = cuda::kTileGemmConfigs - 1; cfg >= 0; --cfg)
+      for (int cfg = 0; cfg < cuda::kTileGemmConfigs && choice < 0; ++cfg)
         if (cuda::tile_gemm_fits(tg, cfg)) choice = cfg;  // the first that fits
       float* d = choice >= 0 && autotune_ && !capturing_ ? tune_buffer(tile_extent(tg)) : nullptr;
       if (d && tune_events()) choice = fastest_tile(tg, c, d, INFINITY, choice);

@@ -194,28 +194,19 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool ve
       }
 }
 
+/// The tile shapes: block tile, warp tile (four warps), stages in flight, name.
 struct Config {
-  int bm, bn;
+  int bm, bn, wm, wn, stages;
   const char* name;
 };
-constexpr Config kConfigs[kTileGemmConfigs] = {{16, 32, "16x32"}, {32, 32, "32x32"}, {64, 64, "64x64"}};
+constexpr Config kConfigs[kTileGemmConfigs] = {
+    {16, 32, 16, 8, 8, "16x32"}, {32, 32, 16, 16, 8, "32x32"}, {64, 64, 32, 32, 6, "64x64"}};
 
 template <int C, bool TA, bool TB>
-struct Kernel;
-template <bool TA, bool TB>
-struct Kernel<0, TA, TB> {
-  static constexpr int S = 8, bytes = S * TileShape<16, 32, TA, TB>::stage_floats * 4;
-  static constexpr auto fn = tile_gemm_kernel<16, 32, 16, 8, S, TA, TB>;
-};
-template <bool TA, bool TB>
-struct Kernel<1, TA, TB> {
-  static constexpr int S = 8, bytes = S * TileShape<32, 32, TA, TB>::stage_floats * 4;
-  static constexpr auto fn = tile_gemm_kernel<32, 32, 16, 16, S, TA, TB>;
-};
-template <bool TA, bool TB>
-struct Kernel<2, TA, TB> {
-  static constexpr int S = 6, bytes = S * TileShape<64, 64, TA, TB>::stage_floats * 4;
-  static constexpr auto fn = tile_gemm_kernel<64, 64, 32, 32, S, TA, TB>;
+struct Kernel {
+  static constexpr Config c = kConfigs[C];
+  static constexpr int bytes = c.stages * TileShape<c.bm, c.bn, TA, TB>::stage_floats * 4;
+  static constexpr auto fn = tile_gemm_kernel<c.bm, c.bn, c.wm, c.wn, c.stages, TA, TB>;
 };
 
 template <int C, bool TA, bool TB>

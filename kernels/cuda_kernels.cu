@@ -50,6 +50,7 @@ cudaError_t launch_cooperative(void (*kernel)(P...), unsigned blocks, cudaStream
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
 }
 
+using dev::aligned16;
 using dev::block_sum;
 using dev::grid_start;
 using dev::grid_step;
@@ -1599,8 +1600,6 @@ cudaError_t bias_act(cudaStream_t s, float* y, const float* bias, int rows, int 
   return cudaGetLastError();
 }
 
-static bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
-
 cudaError_t relu_backward(cudaStream_t s, float* dy, const float* y, int rows, int cols, int ld) {
   const std::int64_t n = static_cast<std::int64_t>(rows) * cols;
   if (cols % 4 == 0 && ld % 4 == 0 && aligned16(dy) && aligned16(y)) {
@@ -1744,15 +1743,23 @@ std::size_t budget_scratch_bytes(int H) {  // the partial sums: at most kBudgetM
   return round_up(static_cast<std::size_t>(H) * static_cast<std::size_t>(kBudgetMaxChunks) * sizeof(double), 256);
 }
 
+/// Launches the budget's pass 1 (budget_partial_kernel over chunks × heads; with adam and step,
+/// also the cluster update's step constants) and gives the chunk count the next pass reads.
+cudaError_t budget_partials(cudaStream_t s, const Budget& b, double* partial, int& nchunks,
+                            const Adam* adam = nullptr, double* step = nullptr) {
+  const BudgetShape bs = budget_shape(b);
+  nchunks = bs.nchunks;
+  budget_partial_kernel<<<dim3(nchunks, b.H), kThreads, 0, s>>>(
+      b.grads.as<const float>(), b.P, bs.chunk, b.reach, partial, adam ? adam->t : nullptr, adam ? adam->beta1 : 0.0,
+      adam ? adam->beta2 : 0.0, step);
+  return cudaGetLastError();
+}
+
 cudaError_t budget(cudaStream_t s, const Budget& a, void* scratch, int max_blocks) {
-  const BudgetShape bs = budget_shape(a);
-  const int nchunks = bs.nchunks;
+  int nchunks = budget_shape(a).nchunks;
   auto* partial = static_cast<double*>(scratch);
-  if (a.H > 0) {
-    budget_partial_kernel<<<dim3(nchunks, a.H), kThreads, 0, s>>>(a.grads.as<const float>(), a.P, bs.chunk, a.reach,
-                                                                  partial);
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  }
+  if (a.H > 0)
+    if (cudaError_t e = budget_partials(s, a, partial, nchunks); e != cudaSuccess) return e;
   const std::int64_t tiles = (a.P + kBudgetTile - 1) / kBudgetTile;
   const auto grid = static_cast<unsigned>(std::clamp<std::int64_t>(tiles, 1, std::max(max_blocks, 1)));
   // Rounded up to 4 floats: the unrolled head loop may load clips in groups (shared loads never
@@ -1827,12 +1834,9 @@ cudaError_t update(cudaStream_t s, const Update& u, void* scratch, int blocks) {
 
 cudaError_t update_split(cudaStream_t s, const Update& u, void* scratch, int max_blocks) {
   const Budget& b = u.budget;
-  const BudgetShape bs = budget_shape(b);
-  const int nchunks = bs.nchunks;
   auto* partial = static_cast<double*>(scratch);
-  budget_partial_kernel<<<dim3(nchunks, b.H), kThreads, 0, s>>>(b.grads.as<const float>(), b.P, bs.chunk, b.reach,
-                                                                partial);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  int nchunks = 0;
+  if (cudaError_t e = budget_partials(s, b, partial, nchunks); e != cudaSuccess) return e;
   const std::int64_t tiles = (b.P + kSplitTile - 1) / kSplitTile;
   const auto grid = static_cast<unsigned>(std::clamp<std::int64_t>(tiles, 1, std::max(max_blocks, 1)));
   update_adam_kernel<<<grid, kThreads, 0, s>>>(u, partial, nchunks);
@@ -1922,14 +1926,11 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   const std::int64_t tiles = pl.seg_tile0[pl.nseg];
   const std::int64_t plain = std::min<std::int64_t>(tiles, std::max(max_blocks, cs));
   const std::int64_t plain_blocks = (plain + cs - 1) / cs * cs;
-  const BudgetShape bs = budget_shape(b);
-  const int nchunks = bs.nchunks;
   auto* partial = static_cast<double*>(scratch);
   auto* step = reinterpret_cast<double*>(static_cast<char*>(scratch) + budget_scratch_bytes(b.H));
   pl.step = step;
-  budget_partial_kernel<<<dim3(nchunks, b.H), kThreads, 0, s>>>(
-      b.grads.as<const float>(), b.P, bs.chunk, b.reach, partial, u.adam.t, u.adam.beta1, u.adam.beta2, step);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  int nchunks = 0;
+  if (cudaError_t e = budget_partials(s, b, partial, nchunks, &u.adam, step); e != cudaSuccess) return e;
   cudaLaunchAttribute attr{};
   const auto blocks = static_cast<unsigned>(static_cast<std::int64_t>(pl.nsn) * cs + plain_blocks);
   if (blocks == 0) return cudaSuccess;

@@ -10,6 +10,9 @@
 
 namespace dqn::cuda::dev {
 
+/// Whether p lies on a 16-byte boundary (float4 loads, 16-byte cp.async).
+__host__ __device__ inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
 __device__ __forceinline__ std::int64_t grid_start() {
   return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "cuda_kernels.cuh"
+#include "device_util.cuh"
 
 namespace dqn::cuda {
 namespace {
@@ -226,7 +227,7 @@ cudaError_t launch_one(cudaStream_t s, const TileGemm& g) {
   const dim3 grid((g.m + kConfigs[C].bm - 1) / kConfigs[C].bm, (g.n + kConfigs[C].bn - 1) / kConfigs[C].bn, g.batch);
   // 16-byte copies where the operand's rows (and batch entries) start on 16-byte boundaries
   const auto aligned = [](const float* p, int ld, std::int64_t stride) {
-    return reinterpret_cast<std::uintptr_t>(p) % 16 == 0 && ld % 4 == 0 && stride % 4 == 0;
+    return dev::aligned16(p) && ld % 4 == 0 && stride % 4 == 0;
   };
   Kernel<C, TA, TB>::fn<<<grid, kThreads, Kernel<C, TA, TB>::bytes, s>>>(g, aligned(g.a, g.lda, g.stride_a),
                                                                          aligned(g.b, g.ldb, g.stride_b));

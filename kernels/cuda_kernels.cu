@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 #include <utility>
 
 #include "cuda_kernels.cuh"
@@ -25,17 +27,17 @@ unsigned blocks_for(std::int64_t n, int threads = kThreads) {
   return static_cast<unsigned>(std::clamp<std::int64_t>(b, 1, std::int64_t{1} << 20));
 }
 
-/// Calls launch(I{}) with I = std::uint32_t when every index of an n-element grid-stride loop
+/// Calls body(I{}) with I = std::uint32_t when every index of an n-element grid-stride loop
 /// (plus one grid's stride) fits 32 bits, else with I = std::int64_t.
 template <class F>
-void with_index_type(std::int64_t n, F&& launch) {
+void with_index_type(std::int64_t n, F&& body) {
   if (n >= 0 && n < (std::int64_t{1} << 31))
-    launch(std::uint32_t{});
+    body(std::uint32_t{});
   else
-    launch(std::int64_t{});
+    body(std::int64_t{});
 }
 
-/// Launches kernel<<<blocks, kThreads>>> on s as a cooperative launch (all blocks resident).
+/// Launches kernel (blocks × kThreads) on s as a cooperative launch (all blocks resident).
 template <class... P, class... A>
 cudaError_t launch_cooperative(void (*kernel)(P...), unsigned blocks, cudaStream_t s, A&&... args) {
   cudaLaunchAttribute attr{};
@@ -52,6 +54,7 @@ cudaError_t launch_cooperative(void (*kernel)(P...), unsigned blocks, cudaStream
 
 using dev::aligned16;
 using dev::block_sum;
+using dev::launch;
 using dev::grid_start;
 using dev::grid_step;
 using dev::warp_max;
@@ -63,6 +66,7 @@ using dev::warp_sum;
 // division is several times cheaper than 64-bit), std::int64_t otherwise.
 template <class I>
 __global__ void bias_act_kernel(float* y, const float* bias, int rows, int cols, int ldy, bool relu) {
+  dev::pdl_entry();
   const I n = static_cast<I>(rows) * static_cast<I>(cols);
   for (I i = static_cast<I>(grid_start()); i < n; i += static_cast<I>(grid_step())) {
     const I r = i / static_cast<I>(cols), c = i - r * static_cast<I>(cols);
@@ -75,6 +79,7 @@ __global__ void bias_act_kernel(float* y, const float* bias, int rows, int cols,
 
 template <class I>
 __global__ void relu_backward_kernel(float* dy, const float* y, int rows, int cols, int ld) {
+  dev::pdl_entry();
   const I n = static_cast<I>(rows) * static_cast<I>(cols);
   for (I i = static_cast<I>(grid_start()); i < n; i += static_cast<I>(grid_step())) {
     const I r = i / static_cast<I>(cols);
@@ -87,6 +92,7 @@ __global__ void relu_backward_kernel(float* dy, const float* y, int rows, int co
 /// the same masked elements; the others are stored back unchanged.
 template <class I>
 __global__ void relu_backward4_kernel(float* dy, const float* y, int rows, int cols, int ld) {
+  dev::pdl_entry();
   const I c4 = static_cast<I>(cols) / 4, n = static_cast<I>(rows) * c4;
   for (I i = static_cast<I>(grid_start()); i < n; i += static_cast<I>(grid_step())) {
     const I r = i / c4;
@@ -106,6 +112,7 @@ constexpr int kColTile = 32, kRowThreads = 16;
 /// One block per 32 columns; 16 row-threads each sum a fixed stripe of rows, then one thread
 /// adds the 16 stripes in order.
 __global__ void bias_grad_kernel(float* db, const float* dy, int rows, int cols, int ldy, float beta) {
+  dev::pdl_entry();
   __shared__ double part[kRowThreads][kColTile + 1];
   const int c = blockIdx.x * kColTile + threadIdx.x;
   double acc = 0.0;
@@ -127,6 +134,7 @@ __global__ void bias_grad_kernel(float* db, const float* dy, int rows, int cols,
 /// logits may alias adv.
 __global__ void dueling_combine_kernel(float* logits, const float* v, int ldv, const float* adv, int rows,
                                        int D, int A, int Z) {
+  dev::pdl_entry();
   const std::int64_t n = static_cast<std::int64_t>(rows) * D * Z;
   for (std::int64_t k = grid_start(); k < n; k += grid_step()) {
     const std::int64_t b = k / (static_cast<std::int64_t>(D) * Z);
@@ -145,6 +153,7 @@ __global__ void dueling_combine_kernel(float* logits, const float* v, int ldv, c
 /// all read before they are written, so dadv may alias dlogits (when compact: lddadv == A·Z).
 __global__ void dueling_backward_kernel(float* dv, int lddv, float* dadv, int lddadv, const float* dl, int rows,
                                         int D, int A, int Z) {
+  dev::pdl_entry();
   const std::int64_t n = static_cast<std::int64_t>(rows) * Z;
   for (std::int64_t k = grid_start(); k < n; k += grid_step()) {
     const std::int64_t b = k / Z;
@@ -169,6 +178,7 @@ __global__ void dueling_backward_kernel(float* dv, int lddv, float* dadv, int ld
 
 /// One warp per row.
 __global__ void log_softmax_kernel(float* logp, const float* x, int rows, int n) {
+  dev::pdl_entry();
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x >> 5);
   const int lane = threadIdx.x & 31;
   for (std::int64_t r = grid_start() >> 5; r < rows; r += warps) {
@@ -188,6 +198,7 @@ __global__ void log_softmax_kernel(float* logp, const float* x, int rows, int n)
 
 /// One warp per row: q = Σ z_i exp(logp_i).
 __global__ void expected_q_kernel(float* q, const float* logp, int rows, int Z, float v_min, double dz) {
+  dev::pdl_entry();
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x >> 5);
   const int lane = threadIdx.x & 31;
   for (std::int64_t r = grid_start() >> 5; r < rows; r += warps) {
@@ -200,6 +211,7 @@ __global__ void expected_q_kernel(float* q, const float* logp, int rows, int Z, 
 }
 
 __global__ void argmax_kernel(std::int32_t* idx, const float* q, int rows, int n) {
+  dev::pdl_entry();
   for (std::int64_t r = grid_start(); r < rows; r += grid_step()) {
     const float* row = q + r * n;
     int best = 0;
@@ -214,6 +226,7 @@ __global__ void argmax_kernel(std::int32_t* idx, const float* q, int rows, int n
 __global__ void c51_project_kernel(float* m, const float* target_logp, const std::int32_t* a_star,
                                    const float* rewards, const float* dones, int D, int A, int Z,
                                    float gamma_n, float v_min_f, float v_max_f, double dz) {
+  dev::pdl_entry();
   extern __shared__ double shp[];
   double* p = shp;       // [Z]
   double* tz = shp + Z;  // [Z]
@@ -248,6 +261,7 @@ __global__ void c51_project_kernel(float* m, const float* target_logp, const std
 /// gradient of every (action, atom) of the branch, then the sample's loss from the branches in
 /// order. The weighted per-sample loss goes to scratch for the second, fixed-order reduction.
 __global__ void c51_xent_kernel(C51Xent a, double* weighted) {
+  dev::pdl_entry();
   extern __shared__ double xent_d[];  // [D]
   // block = member · B + sample: member k's logp and dlogits are member 0's + k·B·D·A·Z
   const int member = blockIdx.x / a.B, b = blockIdx.x - member * a.B;
@@ -305,6 +319,7 @@ __global__ void c51_xent_kernel(C51Xent a, double* weighted) {
 /// call per member.
 __global__ void c51_xent_reduce_kernel(float* loss, const double* weighted, int B, float scale, bool accumulate,
                                        int members) {
+  dev::pdl_entry();
   __shared__ double sh[32];
   for (int k = 0; k < members; ++k) {
     double acc = 0.0;
@@ -322,6 +337,7 @@ __global__ void c51_xent_reduce_kernel(float* loss, const double* weighted, int 
 
 /// One thread per (b, d): logsumexp over the A actions, the row's penalty to scratch, and dq.
 __global__ void cql_penalty_kernel(CqlPenalty a, double* per_row) {
+  dev::pdl_entry();
   const int rows = a.B * a.D, A = a.A;
   const float* Q = static_cast<const float*>(a.q.p);
   float* DQ = static_cast<float*>(a.dq.p);
@@ -350,6 +366,7 @@ __global__ void cql_penalty_kernel(CqlPenalty a, double* per_row) {
 
 /// One block: loss = α/(B·D) Σ per_row, fixed order.
 __global__ void cql_reduce_kernel(float* loss, const double* per_row, int rows, float alpha) {
+  dev::pdl_entry();
   __shared__ double sh[32];
   double acc = 0.0;
   for (int r = threadIdx.x; r < rows; r += blockDim.x) acc += per_row[r];
@@ -360,6 +377,7 @@ __global__ void cql_reduce_kernel(float* loss, const double* per_row, int rows, 
 /// One warp per row: Q = Σ z_i p_i (warp sum), then dlogits_i = dq · p_i (z_i − Q).
 __global__ void expected_q_backward_kernel(float* dlogits, const float* dq, const float* logp, int rows, int Z,
                                            float v_min, double dz) {
+  dev::pdl_entry();
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x >> 5);
   const int lane = threadIdx.x & 31;
   for (std::int64_t r = grid_start() >> 5; r < rows; r += warps) {
@@ -376,6 +394,7 @@ __global__ void expected_q_backward_kernel(float* dlogits, const float* dq, cons
 
 /// One warp per sample: each lane takes columns j, the K members in order, then a warp sum.
 __global__ void ensemble_disagreement_kernel(float* out, const float* q, int K, int B, int n) {
+  dev::pdl_entry();
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x >> 5);
   const int lane = threadIdx.x & 31;
   const std::int64_t member = static_cast<std::int64_t>(B) * n;
@@ -403,6 +422,7 @@ __global__ void ensemble_disagreement_kernel(float* out, const float* q, int K, 
 /// the cost of a double cos.
 template <class I>
 __global__ void cosine_embedding_kernel(float* out, const float* tau, int rows, int E) {
+  dev::pdl_entry();
   const I n = static_cast<I>(rows) * static_cast<I>(E);
   for (I k = static_cast<I>(grid_start()); k < n; k += static_cast<I>(grid_step())) {
     const I r = k / static_cast<I>(E);
@@ -415,6 +435,7 @@ __global__ void cosine_embedding_kernel(float* out, const float* tau, int rows, 
 /// hadamard four columns at a time (H a multiple of 4, the three pointers 16-byte aligned).
 template <class I>
 __global__ void hadamard4_kernel(float* x, const float* h2, const float* phi, int B, int N, int H) {
+  dev::pdl_entry();
   const I n = static_cast<I>(B) * static_cast<I>(N) * static_cast<I>(H) / 4;
   for (I k4 = static_cast<I>(grid_start()); k4 < n; k4 += static_cast<I>(grid_step())) {
     const I k = 4 * k4, row = k / static_cast<I>(H);
@@ -428,6 +449,7 @@ __global__ void hadamard4_kernel(float* x, const float* h2, const float* phi, in
 
 template <class I>
 __global__ void hadamard_kernel(float* x, const float* h2, const float* phi, int B, int N, int H) {
+  dev::pdl_entry();
   const I n = static_cast<I>(B) * static_cast<I>(N) * static_cast<I>(H);
   for (I k = static_cast<I>(grid_start()); k < n; k += static_cast<I>(grid_step())) {
     const I row = k / static_cast<I>(H);
@@ -440,6 +462,7 @@ __global__ void hadamard_kernel(float* x, const float* h2, const float* phi, int
 /// One thread per (b, h): the N samples of that row in order.
 __global__ void hadamard_backward_kernel(float* dphi, float* dh2, const float* dx, const float* h2, const float* phi,
                                          int B, int N, int H) {
+  dev::pdl_entry();
   const std::int64_t n = static_cast<std::int64_t>(B) * H;
   for (std::int64_t k = grid_start(); k < n; k += grid_step()) {
     const std::int64_t b = k / H;
@@ -471,6 +494,7 @@ __global__ void hadamard_backward_kernel(float* dphi, float* dh2, const float* d
 /// One block per sample; threads over the (d, i) pairs, each summing over the N' targets in order;
 /// the sample's loss from the pairs in order by thread 0, to scratch for the fixed-order reduction.
 __global__ void quantile_huber_kernel(QuantileHuber a, double* weighted) {
+  dev::pdl_entry();
   extern __shared__ double pair_loss[];  // [D·N]
   const int b = blockIdx.x, N = a.N, Nt = a.Nt, D = a.D, A = a.A;
   const std::int64_t ldq = ld_or(a.ldq, D * A);  // row stride of q, q_target, dq
@@ -605,6 +629,7 @@ __global__ void __launch_bounds__(kThreads) budget_partial_kernel(const float* _
                                                                   double* __restrict__ partial,
                                                                   const std::int64_t* t = nullptr, double b1 = 0.0,
                                                                   double b2 = 0.0, double* step = nullptr) {
+  dev::pdl_entry();
   __shared__ double sh[32];
   if (step && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < 3) {
     const double t1 = static_cast<double>(static_cast<std::int64_t>(*t & static_cast<std::int64_t>(kTicket - 1)) + 1);
@@ -694,6 +719,7 @@ __device__ __forceinline__ void combine_tile(double (&acc)[PER], const float* __
 /// Dynamic shared memory: H floats, rounded up to 4 (see budget()).
 __global__ void __launch_bounds__(kThreads) budget_combine_kernel(Budget a, const double* __restrict__ partial,
                                                                   int nchunks) {
+  dev::pdl_entry();
   extern __shared__ float clip_sh[];
   const bool all_finite = budget_clips(a, partial, nchunks, clip_sh, blockIdx.x == 0);
   const int H = a.H;
@@ -776,6 +802,7 @@ __global__ void __launch_bounds__(kThreads) adam_kernel(float* theta, const floa
                                                         std::int64_t P, std::int64_t* t, const float* lr_p,
                                                         double b1, double b2, double eps,
                                                         const std::int32_t* skip) {
+  dev::pdl_entry();
   __shared__ double bc[2];
   if (*skip) return;
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * (kThreads * kElemPer) + threadIdx.x;
@@ -882,6 +909,7 @@ __device__ void sn_cols_item(const SpectralMatrix* mats, int mi, int j, int ncc,
 
 __global__ void __launch_bounds__(kThreads) sn_cols_kernel(const SpectralMatrix* mats, int max_rows, int max_cols,
                                                            const std::int32_t* skip, double* vsq, double* xp) {
+  dev::pdl_entry();
   if (*skip) return;
   __shared__ SnColsShared sm;
   sn_cols_item(mats, blockIdx.y, blockIdx.x, gridDim.x, max_rows, max_cols, vsq, xp, sm);
@@ -963,6 +991,7 @@ __global__ void __launch_bounds__(kThreads) sn_rows_kernel(const SpectralMatrix*
                                                            int rows_per_block, int ncc, float sigma_max,
                                                            const std::int32_t* skip, const double* vsq,
                                                            const double* xp, TargetUpdate tu) {
+  dev::pdl_entry();
   if (*skip) return;
   __shared__ double sh[32];
   const bool target_on = tu.target.p && (tu.period == 0 || *tu.t % tu.period == 0);
@@ -997,9 +1026,9 @@ SnPlan sn_plan(void* scratch, int count, int max_rows, int max_cols) {
 cudaError_t sn_launch(cudaStream_t s, const SpectralMatrix* mats, int count, int max_rows, int max_cols,
                       float sigma_max, const std::int32_t* skip, void* scratch, const TargetUpdate& tu) {
   const SnPlan p = sn_plan(scratch, count, max_rows, max_cols);
-  sn_cols_kernel<<<dim3(p.ncc, count), kThreads, 0, s>>>(mats, max_rows, max_cols, skip, p.vsq, p.xp);
+  launch(sn_cols_kernel, dim3(p.ncc, count), kThreads, 0, s, mats, max_rows, max_cols, skip, p.vsq, p.xp);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  sn_rows_kernel<<<dim3(p.nrb, count), kThreads, 0, s>>>(mats, max_rows, max_cols, p.rpb, p.ncc, sigma_max, skip,
+  launch(sn_rows_kernel, dim3(p.nrb, count), kThreads, 0, s, mats, max_rows, max_cols, p.rpb, p.ncc, sigma_max, skip,
                                                         p.vsq, p.xp, tu);
   return cudaGetLastError();
 }
@@ -1008,6 +1037,7 @@ cudaError_t sn_launch(cudaStream_t s, const SpectralMatrix* mats, int count, int
 __global__ void __launch_bounds__(kThreads) target_update_kernel(float* tgt, const float* src, std::int64_t P,
                                                                  double tau, std::int64_t period,
                                                                  const std::int64_t* t, const std::int32_t* skip) {
+  dev::pdl_entry();
   if (*skip) return;
   if (period != 0 && *t % period != 0) return;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * (kThreads * kElemPer);
@@ -1104,6 +1134,7 @@ struct UpdatePlan {
 /// disjoint ranges inside params (the engine's always are), every element's target update waits
 /// for a last barrier instead.
 __global__ void __launch_bounds__(kThreads, 2) update_kernel(Update u, UpdatePlan pl) {
+  dev::pdl_entry();
   namespace cg = cooperative_groups;
   cg::grid_group grid = cg::this_grid();
   __shared__ double sh[32];
@@ -1190,6 +1221,7 @@ constexpr std::int64_t kSplitTile = std::int64_t{kThreads} * kSplitPer;
 /// Skipped (a head not finite): g = 0 and nothing else changes.
 __global__ void __launch_bounds__(kThreads) update_adam_kernel(Update u, const double* __restrict__ partial,
                                                                int nchunks) {
+  dev::pdl_entry();
   __shared__ float clip_sh[kUpdateMaxHeads + 4];  // + 4: see budget()
   __shared__ std::int64_t sn_lo[kUpdateMaxSn], sn_hi[kUpdateMaxSn];
   __shared__ double bc[2];
@@ -1365,6 +1397,7 @@ std::size_t cluster_update_shared(int max_cols, int rpc) {
 template <int CS>
 __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, const double* __restrict__ partial,
                                                                      int nchunks, ClusterPlan pl) {
+  dev::pdl_entry();
   namespace cg = cooperative_groups;
   extern __shared__ double cu_shared[];
   __shared__ float clip_sh[kUpdateMaxHeads + 4];  // + 4: see budget()
@@ -1531,6 +1564,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
 
 /// Whether a cooperative kernel launched into a captured graph runs here.
 __global__ void coop_probe_kernel(int* flag) {
+  dev::pdl_entry();
   cooperative_groups::this_grid().sync();
   if (blockIdx.x == 0 && threadIdx.x == 0) *flag = 1;
 }
@@ -1540,6 +1574,7 @@ __global__ void coop_probe_kernel(int* flag) {
 /// C[r, c] = Σ_s part[s][r][c] over the slices in order (in double), part compact [S, m, n].
 template <class I>
 __global__ void sum_slices_kernel(float* c, int m, int n, int ldc, const float* part, int S) {
+  dev::pdl_entry();
   const I mn = static_cast<I>(m) * static_cast<I>(n);
   for (I i = static_cast<I>(grid_start()); i < mn; i += static_cast<I>(grid_step())) {
     double acc = 0.0;
@@ -1552,16 +1587,19 @@ __global__ void sum_slices_kernel(float* c, int m, int n, int ldc, const float* 
 // --- elementwise ----------------------------------------------------------------------------
 
 __global__ void fill_kernel(float* x, float value, std::int64_t n) {
+  dev::pdl_entry();
   for (std::int64_t i = grid_start(); i < n; i += grid_step()) x[i] = value;
 }
 
 __global__ void axpy_kernel(float* y, const float* x, float alpha, std::int64_t n) {
+  dev::pdl_entry();
   for (std::int64_t i = grid_start(); i < n; i += grid_step())
     y[i] = static_cast<float>(static_cast<double>(alpha) * static_cast<double>(x[i]) + static_cast<double>(y[i]));
 }
 
 __global__ void uniform_kernel(float* out, std::int64_t n, std::uint64_t seed, std::uint32_t stream,
                                const std::int64_t* step_p) {
+  dev::pdl_entry();
   const std::uint64_t step = step_p ? static_cast<std::uint64_t>(*step_p) : 0;
   for (std::int64_t i = grid_start(); i < n; i += grid_step())
     out[i] = philox::uniform(seed, step, stream, static_cast<std::uint64_t>(i));
@@ -1569,6 +1607,7 @@ __global__ void uniform_kernel(float* out, std::int64_t n, std::uint64_t seed, s
 
 __global__ void to_bf16_kernel(__nv_bfloat16* dst, const float* src, int rows, int cols, std::int64_t ld,
                                std::int64_t stride, int batch) {
+  dev::pdl_entry();
   const std::int64_t per = static_cast<std::int64_t>(rows) * cols, n = per * batch;
   for (std::int64_t k = grid_start(); k < n; k += grid_step()) {
     const std::int64_t b = k / per, rc = k - b * per, r = rc / cols, c = rc - r * cols;
@@ -1578,6 +1617,7 @@ __global__ void to_bf16_kernel(__nv_bfloat16* dst, const float* src, int rows, i
 
 __global__ void scale_matrix_kernel(float* c, int rows, int cols, std::int64_t ld, std::int64_t stride, int batch,
                                     float beta) {
+  dev::pdl_entry();
   const std::int64_t per = static_cast<std::int64_t>(rows) * cols, n = per * batch;
   for (std::int64_t k = grid_start(); k < n; k += grid_step()) {
     const std::int64_t b = k / per, rc = k - b * per, r = rc / cols, col = rc - r * cols;
@@ -1592,10 +1632,18 @@ double support_step(float v_min, float v_max, int Z) {
 
 }  // namespace
 
+bool dev::pdl_enabled() noexcept {
+  static const bool on = [] {
+    const char* v = std::getenv("DQN_PDL");
+    return !(v && std::string_view(v) == "0");
+  }();
+  return on;
+}
+
 cudaError_t bias_act(cudaStream_t s, float* y, const float* bias, int rows, int cols, int ldy, bool relu) {
   const std::int64_t n = static_cast<std::int64_t>(rows) * cols;
   with_index_type(n, [&](auto i) {
-    bias_act_kernel<decltype(i)><<<blocks_for(n), kThreads, 0, s>>>(y, bias, rows, cols, ldy, relu);
+    launch(bias_act_kernel<decltype(i)>, blocks_for(n), kThreads, 0, s, y, bias, rows, cols, ldy, relu);
   });
   return cudaGetLastError();
 }
@@ -1604,56 +1652,56 @@ cudaError_t relu_backward(cudaStream_t s, float* dy, const float* y, int rows, i
   const std::int64_t n = static_cast<std::int64_t>(rows) * cols;
   if (cols % 4 == 0 && ld % 4 == 0 && aligned16(dy) && aligned16(y)) {
     with_index_type(n, [&](auto i) {
-      relu_backward4_kernel<decltype(i)><<<blocks_for(n / 4), kThreads, 0, s>>>(dy, y, rows, cols, ld);
+      launch(relu_backward4_kernel<decltype(i)>, blocks_for(n / 4), kThreads, 0, s, dy, y, rows, cols, ld);
     });
     return cudaGetLastError();
   }
   with_index_type(n, [&](auto i) {
-    relu_backward_kernel<decltype(i)><<<blocks_for(n), kThreads, 0, s>>>(dy, y, rows, cols, ld);
+    launch(relu_backward_kernel<decltype(i)>, blocks_for(n), kThreads, 0, s, dy, y, rows, cols, ld);
   });
   return cudaGetLastError();
 }
 
 cudaError_t bias_grad(cudaStream_t s, float* db, const float* dy, int rows, int cols, int ldy, float beta) {
   const dim3 block(kColTile, kRowThreads);
-  bias_grad_kernel<<<(cols + kColTile - 1) / kColTile, block, 0, s>>>(db, dy, rows, cols, ldy, beta);
+  launch(bias_grad_kernel, (cols + kColTile - 1) / kColTile, block, 0, s, db, dy, rows, cols, ldy, beta);
   return cudaGetLastError();
 }
 
 cudaError_t dueling_combine(cudaStream_t s, float* logits, const float* v, int ldv, const float* adv, int rows,
                             int D, int A, int Z) {
-  dueling_combine_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * D * Z), kThreads, 0, s>>>(
+  launch(dueling_combine_kernel, blocks_for(static_cast<std::int64_t>(rows) * D * Z), kThreads, 0, s,
       logits, v, ldv, adv, rows, D, A, Z);
   return cudaGetLastError();
 }
 
 cudaError_t dueling_backward(cudaStream_t s, float* dv, int lddv, float* dadv, int lddadv, const float* dlogits,
                              int rows, int D, int A, int Z) {
-  dueling_backward_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * Z), kThreads, 0, s>>>(
+  launch(dueling_backward_kernel, blocks_for(static_cast<std::int64_t>(rows) * Z), kThreads, 0, s,
       dv, lddv, dadv, lddadv, dlogits, rows, D, A, Z);
   return cudaGetLastError();
 }
 
 cudaError_t log_softmax(cudaStream_t s, float* logp, const float* x, int rows, int n) {
-  log_softmax_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * 32), kThreads, 0, s>>>(logp, x, rows, n);
+  launch(log_softmax_kernel, blocks_for(static_cast<std::int64_t>(rows) * 32), kThreads, 0, s, logp, x, rows, n);
   return cudaGetLastError();
 }
 
 cudaError_t expected_q(cudaStream_t s, float* q, const float* logp, int rows, int Z, float v_min, float v_max) {
-  expected_q_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * 32), kThreads, 0, s>>>(
+  launch(expected_q_kernel, blocks_for(static_cast<std::int64_t>(rows) * 32), kThreads, 0, s,
       q, logp, rows, Z, v_min, support_step(v_min, v_max, Z));
   return cudaGetLastError();
 }
 
 cudaError_t argmax(cudaStream_t s, std::int32_t* idx, const float* q, int rows, int n) {
-  argmax_kernel<<<blocks_for(rows), kThreads, 0, s>>>(idx, q, rows, n);
+  launch(argmax_kernel, blocks_for(rows), kThreads, 0, s, idx, q, rows, n);
   return cudaGetLastError();
 }
 
 cudaError_t c51_project(cudaStream_t s, const C51Project& a) {
   const int threads = std::min(256, (a.Z + 31) / 32 * 32);
   const std::size_t shmem = 2 * static_cast<std::size_t>(a.Z) * sizeof(double);
-  c51_project_kernel<<<a.B * a.D, threads, shmem, s>>>(
+  launch(c51_project_kernel, a.B * a.D, threads, shmem, s,
       a.m.as<float>(), a.target_logp.as<const float>(), a.a_star, a.rewards.as<const float>(),
       a.dones.as<const float>(), a.D, a.A, a.Z, a.gamma_n, a.v_min, a.v_max, support_step(a.v_min, a.v_max, a.Z));
   return cudaGetLastError();
@@ -1664,10 +1712,10 @@ std::size_t c51_xent_scratch_bytes(int B) { return round_up(static_cast<std::siz
 cudaError_t c51_xent(cudaStream_t s, const C51Xent& a, void* scratch) {
   auto* weighted = static_cast<double*>(scratch);
   const int warps = std::min(a.D, 8);
-  c51_xent_kernel<<<a.B * a.members, 32 * warps, static_cast<std::size_t>(a.D) * sizeof(double), s>>>(a, weighted);
+  launch(c51_xent_kernel, a.B * a.members, 32 * warps, static_cast<std::size_t>(a.D) * sizeof(double), s, a, weighted);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (a.loss)
-    c51_xent_reduce_kernel<<<1, kThreads, 0, s>>>(a.loss.as<float>(), weighted, a.B, a.scale, a.accumulate, a.members);
+    launch(c51_xent_reduce_kernel, 1, kThreads, 0, s, a.loss.as<float>(), weighted, a.B, a.scale, a.accumulate, a.members);
   return cudaGetLastError();
 }
 
@@ -1678,28 +1726,28 @@ std::size_t cql_penalty_scratch_bytes(int B, int D) {
 cudaError_t cql_penalty(cudaStream_t s, const CqlPenalty& a, void* scratch) {
   auto* per_row = static_cast<double*>(scratch);
   const int rows = a.B * a.D;
-  cql_penalty_kernel<<<blocks_for(rows), kThreads, 0, s>>>(a, per_row);
+  launch(cql_penalty_kernel, blocks_for(rows), kThreads, 0, s, a, per_row);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  cql_reduce_kernel<<<1, kThreads, 0, s>>>(a.loss.as<float>(), per_row, rows, a.alpha);
+  launch(cql_reduce_kernel, 1, kThreads, 0, s, a.loss.as<float>(), per_row, rows, a.alpha);
   return cudaGetLastError();
 }
 
 cudaError_t expected_q_backward(cudaStream_t s, float* dlogits, const float* dq, const float* logp, int rows, int Z,
                                 float v_min, float v_max) {
-  expected_q_backward_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * 32), kThreads, 0, s>>>(
+  launch(expected_q_backward_kernel, blocks_for(static_cast<std::int64_t>(rows) * 32), kThreads, 0, s,
       dlogits, dq, logp, rows, Z, v_min, support_step(v_min, v_max, Z));
   return cudaGetLastError();
 }
 
 cudaError_t ensemble_disagreement(cudaStream_t s, float* out, const float* q, int K, int B, int n) {
-  ensemble_disagreement_kernel<<<blocks_for(static_cast<std::int64_t>(B) * 32), kThreads, 0, s>>>(out, q, K, B, n);
+  launch(ensemble_disagreement_kernel, blocks_for(static_cast<std::int64_t>(B) * 32), kThreads, 0, s, out, q, K, B, n);
   return cudaGetLastError();
 }
 
 cudaError_t cosine_embedding(cudaStream_t s, float* out, const float* tau, int rows, int E) {
   const std::int64_t n = static_cast<std::int64_t>(rows) * E;
   with_index_type(n, [&](auto i) {
-    cosine_embedding_kernel<decltype(i)><<<blocks_for(n), kThreads, 0, s>>>(out, tau, rows, E);
+    launch(cosine_embedding_kernel<decltype(i)>, blocks_for(n), kThreads, 0, s, out, tau, rows, E);
   });
   return cudaGetLastError();
 }
@@ -1708,19 +1756,19 @@ cudaError_t hadamard(cudaStream_t s, float* x, const float* h2, const float* phi
   const std::int64_t n = static_cast<std::int64_t>(B) * N * H;
   if (H % 4 == 0 && aligned16(x) && aligned16(h2) && aligned16(phi)) {
     with_index_type(n, [&](auto i) {
-      hadamard4_kernel<decltype(i)><<<blocks_for(n / 4), kThreads, 0, s>>>(x, h2, phi, B, N, H);
+      launch(hadamard4_kernel<decltype(i)>, blocks_for(n / 4), kThreads, 0, s, x, h2, phi, B, N, H);
     });
     return cudaGetLastError();
   }
   with_index_type(n, [&](auto i) {
-    hadamard_kernel<decltype(i)><<<blocks_for(n), kThreads, 0, s>>>(x, h2, phi, B, N, H);
+    launch(hadamard_kernel<decltype(i)>, blocks_for(n), kThreads, 0, s, x, h2, phi, B, N, H);
   });
   return cudaGetLastError();
 }
 
 cudaError_t hadamard_backward(cudaStream_t s, float* dphi, float* dh2, const float* dx, const float* h2,
                               const float* phi, int B, int N, int H) {
-  hadamard_backward_kernel<<<blocks_for(static_cast<std::int64_t>(B) * H), kThreads, 0, s>>>(dphi, dh2, dx, h2, phi,
+  launch(hadamard_backward_kernel, blocks_for(static_cast<std::int64_t>(B) * H), kThreads, 0, s, dphi, dh2, dx, h2, phi,
                                                                                              B, N, H);
   return cudaGetLastError();
 }
@@ -1733,9 +1781,9 @@ std::size_t quantile_huber_shared_bytes(int D, int N) {
 
 cudaError_t quantile_huber(cudaStream_t s, const QuantileHuber& a, void* scratch) {
   auto* weighted = static_cast<double*>(scratch);
-  quantile_huber_kernel<<<a.B, 128, quantile_huber_shared_bytes(a.D, a.N), s>>>(a, weighted);
+  launch(quantile_huber_kernel, a.B, 128, quantile_huber_shared_bytes(a.D, a.N), s, a, weighted);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  c51_xent_reduce_kernel<<<1, kThreads, 0, s>>>(a.loss.as<float>(), weighted, a.B, 1.0f, false, 1);
+  launch(c51_xent_reduce_kernel, 1, kThreads, 0, s, a.loss.as<float>(), weighted, a.B, 1.0f, false, 1);
   return cudaGetLastError();
 }
 
@@ -1749,7 +1797,7 @@ cudaError_t budget_partials(cudaStream_t s, const Budget& b, double* partial, in
                             const Adam* adam = nullptr, double* step = nullptr) {
   const BudgetShape bs = budget_shape(b);
   nchunks = bs.nchunks;
-  budget_partial_kernel<<<dim3(nchunks, b.H), kThreads, 0, s>>>(
+  launch(budget_partial_kernel, dim3(nchunks, b.H), kThreads, 0, s,
       b.grads.as<const float>(), b.P, bs.chunk, b.reach, partial, adam ? adam->t : nullptr, adam ? adam->beta1 : 0.0,
       adam ? adam->beta2 : 0.0, step);
   return cudaGetLastError();
@@ -1765,13 +1813,13 @@ cudaError_t budget(cudaStream_t s, const Budget& a, void* scratch, int max_block
   // Rounded up to 4 floats: the unrolled head loop may load clips in groups (shared loads never
   // fault, so the compiler speculates them), which must stay inside the allocation.
   const std::size_t shmem = static_cast<std::size_t>((std::max(a.H, 1) + 3) / 4 * 4) * sizeof(float);
-  budget_combine_kernel<<<grid, kThreads, shmem, s>>>(a, partial, nchunks);
+  launch(budget_combine_kernel, grid, kThreads, shmem, s, a, partial, nchunks);
   return cudaGetLastError();
 }
 
 cudaError_t adam(cudaStream_t s, const Adam& a, int max_blocks) {
   // Launched for P == 0 too: it still advances t.
-  adam_kernel<<<wave_blocks(a.P, max_blocks), kThreads, 0, s>>>(a.params.as<float>(), a.g.as<const float>(),
+  launch(adam_kernel, wave_blocks(a.P, max_blocks), kThreads, 0, s, a.params.as<float>(), a.g.as<const float>(),
                                                                a.m.as<float>(), a.v.as<float>(), a.P, a.t,
                                                                a.lr.as<const float>(), a.beta1, a.beta2, a.eps,
                                                                a.skip);
@@ -1789,7 +1837,7 @@ cudaError_t spectral_norm(cudaStream_t s, const SpectralMatrix* mats, int count,
 }
 
 cudaError_t target_update(cudaStream_t s, const TargetUpdate& a, int max_blocks) {
-  target_update_kernel<<<wave_blocks(a.P, max_blocks), kThreads, 0, s>>>(a.target.as<float>(),
+  launch(target_update_kernel, wave_blocks(a.P, max_blocks), kThreads, 0, s, a.target.as<float>(),
                                                                          a.params.as<const float>(), a.P, a.tau,
                                                                          a.period, a.t, a.skip);
   return cudaGetLastError();
@@ -1839,28 +1887,29 @@ cudaError_t update_split(cudaStream_t s, const Update& u, void* scratch, int max
   if (cudaError_t e = budget_partials(s, b, partial, nchunks); e != cudaSuccess) return e;
   const std::int64_t tiles = (b.P + kSplitTile - 1) / kSplitTile;
   const auto grid = static_cast<unsigned>(std::clamp<std::int64_t>(tiles, 1, std::max(max_blocks, 1)));
-  update_adam_kernel<<<grid, kThreads, 0, s>>>(u, partial, nchunks);
+  launch(update_adam_kernel, grid, kThreads, 0, s, u, partial, nchunks);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (u.sn_count == 0) return cudaSuccess;
   return sn_launch(s, u.sn_mats, u.sn_count, u.sn_max_rows, u.sn_max_cols, u.sigma_max, b.skip,
                    static_cast<char*>(scratch) + budget_scratch_bytes(b.H), u.target);
 }
 
-/// The launch of `blocks` blocks of kThreads in clusters of cs (attr: storage for the cluster
-/// attribute the configuration points to).
+/// The launch of `blocks` blocks of kThreads in clusters of cs (attr: storage for the attributes
+/// the configuration points to; with pdl, also programmatic stream serialization where enabled).
 cudaLaunchConfig_t cluster_config(int cs, unsigned blocks, std::size_t shared, cudaStream_t s,
-                                  cudaLaunchAttribute& attr) {
-  attr = cudaLaunchAttribute{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = static_cast<unsigned>(cs);
-  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+                                  cudaLaunchAttribute (&attr)[2], bool pdl = false) {
+  attr[0] = cudaLaunchAttribute{};
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(cs);
+  attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
+  attr[1] = dev::pdl_attribute();
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(blocks);
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = shared;
   cfg.stream = s;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl && dev::pdl_enabled() ? 2 : 1;
   return cfg;
 }
 
@@ -1876,7 +1925,7 @@ int update_cluster_size(int want) {
   cudaGetLastError();
   for (int cs : {16, 8}) {
     if (want != 0 && cs != want) continue;
-    cudaLaunchAttribute attr{};
+    cudaLaunchAttribute attr[2]{};
     // one cluster, with the shared memory of a typical large case (33 KiB)
     const cudaLaunchConfig_t cfg =
         cluster_config(cs, static_cast<unsigned>(cs), cluster_update_shared(2048, 64), nullptr, attr);
@@ -1931,10 +1980,10 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   pl.step = step;
   int nchunks = 0;
   if (cudaError_t e = budget_partials(s, b, partial, nchunks, &u.adam, step); e != cudaSuccess) return e;
-  cudaLaunchAttribute attr{};
+  cudaLaunchAttribute attr[2]{};
   const auto blocks = static_cast<unsigned>(static_cast<std::int64_t>(pl.nsn) * cs + plain_blocks);
   if (blocks == 0) return cudaSuccess;
-  const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, cluster_update_shared(pl.max_cols, pl.rpc), s, attr);
+  const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, cluster_update_shared(pl.max_cols, pl.rpc), s, attr, true);
   return cs == 16 ? cudaLaunchKernelEx(&cfg, update_cluster_kernel<16>, u, static_cast<const double*>(partial), nchunks, pl)
                   : cudaLaunchKernelEx(&cfg, update_cluster_kernel<8>, u, static_cast<const double*>(partial), nchunks, pl);
 }
@@ -1967,36 +2016,36 @@ bool cooperative_graphs_work(int blocks) {
 cudaError_t sum_slices(cudaStream_t s, float* c, int m, int n, int ldc, const float* part, int slices) {
   const std::int64_t mn = static_cast<std::int64_t>(m) * n;
   with_index_type(mn, [&](auto i) {
-    sum_slices_kernel<decltype(i)><<<blocks_for(mn), kThreads, 0, s>>>(c, m, n, ldc, part, slices);
+    launch(sum_slices_kernel<decltype(i)>, blocks_for(mn), kThreads, 0, s, c, m, n, ldc, part, slices);
   });
   return cudaGetLastError();
 }
 
 cudaError_t fill(cudaStream_t s, float* x, float value, std::int64_t n) {
-  fill_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, value, n);
+  launch(fill_kernel, blocks_for(n), kThreads, 0, s, x, value, n);
   return cudaGetLastError();
 }
 
 cudaError_t axpy(cudaStream_t s, float* y, const float* x, float alpha, std::int64_t n) {
-  axpy_kernel<<<blocks_for(n), kThreads, 0, s>>>(y, x, alpha, n);
+  launch(axpy_kernel, blocks_for(n), kThreads, 0, s, y, x, alpha, n);
   return cudaGetLastError();
 }
 
 cudaError_t uniform(cudaStream_t s, const Uniform& a) {
-  uniform_kernel<<<blocks_for(a.n), kThreads, 0, s>>>(a.out.as<float>(), a.n, a.seed, a.stream, a.step);
+  launch(uniform_kernel, blocks_for(a.n), kThreads, 0, s, a.out.as<float>(), a.n, a.seed, a.stream, a.step);
   return cudaGetLastError();
 }
 
 cudaError_t to_bf16(cudaStream_t s, void* dst, const float* src, int rows, int cols, std::int64_t ld,
                     std::int64_t stride, int batch) {
-  to_bf16_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * cols * batch), kThreads, 0, s>>>(
+  launch(to_bf16_kernel, blocks_for(static_cast<std::int64_t>(rows) * cols * batch), kThreads, 0, s,
       static_cast<__nv_bfloat16*>(dst), src, rows, cols, ld, stride, batch);
   return cudaGetLastError();
 }
 
 cudaError_t scale_matrix(cudaStream_t s, float* c, int rows, int cols, std::int64_t ld, std::int64_t stride,
                          int batch, float beta) {
-  scale_matrix_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * cols * batch), kThreads, 0, s>>>(
+  launch(scale_matrix_kernel, blocks_for(static_cast<std::int64_t>(rows) * cols * batch), kThreads, 0, s,
       c, rows, cols, ld, stride, batch, beta);
   return cudaGetLastError();
 }

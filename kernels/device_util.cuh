@@ -6,9 +6,51 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <utility>
 
 namespace dqn::cuda::dev {
+
+/// Programmatic dependent launch. Every kernel of kernels/ launches through launch() below and
+/// starts with pdl_entry(): it waits until every kernel it depends on has finished and their
+/// writes are visible (griddepcontrol.wait), then lets the next kernel of its stream place its
+/// blocks (griddepcontrol.launch_dependents), which wait in turn. So a kernel's launch and block
+/// placement overlap the kernel before it instead of following its end. Launched without the
+/// attribute (DQN_PDL=0, cooperative launches), both instructions do nothing.
+__device__ __forceinline__ void pdl_entry() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/// Whether launch() sets programmatic stream serialization: on unless DQN_PDL=0 (read once).
+bool pdl_enabled() noexcept;
+
+/// The launch attribute that lets a kernel start while the previous one of its stream runs
+/// (it must begin with pdl_entry()).
+inline cudaLaunchAttribute pdl_attribute() {
+  cudaLaunchAttribute a{};
+  a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  a.val.programmaticStreamSerializationAllowed = 1;
+  return a;
+}
+
+/// kernel<<<grid, block, shmem, s>>>(args...), with programmatic stream serialization where
+/// pdl_enabled(). Returns the launch's error (also left as the last error, as <<<>>> does).
+template <class... P, class... A>
+cudaError_t launch(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t shmem, cudaStream_t s, A&&... args) {
+  cudaLaunchAttribute attr = pdl_attribute();
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = shmem;
+  cfg.stream = s;
+  cfg.attrs = &attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
+}
 
 /// Whether p lies on a 16-byte boundary (float4 loads, 16-byte cp.async).
 __host__ __device__ inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }

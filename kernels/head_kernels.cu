@@ -15,6 +15,7 @@
 namespace dqn::cuda {
 namespace {
 
+using dev::launch;
 using dev::warp_max;
 using dev::warp_sum;
 
@@ -42,6 +43,7 @@ __device__ __forceinline__ double warp_sum_t(double v) { return warp_sum(v); }
 /// the mean advantage of each atom [Z] and the actions' Q [A]. T: see exp_t.
 template <typename T>
 __global__ void dueling_dist_kernel(DuelingDist a, double dz_d) {
+  dev::pdl_entry();
   extern __shared__ double dd_shared[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int D = a.D, A = a.A, Z = a.Z;
@@ -162,6 +164,7 @@ __device__ __forceinline__ void slot_reduce2(R& a, R& b, R* red_a, R* red_b, int
 /// last block reduces the weighted per-sample losses (scratch) in a fixed order. T: see exp_t.
 template <typename T>
 __global__ void c51_loss_kernel(C51Loss a, double dz_d, LossShape shape, double* weighted, unsigned* counter) {
+  dev::pdl_entry();
   extern __shared__ double cl_shared[];
   __shared__ double red[32], red2[32];
   const int tpb = shape.tpb, nslots = shape.slots, W = tpb >> 5;
@@ -297,6 +300,7 @@ constexpr int kColTile = 32, kRowThreads = 32, kRowUnroll = 4;
 __global__ void __launch_bounds__(kColTile * kRowThreads)
     relu_bias_grad_kernel(float* __restrict__ dy, const float* __restrict__ y0, float* __restrict__ db, int rows,
                           int cols, int ld, std::int64_t stride_dy, std::int64_t stride_y, std::int64_t stride_db) {
+  dev::pdl_entry();
   __shared__ double part[kRowThreads][kColTile + 1];
   const int c = blockIdx.x * kColTile + threadIdx.x, h = blockIdx.y;
   float* __restrict__ d = dy + h * stride_dy;
@@ -499,6 +503,7 @@ __host__ __device__ inline HfLayout hf_layout(int H2, int Hh, int A, int Z) {
 /// hidden_v and v; every block writes its branch's hidden, adv, logp, q and a*. The value stream
 /// is computed by every branch's block (cheaper than waiting for one another).
 __global__ void __launch_bounds__(kHfThreads) head_forward_kernel(HeadForward a, float dz) {
+  dev::pdl_entry();
   extern __shared__ float hf_shared[];
   const int H2 = a.H2, Hh = a.Hh, D = a.D, A = a.A, Z = a.Z, az = A * Z, hc = (1 + D) * Hh;
   const int lda = ld_or(a.ldadv, az);  // adv's (row, branch) stride
@@ -626,6 +631,7 @@ __global__ void __launch_bounds__(kHfThreads) head_forward_kernel(HeadForward a,
 /// for its 16 rows, block (r, 1 + d) dhidden_d = (dadv_d · Wb2_d) ⊙ [hidden_d > 0]: the segments of
 /// dhidden are independent of one another.
 __global__ void __launch_bounds__(kHfThreads) head_backward_inputs_kernel(HeadBackward a) {
+  dev::pdl_entry();
   extern __shared__ float hb_shared[];
   const int Hh = a.Hh, D = a.D, az = a.A * a.Z, hc = (1 + D) * Hh, s = blockIdx.y;
   const int K = s == 0 ? a.Z : az;
@@ -660,7 +666,7 @@ std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a;
 cudaError_t relu_bias_grad(cudaStream_t s, float* dy, const float* y, float* db, int rows, int cols, int ld,
                            int heads, std::int64_t stride_dy, std::int64_t stride_y, std::int64_t stride_db) {
   const dim3 grid((cols + kColTile - 1) / kColTile, heads), block(kColTile, kRowThreads);
-  relu_bias_grad_kernel<<<grid, block, 0, s>>>(dy, y, db, rows, cols, ld, stride_dy, stride_y, stride_db);
+  launch(relu_bias_grad_kernel, grid, block, 0, s, dy, y, db, rows, cols, ld, stride_dy, stride_y, stride_db);
   return cudaGetLastError();
 }
 
@@ -674,9 +680,9 @@ cudaError_t dueling_dist(cudaStream_t s, const DuelingDist& a, bool double_math)
   const std::size_t shmem = dueling_dist_shared_bytes(a.Z, a.A);
   const double dz = support_step(a.v_min, a.v_max, a.Z);
   if (double_math)
-    dueling_dist_kernel<double><<<static_cast<unsigned>(blocks), 32 * warps, shmem, s>>>(a, dz);
+    launch(dueling_dist_kernel<double>, static_cast<unsigned>(blocks), 32 * warps, shmem, s, a, dz);
   else
-    dueling_dist_kernel<float><<<static_cast<unsigned>(blocks), 32 * warps, shmem, s>>>(a, dz);
+    launch(dueling_dist_kernel<float>, static_cast<unsigned>(blocks), 32 * warps, shmem, s, a, dz);
   return cudaGetLastError();
 }
 
@@ -695,9 +701,9 @@ cudaError_t c51_loss(cudaStream_t s, const C51Loss& a, void* scratch, unsigned* 
   auto* w = static_cast<double*>(scratch);
   const std::size_t shmem = c51_loss_shared_bytes(a.D, a.Z);
   if (double_math)
-    c51_loss_kernel<double><<<a.B, sh.tpb * sh.slots, shmem, s>>>(a, dz, sh, w, counter);
+    launch(c51_loss_kernel<double>, a.B, sh.tpb * sh.slots, shmem, s, a, dz, sh, w, counter);
   else
-    c51_loss_kernel<float><<<a.B, sh.tpb * sh.slots, shmem, s>>>(a, dz, sh, w, counter);
+    launch(c51_loss_kernel<float>, a.B, sh.tpb * sh.slots, shmem, s, a, dz, sh, w, counter);
   return cudaGetLastError();
 }
 
@@ -707,7 +713,7 @@ std::size_t head_forward_shared_bytes(int H2, int Hh, int A, int Z) {
 
 cudaError_t head_forward(cudaStream_t s, const HeadForward& a) {
   const dim3 grid(static_cast<unsigned>((a.rows + kHfRows - 1) / kHfRows), static_cast<unsigned>(a.D));
-  head_forward_kernel<<<grid, kHfThreads, head_forward_shared_bytes(a.H2, a.Hh, a.A, a.Z), s>>>(
+  launch(head_forward_kernel, grid, kHfThreads, head_forward_shared_bytes(a.H2, a.Hh, a.A, a.Z), s,
       a, static_cast<float>(support_step(a.v_min, a.v_max, a.Z)));
   return cudaGetLastError();
 }
@@ -719,7 +725,7 @@ std::size_t head_backward_inputs_shared_bytes(int Hh, int A, int Z) {
 
 cudaError_t head_backward_inputs(cudaStream_t s, const HeadBackward& a) {
   const dim3 grid(static_cast<unsigned>((a.rows + kHfRows - 1) / kHfRows), static_cast<unsigned>(1 + a.D));
-  head_backward_inputs_kernel<<<grid, kHfThreads, head_backward_inputs_shared_bytes(a.Hh, a.A, a.Z), s>>>(a);
+  launch(head_backward_inputs_kernel, grid, kHfThreads, head_backward_inputs_shared_bytes(a.Hh, a.A, a.Z), s, a);
   return cudaGetLastError();
 }
 

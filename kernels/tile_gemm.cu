@@ -17,6 +17,8 @@
 namespace dqn::cuda {
 namespace {
 
+using dev::launch;
+
 constexpr int kBK = 32;        // k per pipeline stage
 constexpr int kThreads = 128;  // four warps
 
@@ -94,6 +96,7 @@ __device__ __forceinline__ void copy_tile(float* dst, int ld_s, const float* src
 /// stored [k, m] / B is stored [n, k] (the Gemm's ta/tb).
 template <int BM, int BN, int WM, int WN, int S, bool TA, bool TB>
 __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool vec_a, bool vec_b) {
+  dev::pdl_entry();
   static_assert((BM / WM) * (BN / WN) == kThreads / 32, "four warps per block");
   static_assert(WM % 16 == 0 && WN % 8 == 0, "whole mma tiles per warp");
   using Shape = TileShape<BM, BN, TA, TB>;
@@ -229,7 +232,7 @@ cudaError_t launch_one(cudaStream_t s, const TileGemm& g) {
   const auto aligned = [](const float* p, int ld, std::int64_t stride) {
     return dev::aligned16(p) && ld % 4 == 0 && stride % 4 == 0;
   };
-  Kernel<C, TA, TB>::fn<<<grid, kThreads, Kernel<C, TA, TB>::bytes, s>>>(g, aligned(g.a, g.lda, g.stride_a),
+  launch(Kernel<C, TA, TB>::fn, grid, kThreads, Kernel<C, TA, TB>::bytes, s, g, aligned(g.a, g.lda, g.stride_a),
                                                                          aligned(g.b, g.ldb, g.stride_b));
   return cudaGetLastError();
 }

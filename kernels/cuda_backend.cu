@@ -337,7 +337,18 @@ class CudaBackend final : public Backend {
     if (g.k > 0 && (!real_ok(g.a, op, "a") || !real_ok(g.b, op, "b"))) return;
     if (g.bias && !real_ok(g.bias, op, "bias")) return;
     if (g.act != Act::none && g.act != Act::relu) return fail(op, "unknown activation");
+    if (g.mask && (!real_ok(g.mask, op, "mask") || g.ldmask < g.n || g.mask_rows < 0))
+      return fail(op, "mask needs ldmask >= n and mask_rows >= 0");
+    if (g.a_sums && (!g.ta || !real_ok(g.a_sums, op, "a_sums"))) return fail(op, "a_sums needs ta");
     const bool epilogue = g.bias || g.act != Act::none;
+    // The mask and A's sums run inside tile_gemm (tf32, k > 0, not split); elsewhere, after the
+    // plain GEMM as two kernels.
+    const bool post = g.mask || g.a_sums;
+    if (post && !(g.k > 0 && precision_ == Precision::tf32 && tile_.on && split_slices(g) <= 1)) {
+      gemm(plain_gemm(g));
+      if (status_ == 0) separate_post(g);
+      return;
+    }
     if (g.k == 0) {  // C = act(beta C + bias): no library call
       if (planning_) return;
       if (!DQN_CUDA_OK(op, cuda::scale_matrix(stream_, g.c.as<float>(), g.m, g.n, g.ldc, g.stride_c, g.batch, g.beta)))
@@ -387,12 +398,18 @@ class CudaBackend final : public Backend {
     LtKey tkey = key;
     if (precision_ == Precision::tf32 && tile_.on) {
       tg = tile_args(g);
-      tkey.epilogue = (g.bias ? 1 : 0) | (g.act == Act::relu ? 2 : 0);
+      tkey.epilogue = (g.bias ? 1 : 0) | (g.act == Act::relu ? 2 : 0) | (g.mask ? 4 : 0) | (g.a_sums ? 8 : 0);
       tkey.stride_bias = g.bias && batched ? g.stride_bias : 0;
       if (!(tile = tile_slot(tkey))) return;
-      if (*tile == kTileUndecided && tile_.forced) *tile = forced_tile(tkey, tg, g.c.as<const float>());
+      // with the mask or A's sums: tile_gemm, the fastest shape (cuBLASLt would need two more kernels)
+      if (*tile == kTileUndecided && (tile_.forced || post)) *tile = forced_tile(tkey, tg, g.c.as<const float>());
       if (status_ != 0) return;
       if (*tile >= 0) return planning_ ? void() : run_tile(tg, *tile);
+      if (post) {  // no tile shape fits
+        gemm(plain_gemm(g));
+        if (status_ == 0) separate_post(g);
+        return;
+      }
       if (*tile == kTileUndecided && (capturing_ || !autotune_)) *tile = kTileLt;
       if (*tile == kTileLt) tile = nullptr;  // cuBLASLt from here on
     }
@@ -1103,13 +1120,13 @@ class CudaBackend final : public Backend {
     constexpr const char* op = "relu_bias_grad";
     if (!matrix_ok(op, rows, cols, ld) || cols == 0 || heads == 0) return;
     if (heads < 0 || heads > 65535) return fail(op, "heads outside [0, 65535]");
-    if (!real_ok(db, op, "db")) return;
+    if (db && !real_ok(db, op, "db")) return;  // null: the mask only
     if (rows > 0 && !real_ok(dy, op, "dy")) return;
     if (rows > 0 && y && !real_ok(y, op, "y")) return;
     if (planning_) return;
     DQN_CUDA_OK(op, cuda::relu_bias_grad(stream_, rows > 0 ? dy.as<float>() : nullptr,
-                                         rows > 0 && y ? y.as<const float>() : nullptr, db.as<float>(), rows, cols, ld,
-                                         heads, stride_dy, stride_y, stride_db));
+                                         rows > 0 && y ? y.as<const float>() : nullptr, db ? db.as<float>() : nullptr,
+                                         rows, cols, ld, heads, stride_dy, stride_y, stride_db));
   }
 
   void c51_loss(const C51Loss& a) noexcept override {
@@ -1480,7 +1497,38 @@ class CudaBackend final : public Backend {
     t.stride_b = batched ? g.stride_b : 0;
     t.stride_c = batched ? g.stride_c : 0;
     t.stride_bias = batched && g.bias ? g.stride_bias : 0;
+    t.mask = g.mask ? g.mask.as<const float>() : nullptr;
+    t.ldmask = g.ldmask;
+    t.mask_rows = g.mask_rows > 0 ? g.mask_rows : g.m;
+    t.stride_mask = batched && g.mask ? g.stride_mask : 0;
+    t.a_sums = g.a_sums ? g.a_sums.as<float>() : nullptr;
+    t.stride_a_sums = batched && g.a_sums ? g.stride_a_sums : 0;
     return t;
+  }
+
+  /// g without the mask and A's sums.
+  static Gemm plain_gemm(const Gemm& g) noexcept {
+    Gemm p = g;
+    p.mask = Real{};
+    p.a_sums = Real{};
+    return p;
+  }
+
+  /// Gemm::mask and Gemm::a_sums after the plain GEMM: relu_mask, then bias_grad of A (per batch entry).
+  void separate_post(const Gemm& g) noexcept {
+    constexpr const char* op = "gemm";
+    if (planning_) return;
+    for (int i = 0; i < g.batch; ++i) {
+      if (g.mask && !DQN_CUDA_OK(op, cuda::relu_mask(stream_, g.c.as<float>() + i * g.stride_c, g.m, g.n, g.ldc,
+                                                     g.mask.as<const float>() + i * g.stride_mask, g.ldmask,
+                                                     g.mask_rows)))
+        return;
+      if (g.a_sums &&
+          !DQN_CUDA_OK(op, cuda::bias_grad(stream_, g.a_sums.as<float>() + i * g.stride_a_sums,
+                                           g.k > 0 ? g.a.as<const float>() + i * g.stride_a : nullptr, g.k, g.m,
+                                           g.lda, 0.0f)))
+        return;
+    }
   }
 
   /// This problem's tile choice (kTileUndecided until decided), taken from the process's shared
@@ -1579,6 +1627,7 @@ class CudaBackend final : public Backend {
     cuda::TileGemm t = tg;
     t.c_in = c;  // beta·C from the caller's C, D to the private buffer
     t.c = d;
+    t.a_sums = nullptr;  // never the caller's buffer while timing
     const bool works = cuda::tile_gemm(stream_, t, cfg) == cudaSuccess;  // also the warm-up
     if (!works) {
       cudaGetLastError();

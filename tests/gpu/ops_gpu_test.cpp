@@ -376,6 +376,105 @@ TEST_CASE("gpu.ops.gemm_epilogue: fused bias/ReLU (and its fallbacks) against th
   }
 }
 
+TEST_CASE("gpu.ops.gemm_mask_sums: the ReLU-backward mask and A's column sums in the GEMM, against the CPU") {
+  // The trunk backward's two uses: d(input) over H·B rows masked by the B rows of the layer
+  // below (mask_rows), and dW = dzᵀ·x batched over heads with the bias gradient as A's column
+  // sums. On every GEMM path: tile_gemm does both inside the kernel; cuBLASLt (DQN_TILE_GEMM=0),
+  // fp32 and bf16 run them as two kernels after the GEMM. Planning writes nothing; a rerun is
+  // bit-identical.
+  struct Case {
+    const char* why;
+    bool ta;
+    int m, n, k, batch, mask_rows;
+    bool mask, sums;
+  };
+  const Case cases[] = {
+      {"d(input): mask with a period of 19 rows", false, 57, 45, 70, 1, 19, true, false},
+      {"dW + bias gradient, batched over 3 heads, k past the pipeline", true, 37, 23, 300, 3, 0, false, true},
+      {"both, batched, ragged", true, 29, 33, 45, 2, 0, true, true},
+      {"k = 0: zero sums, masked beta·C", true, 21, 13, 0, 2, 0, true, true},
+  };
+  std::uint32_t seed = 7100;
+  for (const GemmPath& prec : kGemmPaths) {
+    const ScopedEnv tile("DQN_TILE_GEMM", prec.tile_env);
+    Gpu gpu(prec.p);
+    Cpu cpu;
+    for (const Case& c : cases) {
+      const std::string what = std::string(prec.name) + " gemm mask/sums, " + c.why;
+      INFO(what);
+      Gemm g;
+      g.ta = c.ta;
+      g.m = c.m;
+      g.n = c.n;
+      g.k = c.k;
+      g.batch = c.batch;
+      g.beta = c.k == 0 ? 0.5f : 0.0f;
+      const int a_rows = c.ta ? c.k : c.m, a_cols = c.ta ? c.m : c.k;
+      g.lda = std::max(1, a_cols + 1);
+      g.ldb = c.n + 3;
+      g.ldc = c.n + 2;
+      g.stride_a = static_cast<std::int64_t>(a_rows) * g.lda + 5;
+      g.stride_b = 0;  // one input for every batch entry, as the trunk's
+      g.stride_c = static_cast<std::int64_t>(c.m) * g.ldc + 7;
+      const int mrows = c.mask_rows > 0 ? c.mask_rows : c.m;
+      g.ldmask = c.n + 1;
+      g.mask_rows = c.mask_rows;
+      g.stride_mask = c.batch > 1 ? static_cast<std::int64_t>(mrows) * g.ldmask : 0;
+      g.stride_a_sums = c.m + 3;
+      const std::size_t na = static_cast<std::size_t>(g.stride_a * c.batch);
+      const std::size_t nb = static_cast<std::size_t>(std::max(c.k, 1)) * static_cast<std::size_t>(g.ldb);
+      const std::int64_t nc = g.stride_c * c.batch, ns = g.stride_a_sums * c.batch;
+      const std::size_t nm = static_cast<std::size_t>(g.stride_mask * (c.batch - 1) + std::int64_t(mrows) * g.ldmask);
+      auto A = random_vec(na, -1, 1, seed++), B = random_vec(nb, -1, 1, seed++);
+      auto M = random_vec(nm, -1, 1, seed++);  // about half the entries masked
+      for (std::size_t i = 0; i < nm; i += 7) M[i] = 0.0f;  // zeros mask too
+      auto C0 = c.k == 0 ? random_vec(static_cast<std::size_t>(nc), -1, 1, seed++)
+                         : std::vector<float>(static_cast<std::size_t>(nc), kNaN);
+      auto S0 = random_vec(static_cast<std::size_t>(ns), 5, 6, seed++);  // overwritten where summed
+      Gemm gd = g;
+      gd.a = gpu.put(A);
+      gd.b = gpu.put(B);
+      gd.c = gpu.put(C0);
+      if (c.mask) gd.mask = gpu.put(M);
+      if (c.sums) gd.a_sums = gpu.put(S0);
+      gpu.rt().plan_begin();
+      gpu.ops.gemm(gd);
+      gpu.rt().plan_end();
+      gpu.ok();
+      expect_same_bits(gpu.get(gd.c, nc), C0, what + " (C after planning)");
+      if (c.sums) expect_same_bits(gpu.get(gd.a_sums, ns), S0, what + " (sums after planning)");
+      gpu.ops.gemm(gd);
+      gpu.ok();
+      const auto first = gpu.get(gd.c, nc);
+      const auto first_sums = c.sums ? gpu.get(gd.a_sums, ns) : std::vector<float>{};
+      auto Cc = C0, Sc = S0;
+      Gemm gc = g;
+      gc.a = host(A);
+      gc.b = host(B);
+      gc.c = host(Cc);
+      if (c.mask) gc.mask = host(M);
+      if (c.sums) gc.a_sums = host(Sc);
+      cpu.ops->gemm(gc);
+      cpu.ok();
+      expect_close(first, Cc, prec.tol, what);
+      if (c.sums) expect_close(first_sums, Sc, kReduction, what + " (sums)");
+      // every masked element is exactly zero
+      if (c.mask)
+        for (int b = 0; b < c.batch; ++b)
+          for (int r = 0; r < c.m; ++r)
+            for (int j = 0; j < c.n; ++j)
+              if (M[static_cast<std::size_t>(b * g.stride_mask + (r % mrows) * g.ldmask + j)] <= 0.0f)
+                REQUIRE(first[static_cast<std::size_t>(b * g.stride_c + std::int64_t(r) * g.ldc + j)] == 0.0f);
+      gpu.set(gd.c, C0);
+      if (c.sums) gpu.set(gd.a_sums, S0);
+      gpu.ops.gemm(gd);
+      gpu.ok();
+      expect_same_bits(gpu.get(gd.c, nc), first, what + " (rerun)");
+      if (c.sums) expect_same_bits(gpu.get(gd.a_sums, ns), first_sums, what + " (sums rerun)");
+    }
+  }
+}
+
 TEST_CASE("gpu.ops.tile_gemm: each tile shape, layout and copy width; ragged edges, a k longer than the pipeline") {
   // Small enough for racecheck and memcheck: every shape of tile_gemm on the four layouts, with
   // operands 16-byte aligned (16-byte copies) and not (4-byte copies), m, n and k off every tile

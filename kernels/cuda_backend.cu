@@ -24,7 +24,6 @@
 #include <vector>
 
 #include "cuda_kernels.cuh"
-#include "device_util.cuh"
 #include "head_kernels.cuh"
 #include "runtime.hpp"
 
@@ -140,11 +139,6 @@ bool env_on(const char* name) noexcept {
     if (std::strcmp(v, off) == 0) return false;
   return true;
 }
-
-/// DQN_PRIORITY=0: every kernel of a captured step at one priority. Otherwise the stages with
-/// slack (the engine's background_stages) launch at the device's least priority and the others
-/// at its greatest, and the graph runs by its nodes' priorities.
-bool priority_from_env() noexcept { return env_on("DQN_PRIORITY"); }
 
 /// DQN_GEMM_AUTOTUNE=0 keeps the heuristic's first algorithm for every GEMM.
 bool autotune_from_env() noexcept { return env_on("DQN_GEMM_AUTOTUNE"); }
@@ -273,10 +267,7 @@ class CudaBackend final : public Backend {
       // One stream per slot (lane 0 is the runtime's stream; the others join a capture forked from
       // it). Each slot has its own slice of the library workspace and of the scratch, so ops on
       // different lanes may run concurrently.
-      if (priority_) DQN_CUDA_THROW(cudaDeviceGetStreamPriorityRange(&least_priority_, &greatest_priority_));
-      // with priorities, the library's kernels run at the greatest (ours choose per stage)
-      for (auto& st : streams_)
-        DQN_CUDA_THROW(cudaStreamCreateWithPriority(&st, cudaStreamNonBlocking, priority_ ? greatest_priority_ : 0));
+      for (auto& st : streams_) DQN_CUDA_THROW(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
       for (auto& e : side_events_) DQN_CUDA_THROW(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
       stream_ = streams_[0];
       DQN_CUBLAS_THROW(cublasCreate(&blas_));
@@ -1219,14 +1210,6 @@ class CudaBackend final : public Backend {
     note_device_bytes(bytes * kSlots);
   }
 
-  /// While capturing: the priority of the kernels of the stage that follows (background: the
-  /// device's least, else its greatest); clear_priority() ends it. Without priorities, nothing.
-  void set_priority(bool background) noexcept {
-    if (priority_) cuda::dev::launch_priority() = background ? least_priority_ : greatest_priority_;
-  }
-  void clear_priority() noexcept { cuda::dev::launch_priority() = cuda::dev::kNoPriority; }
-  bool priorities() const noexcept { return priority_; }
-
   /// Makes the following ops run on lane `lane` (its stream, workspace, scratch and counter).
   /// Host-side only: allowed while capturing. Throws on a bad lane.
   void set_lane(int lane) {
@@ -1877,8 +1860,6 @@ class CudaBackend final : public Backend {
   std::map<LtKey, LtPlan> plans_;
   std::map<LtKey, int> tiles_;  ///< tile_gemm choice per problem (key with the epilogue's bias/relu bits)
   TileMode tile_ = tile_mode_from_env();  ///< DQN_TILE_GEMM, read once per backend
-  bool priority_ = priority_from_env();   ///< DQN_PRIORITY, read once per backend
-  int least_priority_ = 0, greatest_priority_ = 0;
   bool autotune_ = autotune_from_env();  ///< DQN_GEMM_AUTOTUNE, read once per backend
   bool tune_split_k_ = tune_split_k_from_env();  ///< DQN_GEMM_TUNE_SPLIT_K, read once per backend
   int update_blocks_ = 0;                ///< the fused update's grid (0: not fused)
@@ -1989,10 +1970,9 @@ class CudaRuntime final : public Runtime {
 
   int lanes() const noexcept override { return kMaxLanes; }
 
-  void stage_begin(int lane, const std::vector<int>& after, bool background) override {
+  void stage_begin(int lane, const std::vector<int>& after) override {
     if (!capturing_) return;
     backend_.set_lane(lane);
-    backend_.set_priority(background);
     cudaStream_t st = backend_.stream();
     if (!joined_[lane]) {
       DQN_CUDA_THROW(cudaStreamWaitEvent(st, fork_, 0));
@@ -2024,7 +2004,6 @@ class CudaRuntime final : public Runtime {
         DQN_CUDA_THROW(cudaStreamWaitEvent(backend_.stream(), stage_events_[std::size_t(lane_last_[l])], 0));
     capturing_ = false;
     backend_.set_capturing(false);
-    backend_.clear_priority();
     cudaGraph_t graph = nullptr;
     const cudaError_t e = cudaStreamEndCapture(backend_.stream(), &graph);
     if (e != cudaSuccess) {
@@ -2050,12 +2029,11 @@ class CudaRuntime final : public Runtime {
       cudaGraphExecDestroy(exec_);
       exec_ = nullptr;
     }
-    const unsigned long long flags = backend_.priorities() ? cudaGraphInstantiateFlagUseNodePriority : 0;
-    const cudaError_t ie = cudaGraphInstantiate(&exec_, graph, flags);
+    const cudaError_t ie = cudaGraphInstantiate(&exec_, graph, 0);
     if (ie != cudaSuccess) {
       cudaGraphDestroy(graph);
       exec_ = nullptr;
-      throw_cuda(ie, "cudaGraphInstantiate(&exec, graph, flags)", __FILE__, __LINE__, device_);
+      throw_cuda(ie, "cudaGraphInstantiate(&exec, graph, 0)", __FILE__, __LINE__, device_);
     }
     if (graph_) cudaGraphDestroy(graph_);
     graph_ = graph;
@@ -2154,7 +2132,6 @@ class CudaRuntime final : public Runtime {
       if (cudaStreamEndCapture(backend_.stream(), &g) == cudaSuccess && g) cudaGraphDestroy(g);
       cudaGetLastError();
       capturing_ = false;
-      backend_.clear_priority();
     }
     cudaStreamSynchronize(backend_.stream());
     if (exec_) cudaGraphExecDestroy(exec_);

@@ -1664,11 +1664,6 @@ double support_step(float v_min, float v_max, int Z) {
 
 }  // namespace
 
-int& dev::launch_priority() noexcept {
-  thread_local int p = kNoPriority;
-  return p;
-}
-
 bool dev::pdl_enabled() noexcept {
   static const bool on = [] {
     const char* v = std::getenv("DQN_PDL");
@@ -1940,21 +1935,21 @@ cudaError_t update_split(cudaStream_t s, const Update& u, void* scratch, int max
 }
 
 /// The launch of `blocks` blocks of kThreads in clusters of cs (attr: storage for the attributes
-/// the configuration points to; with common, also dev::common_attributes: a real launch, not an
-/// occupancy query).
+/// the configuration points to; with pdl, also programmatic stream serialization where enabled).
 cudaLaunchConfig_t cluster_config(int cs, unsigned blocks, std::size_t shared, cudaStream_t s,
-                                  cudaLaunchAttribute (&attr)[3], bool common = false) {
+                                  cudaLaunchAttribute (&attr)[2], bool pdl = false) {
   attr[0] = cudaLaunchAttribute{};
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = static_cast<unsigned>(cs);
   attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
+  attr[1] = dev::pdl_attribute();
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(blocks);
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = shared;
   cfg.stream = s;
   cfg.attrs = attr;
-  cfg.numAttrs = common ? dev::common_attributes(attr, 1) : 1;
+  cfg.numAttrs = pdl && dev::pdl_enabled() ? 2 : 1;
   return cfg;
 }
 
@@ -1973,7 +1968,7 @@ int update_cluster_size(int want) {
   cudaGetLastError();
   for (int cs : {16, 8}) {
     if (want != 0 && cs != want) continue;
-    cudaLaunchAttribute attr[3]{};
+    cudaLaunchAttribute attr[2]{};
     // one cluster, with the most shared memory it may take
     const cudaLaunchConfig_t cfg = cluster_config(cs, static_cast<unsigned>(cs), kClusterMaxShared, nullptr, attr);
     int clusters = 0;
@@ -2030,7 +2025,7 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   pl.step = step;
   int nchunks = 0;
   if (cudaError_t e = budget_partials(s, b, partial, nchunks, &u.adam, step); e != cudaSuccess) return e;
-  cudaLaunchAttribute attr[3]{};
+  cudaLaunchAttribute attr[2]{};
   const auto blocks = static_cast<unsigned>(static_cast<std::int64_t>(pl.nsn) * cs + plain_blocks);
   if (blocks == 0) return cudaSuccess;
   const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, cluster_update_shared(pl.max_cols, pl.rpc, b.H, polyak), s, attr, true);

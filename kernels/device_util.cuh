@@ -37,38 +37,18 @@ inline cudaLaunchAttribute pdl_attribute() {
   return a;
 }
 
-/// The priority launch() gives the kernels this thread launches (cudaLaunchAttributePriority: a
-/// captured kernel node keeps it), or kNoPriority (the stream's). The CUDA runtime sets it per
-/// stage while it captures a step.
-inline constexpr int kNoPriority = -1000000;
-int& launch_priority() noexcept;
-
-/// Appends the launch attributes every kernel of kernels/ takes (programmatic stream
-/// serialization where pdl_enabled(), the launch_priority() when set) to attr[n..]; returns the
-/// new count. attr holds at least n + 2.
-inline unsigned common_attributes(cudaLaunchAttribute* attr, unsigned n) {
-  if (pdl_enabled()) attr[n++] = pdl_attribute();
-  if (const int p = launch_priority(); p != kNoPriority) {
-    attr[n] = cudaLaunchAttribute{};
-    attr[n].id = cudaLaunchAttributePriority;
-    attr[n].val.priority = p;
-    ++n;
-  }
-  return n;
-}
-
-/// kernel<<<grid, block, shmem, s>>>(args...) with common_attributes(). Returns the launch's
-/// error (also left as the last error, as <<<>>> does).
+/// kernel<<<grid, block, shmem, s>>>(args...), with programmatic stream serialization where
+/// pdl_enabled(). Returns the launch's error (also left as the last error, as <<<>>> does).
 template <class... P, class... A>
 cudaError_t launch(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t shmem, cudaStream_t s, A&&... args) {
-  cudaLaunchAttribute attr[2];
+  cudaLaunchAttribute attr = pdl_attribute();
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = shmem;
   cfg.stream = s;
-  cfg.attrs = attr;
-  cfg.numAttrs = common_attributes(attr, 0);
+  cfg.attrs = &attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
 }
 

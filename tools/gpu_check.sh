@@ -90,7 +90,7 @@ $build/tools/dqn bench pipelines/ref.yaml --batch 256,1024,4096 --precision fp32
 # the update as the four ops (=0), one cooperative kernel (=1) or four kernels (=split) instead of
 # the cluster update;
 # tall-k GEMMs run whole; the fused head backward (=backward) or both fused head kernels (=1); autotuning also over
-# cuBLASLt's split-k variants; cuBLASLt for every GEMM (DQN_TILE_GEMM=0); no programmatic dependent launch (DQN_PDL=0); one priority for every kernel (DQN_PRIORITY=0).
+# cuBLASLt's split-k variants; cuBLASLt for every GEMM (DQN_TILE_GEMM=0); no programmatic dependent launch (DQN_PDL=0).
 : >"$out/bench_switches.txt"
 sw() {  # sw LABEL CONFIG BATCHES ENV...
   local label=$1 cfg=$2 batches=$3; shift 3
@@ -107,7 +107,6 @@ for cfg in c51 all; do
   sw "DQN_GEMM_TUNE_SPLIT_K=1" $cfg 256 DQN_GEMM_TUNE_SPLIT_K=1
   sw "DQN_TILE_GEMM=0" $cfg 256 DQN_TILE_GEMM=0
   sw "DQN_PDL=0" $cfg 256 DQN_PDL=0
-  sw "DQN_PRIORITY=0" $cfg 256 DQN_PRIORITY=0
 done
 sw "DQN_GEMM_SPLIT_K=0" all 256,4096 DQN_GEMM_SPLIT_K=0
 {

@@ -282,15 +282,12 @@ void Engine::build(const PluginLoader& plugins) {
 
 // Captures the stages in order, spread over the runtime's lanes (plan_lanes: each stage waits
 // only for the stages it depends on while lanes last), so stages that share no buffer run
-// concurrently inside the one graph; those with slack (background_stages: the weight gradients,
-// the target network) marked for a lower priority.
+// concurrently inside the one graph.
 void Engine::capture_stages() {
-  const auto deps = dependencies(stages_, order_, reg_);
-  const LanePlan plan = plan_lanes(deps, rt_->lanes());
-  const std::vector<bool> background = background_stages(stages_, order_, deps, "target");
+  const LanePlan plan = plan_lanes(dependencies(stages_, order_, reg_), rt_->lanes());
   for (std::size_t k = 0; k < order_.size(); ++k) {
     std::vector<int> after(plan.after[k].begin(), plan.after[k].end());
-    rt_->stage_begin(plan.lane[k], after, background[k]);
+    rt_->stage_begin(plan.lane[k], after);
     stages_[order_[k]].run(rt_->ops());
     rt_->stage_done(int(k));
   }

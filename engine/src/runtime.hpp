@@ -38,9 +38,8 @@ class Runtime {
   /// stream and joined back into it at end_capture). 1: everything runs in order.
   virtual int lanes() const noexcept { return 1; }
   /// While capturing: the next stage's ops go to `lane`, after the stages listed in `after` (ids
-  /// given to stage_done earlier); `background`: the stage has slack (background_stages), so the
-  /// device may run it at a lower priority. Outside capture (and on the CPU) a no-op.
-  virtual void stage_begin(int /*lane*/, const std::vector<int>& /*after*/, bool /*background*/) {}
+  /// given to stage_done earlier). Outside capture (and on the CPU) a no-op.
+  virtual void stage_begin(int /*lane*/, const std::vector<int>& /*after*/) {}
   /// While capturing: marks the end of stage `id` on its lane (what stage_begin waits for).
   virtual void stage_done(int /*id*/) {}
   /// Host memory the device can copy into asynchronously (pinned for CUDA).

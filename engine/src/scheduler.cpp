@@ -208,26 +208,6 @@ LanePlan plan_lanes(const std::vector<std::vector<std::size_t>>& deps, int lanes
   return p;
 }
 
-std::vector<bool> background_stages(const std::vector<Stage>& stages, const std::vector<std::size_t>& order,
-                                    const std::vector<std::vector<std::size_t>>& deps,
-                                    const std::string& slack_buffer) {
-  const std::size_t n = order.size();
-  std::vector<bool> bg(n, false);
-  if (n < 2) return bg;
-  std::vector<bool> only_last(n, true), any(n, false);  // per position: its dependents
-  for (std::size_t k = 0; k < n && k < deps.size(); ++k)
-    for (auto j : deps[k]) {
-      any[j] = true;
-      if (k != n - 1) only_last[j] = false;
-    }
-  for (std::size_t k = 0; k + 1 < n; ++k) {
-    const auto& reads = stages[order[k]].reads;
-    const bool slack = std::find(reads.begin(), reads.end(), slack_buffer) != reads.end();
-    bg[k] = (any[k] && only_last[k]) || slack;
-  }
-  return bg;
-}
-
 std::string explain(const std::vector<Stage>& stages, const std::vector<std::size_t>& order,
                     const std::vector<std::vector<std::size_t>>* deps) {
   std::ostringstream os;

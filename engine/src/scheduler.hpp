@@ -51,15 +51,6 @@ struct LanePlan {
 /// in false_deps).
 LanePlan plan_lanes(const std::vector<std::vector<std::size_t>>& deps, int lanes);
 
-/// Which positions of the order have slack in a captured step, so that the device may run them at
-/// a lower priority than the chain every step waits on: stages whose every dependent is the last
-/// stage (the weight gradients feed only the update), and stages that read `slack_buffer` (the
-/// target network's parameters: its forward runs beside the longer online one) other than the
-/// last. deps as dependencies() gives them.
-std::vector<bool> background_stages(const std::vector<Stage>& stages, const std::vector<std::size_t>& order,
-                                    const std::vector<std::vector<std::size_t>>& deps,
-                                    const std::string& slack_buffer);
-
 /// One line per stage in order: "  3. c51.loss  <c51>  reads: …  writes: …"; with deps (as
 /// dependencies() gives them), also the stages each one waits for ("waits:  …").
 std::string explain(const std::vector<Stage>& stages, const std::vector<std::size_t>& order,

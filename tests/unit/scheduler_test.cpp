@@ -240,28 +240,6 @@ TEST_CASE("scheduler.plan_lanes") {
   CHECK_THROWS_AS(plan_lanes(Deps{{1}, {}}, 2), std::invalid_argument);
 }
 
-TEST_CASE("scheduler.background_stages") {
-  // Stages with slack in a captured step: those whose only dependent is the last stage (weight
-  // gradients feeding the update) and those reading the slack buffer (the target network), but
-  // never the last stage itself, nor a stage something else waits on.
-  const std::vector<Stage> stages = to_stages({
-      {"fwd", {"in", "params"}, {"a"}},
-      {"target.fwd", {"in", "target"}, {"b"}},
-      {"loss", {"a", "b"}, {"c"}},
-      {"weights", {"c"}, {"g"}},
-      {"backward", {"c"}, {"d"}},
-      {"weights.0", {"d"}, {"g0"}},
-      {"update", {"g", "g0", "target"}, {"params", "target"}},
-  });
-  const std::vector<std::size_t> order = {0, 1, 2, 3, 4, 5, 6};
-  const std::vector<std::vector<std::size_t>> deps{{}, {}, {0, 1}, {2}, {2}, {4}, {0, 1, 3, 5}};
-  const auto bg = background_stages(stages, order, deps, "target");
-  CHECK(bg == std::vector<bool>{false, true, false, true, false, true, false});
-  // a stage nothing waits on is not background by the first rule; one stage alone never is
-  CHECK(background_stages(stages, {0, 6}, {{}, {}}, "none") == std::vector<bool>{false, false});
-  CHECK(background_stages(stages, {0}, {{}}, "in") == std::vector<bool>{false});
-}
-
 TEST_CASE("scheduler.explain") {
   const Registry reg = make_registry();
   const std::vector<Stage> stages = to_stages({

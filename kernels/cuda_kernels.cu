@@ -1385,16 +1385,12 @@ struct ClusterPlan {
   std::int64_t seg_tile0[kClusterMaxSegs + 1] = {};  ///< first tile of each range; [nseg]: all tiles
 };
 
-/// Dynamic shared memory of the cluster update: doubles Σ over the block's rows of W[r, c] u[r]
+/// Dynamic shared memory of the cluster update (doubles): Σ over the block's rows of W[r, c] u[r]
 /// [max_cols] (read by the whole cluster), v [max_cols], x = W v of the block's rows [rpc], Σ x²
-/// of them [2]; then floats: the block's rows of u [rpc] and of m, v, θ (then W after Adam), the
-/// target (Polyak only) and each head's gradient [rpc·max_cols each], staged by cp.async at the
-/// start. At most kClusterMaxShared: two blocks per SM.
-constexpr std::size_t kClusterMaxShared = 110 * 1024;
-std::size_t cluster_update_shared(int max_cols, int rpc, int heads, bool polyak) {
-  const std::size_t el = static_cast<std::size_t>(rpc) * static_cast<std::size_t>(max_cols);
-  return (2 * static_cast<std::size_t>(max_cols) + static_cast<std::size_t>(rpc) + 2) * sizeof(double) +
-         (static_cast<std::size_t>(rpc) + el * static_cast<std::size_t>(3 + heads + (polyak ? 1 : 0))) * sizeof(float);
+/// of them [1].
+constexpr std::size_t kClusterMaxShared = 40 * 1024;  // with the static shared memory, under the default 48 KiB
+std::size_t cluster_update_shared(int max_cols, int rpc) {
+  return (2 * static_cast<std::size_t>(max_cols) + static_cast<std::size_t>(rpc) + 2) * sizeof(double);
 }
 
 /// The update after budget_partial_kernel (with step), in clusters of CS blocks. Every block: the clip
@@ -1457,35 +1453,8 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
     lo = pl.seg_lo[q] + (tile - pl.seg_tile0[q]) * kClusterTile;
     hi = pl.seg_hi[q];
   }
-  // shared memory of a normed block (cluster_update_shared)
-  double* part = cu_shared;          // [max_cols]: Σ over this block's rows of W[r, c] u[r]
-  double* vv = part + pl.max_cols;   // [max_cols]: v
-  double* xr = vv + pl.max_cols;     // [rpc]
-  double* xsq = xr + pl.rpc;         // [1]
-  float* u_s = reinterpret_cast<float*>(xsq + 2);  // [rpc]
-  const int per = pl.rpc * pl.max_cols;
-  float* m_s = u_s + pl.rpc;  // [per] each: m, v, θ (W after Adam), the target, the heads' gradients
-  float* v_s = m_s + per;
-  float* th_s = v_s + per;
-  float* tg_s = th_s + per;
-  float* g_s = tg_s + (every ? per : 0);
-  const int nel = static_cast<int>(hi - lo);
   ClusterTile reg;
-  if (normed) {  // the block's rows of everything it reads, in flight during the clips
-    for (int e = threadIdx.x; e < nel; e += kThreads) {
-      const std::int64_t i = lo + e;
-      dev::cp_async4(m_s + e, x.mom + i, true);
-      dev::cp_async4(v_s + e, x.var + i, true);
-      dev::cp_async4(th_s + e, theta + i, true);
-      if (every) dev::cp_async4(tg_s + e, x.rule.tgt + i, true);
-      for (int h = 0; h < x.H; ++h) dev::cp_async4(g_s + h * per + e, x.grads + h * x.P + i, true);
-    }
-    for (int r = r0 + static_cast<int>(threadIdx.x); r < r1; r += kThreads)
-      dev::cp_async4(u_s + (r - r0), static_cast<const float*>(sm.u.p) + r, true);
-    dev::cp_async_commit();
-  } else {
-    cluster_load(x, lo, min(hi, lo + kClusterTile), every, reg);  // in flight during the clips
-  }
+  cluster_load(x, lo, min(hi, lo + kClusterTile), every && !normed, reg);  // in flight during the clips
   const bool finite = budget_clips(b, partial, nchunks, clip_sh, blockIdx.x == 0);
   if (finite && blockIdx.x == 0 && threadIdx.x == 0) *u.adam.t = t_new;
   x.finite = finite;
@@ -1505,32 +1474,25 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
     return;
   }
   cg::cluster_group cluster = cg::this_cluster();
+  float* W = static_cast<float*>(sm.w.p);
   float* uv = static_cast<float*>(sm.u.p);
-  dev::cp_async_wait<0>();
-  __syncthreads();  // the staged rows are visible to the whole block
-  // the block's rows: g and Adam, W kept in th_s (their target update follows the spectral norm)
-  for (int e = threadIdx.x; e < nel; e += kThreads) {
-    const std::int64_t i = lo + e;
-    double acc = 0.0;
-    if (finite)
-      for (int h = 0; h < x.H; ++h) acc += static_cast<double>(clip_sh[h]) * static_cast<double>(g_s[h * per + e]);
-    const float gf = static_cast<float>(acc);
-    x.g[i] = gf;
-    if (!finite) continue;
-    float mk = m_s[e], vk = v_s[e];
-    const float th = adam_element(gf, mk, vk, th_s[e], x.adam);
-    x.mom[i] = mk;
-    x.var[i] = vk;
-    x.theta[i] = th;
-    th_s[e] = th;
+  // the block's rows: g and Adam (their target update follows the spectral norm)
+  cluster_store(x, lo, min(hi, lo + kClusterTile), false, reg);
+  for (std::int64_t s = lo + kClusterTile; s < hi; s += kClusterTile) {
+    cluster_load(x, s, min(hi, s + kClusterTile), false, reg);
+    cluster_store(x, s, min(hi, s + kClusterTile), false, reg);
   }
   if (!finite || rows == 0 || cols == 0) return;  // the same in every block of the cluster
-  __syncthreads();  // this block's rows of W are in th_s
-  const float* W = th_s;  // the block's rows, [r - r0][c]
+  double* part = cu_shared;          // [max_cols]: Σ over this block's rows of W[r, c] u[r]
+  double* vv = part + pl.max_cols;   // [max_cols]: v
+  double* xr = vv + pl.max_cols;     // [rpc]
+  double* xsq = xr + pl.rpc;         // [1]
+  __syncthreads();                   // this block's rows of W are written
   for (int c = threadIdx.x; c < cols; c += kThreads) {
     double acc = 0.0;
 #pragma unroll 8
-    for (int r = 0; r < r1 - r0; ++r) acc += static_cast<double>(W[r * cols + c]) * static_cast<double>(u_s[r]);
+    for (int r = r0; r < r1; ++r)
+      acc += static_cast<double>(W[static_cast<std::int64_t>(r) * cols + c]) * static_cast<double>(uv[r]);
     part[c] = acc;
   }
   cluster.sync();
@@ -1552,13 +1514,13 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   __syncthreads();
   // x = W v for this block's rows: a warp per row, lanes along the row
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int r = warp; r < r1 - r0; r += kThreads / 32) {
+  for (int r = r0 + warp; r < r1; r += kThreads / 32) {
     double xs = 0.0;
-    const float* wr = W + r * cols;
+    const float* wr = W + static_cast<std::int64_t>(r) * cols;
 #pragma unroll 8
     for (int c = lane; c < cols; c += 32) xs += static_cast<double>(wr[c]) * vv[c];
     xs = warp_sum(xs);
-    if (lane == 0) xr[r] = xs;
+    if (lane == 0) xr[r - r0] = xs;
   }
   __syncthreads();
   if (warp == 0) {
@@ -1577,18 +1539,33 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   const double sigma = sqrt(ssq);
   const double unorm = sigma < 1e-12 ? 1e-12 : sigma;
   for (int r = r0 + threadIdx.x; r < r1; r += kThreads) uv[r] = static_cast<float>(xr[r - r0] / unorm);
-  // the block's rows: scaled when σ > σ_max, then their target update (from the staged rows)
+  // the block's rows: scaled when σ > σ_max, then their target update (loads first, per tile)
   const bool scale = sigma > static_cast<double>(u.sigma_max);
   const double factor = scale ? static_cast<double>(u.sigma_max) / sigma : 1.0;
   if (scale || target_on) {
-    for (int e = threadIdx.x; e < nel; e += kThreads) {
-      const std::int64_t i = lo + e;
-      float w = W[e];
-      if (scale) {
-        w = static_cast<float>(static_cast<double>(w) * factor);
-        theta[i] = w;
+    const bool polyak_on = target_on && !x.rule.copy;
+    for (std::int64_t s = lo; s < hi; s += kClusterTile) {
+      float wr[kClusterPer], tr[kClusterPer];
+#pragma unroll
+      for (int k = 0; k < kClusterPer; ++k) {
+        const std::int64_t i = s + k * kThreads + threadIdx.x;
+        wr[k] = tr[k] = 0.0f;
+        if (i < hi) {
+          wr[k] = theta[i];
+          if (polyak_on) tr[k] = x.rule.tgt[i];
+        }
       }
-      if (target_on) x.rule.tgt[i] = x.rule.copy ? w : polyak(x.rule.tau, tg_s[e], w);
+#pragma unroll
+      for (int k = 0; k < kClusterPer; ++k) {
+        const std::int64_t i = s + k * kThreads + threadIdx.x;
+        if (i >= hi) continue;
+        float w = wr[k];
+        if (scale) {
+          w = static_cast<float>(static_cast<double>(w) * factor);
+          theta[i] = w;
+        }
+        if (target_on) x.rule.tgt[i] = x.rule.copy ? w : polyak(x.rule.tau, tr[k], w);
+      }
     }
   }
   cluster.sync();  // no block leaves while another may still read its shared memory
@@ -1960,17 +1937,15 @@ int update_cluster_size(int want) {
     cudaGetLastError();
     return 0;
   }
-  // 16 blocks per cluster where the device schedules them (a non-portable size), else 8; shared
-  // memory up to kClusterMaxShared (the staged rows).
+  // 16 blocks per cluster where the device schedules them (a non-portable size), else 8.
   cudaFuncSetAttribute(update_cluster_kernel<16>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  for (auto* k : {update_cluster_kernel<16>, update_cluster_kernel<8>})
-    cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kClusterMaxShared));
   cudaGetLastError();
   for (int cs : {16, 8}) {
     if (want != 0 && cs != want) continue;
     cudaLaunchAttribute attr[2]{};
-    // one cluster, with the most shared memory it may take
-    const cudaLaunchConfig_t cfg = cluster_config(cs, static_cast<unsigned>(cs), kClusterMaxShared, nullptr, attr);
+    // one cluster, with the shared memory of a typical large case (33 KiB)
+    const cudaLaunchConfig_t cfg =
+        cluster_config(cs, static_cast<unsigned>(cs), cluster_update_shared(2048, 64), nullptr, attr);
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, cs == 16 ? update_cluster_kernel<16> : update_cluster_kernel<8>,
                                        &cfg) == cudaSuccess &&
@@ -1981,18 +1956,15 @@ int update_cluster_size(int want) {
   return 0;
 }
 
-bool update_cluster_fits(int cs, int max_rows, int max_cols, int heads, bool polyak) {
-  if (cs < 1 || max_rows < 0 || max_cols < 0 || heads < 0) return false;
-  return cluster_update_shared(std::max(max_cols, 1), std::max((max_rows + cs - 1) / cs, 1), heads, polyak) <=
-         kClusterMaxShared;
+bool update_cluster_fits(int cs, int max_rows, int max_cols) {
+  if (cs < 1 || max_rows < 0 || max_cols < 0) return false;
+  return cluster_update_shared(max_cols, (max_rows + cs - 1) / cs) <= kClusterMaxShared;
 }
 
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks) {
   const Budget& b = u.budget;
-  const bool polyak = u.target.period == 0;
-  if ((cs != 8 && cs != 16) || u.sn_count > kUpdateMaxSn ||
-      !update_cluster_fits(cs, u.sn_max_rows, u.sn_max_cols, b.H, polyak) ||
+  if ((cs != 8 && cs != 16) || u.sn_count > kUpdateMaxSn || !update_cluster_fits(cs, u.sn_max_rows, u.sn_max_cols) ||
       static_cast<int>(ranges.size()) != u.sn_count)
     return cudaErrorInvalidValue;
   ClusterPlan pl;
@@ -2028,7 +2000,7 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   cudaLaunchAttribute attr[2]{};
   const auto blocks = static_cast<unsigned>(static_cast<std::int64_t>(pl.nsn) * cs + plain_blocks);
   if (blocks == 0) return cudaSuccess;
-  const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, cluster_update_shared(pl.max_cols, pl.rpc, b.H, polyak), s, attr, true);
+  const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, cluster_update_shared(pl.max_cols, pl.rpc), s, attr, true);
   return cs == 16 ? cudaLaunchKernelEx(&cfg, update_cluster_kernel<16>, u, static_cast<const double*>(partial), nchunks, pl)
                   : cudaLaunchKernelEx(&cfg, update_cluster_kernel<8>, u, static_cast<const double*>(partial), nchunks, pl);
 }

@@ -90,7 +90,7 @@ cudaError_t update_split(cudaStream_t s, const Update& u, void* scratch, int max
 /// `cs` blocks (update_cluster_size), one per normed matrix (its elements' g and Adam, the power
 /// iteration over distributed shared memory, the scaling and the target update of its rows) and
 /// more for the elements outside the normed matrices (g, Adam, target update). Needs what
-/// update_split() needs, update_cluster_fits(cs, sn_max_rows, sn_max_cols, H, period == 0), and `ranges`: each normed
+/// update_split() needs, update_cluster_fits(cs, sn_max_rows, sn_max_cols), and `ranges`: each normed
 /// matrix's element range [lo, hi) in params, in table order ([0, 0) for an empty one). Equal to
 /// the other paths bit for bit except the normed matrices, their u and their target rows, whose
 /// power iteration sums in another order (double sums: the floats may differ in the last bit).
@@ -100,10 +100,9 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
 /// Blocks per cluster of the cluster update on the current device: `want` (16 or 8) or, with 0,
 /// 16 where the device schedules such clusters, else 8; 0 when it cannot run.
 int update_cluster_size(int want = 0);
-/// Whether a block of the cluster update holds its shared memory at cluster size cs (two doubles
-/// per column of the widest normed matrix, and its share of the rows of the largest staged: m, v,
-/// θ, the target for Polyak and each of the `heads` gradients).
-bool update_cluster_fits(int cs, int max_rows, int max_cols, int heads, bool polyak);
+/// Whether a block of the cluster update holds its shared memory (two doubles per column of the
+/// widest normed matrix, one per row of its share of the tallest) at cluster size cs.
+bool update_cluster_fits(int cs, int max_rows, int max_cols);
 /// Whether a cooperative launch of `blocks` blocks captured into a graph runs on the current
 /// device (probed once: capture, instantiate, launch, check). Never leaves an error behind.
 bool cooperative_graphs_work(int blocks);

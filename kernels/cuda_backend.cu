@@ -24,7 +24,6 @@
 #include <vector>
 
 #include "cuda_kernels.cuh"
-#include "device_util.cuh"
 #include "head_kernels.cuh"
 #include "runtime.hpp"
 
@@ -139,19 +138,6 @@ bool env_on(const char* name) noexcept {
   for (const char* off : {"0", "off", "false", "no", "OFF", "FALSE", "NO"})
     if (std::strcmp(v, off) == 0) return false;
   return true;
-}
-
-/// How much slower than cuBLASLt, as a fraction of cuBLASLt's time, tile_gemm may measure alone
-/// and still be chosen: DQN_TILE_BIAS (a number in [0, 4]), else 0.25 with programmatic dependent
-/// launch (tile_gemm then starts while the kernel before it ends, which timing one GEMM over and
-/// over does not show; the library's kernels do not) and 0 without.
-float tile_bias_from_env() noexcept {
-  if (const char* v = std::getenv("DQN_TILE_BIAS")) {
-    char* end = nullptr;
-    const float f = std::strtof(v, &end);
-    if (end != v && *end == '\0' && f >= 0.0f && f <= 4.0f) return f;
-  }
-  return cuda::dev::pdl_enabled() ? 0.25f : 0.0f;
 }
 
 /// DQN_GEMM_AUTOTUNE=0 keeps the heuristic's first algorithm for every GEMM.
@@ -1619,8 +1605,7 @@ class CudaBackend final : public Backend {
         if (status_ != 0) return kTileLt;
         if (!works) best = INFINITY;
         // Unfused, the cuBLASLt path also runs bias_act, which tile_gemm does not need: not
-        // counted, so a tile shape must win on the GEMM alone (within tile_bias_).
-        best *= 1.0f + tile_bias_;
+        // counted, so a tile shape must win on the GEMM alone.
       }
       choice = fastest_tile(tg, c, d, best, choice);
     }
@@ -1875,7 +1860,6 @@ class CudaBackend final : public Backend {
   std::map<LtKey, LtPlan> plans_;
   std::map<LtKey, int> tiles_;  ///< tile_gemm choice per problem (key with the epilogue's bias/relu bits)
   TileMode tile_ = tile_mode_from_env();  ///< DQN_TILE_GEMM, read once per backend
-  float tile_bias_ = tile_bias_from_env();  ///< DQN_TILE_BIAS, read once per backend
   bool autotune_ = autotune_from_env();  ///< DQN_GEMM_AUTOTUNE, read once per backend
   bool tune_split_k_ = tune_split_k_from_env();  ///< DQN_GEMM_TUNE_SPLIT_K, read once per backend
   int update_blocks_ = 0;                ///< the fused update's grid (0: not fused)

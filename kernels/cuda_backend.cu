@@ -328,7 +328,8 @@ class CudaBackend final : public Backend {
     constexpr const char* op = "gemm";
     if (g.m < 0 || g.n < 0 || g.k < 0 || g.batch < 0) return fail(op, "negative size");
     if (g.m == 0 || g.n == 0 || g.batch == 0) return;
-    const int a_cols = g.ta ? g.m : g.k, b_cols = g.tb ? g.k : g.n;
+    const int a_rows = g.ta ? g.k : g.m, a_cols = g.ta ? g.m : g.k;
+    const int b_rows = g.tb ? g.n : g.k, b_cols = g.tb ? g.k : g.n;
     if (g.k > 0 && (g.lda < std::max(1, a_cols) || g.ldb < std::max(1, b_cols)))
       return fail(op, "lda/ldb smaller than the row length of A/B");
     if (g.ldc < g.n) return fail(op, "ldc smaller than n");
@@ -336,38 +337,15 @@ class CudaBackend final : public Backend {
     if (g.k > 0 && (!real_ok(g.a, op, "a") || !real_ok(g.b, op, "b"))) return;
     if (g.bias && !real_ok(g.bias, op, "bias")) return;
     if (g.act != Act::none && g.act != Act::relu) return fail(op, "unknown activation");
-    if (g.mask && (!real_ok(g.mask, op, "mask") || g.ldmask < g.n || g.mask_rows < 0))
-      return fail(op, "mask needs ldmask >= n and mask_rows >= 0");
-    if (g.a_sums && (!g.ta || !real_ok(g.a_sums, op, "a_sums"))) return fail(op, "a_sums needs ta");
-    // The mask and A's sums run inside tile_gemm where the GEMM runs there (tf32, k > 0, not
-    // split, and tile_gemm chosen as for any GEMM); elsewhere after the GEMM, as two kernels.
-    if (!g.mask && !g.a_sums) {
-      gemm_main(g);
-      return;
-    }
-    const bool tile_ok = g.k > 0 && precision_ == Precision::tf32 && tile_.on && split_slices(g) <= 1;
-    const bool inside = gemm_main(tile_ok ? g : plain_gemm(g));
-    if (!inside && status_ == 0) separate_post(g);
-  }
-
-  /// gemm after its checks. True when it ran g's mask and A's sums as well (tile_gemm; also while
-  /// planning, when nothing runs).
-  bool gemm_main(const Gemm& g) noexcept {
-    constexpr const char* op = "gemm";
-    const int a_rows = g.ta ? g.k : g.m, a_cols = g.ta ? g.m : g.k;
-    const int b_rows = g.tb ? g.n : g.k, b_cols = g.tb ? g.k : g.n;
     const bool epilogue = g.bias || g.act != Act::none;
     if (g.k == 0) {  // C = act(beta C + bias): no library call
-      if (planning_) return false;
+      if (planning_) return;
       if (!DQN_CUDA_OK(op, cuda::scale_matrix(stream_, g.c.as<float>(), g.m, g.n, g.ldc, g.stride_c, g.batch, g.beta)))
-        return false;
+        return;
       if (epilogue) separate_epilogue(g);
-      return false;
+      return;
     }
-    if (const int slices = split_slices(g); slices > 1) {
-      split_k(g, slices);
-      return false;
-    }
+    if (const int slices = split_slices(g); slices > 1) return split_k(g, slices);
     const bool batched = g.batch > 1;
     const bool bf16 = precision_ == Precision::bf16;
     // Row-major C = op(A) op(B) is column-major Cᵀ = op(B)ᵀ op(A)ᵀ: B is cuBLAS's first operand.
@@ -409,15 +387,12 @@ class CudaBackend final : public Backend {
     LtKey tkey = key;
     if (precision_ == Precision::tf32 && tile_.on) {
       tg = tile_args(g);
-      tkey.epilogue = (g.bias ? 1 : 0) | (g.act == Act::relu ? 2 : 0) | (g.mask ? 4 : 0) | (g.a_sums ? 8 : 0);
+      tkey.epilogue = (g.bias ? 1 : 0) | (g.act == Act::relu ? 2 : 0);
       tkey.stride_bias = g.bias && batched ? g.stride_bias : 0;
-      if (!(tile = tile_slot(tkey))) return false;
+      if (!(tile = tile_slot(tkey))) return;
       if (*tile == kTileUndecided && tile_.forced) *tile = forced_tile(tkey, tg, g.c.as<const float>());
-      if (status_ != 0) return false;
-      if (*tile >= 0) {
-        if (!planning_) run_tile(tg, *tile);
-        return true;
-      }
+      if (status_ != 0) return;
+      if (*tile >= 0) return planning_ ? void() : run_tile(tg, *tile);
       if (*tile == kTileUndecided && (capturing_ || !autotune_)) *tile = kTileLt;
       if (*tile == kTileLt) tile = nullptr;  // cuBLASLt from here on
     }
@@ -435,10 +410,10 @@ class CudaBackend final : public Backend {
         fkey.align_bias = alignment_of(g.bias.p, fkey.stride_bias * 4);
       }
       plan = plan_for(fkey, g.bias.p);
-      if (!plan) return false;
+      if (!plan) return;
       fused = plan->use_lt;
     }
-    if (!fused && !(plan = plan_for(key, nullptr))) return false;
+    if (!fused && !(plan = plan_for(key, nullptr))) return;
     const void* pa = g.b.p;  // cuBLAS's A (our B)
     const void* pb = g.a.p;  // cuBLAS's B (our A)
     // Autotune on the first run of a key outside capture (in the engine: while planning), with
@@ -451,21 +426,21 @@ class CudaBackend final : public Backend {
         plan_need_ = std::max(plan_need_, need);
         // Tuning needs the operand copies now; scratch grows only at plan_end: too small, and the
         // key keeps the heuristic's first algorithm (fixed at the capture or first real run).
-        if (!tune || need > scratch_bytes_) return false;
+        if (!tune || need > scratch_bytes_) return;
         s = scratch_;
       } else if (!(s = scratch(op, need))) {
-        return false;
+        return;
       }
       void* a16 = s;                                  // our A in bf16
       void* b16 = static_cast<char*>(s) + bytes_a;    // our B in bf16
       if (!DQN_CUDA_OK(op, cuda::to_bf16(stream_, a16, g.a.as<const float>(), a_rows, a_cols, g.lda, g.stride_a, copies_a)))
-        return false;
+        return;
       if (!DQN_CUDA_OK(op, cuda::to_bf16(stream_, b16, g.b.as<const float>(), b_rows, b_cols, g.ldb, g.stride_b, copies_b)))
-        return false;
+        return;
       pa = b16;
       pb = a16;
     } else if (planning_ && !tune && !tile) {
-      return false;
+      return;
     }
     const float alpha = g.alpha, beta = g.beta;
     float* c = g.c.as<float>();
@@ -473,38 +448,35 @@ class CudaBackend final : public Backend {
       autotune(*plan, fused ? fkey : key, pa, pb, c, g.bias.p, alpha, beta);
       if (fused && !plan->use_lt) {  // no algorithm ran the fused epilogue after all: plain GEMM + bias_act
         fused = false;
-        if (!(plan = plan_for(key, nullptr))) return false;
+        if (!(plan = plan_for(key, nullptr))) return;
         if (wants_tuning(plan)) autotune(*plan, key, pa, pb, c, nullptr, alpha, beta);
       }
     }
     if (tile) {  // undecided: the tile shapes against the cuBLASLt algorithm just chosen
       *tile = timed_tile(tkey, tg, *plan, fused, pa, pb, c, g.bias.p, alpha, beta);
-      if (status_ != 0) return false;
-      if (*tile >= 0) {
-        if (!planning_) run_tile(tg, *tile);
-        return true;
-      }
+      if (status_ != 0) return;
+      if (*tile >= 0) return planning_ ? void() : run_tile(tg, *tile);
     }
-    if (planning_) return false;
+    if (planning_) return;
     plan->decided = true;  // from this run (or capture) on, the algorithm never changes
     plan->candidates.clear();
     if (fused) {
       const cublasStatus_t s = lt_matmul(*plan, plan->algo, pa, pb, c, c, g.bias.p, alpha, beta);
-      if (s == CUBLAS_STATUS_SUCCESS) return false;
+      if (s == CUBLAS_STATUS_SUCCESS) return;
       if (s != CUBLAS_STATUS_NOT_SUPPORTED) {
         cublas_ok(op, s, "cublasLtMatmul(lt, desc (fused bias/activation epilogue), ...)", __FILE__, __LINE__);
-        return false;
+        return;
       }
       // Refused at launch, before anything was enqueued (also under capture): this key runs
       // unfused from now on.
       plan->use_lt = false;
-      if (!(plan = plan_for(key, nullptr))) return false;
+      if (!(plan = plan_for(key, nullptr))) return;
       if (wants_tuning(plan)) autotune(*plan, key, pa, pb, c, nullptr, alpha, beta);
       plan->decided = true;
       plan->candidates.clear();
     }
     if (plan->use_lt) {
-      if (!DQN_CUBLAS_OK(op, lt_matmul(*plan, plan->algo, pa, pb, c, c, nullptr, alpha, beta))) return false;
+      if (!DQN_CUBLAS_OK(op, lt_matmul(*plan, plan->algo, pa, pb, c, c, nullptr, alpha, beta))) return;
     } else {
       const auto t = static_cast<cudaDataType_t>(key.ab_type);
       if (!DQN_CUBLAS_OK(op, cublasGemmStridedBatchedEx(
@@ -512,10 +484,9 @@ class CudaBackend final : public Backend {
                             key.m, key.n, key.k, &alpha, pa, t, static_cast<int>(key.lda), key.stride_a, pb, t,
                             static_cast<int>(key.ldb), key.stride_b, &beta, c, CUDA_R_32F, static_cast<int>(key.ldc),
                             key.stride_c, key.batch, plan->compute, CUBLAS_GEMM_DEFAULT)))
-        return false;
+        return;
     }
     if (epilogue) separate_epilogue(g);
-    return false;
   }
 
   /// Tall reductions (k large, few output tiles: the weight gradients over B·N rows) leave most of
@@ -1132,13 +1103,13 @@ class CudaBackend final : public Backend {
     constexpr const char* op = "relu_bias_grad";
     if (!matrix_ok(op, rows, cols, ld) || cols == 0 || heads == 0) return;
     if (heads < 0 || heads > 65535) return fail(op, "heads outside [0, 65535]");
-    if (db && !real_ok(db, op, "db")) return;  // null: the mask only
+    if (!real_ok(db, op, "db")) return;
     if (rows > 0 && !real_ok(dy, op, "dy")) return;
     if (rows > 0 && y && !real_ok(y, op, "y")) return;
     if (planning_) return;
     DQN_CUDA_OK(op, cuda::relu_bias_grad(stream_, rows > 0 ? dy.as<float>() : nullptr,
-                                         rows > 0 && y ? y.as<const float>() : nullptr, db ? db.as<float>() : nullptr,
-                                         rows, cols, ld, heads, stride_dy, stride_y, stride_db));
+                                         rows > 0 && y ? y.as<const float>() : nullptr, db.as<float>(), rows, cols, ld,
+                                         heads, stride_dy, stride_y, stride_db));
   }
 
   void c51_loss(const C51Loss& a) noexcept override {
@@ -1509,38 +1480,7 @@ class CudaBackend final : public Backend {
     t.stride_b = batched ? g.stride_b : 0;
     t.stride_c = batched ? g.stride_c : 0;
     t.stride_bias = batched && g.bias ? g.stride_bias : 0;
-    t.mask = g.mask ? g.mask.as<const float>() : nullptr;
-    t.ldmask = g.ldmask;
-    t.mask_rows = g.mask_rows > 0 ? g.mask_rows : g.m;
-    t.stride_mask = batched && g.mask ? g.stride_mask : 0;
-    t.a_sums = g.a_sums ? g.a_sums.as<float>() : nullptr;
-    t.stride_a_sums = batched && g.a_sums ? g.stride_a_sums : 0;
     return t;
-  }
-
-  /// g without the mask and A's sums.
-  static Gemm plain_gemm(const Gemm& g) noexcept {
-    Gemm p = g;
-    p.mask = Real{};
-    p.a_sums = Real{};
-    return p;
-  }
-
-  /// Gemm::mask and Gemm::a_sums after the plain GEMM: relu_mask, then bias_grad of A (per batch entry).
-  void separate_post(const Gemm& g) noexcept {
-    constexpr const char* op = "gemm";
-    if (planning_) return;
-    for (int i = 0; i < g.batch; ++i) {
-      if (g.mask && !DQN_CUDA_OK(op, cuda::relu_mask(stream_, g.c.as<float>() + i * g.stride_c, g.m, g.n, g.ldc,
-                                                     g.mask.as<const float>() + i * g.stride_mask, g.ldmask,
-                                                     g.mask_rows)))
-        return;
-      if (g.a_sums &&
-          !DQN_CUDA_OK(op, cuda::bias_grad(stream_, g.a_sums.as<float>() + i * g.stride_a_sums,
-                                           g.k > 0 ? g.a.as<const float>() + i * g.stride_a : nullptr, g.k, g.m,
-                                           g.lda, 0.0f)))
-        return;
-    }
   }
 
   /// This problem's tile choice (kTileUndecided until decided), taken from the process's shared
@@ -1639,7 +1579,6 @@ class CudaBackend final : public Backend {
     cuda::TileGemm t = tg;
     t.c_in = c;  // beta·C from the caller's C, D to the private buffer
     t.c = d;
-    t.a_sums = nullptr;  // never the caller's buffer while timing
     const bool works = cuda::tile_gemm(stream_, t, cfg) == cudaSuccess;  // also the warm-up
     if (!works) {
       cudaGetLastError();

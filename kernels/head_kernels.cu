@@ -336,19 +336,6 @@ __global__ void __launch_bounds__(kColTile * kRowThreads)
   }
 }
 
-/// relu_bias_grad without db: the mask only, dy_h[r, c] = 0 where y_h[r, c] <= 0, an element per
-/// thread over heads × rows × cols.
-__global__ void relu_mask_heads_kernel(float* __restrict__ dy, const float* __restrict__ y, int rows, int cols, int ld,
-                                       int heads, std::int64_t stride_dy, std::int64_t stride_y) {
-  dev::pdl_entry();
-  const std::int64_t per = static_cast<std::int64_t>(rows) * cols, n = per * heads;
-  for (std::int64_t i = dev::grid_start(); i < n; i += dev::grid_step()) {
-    const std::int64_t h = i / per, e = i - h * per, r = e / cols, c = e - r * cols;
-    const std::int64_t k = r * ld + c;
-    if (y[h * stride_y + k] <= 0.0f) dy[h * stride_dy + k] = 0.0f;
-  }
-}
-
 // --- the fused head forward (tf32 tensor cores) ----------------------------------------------
 
 constexpr int kHfRows = kHeadBlockRows;
@@ -678,13 +665,6 @@ std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a;
 
 cudaError_t relu_bias_grad(cudaStream_t s, float* dy, const float* y, float* db, int rows, int cols, int ld,
                            int heads, std::int64_t stride_dy, std::int64_t stride_y, std::int64_t stride_db) {
-  if (!db) {  // the mask only
-    if (!y || rows == 0) return cudaSuccess;
-    const std::int64_t n = static_cast<std::int64_t>(rows) * cols * heads;
-    const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((n + 255) / 256, std::int64_t{1} << 20));
-    launch(relu_mask_heads_kernel, blocks, 256, 0, s, dy, y, rows, cols, ld, heads, stride_dy, stride_y);
-    return cudaGetLastError();
-  }
   const dim3 grid((cols + kColTile - 1) / kColTile, heads), block(kColTile, kRowThreads);
   launch(relu_bias_grad_kernel, grid, block, 0, s, dy, y, db, rows, cols, ld, stride_dy, stride_y, stride_db);
   return cudaGetLastError();

@@ -24,8 +24,7 @@ std::size_t c51_loss_shared_bytes(int D, int Z);
 /// double_math: as dueling_dist's.
 cudaError_t c51_loss(cudaStream_t s, const C51Loss& a, void* scratch, unsigned* counter, bool double_math);
 
-/// relu_backward + bias_grad for `heads` gradients sharing the activation y (grid: tiles × heads);
-/// db null: the mask only.
+/// relu_backward + bias_grad for `heads` gradients sharing the activation y (grid: tiles × heads).
 cudaError_t relu_bias_grad(cudaStream_t s, float* dy, const float* y, float* db, int rows, int cols, int ld,
                            int heads, std::int64_t stride_dy, std::int64_t stride_y, std::int64_t stride_db);
 

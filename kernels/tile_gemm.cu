@@ -5,9 +5,7 @@
  *  flight at once (cp.async into shared memory: for k ≤ S·32 the whole panels are requested
  *  before the first multiply), then runs mma.sync m16n8k8 with operands rounded to tf32 (round
  *  to nearest, as cuBLAS's TF32 mode) and f32 accumulation, and applies the Gemm's epilogue
- *  (alpha, beta·C, bias, ReLU, the ReLU-backward mask) in registers; with a_sums, the blocks of the
- *  first column tile also sum A's stored rows (the bias gradient of a weight gradient).
- *  Deterministic: a fixed summation order per element.
+ *  (alpha, beta·C, bias, ReLU) in registers. Deterministic: a fixed summation order per element.
  */
 #include <cuda_runtime.h>
 
@@ -19,10 +17,6 @@
 namespace dqn::cuda {
 namespace {
 
-using dev::cp_async16;
-using dev::cp_async4;
-using dev::cp_async_commit;
-using dev::cp_async_wait;
 using dev::launch;
 
 constexpr int kBK = 32;        // k per pipeline stage
@@ -40,6 +34,21 @@ struct TileShape {
   static constexpr int stage_floats = a_floats + (TB ? BN * ldb_s : kBK * ldb_s);
 };
 
+__device__ __forceinline__ void cp_async4(float* dst, const float* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  const int n = valid ? 4 : 0;  // 0: nothing is read, the destination is zero-filled
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(n));
+}
+/// 16 bytes, of which the first `bytes` (0, 4, 8, 12 or 16) are read and the rest zero-filled.
+__device__ __forceinline__ void cp_async16(float* dst, const float* src, int bytes) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 __device__ __forceinline__ std::uint32_t to_tf32(float x) {
   std::uint32_t r;
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
@@ -111,12 +120,6 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool ve
   };
 
   float acc[MT][NT][4] = {};
-  // a_sums: the first column tile's blocks also add up A's stored rows over k, thread t the
-  // column m0 + t % BM over its share of each stage's kBK rows (the parts added in order at the end)
-  constexpr int kParts = kThreads / BM, kPartRows = kBK / kParts;
-  static_assert(kThreads % BM == 0 && kBK % kParts == 0, "whole parts");
-  const bool sums = TA && g.a_sums && blockIdx.y == 0;
-  double asum = 0.0;
   const int wm = warp / (BN / WN), wn = warp % (BN / WN);
   const int gq = lane >> 2, tq = lane & 3;  // the mma fragment's group and thread-in-group
 
@@ -131,13 +134,6 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool ve
     cp_async_commit();
     const float* As = tg_shared + (kt % S) * Shape::stage_floats;
     const float* Bs = As + Shape::a_floats;
-    if constexpr (TA) {
-      if (sums) {  // rows past k and columns past m were zero-filled
-        const float* p = As + (threadIdx.x / BM) * kPartRows * LA + threadIdx.x % BM;
-#pragma unroll
-        for (int q = 0; q < kPartRows; ++q) asum += static_cast<double>(p[q * LA]);
-      }
-    }
 #pragma unroll
     for (int k8 = 0; k8 < kBK; k8 += 8) {
       std::uint32_t af[MT][4], bf[NT][2];
@@ -178,27 +174,12 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool ve
     }
   }
   cp_async_wait<0>();  // no copy may still target shared memory when the block exits
-  if constexpr (TA) {
-    if (sums) {
-      __syncthreads();  // every warp is done with the stages: their memory holds the parts now
-      double* part = reinterpret_cast<double*>(tg_shared);
-      part[threadIdx.x] = asum;
-      __syncthreads();
-      if (threadIdx.x < BM && m0 + static_cast<int>(threadIdx.x) < m) {
-        double total = 0.0;
-#pragma unroll
-        for (int q = 0; q < kParts; ++q) total += part[q * BM + threadIdx.x];
-        g.a_sums[z * g.stride_a_sums + m0 + threadIdx.x] = static_cast<float>(total);
-      }
-    }
-  }
 
   // Epilogue: C = act(alpha·AB + beta·C + bias), C read only when beta != 0 (as bias_act after
   // the GEMM: the bias is added to the rounded alpha·AB + beta·C).
   float* C = g.c + z * g.stride_c;
   const float* Cin = g.c_in + z * g.stride_c;
   const float* bias = g.bias ? g.bias + z * g.stride_bias : nullptr;
-  const float* mask = g.mask ? g.mask + z * g.stride_mask : nullptr;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -213,7 +194,6 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool ve
         if (g.beta != 0.0f) v += g.beta * Cin[at];
         if (bias) v += bias[c];
         if (g.relu) v = v > 0.0f ? v : 0.0f;
-        if (mask && mask[static_cast<std::int64_t>(r % g.mask_rows) * g.ldmask + c] <= 0.0f) v = 0.0f;
         C[at] = v;
       }
 }
@@ -253,7 +233,7 @@ cudaError_t launch_one(cudaStream_t s, const TileGemm& g) {
     return dev::aligned16(p) && ld % 4 == 0 && stride % 4 == 0;
   };
   launch(Kernel<C, TA, TB>::fn, grid, kThreads, Kernel<C, TA, TB>::bytes, s, g, aligned(g.a, g.lda, g.stride_a),
-         aligned(g.b, g.ldb, g.stride_b));
+                                                                         aligned(g.b, g.ldb, g.stride_b));
   return cudaGetLastError();
 }
 template <int C>

@@ -356,35 +356,24 @@ void Engine::add_engine_stages_back() {
     acts.push_back(i == L - 1 ? std::string(buf::h2) : "trunk/a" + std::to_string(i));
     dz.push_back(i == L - 1 ? std::string("dtrunk/all") : "trunk/dz" + std::to_string(i));
   }
-  // One trunk backward for every head: the heads' ∂L/∂h2 stacked [H·B, H2], the top layer's ReLU
-  // mask in one pass, d(input) as one GEMM over H·B rows that also applies the mask of the layer
-  // below, dW as one GEMM batched over heads that also sums the bias gradients. A stage per layer
-  // for the input side (trunk.backward.<i>: the top layer's mask, d(input); none for the first
-  // layer below the top) and one for its weight and bias gradients (trunk.weights.<i>), which need
-  // only the masked gradient and so run beside the layers below.
+  // One trunk backward for every head: the heads' ∂L/∂h2 stacked [H·B, H2], ReLU masks and bias
+  // gradients in one pass per layer, dW as one GEMM batched over heads, d(input) as one GEMM over
+  // H·B rows. A stage per layer for the input side (trunk.backward.<i>: mask, bias gradient,
+  // d(input)) and one for its weight gradient (trunk.weights.<i>), which needs only the masked
+  // gradient and so runs beside the layers below.
   for (int i = L - 1; i >= 0; --i) {
     const std::string li = std::to_string(i);
     const std::string& dz_i = dz[std::size_t(i)];
-    const bool top = i == L - 1;
-    if (top || i > 0) {
-      std::vector<std::string> reads{dz_i}, writes;
-      if (top) {
-        reads.push_back(acts[std::size_t(i)]);
-        writes.push_back(dz_i);
-      }
-      if (i > 0) {
-        reads.push_back("params");
-        reads.push_back(acts[std::size_t(i - 1)]);
-        writes.push_back(dz[std::size_t(i - 1)]);
-      }
-      stages_.push_back(Stage{"trunk.backward." + li, "engine", reads, writes,
-                              [this, i](Backend& be) { trunk_backward_layer(be, i); }});
+    std::vector<std::string> reads{acts[std::size_t(i)], dz_i}, writes{dz_i};
+    if (i > 0) {
+      reads.push_back("params");
+      writes.push_back(dz[std::size_t(i - 1)]);
     }
+    for (const auto& h : head_names_) writes.push_back("grad/" + h + "/trunk." + li + ".bias");
+    stages_.push_back(Stage{"trunk.backward." + li, "engine", reads, writes,
+                            [this, i](Backend& be) { trunk_backward_layer(be, i); }});
     std::vector<std::string> wreads{dz_i, i == 0 ? std::string(buf::states2) : acts[std::size_t(i - 1)]}, wwrites;
-    for (const auto& h : head_names_) {
-      wwrites.push_back("grad/" + h + "/trunk." + li + ".weight");
-      wwrites.push_back("grad/" + h + "/trunk." + li + ".bias");
-    }
+    for (const auto& h : head_names_) wwrites.push_back("grad/" + h + "/trunk." + li + ".weight");
     stages_.push_back(Stage{"trunk.weights." + li, "engine", wreads, wwrites,
                             [this, i](Backend& be) { trunk_weights_layer(be, i); }});
   }
@@ -529,28 +518,26 @@ void Engine::upload_budget_reach() {
   rt_->ops().upload(budget_reach_, reach.data(), reach.size() * sizeof(std::int64_t));
 }
 
-// Backprop every head's ∂L_h/∂h_L (dtrunk/all, rows of `states`) through trunk layer i: the top
-// layer masks its gradient (ReLU backward); every layer above the first computes d(input), masked
-// by the layer below's activation in the GEMM (the next layer's ReLU backward). The bias gradients
-// come with the weight gradients (trunk_weights_layer).
+// Backprop every head's ∂L_h/∂h_L (dtrunk/all, rows of `states`) through trunk layer i: the ReLU
+// mask and the bias gradients into grad/<h>, then (below the first layer) d(input).
 void Engine::trunk_backward_layer(Backend& be, int i) {
   const int B = spec_.batch, H = int(heads_.size());
+  const std::int64_t P = reg_.param_count();
   const int w = net_.trunk[i];
   const int in_w = i == 0 ? net_.state : net_.trunk[i - 1];
   const Real dz = trunk_dz_[i];  // [H·B, w]
   // rows 0..B of the 2B activation block are `states`: the same mask for every head
-  if (i == net_.trunk_layers - 1) be.relu_bias_grad(dz, trunk_a_[i], Real{}, B, w, w, H, std::int64_t(B) * w, 0, 0);
+  be.relu_bias_grad(dz, trunk_a_[i], trunk_gb_[0][i], B, w, w, H, std::int64_t(B) * w, 0, P);
   if (i == 0) return;
-  Gemm gx;  // d(in) = dz · W over all H·B rows, masked by the input's activation (period B rows)
+  Gemm gx;  // d(in) = dz · W over all H·B rows
   gx.m = H * B; gx.n = in_w; gx.k = w;
   gx.a = dz; gx.lda = w; gx.b = trunk_w_[i]; gx.ldb = in_w; gx.c = trunk_dz_[i - 1]; gx.ldc = in_w;
   gx.weight_operand = 2;
-  gx.mask = trunk_a_[i - 1]; gx.ldmask = in_w; gx.mask_rows = B;
   be.gemm(gx);
 }
 
 // dW_h = dz_hᵀ · in of trunk layer i from its masked gradient, batched over heads (grad/all rows
-// are P apart), and the bias gradient db_h = Σ_rows dz_h with it (the column sums of dz_h).
+// are P apart).
 void Engine::trunk_weights_layer(Backend& be, int i) {
   const int B = spec_.batch, H = int(heads_.size());
   const std::int64_t P = reg_.param_count();
@@ -561,7 +548,6 @@ void Engine::trunk_weights_layer(Backend& be, int i) {
   gw.a = trunk_dz_[i]; gw.lda = w; gw.stride_a = std::int64_t(B) * w;
   gw.b = i == 0 ? states2_ : trunk_a_[i - 1]; gw.ldb = in_w; gw.stride_b = 0;
   gw.c = trunk_gw_[0][i]; gw.ldc = in_w; gw.stride_c = P;
-  gw.a_sums = trunk_gb_[0][i]; gw.stride_a_sums = P;
   gw.batch = H;
   be.gemm(gw);
 }

@@ -59,18 +59,6 @@ struct Gemm {
   Real bias;                      ///< [n] per batch entry, or null: no bias
   std::int64_t stride_bias = 0;   ///< elements from one batch entry's bias to the next
   Act act = Act::none;            ///< applied after the bias
-  // --- appended in ABI 8 (ReLU backward and bias gradient in the GEMM); never reorder what is above ---
-  /// ReLU backward of the result, last: C[r, c] = 0 where mask[(r mod mask_rows)·ldmask + c] <= 0
-  /// (mask_rows 0: m); batch entry i reads mask + i·stride_mask. Null: no mask.
-  Real mask;
-  int ldmask = 0;
-  int mask_rows = 0;
-  std::int64_t stride_mask = 0;
-  /// With ta only: a_sums[i] = Σ_p A[p, i] over the k stored rows of A (in double, p ascending:
-  /// bias_grad of A), overwritten; batch entry j writes a_sums + j·stride_a_sums. The bias
-  /// gradient of a weight gradient dW = dzᵀ·x. Null: none.
-  Real a_sums;
-  std::int64_t stride_a_sums = 0;
 };
 
 /// One matrix for the batched spectral norm: W [rows, cols] and its power-iteration vector u [rows].
@@ -399,7 +387,7 @@ class Backend {
   /// for h < heads, dy_h = dy + h·stride_dy, y_h = y + h·stride_y (stride_y 0: one activation for
   /// all): dy_h[r,c] = 0 where y_h[r,c] <= 0 (no masking when y is null), then
   /// db[h·stride_db + c] = Σ_r dy_h[r,c] (overwritten). The same numbers as relu_backward
-  /// followed by bias_grad (beta 0) per h. With db null (ABI 8), the mask only.
+  /// followed by bias_grad (beta 0) per h.
   virtual void relu_bias_grad(Real dy, Real y, Real db, int rows, int cols, int ld, int heads,
                               std::int64_t stride_dy, std::int64_t stride_y, std::int64_t stride_db) noexcept = 0;
 

@@ -157,17 +157,17 @@ inline void backward_inputs(Backend& be, const Dims& d, const Params& p, int B, 
 inline void backward_weights_out(Backend& be, const Dims& d, const Params& grad, int B, const Acts& a,
                                  const BackScratch& s) {
   const int hc = d.hidden_cols(), az = d.az(), laz = d.ldaz(), azr = d.wb2_rows();
-  Gemm gw;  // dWv2 = dvᵀ · hv, and dbv2 = Σ_rows dv
+  be.relu_bias_grad(s.dv, Real{}, grad.bv2, B, d.Z, d.ldz(), 1, 0, 0, 0);
+  be.relu_bias_grad(s.dadv, Real{}, grad.bb2, B, az, d.D * laz, d.D, laz, 0, azr);  // a "head" per branch
+  Gemm gw;  // dWv2 = dvᵀ · hv
   gw.ta = true; gw.m = d.Z; gw.n = d.Hh; gw.k = B;
   gw.a = s.dv; gw.lda = d.ldz(); gw.b = a.hidden; gw.ldb = hc; gw.c = grad.wv2; gw.ldc = d.Hh;
-  gw.a_sums = grad.bv2;
   be.gemm(gw);
-  Gemm gbw;  // dWb2_d = dadv_dᵀ · hb_d, and dbb2_d = Σ_rows dadv_d
+  Gemm gbw;  // dWb2_d = dadv_dᵀ · hb_d
   gbw.ta = true; gbw.m = az; gbw.n = d.Hh; gbw.k = B;
   gbw.a = s.dadv; gbw.lda = d.D * laz; gbw.stride_a = laz;
   gbw.b = a.hidden + d.Hh; gbw.ldb = hc; gbw.stride_b = d.Hh;
   gbw.c = grad.wb2; gbw.ldc = d.Hh; gbw.stride_c = std::int64_t(azr) * d.Hh;  // the zero rows' gradient stays 0
-  gbw.a_sums = grad.bb2; gbw.stride_a_sums = azr;
   gbw.batch = d.D;
   be.gemm(gbw);
 }
@@ -177,10 +177,10 @@ inline void backward_weights_out(Backend& be, const Dims& d, const Params& grad,
 inline void backward_weights_hidden(Backend& be, const Dims& d, const Params& grad, Real h2, int B,
                                     const BackScratch& s) {
   const int hc = d.hidden_cols();
-  Gemm g1;  // dW1 = dhiddenᵀ · h2, and db1 = Σ_rows dhidden (already masked)
+  be.relu_bias_grad(s.dhidden, Real{}, grad.b1, B, hc, hc, 1, 0, 0, 0);  // already masked: column sums
+  Gemm g1;  // dW1 = dhiddenᵀ · h2
   g1.ta = true; g1.m = hc; g1.n = d.H2; g1.k = B;
   g1.a = s.dhidden; g1.lda = hc; g1.b = h2; g1.ldb = d.H2; g1.c = grad.w1; g1.ldc = d.H2;
-  g1.a_sums = grad.b1;
   be.gemm(g1);
 }
 

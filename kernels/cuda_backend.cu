@@ -131,14 +131,7 @@ struct LtPlan {
   }
 };
 
-/// An on/off switch from the environment: unset, or anything but 0/off/false/no, is on.
-bool env_on(const char* name) noexcept {
-  const char* v = std::getenv(name);
-  if (!v) return true;
-  for (const char* off : {"0", "off", "false", "no", "OFF", "FALSE", "NO"})
-    if (std::strcmp(v, off) == 0) return false;
-  return true;
-}
+using cuda::env_on;
 
 /// DQN_GEMM_AUTOTUNE=0 keeps the heuristic's first algorithm for every GEMM.
 bool autotune_from_env() noexcept { return env_on("DQN_GEMM_AUTOTUNE"); }

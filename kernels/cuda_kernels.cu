@@ -10,7 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <string_view>
+#include <cstring>
 #include <utility>
 
 #include "cuda_kernels.cuh"
@@ -54,9 +54,9 @@ cudaError_t launch_cooperative(void (*kernel)(P...), unsigned blocks, cudaStream
 
 using dev::aligned16;
 using dev::block_sum;
-using dev::launch;
 using dev::grid_start;
 using dev::grid_step;
+using dev::launch;
 using dev::warp_max;
 using dev::warp_sum;
 
@@ -1029,7 +1029,7 @@ cudaError_t sn_launch(cudaStream_t s, const SpectralMatrix* mats, int count, int
   launch(sn_cols_kernel, dim3(p.ncc, count), kThreads, 0, s, mats, max_rows, max_cols, skip, p.vsq, p.xp);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   launch(sn_rows_kernel, dim3(p.nrb, count), kThreads, 0, s, mats, max_rows, max_cols, p.rpb, p.ncc, sigma_max, skip,
-                                                        p.vsq, p.xp, tu);
+         p.vsq, p.xp, tu);
   return cudaGetLastError();
 }
 
@@ -1632,11 +1632,16 @@ double support_step(float v_min, float v_max, int Z) {
 
 }  // namespace
 
+bool env_on(const char* name) noexcept {
+  const char* v = std::getenv(name);
+  if (!v) return true;
+  for (const char* off : {"0", "off", "false", "no", "OFF", "FALSE", "NO"})
+    if (std::strcmp(v, off) == 0) return false;
+  return true;
+}
+
 bool dev::pdl_enabled() noexcept {
-  static const bool on = [] {
-    const char* v = std::getenv("DQN_PDL");
-    return !(v && std::string_view(v) == "0");
-  }();
+  static const bool on = env_on("DQN_PDL");
   return on;
 }
 
@@ -1671,14 +1676,14 @@ cudaError_t bias_grad(cudaStream_t s, float* db, const float* dy, int rows, int 
 cudaError_t dueling_combine(cudaStream_t s, float* logits, const float* v, int ldv, const float* adv, int rows,
                             int D, int A, int Z) {
   launch(dueling_combine_kernel, blocks_for(static_cast<std::int64_t>(rows) * D * Z), kThreads, 0, s,
-      logits, v, ldv, adv, rows, D, A, Z);
+         logits, v, ldv, adv, rows, D, A, Z);
   return cudaGetLastError();
 }
 
 cudaError_t dueling_backward(cudaStream_t s, float* dv, int lddv, float* dadv, int lddadv, const float* dlogits,
                              int rows, int D, int A, int Z) {
   launch(dueling_backward_kernel, blocks_for(static_cast<std::int64_t>(rows) * Z), kThreads, 0, s,
-      dv, lddv, dadv, lddadv, dlogits, rows, D, A, Z);
+         dv, lddv, dadv, lddadv, dlogits, rows, D, A, Z);
   return cudaGetLastError();
 }
 
@@ -1689,7 +1694,7 @@ cudaError_t log_softmax(cudaStream_t s, float* logp, const float* x, int rows, i
 
 cudaError_t expected_q(cudaStream_t s, float* q, const float* logp, int rows, int Z, float v_min, float v_max) {
   launch(expected_q_kernel, blocks_for(static_cast<std::int64_t>(rows) * 32), kThreads, 0, s,
-      q, logp, rows, Z, v_min, support_step(v_min, v_max, Z));
+         q, logp, rows, Z, v_min, support_step(v_min, v_max, Z));
   return cudaGetLastError();
 }
 
@@ -1702,8 +1707,8 @@ cudaError_t c51_project(cudaStream_t s, const C51Project& a) {
   const int threads = std::min(256, (a.Z + 31) / 32 * 32);
   const std::size_t shmem = 2 * static_cast<std::size_t>(a.Z) * sizeof(double);
   launch(c51_project_kernel, a.B * a.D, threads, shmem, s,
-      a.m.as<float>(), a.target_logp.as<const float>(), a.a_star, a.rewards.as<const float>(),
-      a.dones.as<const float>(), a.D, a.A, a.Z, a.gamma_n, a.v_min, a.v_max, support_step(a.v_min, a.v_max, a.Z));
+         a.m.as<float>(), a.target_logp.as<const float>(), a.a_star, a.rewards.as<const float>(),
+         a.dones.as<const float>(), a.D, a.A, a.Z, a.gamma_n, a.v_min, a.v_max, support_step(a.v_min, a.v_max, a.Z));
   return cudaGetLastError();
 }
 
@@ -1715,7 +1720,8 @@ cudaError_t c51_xent(cudaStream_t s, const C51Xent& a, void* scratch) {
   launch(c51_xent_kernel, a.B * a.members, 32 * warps, static_cast<std::size_t>(a.D) * sizeof(double), s, a, weighted);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (a.loss)
-    launch(c51_xent_reduce_kernel, 1, kThreads, 0, s, a.loss.as<float>(), weighted, a.B, a.scale, a.accumulate, a.members);
+    launch(c51_xent_reduce_kernel, 1, kThreads, 0, s, a.loss.as<float>(), weighted, a.B, a.scale, a.accumulate,
+           a.members);
   return cudaGetLastError();
 }
 
@@ -1735,7 +1741,7 @@ cudaError_t cql_penalty(cudaStream_t s, const CqlPenalty& a, void* scratch) {
 cudaError_t expected_q_backward(cudaStream_t s, float* dlogits, const float* dq, const float* logp, int rows, int Z,
                                 float v_min, float v_max) {
   launch(expected_q_backward_kernel, blocks_for(static_cast<std::int64_t>(rows) * 32), kThreads, 0, s,
-      dlogits, dq, logp, rows, Z, v_min, support_step(v_min, v_max, Z));
+         dlogits, dq, logp, rows, Z, v_min, support_step(v_min, v_max, Z));
   return cudaGetLastError();
 }
 
@@ -1769,7 +1775,7 @@ cudaError_t hadamard(cudaStream_t s, float* x, const float* h2, const float* phi
 cudaError_t hadamard_backward(cudaStream_t s, float* dphi, float* dh2, const float* dx, const float* h2,
                               const float* phi, int B, int N, int H) {
   launch(hadamard_backward_kernel, blocks_for(static_cast<std::int64_t>(B) * H), kThreads, 0, s, dphi, dh2, dx, h2, phi,
-                                                                                             B, N, H);
+         B, N, H);
   return cudaGetLastError();
 }
 
@@ -1798,8 +1804,8 @@ cudaError_t budget_partials(cudaStream_t s, const Budget& b, double* partial, in
   const BudgetShape bs = budget_shape(b);
   nchunks = bs.nchunks;
   launch(budget_partial_kernel, dim3(nchunks, b.H), kThreads, 0, s,
-      b.grads.as<const float>(), b.P, bs.chunk, b.reach, partial, adam ? adam->t : nullptr, adam ? adam->beta1 : 0.0,
-      adam ? adam->beta2 : 0.0, step);
+         b.grads.as<const float>(), b.P, bs.chunk, b.reach, partial, adam ? adam->t : nullptr, adam ? adam->beta1 : 0.0,
+         adam ? adam->beta2 : 0.0, step);
   return cudaGetLastError();
 }
 
@@ -1820,9 +1826,9 @@ cudaError_t budget(cudaStream_t s, const Budget& a, void* scratch, int max_block
 cudaError_t adam(cudaStream_t s, const Adam& a, int max_blocks) {
   // Launched for P == 0 too: it still advances t.
   launch(adam_kernel, wave_blocks(a.P, max_blocks), kThreads, 0, s, a.params.as<float>(), a.g.as<const float>(),
-                                                               a.m.as<float>(), a.v.as<float>(), a.P, a.t,
-                                                               a.lr.as<const float>(), a.beta1, a.beta2, a.eps,
-                                                               a.skip);
+         a.m.as<float>(), a.v.as<float>(), a.P, a.t,
+         a.lr.as<const float>(), a.beta1, a.beta2, a.eps,
+         a.skip);
   return cudaGetLastError();
 }
 
@@ -1838,8 +1844,8 @@ cudaError_t spectral_norm(cudaStream_t s, const SpectralMatrix* mats, int count,
 
 cudaError_t target_update(cudaStream_t s, const TargetUpdate& a, int max_blocks) {
   launch(target_update_kernel, wave_blocks(a.P, max_blocks), kThreads, 0, s, a.target.as<float>(),
-                                                                         a.params.as<const float>(), a.P, a.tau,
-                                                                         a.period, a.t, a.skip);
+         a.params.as<const float>(), a.P, a.tau,
+         a.period, a.t, a.skip);
   return cudaGetLastError();
 }
 
@@ -2039,14 +2045,14 @@ cudaError_t uniform(cudaStream_t s, const Uniform& a) {
 cudaError_t to_bf16(cudaStream_t s, void* dst, const float* src, int rows, int cols, std::int64_t ld,
                     std::int64_t stride, int batch) {
   launch(to_bf16_kernel, blocks_for(static_cast<std::int64_t>(rows) * cols * batch), kThreads, 0, s,
-      static_cast<__nv_bfloat16*>(dst), src, rows, cols, ld, stride, batch);
+         static_cast<__nv_bfloat16*>(dst), src, rows, cols, ld, stride, batch);
   return cudaGetLastError();
 }
 
 cudaError_t scale_matrix(cudaStream_t s, float* c, int rows, int cols, std::int64_t ld, std::int64_t stride,
                          int batch, float beta) {
   launch(scale_matrix_kernel, blocks_for(static_cast<std::int64_t>(rows) * cols * batch), kThreads, 0, s,
-      c, rows, cols, ld, stride, batch, beta);
+         c, rows, cols, ld, stride, batch, beta);
   return cudaGetLastError();
 }
 

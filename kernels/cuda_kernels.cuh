@@ -16,6 +16,9 @@
 
 namespace dqn::cuda {
 
+/// An on/off switch from the environment: unset, or anything but 0/off/false/no, is on.
+bool env_on(const char* name) noexcept;
+
 cudaError_t bias_act(cudaStream_t s, float* y, const float* bias, int rows, int cols, int ldy, bool relu);
 cudaError_t relu_backward(cudaStream_t s, float* dy, const float* y, int rows, int cols, int ld);
 cudaError_t bias_grad(cudaStream_t s, float* db, const float* dy, int rows, int cols, int ldy, float beta);

@@ -713,8 +713,8 @@ std::size_t head_forward_shared_bytes(int H2, int Hh, int A, int Z) {
 
 cudaError_t head_forward(cudaStream_t s, const HeadForward& a) {
   const dim3 grid(static_cast<unsigned>((a.rows + kHfRows - 1) / kHfRows), static_cast<unsigned>(a.D));
-  launch(head_forward_kernel, grid, kHfThreads, head_forward_shared_bytes(a.H2, a.Hh, a.A, a.Z), s,
-      a, static_cast<float>(support_step(a.v_min, a.v_max, a.Z)));
+  launch(head_forward_kernel, grid, kHfThreads, head_forward_shared_bytes(a.H2, a.Hh, a.A, a.Z), s, a,
+         static_cast<float>(support_step(a.v_min, a.v_max, a.Z)));
   return cudaGetLastError();
 }
 

@@ -233,7 +233,7 @@ cudaError_t launch_one(cudaStream_t s, const TileGemm& g) {
     return dev::aligned16(p) && ld % 4 == 0 && stride % 4 == 0;
   };
   launch(Kernel<C, TA, TB>::fn, grid, kThreads, Kernel<C, TA, TB>::bytes, s, g, aligned(g.a, g.lda, g.stride_a),
-                                                                         aligned(g.b, g.ldb, g.stride_b));
+         aligned(g.b, g.ldb, g.stride_b));
   return cudaGetLastError();
 }
 template <int C>

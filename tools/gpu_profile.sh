@@ -2,6 +2,10 @@
 # On a GPU machine: per-kernel device time of the captured step (ncu, one kernel node at a time)
 # for the C51-only ref workload and ref with all heads, B 256, tf32. CSVs go to ${OUT:-out}/.
 # Usage: tools/gpu_profile.sh [batch]   (NCU_CACHE=none: caches left warm between kernels, as in a replay)
+#        tools/gpu_profile.sh source REGEX [batch] [key=value ...]
+#   source: the full ncu section set for the kernels whose names match REGEX (one replayed step of
+#   ref, C51 unless overrides follow), the details page and the per-line source counters (stall
+#   samples per CUDA source line) as text and gzipped CSV.
 set -uo pipefail
 out=${OUT:-out}; mkdir -p "$out"
 export PATH=/usr/local/cuda/bin:$PATH
@@ -11,6 +15,19 @@ if [ ! -f $build/build.ninja ]; then
 fi
 ninja -C $build -j"$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error|FAILED" "$out/build.log" | head -40; exit 1; }
 export DQN_PLUGIN_PATH=$PWD/$build/plugins
+if [ "${1:-}" = source ]; then
+  regex=$2; b=${3:-256}; shift; shift; [ $# -gt 0 ] && shift
+  rep=$(mktemp -d)/prof
+  # warm-up 1 and 1 replay: kernels launched at init come first, the replay's last (--launch-count
+  # keeps the first N matches, so count them generously)
+  ncu --graph-profiling node --kernel-name "regex:$regex" --launch-count "${NCU_COUNT:-16}" --set full \
+    --import-source yes -o "$rep" $build/tools/dqn bench pipelines/ref.yaml "$@" --batch "$b" --precision tf32 \
+    --warmup 1 --iters 1 --repeats 1 >"$out/ncu_run.log" 2>&1 || tail -20 "$out/ncu_run.log"
+  ncu -i "$rep.ncu-rep" --page details >"$out/ncu_details.txt" 2>&1
+  ncu -i "$rep.ncu-rep" --page source --csv --print-source cuda 2>&1 | gzip >"$out/ncu_source_cuda.csv.gz"
+  ncu -i "$rep.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip >"$out/ncu_source_sass.csv.gz"
+  exit 0
+fi
 b=${1:-256}
 all="heads.1.enabled=true heads.2.enabled=true heads.3.enabled=true"
 for cfg in c51 full; do

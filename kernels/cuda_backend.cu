@@ -1096,13 +1096,16 @@ class CudaBackend final : public Backend {
     constexpr const char* op = "relu_bias_grad";
     if (!matrix_ok(op, rows, cols, ld) || cols == 0 || heads == 0) return;
     if (heads < 0 || heads > 65535) return fail(op, "heads outside [0, 65535]");
-    if (!real_ok(db, op, "db")) return;
+    if (!db && !y) return;  // neither masks nor sums
+    if (db && !real_ok(db, op, "db")) return;
     if (rows > 0 && !real_ok(dy, op, "dy")) return;
     if (rows > 0 && y && !real_ok(y, op, "y")) return;
+    if (!db && rows == 0) return;
     if (planning_) return;
     DQN_CUDA_OK(op, cuda::relu_bias_grad(stream_, rows > 0 ? dy.as<float>() : nullptr,
-                                         rows > 0 && y ? y.as<const float>() : nullptr, db.as<float>(), rows, cols, ld,
-                                         heads, stride_dy, stride_y, stride_db));
+                                         rows > 0 && y ? y.as<const float>() : nullptr,
+                                         db ? db.as<float>() : nullptr, rows, cols, ld, heads, stride_dy, stride_y,
+                                         stride_db));
   }
 
   void c51_loss(const C51Loss& a) noexcept override {
@@ -1123,7 +1126,7 @@ class CudaBackend final : public Backend {
         !real_ok(a.tadv, op, "tadv") || !real_ok(a.rewards, op, "rewards") || !real_ok(a.dones, op, "dones"))
       return;
     if (a.loss_per_sample && !real_ok(a.loss_per_sample, op, "loss_per_sample")) return;
-    if (cuda::c51_loss_shared_bytes(a.D, a.Z) > 48 * 1024) return fail(op, "D·Z too large for shared memory");
+    if (cuda::c51_loss_shared_bytes(a.D, a.A, a.Z) > 48 * 1024) return fail(op, "D·Z too large for shared memory");
     // a_star/actions live on the device: an out-of-range index poisons that branch with NaN.
     void* s = scratch(op, cuda::c51_loss_scratch_bytes(a.B));
     if (!s) return;

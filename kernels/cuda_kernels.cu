@@ -97,13 +97,7 @@ __global__ void relu_backward4_kernel(float* dy, const float* y, int rows, int c
   for (I i = static_cast<I>(grid_start()); i < n; i += static_cast<I>(grid_step())) {
     const I r = i / c4;
     const std::int64_t k = static_cast<std::int64_t>(r) * ld + 4 * static_cast<std::int64_t>(i - r * c4);
-    const float4 yv = *reinterpret_cast<const float4*>(y + k);
-    float4 d = *reinterpret_cast<float4*>(dy + k);
-    if (yv.x <= 0.0f) d.x = 0.0f;
-    if (yv.y <= 0.0f) d.y = 0.0f;
-    if (yv.z <= 0.0f) d.z = 0.0f;
-    if (yv.w <= 0.0f) d.w = 0.0f;
-    *reinterpret_cast<float4*>(dy + k) = d;
+    dev::relu_mask4(dy + k, y + k);
   }
 }
 

@@ -55,6 +55,18 @@ cudaError_t launch(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t shme
 /// Whether p lies on a 16-byte boundary (float4 loads, 16-byte cp.async).
 __host__ __device__ inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
+/// The ReLU backward of four consecutive elements (16-byte aligned): dy zeroed where y <= 0, the
+/// others stored back unchanged.
+__device__ __forceinline__ void relu_mask4(float* dy, const float* y) {
+  const float4 yv = *reinterpret_cast<const float4*>(y);
+  float4 d = *reinterpret_cast<float4*>(dy);
+  if (yv.x <= 0.0f) d.x = 0.0f;
+  if (yv.y <= 0.0f) d.y = 0.0f;
+  if (yv.z <= 0.0f) d.z = 0.0f;
+  if (yv.w <= 0.0f) d.w = 0.0f;
+  *reinterpret_cast<float4*>(dy) = d;
+}
+
 __device__ __forceinline__ std::int64_t grid_start() {
   return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }

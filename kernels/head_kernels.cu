@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cuda_kernels.cuh"
 #include "device_util.cuh"
 #include "head_kernels.cuh"
 
@@ -158,6 +159,51 @@ __device__ __forceinline__ void slot_reduce2(R& a, R& b, R* red_a, R* red_b, int
   b = rb;
 }
 
+/// The dense projection's atom at zi (as c51_project: the sum over j in order) from the target
+/// probabilities p and projected support tz [Z] in shared memory. tz is non-decreasing in j, so
+/// the j with a non-zero weight |tz_j − zi| < Δz form one run: find its start, sum it in order
+/// (the zero terms of the dense sum change nothing).
+template <typename T>
+__device__ __forceinline__ T project_atom(const T* p, const T* tz, int Z, T zi, T dz) {
+  int lo = 0, hi = Z;
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (tz[mid] > zi - dz) hi = mid;
+    else lo = mid + 1;
+  }
+  T acc = 0;
+  for (int j = lo; j < Z && tz[j] < zi + dz; ++j) acc += fmin(fmax(T(1) - fabs(tz[j] - zi) / dz, T(0)), T(1)) * p[j];
+  return acc;
+}
+
+/// The end of a sample's block in both c51 loss kernels, after its branches' gradient rows G
+/// [D][Z] and cross-entropies xent_d [D] are in shared memory (and a barrier): dv[b,:] = Σ_d
+/// g[d,:] (branches in order), the sample's loss from the branches in order, and in the last
+/// block the weighted mean over the batch (fixed order). `G` may be float or T.
+template <typename GT>
+__device__ __forceinline__ void c51_sample_end(const C51Loss& a, int b, const GT* G, const double* xent_d, float wb,
+                                               double* weighted, unsigned* counter, double* red) {
+  const int D = a.D, Z = a.Z;
+  float* dv = static_cast<float*>(a.dv.p) + static_cast<std::int64_t>(b) * a.lddv;
+  for (int i = threadIdx.x; i < Z; i += blockDim.x) {
+    double total = 0.0;
+    for (int d = 0; d < D; ++d) total += static_cast<double>(G[static_cast<std::int64_t>(d) * Z + i]);
+    dv[i] = static_cast<float>(total);
+  }
+  if (threadIdx.x == 0) {
+    double sample = 0.0;
+    for (int d = 0; d < D; ++d) sample += xent_d[d];
+    sample /= D;
+    if (a.loss_per_sample.p) static_cast<float*>(a.loss_per_sample.p)[b] = static_cast<float>(sample);
+    weighted[b] = static_cast<double>(wb) * sample;
+  }
+  if (!dev::last_block(counter)) return;
+  double acc = 0.0;
+  for (int k = threadIdx.x; k < a.B; k += blockDim.x) acc += __ldcg(weighted + k);
+  const double total = dev::block_sum(acc, red);
+  if (threadIdx.x == 0) static_cast<float*>(a.loss.p)[0] = static_cast<float>(total / a.B);
+}
+
 /// One block per sample, a slot of threads per branch, a thread per atom (loss_shape). Shared:
 /// per branch the cross-entropy [D] (double) and the taken action's gradient row g [D][Z]; per
 /// slot the target probabilities p, the projected support tz and the projection m [Z] each. The
@@ -233,20 +279,7 @@ __global__ void c51_loss_kernel(C51Loss a, double dz_d, LossShape shape, double*
     T xs = 0, m_sum = 0;
     for (int i = t; i < Z; i += tpb) {
       float mi = NAN;  // an index the host could not check: visible, never read out of bounds
-      if (star_ok) {
-        // tz is non-decreasing in j, so the j with a non-zero weight |tz_j − z_i| < Δz form one
-        // run: find its start, sum it in order (the zero terms of the dense sum change nothing).
-        const T zi = v_min + i * dz;
-        int lo = 0, hi = Z;
-        while (lo < hi) {
-          const int mid = (lo + hi) >> 1;
-          if (tz[mid] > zi - dz) hi = mid;
-          else lo = mid + 1;
-        }
-        T acc = 0;
-        for (int j = lo; j < Z && tz[j] < zi + dz; ++j) acc += fmin(fmax(T(1) - fabs(tz[j] - zi) / dz, T(0)), T(1)) * p[j];
-        mi = static_cast<float>(acc);
-      }
+      if (star_ok) mi = static_cast<float>(project_atom(p, tz, Z, v_min + i * dz, dz));
       if (active) m[i] = mi;
       mm[i] = mi;
       if (taken_ok) {
@@ -271,25 +304,235 @@ __global__ void c51_loss_kernel(C51Loss a, double dz_d, LossShape shape, double*
     }
     __syncthreads();  // p, tz and mm are rewritten by the slot's next branch
   }
-  // dv[b,:] = Σ_d g[d,:] (branches in order); the sample's loss from the branches in order
-  float* dv = static_cast<float*>(a.dv.p) + static_cast<std::int64_t>(b) * a.lddv;
-  for (int i = threadIdx.x; i < Z; i += blockDim.x) {
-    double total = 0.0;
-    for (int d = 0; d < D; ++d) total += static_cast<double>(G[static_cast<std::int64_t>(d) * Z + i]);
-    dv[i] = static_cast<float>(total);
+  c51_sample_end(a, b, G, xent_d, wb, weighted, counter, red);
+}
+
+// --- warp-per-(row, branch) variants --------------------------------------------------------
+// The same arithmetic as dueling_dist_kernel and c51_loss_kernel, with one warp per (row, branch)
+// holding all its atoms and actions in registers: every load of a (row, branch) is issued at once
+// and the reductions are warp shuffles, with no block barrier until the branches of a sample meet
+// (c51: dv and the sample's loss). Used while Z ≤ 32·kWarpAtoms and A ≤ kWarpMaxA (and, for c51,
+// D ≤ 32 warps a block); beyond, the block kernels above.
+constexpr int kWarpAtoms = 2;          // atoms per lane
+constexpr int kWarpMaxA = 8;           // actions held in registers
+constexpr int kDistWarpsPerBlock = 4;  // dueling_dist_warp: (row, branch) pairs per block
+
+__host__ __device__ inline bool warp_head_fits(int A, int Z) { return Z <= 32 * kWarpAtoms && A <= kWarpMaxA; }
+
+/// Whether the warp variants run where they fit: on unless DQN_WARP_HEAD=0 (read once).
+bool warp_head_kernels() {
+  static const bool on = env_on("DQN_WARP_HEAD");
+  return on;
+}
+bool c51_warp(int D, int A, int Z) { return warp_head_fits(A, Z) && D <= 32 && warp_head_kernels(); }
+
+/// Butterfly over the lanes for the first n of K values at once (their shuffles interleaved):
+/// each value as warp_sum_t / warp_max would give it.
+template <typename R, int K, typename Op>
+__device__ __forceinline__ void warp_reduce_n(R (&v)[K], int n, Op op) {
+  for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (k < n) v[k] = op(v[k], __shfl_xor_sync(0xffffffffu, v[k], o));
   }
-  if (threadIdx.x == 0) {
-    double sample = 0.0;
-    for (int d = 0; d < D; ++d) sample += xent_d[d];
-    sample /= D;
-    if (a.loss_per_sample.p) static_cast<float*>(a.loss_per_sample.p)[b] = static_cast<float>(sample);
-    weighted[b] = static_cast<double>(wb) * sample;
+}
+
+/// dueling_dist with a warp per (row, branch); lane l holds atoms l, l + 32, … of every action.
+template <typename T>
+__global__ void __launch_bounds__(32 * kDistWarpsPerBlock) dueling_dist_warp_kernel(DuelingDist a, double dz_d) {
+  dev::pdl_entry();
+  const int lane = threadIdx.x & 31;
+  const int D = a.D, A = a.A, Z = a.Z;
+  const std::int64_t rd = static_cast<std::int64_t>(blockIdx.x) * kDistWarpsPerBlock + (threadIdx.x >> 5);
+  if (rd >= static_cast<std::int64_t>(a.rows) * D) return;
+  const std::int64_t r = rd / D;
+  const float* adv = static_cast<const float*>(a.adv.p) + rd * ld_or(a.ldadv, A * Z);
+  const float* v = static_cast<const float*>(a.v.p) + r * a.ldv;
+  float vv[kWarpAtoms], x[kWarpMaxA][kWarpAtoms];
+#pragma unroll
+  for (int k = 0; k < kWarpAtoms; ++k) {
+    const int i = lane + 32 * k;
+    vv[k] = i < Z ? v[i] : 0.0f;
+#pragma unroll
+    for (int act = 0; act < kWarpMaxA; ++act) x[act][k] = act < A && i < Z ? adv[act * Z + i] : 0.0f;
   }
-  if (!dev::last_block(counter)) return;
-  double acc = 0.0;
-  for (int k = threadIdx.x; k < a.B; k += blockDim.x) acc += __ldcg(weighted + k);
-  const double total = dev::block_sum(acc, red);
-  if (threadIdx.x == 0) static_cast<float*>(a.loss.p)[0] = static_cast<float>(total / a.B);
+  // the mean advantage of each atom, then the logits rounded to float as dueling_combine stores them
+  float mx[kWarpMaxA];
+#pragma unroll
+  for (int act = 0; act < kWarpMaxA; ++act) mx[act] = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < kWarpAtoms; ++k) {
+    T s = 0;
+#pragma unroll
+    for (int act = 0; act < kWarpMaxA; ++act)
+      if (act < A) s += static_cast<T>(x[act][k]);
+    const T mean = s / A;
+    if (lane + 32 * k >= Z) continue;
+#pragma unroll
+    for (int act = 0; act < kWarpMaxA; ++act) {
+      x[act][k] = static_cast<float>(static_cast<T>(vv[k]) + static_cast<T>(x[act][k]) - mean);
+      mx[act] = fmaxf(mx[act], x[act][k]);
+    }
+  }
+  warp_reduce_n(mx, A, [](float p, float q) { return fmaxf(p, q); });
+  T sum[kWarpMaxA];
+#pragma unroll
+  for (int act = 0; act < kWarpMaxA; ++act) {
+    sum[act] = 0;
+#pragma unroll
+    for (int k = 0; k < kWarpAtoms; ++k)
+      if (lane + 32 * k < Z) sum[act] += exp_t(static_cast<T>(x[act][k]) - mx[act]);
+  }
+  warp_reduce_n(sum, A, [](T p, T q) { return p + q; });
+  float* lp = static_cast<float*>(a.logp.p) + rd * A * Z;
+  float* Q = static_cast<float*>(a.q.p);
+  const T v_min = a.v_min, dz = static_cast<T>(dz_d);
+  T qa[kWarpMaxA];
+#pragma unroll
+  for (int act = 0; act < kWarpMaxA; ++act) {
+    qa[act] = 0;
+    if (act >= A) continue;
+    const T lse = static_cast<T>(mx[act]) + log_t(sum[act]);
+#pragma unroll
+    for (int k = 0; k < kWarpAtoms; ++k) {
+      const int i = lane + 32 * k;
+      if (i >= Z) continue;
+      const float l = static_cast<float>(static_cast<T>(x[act][k]) - lse);
+      lp[act * Z + i] = l;
+      if (Q) qa[act] += (v_min + i * dz) * exp_t(static_cast<T>(l));
+    }
+  }
+  if (!Q) return;
+  warp_reduce_n(qa, A, [](T p, T q) { return p + q; });
+  int best = 0;
+  float qbest = static_cast<float>(qa[0]);
+#pragma unroll
+  for (int act = 0; act < kWarpMaxA; ++act) {
+    if (act >= A) continue;
+    const float qf = static_cast<float>(qa[act]);
+    if (lane == act) Q[rd * A + act] = qf;
+    if (qf > qbest) {  // strict: ties keep the lowest index
+      qbest = qf;
+      best = act;
+    }
+  }
+  if (a.a_star && r >= a.star_from && lane == 0) a.a_star[(r - a.star_from) * D + (rd - r * D)] = best;
+}
+
+/// c51_loss with a warp per (sample, branch) and a block per sample (32·D threads). Shared: the
+/// branches' cross-entropies [D] (double), gradient rows G [D][Z] (float), and per warp the target
+/// probabilities p and projected support tz [Z] each (T).
+std::size_t c51_loss_warp_shared_bytes(int D, int Z, std::size_t t_size) {
+  return static_cast<std::size_t>(D) * sizeof(double) + (static_cast<std::size_t>(D) * Z + 1) / 2 * sizeof(double) +
+         static_cast<std::size_t>(D) * 2 * Z * t_size;
+}
+
+template <typename T>
+__global__ void c51_loss_warp_kernel(C51Loss a, double dz_d, double* weighted, unsigned* counter) {
+  dev::pdl_entry();
+  extern __shared__ double clw_shared[];
+  __shared__ double red[32];
+  const int lane = threadIdx.x & 31, d = threadIdx.x >> 5;
+  const int b = blockIdx.x, D = a.D, A = a.A, Z = a.Z;
+  double* xent_d = clw_shared;                           // [D]
+  float* G = reinterpret_cast<float*>(xent_d + D);       // [D][Z]
+  T* p = reinterpret_cast<T*>(xent_d + D + (static_cast<std::int64_t>(D) * Z + 1) / 2) + 2 * d * Z;  // [Z]
+  T* tz = p + Z;                                         // [Z]
+  const int bd = b * D + d;
+  const int star = a.a_star[bd], taken = a.actions[bd];
+  const bool star_ok = star >= 0 && star < A, taken_ok = taken >= 0 && taken < A;
+  const float wb = static_cast<const float*>(a.weights.p)[b];
+  const T v_min = a.v_min, v_max = a.v_max, dz = static_cast<T>(dz_d);
+  const T grad_scale = static_cast<T>(static_cast<double>(wb) / (static_cast<double>(a.B) * D));
+  const T discount = static_cast<T>(a.gamma_n) * (T(1) - static_cast<T>(static_cast<const float*>(a.dones.p)[b]));
+  const T reward = static_cast<const float*>(a.rewards.p)[b];
+  // every load of the (sample, branch) at once: the target's value and advantages, and the online
+  // log-probabilities at the taken action
+  const float* tadv = static_cast<const float*>(a.tadv.p) + static_cast<std::int64_t>(bd) * ld_or(a.ldtadv, A * Z);
+  const float* tv = static_cast<const float*>(a.tv.p) + static_cast<std::int64_t>(b) * a.ldtv;
+  const float* lp = static_cast<const float*>(a.logp.p) + (static_cast<std::int64_t>(bd) * A + (taken_ok ? taken : 0)) * Z;
+  float tx[kWarpMaxA][kWarpAtoms], tvv[kWarpAtoms], lpv[kWarpAtoms];
+#pragma unroll
+  for (int k = 0; k < kWarpAtoms; ++k) {
+    const int i = lane + 32 * k;
+    const bool in = i < Z;
+    tvv[k] = star_ok && in ? tv[i] : 0.0f;
+    lpv[k] = taken_ok && in ? lp[i] : 0.0f;
+#pragma unroll
+    for (int act = 0; act < kWarpMaxA; ++act) tx[act][k] = star_ok && in && act < A ? tadv[act * Z + i] : 0.0f;
+  }
+  // 1. the target network's log-probabilities at a*, as dueling_combine + log_softmax
+  float logit[kWarpAtoms];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < kWarpAtoms; ++k) {
+    T s = 0;
+    float at = 0.0f;
+#pragma unroll
+    for (int act = 0; act < kWarpMaxA; ++act) {
+      if (act < A) s += static_cast<T>(tx[act][k]);
+      if (act == star) at = tx[act][k];
+    }
+    const T mean = s / A;
+    logit[k] = static_cast<float>(static_cast<T>(tvv[k]) + static_cast<T>(at) - mean);
+    if (star_ok && lane + 32 * k < Z) mx = fmaxf(mx, logit[k]);
+  }
+  mx = warp_max(mx);
+  T sum = 0;
+  if (star_ok) {
+#pragma unroll
+    for (int k = 0; k < kWarpAtoms; ++k)
+      if (lane + 32 * k < Z) sum += exp_t(static_cast<T>(logit[k]) - mx);
+  }
+  sum = warp_sum_t(sum);
+  if (star_ok) {
+    const T lse = static_cast<T>(mx) + log_t(sum);
+#pragma unroll
+    for (int k = 0; k < kWarpAtoms; ++k) {
+      const int i = lane + 32 * k;
+      if (i >= Z) continue;
+      const float l = static_cast<float>(static_cast<T>(logit[k]) - lse);
+      p[i] = exp_t(static_cast<T>(l));
+      tz[i] = fmin(fmax(reward + discount * (v_min + i * dz), v_min), v_max);
+    }
+  }
+  __syncwarp();  // the warp's p and tz are complete
+  // 2. the dense projection m (as c51_project: each atom sums over j in order) and the
+  // cross-entropy's sums at the taken action (as c51_xent)
+  float* m = static_cast<float*>(a.m.p) + static_cast<std::int64_t>(bd) * Z;
+  float mm[kWarpAtoms];
+  T xs = 0, m_sum = 0;
+#pragma unroll
+  for (int k = 0; k < kWarpAtoms; ++k) {
+    const int i = lane + 32 * k;
+    mm[k] = NAN;  // an index the host could not check: visible, never read out of bounds
+    if (i >= Z) continue;
+    if (star_ok) mm[k] = static_cast<float>(project_atom(p, tz, Z, v_min + i * dz, dz));
+    m[i] = mm[k];
+    if (taken_ok) {
+      xs -= static_cast<T>(mm[k]) * static_cast<T>(lpv[k]);
+      m_sum += static_cast<T>(mm[k]);
+    }
+  }
+  xs = warp_sum_t(xs);
+  m_sum = warp_sum_t(m_sum);
+  // 3. the gradient row of the taken action, and 4. the dueling backward of that dlogits (zero
+  // off the taken action): dadv = dl − mean_a dl
+  float* dadv = static_cast<float*>(a.dadv.p) + static_cast<std::int64_t>(bd) * ld_or(a.lddadv, A * Z);
+#pragma unroll
+  for (int k = 0; k < kWarpAtoms; ++k) {
+    const int i = lane + 32 * k;
+    if (i >= Z) continue;
+    float g = NAN;
+    if (taken_ok) g = static_cast<float>(grad_scale * (exp_t(static_cast<T>(lpv[k])) * m_sum - static_cast<T>(mm[k])));
+    G[static_cast<std::int64_t>(d) * Z + i] = g;
+    const T mean = static_cast<T>(g) / A;
+    const float other = static_cast<float>(T(0) - mean), own = static_cast<float>(static_cast<T>(g) - mean);
+    for (int act = 0; act < A; ++act) dadv[act * Z + i] = taken_ok && act != taken ? other : own;
+  }
+  if (lane == 0) xent_d[d] = taken_ok ? static_cast<double>(xs) : NAN;
+  __syncthreads();
+  c51_sample_end(a, b, G, xent_d, wb, weighted, counter, red);
 }
 
 constexpr int kColTile = 32, kRowThreads = 32, kRowUnroll = 4;
@@ -333,6 +576,27 @@ __global__ void __launch_bounds__(kColTile * kRowThreads)
     double s = 0.0;
     for (int k = 0; k < kRowThreads; ++k) s += part[k][threadIdx.x];
     db[h * stride_db + c] = static_cast<float>(s);
+  }
+}
+
+/// relu_bias_grad without db: the masks alone, element by element over the heads (grid: element
+/// blocks × heads), four columns at a time when V4 (cols, ld, strides multiples of 4, 16-byte
+/// aligned pointers). The same masked elements; the others are stored back unchanged.
+template <bool V4>
+__global__ void __launch_bounds__(256) relu_mask_heads_kernel(float* __restrict__ dy0, const float* __restrict__ y0,
+                                                              int rows, int cols, int ld, std::int64_t stride_dy,
+                                                              std::int64_t stride_y) {
+  dev::pdl_entry();
+  float* __restrict__ dy = dy0 + blockIdx.y * stride_dy;
+  const float* __restrict__ y = y0 + blockIdx.y * stride_y;
+  const std::int64_t w = V4 ? cols / 4 : cols, n = static_cast<std::int64_t>(rows) * w;
+  for (std::int64_t i = dev::grid_start(); i < n; i += dev::grid_step()) {
+    const std::int64_t r = i / w, c = i - r * w, k = r * ld + (V4 ? 4 * c : c);
+    if constexpr (V4) {
+      dev::relu_mask4(dy + k, y + k);
+    } else {
+      if (y[k] <= 0.0f) dy[k] = 0.0f;
+    }
   }
 }
 
@@ -665,6 +929,19 @@ std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a;
 
 cudaError_t relu_bias_grad(cudaStream_t s, float* dy, const float* y, float* db, int rows, int cols, int ld,
                            int heads, std::int64_t stride_dy, std::int64_t stride_y, std::int64_t stride_db) {
+  if (!db) {  // the masks alone: element-parallel (the sums below give a block only 32 columns)
+    if (!y || rows == 0) return cudaSuccess;
+    const bool v4 = cols % 4 == 0 && ld % 4 == 0 && stride_dy % 4 == 0 && stride_y % 4 == 0 && dev::aligned16(dy) &&
+                    dev::aligned16(y);
+    const std::int64_t n = static_cast<std::int64_t>(rows) * (v4 ? cols / 4 : cols);
+    const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((n + 255) / 256, 4096));
+    const dim3 g(blocks, static_cast<unsigned>(heads));
+    if (v4)
+      launch(relu_mask_heads_kernel<true>, g, 256, 0, s, dy, y, rows, cols, ld, stride_dy, stride_y);
+    else
+      launch(relu_mask_heads_kernel<false>, g, 256, 0, s, dy, y, rows, cols, ld, stride_dy, stride_y);
+    return cudaGetLastError();
+  }
   const dim3 grid((cols + kColTile - 1) / kColTile, heads), block(kColTile, kRowThreads);
   launch(relu_bias_grad_kernel, grid, block, 0, s, dy, y, db, rows, cols, ld, stride_dy, stride_y, stride_db);
   return cudaGetLastError();
@@ -675,6 +952,16 @@ std::size_t dueling_dist_shared_bytes(int Z, int A) {
 }
 
 cudaError_t dueling_dist(cudaStream_t s, const DuelingDist& a, bool double_math) {
+  const double dz_w = support_step(a.v_min, a.v_max, a.Z);
+  if (warp_head_fits(a.A, a.Z) && warp_head_kernels()) {
+    const std::int64_t pairs = static_cast<std::int64_t>(a.rows) * a.D;
+    const auto blocks = static_cast<unsigned>((pairs + kDistWarpsPerBlock - 1) / kDistWarpsPerBlock);
+    if (double_math)
+      launch(dueling_dist_warp_kernel<double>, blocks, 32 * kDistWarpsPerBlock, 0, s, a, dz_w);
+    else
+      launch(dueling_dist_warp_kernel<float>, blocks, 32 * kDistWarpsPerBlock, 0, s, a, dz_w);
+    return cudaGetLastError();
+  }
   const std::int64_t blocks = static_cast<std::int64_t>(a.rows) * a.D;
   const int warps = a.A < kDistMaxWarps ? a.A : kDistMaxWarps;
   const std::size_t shmem = dueling_dist_shared_bytes(a.Z, a.A);
@@ -688,18 +975,29 @@ cudaError_t dueling_dist(cudaStream_t s, const DuelingDist& a, bool double_math)
 
 std::size_t c51_loss_scratch_bytes(int B) { return round_up(static_cast<std::size_t>(B) * sizeof(double), 256); }
 
-std::size_t c51_loss_shared_bytes(int D, int Z) {
+std::size_t c51_loss_shared_bytes(int D, int A, int Z) {
   // sized for double arithmetic (float needs less)
+  if (c51_warp(D, A, Z)) return c51_loss_warp_shared_bytes(D, Z, sizeof(double));
   const LossShape sh = loss_shape(D, Z);
   return (static_cast<std::size_t>(D) + static_cast<std::size_t>(D) * Z + static_cast<std::size_t>(sh.slots) * 3 * Z) *
          sizeof(double);
 }
 
 cudaError_t c51_loss(cudaStream_t s, const C51Loss& a, void* scratch, unsigned* counter, bool double_math) {
+  if (c51_warp(a.D, a.A, a.Z)) {
+    const double dz_w = support_step(a.v_min, a.v_max, a.Z);
+    auto* w = static_cast<double*>(scratch);
+    const std::size_t shmem = c51_loss_warp_shared_bytes(a.D, a.Z, double_math ? sizeof(double) : sizeof(float));
+    if (double_math)
+      launch(c51_loss_warp_kernel<double>, a.B, 32 * a.D, shmem, s, a, dz_w, w, counter);
+    else
+      launch(c51_loss_warp_kernel<float>, a.B, 32 * a.D, shmem, s, a, dz_w, w, counter);
+    return cudaGetLastError();
+  }
   const LossShape sh = loss_shape(a.D, a.Z);
   const double dz = support_step(a.v_min, a.v_max, a.Z);
   auto* w = static_cast<double*>(scratch);
-  const std::size_t shmem = c51_loss_shared_bytes(a.D, a.Z);
+  const std::size_t shmem = c51_loss_shared_bytes(a.D, a.A, a.Z);
   if (double_math)
     launch(c51_loss_kernel<double>, a.B, sh.tpb * sh.slots, shmem, s, a, dz, sh, w, counter);
   else

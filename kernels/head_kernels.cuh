@@ -15,16 +15,19 @@ namespace dqn::cuda {
 /// Dynamic shared memory dueling_dist needs (must stay under the default 48 KiB).
 std::size_t dueling_dist_shared_bytes(int Z, int A);
 /// double_math: the distribution in double (fp32 pipelines, as the CPU twin); else in float.
+/// A warp per (row, branch) while Z ≤ 64 and A ≤ 8 (the same arithmetic; DQN_WARP_HEAD=0 keeps
+/// the block per (row, branch)); c51_loss likewise while also D ≤ 32.
 cudaError_t dueling_dist(cudaStream_t s, const DuelingDist& a, bool double_math);
 
 /// Scratch c51_loss needs (one double per sample) and its dynamic shared memory.
 std::size_t c51_loss_scratch_bytes(int B);
-std::size_t c51_loss_shared_bytes(int D, int Z);
+std::size_t c51_loss_shared_bytes(int D, int A, int Z);
 /// `counter`: a device word that is 0 and that no concurrently running kernel uses.
 /// double_math: as dueling_dist's.
 cudaError_t c51_loss(cudaStream_t s, const C51Loss& a, void* scratch, unsigned* counter, bool double_math);
 
-/// relu_backward + bias_grad for `heads` gradients sharing the activation y (grid: tiles × heads).
+/// relu_backward + bias_grad for `heads` gradients sharing the activation y (grid: tiles × heads);
+/// db null: the masks alone (element-parallel).
 cudaError_t relu_bias_grad(cudaStream_t s, float* dy, const float* y, float* db, int rows, int cols, int ld,
                            int heads, std::int64_t stride_dy, std::int64_t stride_y, std::int64_t stride_db);
 

@@ -756,7 +756,7 @@ class CpuBackend final : public Backend {
     if (heads < 0) return fail("relu_bias_grad", "negative heads");
     for (int h = 0; h < heads; ++h) {
       if (y) relu_backward(dy + h * stride_dy, y + h * stride_y, rows, cols, ld);
-      bias_grad(db + h * stride_db, dy + h * stride_dy, rows, cols, ld, 0.0f);
+      if (db) bias_grad(db + h * stride_db, dy + h * stride_dy, rows, cols, ld, 0.0f);
     }
   }
 

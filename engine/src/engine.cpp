@@ -356,11 +356,11 @@ void Engine::add_engine_stages_back() {
     acts.push_back(i == L - 1 ? std::string(buf::h2) : "trunk/a" + std::to_string(i));
     dz.push_back(i == L - 1 ? std::string("dtrunk/all") : "trunk/dz" + std::to_string(i));
   }
-  // One trunk backward for every head: the heads' ∂L/∂h2 stacked [H·B, H2], ReLU masks and bias
-  // gradients in one pass per layer, dW as one GEMM batched over heads, d(input) as one GEMM over
-  // H·B rows. A stage per layer for the input side (trunk.backward.<i>: mask, bias gradient,
-  // d(input)) and one for its weight gradient (trunk.weights.<i>), which needs only the masked
-  // gradient and so runs beside the layers below.
+  // One trunk backward for every head: the heads' ∂L/∂h2 stacked [H·B, H2], the ReLU masks in one
+  // pass per layer, bias gradients as column sums over every head, dW as one GEMM batched over
+  // heads, d(input) as one GEMM over H·B rows. A stage per layer for the input side
+  // (trunk.backward.<i>: mask, d(input)); its bias gradient (trunk.bias.<i>) and weight gradient
+  // (trunk.weights.<i>) need only the masked gradient and so run beside the layers below.
   for (int i = L - 1; i >= 0; --i) {
     const std::string li = std::to_string(i);
     const std::string& dz_i = dz[std::size_t(i)];
@@ -369,9 +369,12 @@ void Engine::add_engine_stages_back() {
       reads.push_back("params");
       writes.push_back(dz[std::size_t(i - 1)]);
     }
-    for (const auto& h : head_names_) writes.push_back("grad/" + h + "/trunk." + li + ".bias");
     stages_.push_back(Stage{"trunk.backward." + li, "engine", reads, writes,
                             [this, i](Backend& be) { trunk_backward_layer(be, i); }});
+    std::vector<std::string> bwrites;
+    for (const auto& h : head_names_) bwrites.push_back("grad/" + h + "/trunk." + li + ".bias");
+    stages_.push_back(Stage{"trunk.bias." + li, "engine", {dz_i}, bwrites,
+                            [this, i](Backend& be) { trunk_bias_layer(be, i); }});
     std::vector<std::string> wreads{dz_i, i == 0 ? std::string(buf::states2) : acts[std::size_t(i - 1)]}, wwrites;
     for (const auto& h : head_names_) wwrites.push_back("grad/" + h + "/trunk." + li + ".weight");
     stages_.push_back(Stage{"trunk.weights." + li, "engine", wreads, wwrites,
@@ -519,21 +522,28 @@ void Engine::upload_budget_reach() {
 }
 
 // Backprop every head's ∂L_h/∂h_L (dtrunk/all, rows of `states`) through trunk layer i: the ReLU
-// mask and the bias gradients into grad/<h>, then (below the first layer) d(input).
+// mask, then (below the first layer) d(input).
 void Engine::trunk_backward_layer(Backend& be, int i) {
   const int B = spec_.batch, H = int(heads_.size());
-  const std::int64_t P = reg_.param_count();
   const int w = net_.trunk[i];
   const int in_w = i == 0 ? net_.state : net_.trunk[i - 1];
   const Real dz = trunk_dz_[i];  // [H·B, w]
   // rows 0..B of the 2B activation block are `states`: the same mask for every head
-  be.relu_bias_grad(dz, trunk_a_[i], trunk_gb_[0][i], B, w, w, H, std::int64_t(B) * w, 0, P);
+  be.relu_bias_grad(dz, trunk_a_[i], Real{}, B, w, w, H, std::int64_t(B) * w, 0, 0);
   if (i == 0) return;
   Gemm gx;  // d(in) = dz · W over all H·B rows
   gx.m = H * B; gx.n = in_w; gx.k = w;
   gx.a = dz; gx.lda = w; gx.b = trunk_w_[i]; gx.ldb = in_w; gx.c = trunk_dz_[i - 1]; gx.ldc = in_w;
   gx.weight_operand = 2;
   be.gemm(gx);
+}
+
+// db_h = Σ_rows dz_h of trunk layer i from its masked gradient, every head in one op (grad/all
+// rows are P apart).
+void Engine::trunk_bias_layer(Backend& be, int i) {
+  const int B = spec_.batch, H = int(heads_.size());
+  const int w = net_.trunk[i];
+  be.relu_bias_grad(trunk_dz_[i], Real{}, trunk_gb_[0][i], B, w, w, H, std::int64_t(B) * w, 0, reg_.param_count());
 }
 
 // dW_h = dz_hᵀ · in of trunk layer i from its masked gradient, batched over heads (grad/all rows

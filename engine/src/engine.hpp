@@ -135,6 +135,7 @@ class Engine {
   void upload_budget_reach();
   void trunk_forward(Backend& be, bool target);
   void trunk_backward_layer(Backend& be, int i);
+  void trunk_bias_layer(Backend& be, int i);
   void trunk_weights_layer(Backend& be, int i);
   void capture_stages();
   StepReport parse_report(const std::vector<unsigned char>& bytes) const;

@@ -725,7 +725,10 @@ TEST_CASE("gpu.ops.dueling_dist: combine + log-softmax + Q + argmax in one pass,
   const struct {
     int rows, D, A, Z, star_from;
     bool q;
-  } shapes[] = {{2 * 37, 3, 5, 51, 37, true}, {19, 2, 7, 101, 0, true}, {13, 4, 3, 9, 13, true}, {11, 3, 5, 33, 0, false}};
+  } shapes[] = {{2 * 37, 3, 5, 51, 37, true}, {19, 2, 7, 101, 0, true}, {13, 4, 3, 9, 13, true}, {11, 3, 5, 33, 0, false},
+                {17, 2, 8, 64, 5, true}, {9, 1, 9, 20, 0, true}, {6, 2, 1, 1, 0, true}};
+  // A warp per (row, branch) while Z <= 64 and A <= 8 (the first, third, fourth, fifth and last
+  // shapes); a block per (row, branch) beyond (the second: Z 101; the sixth: A 9).
   // fp32: the kernel's double arithmetic, as the CPU's; tf32: its float arithmetic (kFloatMath).
   // pad: adv's (row, branch) blocks A·Z + pad apart (0: compact, ldadv unset).
   for (const int pad : {0, 5})
@@ -933,7 +936,10 @@ TEST_CASE("gpu.ops.head_backward_inputs: the fused tf32 kernel against the CPU's
 TEST_CASE("gpu.ops.c51_loss: fused target distribution, projection, cross-entropy and dueling backward") {
   const struct {
     int B, D, A, Z;
-  } shapes[] = {{37, 3, 5, 51}, {5, 11, 4, 21}, {64, 1, 2, 101}, {9, 40, 3, 13}, {7, 2, 3, 300}};
+  } shapes[] = {{37, 3, 5, 51}, {5, 11, 4, 21}, {64, 1, 2, 101}, {9, 40, 3, 13}, {7, 2, 3, 300},
+                {21, 2, 8, 64}, {6, 32, 3, 17}, {4, 3, 9, 10}};
+  // A warp per (sample, branch) while Z <= 64, A <= 8 and D <= 32 (shapes 1, 2, 6, 7); the block
+  // kernel beyond (Z 101 or 300, D 40, A 9).
   // fp32: double arithmetic; tf32: float (kFloatMath). The last two shapes take several rounds
   // of branches per block, and several atoms per thread. pad: tadv's and dadv's (sample, branch)
   // blocks A·Z + pad apart (0: compact); dadv's padding must stay poisoned.
@@ -1029,6 +1035,25 @@ TEST_CASE("gpu.ops.relu_bias_grad: masks and column sums for several heads shari
   cpu.ops->relu_bias_grad(host(dy3), Real{}, host(db), rows, cols, ld, heads, stride_dy, 0, stride_db);
   cpu.ok();
   expect_close(gpu.get(dbd, static_cast<std::int64_t>(db.size())), db, kReduction, "relu_bias_grad no mask");
+  // no db: the masks alone (the trunk backward's critical path), four columns at a time where
+  // the shape allows and one at a time where it does not; db must stay as it was
+  const std::vector<float> db_before = gpu.get(dbd, static_cast<std::int64_t>(db.size()));
+  const struct {
+    int rows, cols, ld;
+    std::int64_t stride;
+  } masks[] = {{37, 64, 68, 37 * 68 + 4}, {37, 64, 68, 37 * 68 + 1}, {rows, cols, ld, stride_dy}, {300, 12, 12, 3600}};
+  for (const auto& m : masks) {
+    INFO("mask only: rows " << m.rows << " cols " << m.cols << " ld " << m.ld << " head stride " << m.stride);
+    auto ym = random_vec(static_cast<std::size_t>(m.stride) * heads, -1, 1, 55);
+    auto dym = random_vec(ym.size(), -1, 1, 56);
+    Real dymd = gpu.put(dym), ymd = gpu.put(ym);
+    gpu.ops.relu_bias_grad(dymd, ymd, Real{}, m.rows, m.cols, m.ld, heads, m.stride, m.stride, 0);
+    gpu.ok();
+    cpu.ops->relu_bias_grad(host(dym), host(ym), Real{}, m.rows, m.cols, m.ld, heads, m.stride, m.stride, 0);
+    cpu.ok();
+    expect_close(gpu.get(dymd, static_cast<std::int64_t>(dym.size())), dym, 0.0, "relu_bias_grad mask only");
+  }
+  expect_same_bits(gpu.get(dbd, static_cast<std::int64_t>(db.size())), db_before, "db untouched by mask-only calls");
 }
 
 TEST_CASE("gpu.ops.budget: norms, clips, combined gradient, total loss; NaN/Inf skip") {

@@ -387,7 +387,7 @@ class Backend {
   /// for h < heads, dy_h = dy + h·stride_dy, y_h = y + h·stride_y (stride_y 0: one activation for
   /// all): dy_h[r,c] = 0 where y_h[r,c] <= 0 (no masking when y is null), then
   /// db[h·stride_db + c] = Σ_r dy_h[r,c] (overwritten). The same numbers as relu_backward
-  /// followed by bias_grad (beta 0) per h.
+  /// followed by bias_grad (beta 0) per h. db may be null: the masks only (no sums).
   virtual void relu_bias_grad(Real dy, Real y, Real db, int rows, int cols, int ld, int heads,
                               std::int64_t stride_dy, std::int64_t stride_y, std::int64_t stride_db) noexcept = 0;
 

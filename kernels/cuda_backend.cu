@@ -33,7 +33,7 @@ namespace {
 constexpr std::size_t kWorkspaceBytes = std::size_t{8} << 20;        // cuBLAS + cuBLASLt, per lane
 constexpr std::size_t kInitialScratchBytes = std::size_t{4} << 20;   // per lane, usable without a plan
 constexpr int kReportSlots = 64;
-constexpr int kMaxLanes = 8;                                          // concurrent streams of a captured step
+constexpr int kMaxLanes = 12;                                         // concurrent streams of a captured step
 /// Stream slots: one per lane, then one side slot per lane (kMaxLanes + lane) on which an op of
 /// that lane may run a part of itself beside the rest (head_forward's value GEMM).
 constexpr int kSlots = 2 * kMaxLanes;

@@ -312,7 +312,7 @@ __global__ void c51_loss_kernel(C51Loss a, double dz_d, LossShape shape, double*
 // holding all its atoms and actions in registers: every load of a (row, branch) is issued at once
 // and the reductions are warp shuffles, with no block barrier until the branches of a sample meet
 // (c51: dv and the sample's loss). Used while Z ≤ 32·kWarpAtoms and A ≤ kWarpMaxA (and, for c51,
-// D ≤ 32 warps a block); beyond, the block kernels above.
+// D ≤ kLossMaxWarps warps a block); beyond, the block kernels above.
 constexpr int kWarpAtoms = 2;          // atoms per lane
 constexpr int kWarpMaxA = 8;           // actions held in registers
 constexpr int kDistWarpsPerBlock = 4;  // dueling_dist_warp: (row, branch) pairs per block
@@ -324,7 +324,8 @@ bool warp_head_kernels() {
   static const bool on = env_on("DQN_WARP_HEAD");
   return on;
 }
-bool c51_warp(int D, int A, int Z) { return warp_head_fits(A, Z) && D <= 32 && warp_head_kernels(); }
+constexpr int kLossMaxWarps = 16;  // c51_loss_warp: branches (warps) per block
+bool c51_warp(int D, int A, int Z) { return warp_head_fits(A, Z) && D <= kLossMaxWarps && warp_head_kernels(); }
 
 /// Butterfly over the lanes for the first n of K values at once (their shuffles interleaved):
 /// each value as warp_sum_t / warp_max would give it.
@@ -419,7 +420,8 @@ __global__ void __launch_bounds__(32 * kDistWarpsPerBlock) dueling_dist_warp_ker
   if (a.a_star && r >= a.star_from && lane == 0) a.a_star[(r - a.star_from) * D + (rd - r * D)] = best;
 }
 
-/// c51_loss with a warp per (sample, branch) and a block per sample (32·D threads). Shared: the
+/// c51_loss with a warp per (sample, branch) and a block per sample (32·D threads, D ≤
+/// kLossMaxWarps). Shared: the
 /// branches' cross-entropies [D] (double), gradient rows G [D][Z] (float), and per warp the target
 /// probabilities p and projected support tz [Z] each (T).
 std::size_t c51_loss_warp_shared_bytes(int D, int Z, std::size_t t_size) {
@@ -428,7 +430,8 @@ std::size_t c51_loss_warp_shared_bytes(int D, int Z, std::size_t t_size) {
 }
 
 template <typename T>
-__global__ void c51_loss_warp_kernel(C51Loss a, double dz_d, double* weighted, unsigned* counter) {
+__global__ void __launch_bounds__(32 * kLossMaxWarps)
+    c51_loss_warp_kernel(C51Loss a, double dz_d, double* weighted, unsigned* counter) {
   dev::pdl_entry();
   extern __shared__ double clw_shared[];
   __shared__ double red[32];

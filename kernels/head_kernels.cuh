@@ -16,7 +16,7 @@ namespace dqn::cuda {
 std::size_t dueling_dist_shared_bytes(int Z, int A);
 /// double_math: the distribution in double (fp32 pipelines, as the CPU twin); else in float.
 /// A warp per (row, branch) while Z ≤ 64 and A ≤ 8 (the same arithmetic; DQN_WARP_HEAD=0 keeps
-/// the block per (row, branch)); c51_loss likewise while also D ≤ 32.
+/// the block per (row, branch)); c51_loss likewise while also D ≤ 16.
 cudaError_t dueling_dist(cudaStream_t s, const DuelingDist& a, bool double_math);
 
 /// Scratch c51_loss needs (one double per sample) and its dynamic shared memory.

@@ -937,9 +937,9 @@ TEST_CASE("gpu.ops.c51_loss: fused target distribution, projection, cross-entrop
   const struct {
     int B, D, A, Z;
   } shapes[] = {{37, 3, 5, 51}, {5, 11, 4, 21}, {64, 1, 2, 101}, {9, 40, 3, 13}, {7, 2, 3, 300},
-                {21, 2, 8, 64}, {6, 32, 3, 17}, {4, 3, 9, 10}};
-  // A warp per (sample, branch) while Z <= 64, A <= 8 and D <= 32 (shapes 1, 2, 6, 7); the block
-  // kernel beyond (Z 101 or 300, D 40, A 9).
+                {21, 2, 8, 64}, {6, 16, 3, 17}, {6, 17, 3, 17}, {4, 3, 9, 10}};
+  // A warp per (sample, branch) while Z <= 64, A <= 8 and D <= 16 (shapes 1, 2, 6, 7); the block
+  // kernel beyond (Z 101 or 300, D 40 or 17, A 9).
   // fp32: double arithmetic; tf32: float (kFloatMath). The last two shapes take several rounds
   // of branches per block, and several atoms per thread. pad: tadv's and dadv's (sample, branch)
   // blocks A·Z + pad apart (0: compact); dadv's padding must stay poisoned.

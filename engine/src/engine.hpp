@@ -133,7 +133,7 @@ class Engine {
   void add_engine_stages_back();
   void bind_engine();
   void upload_budget_reach();
-  void trunk_forward(Backend& be, bool target);
+  void trunk_forward_layer(Backend& be, int i, bool target);
   void trunk_backward_layer(Backend& be, int i);
   void trunk_bias_layer(Backend& be, int i);
   void trunk_weights_layer(Backend& be, int i);

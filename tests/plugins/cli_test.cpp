@@ -408,7 +408,8 @@ TEST_CASE("cli.step.explain") {
   // the GPU); from the loss on, the output layers' gradients, the input side with the trunk's
   // layers and the weight gradients of each form branches that meet at the update.
   const std::vector<std::pair<std::string, std::string>> before = {
-      {"trunk.forward", "c51.forward"}, {"target.trunk.forward", "c51.target"}, {"c51.forward", "c51.loss"},
+      {"trunk.forward.0", "trunk.forward.1"}, {"trunk.forward.1", "c51.forward"},
+      {"trunk.forward.0", "target.trunk.forward"}, {"target.trunk.forward", "c51.target"}, {"c51.forward", "c51.loss"},
       {"c51.target", "c51.loss"}, {"c51.loss", "c51.weights.out"}, {"c51.loss", "c51.backward"},
       {"c51.backward", "c51.weights"}, {"c51.backward", "trunk.backward.1"},
       {"trunk.backward.1", "trunk.weights.1"}, {"trunk.backward.1", "trunk.backward.0"},
@@ -421,20 +422,22 @@ TEST_CASE("cli.step.explain") {
     CHECK_MESSAGE(it != order.end(), n);
     return it - order.begin();
   };
-  CHECK(order.size() == 15);
+  CHECK(order.size() == 16);
   for (const auto& [a, b] : before) CHECK_MESSAGE(pos(a) < pos(b), a << " before " << b);
-  CHECK(has(r.out, "stages in order (15):"));
+  CHECK(has(r.out, "stages in order (16):"));
   // Each stage names what it waits for when stages run side by side: the loss both chains.
   CHECK(has(r.out, "c51.loss  <c51>"));
   CHECK(has(r.out, "       waits:  c51.forward, c51.target\n"));
-  CHECK(has(r.out, "       waits:  -\n"));  // the two trunk forwards wait for nothing
+  CHECK(has(r.out, "       waits:  -\n"));  // the online trunk's first layer waits for nothing
+  // the target chain waits for it: one root (engine.cpp, add_engine_stages_front)
+  CHECK(has(r.out, "target.trunk.forward  <engine>\n       reads:  batch/states2, target, trunk/a0\n"));
   CHECK(has(r.out, "registry:\narena: "));
   CHECK(has(r.out, "c51.loss  <c51>"));
   // With spectral norm the update stage reads the matrix table and writes every power-iteration
   // vector (budgets, Adam, spectral norm and the target update are one op).
   const Run sn = dqn_run("step " + quote(c51_yaml()) + " " + kSmall + " spectral_norm.enabled=true --explain");
   REQUIRE(sn.rc == 0);
-  CHECK(has(sn.out, "  15. update  <engine>"));
+  CHECK(has(sn.out, "  16. update  <engine>"));
   CHECK(has(sn.out, "sn.u.trunk.0.weight"));
   CHECK(has(sn.out, "sn/table"));
 }

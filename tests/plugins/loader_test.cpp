@@ -435,7 +435,7 @@ TEST_CASE("loader.third_party_head_runs_with_c51") {
     CHECK_MESSAGE(it != order.end(), n << " not scheduled");
     return it - order.begin();
   };
-  CHECK(pos("trunk.forward") < pos("h2_l2.penalty"));
+  CHECK(pos("trunk.forward.0") < pos("h2_l2.penalty"));
   CHECK(pos("h2_l2.penalty") < pos("h2_l2.report"));
   CHECK(pos("h2_l2.report") < pos("update"));
   CHECK(pos("h2_l2.penalty") < pos("trunk.backward.0"));  // one trunk backward for every head

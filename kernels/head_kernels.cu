@@ -163,6 +163,11 @@ __device__ __forceinline__ void slot_reduce2(R& a, R& b, R* red_a, R* red_b, int
 /// probabilities p and projected support tz [Z] in shared memory. tz is non-decreasing in j, so
 /// the j with a non-zero weight |tz_j − zi| < Δz form one run: find its start, sum it in order
 /// (the zero terms of the dense sum change nothing).
+/// The weights' division by Δz: exact in double (fp32 pipelines, as the CPU); in float a multiply
+/// by 1/Δz (one rounding more, far below the float tolerance, and no division subroutine).
+__device__ __forceinline__ double over_dz(double x, double dz) { return x / dz; }
+__device__ __forceinline__ float over_dz(float x, float dz) { return x * (1.0f / dz); }
+
 template <typename T>
 __device__ __forceinline__ T project_atom(const T* p, const T* tz, int Z, T zi, T dz) {
   int lo = 0, hi = Z;
@@ -172,7 +177,8 @@ __device__ __forceinline__ T project_atom(const T* p, const T* tz, int Z, T zi, 
     else lo = mid + 1;
   }
   T acc = 0;
-  for (int j = lo; j < Z && tz[j] < zi + dz; ++j) acc += fmin(fmax(T(1) - fabs(tz[j] - zi) / dz, T(0)), T(1)) * p[j];
+  for (int j = lo; j < Z && tz[j] < zi + dz; ++j)
+    acc += fmin(fmax(T(1) - over_dz(fabs(tz[j] - zi), dz), T(0)), T(1)) * p[j];
   return acc;
 }
 
@@ -449,20 +455,30 @@ __global__ void __launch_bounds__(32 * kLossMaxWarps)
   const T grad_scale = static_cast<T>(static_cast<double>(wb) / (static_cast<double>(a.B) * D));
   const T discount = static_cast<T>(a.gamma_n) * (T(1) - static_cast<T>(static_cast<const float*>(a.dones.p)[b]));
   const T reward = static_cast<const float*>(a.rewards.p)[b];
-  // every load of the (sample, branch) at once: the target's value and advantages, and the online
-  // log-probabilities at the taken action
+  // every load of the (sample, branch) at once, none waiting for a* or the taken action: the
+  // target's value and advantages, and the online log-probabilities of every action (the taken
+  // one selected after)
   const float* tadv = static_cast<const float*>(a.tadv.p) + static_cast<std::int64_t>(bd) * ld_or(a.ldtadv, A * Z);
   const float* tv = static_cast<const float*>(a.tv.p) + static_cast<std::int64_t>(b) * a.ldtv;
-  const float* lp = static_cast<const float*>(a.logp.p) + (static_cast<std::int64_t>(bd) * A + (taken_ok ? taken : 0)) * Z;
-  float tx[kWarpMaxA][kWarpAtoms], tvv[kWarpAtoms], lpv[kWarpAtoms];
+  const float* lp = static_cast<const float*>(a.logp.p) + static_cast<std::int64_t>(bd) * A * Z;
+  float tx[kWarpMaxA][kWarpAtoms], tvv[kWarpAtoms], lpv[kWarpAtoms], lpa[kWarpMaxA][kWarpAtoms];
 #pragma unroll
   for (int k = 0; k < kWarpAtoms; ++k) {
     const int i = lane + 32 * k;
     const bool in = i < Z;
-    tvv[k] = star_ok && in ? tv[i] : 0.0f;
-    lpv[k] = taken_ok && in ? lp[i] : 0.0f;
+    tvv[k] = in ? tv[i] : 0.0f;
 #pragma unroll
-    for (int act = 0; act < kWarpMaxA; ++act) tx[act][k] = star_ok && in && act < A ? tadv[act * Z + i] : 0.0f;
+    for (int act = 0; act < kWarpMaxA; ++act) {
+      tx[act][k] = in && act < A ? tadv[act * Z + i] : 0.0f;
+      lpa[act][k] = in && act < A ? lp[act * Z + i] : 0.0f;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kWarpAtoms; ++k) {
+    lpv[k] = 0.0f;
+#pragma unroll
+    for (int act = 0; act < kWarpMaxA; ++act)
+      if (act == taken) lpv[k] = lpa[act][k];
   }
   // 1. the target network's log-probabilities at a*, as dueling_combine + log_softmax
   float logit[kWarpAtoms];

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# On a GPU machine: an A/B comparison of kernel switches with the run-to-run noise of autotuning
+# averaged out. Each variant ("default" or "ENV=value[,ENV2=value]") runs `dqn bench` at B 256,
+# tf32, C51 and all four heads, ROUNDS times (default 3) in alternating order, each a fresh
+# process (and so a fresh autotuning); prints every figure and the median per variant. With
+# TRACE=1 it also prints each variant's C51 kernel timeline (dqn-trace). Needs build-gpu built.
+# Usage: tools/gpu_ab.sh default DQN_PDL=0 DQN_WARP_HEAD=0,DQN_PDL=0
+set -uo pipefail
+build=build-gpu
+export DQN_PLUGIN_PATH=$PWD/$build/plugins
+all="heads.1.enabled=true heads.2.enabled=true heads.3.enabled=true"
+rounds=${ROUNDS:-3}
+declare -A res
+for r in $(seq "$rounds"); do
+  for v in "$@"; do
+    envs=(); [ "$v" != default ] && IFS=, read -r -a envs <<<"$v"
+    for cfg in c51 all; do
+      ov=""; [ $cfg = all ] && ov=$all
+      # shellcheck disable=SC2086
+      us=$(env "${envs[@]}" $build/tools/dqn bench pipelines/ref.yaml $ov --batch 256 --precision tf32 2>/dev/null |
+        awk '$1 == "ref" {print $4}')
+      res["$v|$cfg"]+="$us "
+    done
+  done
+done
+printf '%-40s %-32s %-9s %-32s %-9s\n' variant "C51 us (rounds)" median "all heads us (rounds)" median
+for v in "$@"; do
+  med() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
+  c=${res["$v|c51"]}; a=${res["$v|all"]}
+  printf '%-40s %-32s %-9s %-32s %-9s\n' "$v" "$c" "$(echo "$c" | med)" "$a" "$(echo "$a" | med)"
+done
+if [ "${TRACE:-0}" = 1 ]; then
+  for v in "$@"; do
+    envs=(); [ "$v" != default ] && IFS=, read -r -a envs <<<"$v"
+    echo "== trace, $v"
+    env "${envs[@]}" $build/tools/dqn-trace pipelines/ref.yaml --batch 256 --precision tf32 2>&1
+  done
+fi

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <sstream>
@@ -347,13 +348,20 @@ void Engine::add_engine_stages_front() {
   // chain also waits for the online first layer, so the step's graph has one root: two roots start
   // in no fixed order, and a replay that launched the target's first two kernels before the online
   // network's first started the online chain (the step's critical path) 6.6 µs late. The target
-  // chain has the slack: it ends at the loss, after a shorter head.
+  // chain has the slack: it ends at the loss, after a shorter head. DQN_TARGET_WAIT=trunk makes it
+  // wait for the whole online trunk, =none for nothing (two roots), to measure the choice.
   for (int i = 0; i < L; ++i) {
     std::vector<std::string> reads{i == 0 ? std::string(buf::states2) : acts[std::size_t(i - 1)], "params"};
     stages_.push_back(Stage{"trunk.forward." + std::to_string(i), "engine", reads, {acts[std::size_t(i)]},
                             [this, i](Backend& be) { trunk_forward_layer(be, i, false); }});
   }
-  stages_.push_back(Stage{"target.trunk.forward", "engine", {buf::states2, "target", acts[0]}, tacts,
+  std::vector<std::string> treads{buf::states2, "target"};
+  const char* wait = std::getenv("DQN_TARGET_WAIT");
+  const std::string w = wait ? wait : "first";
+  if (w != "first" && w != "trunk" && w != "none")
+    throw std::invalid_argument("DQN_TARGET_WAIT='" + w + "': expected first, trunk or none");
+  if (w != "none") treads.push_back(w == "trunk" ? acts.back() : acts[0]);
+  stages_.push_back(Stage{"target.trunk.forward", "engine", treads, tacts,
                           [this, L](Backend& be) {
                             for (int i = 0; i < L; ++i) trunk_forward_layer(be, i, true);
                           }});

@@ -317,7 +317,22 @@ class CudaBackend final : public Backend {
 
   // --- dense layers -------------------------------------------------------------------------
 
+  /// Gemm::mask runs in tile_gemm's epilogue where the GEMM runs there (as autotuned, keyed apart
+  /// from the unmasked problem); on every other path, relu_mask after the GEMM.
   void gemm(const Gemm& g) noexcept override {
+    constexpr const char* op = "gemm";
+    if (g.mask && (!real_ok(g.mask, op, "mask") || g.ldmask < g.n || g.mask_rows < 0))
+      return fail(op, "mask needs ldmask >= n and mask_rows >= 0");
+    masked_in_kernel_ = false;
+    gemm_body(g);
+    if (!g.mask || masked_in_kernel_ || status_ != 0 || planning_ || g.m == 0 || g.n == 0) return;
+    for (int i = 0; i < g.batch; ++i)
+      if (!DQN_CUDA_OK(op, cuda::relu_mask(stream_, g.c.as<float>() + i * g.stride_c, g.m, g.n, g.ldc,
+                                           g.mask.as<const float>() + i * g.stride_mask, g.ldmask, g.mask_rows)))
+        return;
+  }
+
+  void gemm_body(const Gemm& g) noexcept {
     constexpr const char* op = "gemm";
     if (g.m < 0 || g.n < 0 || g.k < 0 || g.batch < 0) return fail(op, "negative size");
     if (g.m == 0 || g.n == 0 || g.batch == 0) return;
@@ -380,7 +395,7 @@ class CudaBackend final : public Backend {
     LtKey tkey = key;
     if (precision_ == Precision::tf32 && tile_.on) {
       tg = tile_args(g);
-      tkey.epilogue = (g.bias ? 1 : 0) | (g.act == Act::relu ? 2 : 0);
+      tkey.epilogue = (g.bias ? 1 : 0) | (g.act == Act::relu ? 2 : 0) | (g.mask ? 4 : 0);
       tkey.stride_bias = g.bias && batched ? g.stride_bias : 0;
       if (!(tile = tile_slot(tkey))) return;
       if (*tile == kTileUndecided && tile_.forced) *tile = forced_tile(tkey, tg, g.c.as<const float>());
@@ -509,7 +524,8 @@ class CudaBackend final : public Backend {
     if (!s && !planning_) return;
     auto* part = static_cast<float*>(planning_ ? scratch_ : s);
     in_split_ = true;
-    Gemm sub = g;  // slice i: k in [i·ks, (i+1)·ks)
+    Gemm sub = g;  // slice i: k in [i·ks, (i+1)·ks); the mask (gemm()) after the sum
+    sub.mask = Real{};
     sub.k = ks;
     sub.batch = full;
     sub.stride_a = g.ta ? static_cast<std::int64_t>(ks) * g.lda : ks;
@@ -521,6 +537,7 @@ class CudaBackend final : public Backend {
     if (rem > 0) {
       const std::int64_t k0 = static_cast<std::int64_t>(full) * ks;
       Gemm last = g;
+      last.mask = Real{};
       last.k = rem;
       last.a = g.a + (g.ta ? k0 * g.lda : k0);
       last.b = g.b + (g.tb ? k0 : k0 * g.ldb);
@@ -1040,9 +1057,8 @@ class CudaBackend final : public Backend {
   /// head_backward_inputs_composed with the value GEMM on the side slot, beside the branches'
   /// GEMM (they write disjoint columns of dhidden; on one stream they ran one after the other).
   void head_backward_beside(const HeadBackward& a) noexcept {
-    const HeadBackwardOps o = head_backward_ops(a);
-    if (!beside("head_backward_inputs", o.value, o.branch)) return;
-    relu_backward(a.dhidden, a.hidden, a.rows, o.hc, o.hc);
+    const HeadBackwardOps o = head_backward_ops(a);  // each GEMM masked by its hidden columns
+    beside("head_backward_inputs", o.value, o.branch);
   }
 
   /// `side` on the lane's side slot and `main` on its own stream, side by side, both after what
@@ -1476,6 +1492,10 @@ class CudaBackend final : public Backend {
     t.stride_b = batched ? g.stride_b : 0;
     t.stride_c = batched ? g.stride_c : 0;
     t.stride_bias = batched && g.bias ? g.stride_bias : 0;
+    t.mask = g.mask ? g.mask.as<const float>() : nullptr;
+    t.ldmask = g.ldmask;
+    t.mask_rows = g.mask_rows > 0 ? g.mask_rows : g.m;
+    t.stride_mask = batched && g.mask ? g.stride_mask : 0;
     return t;
   }
 
@@ -1507,7 +1527,7 @@ class CudaBackend final : public Backend {
   }
 
   void run_tile(const cuda::TileGemm& tg, int config) noexcept {
-    DQN_CUDA_OK("gemm", cuda::tile_gemm(stream_, tg, config));
+    if (DQN_CUDA_OK("gemm", cuda::tile_gemm(stream_, tg, config)) && tg.mask) masked_in_kernel_ = true;
   }
 
   /// DQN_TILE_GEMM=1 or a shape: the named shape, or the fastest that fits (timed, outside
@@ -1799,6 +1819,7 @@ class CudaBackend final : public Backend {
   bool tune_split_k_ = tune_split_k_from_env();  ///< DQN_GEMM_TUNE_SPLIT_K, read once per backend
   int update_blocks_ = 0;                ///< the fused update's grid (0: not fused)
   int update_cluster_ = 0;               ///< the cluster update's blocks per cluster (0: not used)
+  bool masked_in_kernel_ = false;        ///< gemm(): tile_gemm applied the Gemm's mask
   /// DQN_FUSED_UPDATE=cluster: the cluster update whatever share of params the normed matrices hold.
   bool cluster_forced_ = [] {
     const char* v = std::getenv("DQN_FUSED_UPDATE");

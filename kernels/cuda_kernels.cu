@@ -88,6 +88,15 @@ __global__ void relu_backward_kernel(float* dy, const float* y, int rows, int co
   }
 }
 
+__global__ void relu_mask_kernel(float* c, int rows, int cols, int ldc, const float* mask, int ldmask, int mask_rows) {
+  dev::pdl_entry();
+  const std::int64_t n = static_cast<std::int64_t>(rows) * cols;
+  for (std::int64_t i = grid_start(); i < n; i += grid_step()) {
+    const std::int64_t r = i / cols, j = i - r * cols;
+    if (mask[(r % mask_rows) * ldmask + j] <= 0.0f) c[r * ldc + j] = 0.0f;
+  }
+}
+
 /// relu_backward four columns at a time (cols and ld multiples of 4, dy and y 16-byte aligned):
 /// the same masked elements; the others are stored back unchanged.
 template <class I>
@@ -1658,6 +1667,14 @@ cudaError_t relu_backward(cudaStream_t s, float* dy, const float* y, int rows, i
   with_index_type(n, [&](auto i) {
     launch(relu_backward_kernel<decltype(i)>, blocks_for(n), kThreads, 0, s, dy, y, rows, cols, ld);
   });
+  return cudaGetLastError();
+}
+
+cudaError_t relu_mask(cudaStream_t s, float* c, int rows, int cols, int ldc, const float* mask, int ldmask,
+                      int mask_rows) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  launch(relu_mask_kernel, blocks_for(static_cast<std::int64_t>(rows) * cols), kThreads, 0, s, c, rows, cols, ldc, mask,
+         ldmask, mask_rows > 0 ? mask_rows : rows);
   return cudaGetLastError();
 }
 

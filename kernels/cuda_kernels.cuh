@@ -21,6 +21,10 @@ bool env_on(const char* name) noexcept;
 
 cudaError_t bias_act(cudaStream_t s, float* y, const float* bias, int rows, int cols, int ldy, bool relu);
 cudaError_t relu_backward(cudaStream_t s, float* dy, const float* y, int rows, int cols, int ld);
+/// Gemm::mask after a GEMM that did not apply it: c[r, j] = 0 where mask[(r mod mask_rows)·ldmask + j]
+/// <= 0 (r < rows, j < cols).
+cudaError_t relu_mask(cudaStream_t s, float* c, int rows, int cols, int ldc, const float* mask, int ldmask,
+                      int mask_rows);
 cudaError_t bias_grad(cudaStream_t s, float* db, const float* dy, int rows, int cols, int ldy, float beta);
 
 cudaError_t dueling_combine(cudaStream_t s, float* logits, const float* v, int ldv, const float* adv,
@@ -120,6 +124,10 @@ struct TileGemm {
   float* c = nullptr;
   const float* bias = nullptr;
   std::int64_t stride_a = 0, stride_b = 0, stride_c = 0, stride_bias = 0;
+  /// Gemm::mask (mask_rows resolved: > 0): the ReLU backward in the epilogue.
+  const float* mask = nullptr;
+  int ldmask = 0, mask_rows = 1;
+  std::int64_t stride_mask = 0;
 };
 /// The tile shapes of tile_gemm (block tiles 16×32, 32×32 and 64×64 of C).
 inline constexpr int kTileGemmConfigs = 3;

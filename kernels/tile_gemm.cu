@@ -5,7 +5,8 @@
  *  flight at once (cp.async into shared memory: for k ≤ S·32 the whole panels are requested
  *  before the first multiply), then runs mma.sync m16n8k8 with operands rounded to tf32 (round
  *  to nearest, as cuBLAS's TF32 mode) and f32 accumulation, and applies the Gemm's epilogue
- *  (alpha, beta·C, bias, ReLU) in registers. Deterministic: a fixed summation order per element.
+ *  (alpha, beta·C, bias, ReLU, the ReLU-backward mask) in registers. Deterministic: a fixed
+ *  summation order per element.
  */
 #include <cuda_runtime.h>
 
@@ -180,6 +181,7 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool ve
   float* C = g.c + z * g.stride_c;
   const float* Cin = g.c_in + z * g.stride_c;
   const float* bias = g.bias ? g.bias + z * g.stride_bias : nullptr;
+  const float* mask = g.mask ? g.mask + z * g.stride_mask : nullptr;  // then the ReLU backward
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -194,6 +196,7 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool ve
         if (g.beta != 0.0f) v += g.beta * Cin[at];
         if (bias) v += bias[c];
         if (g.relu) v = v > 0.0f ? v : 0.0f;
+        if (mask && mask[static_cast<std::int64_t>(r % g.mask_rows) * g.ldmask + c] <= 0.0f) v = 0.0f;
         C[at] = v;
       }
 }

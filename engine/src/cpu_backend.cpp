@@ -43,8 +43,11 @@ class CpuBackend final : public Backend {
     if (g.k > 0 && (!real_ok(g.a, "gemm", "a") || !real_ok(g.b, "gemm", "b"))) return;
     if (g.bias && !real_ok(g.bias, "gemm", "bias")) return;
     if (g.act != Act::none && g.act != Act::relu) return fail("gemm", "unknown activation");
+    if (g.mask && (!real_ok(g.mask, "gemm", "mask") || g.ldmask < g.n || g.mask_rows < 0))
+      return fail("gemm", "mask needs ldmask >= n and mask_rows >= 0");
     const bool epilogue = g.bias || g.act != Act::none;
     const double alpha = g.alpha, beta = g.beta;
+    const int mask_rows = g.mask_rows > 0 ? g.mask_rows : g.m;
     for (int bi = 0; bi < g.batch; ++bi) {
       const T* A = g.k > 0 ? g.a.as<T>() + bi * g.stride_a : nullptr;
       const T* B = g.k > 0 ? g.b.as<T>() + bi * g.stride_b : nullptr;
@@ -66,6 +69,8 @@ class CpuBackend final : public Backend {
             if (g.act == Act::relu) x = x > 0.0 ? x : 0.0;
             c = static_cast<T>(x);
           }
+          // as relu_backward on the stored result
+          if (g.mask && g.mask.as<T>()[bi * g.stride_mask + idx(i % mask_rows, g.ldmask, j)] <= T(0)) c = T(0);
         }
       }
     }

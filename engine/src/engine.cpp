@@ -374,21 +374,31 @@ void Engine::add_engine_stages_back() {
     acts.push_back(i == L - 1 ? std::string(buf::h2) : "trunk/a" + std::to_string(i));
     dz.push_back(i == L - 1 ? std::string("dtrunk/all") : "trunk/dz" + std::to_string(i));
   }
-  // One trunk backward for every head: the heads' ∂L/∂h2 stacked [H·B, H2], the ReLU masks in one
-  // pass per layer, bias gradients as column sums over every head, dW as one GEMM batched over
-  // heads, d(input) as one GEMM over H·B rows. A stage per layer for the input side
-  // (trunk.backward.<i>: mask, d(input)); its bias gradient (trunk.bias.<i>) and weight gradient
-  // (trunk.weights.<i>) need only the masked gradient and so run beside the layers below.
+  // One trunk backward for every head: the heads' ∂L/∂h2 stacked [H·B, H2], the top layer's ReLU
+  // mask in one pass, then per layer d(input) as one GEMM over H·B rows that also applies the
+  // layer below's mask (Gemm::mask), bias gradients as column sums over every head and dW as one
+  // GEMM batched over heads. A stage per layer for the input side (trunk.backward.<i>: the top
+  // layer's mask, d(input); the first layer has none below the top); its bias gradient
+  // (trunk.bias.<i>) and weight gradient (trunk.weights.<i>) need only the masked gradient and so
+  // run beside the layers below.
   for (int i = L - 1; i >= 0; --i) {
     const std::string li = std::to_string(i);
     const std::string& dz_i = dz[std::size_t(i)];
-    std::vector<std::string> reads{acts[std::size_t(i)], dz_i}, writes{dz_i};
-    if (i > 0) {
-      reads.push_back("params");
-      writes.push_back(dz[std::size_t(i - 1)]);
+    const bool top = i == L - 1;
+    if (top || i > 0) {
+      std::vector<std::string> reads{dz_i}, writes;
+      if (top) {
+        reads.push_back(acts[std::size_t(i)]);
+        writes.push_back(dz_i);
+      }
+      if (i > 0) {
+        reads.push_back(acts[std::size_t(i - 1)]);
+        reads.push_back("params");
+        writes.push_back(dz[std::size_t(i - 1)]);
+      }
+      stages_.push_back(Stage{"trunk.backward." + li, "engine", reads, writes,
+                              [this, i](Backend& be) { trunk_backward_layer(be, i); }});
     }
-    stages_.push_back(Stage{"trunk.backward." + li, "engine", reads, writes,
-                            [this, i](Backend& be) { trunk_backward_layer(be, i); }});
     std::vector<std::string> bwrites;
     for (const auto& h : head_names_) bwrites.push_back("grad/" + h + "/trunk." + li + ".bias");
     stages_.push_back(Stage{"trunk.bias." + li, "engine", {dz_i}, bwrites,
@@ -534,20 +544,22 @@ void Engine::upload_budget_reach() {
   rt_->ops().upload(budget_reach_, reach.data(), reach.size() * sizeof(std::int64_t));
 }
 
-// Backprop every head's ∂L_h/∂h_L (dtrunk/all, rows of `states`) through trunk layer i: the ReLU
-// mask, then (below the first layer) d(input).
+// Backprop every head's gradient (rows of `states`) through trunk layer i: at the top layer
+// (dtrunk/all: the heads' ∂L_h/∂h_L) its ReLU mask first; below the first layer, d(input) with the
+// layer below's mask applied (so its gradient arrives masked).
 void Engine::trunk_backward_layer(Backend& be, int i) {
   const int B = spec_.batch, H = int(heads_.size());
   const int w = net_.trunk[i];
   const int in_w = i == 0 ? net_.state : net_.trunk[i - 1];
   const Real dz = trunk_dz_[i];  // [H·B, w]
   // rows 0..B of the 2B activation block are `states`: the same mask for every head
-  be.relu_bias_grad(dz, trunk_a_[i], Real{}, B, w, w, H, std::int64_t(B) * w, 0, 0);
+  if (i == net_.trunk_layers - 1) be.relu_bias_grad(dz, trunk_a_[i], Real{}, B, w, w, H, std::int64_t(B) * w, 0, 0);
   if (i == 0) return;
-  Gemm gx;  // d(in) = dz · W over all H·B rows
+  Gemm gx;  // d(in) = dz · W over all H·B rows, masked by layer i − 1's activation (period B rows)
   gx.m = H * B; gx.n = in_w; gx.k = w;
   gx.a = dz; gx.lda = w; gx.b = trunk_w_[i]; gx.ldb = in_w; gx.c = trunk_dz_[i - 1]; gx.ldc = in_w;
   gx.weight_operand = 2;
+  gx.mask = trunk_a_[i - 1]; gx.ldmask = in_w; gx.mask_rows = B;
   be.gemm(gx);
 }
 

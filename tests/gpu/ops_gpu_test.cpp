@@ -282,6 +282,82 @@ TEST_CASE("gpu.ops.gemm: every layout, precision and tile shape against the CPU"
   }
 }
 
+TEST_CASE("gpu.ops.gemm_mask: the ReLU backward in the GEMM (tile_gemm's epilogue, else after it) against the CPU") {
+  struct Case {
+    const char* why;
+    bool ta;
+    int m, n, k, batch, mask_rows;
+    float beta;
+    bool bias_relu;
+  };
+  const Case cases[] = {
+      {"d(input) layout, one mask row per row", false, 37, 53, 29, 1, 0, 0.0f, false},
+      {"heads stacked: the mask repeats every 13 rows", false, 39, 53, 29, 1, 13, 0.0f, false},
+      {"batched, a mask per entry (the head's branches)", false, 19, 23, 31, 3, 0, 0.0f, false},
+      {"after bias and ReLU, with beta", false, 37, 53, 29, 1, 0, 0.5f, true},
+      {"tall k (split, the mask after the slices' sum)", true, 37, 53, 5000, 1, 0, 0.0f, false},
+      {"k = 0: the mask on beta·C", false, 37, 53, 0, 1, 0, 0.5f, false},
+  };
+  for (const GemmPath& prec : kGemmPaths) {
+    const ScopedEnv tile("DQN_TILE_GEMM", prec.tile_env);
+    Gpu gpu(prec.p);
+    Cpu cpu;
+    std::uint32_t seed = 700;  // the same operands on every path
+    for (const Case& c : cases) {
+      const std::string what = std::string(prec.name) + " gemm mask, " + c.why;
+      CAPTURE(what);
+      const int lda = (c.ta ? c.m : c.k) + 1, ldb = c.k + 2, ldc = c.n + 3, ldmask = c.n + 5;
+      const int a_rows = c.ta ? c.k : c.m, mrows = c.mask_rows > 0 ? c.mask_rows : c.m;
+      const std::int64_t sa = c.batch > 1 ? std::int64_t(a_rows) * lda + 5 : 0;
+      const std::int64_t sb = c.batch > 1 ? std::int64_t(c.n) * ldb + 7 : 0;
+      const std::int64_t sc = c.batch > 1 ? std::int64_t(c.m) * ldc + 3 : 0;
+      const std::int64_t sm = c.batch > 1 ? std::int64_t(mrows) * ldmask + 9 : 0;
+      auto A = random_vec(static_cast<std::size_t>(sa * (c.batch - 1) + std::int64_t(a_rows) * lda + 1), -1, 1, seed++);
+      auto B = random_vec(static_cast<std::size_t>(sb * (c.batch - 1) + std::int64_t(c.n) * ldb + 1), -1, 1, seed++);
+      const std::size_t nc = static_cast<std::size_t>(sc * (c.batch - 1) + std::int64_t(c.m) * ldc);
+      auto C0 = c.beta != 0.0f ? random_vec(nc, -1, 1, seed++) : std::vector<float>(nc, kNaN);
+      auto M = random_vec(static_cast<std::size_t>(sm * (c.batch - 1) + std::int64_t(mrows) * ldmask), -1, 1, seed++);
+      for (std::size_t i = 0; i < M.size(); i += 5) M[i] = 0.0f;  // zeros mask too
+      auto bias = random_vec(static_cast<std::size_t>(c.n), -1, 1, seed++);
+      Gemm g;
+      g.ta = c.ta; g.tb = true; g.m = c.m; g.n = c.n; g.k = c.k; g.beta = c.beta;
+      g.lda = lda; g.ldb = ldb; g.ldc = ldc; g.batch = c.batch; g.stride_a = sa; g.stride_b = sb; g.stride_c = sc;
+      g.ldmask = ldmask; g.mask_rows = c.mask_rows; g.stride_mask = sm;
+      if (c.bias_relu) g.act = Act::relu;
+      Gemm gd = g, gc = g;
+      gd.a = gpu.put(A); gd.b = gpu.put(B); gd.c = gpu.put(C0); gd.mask = gpu.put(M);
+      if (c.bias_relu) gd.bias = gpu.put(bias);
+      gpu.ops.gemm(gd);
+      gpu.ok();
+      auto Cc = C0;
+      gc.a = host(A); gc.b = host(B); gc.c = host(Cc); gc.mask = host(M);
+      if (c.bias_relu) gc.bias = host(bias);
+      cpu.ops->gemm(gc);
+      cpu.ok();
+      const auto got = gpu.get(gd.c, static_cast<std::int64_t>(nc));
+      expect_close(got, Cc, prec.tol, what);
+      std::size_t zeros = 0;  // the mask did something: exact zeros where it is <= 0
+      for (int b = 0; b < c.batch; ++b)
+        for (int r = 0; r < c.m; ++r)
+          for (int j = 0; j < c.n; ++j)
+            if (M[static_cast<std::size_t>(b * sm + std::int64_t(r % mrows) * ldmask + j)] <= 0.0f) {
+              CHECK(got[static_cast<std::size_t>(b * sc + std::int64_t(r) * ldc + j)] == 0.0f);
+              ++zeros;
+            }
+      CHECK(zeros > 0);
+    }
+  }
+  // a mask narrower than n is refused, with the reason
+  Gpu gpu;
+  Gemm bad;
+  bad.m = 4; bad.n = 8; bad.k = 2; bad.lda = 2; bad.ldb = 8; bad.ldc = 8; bad.ldmask = 7;
+  bad.a = gpu.put(std::vector<float>(8, 1.0f)); bad.b = gpu.put(std::vector<float>(16, 1.0f));
+  bad.c = gpu.put(std::vector<float>(32, 0.0f)); bad.mask = gpu.put(std::vector<float>(32, 1.0f));
+  gpu.ops.gemm(bad);
+  CHECK(gpu.ops.status() != 0);
+  CHECK(std::string(gpu.ops.message()).find("mask needs ldmask >= n") != std::string::npos);
+}
+
 TEST_CASE("gpu.ops.gemm_epilogue: fused bias/ReLU (and its fallbacks) against the CPU; planning writes nothing") {
   struct Case {
     const char* why;

@@ -47,7 +47,7 @@ DQN_PLUGIN_EXPORT(kSelf)
 extern "C" const dqn::PluginDescriptor* dqn_plugin_descriptor();
 
 TEST_CASE("abi.version") {
-  CHECK(kAbiVersion == 7u);  // bump together with every table in this file
+  CHECK(kAbiVersion == 8u);  // bump together with every table in this file
   CHECK(std::is_same_v<std::remove_cv_t<decltype(kAbiVersion)>, std::uint32_t>);
 }
 
@@ -153,7 +153,7 @@ TEST_CASE("abi.op_argument_layout") {
       {"sizeof(Real)", sizeof(Real), 16, "passed by value through every op"},
       {"Real::p", offsetof(Real, p), 0, ""},
       {"Real::esize", offsetof(Real, esize), 8, ""},
-      {"sizeof(Gemm)", sizeof(Gemm), 160, "ABI 3: bias, stride_bias, act appended"},
+      {"sizeof(Gemm)", sizeof(Gemm), 192, "ABI 3: bias, stride_bias, act appended; ABI 8: mask"},
       {"Gemm::ta", offsetof(Gemm, ta), 0, ""},
       {"Gemm::tb", offsetof(Gemm, tb), 1, ""},
       {"Gemm::m", offsetof(Gemm, m), 4, ""},
@@ -174,7 +174,11 @@ TEST_CASE("abi.op_argument_layout") {
       {"Gemm::weight_operand", offsetof(Gemm, weight_operand), 120, ""},
       {"Gemm::bias", offsetof(Gemm, bias), 128, "ABI 3, after 4 bytes of padding"},
       {"Gemm::stride_bias", offsetof(Gemm, stride_bias), 144, ""},
-      {"Gemm::act", offsetof(Gemm, act), 152, "then 4 bytes of tail padding"},
+      {"Gemm::act", offsetof(Gemm, act), 152, "then 4 bytes of padding"},
+      {"Gemm::mask", offsetof(Gemm, mask), 160, "ABI 8"},
+      {"Gemm::ldmask", offsetof(Gemm, ldmask), 176, ""},
+      {"Gemm::mask_rows", offsetof(Gemm, mask_rows), 180, ""},
+      {"Gemm::stride_mask", offsetof(Gemm, stride_mask), 184, ""},
       {"sizeof(SpectralMatrix)", sizeof(SpectralMatrix), 40, "uploaded as a table the kernel reads"},
       {"SpectralMatrix::w", offsetof(SpectralMatrix, w), 0, ""},
       {"SpectralMatrix::u", offsetof(SpectralMatrix, u), 16, ""},

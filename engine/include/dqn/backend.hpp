@@ -59,6 +59,14 @@ struct Gemm {
   Real bias;                      ///< [n] per batch entry, or null: no bias
   std::int64_t stride_bias = 0;   ///< elements from one batch entry's bias to the next
   Act act = Act::none;            ///< applied after the bias
+  // --- appended in ABI 8 (the ReLU backward in the GEMM); never reorder what is above ---
+  /// ReLU backward of the result, last: C[r, c] = 0 where mask[(r mod mask_rows)·ldmask + c] <= 0
+  /// (mask_rows 0: m); batch entry i reads mask + i·stride_mask. Null: no mask. The same numbers
+  /// as the GEMM followed by relu_backward of C with that mask.
+  Real mask;
+  int ldmask = 0;
+  int mask_rows = 0;
+  std::int64_t stride_mask = 0;
 };
 
 /// One matrix for the batched spectral norm: W [rows, cols] and its power-iteration vector u [rows].
@@ -387,7 +395,7 @@ class Backend {
   /// for h < heads, dy_h = dy + h·stride_dy, y_h = y + h·stride_y (stride_y 0: one activation for
   /// all): dy_h[r,c] = 0 where y_h[r,c] <= 0 (no masking when y is null), then
   /// db[h·stride_db + c] = Σ_r dy_h[r,c] (overwritten). The same numbers as relu_backward
-  /// followed by bias_grad (beta 0) per h. db may be null: the masks only (no sums).
+  /// followed by bias_grad (beta 0) per h. With db null (ABI 8), the masks only.
   virtual void relu_bias_grad(Real dy, Real y, Real db, int rows, int cols, int ld, int heads,
                               std::int64_t stride_dy, std::int64_t stride_y, std::int64_t stride_db) noexcept = 0;
 
@@ -444,16 +452,16 @@ class Backend {
   /// Defaults to the composition below (the CPU reference); the CUDA backend fuses it in tf32.
   virtual void head_backward_inputs(const HeadBackward& a) noexcept { head_backward_inputs_composed(a); }
 
-  /// head_backward_inputs as the ops it is made of: two GEMMs and relu_backward.
+  /// head_backward_inputs as the ops it is made of: two GEMMs, each masked by the hidden
+  /// activations of its columns (relu_backward in the GEMM, Gemm::mask).
   void head_backward_inputs_composed(const HeadBackward& a) noexcept {
     const HeadBackwardOps o = head_backward_ops(a);
     gemm(o.value);
     gemm(o.branch);
-    relu_backward(a.dhidden, a.hidden, a.rows, o.hc, o.hc);
   }
 
   /// The GEMMs of head_backward_inputs_composed: they write disjoint columns of dhidden (so they
-  /// may run side by side); relu_backward over all hc columns follows both.
+  /// may run side by side), each with the ReLU mask of its columns.
   struct HeadBackwardOps {
     Gemm value, branch;
     int hc = 0;
@@ -465,6 +473,7 @@ class Backend {
     Gemm& gx = o.value;  // dhidden_v = dv · Wv2
     gx.m = a.rows; gx.n = a.Hh; gx.k = a.Z;
     gx.a = a.dv; gx.lda = a.lddv; gx.b = a.wv2; gx.ldb = a.Hh; gx.c = a.dhidden; gx.ldc = hc; gx.weight_operand = 2;
+    gx.mask = a.hidden; gx.ldmask = hc;
     const int ldd = ld_or(a.lddadv, a.A * a.Z);
     Gemm& gbx = o.branch;  // dhidden_d = dadv_d · Wb2_d, batched over d
     gbx.m = a.rows; gbx.n = a.Hh; gbx.k = az;
@@ -472,6 +481,7 @@ class Backend {
     gbx.b = a.wb2; gbx.ldb = a.Hh; gbx.stride_b = std::int64_t(ld_or(a.wb2_rows, az)) * a.Hh;
     gbx.c = a.dhidden + a.Hh; gbx.ldc = hc; gbx.stride_c = a.Hh;
     gbx.batch = a.D; gbx.weight_operand = 2;
+    gbx.mask = a.hidden + a.Hh; gbx.ldmask = hc; gbx.stride_mask = a.Hh;
     return o;
   }
 };

@@ -326,10 +326,9 @@ class CudaBackend final : public Backend {
     masked_in_kernel_ = false;
     gemm_body(g);
     if (!g.mask || masked_in_kernel_ || status_ != 0 || planning_ || g.m == 0 || g.n == 0) return;
-    for (int i = 0; i < g.batch; ++i)
-      if (!DQN_CUDA_OK(op, cuda::relu_mask(stream_, g.c.as<float>() + i * g.stride_c, g.m, g.n, g.ldc,
-                                           g.mask.as<const float>() + i * g.stride_mask, g.ldmask, g.mask_rows)))
-        return;
+    const bool batched = g.batch > 1;
+    DQN_CUDA_OK(op, cuda::relu_mask(stream_, g.c.as<float>(), g.m, g.n, g.ldc, g.mask.as<const float>(), g.ldmask,
+                                    g.mask_rows, g.batch, batched ? g.stride_c : 0, batched ? g.stride_mask : 0));
   }
 
   void gemm_body(const Gemm& g) noexcept {
@@ -1561,7 +1560,15 @@ class CudaBackend final : public Backend {
         if (status_ != 0) return kTileLt;
         if (!works) best = INFINITY;
         // Unfused, the cuBLASLt path also runs bias_act, which tile_gemm does not need: not
-        // counted, so a tile shape must win on the GEMM alone.
+        // counted, so a tile shape must win on the GEMM alone. The mask's kernel is counted: it
+        // runs after cuBLASLt on every path but tile_gemm's.
+        if (tg.mask && std::isfinite(best)) {
+          best += time_graph([&] {
+            return cuda::relu_mask(stream_, d, tg.m, tg.n, tg.ldc, tg.mask, tg.ldmask, tg.mask_rows, tg.batch,
+                                   tg.stride_c, tg.stride_mask) == cudaSuccess;
+          });
+          if (status_ != 0) return kTileLt;
+        }
       }
       choice = fastest_tile(tg, c, d, best, choice);
     }

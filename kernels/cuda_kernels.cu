@@ -88,8 +88,11 @@ __global__ void relu_backward_kernel(float* dy, const float* y, int rows, int co
   }
 }
 
-__global__ void relu_mask_kernel(float* c, int rows, int cols, int ldc, const float* mask, int ldmask, int mask_rows) {
+__global__ void relu_mask_kernel(float* c, int rows, int cols, int ldc, const float* mask, int ldmask, int mask_rows,
+                                 std::int64_t stride_c, std::int64_t stride_mask) {
   dev::pdl_entry();
+  c += blockIdx.y * stride_c;  // grid.y: batch entries
+  mask += blockIdx.y * stride_mask;
   const std::int64_t n = static_cast<std::int64_t>(rows) * cols;
   for (std::int64_t i = grid_start(); i < n; i += grid_step()) {
     const std::int64_t r = i / cols, j = i - r * cols;
@@ -1671,10 +1674,11 @@ cudaError_t relu_backward(cudaStream_t s, float* dy, const float* y, int rows, i
 }
 
 cudaError_t relu_mask(cudaStream_t s, float* c, int rows, int cols, int ldc, const float* mask, int ldmask,
-                      int mask_rows) {
-  if (rows <= 0 || cols <= 0) return cudaSuccess;
-  launch(relu_mask_kernel, blocks_for(static_cast<std::int64_t>(rows) * cols), kThreads, 0, s, c, rows, cols, ldc, mask,
-         ldmask, mask_rows > 0 ? mask_rows : rows);
+                      int mask_rows, int batch, std::int64_t stride_c, std::int64_t stride_mask) {
+  if (rows <= 0 || cols <= 0 || batch <= 0) return cudaSuccess;
+  const dim3 grid(blocks_for(static_cast<std::int64_t>(rows) * cols), static_cast<unsigned>(batch));
+  launch(relu_mask_kernel, grid, kThreads, 0, s, c, rows, cols, ldc, mask, ldmask, mask_rows > 0 ? mask_rows : rows,
+         stride_c, stride_mask);
   return cudaGetLastError();
 }
 

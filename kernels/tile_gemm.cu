@@ -185,20 +185,27 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool ve
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+    for (int h = 0; h < 2; ++h) {  // the fragment's rows gq and gq + 8
+      const int r = m0 + wm * WM + mt * 16 + gq + h * 8;
+      if (r >= m) continue;
+      // the mask's row: one modulo per row, not per element
+      const float* mrow = mask ? mask + static_cast<std::int64_t>(r % g.mask_rows) * g.ldmask : nullptr;
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int r = m0 + wm * WM + mt * 16 + gq + (q >> 1) * 8;
-        const int c = n0 + wn * WN + nt * 8 + 2 * tq + (q & 1);
-        if (r >= m || c >= n) continue;
-        const std::int64_t at = static_cast<std::int64_t>(r) * g.ldc + c;
-        float v = g.alpha * acc[mt][nt][q];
-        if (g.beta != 0.0f) v += g.beta * Cin[at];
-        if (bias) v += bias[c];
-        if (g.relu) v = v > 0.0f ? v : 0.0f;
-        if (mask && mask[static_cast<std::int64_t>(r % g.mask_rows) * g.ldmask + c] <= 0.0f) v = 0.0f;
-        C[at] = v;
-      }
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int q = 2 * h + e;
+          const int c = n0 + wn * WN + nt * 8 + 2 * tq + e;
+          if (c >= n) continue;
+          const std::int64_t at = static_cast<std::int64_t>(r) * g.ldc + c;
+          float v = g.alpha * acc[mt][nt][q];
+          if (g.beta != 0.0f) v += g.beta * Cin[at];
+          if (bias) v += bias[c];
+          if (g.relu) v = v > 0.0f ? v : 0.0f;
+          if (mrow && mrow[c] <= 0.0f) v = 0.0f;
+          C[at] = v;
+        }
+    }
 }
 
 /// The tile shapes: block tile, warp tile (four warps), stages in flight, name.

@@ -87,10 +87,12 @@ python3 bench/compare.py --dqn $build/tools/dqn --pipeline pipelines/ref.yaml --
   --json-out "$out/compare_full.json" >"$out/compare_full.txt" 2>"$out/compare_full.err" || tail -5 "$out/compare_full.err"
 $build/tools/dqn bench pipelines/ref.yaml --batch 256,1024,4096 --precision fp32,bf16 >"$out/bench_prec.txt" 2>&1
 # Switches against the defaults (the same results, other kernels), B 256, one labelled line each:
-# the update as the four ops (=0), one cooperative kernel (=1) or four kernels (=split) instead of
-# the cluster update;
+# the update as the four ops (=0) instead of the cluster update (one cooperative kernel, =1, and
+# four kernels, =split, measured slower in every run through the seventh: no longer run here);
 # tall-k GEMMs run whole; the fused head backward (=backward) or both fused head kernels (=1); autotuning also over
-# cuBLASLt's split-k variants; cuBLASLt for every GEMM (DQN_TILE_GEMM=0); no programmatic dependent launch (DQN_PDL=0).
+# cuBLASLt's split-k variants; cuBLASLt for every GEMM (DQN_TILE_GEMM=0); no programmatic dependent launch (DQN_PDL=0);
+# the block-per-(row, branch) distribution kernels (DQN_WARP_HEAD=0); the target trunk after the online first layer
+# (DQN_TARGET_WAIT=first).
 : >"$out/bench_switches.txt"
 sw() {  # sw LABEL CONFIG BATCHES ENV...
   local label=$1 cfg=$2 batches=$3; shift 3
@@ -100,13 +102,13 @@ sw() {  # sw LABEL CONFIG BATCHES ENV...
 }
 for cfg in c51 all; do
   sw "DQN_FUSED_UPDATE=0" $cfg 256 DQN_FUSED_UPDATE=0
-  sw "DQN_FUSED_UPDATE=1" $cfg 256 DQN_FUSED_UPDATE=1
-  sw "DQN_FUSED_UPDATE=split" $cfg 256 DQN_FUSED_UPDATE=split
   sw "DQN_FUSED_HEAD=backward" $cfg 256 DQN_FUSED_HEAD=backward
   sw "DQN_FUSED_HEAD=1" $cfg 256 DQN_FUSED_HEAD=1
   sw "DQN_GEMM_TUNE_SPLIT_K=1" $cfg 256 DQN_GEMM_TUNE_SPLIT_K=1
   sw "DQN_TILE_GEMM=0" $cfg 256 DQN_TILE_GEMM=0
   sw "DQN_PDL=0" $cfg 256 DQN_PDL=0
+  sw "DQN_WARP_HEAD=0" $cfg 256 DQN_WARP_HEAD=0
+  sw "DQN_TARGET_WAIT=first" $cfg 256 DQN_TARGET_WAIT=first
 done
 sw "DQN_GEMM_SPLIT_K=0" all 256,4096 DQN_GEMM_SPLIT_K=0
 {
@@ -122,8 +124,8 @@ if [ "$mode" = bench ]; then pack; exit 0; fi
 # compute-sanitizer (time-boxed): the fused update and head ops, and whole steps with all four heads. The
 # zero-sync test is left out: it subscribes to CUPTI, which the sanitizer holds.
 for tool in ${SANITIZE_OPS:-memcheck racecheck}; do
-  timeout 120 meson test -C $build --no-rebuild --setup $tool gpu.ops --test-args='-tc=*update*,*head_*,*c51_loss*,*dueling_dist*,*tile_gemm*' \
-    >"$out/san_${tool}_ops.log" 2>&1; note "$tool gpu.ops update, head ops, c51_loss, dueling_dist, tile_gemm: rc=$?"
+  timeout 120 meson test -C $build --no-rebuild --setup $tool gpu.ops --test-args='-tc=*update*,*head_*,*c51_loss*,*dueling_dist*,*tile_gemm*,*gemm_mask*,*relu_bias_grad*' \
+    >"$out/san_${tool}_ops.log" 2>&1; note "$tool gpu.ops update, head ops, c51_loss, dueling_dist, tile_gemm, gemm_mask, relu_bias_grad: rc=$?"
 done
 for tool in ${SANITIZE_STEP:-memcheck initcheck}; do
   timeout 100 meson test -C $build --no-rebuild --setup $tool gpu.step \

@@ -344,12 +344,13 @@ void Engine::add_engine_stages_front() {
     acts.push_back(last ? std::string(buf::h2) : "trunk/a" + std::to_string(i));
     tacts.push_back(last ? std::string(buf::target_h2) : "target/a" + std::to_string(i));
   }
-  // The online trunk a stage per layer (trunk.forward.<i>), the target's one stage. The target
-  // chain also waits for the online first layer, so the step's graph has one root: two roots start
-  // in no fixed order, and a replay that launched the target's first two kernels before the online
-  // network's first started the online chain (the step's critical path) 6.6 µs late. The target
-  // chain has the slack: it ends at the loss, after a shorter head. DQN_TARGET_WAIT=trunk makes it
-  // wait for the whole online trunk, =none for nothing (two roots), to measure the choice.
+  // The online trunk a stage per layer (trunk.forward.<i>), the target's one stage, two roots of
+  // the step's graph that start in no fixed order. DQN_TARGET_WAIT=first makes the target chain
+  // wait for the online first layer (one root: a trace had the target's first two kernels launched
+  // before the online network's first, which started 6.6 µs late), =trunk for the whole online
+  // trunk. Measured over fresh processes on the H200, two roots were faster for C51 (88.98 against
+  // 91.70 µs with first, 94.63 against 97.29 in another call; trunk 101.35): waiting delays the
+  // target chain, which then holds the loss back.
   for (int i = 0; i < L; ++i) {
     std::vector<std::string> reads{i == 0 ? std::string(buf::states2) : acts[std::size_t(i - 1)], "params"};
     stages_.push_back(Stage{"trunk.forward." + std::to_string(i), "engine", reads, {acts[std::size_t(i)]},
@@ -357,7 +358,7 @@ void Engine::add_engine_stages_front() {
   }
   std::vector<std::string> treads{buf::states2, "target"};
   const char* wait = std::getenv("DQN_TARGET_WAIT");
-  const std::string w = wait ? wait : "first";
+  const std::string w = wait ? wait : "none";
   if (w != "first" && w != "trunk" && w != "none")
     throw std::invalid_argument("DQN_TARGET_WAIT='" + w + "': expected first, trunk or none");
   if (w != "none") treads.push_back(w == "trunk" ? acts.back() : acts[0]);

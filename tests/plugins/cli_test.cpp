@@ -409,7 +409,7 @@ TEST_CASE("cli.step.explain") {
   // layers and the weight gradients of each form branches that meet at the update.
   const std::vector<std::pair<std::string, std::string>> before = {
       {"trunk.forward.0", "trunk.forward.1"}, {"trunk.forward.1", "c51.forward"},
-      {"trunk.forward.0", "target.trunk.forward"}, {"target.trunk.forward", "c51.target"}, {"c51.forward", "c51.loss"},
+      {"target.trunk.forward", "c51.target"}, {"c51.forward", "c51.loss"},
       {"c51.target", "c51.loss"}, {"c51.loss", "c51.weights.out"}, {"c51.loss", "c51.backward"},
       {"c51.backward", "c51.weights"}, {"c51.backward", "trunk.backward.1"},
       {"trunk.backward.1", "trunk.weights.1"}, {"trunk.backward.1", "trunk.weights.0"},
@@ -430,9 +430,20 @@ TEST_CASE("cli.step.explain") {
   // Each stage names what it waits for when stages run side by side: the loss both chains.
   CHECK(has(r.out, "c51.loss  <c51>"));
   CHECK(has(r.out, "       waits:  c51.forward, c51.target\n"));
-  CHECK(has(r.out, "       waits:  -\n"));  // the online trunk's first layer waits for nothing
-  // the target chain waits for it: one root (engine.cpp, add_engine_stages_front)
-  CHECK(has(r.out, "target.trunk.forward  <engine>\n       reads:  batch/states2, target, trunk/a0\n"));
+  // the two trunk forwards wait for nothing (DQN_TARGET_WAIT unset: two roots)
+  CHECK(has(r.out, "trunk.forward.0  <engine>\n       reads:  batch/states2, params\n"));
+  CHECK(has(r.out, "target.trunk.forward  <engine>\n       reads:  batch/states2, target\n"));
+  CHECK(has(r.out, "       waits:  -\n"));
+  // DQN_TARGET_WAIT: the target chain after the online first layer (one root) or the whole trunk;
+  // anything else is refused with the value and what is expected
+  for (const auto& [value, read] : {std::pair<std::string, std::string>{"first", "trunk/a0"}, {"trunk", "trunk/h2"}}) {
+    const Run w = dqn_run("step " + quote(c51_yaml()) + " " + kSmall + " --explain", "DQN_TARGET_WAIT=" + value);
+    REQUIRE(w.rc == 0);
+    CHECK(has(w.out, "target.trunk.forward  <engine>\n       reads:  batch/states2, target, " + read + "\n"));
+  }
+  const Run bad = dqn_run("step " + quote(c51_yaml()) + " " + kSmall + " --explain", "DQN_TARGET_WAIT=later");
+  CHECK(bad.rc != 0);
+  CHECK(has(bad.out, "DQN_TARGET_WAIT='later': expected first, trunk or none"));
   CHECK(has(r.out, "registry:\narena: "));
   CHECK(has(r.out, "c51.loss  <c51>"));
   // With spectral norm the update stage reads the matrix table and writes every power-iteration

@@ -159,15 +159,15 @@ __device__ __forceinline__ void slot_reduce2(R& a, R& b, R* red_a, R* red_b, int
   b = rb;
 }
 
+/// The projection weights' division by Δz: exact in double (fp32 pipelines, as the CPU); in float
+/// a multiply by 1/Δz (one rounding more, far below the float tolerance, and no division subroutine).
+__device__ __forceinline__ double over_dz(double x, double dz) { return x / dz; }
+__device__ __forceinline__ float over_dz(float x, float dz) { return x * (1.0f / dz); }
+
 /// The dense projection's atom at zi (as c51_project: the sum over j in order) from the target
 /// probabilities p and projected support tz [Z] in shared memory. tz is non-decreasing in j, so
 /// the j with a non-zero weight |tz_j − zi| < Δz form one run: find its start, sum it in order
 /// (the zero terms of the dense sum change nothing).
-/// The weights' division by Δz: exact in double (fp32 pipelines, as the CPU); in float a multiply
-/// by 1/Δz (one rounding more, far below the float tolerance, and no division subroutine).
-__device__ __forceinline__ double over_dz(double x, double dz) { return x / dz; }
-__device__ __forceinline__ float over_dz(float x, float dz) { return x * (1.0f / dz); }
-
 template <typename T>
 __device__ __forceinline__ T project_atom(const T* p, const T* tz, int Z, T zi, T dz) {
   int lo = 0, hi = Z;
@@ -427,9 +427,8 @@ __global__ void __launch_bounds__(32 * kDistWarpsPerBlock) dueling_dist_warp_ker
 }
 
 /// c51_loss with a warp per (sample, branch) and a block per sample (32·D threads, D ≤
-/// kLossMaxWarps). Shared: the
-/// branches' cross-entropies [D] (double), gradient rows G [D][Z] (float), and per warp the target
-/// probabilities p and projected support tz [Z] each (T).
+/// kLossMaxWarps). Shared: the branches' cross-entropies [D] (double), gradient rows G [D][Z]
+/// (float), and per warp the target probabilities p and projected support tz [Z] each (T).
 std::size_t c51_loss_warp_shared_bytes(int D, int Z, std::size_t t_size) {
   return static_cast<std::size_t>(D) * sizeof(double) + (static_cast<std::size_t>(D) * Z + 1) / 2 * sizeof(double) +
          static_cast<std::size_t>(D) * 2 * Z * t_size;

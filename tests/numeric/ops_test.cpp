@@ -312,6 +312,83 @@ TEST_CASE("ops.gemm.epilogue: bias and activation equal gemm then bias_act, bit 
   CHECK(cpu->status() != 0);
 }
 
+TEST_CASE("ops.gemm.mask: the ReLU backward in the GEMM equals gemm then relu_backward, bit for bit") {
+  // Gemm::mask (ABI 8): C[r, c] = 0 where mask[(r mod mask_rows)·ldmask + c] <= 0, last (after the
+  // bias and activation); per batch entry mask + i·stride_mask; mask_rows 0 means m.
+  Backends be;
+  Rng rng(11);
+  const int m = 12, n = 5, k = 7, batch = 2;
+  for (const int mask_rows : {0, 4})
+    for (const int kk : {k, 0})
+      for (const int with_bias : {0, 1}) {
+        CAPTURE(mask_rows);
+        CAPTURE(kk);
+        CAPTURE(with_bias);
+        dqn::Gemm g;
+        g.tb = true;
+        g.m = m, g.n = n, g.k = kk;
+        g.beta = kk == 0 ? 0.5f : 0.0f;
+        g.lda = k + 1, g.ldb = k + 2, g.ldc = n + 1;
+        g.batch = batch;
+        g.stride_a = m * g.lda, g.stride_b = n * g.ldb + 1, g.stride_c = m * g.ldc + 2;
+        const int rows = mask_rows > 0 ? mask_rows : m, ldmask = n + 3;
+        const std::int64_t stride_mask = rows * ldmask + 1;
+        Vd M = rng.vec(static_cast<std::size_t>(stride_mask * batch));
+        for (std::size_t i = 0; i < M.size(); i += 4) M[i] = 0.0;  // zeros mask too
+        const Vd A = rng.vec(g.stride_a * batch), B = rng.vec(g.stride_b * batch), C0 = rng.vec(g.stride_c * batch),
+                 bias = rng.vec(n);
+        // the mask as relu_backward reads it: a full [m, n] block per batch entry with C's row stride
+        Vd full(static_cast<std::size_t>(m) * g.ldc * batch, 1.0);
+        for (int i = 0; i < batch; ++i)
+          for (int r = 0; r < m; ++r)
+            for (int c = 0; c < n; ++c)
+              full[static_cast<std::size_t>((i * m + r) * g.ldc + c)] =
+                  M[static_cast<std::size_t>(i * stride_mask + (r % rows) * ldmask + c)];
+        for (Backend* b : {be.f64.get(), be.f32.get()}) {
+          CAPTURE(b->name());
+          Vec a(b->real_size(), A), bb(b->real_size(), B), bv(b->real_size(), bias), mk(b->real_size(), M),
+              fm(b->real_size(), full);
+          Vec fused(b->real_size(), C0), split(b->real_size(), C0);
+          dqn::Gemm f = g;
+          f.a = a.r(), f.b = bb.r(), f.c = fused.r();
+          if (with_bias) f.bias = bv.r(), f.act = dqn::Act::relu;
+          f.mask = mk.r(), f.ldmask = ldmask, f.mask_rows = mask_rows, f.stride_mask = stride_mask;
+          b->gemm(f);
+          dqn::Gemm p = f;
+          p.c = split.r(), p.mask = Real{};
+          b->gemm(p);
+          for (int i = 0; i < batch; ++i)
+            b->relu_backward(split.r() + i * g.stride_c, fm.r() + i * m * g.ldc, m, n, g.ldc);
+          REQUIRE(b->status() == 0);
+          CHECK(fused.bytes() == split.bytes());
+        }
+      }
+  // a mask row shorter than n, or a negative period, is refused with the reason
+  auto cpu = dqn::make_cpu_backend(false);
+  Vec c(4, 8, 1.0), mk(4, 8, 1.0);
+  dqn::Gemm g;
+  g.m = 2, g.n = 4, g.k = 0, g.ldc = 4, g.c = c.r(), g.mask = mk.r(), g.ldmask = 3;
+  cpu->gemm(g);
+  CHECK(cpu->status() != 0);
+  CHECK(std::string(cpu->message()).find("mask needs ldmask >= n") != std::string::npos);
+}
+
+TEST_CASE("ops.relu_bias_grad.mask_only: a null db masks and sums nothing") {
+  Backends be;
+  Rng rng(12);
+  const int rows = 6, cols = 5, ld = 7, heads = 3;
+  const std::int64_t stride = rows * ld + 2;
+  const Vd y = rng.vec(static_cast<std::size_t>(rows) * ld), dy = rng.vec(static_cast<std::size_t>(stride) * heads);
+  for (Backend* b : {be.f64.get(), be.f32.get()}) {
+    CAPTURE(b->name());
+    Vec yv(b->real_size(), y), masked(b->real_size(), dy), ref(b->real_size(), dy);
+    b->relu_bias_grad(masked.r(), yv.r(), Real{}, rows, cols, ld, heads, stride, 0, 0);
+    for (int h = 0; h < heads; ++h) b->relu_backward(ref.r() + h * stride, yv.r(), rows, cols, ld);
+    REQUIRE(b->status() == 0);
+    CHECK(masked.bytes() == ref.bytes());
+  }
+}
+
 TEST_CASE("ops.gemm.fd") {
   // A dense layer Y_i = X_i W_iᵀ per batch entry, L = ½‖Y − T‖²; its backward gemms are the ones a
   // layer uses: dX = dY·W and dW = dYᵀ·X (here in two row blocks, the second with beta = 1).

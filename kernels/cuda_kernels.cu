@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "cuda_kernels.cuh"
@@ -1651,6 +1652,14 @@ bool dev::pdl_enabled() noexcept {
   return on;
 }
 
+std::size_t dev::pdl_max_shared() noexcept {
+  static const std::size_t most = [] {
+    const char* v = std::getenv("DQN_PDL");
+    return v && std::strcmp(v, "small") == 0 ? std::size_t{16} << 10 : std::numeric_limits<std::size_t>::max();
+  }();
+  return most;
+}
+
 cudaError_t bias_act(cudaStream_t s, float* y, const float* bias, int rows, int cols, int ldy, bool relu) {
   const std::int64_t n = static_cast<std::int64_t>(rows) * cols;
   with_index_type(n, [&](auto i) {
@@ -1930,7 +1939,7 @@ cudaLaunchConfig_t cluster_config(int cs, unsigned blocks, std::size_t shared, c
   cfg.dynamicSmemBytes = shared;
   cfg.stream = s;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl && dev::pdl_enabled() ? 2 : 1;
+  cfg.numAttrs = pdl && dev::pdl_enabled() && shared <= dev::pdl_max_shared() ? 2 : 1;
   return cfg;
 }
 

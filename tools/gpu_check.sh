@@ -90,7 +90,8 @@ $build/tools/dqn bench pipelines/ref.yaml --batch 256,1024,4096 --precision fp32
 # the update as the four ops (=0) instead of the cluster update (one cooperative kernel, =1, and
 # four kernels, =split, measured slower in every run through the seventh: no longer run here);
 # tall-k GEMMs run whole; the fused head backward (=backward) or both fused head kernels (=1); autotuning also over
-# cuBLASLt's split-k variants; cuBLASLt for every GEMM (DQN_TILE_GEMM=0); no programmatic dependent launch (DQN_PDL=0);
+# cuBLASLt's split-k variants; cuBLASLt for every GEMM (DQN_TILE_GEMM=0); no programmatic dependent launch (DQN_PDL=0)
+# or none for kernels with much shared memory (DQN_PDL=small);
 # the block-per-(row, branch) distribution kernels (DQN_WARP_HEAD=0); the target trunk after the online first layer
 # (DQN_TARGET_WAIT=first).
 : >"$out/bench_switches.txt"
@@ -107,6 +108,7 @@ for cfg in c51 all; do
   sw "DQN_GEMM_TUNE_SPLIT_K=1" $cfg 256 DQN_GEMM_TUNE_SPLIT_K=1
   sw "DQN_TILE_GEMM=0" $cfg 256 DQN_TILE_GEMM=0
   sw "DQN_PDL=0" $cfg 256 DQN_PDL=0
+  sw "DQN_PDL=small" $cfg 256 DQN_PDL=small
   sw "DQN_WARP_HEAD=0" $cfg 256 DQN_WARP_HEAD=0
   sw "DQN_TARGET_WAIT=first" $cfg 256 DQN_TARGET_WAIT=first
 done

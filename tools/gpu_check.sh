@@ -125,9 +125,13 @@ if [ "$mode" = bench ]; then pack; exit 0; fi
 
 # compute-sanitizer (time-boxed): the fused update and head ops, and whole steps with all four heads. The
 # zero-sync test is left out: it subscribes to CUPTI, which the sanitizer holds.
+# racecheck (shared-memory hazards) leaves out gemm_mask: its six GEMM paths (cuBLASLt and bf16
+# among them) took it past the time box, and the mask in tile_gemm's epilogue reads no shared memory.
 for tool in ${SANITIZE_OPS:-memcheck racecheck}; do
-  timeout 120 meson test -C $build --no-rebuild --setup $tool gpu.ops --test-args='-tc=*update*,*head_*,*c51_loss*,*dueling_dist*,*tile_gemm*,*gemm_mask*,*relu_bias_grad*' \
-    >"$out/san_${tool}_ops.log" 2>&1; note "$tool gpu.ops update, head ops, c51_loss, dueling_dist, tile_gemm, gemm_mask, relu_bias_grad: rc=$?"
+  cases='*update*,*head_*,*c51_loss*,*dueling_dist*,*tile_gemm*,*relu_bias_grad*'
+  [ "$tool" = memcheck ] && cases="$cases,*gemm_mask*"
+  timeout 120 meson test -C $build --no-rebuild --setup $tool gpu.ops --test-args="-tc=$cases" \
+    >"$out/san_${tool}_ops.log" 2>&1; note "$tool gpu.ops ($cases): rc=$?"
 done
 for tool in ${SANITIZE_STEP:-memcheck initcheck}; do
   timeout 100 meson test -C $build --no-rebuild --setup $tool gpu.step \

@@ -1647,17 +1647,13 @@ bool env_on(const char* name) noexcept {
   return true;
 }
 
-bool dev::pdl_enabled() noexcept {
+bool dev::pdl_for(std::size_t shared) noexcept {
   static const bool on = env_on("DQN_PDL");
-  return on;
-}
-
-std::size_t dev::pdl_max_shared() noexcept {
-  static const std::size_t most = [] {
+  static const std::size_t most = [] {  // the most shared memory with programmatic launch
     const char* v = std::getenv("DQN_PDL");
     return v && std::strcmp(v, "small") == 0 ? std::size_t{16} << 10 : std::numeric_limits<std::size_t>::max();
   }();
-  return most;
+  return on && shared <= most;
 }
 
 cudaError_t bias_act(cudaStream_t s, float* y, const float* bias, int rows, int cols, int ldy, bool relu) {
@@ -1939,7 +1935,7 @@ cudaLaunchConfig_t cluster_config(int cs, unsigned blocks, std::size_t shared, c
   cfg.dynamicSmemBytes = shared;
   cfg.stream = s;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl && dev::pdl_enabled() && shared <= dev::pdl_max_shared() ? 2 : 1;
+  cfg.numAttrs = pdl && dev::pdl_for(shared) ? 2 : 1;
   return cfg;
 }
 

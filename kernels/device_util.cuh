@@ -25,12 +25,11 @@ __device__ __forceinline__ void pdl_entry() {
 #endif
 }
 
-/// Whether launch() sets programmatic stream serialization: on unless DQN_PDL=0 (read once).
-bool pdl_enabled() noexcept;
-/// The most dynamic shared memory a kernel launched with programmatic serialization may ask for:
-/// unlimited, or 16 KiB with DQN_PDL=small (a measurement switch: the blocks placed early wait
-/// resident, holding their shared memory, beside the other lanes' kernels).
-std::size_t pdl_max_shared() noexcept;
+/// Whether a kernel asking for `shared` bytes of dynamic shared memory launches with programmatic
+/// stream serialization: yes unless DQN_PDL=0; with DQN_PDL=small only up to 16 KiB (a measurement
+/// switch: the blocks placed early wait resident, holding their shared memory, beside the other
+/// lanes' kernels). DQN_PDL is read once.
+bool pdl_for(std::size_t shared) noexcept;
 
 /// The launch attribute that lets a kernel start while the previous one of its stream runs
 /// (it must begin with pdl_entry()).
@@ -42,8 +41,7 @@ inline cudaLaunchAttribute pdl_attribute() {
 }
 
 /// kernel<<<grid, block, shmem, s>>>(args...), with programmatic stream serialization where
-/// pdl_enabled() and shmem <= pdl_max_shared(). Returns the launch's error (also left as the last
-/// error, as <<<>>> does).
+/// pdl_for(shmem). Returns the launch's error (also left as the last error, as <<<>>> does).
 template <class... P, class... A>
 cudaError_t launch(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t shmem, cudaStream_t s, A&&... args) {
   cudaLaunchAttribute attr = pdl_attribute();
@@ -53,7 +51,7 @@ cudaError_t launch(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t shme
   cfg.dynamicSmemBytes = shmem;
   cfg.stream = s;
   cfg.attrs = &attr;
-  cfg.numAttrs = pdl_enabled() && shmem <= pdl_max_shared() ? 1 : 0;
+  cfg.numAttrs = pdl_for(shmem) ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
 }
 

@@ -89,15 +89,25 @@ __global__ void relu_backward_kernel(float* dy, const float* y, int rows, int co
   }
 }
 
+/// relu_mask (Gemm::mask after a GEMM; relu_bias_grad without db): grid.y the batch entries, four
+/// columns at a time when V4 (cols, ldc, ldmask and the strides multiples of 4, c and mask 16-byte
+/// aligned). The same masked elements; the others are stored back unchanged.
+template <bool V4>
 __global__ void relu_mask_kernel(float* c, int rows, int cols, int ldc, const float* mask, int ldmask, int mask_rows,
                                  std::int64_t stride_c, std::int64_t stride_mask) {
   dev::pdl_entry();
-  c += blockIdx.y * stride_c;  // grid.y: batch entries
+  c += blockIdx.y * stride_c;
   mask += blockIdx.y * stride_mask;
-  const std::int64_t n = static_cast<std::int64_t>(rows) * cols;
+  const std::int64_t w = V4 ? cols / 4 : cols, n = static_cast<std::int64_t>(rows) * w;
   for (std::int64_t i = grid_start(); i < n; i += grid_step()) {
-    const std::int64_t r = i / cols, j = i - r * cols;
-    if (mask[(r % mask_rows) * ldmask + j] <= 0.0f) c[r * ldc + j] = 0.0f;
+    const std::int64_t r = i / w, j = (i - r * w) * (V4 ? 4 : 1);
+    float* cr = c + r * ldc + j;
+    const float* mr = mask + (r % mask_rows) * ldmask + j;
+    if constexpr (V4) {
+      dev::relu_mask4(cr, mr);
+    } else {
+      if (*mr <= 0.0f) *cr = 0.0f;
+    }
   }
 }
 
@@ -1681,9 +1691,15 @@ cudaError_t relu_backward(cudaStream_t s, float* dy, const float* y, int rows, i
 cudaError_t relu_mask(cudaStream_t s, float* c, int rows, int cols, int ldc, const float* mask, int ldmask,
                       int mask_rows, int batch, std::int64_t stride_c, std::int64_t stride_mask) {
   if (rows <= 0 || cols <= 0 || batch <= 0) return cudaSuccess;
-  const dim3 grid(blocks_for(static_cast<std::int64_t>(rows) * cols), static_cast<unsigned>(batch));
-  launch(relu_mask_kernel, grid, kThreads, 0, s, c, rows, cols, ldc, mask, ldmask, mask_rows > 0 ? mask_rows : rows,
-         stride_c, stride_mask);
+  const int period = mask_rows > 0 ? mask_rows : rows;
+  const bool v4 = cols % 4 == 0 && ldc % 4 == 0 && ldmask % 4 == 0 && stride_c % 4 == 0 && stride_mask % 4 == 0 &&
+                  aligned16(c) && aligned16(mask);
+  const dim3 grid(blocks_for(static_cast<std::int64_t>(rows) * (v4 ? cols / 4 : cols)), static_cast<unsigned>(batch));
+  if (v4)
+    launch(relu_mask_kernel<true>, grid, kThreads, 0, s, c, rows, cols, ldc, mask, ldmask, period, stride_c, stride_mask);
+  else
+    launch(relu_mask_kernel<false>, grid, kThreads, 0, s, c, rows, cols, ldc, mask, ldmask, period, stride_c,
+           stride_mask);
   return cudaGetLastError();
 }
 

@@ -21,9 +21,10 @@ bool env_on(const char* name) noexcept;
 
 cudaError_t bias_act(cudaStream_t s, float* y, const float* bias, int rows, int cols, int ldy, bool relu);
 cudaError_t relu_backward(cudaStream_t s, float* dy, const float* y, int rows, int cols, int ld);
-/// Gemm::mask after a GEMM that did not apply it, every batch entry i in one launch:
-/// c_i[r, j] = 0 where mask_i[(r mod mask_rows)·ldmask + j] <= 0 (r < rows, j < cols), c_i = c +
-/// i·stride_c, mask_i = mask + i·stride_mask.
+/// The ReLU backward by a mask, every batch entry i in one launch (Gemm::mask after a GEMM that
+/// did not apply it; relu_bias_grad without db): c_i[r, j] = 0 where mask_i[(r mod mask_rows)·ldmask
+/// + j] <= 0 (r < rows, j < cols; mask_rows 0: rows), c_i = c + i·stride_c, mask_i = mask +
+/// i·stride_mask. Four columns at a time where the layout allows.
 cudaError_t relu_mask(cudaStream_t s, float* c, int rows, int cols, int ldc, const float* mask, int ldmask,
                       int mask_rows, int batch, std::int64_t stride_c, std::int64_t stride_mask);
 cudaError_t bias_grad(cudaStream_t s, float* db, const float* dy, int rows, int cols, int ldy, float beta);

@@ -597,27 +597,6 @@ __global__ void __launch_bounds__(kColTile * kRowThreads)
   }
 }
 
-/// relu_bias_grad without db: the masks alone, element by element over the heads (grid: element
-/// blocks × heads), four columns at a time when V4 (cols, ld, strides multiples of 4, 16-byte
-/// aligned pointers). The same masked elements; the others are stored back unchanged.
-template <bool V4>
-__global__ void __launch_bounds__(256) relu_mask_heads_kernel(float* __restrict__ dy0, const float* __restrict__ y0,
-                                                              int rows, int cols, int ld, std::int64_t stride_dy,
-                                                              std::int64_t stride_y) {
-  dev::pdl_entry();
-  float* __restrict__ dy = dy0 + blockIdx.y * stride_dy;
-  const float* __restrict__ y = y0 + blockIdx.y * stride_y;
-  const std::int64_t w = V4 ? cols / 4 : cols, n = static_cast<std::int64_t>(rows) * w;
-  for (std::int64_t i = dev::grid_start(); i < n; i += dev::grid_step()) {
-    const std::int64_t r = i / w, c = i - r * w, k = r * ld + (V4 ? 4 * c : c);
-    if constexpr (V4) {
-      dev::relu_mask4(dy + k, y + k);
-    } else {
-      if (y[k] <= 0.0f) dy[k] = 0.0f;
-    }
-  }
-}
-
 // --- the fused head forward (tf32 tensor cores) ----------------------------------------------
 
 constexpr int kHfRows = kHeadBlockRows;
@@ -947,19 +926,8 @@ std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a;
 
 cudaError_t relu_bias_grad(cudaStream_t s, float* dy, const float* y, float* db, int rows, int cols, int ld,
                            int heads, std::int64_t stride_dy, std::int64_t stride_y, std::int64_t stride_db) {
-  if (!db) {  // the masks alone: element-parallel (the sums below give a block only 32 columns)
-    if (!y || rows == 0) return cudaSuccess;
-    const bool v4 = cols % 4 == 0 && ld % 4 == 0 && stride_dy % 4 == 0 && stride_y % 4 == 0 && dev::aligned16(dy) &&
-                    dev::aligned16(y);
-    const std::int64_t n = static_cast<std::int64_t>(rows) * (v4 ? cols / 4 : cols);
-    const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((n + 255) / 256, 4096));
-    const dim3 g(blocks, static_cast<unsigned>(heads));
-    if (v4)
-      launch(relu_mask_heads_kernel<true>, g, 256, 0, s, dy, y, rows, cols, ld, stride_dy, stride_y);
-    else
-      launch(relu_mask_heads_kernel<false>, g, 256, 0, s, dy, y, rows, cols, ld, stride_dy, stride_y);
-    return cudaGetLastError();
-  }
+  if (!db)  // the masks alone, element-parallel (the sums below give a block only 32 columns)
+    return y ? relu_mask(s, dy, rows, cols, ld, y, ld, rows, heads, stride_dy, stride_y) : cudaSuccess;
   const dim3 grid((cols + kColTile - 1) / kColTile, heads), block(kColTile, kRowThreads);
   launch(relu_bias_grad_kernel, grid, block, 0, s, dy, y, db, rows, cols, ld, stride_dy, stride_y, stride_db);
   return cudaGetLastError();

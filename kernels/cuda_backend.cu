@@ -1929,6 +1929,7 @@ class CudaRuntime final : public Runtime {
     for (auto& j : joined_) j = false;
     joined_[0] = true;
     for (auto& l : lane_last_) l = -1;
+    node_stage_.clear();
   }
 
   int lanes() const noexcept override { return kMaxLanes; }
@@ -1956,6 +1957,7 @@ class CudaRuntime final : public Runtime {
     if (!e) DQN_CUDA_THROW(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     DQN_CUDA_THROW(cudaEventRecord(e, backend_.stream()));
     lane_last_[backend_.lane()] = id;
+    note_stage_nodes(id);
   }
 
   void end_capture() override {
@@ -2016,6 +2018,32 @@ class CudaRuntime final : public Runtime {
       return 0;
     }
     return static_cast<std::int64_t>(n);
+  }
+
+  std::vector<GraphNode> graph_node_info() const override {
+    std::vector<GraphNode> out;
+    std::vector<cudaGraphNode_t> nodes;
+    if (!graph_ || !graph_node_list(graph_, nodes)) return out;
+    std::map<cudaGraphNode_t, int> index;
+    for (std::size_t i = 0; i < nodes.size(); ++i) index[nodes[i]] = int(i);
+    for (cudaGraphNode_t n : nodes) {
+      GraphNode g;
+      g.handle = n;
+      const auto st = node_stage_.find(n);
+      g.stage = st == node_stage_.end() ? -1 : st->second;
+      cudaGraphNodeType type{};
+      g.kernel = cudaGraphNodeGetType(n, &type) == cudaSuccess && type == cudaGraphNodeTypeKernel;
+      std::size_t nd = 0;
+      if (cudaGraphNodeGetDependencies(n, nullptr, nullptr, &nd) == cudaSuccess && nd > 0) {
+        std::vector<cudaGraphNode_t> deps(nd);
+        if (cudaGraphNodeGetDependencies(n, deps.data(), nullptr, &nd) == cudaSuccess)
+          for (cudaGraphNode_t d : deps)
+            if (const auto it = index.find(d); it != index.end()) g.deps.push_back(it->second);
+      }
+      out.push_back(std::move(g));
+    }
+    cudaGetLastError();
+    return out;
   }
 
   void* alloc_host(std::size_t bytes) override {
@@ -2112,6 +2140,35 @@ class CudaRuntime final : public Runtime {
     arena_ = nullptr;
   }
 
+  /// A graph's nodes (false on an error, which is cleared).
+  static bool graph_node_list(cudaGraph_t g, std::vector<cudaGraphNode_t>& nodes) {
+    std::size_t n = 0;
+    if (cudaGraphGetNodes(g, nullptr, &n) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    nodes.resize(n);
+    if (n > 0 && cudaGraphGetNodes(g, nodes.data(), &n) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    nodes.resize(n);
+    return true;
+  }
+  /// While capturing, at a stage's end: the capture graph's nodes not seen before belong to stage
+  /// `id` (what graph_node_info reports; tools only, so a failure to ask is ignored).
+  void note_stage_nodes(int id) {
+    cudaStreamCaptureStatus status{};
+    cudaGraph_t g = nullptr;
+    std::vector<cudaGraphNode_t> nodes;
+    if (cudaStreamGetCaptureInfo(backend_.stream(), &status, nullptr, &g) != cudaSuccess || !g ||
+        !graph_node_list(g, nodes)) {
+      cudaGetLastError();
+      return;
+    }
+    for (cudaGraphNode_t n : nodes) node_stage_.emplace(n, id);
+  }
+
   CudaBackend backend_;
   int device_;
   void* arena_ = nullptr;
@@ -2124,6 +2181,7 @@ class CudaRuntime final : public Runtime {
   std::vector<cudaEvent_t> stage_events_;  ///< by stage id, made on first use (at capture)
   bool joined_[kMaxLanes] = {};
   int lane_last_[kMaxLanes] = {};
+  std::map<cudaGraphNode_t, int> node_stage_;  ///< the capture's nodes by the stage that enqueued them
 };
 
 }  // namespace

@@ -377,6 +377,7 @@ __global__ void __launch_bounds__(32 * kDistWarpsPerBlock) dueling_dist_warp_ker
     if (lane + 32 * k >= Z) continue;
 #pragma unroll
     for (int act = 0; act < kWarpMaxA; ++act) {
+      if (act >= A) break;  // the slots past A hold nothing: no work for them
       x[act][k] = static_cast<float>(static_cast<T>(vv[k]) + static_cast<T>(x[act][k]) - mean);
       mx[act] = fmaxf(mx[act], x[act][k]);
     }
@@ -386,6 +387,7 @@ __global__ void __launch_bounds__(32 * kDistWarpsPerBlock) dueling_dist_warp_ker
 #pragma unroll
   for (int act = 0; act < kWarpMaxA; ++act) {
     sum[act] = 0;
+    if (act >= A) continue;
 #pragma unroll
     for (int k = 0; k < kWarpAtoms; ++k)
       if (lane + 32 * k < Z) sum[act] += exp_t(static_cast<T>(x[act][k]) - mx[act]);

@@ -34,6 +34,17 @@ class Runtime {
   virtual void end_capture() {}
   virtual void replay() {}
   virtual std::int64_t graph_nodes() const noexcept { return 0; }
+  /// One node of the captured graph, for tools that explain a replay (dqn-trace): the runtime's
+  /// opaque node handle, the stage that enqueued it (its index in capture order, -1: none),
+  /// whether it launches a kernel, and the nodes it waits for (indices into the same list).
+  struct GraphNode {
+    const void* handle = nullptr;
+    int stage = -1;
+    bool kernel = false;
+    std::vector<int> deps;
+  };
+  /// The captured graph's nodes in the graph's own order (empty: nothing captured, or no graphs).
+  virtual std::vector<GraphNode> graph_node_info() const { return {}; }
   /// Lanes a captured step may spread its stages over (CUDA: streams forked from the capturing
   /// stream and joined back into it at end_capture). 1: everything runs in order.
   virtual int lanes() const noexcept { return 1; }

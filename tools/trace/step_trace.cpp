@@ -1,8 +1,11 @@
 // dqn-trace: where a captured step's time goes. Replays the step with CUPTI's concurrent-kernel
 // activity records on and prints, per graph node, the median start, duration and end relative
-// to the step's first kernel, the stage that most likely held it back (the node that ended last
-// before it started) and the time the whole GPU sat idle inside the step. ncu times kernels one
-// at a time with cold caches; this times them where they run, side by side, in the replay.
+// to the step's first kernel, the stage that enqueued it, the node it waited for (of the kernels
+// it depends on in the graph, the one that ended last), the time the whole GPU sat idle inside
+// the step, and the critical path: from the last node back through what each waited for. ncu
+// times kernels one at a time with cold caches; this times them where they run, side by side.
+// With programmatic launch a node's "start" is when its first block is placed, which may be
+// before the node it waits for ends.
 // Usage: dqn-trace PIPELINE [key=value ...] [--batch N] [--precision P] [--steps N]
 #include <cupti.h>
 #include <cxxabi.h>
@@ -163,30 +166,99 @@ int main(int argc, char** argv) {
     busy_sum.push_back(busy * 1e-3);
     if (k + 1 < replays) period.push_back((g_recs[(k + 1) * per].start - t0) * 1e-3);
   }
+  // The graph's own structure (stage and dependencies per node), matched to the records by
+  // CUPTI's node id, or else by rank (nodes made in capture order get rising ids).
+  const auto info = e.runtime().graph_node_info();
+  const auto waits = e.stage_waits();
+  std::map<std::uint64_t, int> node_index;  // CUPTI id → index in info
+  {
+    std::vector<std::pair<std::uint64_t, int>> ids;
+    for (std::size_t i = 0; i < info.size(); ++i) {
+      std::uint64_t id = 0;
+      if (info[i].kernel &&
+          cuptiGetGraphNodeId(static_cast<CUgraphNode>(const_cast<void*>(info[i].handle)), &id) == CUPTI_SUCCESS)
+        ids.emplace_back(id, int(i));
+    }
+    std::size_t hits = 0;
+    for (const auto& [id, i] : ids) hits += names.count(id);
+    if (hits == names.size()) {
+      for (const auto& [id, i] : ids) node_index[id] = i;
+    } else if (ids.size() == names.size()) {  // by rank
+      std::sort(ids.begin(), ids.end());
+      std::size_t k = 0;
+      for (const auto& [id, name] : names) node_index[id] = ids[k++].second;
+      std::printf("(graph nodes matched by rank: %zu of %zu CUPTI ids matched)\n", hits, names.size());
+    } else {
+      std::printf("(graph structure not available: %zu kernel nodes in the graph, %zu traced)\n", ids.size(),
+                  names.size());
+    }
+  }
   struct Row {
     std::uint64_t node;
     double s, d, e;
+    int idx;  // in info, or -1
   };
   std::vector<Row> rows;
-  for (const auto& [node, name] : names) rows.push_back({node, median(st[node]), median(du[node]), median(en[node])});
+  for (const auto& [node, name] : names) {
+    const auto it = node_index.find(node);
+    rows.push_back({node, median(st[node]), median(du[node]), median(en[node]), it == node_index.end() ? -1 : it->second});
+  }
   std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.s < b.s; });
+  std::map<int, const Row*> by_idx;
+  for (const auto& r : rows)
+    if (r.idx >= 0) by_idx[r.idx] = &r;
+  const std::uint64_t base = rows.empty() ? 0 : std::min_element(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
+                                                  return a.node < b.node;
+                                                })->node;
+  auto stage_name = [&](int idx) -> std::string {
+    if (idx < 0) return "?";
+    const int sidx = info[std::size_t(idx)].stage;
+    return sidx >= 0 && std::size_t(sidx) < waits.size() ? waits[std::size_t(sidx)].first : "-";
+  };
+  // The kernel nodes a node waits for, through non-kernel nodes.
+  auto kernel_deps = [&](int idx) {
+    std::vector<int> out, todo(info[std::size_t(idx)].deps), seen;
+    while (!todo.empty()) {
+      const int d = todo.back();
+      todo.pop_back();
+      if (std::find(seen.begin(), seen.end(), d) != seen.end()) continue;
+      seen.push_back(d);
+      if (info[std::size_t(d)].kernel) out.push_back(d);
+      else todo.insert(todo.end(), info[std::size_t(d)].deps.begin(), info[std::size_t(d)].deps.end());
+    }
+    return out;
+  };
+  // The dependency that ended last: what held the node back.
+  auto holder = [&](const Row& r) -> const Row* {
+    if (r.idx < 0) return nullptr;
+    const Row* h = nullptr;
+    for (int d : kernel_deps(r.idx))
+      if (const auto it = by_idx.find(d); it != by_idx.end() && (!h || it->second->e > h->e)) h = it->second;
+    return h;
+  };
   std::printf("%s: batch %d, %s, %zu kernel nodes, %zu replays traced\n", spec.name.c_str(), spec.batch,
               to_string(spec.precision), per, replays);
   std::printf("step period %.2f us (first kernel to next step's first), span %.2f us, GPU idle inside the step "
               "%.2f us, kernel time summed %.2f us\n",
               median(period), median(span), median(idle), median(busy_sum));
-  std::printf("%5s %8s %8s %8s  %-60s %s\n", "node", "start", "dur", "end", "kernel", "after (last end before start)");
-  const std::uint64_t base = rows.empty() ? 0 : std::min_element(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
-                                                  return a.node < b.node;
-                                                })->node;
+  std::printf("%5s %8s %8s %8s  %-24s %-44s %s\n", "node", "start", "dur", "end", "stage", "kernel",
+              "waits for (its end to this start)");
   for (const auto& r : rows) {
-    const Row* prev = nullptr;
-    for (const auto& q : rows)
-      if (q.e <= r.s + 0.05 && (!prev || q.e > prev->e)) prev = &q;
     char after[96] = "";
-    if (prev) std::snprintf(after, sizeof after, "%llu (+%.2f)", static_cast<unsigned long long>(prev->node - base), r.s - prev->e);
-    std::printf("%5llu %8.2f %8.2f %8.2f  %-60s %s\n", static_cast<unsigned long long>(r.node - base), r.s, r.d, r.e,
-                names[r.node].c_str(), after);
+    if (const Row* h = holder(r))
+      std::snprintf(after, sizeof after, "%llu (%+.2f)", static_cast<unsigned long long>(h->node - base), r.s - h->e);
+    std::printf("%5llu %8.2f %8.2f %8.2f  %-24.24s %-44.44s %s\n", static_cast<unsigned long long>(r.node - base), r.s,
+                r.d, r.e, stage_name(r.idx).c_str(), names[r.node].c_str(), after);
+  }
+  // The critical path: from the node that ends last, back through what held each node.
+  if (!by_idx.empty()) {
+    const Row* r = &*std::max_element(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.e < b.e; });
+    std::vector<const Row*> path;
+    for (; r; r = holder(*r)) path.push_back(r);
+    std::printf("critical path (%zu nodes):\n", path.size());
+    for (auto it = path.rbegin(); it != path.rend(); ++it)
+      std::printf("  %8.2f %8.2f  %-24.24s %s\n", (*it)->s, (*it)->e, stage_name((*it)->idx).c_str(),
+                  names[(*it)->node].c_str());
   }
   return 0;
 }

@@ -2032,11 +2032,16 @@ class CudaRuntime final : public Runtime {
       const auto st = node_stage_.find(n);
       g.stage = st == node_stage_.end() ? -1 : st->second;
       cudaGraphNodeType type{};
-      g.kernel = cudaGraphNodeGetType(n, &type) == cudaSuccess && type == cudaGraphNodeTypeKernel;
+      if (cudaGraphNodeGetType(n, &type) == cudaSuccess) {
+        g.kernel = type == cudaGraphNodeTypeKernel;
+        g.copy = type == cudaGraphNodeTypeMemcpy;
+      }
+      // (the edge data too: without it the query fails on programmatic edges)
       std::size_t nd = 0;
       if (cudaGraphNodeGetDependencies(n, nullptr, nullptr, &nd) == cudaSuccess && nd > 0) {
         std::vector<cudaGraphNode_t> deps(nd);
-        if (cudaGraphNodeGetDependencies(n, deps.data(), nullptr, &nd) == cudaSuccess)
+        std::vector<cudaGraphEdgeData> edges(nd);
+        if (cudaGraphNodeGetDependencies(n, deps.data(), edges.data(), &nd) == cudaSuccess)
           for (cudaGraphNode_t d : deps)
             if (const auto it = index.find(d); it != index.end()) g.deps.push_back(it->second);
       }

@@ -36,11 +36,13 @@ class Runtime {
   virtual std::int64_t graph_nodes() const noexcept { return 0; }
   /// One node of the captured graph, for tools that explain a replay (dqn-trace): the runtime's
   /// opaque node handle, the stage that enqueued it (its index in capture order, -1: none),
-  /// whether it launches a kernel, and the nodes it waits for (indices into the same list).
+  /// whether it launches a kernel or is a memory copy, and the nodes it waits for (indices
+  /// into the same list).
   struct GraphNode {
     const void* handle = nullptr;
     int stage = -1;
     bool kernel = false;
+    bool copy = false;
     std::vector<int> deps;
   };
   /// The captured graph's nodes in the graph's own order (empty: nothing captured, or no graphs).

@@ -172,12 +172,17 @@ int main(int argc, char** argv) {
   const auto waits = e.stage_waits();
   std::map<std::uint64_t, int> node_index;  // CUPTI id → index in info
   {
+    // Kernel nodes; if the records hold more (a copy done by a kernel), copies and sets too.
     std::vector<std::pair<std::uint64_t, int>> ids;
-    for (std::size_t i = 0; i < info.size(); ++i) {
-      std::uint64_t id = 0;
-      if (info[i].kernel &&
-          cuptiGetGraphNodeId(static_cast<CUgraphNode>(const_cast<void*>(info[i].handle)), &id) == CUPTI_SUCCESS)
-        ids.emplace_back(id, int(i));
+    for (bool copies : {false, true}) {
+      if (copies && ids.size() == names.size()) break;
+      ids.clear();
+      for (std::size_t i = 0; i < info.size(); ++i) {
+        std::uint64_t id = 0;
+        if ((info[i].kernel || (copies && info[i].copy)) &&
+            cuptiGetGraphNodeId(static_cast<CUgraphNode>(const_cast<void*>(info[i].handle)), &id) == CUPTI_SUCCESS)
+          ids.emplace_back(id, int(i));
+      }
     }
     std::size_t hits = 0;
     for (const auto& [id, i] : ids) hits += names.count(id);
@@ -223,7 +228,7 @@ int main(int argc, char** argv) {
       todo.pop_back();
       if (std::find(seen.begin(), seen.end(), d) != seen.end()) continue;
       seen.push_back(d);
-      if (info[std::size_t(d)].kernel) out.push_back(d);
+      if (info[std::size_t(d)].kernel || info[std::size_t(d)].copy) out.push_back(d);
       else todo.insert(todo.end(), info[std::size_t(d)].deps.begin(), info[std::size_t(d)].deps.end());
     }
     return out;

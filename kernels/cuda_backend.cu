@@ -321,6 +321,17 @@ class CudaBackend final : public Backend {
   /// from the unmasked problem); on every other path, relu_mask after the GEMM.
   void gemm(const Gemm& g) noexcept override {
     constexpr const char* op = "gemm";
+    if (g.batch2 != 1) {
+      if (g.batch2 < 1) return fail(op, "batch2 must be at least 1");
+      // Entry 0 decides the path; where that is tile_gemm, its one launch runs every entry
+      // (run_tile reads batch2_), else each entry is a call of its own.
+      batch2_ = &g;
+      ran_batch2_ = false;
+      gemm(batch2_entry(g, 0));
+      batch2_ = nullptr;
+      for (int j = 1; j < g.batch2 && !ran_batch2_ && status_ == 0; ++j) gemm(batch2_entry(g, j));
+      return;
+    }
     if (g.mask && (!real_ok(g.mask, op, "mask") || g.ldmask < g.n || g.mask_rows < 0))
       return fail(op, "mask needs ldmask >= n and mask_rows >= 0");
     masked_in_kernel_ = false;
@@ -1526,7 +1537,20 @@ class CudaBackend final : public Backend {
   }
 
   void run_tile(const cuda::TileGemm& tg, int config) noexcept {
-    if (DQN_CUDA_OK("gemm", cuda::tile_gemm(stream_, tg, config)) && tg.mask) masked_in_kernel_ = true;
+    cuda::TileGemm t = tg;
+    if (const Gemm* g2 = batch2_) {  // every entry of the second batch dimension in this launch
+      t.batch2 = g2->batch2;
+      t.stride2_a = g2->stride2_a;
+      t.stride2_b = g2->stride2_b;
+      t.stride2_c = g2->stride2_c;
+      t.stride2_bias = t.bias ? g2->stride2_bias : 0;
+      t.stride2_mask = t.mask ? g2->stride2_mask : 0;
+      if (!cuda::tile_gemm_fits(t, config)) t = tg;  // too many entries for one grid: entry by entry
+    }
+    if (DQN_CUDA_OK("gemm", cuda::tile_gemm(stream_, t, config))) {
+      if (t.mask) masked_in_kernel_ = true;
+      if (t.batch2 > 1) ran_batch2_ = true;
+    }
   }
 
   /// DQN_TILE_GEMM=1 or a shape: the named shape, or the fastest that fits (timed, outside
@@ -1818,6 +1842,8 @@ class CudaBackend final : public Backend {
   std::size_t device_bytes_ = 0, peak_bytes_ = 0;
   bool planning_ = false, capturing_ = false;
   int lane_ = 0;
+  const Gemm* batch2_ = nullptr;  ///< a gemm with batch2 > 1 whose entry 0 runs now (see gemm())
+  bool ran_batch2_ = false;       ///< run_tile launched all of batch2_'s entries
   std::size_t plan_need_ = 0;
   std::map<LtKey, LtPlan> plans_;
   std::map<LtKey, int> tiles_;  ///< tile_gemm choice per problem (key with the epilogue's bias/relu bits)

@@ -189,6 +189,7 @@ __global__ void dueling_backward_kernel(float* dv, int lddv, float* dadv, int ld
         const std::int64_t j = row + (d * A + a) * Z;
         dadv[drow + a * Z] = static_cast<float>(static_cast<double>(dl[j]) - mean);
       }
+      for (int q = A * Z + i; q < lddadv; q += Z) dadv[drow - i + q] = 0.0f;  // the block's padding
     }
   }
 }

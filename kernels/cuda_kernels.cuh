@@ -130,6 +130,9 @@ struct TileGemm {
   const float* mask = nullptr;
   int ldmask = 0, mask_rows = 1;
   std::int64_t stride_mask = 0;
+  /// Gemm::batch2: grid z runs over batch × batch2 entries, entry (i, j) at i·stride + j·stride2.
+  int batch2 = 1;
+  std::int64_t stride2_a = 0, stride2_b = 0, stride2_c = 0, stride2_bias = 0, stride2_mask = 0;
 };
 /// The tile shapes of tile_gemm (block tiles 16×32, 32×32 and 64×64 of C).
 inline constexpr int kTileGemmConfigs = 3;

@@ -104,9 +104,10 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool ve
   constexpr int MT = WM / 16, NT = WN / 8, LA = Shape::lda_s, LB = Shape::ldb_s;
   extern __shared__ __align__(16) float tg_shared[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN, z = blockIdx.z;
-  const float* A = g.a + z * g.stride_a;
-  const float* B = g.b + z * g.stride_b;
+  const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+  const int z = static_cast<int>(blockIdx.z) / g.batch2, z2 = static_cast<int>(blockIdx.z) - z * g.batch2;
+  const float* A = g.a + z * g.stride_a + z2 * g.stride2_a;
+  const float* B = g.b + z * g.stride_b + z2 * g.stride2_b;
   const int m = g.m, n = g.n, k = g.k;
   const int KT = (k + kBK - 1) / kBK;
 
@@ -178,10 +179,10 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool ve
 
   // Epilogue: C = act(alpha·AB + beta·C + bias), C read only when beta != 0 (as bias_act after
   // the GEMM: the bias is added to the rounded alpha·AB + beta·C).
-  float* C = g.c + z * g.stride_c;
-  const float* Cin = g.c_in + z * g.stride_c;
-  const float* bias = g.bias ? g.bias + z * g.stride_bias : nullptr;
-  const float* mask = g.mask ? g.mask + z * g.stride_mask : nullptr;  // then the ReLU backward
+  float* C = g.c + z * g.stride_c + z2 * g.stride2_c;
+  const float* Cin = g.c_in + z * g.stride_c + z2 * g.stride2_c;
+  const float* bias = g.bias ? g.bias + z * g.stride_bias + z2 * g.stride2_bias : nullptr;
+  const float* mask = g.mask ? g.mask + z * g.stride_mask + z2 * g.stride2_mask : nullptr;  // then the ReLU backward
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -237,13 +238,14 @@ cudaError_t prepare_config() {
 
 template <int C, bool TA, bool TB>
 cudaError_t launch_one(cudaStream_t s, const TileGemm& g) {
-  const dim3 grid((g.m + kConfigs[C].bm - 1) / kConfigs[C].bm, (g.n + kConfigs[C].bn - 1) / kConfigs[C].bn, g.batch);
+  const dim3 grid((g.m + kConfigs[C].bm - 1) / kConfigs[C].bm, (g.n + kConfigs[C].bn - 1) / kConfigs[C].bn,
+                  g.batch * g.batch2);
   // 16-byte copies where the operand's rows (and batch entries) start on 16-byte boundaries
-  const auto aligned = [](const float* p, int ld, std::int64_t stride) {
-    return dev::aligned16(p) && ld % 4 == 0 && stride % 4 == 0;
+  const auto aligned = [](const float* p, int ld, std::int64_t stride, std::int64_t stride2) {
+    return dev::aligned16(p) && ld % 4 == 0 && stride % 4 == 0 && stride2 % 4 == 0;
   };
-  launch(Kernel<C, TA, TB>::fn, grid, kThreads, Kernel<C, TA, TB>::bytes, s, g, aligned(g.a, g.lda, g.stride_a),
-         aligned(g.b, g.ldb, g.stride_b));
+  launch(Kernel<C, TA, TB>::fn, grid, kThreads, Kernel<C, TA, TB>::bytes, s, g,
+         aligned(g.a, g.lda, g.stride_a, g.stride2_a), aligned(g.b, g.ldb, g.stride_b, g.stride2_b));
   return cudaGetLastError();
 }
 template <int C>
@@ -261,7 +263,8 @@ const char* tile_gemm_name(int config) {
 bool tile_gemm_fits(const TileGemm& g, int config) {
   if (config < 0 || config >= kTileGemmConfigs) return false;
   const long long ny = (g.n + kConfigs[config].bn - 1) / kConfigs[config].bn;
-  return g.m > 0 && g.n > 0 && g.k > 0 && g.batch >= 1 && g.batch <= 65535 && ny <= 65535;
+  return g.m > 0 && g.n > 0 && g.k > 0 && g.batch >= 1 && g.batch2 >= 1 &&
+         static_cast<long long>(g.batch) * g.batch2 <= 65535 && ny <= 65535;
 }
 
 cudaError_t tile_gemm_prepare() {

@@ -33,6 +33,11 @@ class CpuBackend final : public Backend {
   // --- dense layers -------------------------------------------------------------------------
 
   void gemm(const Gemm& g) noexcept override {
+    if (g.batch2 != 1) {  // entry j of the second dimension: a one-dimensional call at its offsets
+      if (g.batch2 < 1) return fail("gemm", "batch2 must be at least 1");
+      for (int j = 0; j < g.batch2 && status_ == 0; ++j) gemm(batch2_entry(g, j));
+      return;
+    }
     if (g.m < 0 || g.n < 0 || g.k < 0 || g.batch < 0) return fail("gemm", "negative size");
     if (g.m == 0 || g.n == 0 || g.batch == 0) return;
     const int a_cols = g.ta ? g.m : g.k, b_cols = g.tb ? g.k : g.n;
@@ -188,6 +193,8 @@ class CpuBackend final : public Backend {
           }
         }
       }
+      for (int d = 0; d < D && DA; ++d)  // the padding after each block: zero
+        for (int q = A * Z; q < ldd; ++q) DA[(static_cast<std::int64_t>(b) * D + d) * ldd + q] = T(0);
     }
   }
 

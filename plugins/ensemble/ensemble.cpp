@@ -24,7 +24,9 @@ namespace {
 
 using namespace dqn;
 
-enum Tag : std::int32_t { kForward = 0, kLoss = 1, kBackward = 2, kWeights = 3, kTrunk = 4, kWeightsHidden = 5 };
+enum Tag : std::int32_t {
+  kForward = 0, kLoss = 1, kBackward = 2, kWeights = 3, kTrunk = 4, kWeightsHidden = 5, kBias = 6, kDisagreement = 7
+};
 
 class EnsembleHead final : public Head {
  public:
@@ -52,25 +54,28 @@ class EnsembleHead final : public Head {
         if (int rc = ctx.buffer(x.n.c_str(), DType::real, x.s.data(), std::int32_t(x.s.size()), x.kind)) return keep(rc);
       const std::string loss = "loss/" + name_, grad = "grad/" + name_, dtrunk = "dtrunk/" + name_;
       int rc = stage(ctx, kForward, "forward", {buf::h2, "params"},
-                     {own("hidden"), own("v"), own("adv"), own("logits"), own("logp"), own("q"), own("disagreement")});
+                     {own("hidden"), own("v"), own("adv"), own("logits"), own("logp"), own("q")});
+      // the disagreement (a metric): beside the loss and backward, not before them
+      rc = rc ? rc : stage(ctx, kDisagreement, "disagreement", {own("q")}, {own("disagreement")});
       rc = rc ? rc : stage(ctx, kLoss, "loss", {own("logp"), buf::target_m, buf::actions, buf::is_weights},
                            {loss, own("dlogits")});
       // backward: the input side down to the masked dhidden (with the hidden layers' bias
       // gradients, which come with their ReLU mask); trunk: ∂L/∂h2 from it; weights (the output
       // layers) and weights.hidden (the hidden layers' weights): the other gradients, on lanes of
       // their own beside the trunk stage and the trunk's backward.
-      std::vector<std::string> hidden_biases, weights, hidden_weights;
+      std::vector<std::string> hidden_biases, weights, biases, hidden_weights;
       for (int k = 0; k < K_; ++k)
         for (int layer : {0, 1})
           for (const auto& p : bdq::layer_params(prefix(k), d_, layer)) {
             const bool bias = p.size() > 5 && p.compare(p.size() - 5, 5, ".bias") == 0;
-            (layer == 1 ? weights : bias ? hidden_biases : hidden_weights).push_back(grad + "/" + p);
+            (layer == 1 ? (bias ? biases : weights) : bias ? hidden_biases : hidden_weights).push_back(grad + "/" + p);
           }
       std::vector<std::string> back_writes{own("dv"), own("dadv"), own("dhidden")};
       back_writes.insert(back_writes.end(), hidden_biases.begin(), hidden_biases.end());
       rc = rc ? rc : stage(ctx, kBackward, "backward", {own("dlogits"), own("hidden"), "params"}, back_writes);
       rc = rc ? rc : stage(ctx, kTrunk, "trunk", {own("dhidden"), "params"}, {own("dtrunk_parts"), dtrunk});
       rc = rc ? rc : stage(ctx, kWeights, "weights", {own("dv"), own("dadv"), own("hidden")}, weights);
+      rc = rc ? rc : stage(ctx, kBias, "bias", {own("dv"), own("dadv")}, biases);
       rc = rc ? rc : stage(ctx, kWeightsHidden, "weights.hidden", {own("dhidden"), buf::h2}, hidden_weights);
       return keep(rc);
     } catch (const std::exception& e) {
@@ -129,6 +134,8 @@ class EnsembleHead final : public Head {
     switch (tag) {
       case kForward:  // states only (rows 0..B-1 of h2): the members take no part in the targets
         forward(be);
+        break;
+      case kDisagreement:
         be.ensemble_disagreement(disagreement_, q_, K_, B, d_.D * d_.A);
         break;
       case kLoss:
@@ -151,6 +158,9 @@ class EnsembleHead final : public Head {
         break;
       case kWeights:
         backward_weights_out(be);
+        break;
+      case kBias:
+        backward_bias_out(be);
         break;
       case kWeightsHidden:
         backward_weights_hidden(be);
@@ -213,12 +223,14 @@ class EnsembleHead final : public Head {
     g.weight_operand = 2;
     g.bias = p.bv2; g.stride_bias = stride_;
     be.gemm(g);
-    for (int d = 0; d < d_.D; ++d) {
-      const BranchAt at = branch_at(d);
+    {  // every member's and branch's advantage layer in one call (members × branches)
+      const BranchAt at = branch_at(0), step = branch_step();
       g = batched(false, true, B, d_.wb2_rows(), Hh, all_.hidden + at.hidden, hc, sh, p.wb2 + at.weight, Hh, stride_,
                   all_.adv + at.adv, dlaz, std::int64_t(B) * dlaz);
       g.weight_operand = 2;
       g.bias = p.bb2 + at.bias; g.stride_bias = stride_;
+      g.batch2 = d_.D;
+      g.stride2_a = step.hidden; g.stride2_b = step.weight; g.stride2_c = step.adv; g.stride2_bias = step.bias;
       be.gemm(g);
     }
     DuelingDist dd;  // every member's distribution and Q in one pass
@@ -241,12 +253,13 @@ class EnsembleHead final : public Head {
     Gemm g = batched(false, false, B, Hh, Z, back_.dv, LZ, sv, p.wv2, Hh, stride_, back_.dhidden, hc, sh);
     g.weight_operand = 2;
     be.gemm(g);
-    // branch output layers, one member-batched GEMM per branch
-    for (int d = 0; d < d_.D; ++d) {
-      const BranchAt at = branch_at(d);
+    {  // the branch output layers: members × branches in one call
+      const BranchAt at = branch_at(0), step = branch_step();
       g = batched(false, false, B, Hh, az, back_.dadv + at.adv, dlaz, sa, p.wb2 + at.weight, Hh, stride_,
                   back_.dhidden + at.hidden, hc, sh);
       g.weight_operand = 2;
+      g.batch2 = d_.D;
+      g.stride2_a = step.adv; g.stride2_b = step.weight; g.stride2_c = step.hidden;
       be.gemm(g);
     }
     // hidden layers: the mask and the bias gradients in one pass
@@ -269,23 +282,33 @@ class EnsembleHead final : public Head {
     for (int k = 1; k < K_; ++k) be.axpy(dtrunk_, parts_ + k * part, 1.0f, part);
   }
 
-  /// The output layers' bias and weight gradients for every member (overwriting), from dv and dadv.
+  /// The output layers' weight gradients for every member (overwriting), from dv and dadv.
   void backward_weights_out(Backend& be) const {
     const int B = B_, hc = d_.hidden_cols(), az = d_.az(), Hh = d_.Hh, Z = d_.Z;
     const int LZ = d_.ldz(), laz = d_.ldaz(), dlaz = d_.D * laz;
     const std::int64_t sh = std::int64_t(B) * hc, sv = std::int64_t(B) * LZ, sa = std::int64_t(B) * dlaz;
     const bdq::Params& gp = members_[0].grad;
-    be.relu_bias_grad(back_.dv, Real{}, gp.bv2, B, Z, LZ, K_, sv, 0, stride_);  // bias gradients, every member
-    for (int d = 0; d < d_.D; ++d)  // the branch biases: one call per branch (every member)
-      be.relu_bias_grad(back_.dadv + branch_at(d).adv, Real{}, gp.bb2 + branch_at(d).bias, B, az, dlaz, K_, sa, 0,
-                        stride_);
     // dWv2 = dvᵀ hv
     be.gemm(batched(true, false, Z, Hh, B, back_.dv, LZ, sv, all_.hidden, hc, sh, gp.wv2, Hh, stride_));
-    for (int d = 0; d < d_.D; ++d) {  // dWb2_d = dadv_dᵀ hb_d (the zero rows' gradients stay 0)
-      const BranchAt at = branch_at(d);
-      be.gemm(batched(true, false, az, Hh, B, back_.dadv + at.adv, dlaz, sa, all_.hidden + at.hidden, hc, sh,
-                      gp.wb2 + at.weight, Hh, stride_));
-    }
+    // dWb2_d = dadv_dᵀ hb_d, members × branches in one call (the zero rows' gradients stay 0)
+    const BranchAt at = branch_at(0), step = branch_step();
+    Gemm g = batched(true, false, az, Hh, B, back_.dadv + at.adv, dlaz, sa, all_.hidden + at.hidden, hc, sh,
+                     gp.wb2 + at.weight, Hh, stride_);
+    g.batch2 = d_.D;
+    g.stride2_a = step.adv; g.stride2_b = step.hidden; g.stride2_c = step.weight;
+    be.gemm(g);
+  }
+
+  /// The output layers' bias gradients for every member (overwriting): column sums of dv and of
+  /// dadv. dadv's padding columns are zero (dueling_backward writes them), so one call covers
+  /// every branch's block (ldaz columns each, as the biases' blocks are wb2_rows = ldaz apart),
+  /// the padding biases' gradients included (zero).
+  void backward_bias_out(Backend& be) const {
+    const int B = B_, Z = d_.Z, LZ = d_.ldz(), dlaz = d_.D * d_.ldaz();
+    const std::int64_t sv = std::int64_t(B) * LZ, sa = std::int64_t(B) * dlaz;
+    const bdq::Params& gp = members_[0].grad;
+    be.relu_bias_grad(back_.dv, Real{}, gp.bv2, B, Z, LZ, K_, sv, 0, stride_);
+    be.relu_bias_grad(back_.dadv, Real{}, gp.bb2, B, dlaz, dlaz, K_, sa, 0, stride_);
   }
 
   /// dW1 = dhiddenᵀ h2 for every member (overwriting), from the masked dhidden.
@@ -307,6 +330,11 @@ class EnsembleHead final : public Head {
   BranchAt branch_at(int d) const {
     const std::int64_t r = d_.wb2_rows();
     return BranchAt{d * r * d_.Hh, d * r, std::int64_t(d) * d_.ldaz(), std::int64_t(d_.Hh) * (1 + d)};
+  }
+  /// From one branch to the next (the second batch dimension's strides).
+  BranchAt branch_step() const {
+    const BranchAt a = branch_at(0), b = branch_at(1);
+    return BranchAt{b.weight - a.weight, b.bias - a.bias, b.adv - a.adv, b.hidden - a.hidden};
   }
 
   int stage(BuildContext& ctx, Tag tag, const char* what, std::vector<std::string> reads,

@@ -358,6 +358,78 @@ TEST_CASE("gpu.ops.gemm_mask: the ReLU backward in the GEMM (tile_gemm's epilogu
   CHECK(std::string(gpu.ops.message()).find("mask needs ldmask >= n") != std::string::npos);
 }
 
+TEST_CASE("gpu.ops.gemm_batch2: a second batch dimension (one tile_gemm launch, else a call per entry) against the CPU") {
+  struct Case {
+    const char* why;
+    bool ta, tb, bias_relu, mask;
+    int m, n, k;
+  };
+  // the ensemble's branch layers: forward (bias, ReLU off), backward input (masked), weight gradient
+  const Case cases[] = {
+      {"forward layout, bias", false, true, true, false, 37, 53, 29},
+      {"d(input) layout, masked", false, false, false, true, 19, 23, 31},
+      {"weight-gradient layout", true, false, false, false, 29, 17, 45},
+  };
+  const int batch = 2, batch2 = 3;
+  for (const GemmPath& prec : kGemmPaths) {
+    const ScopedEnv tile("DQN_TILE_GEMM", prec.tile_env);
+    Gpu gpu(prec.p);
+    Cpu cpu;
+    std::uint32_t seed = 900;
+    for (const Case& c : cases) {
+      const std::string what = std::string(prec.name) + " gemm batch2, " + c.why;
+      CAPTURE(what);
+      const int a_rows = c.ta ? c.k : c.m, a_cols = c.ta ? c.m : c.k;
+      const int b_rows = c.tb ? c.n : c.k, b_cols = c.tb ? c.k : c.n;
+      Gemm g;
+      g.ta = c.ta; g.tb = c.tb; g.m = c.m; g.n = c.n; g.k = c.k;
+      // entries of the second dimension side by side in a row (as the branches' columns are),
+      // the first dimension's entries one after the other
+      g.lda = a_cols * batch2 + 4; g.ldb = b_cols * batch2 + 8; g.ldc = c.n * batch2 + 4; g.ldmask = g.ldc;
+      g.batch = batch; g.batch2 = batch2;
+      g.stride2_a = a_cols; g.stride2_b = b_cols; g.stride2_c = c.n; g.stride2_bias = c.n; g.stride2_mask = c.n;
+      g.stride_a = std::int64_t(a_rows) * g.lda; g.stride_b = std::int64_t(b_rows) * g.ldb;
+      g.stride_c = std::int64_t(c.m) * g.ldc; g.stride_bias = std::int64_t(c.n) * batch2; g.stride_mask = g.stride_c;
+      auto A = random_vec(static_cast<std::size_t>(g.stride_a * batch), -1, 1, seed++);
+      auto B = random_vec(static_cast<std::size_t>(g.stride_b * batch), -1, 1, seed++);
+      const std::size_t nc = static_cast<std::size_t>(g.stride_c * batch);
+      auto C0 = random_vec(nc, -1, 1, seed++);  // outside the entries' columns: must stay as it was
+      auto bias = random_vec(static_cast<std::size_t>(g.stride_bias * batch), -1, 1, seed++);
+      auto M = random_vec(nc, -1, 1, seed++);
+      if (c.bias_relu) g.act = Act::relu;
+      Gemm gd = g, gc = g;
+      gd.a = gpu.put(A); gd.b = gpu.put(B); gd.c = gpu.put(C0);
+      if (c.bias_relu) gd.bias = gpu.put(bias);
+      if (c.mask) gd.mask = gpu.put(M);
+      gpu.ops.gemm(gd);
+      gpu.ok();
+      auto Cc = C0;
+      gc.a = host(A); gc.b = host(B); gc.c = host(Cc);
+      if (c.bias_relu) gc.bias = host(bias);
+      if (c.mask) gc.mask = host(M);
+      cpu.ops->gemm(gc);
+      cpu.ok();
+      const auto got = gpu.get(gd.c, static_cast<std::int64_t>(nc));
+      expect_close(got, Cc, prec.tol, what);
+      std::size_t untouched = 0, pad = 0;  // the padding columns of each row: never written
+      for (std::size_t i = 0; i < nc; ++i)
+        if (static_cast<int>(i % static_cast<std::size_t>(g.ldc)) >= c.n * batch2) {
+          ++pad;
+          untouched += got[i] == C0[i];
+        }
+      CHECK(untouched == pad);
+    }
+  }
+  Gpu gpu;
+  Gemm bad;
+  bad.m = 4; bad.n = 8; bad.k = 2; bad.lda = 2; bad.ldb = 8; bad.ldc = 8; bad.batch2 = -1;
+  bad.a = gpu.put(std::vector<float>(8, 1.0f)); bad.b = gpu.put(std::vector<float>(16, 1.0f));
+  bad.c = gpu.put(std::vector<float>(32, 0.0f));
+  gpu.ops.gemm(bad);
+  CHECK(gpu.ops.status() != 0);
+  CHECK(std::string(gpu.ops.message()).find("batch2 must be at least 1") != std::string::npos);
+}
+
 TEST_CASE("gpu.ops.gemm_epilogue: fused bias/ReLU (and its fallbacks) against the CPU; planning writes nothing") {
   struct Case {
     const char* why;
@@ -626,7 +698,7 @@ TEST_CASE("gpu.ops.dueling_combine and dueling_backward, separate and in place")
 
     auto dl = random_vec(n, -1, 1, 9);
     // Compact dadv (separate or in place), then (not in place) a padded one whose (row, branch)
-    // blocks lie A·Z + 3 apart: the padding stays poisoned on both sides.
+    // blocks lie A·Z + 3 apart: the padding set to zero on both sides.
     for (const int ldd : in_place ? std::vector<int>{0} : std::vector<int>{0, A * Z + 3}) {
       INFO("lddadv " << ldd);
       const std::size_t nd = ldd ? static_cast<std::size_t>(rows) * D * ldd : n;
@@ -640,7 +712,13 @@ TEST_CASE("gpu.ops.dueling_combine and dueling_backward, separate and in place")
       cpu.ops->dueling_backward(host(dv), ldv, host(dadv_c), ldd, in_place ? host(dadv_c) : host(dl_c), rows, D, A, Z);
       cpu.ok();
       expect_close(gpu.get(dvd, rows * ldv), dv, kReduction, "dueling_backward dv");
-      expect_close(gpu.get(dad, static_cast<std::int64_t>(nd)), dadv_c, kElementwise, "dueling_backward dadv");
+      const auto got = gpu.get(dad, static_cast<std::int64_t>(nd));
+      expect_close(got, dadv_c, kElementwise, "dueling_backward dadv");
+      if (ldd > A * Z) {
+        std::size_t zeros = 0;
+        for (std::size_t i = 0; i < nd; ++i) zeros += static_cast<int>(i % static_cast<std::size_t>(ldd)) >= A * Z && got[i] == 0.0f;
+        CHECK(zeros == static_cast<std::size_t>(rows) * D * (ldd - A * Z));
+      }
     }
   }
 }

@@ -373,6 +373,51 @@ TEST_CASE("ops.gemm.mask: the ReLU backward in the GEMM equals gemm then relu_ba
   CHECK(std::string(cpu->message()).find("mask needs ldmask >= n") != std::string::npos);
 }
 
+TEST_CASE("ops.gemm.batch2: a second batch dimension equals one call per entry, bit for bit") {
+  // Gemm::batch2 (ABI 9): entry (i, j) at X + i·stride_x + j·stride2_x for a, b, c, bias, mask.
+  Backends be;
+  Rng rng(13);
+  const int m = 6, n = 5, k = 7, batch = 2, batch2 = 3;
+  dqn::Gemm g;
+  g.tb = true;
+  g.m = m, g.n = n, g.k = k;
+  g.lda = k + 1, g.ldb = k + 2, g.ldc = n + 1, g.ldmask = n + 2;
+  g.batch = batch, g.batch2 = batch2;
+  // the second dimension interleaved inside the first's entries, as an ensemble's branches are
+  g.stride2_a = 3, g.stride2_b = 2, g.stride2_c = m * g.ldc, g.stride2_bias = n, g.stride2_mask = 1;
+  g.stride_a = m * g.lda + 3 * batch2, g.stride_b = n * g.ldb + 2 * batch2, g.stride_c = m * g.ldc * batch2 + 1;
+  g.stride_bias = n * batch2, g.stride_mask = m * g.ldmask + batch2;
+  g.act = dqn::Act::relu;
+  const Vd A = rng.vec(g.stride_a * batch), B = rng.vec(g.stride_b * batch), C0 = rng.vec(g.stride_c * batch),
+           bias = rng.vec(g.stride_bias * batch), M = rng.vec(g.stride_mask * batch);
+  for (Backend* b : {be.f64.get(), be.f32.get()}) {
+    CAPTURE(b->name());
+    Vec a(b->real_size(), A), bb(b->real_size(), B), bv(b->real_size(), bias), mk(b->real_size(), M);
+    Vec both(b->real_size(), C0), each(b->real_size(), C0);
+    dqn::Gemm f = g;
+    f.a = a.r(), f.b = bb.r(), f.c = both.r(), f.bias = bv.r(), f.mask = mk.r();
+    b->gemm(f);
+    dqn::Gemm e = f;
+    e.c = each.r();
+    for (int j = 0; j < batch2; ++j) {
+      const dqn::Gemm one = dqn::batch2_entry(e, j);
+      CHECK(one.batch2 == 1);
+      CHECK(one.c.p == static_cast<const void*>(static_cast<char*>(each.r().p) + j * g.stride2_c * b->real_size()));
+      b->gemm(one);
+    }
+    REQUIRE(b->status() == 0);
+    CHECK(both.bytes() == each.bytes());
+    CHECK(both.bytes() != Vec(b->real_size(), C0).bytes());  // it wrote something
+  }
+  auto cpu = dqn::make_cpu_backend(false);
+  Vec c(4, 8, 1.0);
+  dqn::Gemm bad;
+  bad.m = 2, bad.n = 4, bad.k = 0, bad.ldc = 4, bad.c = c.r(), bad.batch2 = 0;
+  cpu->gemm(bad);
+  CHECK(cpu->status() != 0);
+  CHECK(std::string(cpu->message()).find("batch2 must be at least 1") != std::string::npos);
+}
+
 TEST_CASE("ops.relu_bias_grad.mask_only: a null db masks and sums nothing") {
   Backends be;
   Rng rng(12);
@@ -623,22 +668,22 @@ TEST_CASE("ops.dueling.fd") {
   b.dueling_backward(dv2.r(), ldv, inplace.r(), 0, inplace.r(), rows, D, A, Z);
   CHECK(rel_err(inplace.get(), dadv.get()) < 1e-15);
   // A padded dadv (each (row, branch) block lddadv = A·Z + 3 apart): the same values, the
-  // padding left as it was.
+  // padding set to zero (ABI 9: column sums over whole blocks then give zero padding gradients).
   const int ldd = A * Z + 3;
   Vec padded(8, static_cast<std::size_t>(rows) * D * ldd, kNaN), dv3(8, rows * ldv);
   b.dueling_backward(dv3.r(), ldv, padded.r(), ldd, dlogits.r(), rows, D, A, Z);
   REQUIRE(b.status() == 0);
   {
     const Vd pg = padded.get(), want = dadv.get();
-    int bad = 0, pad_written = 0;
+    int bad = 0, pad_zero = 0;
     for (int rd = 0; rd < rows * D; ++rd)
       for (int k = 0; k < ldd; ++k) {
         const double x = pg[static_cast<std::size_t>(rd) * ldd + k];
-        if (k >= A * Z) pad_written += !std::isnan(x);
+        if (k >= A * Z) pad_zero += x == 0.0;
         else bad += x != want[static_cast<std::size_t>(rd) * A * Z + k];
       }
     CHECK(bad == 0);
-    CHECK(pad_written == 0);
+    CHECK(pad_zero == rows * D * 3);
   }
   b.dueling_backward(dv3.r(), ldv, padded.r(), A * Z - 1, dlogits.r(), rows, D, A, Z);
   CHECK(b.status() != 0);  // a stride shorter than a block is refused

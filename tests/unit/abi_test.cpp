@@ -47,7 +47,7 @@ DQN_PLUGIN_EXPORT(kSelf)
 extern "C" const dqn::PluginDescriptor* dqn_plugin_descriptor();
 
 TEST_CASE("abi.version") {
-  CHECK(kAbiVersion == 8u);  // bump together with every table in this file
+  CHECK(kAbiVersion == 9u);  // bump together with every table in this file
   CHECK(std::is_same_v<std::remove_cv_t<decltype(kAbiVersion)>, std::uint32_t>);
 }
 
@@ -153,7 +153,7 @@ TEST_CASE("abi.op_argument_layout") {
       {"sizeof(Real)", sizeof(Real), 16, "passed by value through every op"},
       {"Real::p", offsetof(Real, p), 0, ""},
       {"Real::esize", offsetof(Real, esize), 8, ""},
-      {"sizeof(Gemm)", sizeof(Gemm), 192, "ABI 3: bias, stride_bias, act appended; ABI 8: mask"},
+      {"sizeof(Gemm)", sizeof(Gemm), 240, "ABI 3: bias, stride_bias, act appended; ABI 8: mask; ABI 9: batch2"},
       {"Gemm::ta", offsetof(Gemm, ta), 0, ""},
       {"Gemm::tb", offsetof(Gemm, tb), 1, ""},
       {"Gemm::m", offsetof(Gemm, m), 4, ""},
@@ -179,6 +179,12 @@ TEST_CASE("abi.op_argument_layout") {
       {"Gemm::ldmask", offsetof(Gemm, ldmask), 176, ""},
       {"Gemm::mask_rows", offsetof(Gemm, mask_rows), 180, ""},
       {"Gemm::stride_mask", offsetof(Gemm, stride_mask), 184, ""},
+      {"Gemm::batch2", offsetof(Gemm, batch2), 192, "ABI 9, then 4 bytes of padding"},
+      {"Gemm::stride2_a", offsetof(Gemm, stride2_a), 200, ""},
+      {"Gemm::stride2_b", offsetof(Gemm, stride2_b), 208, ""},
+      {"Gemm::stride2_c", offsetof(Gemm, stride2_c), 216, ""},
+      {"Gemm::stride2_bias", offsetof(Gemm, stride2_bias), 224, ""},
+      {"Gemm::stride2_mask", offsetof(Gemm, stride2_mask), 232, ""},
       {"sizeof(SpectralMatrix)", sizeof(SpectralMatrix), 40, "uploaded as a table the kernel reads"},
       {"SpectralMatrix::w", offsetof(SpectralMatrix, w), 0, ""},
       {"SpectralMatrix::u", offsetof(SpectralMatrix, u), 16, ""},

@@ -67,7 +67,28 @@ struct Gemm {
   int ldmask = 0;
   int mask_rows = 0;
   std::int64_t stride_mask = 0;
+  // --- appended in ABI 9 (a second batch dimension); never reorder what is above ---
+  /// batch × batch2 products: entry (i, j) reads and writes each operand X (a, b, c, bias, mask)
+  /// at X + i·stride_x + j·stride2_x. The same numbers as batch2 calls with batch entries each
+  /// (the members × branches of an ensemble's output layers in one launch). 1: one dimension.
+  int batch2 = 1;
+  std::int64_t stride2_a = 0, stride2_b = 0, stride2_c = 0, stride2_bias = 0, stride2_mask = 0;
 };
+
+/// Entry j of g's second batch dimension as a one-dimensional call (batch2 1, operands at their
+/// stride2 offsets; null operands stay null).
+inline Gemm batch2_entry(const Gemm& g, int j) noexcept {
+  Gemm e = g;
+  auto at = [j](Real x, std::int64_t stride) { return x ? x + static_cast<std::ptrdiff_t>(j * stride) : x; };
+  e.a = at(g.a, g.stride2_a);
+  e.b = at(g.b, g.stride2_b);
+  e.c = at(g.c, g.stride2_c);
+  e.bias = at(g.bias, g.stride2_bias);
+  e.mask = at(g.mask, g.stride2_mask);
+  e.batch2 = 1;
+  e.stride2_a = e.stride2_b = e.stride2_c = e.stride2_bias = e.stride2_mask = 0;
+  return e;
+}
 
 /// One matrix for the batched spectral norm: W [rows, cols] and its power-iteration vector u [rows].
 struct SpectralMatrix {
@@ -329,7 +350,9 @@ class Backend {
                                int Z) noexcept = 0;
   /// dv[b,:] = Σ_{d,a} dl[b,d,a,:]; dadv[b,d,a,:] = dl[b,d,a,:] − (1/A) Σ_a' dl[b,d,a',:].
   /// dlogits is compact [rows,D,A,Z]; dadv's (row, branch) stride is lddadv (0: A·Z; only then
-  /// may dadv alias dlogits). ABI 6 added lddadv.
+  /// may dadv alias dlogits), and each block's padding [A·Z, lddadv) is set to zero (so column
+  /// sums over whole blocks give the padding's bias gradients, zero). ABI 6 added lddadv; ABI 9
+  /// the zero padding.
   virtual void dueling_backward(Real dv, int lddv, Real dadv, int lddadv, Real dlogits, int rows, int D,
                                 int A, int Z) noexcept = 0;
   /// logp[r,:] = log_softmax(x[r,:]) over n columns.

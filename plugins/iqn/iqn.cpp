@@ -19,7 +19,10 @@ namespace {
 
 using namespace dqn;
 
-enum Tag : std::int32_t { kForward = 0, kTarget = 1, kLoss = 2, kBackward = 3, kWeights = 4 };
+enum Tag : std::int32_t {
+  kForward = 0, kTarget = 1, kLoss = 2, kBackward = 3, kWeights = 4, kBackwardHidden = 5, kWeightsOut = 6,
+  kWeightsHidden = 7, kOnes = 8
+};
 
 constexpr std::uint32_t kTauStream = 0x7A00u;        ///< τ  [B,N]
 constexpr std::uint32_t kTauTargetStream = 0x7A01u;  ///< τ' [B,N']
@@ -76,7 +79,9 @@ class IqnHead final : public Head {
       for (const auto& x : decls)
         if (int r = ctx.buffer(x.n.c_str(), DType::real, x.s.data(), std::int32_t(x.s.size()), x.kind)) return keep(r);
       const std::string loss = "loss/" + name_, grad = "grad/" + name_, dtrunk = "dtrunk/" + name_;
-      rc = stage(ctx, kForward, "forward", {buf::h2, "params", buf::step},
+      // the ones the bias gradients' GEMMs sum with: at the start, beside everything
+      rc = stage(ctx, kOnes, "ones", {}, {own("ones")});
+      rc = rc ? rc : stage(ctx, kForward, "forward", {buf::h2, "params", buf::step},
                  {own("tau"), own("cos"), own("phi"), own("x"), own("hq"), own("q")});
       rc = rc ? rc : stage(ctx, kTarget, "target", {buf::target_h2, "target", buf::step},
                            {own("tau_target"), own("target.cos"), own("target.phi"), own("target.x"),
@@ -85,17 +90,18 @@ class IqnHead final : public Head {
                            {own("q"), own("target.q"), own("tau"), buf::actions, buf::a_star, buf::rewards,
                             buf::dones, buf::is_weights},
                            {loss, own("dq")});
-      // backward: the input side, on to the trunk (∂L/∂h2); weights: the layers' gradients, from
-      // the masked gradients the input side leaves, beside the trunk's backward.
-      rc = rc ? rc : stage(ctx, kBackward, "backward", {own("dq"), own("hq"), own("phi"), buf::h2, "params"},
-                           {own("dhq"), own("dx"), dtrunk});
-      std::vector<std::string> grads;
-      for (const char* p : {"iqn.embed.weight", "iqn.embed.bias", "iqn.0.weight", "iqn.0.bias", "iqn.1.weight",
-                            "iqn.1.bias"})
-        grads.push_back(grad + "/" + p);
-      grads.push_back(own("ones"));
-      rc = rc ? rc : stage(ctx, kWeights, "weights",
-                           {own("dq"), own("hq"), own("dhq"), own("x"), own("dx"), own("cos")}, grads);
+      // The input side in two stages: backward.hidden (the masked dhq) and backward (dx → dφ, on to
+      // the trunk's ∂L/∂h2). Each layer's weight and bias gradients are a stage of their own that
+      // starts as soon as its gradient is there (the output layer's beside the whole input side).
+      rc = rc ? rc : stage(ctx, kBackwardHidden, "backward.hidden", {own("dq"), own("hq"), "params"}, {own("dhq")});
+      rc = rc ? rc : stage(ctx, kBackward, "backward", {own("dhq"), own("phi"), buf::h2, "params"},
+                           {own("dx"), dtrunk});
+      auto grads = [&](const char* layer) {
+        return std::vector<std::string>{grad + "/iqn." + layer + ".weight", grad + "/iqn." + layer + ".bias"};
+      };
+      rc = rc ? rc : stage(ctx, kWeightsOut, "weights.out", {own("dq"), own("hq"), own("ones")}, grads("1"));
+      rc = rc ? rc : stage(ctx, kWeightsHidden, "weights.hidden", {own("dhq"), own("x"), own("ones")}, grads("0"));
+      rc = rc ? rc : stage(ctx, kWeights, "weights", {own("dx"), own("cos"), own("ones")}, grads("embed"));
       return keep(rc);
     } catch (const std::exception& e) {
       error_ = e.what();
@@ -162,11 +168,23 @@ class IqnHead final : public Head {
         be.quantile_huber(a);
         break;
       }
+      case kOnes:
+        be.fill(ones_, 1.0f, std::int64_t(B_) * c_.N);
+        break;
+      case kBackwardHidden:  // dhq = dq W2, ReLU-masked by hq in the GEMM
+        input_grad(be, dq_, DA_, online_.w2, Hh_, B_ * c_.N, dhq_, ldq(), pass_.hq);
+        break;
       case kBackward:
         backward_inputs(be);
         break;
+      case kWeightsOut:
+        weight_grad(be, dq_, DA_, pass_.hq, Hh_, B_ * c_.N, grad_.w2, grad_.b2, ldq());
+        break;
+      case kWeightsHidden:
+        weight_grad(be, dhq_, Hh_, pass_.x, H2_, B_ * c_.N, grad_.w1, grad_.b1);
+        break;
       case kWeights:
-        backward_weights(be);
+        weight_grad(be, dx_, H2_, pass_.cos, c_.E, B_ * c_.N, grad_.we, grad_.be);
         break;
       default:
         break;
@@ -217,33 +235,24 @@ class IqnHead final : public Head {
     be.gemm(g);
   }
 
-  /// dx = dy · W for W [out, in] (dy's row stride ldy, 0: out).
-  static void input_grad(Backend& be, Real dy, int out, Real w, int in, int rows, Real dx, int ldy = 0) {
+  /// dx = dy · W for W [out, in] (dy's row stride ldy, 0: out); with mask, ReLU-masked by it
+  /// ([rows, in], the layer's output) in the GEMM.
+  static void input_grad(Backend& be, Real dy, int out, Real w, int in, int rows, Real dx, int ldy = 0,
+                         Real mask = {}) {
     Gemm g;
     g.m = rows; g.n = in; g.k = out;
     g.a = dy; g.lda = ld_or(ldy, out); g.b = w; g.ldb = in; g.c = dx; g.ldc = in; g.weight_operand = 2;
+    if (mask) g.mask = mask, g.ldmask = in;
     be.gemm(g);
   }
 
-  /// The input side: dhq (ReLU-masked), dx → dφ (masked) and ∂L/∂h2 into dtrunk.
+  /// The input side after the masked dhq (backward.hidden): dx → dφ (masked) and ∂L/∂h2 into dtrunk.
   void backward_inputs(Backend& be) const {
     const int rows = B_ * c_.N;
-    input_grad(be, dq_, DA_, online_.w2, Hh_, rows, dhq_, ldq());
-    be.relu_backward(dhq_, pass_.hq, rows, Hh_, Hh_);
     input_grad(be, dhq_, Hh_, online_.w1, H2_, rows, dx_);
     // dx → dφ in place, and ∂L/∂h2 summed over the N samples of each row.
     be.hadamard_backward(dx_, dtrunk_, dx_, h2_, pass_.phi, B_, c_.N, H2_);
     be.relu_backward(dx_, pass_.phi, rows, H2_, H2_);
-  }
-
-  /// The weight side: every layer's weight and bias gradient (overwriting), from dq and the masked
-  /// dhq and dφ of backward_inputs.
-  void backward_weights(Backend& be) const {
-    const int rows = B_ * c_.N;
-    be.fill(ones_, 1.0f, rows);
-    weight_grad(be, dq_, DA_, pass_.hq, Hh_, rows, grad_.w2, grad_.b2, ldq());
-    weight_grad(be, dhq_, Hh_, pass_.x, H2_, rows, grad_.w1, grad_.b1);
-    weight_grad(be, dx_, H2_, pass_.cos, c_.E, rows, grad_.we, grad_.be);
   }
 
   int stage(BuildContext& ctx, Tag tag, const char* what, std::vector<std::string> reads,

@@ -442,6 +442,17 @@ TEST_CASE("heads.stages.weight_gradients_beside_the_trunk_backward") {
   CHECK_FALSE(has(trunk, "c51.weights.out"));
   CHECK(has(of("ensemble.trunk"), "ensemble.backward"));
   CHECK_FALSE(has(of("ensemble.weights"), "ensemble.trunk"));  // beside it
+  CHECK_FALSE(has(of("ensemble.bias"), "ensemble.weights"));   // beside it
+  CHECK_FALSE(has(of("ensemble.loss"), "ensemble.disagreement"));  // the metric is off the loss's path
+  // IQN: each layer's gradients start when its own input gradient is there
+  CHECK(has(of("iqn.backward"), "iqn.backward.hidden"));
+  CHECK_FALSE(has(of("iqn.weights.out"), "iqn.backward.hidden"));  // beside the whole input side
+  CHECK_FALSE(has(of("iqn.weights.out"), "iqn.backward"));
+  CHECK(has(of("iqn.weights.hidden"), "iqn.backward.hidden"));
+  CHECK_FALSE(has(of("iqn.weights.hidden"), "iqn.backward"));
+  CHECK(has(of("iqn.weights"), "iqn.backward"));
+  for (const char* s : {"iqn.weights.out", "iqn.weights.hidden", "iqn.weights"}) CHECK(has(of(s), "iqn.ones"));
+  for (const char* s : {"iqn.weights.out", "iqn.weights.hidden", "ensemble.bias"}) CHECK(has(update, s));
   CHECK(has(of("trunk.weights.1"), "trunk.backward.1"));
   CHECK_FALSE(has(of("trunk.weights.0"), "trunk.weights.1"));
   CHECK(has(of("trunk.weights.0"), "trunk.backward.1"));  // layer 0's gradient: masked in layer 1's GEMM

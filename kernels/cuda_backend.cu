@@ -33,7 +33,7 @@ namespace {
 constexpr std::size_t kWorkspaceBytes = std::size_t{8} << 20;        // cuBLAS + cuBLASLt, per lane
 constexpr std::size_t kInitialScratchBytes = std::size_t{4} << 20;   // per lane, usable without a plan
 constexpr int kReportSlots = 64;
-constexpr int kMaxLanes = 12;                                         // concurrent streams of a captured step
+constexpr int kMaxLanes = 16;                                         // concurrent streams of a captured step
 /// Stream slots: one per lane, then one side slot per lane (kMaxLanes + lane) on which an op of
 /// that lane may run a part of itself beside the rest (head_forward's value GEMM).
 constexpr int kSlots = 2 * kMaxLanes;
@@ -86,6 +86,9 @@ struct LtKey {
   int epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   std::uint32_t align_bias = 0;
   std::int64_t stride_bias = 0;
+  /// Gemm::batch2 (tile_gemm's keys only: the library runs such a call entry by entry).
+  int batch2 = 1;
+  std::int64_t stride2_a = 0, stride2_b = 0, stride2_c = 0, stride2_bias = 0;
   auto operator<=>(const LtKey&) const = default;
 };
 
@@ -323,8 +326,9 @@ class CudaBackend final : public Backend {
     constexpr const char* op = "gemm";
     if (g.batch2 != 1) {
       if (g.batch2 < 1) return fail(op, "batch2 must be at least 1");
-      // Entry 0 decides the path; where that is tile_gemm, its one launch runs every entry
-      // (run_tile reads batch2_), else each entry is a call of its own.
+      // Entry 0 decides the path (gemm_body takes batch2_: tile_gemm's choice is timed with every
+      // entry in its one launch, against the library's launch per entry); where that is
+      // tile_gemm, its launch runs every entry, else each entry is a call of its own.
       batch2_ = &g;
       ran_batch2_ = false;
       gemm(batch2_entry(g, 0));
@@ -344,6 +348,8 @@ class CudaBackend final : public Backend {
 
   void gemm_body(const Gemm& g) noexcept {
     constexpr const char* op = "gemm";
+    const Gemm* const g2 = batch2_;  // this call only, not the calls it makes (split-k's)
+    batch2_ = nullptr;
     if (g.m < 0 || g.n < 0 || g.k < 0 || g.batch < 0) return fail(op, "negative size");
     if (g.m == 0 || g.n == 0 || g.batch == 0) return;
     const int a_rows = g.ta ? g.k : g.m, a_cols = g.ta ? g.m : g.k;
@@ -407,10 +413,18 @@ class CudaBackend final : public Backend {
       tg = tile_args(g);
       tkey.epilogue = (g.bias ? 1 : 0) | (g.act == Act::relu ? 2 : 0) | (g.mask ? 4 : 0);
       tkey.stride_bias = g.bias && batched ? g.stride_bias : 0;
+      if (g2) {  // entry 0 of a batch2 call: one launch for every entry
+        tg.batch2 = tkey.batch2 = g2->batch2;
+        tg.stride2_a = tkey.stride2_a = g2->stride2_a;
+        tg.stride2_b = tkey.stride2_b = g2->stride2_b;
+        tg.stride2_c = tkey.stride2_c = g2->stride2_c;
+        tg.stride2_bias = tkey.stride2_bias = g.bias ? g2->stride2_bias : 0;
+        tg.stride2_mask = g.mask ? g2->stride2_mask : 0;
+      }
       if (!(tile = tile_slot(tkey))) return;
       if (*tile == kTileUndecided && tile_.forced) *tile = forced_tile(tkey, tg, g.c.as<const float>());
       if (status_ != 0) return;
-      if (*tile >= 0) return planning_ ? void() : run_tile(tg, *tile);
+      if (*tile >= 0) return tile_chosen(tg, *tile);
       if (*tile == kTileUndecided && (capturing_ || !autotune_)) *tile = kTileLt;
       if (*tile == kTileLt) tile = nullptr;  // cuBLASLt from here on
     }
@@ -473,7 +487,7 @@ class CudaBackend final : public Backend {
     if (tile) {  // undecided: the tile shapes against the cuBLASLt algorithm just chosen
       *tile = timed_tile(tkey, tg, *plan, fused, pa, pb, c, g.bias.p, alpha, beta);
       if (status_ != 0) return;
-      if (*tile >= 0) return planning_ ? void() : run_tile(tg, *tile);
+      if (*tile >= 0) return tile_chosen(tg, *tile);
     }
     if (planning_) return;
     plan->decided = true;  // from this run (or capture) on, the algorithm never changes
@@ -1536,21 +1550,14 @@ class CudaBackend final : public Backend {
     }
   }
 
+  /// tile_gemm shape `config` runs tg (while planning: nothing runs); a batch2 call's entries are
+  /// all in that launch (the shape was chosen for tg with them: tile_gemm_fits holds).
+  void tile_chosen(const cuda::TileGemm& tg, int config) noexcept {
+    if (tg.batch2 > 1) ran_batch2_ = true;
+    if (!planning_) run_tile(tg, config);
+  }
   void run_tile(const cuda::TileGemm& tg, int config) noexcept {
-    cuda::TileGemm t = tg;
-    if (const Gemm* g2 = batch2_) {  // every entry of the second batch dimension in this launch
-      t.batch2 = g2->batch2;
-      t.stride2_a = g2->stride2_a;
-      t.stride2_b = g2->stride2_b;
-      t.stride2_c = g2->stride2_c;
-      t.stride2_bias = t.bias ? g2->stride2_bias : 0;
-      t.stride2_mask = t.mask ? g2->stride2_mask : 0;
-      if (!cuda::tile_gemm_fits(t, config)) t = tg;  // too many entries for one grid: entry by entry
-    }
-    if (DQN_CUDA_OK("gemm", cuda::tile_gemm(stream_, t, config))) {
-      if (t.mask) masked_in_kernel_ = true;
-      if (t.batch2 > 1) ran_batch2_ = true;
-    }
+    if (DQN_CUDA_OK("gemm", cuda::tile_gemm(stream_, tg, config)) && tg.mask) masked_in_kernel_ = true;
   }
 
   /// DQN_TILE_GEMM=1 or a shape: the named shape, or the fastest that fits (timed, outside
@@ -1593,6 +1600,9 @@ class CudaBackend final : public Backend {
           });
           if (status_ != 0) return kTileLt;
         }
+        // A batch2 call: the library runs one entry per launch, one after the other; tile_gemm
+        // (timed below) all of them in one.
+        best *= static_cast<float>(std::max(tg.batch2, 1));
       }
       choice = fastest_tile(tg, c, d, best, choice);
     }
@@ -1618,6 +1628,7 @@ class CudaBackend final : public Backend {
   /// Elements from C's first to one past its last (row-major, batched): the tune buffer's need.
   static std::size_t tile_extent(const cuda::TileGemm& tg) noexcept {
     const std::int64_t extent = (tg.batch > 1 ? (tg.batch - 1) * tg.stride_c : 0) +
+                                (tg.batch2 > 1 ? (tg.batch2 - 1) * tg.stride2_c : 0) +
                                 static_cast<std::int64_t>(tg.m - 1) * tg.ldc + tg.n;
     return static_cast<std::size_t>(extent) * 4;
   }
@@ -1842,8 +1853,8 @@ class CudaBackend final : public Backend {
   std::size_t device_bytes_ = 0, peak_bytes_ = 0;
   bool planning_ = false, capturing_ = false;
   int lane_ = 0;
-  const Gemm* batch2_ = nullptr;  ///< a gemm with batch2 > 1 whose entry 0 runs now (see gemm())
-  bool ran_batch2_ = false;       ///< run_tile launched all of batch2_'s entries
+  const Gemm* batch2_ = nullptr;  ///< a gemm with batch2 > 1 whose entry 0 runs next (see gemm())
+  bool ran_batch2_ = false;       ///< tile_gemm ran (or, planning, will run) all of its entries
   std::size_t plan_need_ = 0;
   std::map<LtKey, LtPlan> plans_;
   std::map<LtKey, int> tiles_;  ///< tile_gemm choice per problem (key with the epilogue's bias/relu bits)

@@ -306,6 +306,7 @@ __global__ void c51_loss_kernel(C51Loss a, double dz_d, LossShape shape, double*
         const float other = static_cast<float>(T(0) - mean), own = static_cast<float>(static_cast<T>(g) - mean);
         for (int act = 0; act < A; ++act) dadv[act * Z + i] = taken_ok && act != taken ? other : own;
       }
+      for (int q = A * Z + t; q < ld_or(a.lddadv, A * Z); q += tpb) dadv[q] = 0.0f;  // the padding (as dueling_backward)
       if (t == 0) xent_d[d] = taken_ok ? static_cast<double>(xs) : NAN;
     }
     __syncthreads();  // p, tz and mm are rewritten by the slot's next branch
@@ -550,6 +551,7 @@ __global__ void __launch_bounds__(32 * kLossMaxWarps)
     const float other = static_cast<float>(T(0) - mean), own = static_cast<float>(static_cast<T>(g) - mean);
     for (int act = 0; act < A; ++act) dadv[act * Z + i] = taken_ok && act != taken ? other : own;
   }
+  for (int q = A * Z + lane; q < ld_or(a.lddadv, A * Z); q += 32) dadv[q] = 0.0f;  // the padding (as dueling_backward)
   if (lane == 0) xent_d[d] = taken_ok ? static_cast<double>(xs) : NAN;
   __syncthreads();
   c51_sample_end(a, b, G, xent_d, wb, weighted, counter, red);

@@ -252,7 +252,7 @@ struct C51Loss {
   Real loss;                      ///< out [1]
   Real dv;                        ///< out [B, lddv]
   int lddv = 0;
-  Real dadv;                      ///< out [B,D,lddadv] (the first A·Z of each (sample, branch))
+  Real dadv;                      ///< out [B,D,lddadv] (A·Z of each (sample, branch), then zero padding)
   Real logp;                      ///< in  [B,D,A,Z] online log-probabilities at states
   const std::int32_t* actions = nullptr;  ///< in [B,D]
   Real weights;                   ///< in  [B] importance weights

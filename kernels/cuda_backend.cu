@@ -146,10 +146,11 @@ bool tune_split_k_from_env() noexcept {
 }
 
 /// How the update (budget, Adam, spectral norm, target update) runs, from DQN_FUSED_UPDATE:
-/// unset → two launches (partial sums; thread-block clusters, one per normed matrix, and more for
-/// the other elements) where the device launches clusters and the normed matrices are disjoint
-/// ranges inside params holding at least half of them (mostly_normed), else the four ops;
-/// cluster → the two launches whenever the device and the matrices allow; 0/off → the four ops
+/// unset or cluster → two launches (partial sums; thread-block clusters, one per normed matrix,
+/// and more for the other elements) where the device launches clusters and the normed matrices
+/// are disjoint ranges inside params, else the four ops (until 2026-12-04 only where the normed
+/// matrices held half of params; with all four heads, a fifth normed, it now measures 3.4 µs
+/// faster than the four ops: 276.5 against 279.9 µs, three processes each); 0/off → the four ops
 /// as they are (six launches); split → four launches (partial sums; clips, g, Adam and the target update outside
 /// the normed matrices; the two spectral-norm passes, the second with the normed rows' target
 /// update); 1/on → one cooperative launch (the grid-wide barriers cost more than the kernel
@@ -326,6 +327,7 @@ class CudaBackend final : public Backend {
     constexpr const char* op = "gemm";
     if (g.batch2 != 1) {
       if (g.batch2 < 1) return fail(op, "batch2 must be at least 1");
+      if (g.sum_batch) return fail(op, "sum_batch needs batch2 1");
       // Entry 0 decides the path (gemm_body takes batch2_: tile_gemm's choice is timed with every
       // entry in its one launch, against the library's launch per entry); where that is
       // tile_gemm, its launch runs every entry, else each entry is a call of its own.
@@ -362,6 +364,7 @@ class CudaBackend final : public Backend {
     if (g.bias && !real_ok(g.bias, op, "bias")) return;
     if (g.act != Act::none && g.act != Act::relu) return fail(op, "unknown activation");
     const bool epilogue = g.bias || g.act != Act::none;
+    if (g.sum_batch) return sum_batch(g);
     if (g.k == 0) {  // C = act(beta C + bias): no library call
       if (planning_) return;
       if (!DQN_CUDA_OK(op, cuda::scale_matrix(stream_, g.c.as<float>(), g.m, g.n, g.ldc, g.stride_c, g.batch, g.beta)))
@@ -533,6 +536,26 @@ class CudaBackend final : public Backend {
     if (tiles * 4 > sms) return 0;  // enough output tiles already
     const long by_k = g.k / kSplitMinSlice, by_tiles = std::max(2L, 2L * sms / std::max(tiles, 1L));
     return static_cast<int>(std::min({static_cast<long>(kSplitMaxSlices), by_k, by_tiles}));
+  }
+
+  /// Gemm::sum_batch: the entries' products as one batched GEMM into scratch, then their sum in
+  /// entry order (in double, rounded once; sum_slices, as split-k's).
+  void sum_batch(const Gemm& g) noexcept {
+    constexpr const char* op = "gemm";
+    if (g.beta != 0.0f || g.bias || g.act != Act::none || g.mask)
+      return fail(op, "sum_batch needs beta 0 and no bias, activation or mask");
+    const std::int64_t mn = static_cast<std::int64_t>(g.m) * g.n;
+    void* s = scratch(op, static_cast<std::size_t>(g.batch) * static_cast<std::size_t>(mn) * 4);
+    if (!s && !planning_) return;
+    auto* part = static_cast<float*>(planning_ ? scratch_ : s);
+    Gemm sub = g;
+    sub.sum_batch = 0;
+    sub.c = Real{part, 4};
+    sub.ldc = g.n;
+    sub.stride_c = mn;
+    gemm(sub);
+    if (planning_ || status_ != 0) return;
+    DQN_CUDA_OK(op, cuda::sum_slices(stream_, g.c.as<float>(), g.m, g.n, g.ldc, part, g.batch));
   }
 
   void split_k(const Gemm& g, int slices) noexcept {
@@ -763,8 +786,7 @@ class CudaBackend final : public Backend {
     const bool fused = shaped && update_blocks_ > 0;
     const bool split = shaped && !fused && update_mode_ == UpdateMode::split && sn_tidy(u);
     const bool cluster = shaped && !fused && !split && update_cluster_ > 0 &&
-                         cuda::update_cluster_fits(update_cluster_, u.sn_max_rows, u.sn_max_cols) && sn_tidy(u) &&
-                         mostly_normed(u);
+                         cuda::update_cluster_fits(update_cluster_, u.sn_max_rows, u.sn_max_cols) && sn_tidy(u);
     if (!fused && !split && !cluster) {
       budget(b);
       adam(a);
@@ -821,17 +843,6 @@ class CudaBackend final : public Backend {
     sn_tables_.push_back(std::move(tab));
     return sn_tables_.back().tidy;
   }
-  /// Whether the normed matrices hold at least half of params (after sn_tidy said tidy). The
-  /// cluster update pays off there: on the H200 the C51 step (nearly all of params normed) took
-  /// 116.4 µs with it against 122.8 with the four ops, but the four heads' step (a fifth normed)
-  /// 373.3 against 368.9: outside the normed matrices, the separate kernels' wide grids are faster.
-  /// DQN_FUSED_UPDATE=cluster uses it whatever the share.
-  bool mostly_normed(const Update& u) const noexcept {
-    if (cluster_forced_) return true;
-    std::int64_t normed = 0;
-    for (const auto& [lo, hi] : sn_ranges(u)) normed += hi - lo;
-    return 2 * normed >= u.adam.P;
-  }
   /// The normed matrices' ranges in params, in table order (after sn_tidy said tidy).
   const std::vector<std::pair<std::int64_t, std::int64_t>>& sn_ranges(const Update& u) const noexcept {
     static const std::vector<std::pair<std::int64_t, std::int64_t>> none;
@@ -846,10 +857,7 @@ class CudaBackend final : public Backend {
   /// How the update runs (for describe()).
   std::string update_path() const {
     if (update_blocks_ > 0) return "fused (one cooperative kernel)";
-    if (update_cluster_ > 0) {
-      const std::string c = "cluster (" + std::to_string(update_cluster_) + " blocks a cluster)";
-      return cluster_forced_ ? c : c + " where normed matrices hold half of params, else separate kernels";
-    }
+    if (update_cluster_ > 0) return "cluster (" + std::to_string(update_cluster_) + " blocks a cluster)";
     return update_mode_ == UpdateMode::split ? "split (four kernels)" : "as separate kernels";
   }
 
@@ -1864,11 +1872,6 @@ class CudaBackend final : public Backend {
   int update_blocks_ = 0;                ///< the fused update's grid (0: not fused)
   int update_cluster_ = 0;               ///< the cluster update's blocks per cluster (0: not used)
   bool masked_in_kernel_ = false;        ///< gemm(): tile_gemm applied the Gemm's mask
-  /// DQN_FUSED_UPDATE=cluster: the cluster update whatever share of params the normed matrices hold.
-  bool cluster_forced_ = [] {
-    const char* v = std::getenv("DQN_FUSED_UPDATE");
-    return v && std::strcmp(v, "cluster") == 0;
-  }();
   UpdateMode update_mode_ = update_mode_from_env();
   struct SnKey {
     const void* mats;

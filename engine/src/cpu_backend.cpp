@@ -35,10 +35,13 @@ class CpuBackend final : public Backend {
   void gemm(const Gemm& g) noexcept override {
     if (g.batch2 != 1) {  // entry j of the second dimension: a one-dimensional call at its offsets
       if (g.batch2 < 1) return fail("gemm", "batch2 must be at least 1");
+      if (g.sum_batch) return fail("gemm", "sum_batch needs batch2 1");
       for (int j = 0; j < g.batch2 && status_ == 0; ++j) gemm(batch2_entry(g, j));
       return;
     }
     if (g.m < 0 || g.n < 0 || g.k < 0 || g.batch < 0) return fail("gemm", "negative size");
+    if (g.sum_batch && (g.beta != 0.0f || g.bias || g.act != Act::none || g.mask))
+      return fail("gemm", "sum_batch needs beta 0 and no bias, activation or mask");
     if (g.m == 0 || g.n == 0 || g.batch == 0) return;
     const int a_cols = g.ta ? g.m : g.k, b_cols = g.tb ? g.k : g.n;
     if (g.k > 0 && (g.lda < std::max(1, a_cols) || g.ldb < std::max(1, b_cols)))
@@ -53,6 +56,24 @@ class CpuBackend final : public Backend {
     const bool epilogue = g.bias || g.act != Act::none;
     const double alpha = g.alpha, beta = g.beta;
     const int mask_rows = g.mask_rows > 0 ? g.mask_rows : g.m;
+    if (g.sum_batch) {  // one C: every entry's products in one sum, rounded once
+      T* C = g.c.as<T>();
+      for (int i = 0; i < g.m; ++i)
+        for (int j = 0; j < g.n; ++j) {
+          double acc = 0.0;
+          for (int bi = 0; bi < g.batch && g.k > 0; ++bi) {
+            const T* A = g.a.as<T>() + bi * g.stride_a;
+            const T* B = g.b.as<T>() + bi * g.stride_b;
+            for (int p = 0; p < g.k; ++p) {
+              const double a = g.ta ? A[idx(p, g.lda, i)] : A[idx(i, g.lda, p)];
+              const double b = g.tb ? B[idx(j, g.ldb, p)] : B[idx(p, g.ldb, j)];
+              acc += a * b;
+            }
+          }
+          C[idx(i, g.ldc, j)] = static_cast<T>(alpha * acc);
+        }
+      return;
+    }
     for (int bi = 0; bi < g.batch; ++bi) {
       const T* A = g.k > 0 ? g.a.as<T>() + bi * g.stride_a : nullptr;
       const T* B = g.k > 0 ? g.b.as<T>() + bi * g.stride_b : nullptr;

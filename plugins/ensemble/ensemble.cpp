@@ -48,7 +48,6 @@ class EnsembleHead final : public Head {
           {own("disagreement"), {B}, BufferKind::activation},
           {own("dlogits"), {K, B, D, A, Z}, BufferKind::scratch}, {own("dv"), {K, B, LZ}, BufferKind::scratch},
           {own("dadv"), {K, B, D, LAZ}, BufferKind::scratch}, {own("dhidden"), {K, B, hc}, BufferKind::scratch},
-          {own("dtrunk_parts"), {K, B, std::int64_t(d_.H2)}, BufferKind::scratch},
       };
       for (const auto& x : decls)
         if (int rc = ctx.buffer(x.n.c_str(), DType::real, x.s.data(), std::int32_t(x.s.size()), x.kind)) return keep(rc);
@@ -73,7 +72,7 @@ class EnsembleHead final : public Head {
       std::vector<std::string> back_writes{own("dv"), own("dadv"), own("dhidden")};
       back_writes.insert(back_writes.end(), hidden_biases.begin(), hidden_biases.end());
       rc = rc ? rc : stage(ctx, kBackward, "backward", {own("dlogits"), own("hidden"), "params"}, back_writes);
-      rc = rc ? rc : stage(ctx, kTrunk, "trunk", {own("dhidden"), "params"}, {own("dtrunk_parts"), dtrunk});
+      rc = rc ? rc : stage(ctx, kTrunk, "trunk", {own("dhidden"), "params"}, {dtrunk});
       rc = rc ? rc : stage(ctx, kWeights, "weights", {own("dv"), own("dadv"), own("hidden")}, weights);
       rc = rc ? rc : stage(ctx, kBias, "bias", {own("dv"), own("dadv")}, biases);
       rc = rc ? rc : stage(ctx, kWeightsHidden, "weights.hidden", {own("dhidden"), buf::h2}, hidden_weights);
@@ -116,9 +115,8 @@ class EnsembleHead final : public Head {
       actions_ = r.i32(buf::actions);
       loss_ = r.real(("loss/" + name_).c_str());
       dtrunk_ = r.real(("dtrunk/" + name_).c_str());
-      parts_ = r.real(own("dtrunk_parts").c_str());
       if (!(ok && disagreement_ && back_.dv && back_.dadv && back_.dhidden && h2_ && m_ && weights_ && actions_ &&
-            loss_ && dtrunk_ && parts_)) {
+            loss_ && dtrunk_)) {
         error_ = "ensemble: a buffer or parameter it needs is missing";
         return 1;
       }
@@ -266,20 +264,18 @@ class EnsembleHead final : public Head {
     be.relu_bias_grad(back_.dhidden, all_.hidden, gp.b1, B, hc, hc, K_, sh, sh, stride_);
   }
 
-  /// ∂L/∂h2 = Σ_k dhidden_k W1_k, members in order: each member's product in one member-batched
-  /// GEMM (the K products of a chain of beta-accumulating GEMMs ran one after another, each a few
-  /// blocks over a long k), then the sum: each step adds one member's float product to the float
-  /// sum. On CUDA that is how the chain's epilogue rounded too; the CPU backend's GEMM added its
-  /// double product before rounding, so there the sum moved by float rounding.
+  /// ∂L/∂h2 = Σ_k dhidden_k W1_k, members in order, in one call (Gemm::sum_batch: on CUDA the
+  /// member-batched GEMM and one fixed-order sum; a chain of beta-accumulating GEMMs ran the K
+  /// products one after another, each a few blocks over a long k, and a GEMM, a copy and K − 1
+  /// axpys after it were five launches in a row).
   void backward_trunk(Backend& be) const {
     const int B = B_, hc = d_.hidden_cols(), H2 = d_.H2;
-    const std::int64_t sh = std::int64_t(B) * hc, part = std::int64_t(B) * H2;
+    const std::int64_t sh = std::int64_t(B) * hc;
     const bdq::Params& p = members_[0].online;
-    Gemm g = batched(false, false, B, H2, hc, back_.dhidden, hc, sh, p.w1, H2, stride_, parts_, H2, part);
+    Gemm g = batched(false, false, B, H2, hc, back_.dhidden, hc, sh, p.w1, H2, stride_, dtrunk_, H2, 0);
     g.weight_operand = 2;
+    g.sum_batch = 1;
     be.gemm(g);
-    be.copy(dtrunk_, parts_, part);
-    for (int k = 1; k < K_; ++k) be.axpy(dtrunk_, parts_ + k * part, 1.0f, part);
   }
 
   /// The output layers' weight gradients for every member (overwriting), from dv and dadv.
@@ -354,7 +350,7 @@ class EnsembleHead final : public Head {
   bdq::BackScratch back_{};  ///< [K,B,...]: every member's
   bdq::Acts all_{};          ///< [K,B,...]: every member's activations
   std::int64_t stride_ = 0;  ///< elements from one member's parameter block to the next
-  Real q_, disagreement_, h2_, m_, weights_, loss_, dtrunk_, parts_;
+  Real q_, disagreement_, h2_, m_, weights_, loss_, dtrunk_;
   std::int32_t* actions_ = nullptr;
 };
 

@@ -430,6 +430,46 @@ TEST_CASE("gpu.ops.gemm_batch2: a second batch dimension (one tile_gemm launch, 
   CHECK(std::string(gpu.ops.message()).find("batch2 must be at least 1") != std::string::npos);
 }
 
+TEST_CASE("gpu.ops.gemm_sum_batch: the entries' products summed into one C, against the CPU") {
+  // the ensemble's ∂L/∂h2 = Σ_k dhidden_k W1_k (B 37 rows, 4 members, k 29 each, a broadcast operand too)
+  const int m = 37, n = 53, k = 29, batch = 4;
+  for (const GemmPath& prec : kGemmPaths) {
+    for (const bool broadcast_b : {false, true}) {
+      const ScopedEnv tile("DQN_TILE_GEMM", prec.tile_env);
+      Gpu gpu(prec.p);
+      Cpu cpu;
+      const std::string what = std::string(prec.name) + " gemm sum_batch" + (broadcast_b ? ", B broadcast" : "");
+      CAPTURE(what);
+      Gemm g;
+      g.m = m; g.n = n; g.k = k; g.lda = k + 3; g.ldb = n + 1; g.ldc = n + 2;
+      g.batch = batch; g.sum_batch = 1;
+      g.stride_a = std::int64_t(m) * g.lda + 5; g.stride_b = broadcast_b ? 0 : std::int64_t(k) * g.ldb + 7;
+      g.stride_c = 12345;  // unused
+      auto A = random_vec(static_cast<std::size_t>(g.stride_a * batch), -1, 1, 950);
+      auto B = random_vec(static_cast<std::size_t>(std::int64_t(k) * g.ldb + g.stride_b * (batch - 1)), -1, 1, 951);
+      const std::size_t nc = static_cast<std::size_t>(m) * g.ldc;
+      std::vector<float> C0(nc, kNaN);
+      Gemm gd = g, gc = g;
+      gd.a = gpu.put(A); gd.b = gpu.put(B); gd.c = gpu.put(C0);
+      gpu.ops.gemm(gd);
+      gpu.ok();
+      auto Cc = C0;
+      gc.a = host(A); gc.b = host(B); gc.c = host(Cc);
+      cpu.ops->gemm(gc);
+      cpu.ok();
+      expect_close(gpu.get(gd.c, static_cast<std::int64_t>(nc)), Cc, prec.tol, what);
+    }
+  }
+  Gpu gpu;
+  Gemm bad;
+  bad.m = 4; bad.n = 8; bad.k = 2; bad.lda = 2; bad.ldb = 8; bad.ldc = 8; bad.sum_batch = 1; bad.act = Act::relu;
+  bad.a = gpu.put(std::vector<float>(8, 1.0f)); bad.b = gpu.put(std::vector<float>(16, 1.0f));
+  bad.c = gpu.put(std::vector<float>(32, 0.0f));
+  gpu.ops.gemm(bad);
+  CHECK(gpu.ops.status() != 0);
+  CHECK(std::string(gpu.ops.message()).find("sum_batch needs beta 0") != std::string::npos);
+}
+
 TEST_CASE("gpu.ops.gemm_epilogue: fused bias/ReLU (and its fallbacks) against the CPU; planning writes nothing") {
   struct Case {
     const char* why;

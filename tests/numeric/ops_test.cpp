@@ -418,6 +418,53 @@ TEST_CASE("ops.gemm.batch2: a second batch dimension equals one call per entry, 
   CHECK(std::string(cpu->message()).find("batch2 must be at least 1") != std::string::npos);
 }
 
+TEST_CASE("ops.gemm.sum_batch: the entries' products summed into one C equal one GEMM over their k, bit for bit") {
+  // Gemm::sum_batch (ABI 9): C = alpha·Σ_i A_i B_i, as the ensemble's ∂L/∂h2 = Σ_k dhidden_k W1_k.
+  Backends be;
+  Rng rng(14);
+  const int m = 5, n = 6, k = 4, batch = 3;
+  dqn::Gemm g;
+  g.m = m, g.n = n, g.k = k, g.alpha = 0.5f;
+  g.lda = k + 1, g.ldb = n + 2, g.ldc = n + 3;
+  g.batch = batch, g.sum_batch = 1;
+  g.stride_a = m * g.lda + 1, g.stride_b = k * g.ldb + 2;
+  const Vd A = rng.vec(g.stride_a * batch), B = rng.vec(g.stride_b * batch);
+  // the same numbers as one GEMM over k·batch: A's entries side by side, B's stacked
+  Vd Acat(static_cast<std::size_t>(m) * k * batch), Bcat(static_cast<std::size_t>(k) * batch * n);
+  for (int i = 0; i < batch; ++i)
+    for (int p = 0; p < k; ++p) {
+      for (int r = 0; r < m; ++r)
+        Acat[static_cast<std::size_t>(r * k * batch + i * k + p)] = A[static_cast<std::size_t>(i * g.stride_a + r * g.lda + p)];
+      for (int c = 0; c < n; ++c)
+        Bcat[static_cast<std::size_t>((i * k + p) * n + c)] = B[static_cast<std::size_t>(i * g.stride_b + p * g.ldb + c)];
+    }
+  for (Backend* b : {be.f64.get(), be.f32.get()}) {
+    CAPTURE(b->name());
+    Vec a(b->real_size(), A), bb(b->real_size(), B), ac(b->real_size(), Acat), bc(b->real_size(), Bcat);
+    Vec summed(b->real_size(), static_cast<std::size_t>(m) * g.ldc, kNaN), one(b->real_size(), static_cast<std::size_t>(m) * g.ldc, kNaN);
+    dqn::Gemm f = g;
+    f.a = a.r(), f.b = bb.r(), f.c = summed.r();
+    b->gemm(f);
+    dqn::Gemm w;
+    w.m = m, w.n = n, w.k = k * batch, w.alpha = g.alpha, w.lda = k * batch, w.ldb = n, w.ldc = g.ldc;
+    w.a = ac.r(), w.b = bc.r(), w.c = one.r();
+    b->gemm(w);
+    REQUIRE(b->status() == 0);
+    CHECK(summed.bytes() == one.bytes());
+  }
+  // an epilogue, beta or a second batch dimension with it is refused, with the reason
+  auto cpu = dqn::make_cpu_backend(false);
+  Vec a(4, 64, 1.0), c(4, 64, 1.0);
+  dqn::Gemm bad = g;
+  bad.a = a.r(), bad.b = a.r(), bad.c = c.r(), bad.stride_a = bad.stride_b = 0, bad.beta = 1.0f;
+  cpu->gemm(bad);
+  CHECK(std::string(cpu->message()).find("sum_batch needs beta 0") != std::string::npos);
+  auto cpu2 = dqn::make_cpu_backend(false);
+  bad.beta = 0.0f, bad.batch2 = 2;
+  cpu2->gemm(bad);
+  CHECK(std::string(cpu2->message()).find("sum_batch needs batch2 1") != std::string::npos);
+}
+
 TEST_CASE("ops.relu_bias_grad.mask_only: a null db masks and sums nothing") {
   Backends be;
   Rng rng(12);

@@ -73,6 +73,11 @@ struct Gemm {
   /// (the members × branches of an ensemble's output layers in one launch). 1: one dimension.
   int batch2 = 1;
   std::int64_t stride2_a = 0, stride2_b = 0, stride2_c = 0, stride2_bias = 0, stride2_mask = 0;
+  /// Nonzero: the batch entries' products summed into one C, C = alpha·Σ_i op(A_i) op(B_i)
+  /// (entries in order; stride_c unused), as one GEMM over the entries' k concatenated would
+  /// give it (the sum of an ensemble's members' input gradients). Needs beta 0, no bias,
+  /// activation or mask, and batch2 1.
+  std::int32_t sum_batch = 0;
 };
 
 /// Entry j of g's second batch dimension as a one-dimensional call (batch2 1, operands at their

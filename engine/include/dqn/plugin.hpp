@@ -17,7 +17,7 @@ inline constexpr std::uint32_t kAbiVersion = 9;  // 2: auxiliary-head ops append
                                                   // 6: advantage strides (dueling_backward's lddadv, ldadv fields);
                                                   // 7: padded output-layer rows (kParamPadRows, wv2_rows, wb2_rows);
                                                   // 8: Gemm::mask (ReLU backward in the GEMM), relu_bias_grad without db;
-                                                  // 9: Gemm::batch2 (a second batch dimension)
+                                                  // 9: Gemm::batch2 (a second batch dimension), Gemm::sum_batch
 
 /// The exported symbol every plugin defines (through DQN_PLUGIN_EXPORT below).
 inline constexpr const char* kDescriptorSymbol = "dqn_plugin_descriptor";

@@ -666,8 +666,16 @@ __device__ bool budget_clips(const Budget& a, const double* __restrict__ partial
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   int ok = 1;
   for (int h = warp; h < H; h += nwarps) {
-    double sq = 0.0;
-    for (int j = lane; j < nchunks; j += 32) sq += partial[static_cast<std::int64_t>(h) * nchunks + j];
+    // every load of the lane at once, then the sum in the same order as a loop would take them
+    // (a loop waited for each load in turn: up to 16 trips to L2 in a row before the first clip)
+    constexpr int kPer = (kBudgetMaxChunks + 31) / 32;
+    const double* ph = partial + static_cast<std::int64_t>(h) * nchunks;
+    double x[kPer];
+#pragma unroll
+    for (int q = 0; q < kPer; ++q) x[q] = lane + 32 * q < nchunks ? ph[lane + 32 * q] : 0.0;
+    double sq = 0.0;  // + 0.0 past nchunks changes nothing (the sum starts at +0 and stays >= 0)
+#pragma unroll
+    for (int q = 0; q < kPer; ++q) sq += x[q];
     const double norm = sqrt(warp_sum(sq));
     // A head whose norm is not finite contributes nothing (the step is skipped anyway).
     const bool finite = isfinite(norm);

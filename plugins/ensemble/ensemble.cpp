@@ -25,7 +25,8 @@ namespace {
 using namespace dqn;
 
 enum Tag : std::int32_t {
-  kForward = 0, kLoss = 1, kBackward = 2, kWeights = 3, kTrunk = 4, kWeightsHidden = 5, kBias = 6, kDisagreement = 7
+  kForward = 0, kLoss = 1, kBackward = 2, kWeights = 3, kTrunk = 4, kWeightsHidden = 5, kBias = 6, kDisagreement = 7,
+  kBiasHidden = 8
 };
 
 class EnsembleHead final : public Head {
@@ -58,10 +59,10 @@ class EnsembleHead final : public Head {
       rc = rc ? rc : stage(ctx, kDisagreement, "disagreement", {own("q")}, {own("disagreement")});
       rc = rc ? rc : stage(ctx, kLoss, "loss", {own("logp"), buf::target_m, buf::actions, buf::is_weights},
                            {loss, own("dlogits")});
-      // backward: the input side down to the masked dhidden (with the hidden layers' bias
-      // gradients, which come with their ReLU mask); trunk: ∂L/∂h2 from it; weights (the output
-      // layers) and weights.hidden (the hidden layers' weights): the other gradients, on lanes of
-      // their own beside the trunk stage and the trunk's backward.
+      // backward: the input side down to dhidden (ReLU-masked in its GEMMs); trunk: ∂L/∂h2 from
+      // it; weights and bias (the output layers), weights.hidden and bias.hidden (the hidden
+      // layers): the other gradients, on lanes of their own beside the trunk stage and the
+      // trunk's backward.
       std::vector<std::string> hidden_biases, weights, biases, hidden_weights;
       for (int k = 0; k < K_; ++k)
         for (int layer : {0, 1})
@@ -69,9 +70,9 @@ class EnsembleHead final : public Head {
             const bool bias = p.size() > 5 && p.compare(p.size() - 5, 5, ".bias") == 0;
             (layer == 1 ? (bias ? biases : weights) : bias ? hidden_biases : hidden_weights).push_back(grad + "/" + p);
           }
-      std::vector<std::string> back_writes{own("dv"), own("dadv"), own("dhidden")};
-      back_writes.insert(back_writes.end(), hidden_biases.begin(), hidden_biases.end());
-      rc = rc ? rc : stage(ctx, kBackward, "backward", {own("dlogits"), own("hidden"), "params"}, back_writes);
+      rc = rc ? rc : stage(ctx, kBackward, "backward", {own("dlogits"), own("hidden"), "params"},
+                           {own("dv"), own("dadv"), own("dhidden")});
+      rc = rc ? rc : stage(ctx, kBiasHidden, "bias.hidden", {own("dhidden")}, hidden_biases);
       rc = rc ? rc : stage(ctx, kTrunk, "trunk", {own("dhidden"), "params"}, {dtrunk});
       rc = rc ? rc : stage(ctx, kWeights, "weights", {own("dv"), own("dadv"), own("hidden")}, weights);
       rc = rc ? rc : stage(ctx, kBias, "bias", {own("dv"), own("dadv")}, biases);
@@ -160,6 +161,9 @@ class EnsembleHead final : public Head {
       case kBias:
         backward_bias_out(be);
         break;
+      case kBiasHidden:
+        backward_bias_hidden(be);
+        break;
       case kWeightsHidden:
         backward_weights_hidden(be);
         break;
@@ -237,31 +241,37 @@ class EnsembleHead final : public Head {
     be.dueling_dist(dd);
   }
 
-  /// The input side for every member: the dueling gradients and dhidden (ReLU-masked, with the
-  /// hidden layers' bias gradients from the same pass).
+  /// The input side for every member: the dueling gradients and dhidden (ReLU-masked in the GEMMs).
   void backward_inputs(Backend& be) const {
     const int B = B_, hc = d_.hidden_cols(), az = d_.az(), Hh = d_.Hh, Z = d_.Z;
     const int LZ = d_.ldz(), laz = d_.ldaz(), dlaz = d_.D * laz;  // padded rows (aligned GEMM kernels)
     const std::int64_t sh = std::int64_t(B) * hc, sv = std::int64_t(B) * LZ, sa = std::int64_t(B) * dlaz;
     const bdq::Params& p = members_[0].online;
-    const bdq::Params& gp = members_[0].grad;
     const Real dlogits = members_[0].dlogits;
     be.dueling_backward(back_.dv, LZ, back_.dadv, laz, dlogits, K_ * B, d_.D, d_.A, Z);
-    // value output layer: dhv = dv Wv2
+    // value output layer: dhv = dv Wv2, ReLU-masked by the hidden activations in the GEMM
     Gemm g = batched(false, false, B, Hh, Z, back_.dv, LZ, sv, p.wv2, Hh, stride_, back_.dhidden, hc, sh);
     g.weight_operand = 2;
+    g.mask = all_.hidden; g.ldmask = hc; g.stride_mask = sh;
     be.gemm(g);
-    {  // the branch output layers: members × branches in one call
+    {  // the branch output layers: members × branches in one call, masked alike
       const BranchAt at = branch_at(0), step = branch_step();
       g = batched(false, false, B, Hh, az, back_.dadv + at.adv, dlaz, sa, p.wb2 + at.weight, Hh, stride_,
                   back_.dhidden + at.hidden, hc, sh);
       g.weight_operand = 2;
+      g.mask = all_.hidden + at.hidden; g.ldmask = hc; g.stride_mask = sh;
       g.batch2 = d_.D;
-      g.stride2_a = step.adv; g.stride2_b = step.weight; g.stride2_c = step.hidden;
+      g.stride2_a = step.adv; g.stride2_b = step.weight; g.stride2_c = step.hidden; g.stride2_mask = step.hidden;
       be.gemm(g);
     }
-    // hidden layers: the mask and the bias gradients in one pass
-    be.relu_bias_grad(back_.dhidden, all_.hidden, gp.b1, B, hc, hc, K_, sh, sh, stride_);
+  }
+
+  /// The hidden layers' bias gradients for every member (overwriting): column sums of the masked
+  /// dhidden (a stage beside the trunk's input gradient, which needs only dhidden).
+  void backward_bias_hidden(Backend& be) const {
+    const int B = B_, hc = d_.hidden_cols();
+    const std::int64_t sh = std::int64_t(B) * hc;
+    be.relu_bias_grad(back_.dhidden, Real{}, members_[0].grad.b1, B, hc, hc, K_, sh, 0, stride_);
   }
 
   /// ∂L/∂h2 = Σ_k dhidden_k W1_k, members in order, in one call (Gemm::sum_batch: on CUDA the

@@ -443,6 +443,9 @@ TEST_CASE("heads.stages.weight_gradients_beside_the_trunk_backward") {
   CHECK(has(of("ensemble.trunk"), "ensemble.backward"));
   CHECK_FALSE(has(of("ensemble.weights"), "ensemble.trunk"));  // beside it
   CHECK_FALSE(has(of("ensemble.bias"), "ensemble.weights"));   // beside it
+  CHECK(has(of("ensemble.bias.hidden"), "ensemble.backward"));
+  CHECK_FALSE(has(of("ensemble.trunk"), "ensemble.bias.hidden"));  // dhidden comes masked: no wait for the sums
+  CHECK(has(update, "ensemble.bias.hidden"));
   CHECK_FALSE(has(of("ensemble.loss"), "ensemble.disagreement"));  // the metric is off the loss's path
   // IQN: each layer's gradients start when its own input gradient is there
   CHECK(has(of("iqn.backward"), "iqn.backward.hidden"));

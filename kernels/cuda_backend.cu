@@ -711,6 +711,12 @@ class CudaBackend final : public Backend {
     if (a.loss && !real_ok(a.loss, op, "loss")) return;
     if (a.loss_per_sample && !real_ok(a.loss_per_sample, op, "loss_per_sample")) return;
     if (a.members < 1 || a.members > 65535) return fail(op, "members outside [1, 65535]");
+    if (a.dv) {
+      if (!real_ok(a.dv, op, "dv") || !real_ok(a.dadv, op, "dadv")) return;
+      if (a.lddv < a.Z || ld_or(a.lddadv, a.A * a.Z) < a.A * a.Z) return fail(op, "lddv < Z or lddadv < A·Z");
+      if (static_cast<std::size_t>(a.D) * (sizeof(double) + a.Z * sizeof(float)) > 48 * 1024)
+        return fail(op, "D·Z too large for the fused dueling backward");
+    }
     void* s = scratch(op, cuda::c51_xent_scratch_bytes(a.B * a.members));
     if (!s) return;
     DQN_CUDA_OK(op, cuda::c51_xent(stream_, a, s));

@@ -280,7 +280,8 @@ __global__ void c51_project_kernel(float* m, const float* target_logp, const std
 /// order. The weighted per-sample loss goes to scratch for the second, fixed-order reduction.
 __global__ void c51_xent_kernel(C51Xent a, double* weighted) {
   dev::pdl_entry();
-  extern __shared__ double xent_d[];  // [D]
+  extern __shared__ double xent_d[];  // [D], then with dv the taken actions' rows g [D][Z] (float)
+  float* g_rows = reinterpret_cast<float*>(xent_d + a.D);
   // block = member · B + sample: member k's logp and dlogits are member 0's + k·B·D·A·Z
   const int member = blockIdx.x / a.B, b = blockIdx.x - member * a.B;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
@@ -295,8 +296,17 @@ __global__ void c51_xent_kernel(C51Xent a, double* weighted) {
     const int bd = b * D + d;
     const int taken = a.actions[bd];
     const std::int64_t rows0 = static_cast<std::int64_t>(bd) * A * Z;
+    // with dv: this (sample, branch)'s block of dadv, member k's at + k·B rows
+    const int ldd = a.lddadv != 0 ? a.lddadv : A * Z;
+    float* dadv = a.dv.p ? static_cast<float*>(a.dadv.p) +
+                               (static_cast<std::int64_t>(member) * a.B * D + bd) * ldd
+                         : nullptr;
     if (taken < 0 || taken >= A) {  // out of range: poison this branch instead of reading OOB
       for (int k = lane; k < A * Z; k += 32) DL[rows0 + k] = NAN;
+      if (dadv) {
+        for (int k = lane; k < A * Z; k += 32) dadv[k] = NAN;
+        for (int i = lane; i < Z; i += 32) g_rows[d * Z + i] = NAN;
+      }
       if (lane == 0) xent_d[d] = NAN;
       continue;
     }
@@ -316,13 +326,30 @@ __global__ void c51_xent_kernel(C51Xent a, double* weighted) {
           DL[row + i] = 0.0f;
         } else {
           const double p = exp(static_cast<double>(LP[row + i]));
-          DL[row + i] = static_cast<float>(grad_scale * (p * m_sum - static_cast<double>(m[i])));
+          const float g = static_cast<float>(grad_scale * (p * m_sum - static_cast<double>(m[i])));
+          DL[row + i] = g;
+          if (dadv) {  // dueling_backward's arithmetic on a row that is g at `taken`, 0 elsewhere
+            g_rows[d * Z + i] = g;
+            const double mean = static_cast<double>(g) / A;
+            const float other = static_cast<float>(0.0 - mean), own = static_cast<float>(static_cast<double>(g) - mean);
+            for (int b2 = 0; b2 < A; ++b2) dadv[b2 * Z + i] = b2 == taken ? own : other;
+          }
         }
       }
     }
+    if (dadv)
+      for (int q = A * Z + lane; q < ldd; q += 32) dadv[q] = 0.0f;  // the padding
     if (lane == 0) xent_d[d] = xent;
   }
   __syncthreads();
+  if (a.dv.p) {  // dv[b, :] = Σ_d g_d (branches in order, as dueling_backward's Σ_{d,a})
+    float* dv = static_cast<float*>(a.dv.p) + (static_cast<std::int64_t>(member) * a.B + b) * a.lddv;
+    for (int i = threadIdx.x; i < Z; i += blockDim.x) {
+      double total = 0.0;
+      for (int d = 0; d < D; ++d) total += static_cast<double>(g_rows[d * Z + i]);
+      dv[i] = static_cast<float>(total);
+    }
+  }
   if (threadIdx.x == 0) {
     double sample = 0.0;
     for (int d = 0; d < D; ++d) sample += xent_d[d];
@@ -1762,7 +1789,9 @@ std::size_t c51_xent_scratch_bytes(int B) { return round_up(static_cast<std::siz
 cudaError_t c51_xent(cudaStream_t s, const C51Xent& a, void* scratch) {
   auto* weighted = static_cast<double*>(scratch);
   const int warps = std::min(a.D, 8);
-  launch(c51_xent_kernel, a.B * a.members, 32 * warps, static_cast<std::size_t>(a.D) * sizeof(double), s, a, weighted);
+  const std::size_t shared = static_cast<std::size_t>(a.D) * sizeof(double) +
+                             (a.dv ? static_cast<std::size_t>(a.D) * a.Z * sizeof(float) : 0);
+  launch(c51_xent_kernel, a.B * a.members, 32 * warps, shared, s, a, weighted);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (a.loss)
     launch(c51_xent_reduce_kernel, 1, kThreads, 0, s, a.loss.as<float>(), weighted, a.B, a.scale, a.accumulate,

@@ -314,9 +314,20 @@ class CpuBackend final : public Backend {
         x.logp = a.logp + k * n;
         x.dlogits = a.dlogits + k * n;
         if (a.loss_per_sample) x.loss_per_sample = a.loss_per_sample + std::int64_t(k) * a.B;
+        if (a.dv) {
+          x.dv = a.dv + std::int64_t(k) * a.B * a.lddv;
+          x.dadv = a.dadv + std::int64_t(k) * a.B * a.D * ld_or(a.lddadv, a.A * a.Z);
+        }
         x.accumulate = a.accumulate || k > 0;
         c51_xent(x);
       }
+      return;
+    }
+    if (a.dv) {  // the cross-entropy, then the dueling backward of its dlogits
+      C51Xent x = a;
+      x.dv = Real{};
+      c51_xent(x);
+      if (status_ == 0) dueling_backward(a.dv, a.lddv, a.dadv, a.lddadv, a.dlogits, a.B, a.D, a.A, a.Z);
       return;
     }
     if (a.B < 0 || a.D < 0 || a.A <= 0 || a.Z <= 0) return fail("c51_xent", "need B, D >= 0, A, Z >= 1");

@@ -57,8 +57,9 @@ class EnsembleHead final : public Head {
                      {own("hidden"), own("v"), own("adv"), own("logits"), own("logp"), own("q")});
       // the disagreement (a metric): beside the loss and backward, not before them
       rc = rc ? rc : stage(ctx, kDisagreement, "disagreement", {own("q")}, {own("disagreement")});
+      // loss: the cross-entropy with the dueling backward of its gradient (dv, dadv) in one op
       rc = rc ? rc : stage(ctx, kLoss, "loss", {own("logp"), buf::target_m, buf::actions, buf::is_weights},
-                           {loss, own("dlogits")});
+                           {loss, own("dlogits"), own("dv"), own("dadv")});
       // backward: the input side down to dhidden (ReLU-masked in its GEMMs); trunk: ∂L/∂h2 from
       // it; weights and bias (the output layers), weights.hidden and bias.hidden (the hidden
       // layers): the other gradients, on lanes of their own beside the trunk stage and the
@@ -70,8 +71,8 @@ class EnsembleHead final : public Head {
             const bool bias = p.size() > 5 && p.compare(p.size() - 5, 5, ".bias") == 0;
             (layer == 1 ? (bias ? biases : weights) : bias ? hidden_biases : hidden_weights).push_back(grad + "/" + p);
           }
-      rc = rc ? rc : stage(ctx, kBackward, "backward", {own("dlogits"), own("hidden"), "params"},
-                           {own("dv"), own("dadv"), own("dhidden")});
+      rc = rc ? rc : stage(ctx, kBackward, "backward", {own("dv"), own("dadv"), own("hidden"), "params"},
+                           {own("dhidden")});
       rc = rc ? rc : stage(ctx, kBiasHidden, "bias.hidden", {own("dhidden")}, hidden_biases);
       rc = rc ? rc : stage(ctx, kTrunk, "trunk", {own("dhidden"), "params"}, {dtrunk});
       rc = rc ? rc : stage(ctx, kWeights, "weights", {own("dv"), own("dadv"), own("hidden")}, weights);
@@ -146,6 +147,7 @@ class EnsembleHead final : public Head {
         x.B = B; x.D = d_.D; x.A = d_.A; x.Z = d_.Z;
         x.scale = 1.0f / float(K_);
         x.members = K_;
+        x.dv = back_.dv; x.lddv = d_.ldz(); x.dadv = back_.dadv; x.lddadv = d_.ldaz();
         be.c51_xent(x);
       }
         break;
@@ -241,14 +243,13 @@ class EnsembleHead final : public Head {
     be.dueling_dist(dd);
   }
 
-  /// The input side for every member: the dueling gradients and dhidden (ReLU-masked in the GEMMs).
+  /// The input side for every member from the dueling gradients: dhidden (ReLU-masked in the GEMMs).
   void backward_inputs(Backend& be) const {
     const int B = B_, hc = d_.hidden_cols(), az = d_.az(), Hh = d_.Hh, Z = d_.Z;
     const int LZ = d_.ldz(), laz = d_.ldaz(), dlaz = d_.D * laz;  // padded rows (aligned GEMM kernels)
     const std::int64_t sh = std::int64_t(B) * hc, sv = std::int64_t(B) * LZ, sa = std::int64_t(B) * dlaz;
     const bdq::Params& p = members_[0].online;
-    const Real dlogits = members_[0].dlogits;
-    be.dueling_backward(back_.dv, LZ, back_.dadv, laz, dlogits, K_ * B, d_.D, d_.A, Z);
+    // (dv and dadv come from the loss stage: c51_xent's fused dueling backward)
     // value output layer: dhv = dv Wv2, ReLU-masked by the hidden activations in the GEMM
     Gemm g = batched(false, false, B, Hh, Z, back_.dv, LZ, sv, p.wv2, Hh, stride_, back_.dhidden, hc, sh);
     g.weight_operand = 2;

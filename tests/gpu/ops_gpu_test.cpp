@@ -894,6 +894,44 @@ TEST_CASE("gpu.ops.c51_xent: per-sample loss, weighted mean, gradient; = and +="
   }
 }
 
+TEST_CASE("gpu.ops.c51_xent.dueling: the fused dueling backward (dv, padded dadv) over members, against the CPU") {
+  // the ensemble's loss: K members against one m, dv [K·B, ldv] and dadv [K·B, D, ldd]
+  const int B = 37, D = 3, A = 5, Z = 51, K = 3, ldv = Z + 1, ldd = A * Z + 1;
+  const std::size_t n = static_cast<std::size_t>(K) * B * D * A * Z;
+  auto lp = random_logp(K * B * D * A, Z, 27);
+  auto mlog = random_logp(B * D, Z, 28);
+  std::vector<float> m(mlog.size());
+  for (std::size_t i = 0; i < m.size(); ++i) m[i] = std::exp(mlog[i]);
+  auto actions = random_ints(static_cast<std::size_t>(B) * D, 0, A - 1, 29);
+  auto w = random_vec(B, 0.5f, 1.5f, 30);
+  Gpu gpu;
+  Cpu cpu;
+  C51Xent x;
+  x.B = B; x.D = D; x.A = A; x.Z = Z; x.scale = 1.0f / K; x.members = K; x.lddv = ldv; x.lddadv = ldd;
+  const std::size_t nv = static_cast<std::size_t>(K) * B * ldv, na = static_cast<std::size_t>(K) * B * D * ldd;
+  C51Xent xd = x, xc = x;
+  xd.loss = gpu.put(std::vector<float>{kNaN});
+  xd.dlogits = gpu.poisoned(static_cast<std::int64_t>(n));
+  xd.logp = gpu.put(lp); xd.actions = gpu.put_typed(actions); xd.m = gpu.put(m); xd.weights = gpu.put(w);
+  xd.dv = gpu.poisoned(static_cast<std::int64_t>(nv)); xd.dadv = gpu.poisoned(static_cast<std::int64_t>(na));
+  gpu.ops.c51_xent(xd);
+  gpu.ok();
+  std::vector<float> loss{kNaN}, dl(n, kNaN), dv(nv, kNaN), dadv(na, kNaN);
+  xc.loss = host(loss); xc.dlogits = host(dl); xc.logp = host(lp); xc.actions = actions.data(); xc.m = host(m);
+  xc.weights = host(w); xc.dv = host(dv); xc.dadv = host(dadv);
+  cpu.ops->c51_xent(xc);
+  cpu.ok();
+  expect_close(gpu.get(xd.loss, 1), loss, kReduction, "c51_xent loss");
+  expect_close(gpu.get(xd.dlogits, static_cast<std::int64_t>(n)), dl, kElementwise, "c51_xent dlogits");
+  // dv's padding column stays poisoned on both sides (NaN = NaN in expect_close); dadv's is zero
+  expect_close(gpu.get(xd.dv, static_cast<std::int64_t>(nv)), dv, kReduction, "c51_xent dv");
+  const auto got = gpu.get(xd.dadv, static_cast<std::int64_t>(na));
+  expect_close(got, dadv, kElementwise, "c51_xent dadv");
+  std::size_t zeros = 0;
+  for (std::size_t i = 0; i < na; ++i) zeros += i % ldd >= static_cast<std::size_t>(A * Z) && got[i] == 0.0f;
+  CHECK(zeros == static_cast<std::size_t>(K) * B * D * (ldd - A * Z));
+}
+
 // --- optimisation -----------------------------------------------------------------------------
 
 namespace {

@@ -896,6 +896,43 @@ TEST_CASE("ops.c51_project.hand_computed") {
   for (int i = 0; i < 3; ++i) CHECK(std::abs(m[i] - want2[i]) < 1e-12);
 }
 
+TEST_CASE("ops.c51_xent.dueling: the fused dueling backward equals c51_xent then dueling_backward, bit for bit") {
+  Backends be;
+  Rng rng(15);
+  const int B = 3, D = 2, A = 3, Z = 5, K = 2, ldv = Z + 2, ldd = A * Z + 3;
+  const std::size_t n = static_cast<std::size_t>(K) * B * D * A * Z;
+  Vd lp = rng.vec(n), m = rng.vec(static_cast<std::size_t>(B) * D * Z), w = rng.vec(B);
+  for (auto& x : lp) x = -std::abs(x) - 0.1;  // log-probabilities are negative
+  for (auto& x : m) x = std::abs(x);
+  const std::vector<std::int32_t> actions{0, 2, 1, 1, 2, 0};
+  for (Backend* b : {be.f64.get(), be.f32.get()}) {
+    CAPTURE(b->name());
+    const std::uint32_t es = b->real_size();
+    Vec lpv(es, lp), mv(es, m), wv(es, w), loss1(es, 1), loss2(es, 1), dl1(es, n), dl2(es, n);
+    Vec dv1(es, static_cast<std::size_t>(K) * B * ldv, 7.0), dv2(es, static_cast<std::size_t>(K) * B * ldv, 7.0);
+    Vec da1(es, static_cast<std::size_t>(K) * B * D * ldd, 7.0), da2(es, static_cast<std::size_t>(K) * B * D * ldd, 7.0);
+    dqn::C51Xent x;
+    x.B = B, x.D = D, x.A = A, x.Z = Z, x.members = K, x.scale = 0.5f;
+    x.logp = lpv.r(), x.m = mv.r(), x.weights = wv.r(), x.actions = actions.data();
+    dqn::C51Xent fused = x;
+    fused.loss = loss1.r(), fused.dlogits = dl1.r(), fused.dv = dv1.r(), fused.lddv = ldv, fused.dadv = da1.r(),
+    fused.lddadv = ldd;
+    b->c51_xent(fused);
+    dqn::C51Xent plain = x;
+    plain.loss = loss2.r(), plain.dlogits = dl2.r();
+    b->c51_xent(plain);
+    const std::int64_t per = std::int64_t(B) * D * A * Z;
+    for (int k = 0; k < K; ++k)
+      b->dueling_backward(dv2.r() + std::int64_t(k) * B * ldv, ldv, da2.r() + std::int64_t(k) * B * D * ldd, ldd,
+                          dl2.r() + k * per, B, D, A, Z);
+    REQUIRE(b->status() == 0);
+    CHECK(loss1.bytes() == loss2.bytes());
+    CHECK(dl1.bytes() == dl2.bytes());
+    CHECK(dv1.bytes() == dv2.bytes());
+    CHECK(da1.bytes() == da2.bytes());
+  }
+}
+
 TEST_CASE("ops.c51_xent.fd") {
   // loss(logits) = c51_xent(log_softmax(logits)); its dlogits against central differences, with
   // non-uniform weights, a scale, and m rows that do not sum to 1 (so the p·Σm term matters).

@@ -130,6 +130,14 @@ struct C51Xent {
   /// loss_per_sample are member 0's + k·(their size); the same as `members` calls in order, the
   /// first with `accumulate`, the others accumulating.
   int members = 1;
+  // --- appended in ABI 9 ---
+  /// Optional (dv null: not computed): the dueling backward of dlogits straight into dv
+  /// [B, lddv] and dadv [B, D, lddadv] as dueling_backward(dv, lddv, dadv, lddadv, dlogits, B, D,
+  /// A, Z) after the call would give them (dadv's padding zeroed); member k's dv and dadv are
+  /// member 0's + k·B rows (k·B·lddv and k·B·D·ld_or(lddadv, A·Z) elements).
+  Real dv;
+  Real dadv;
+  int lddv = 0, lddadv = 0;
 };
 
 /// Ranges per head in Budget::reach.

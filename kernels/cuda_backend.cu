@@ -2028,6 +2028,7 @@ class CudaRuntime final : public Runtime {
       cudaGraphDestroy(graph);
       throw std::runtime_error(std::string("cuda: an op failed during capture, graph discarded: ") + backend_.message());
     }
+    if (priority_) prioritize(graph);
     // Re-capture cheaply: update the instantiated graph in place when the topology allows.
     if (exec_) {
       cudaGraphExecUpdateResultInfo info{};
@@ -2040,7 +2041,8 @@ class CudaRuntime final : public Runtime {
       cudaGraphExecDestroy(exec_);
       exec_ = nullptr;
     }
-    const cudaError_t ie = cudaGraphInstantiate(&exec_, graph, 0);
+    const cudaError_t ie =
+        cudaGraphInstantiate(&exec_, graph, priority_ ? cudaGraphInstantiateFlagUseNodePriority : 0);
     if (ie != cudaSuccess) {
       cudaGraphDestroy(graph);
       exec_ = nullptr;
@@ -2191,6 +2193,64 @@ class CudaRuntime final : public Runtime {
     arena_ = nullptr;
   }
 
+  /// DQN_PRIORITY=1: each kernel node's launch priority from the longest chain of kernels that
+  /// still follows it in the graph (list scheduling's rank): where the step's lanes fill the GPU,
+  /// the block scheduler then places the blocks of the chain that sets the step's length first.
+  /// The graph is instantiated to honour node priorities. Results are the same either way.
+  static bool priority_from_env() noexcept {
+    const char* v = std::getenv("DQN_PRIORITY");
+    return v && cuda::env_on("DQN_PRIORITY");
+  }
+  void prioritize(cudaGraph_t graph) noexcept {
+    std::vector<cudaGraphNode_t> nodes;
+    int least = 0, greatest = 0;
+    if (!graph_node_list(graph, nodes) || cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess) {
+      cudaGetLastError();
+      return;
+    }
+    const std::size_t n = nodes.size();
+    std::map<cudaGraphNode_t, std::size_t> index;
+    for (std::size_t i = 0; i < n; ++i) index[nodes[i]] = i;
+    std::vector<std::vector<std::size_t>> succ(n);
+    std::vector<int> indeg(n, 0), kernel(n, 0);
+    for (std::size_t i = 0; i < n; ++i) {
+      cudaGraphNodeType t{};
+      kernel[i] = cudaGraphNodeGetType(nodes[i], &t) == cudaSuccess && t == cudaGraphNodeTypeKernel;
+      std::size_t nd = 0;
+      if (cudaGraphNodeGetDependencies(nodes[i], nullptr, nullptr, &nd) != cudaSuccess || nd == 0) continue;
+      std::vector<cudaGraphNode_t> deps(nd);
+      std::vector<cudaGraphEdgeData> edges(nd);
+      if (cudaGraphNodeGetDependencies(nodes[i], deps.data(), edges.data(), &nd) != cudaSuccess) continue;
+      for (cudaGraphNode_t d : deps)
+        if (const auto it = index.find(d); it != index.end()) {
+          succ[it->second].push_back(i);
+          ++indeg[i];
+        }
+    }
+    // a topological order (Kahn), then the ranks from the sinks back
+    std::vector<std::size_t> order;
+    for (std::size_t i = 0; i < n; ++i)
+      if (indeg[i] == 0) order.push_back(i);
+    for (std::size_t q = 0; q < order.size(); ++q)
+      for (std::size_t j : succ[order[q]])
+        if (--indeg[j] == 0) order.push_back(j);
+    std::vector<int> rank(n, 0);
+    int top = 1;
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+      int r = 0;
+      for (std::size_t j : succ[*it]) r = std::max(r, rank[j]);
+      rank[*it] = r + kernel[*it];
+      top = std::max(top, rank[*it]);
+    }
+    const int levels = least - greatest;  // e.g. 0 (least) … −5 (greatest): 6 levels
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!kernel[i]) continue;
+      cudaLaunchAttributeValue v{};
+      v.priority = least - static_cast<int>(std::lround(static_cast<double>(levels) * rank[i] / top));
+      if (cudaGraphKernelNodeSetAttribute(nodes[i], cudaLaunchAttributePriority, &v) != cudaSuccess) cudaGetLastError();
+    }
+  }
+
   /// A graph's nodes (false on an error, which is cleared).
   static bool graph_node_list(cudaGraph_t g, std::vector<cudaGraphNode_t>& nodes) {
     std::size_t n = 0;
@@ -2233,6 +2293,7 @@ class CudaRuntime final : public Runtime {
   bool joined_[kMaxLanes] = {};
   int lane_last_[kMaxLanes] = {};
   std::map<cudaGraphNode_t, int> node_stage_;  ///< the capture's nodes by the stage that enqueued them
+  bool priority_ = priority_from_env();        ///< DQN_PRIORITY (read once per runtime)
 };
 
 }  // namespace

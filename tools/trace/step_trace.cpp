@@ -222,14 +222,16 @@ int main(int argc, char** argv) {
   };
   // The kernel nodes a node waits for, through non-kernel nodes.
   auto kernel_deps = [&](int idx) {
-    std::vector<int> out, todo(info[std::size_t(idx)].deps), seen;
-    while (!todo.empty()) {
-      const int d = todo.back();
-      todo.pop_back();
-      if (std::find(seen.begin(), seen.end(), d) != seen.end()) continue;
-      seen.push_back(d);
-      if (info[std::size_t(d)].kernel || info[std::size_t(d)].copy) out.push_back(d);
-      else todo.insert(todo.end(), info[std::size_t(d)].deps.begin(), info[std::size_t(d)].deps.end());
+    std::vector<int> out, queue;  // breadth first; the queue only grows
+    std::vector<char> seen(info.size(), 0);
+    for (int d : info[std::size_t(idx)].deps) queue.push_back(d);
+    for (std::size_t q = 0; q < queue.size(); ++q) {
+      const auto d = static_cast<std::size_t>(queue[q]);
+      if (seen[d]) continue;
+      seen[d] = 1;
+      if (info[d].kernel || info[d].copy) out.push_back(int(d));
+      else
+        for (int x : info[d].deps) queue.push_back(x);
     }
     return out;
   };

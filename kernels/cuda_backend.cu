@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cuda_kernels.cuh"
+#include "device_util.cuh"
 #include "head_kernels.cuh"
 #include "runtime.hpp"
 
@@ -1980,6 +1981,13 @@ class CudaRuntime final : public Runtime {
 
   int lanes() const noexcept override { return kMaxLanes; }
 
+  /// More than kNarrowLanes lanes: a wide step (dev::pdl_for). Set for this capture; end_capture
+  /// clears it.
+  static constexpr int kNarrowLanes = 8;
+  void capture_width(int lanes) override {
+    if (capturing_) cuda::dev::set_pdl_wide(lanes > kNarrowLanes);
+  }
+
   void stage_begin(int lane, const std::vector<int>& after) override {
     if (!capturing_) return;
     backend_.set_lane(lane);
@@ -2015,6 +2023,7 @@ class CudaRuntime final : public Runtime {
         DQN_CUDA_THROW(cudaStreamWaitEvent(backend_.stream(), stage_events_[std::size_t(lane_last_[l])], 0));
     capturing_ = false;
     backend_.set_capturing(false);
+    cuda::dev::set_pdl_wide(false);
     cudaGraph_t graph = nullptr;
     const cudaError_t e = cudaStreamEndCapture(backend_.stream(), &graph);
     if (e != cudaSuccess) {
@@ -2176,6 +2185,7 @@ class CudaRuntime final : public Runtime {
       if (cudaStreamEndCapture(backend_.stream(), &g) == cudaSuccess && g) cudaGraphDestroy(g);
       cudaGetLastError();
       capturing_ = false;
+      cuda::dev::set_pdl_wide(false);
     }
     cudaStreamSynchronize(backend_.stream());
     if (exec_) cudaGraphExecDestroy(exec_);
@@ -2193,14 +2203,12 @@ class CudaRuntime final : public Runtime {
     arena_ = nullptr;
   }
 
-  /// DQN_PRIORITY=1: each kernel node's launch priority from the longest chain of kernels that
-  /// still follows it in the graph (list scheduling's rank): where the step's lanes fill the GPU,
-  /// the block scheduler then places the blocks of the chain that sets the step's length first.
-  /// The graph is instantiated to honour node priorities. Results are the same either way.
-  static bool priority_from_env() noexcept {
-    const char* v = std::getenv("DQN_PRIORITY");
-    return v && cuda::env_on("DQN_PRIORITY");
-  }
+  /// Each kernel node's launch priority from the longest chain of kernels that still follows it
+  /// in the graph (list scheduling's rank): where the step's lanes fill the GPU, the block
+  /// scheduler then places the blocks of the chain that sets the step's length first. The graph
+  /// is instantiated to honour node priorities. Results are the same either way. On unless
+  /// DQN_PRIORITY=0 (the H200, 2026-12-04: all four heads 263.3 against 271.9 µs, C51 89.9 both).
+  static bool priority_from_env() noexcept { return cuda::env_on("DQN_PRIORITY"); }
   void prioritize(cudaGraph_t graph) noexcept {
     std::vector<cudaGraphNode_t> nodes;
     int least = 0, greatest = 0;

@@ -1693,13 +1693,20 @@ bool env_on(const char* name) noexcept {
   return true;
 }
 
+namespace {
+thread_local bool t_pdl_wide = false;  // dev::set_pdl_wide
+}  // namespace
+
+void dev::set_pdl_wide(bool wide) noexcept { t_pdl_wide = wide; }
+
 bool dev::pdl_for(std::size_t shared) noexcept {
+  constexpr std::size_t kSmall = std::size_t{16} << 10;
+  static const char* const v = std::getenv("DQN_PDL");
   static const bool on = env_on("DQN_PDL");
-  static const std::size_t most = [] {  // the most shared memory with programmatic launch
-    const char* v = std::getenv("DQN_PDL");
-    return v && std::strcmp(v, "small") == 0 ? std::size_t{16} << 10 : std::numeric_limits<std::size_t>::max();
-  }();
-  return on && shared <= most;
+  static const bool small = v && std::strcmp(v, "small") == 0;
+  if (!on) return false;
+  if (small || (!v && t_pdl_wide)) return shared <= kSmall;
+  return true;
 }
 
 cudaError_t bias_act(cudaStream_t s, float* y, const float* bias, int rows, int cols, int ldy, bool relu) {

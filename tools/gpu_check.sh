@@ -5,7 +5,10 @@
 # ${OUT:-out}/; a short summary is printed last.
 # Usage: tools/gpu_check.sh [quick|bench|fast]   quick: build, tests, step; bench: build and benchmarks
 # only; fast: build, tests, step, then the two comparisons at B 256 and the replayed steps' kernel
-# timelines (dqn-trace) (for iterating on kernels: about half the device time of a full run)
+# timelines (dqn-trace) (for iterating on kernels: about half the device time of a full run).
+# Environment: SWITCHES="DQN_X=a ..." runs only those switch rows; SANITIZE_OPS / SANITIZE_STEP the
+# compute-sanitizer tools (default memcheck racecheck / memcheck initcheck); SAN_BOX each one's
+# time box in seconds.
 set -uo pipefail
 mode=${1:-all}
 all="heads.1.enabled=true heads.2.enabled=true heads.3.enabled=true"
@@ -91,7 +94,8 @@ $build/tools/dqn bench pipelines/ref.yaml --batch 256,1024,4096 --precision fp32
 # four kernels, =split, measured slower in every run through the seventh: no longer run here);
 # tall-k GEMMs run whole; the fused head backward (=backward) or both fused head kernels (=1); autotuning also over
 # cuBLASLt's split-k variants; cuBLASLt for every GEMM (DQN_TILE_GEMM=0); no programmatic dependent launch (DQN_PDL=0)
-# or none for kernels with much shared memory (DQN_PDL=small);
+# or none for kernels with much shared memory (DQN_PDL=small) or programmatic launch for every kernel even in a wide
+# step (DQN_PDL=1); every graph node at the default priority (DQN_PRIORITY=0);
 # the block-per-(row, branch) distribution kernels (DQN_WARP_HEAD=0); the target trunk after the online first layer
 # (DQN_TARGET_WAIT=first).
 : >"$out/bench_switches.txt"
@@ -101,7 +105,12 @@ sw() {  # sw LABEL CONFIG BATCHES ENV...
   env "$@" $build/tools/dqn bench pipelines/ref.yaml $ov --batch "$batches" --precision tf32 2>&1 | grep -v "^pipeline" |
     sed "s|^|$label ($cfg): |" >>"$out/bench_switches.txt"
 }
+# SWITCHES="DQN_X=a DQN_Y=b": only these rows (C51 and all heads at B 256), for a shorter run.
+for kv in ${SWITCHES:-}; do
+  for cfg in c51 all; do sw "$kv" $cfg 256 "$kv"; done
+done
 for cfg in c51 all; do
+  [ -n "${SWITCHES:-}" ] && break
   sw "DQN_FUSED_UPDATE=0" $cfg 256 DQN_FUSED_UPDATE=0
   sw "DQN_FUSED_HEAD=backward" $cfg 256 DQN_FUSED_HEAD=backward
   sw "DQN_FUSED_HEAD=1" $cfg 256 DQN_FUSED_HEAD=1
@@ -109,10 +118,12 @@ for cfg in c51 all; do
   sw "DQN_TILE_GEMM=0" $cfg 256 DQN_TILE_GEMM=0
   sw "DQN_PDL=0" $cfg 256 DQN_PDL=0
   sw "DQN_PDL=small" $cfg 256 DQN_PDL=small
+  sw "DQN_PDL=1" $cfg 256 DQN_PDL=1
+  sw "DQN_PRIORITY=0" $cfg 256 DQN_PRIORITY=0
   sw "DQN_WARP_HEAD=0" $cfg 256 DQN_WARP_HEAD=0
   sw "DQN_TARGET_WAIT=first" $cfg 256 DQN_TARGET_WAIT=first
 done
-sw "DQN_GEMM_SPLIT_K=0" all 256,4096 DQN_GEMM_SPLIT_K=0
+[ -z "${SWITCHES:-}" ] && sw "DQN_GEMM_SPLIT_K=0" all 256,4096 DQN_GEMM_SPLIT_K=0
 {
   echo "== C51 (ref), tf32: engine vs PyTorch graph"; cat "$out/compare_c51.txt"
   echo "== all four heads (ref), tf32"; cat "$out/compare_full.txt"
@@ -122,19 +133,20 @@ sw "DQN_GEMM_SPLIT_K=0" all 256,4096 DQN_GEMM_SPLIT_K=0
 } | tee -a "$summary"
 grep -o '"device": "[^"]*"' "$out/compare_c51.json" | head -1 | tee -a "$summary"
 if [ "$mode" = bench ]; then pack; exit 0; fi
+trace
 
 # compute-sanitizer (time-boxed): the fused update and head ops, and whole steps with all four heads. The
 # zero-sync test is left out: it subscribes to CUPTI, which the sanitizer holds.
 # racecheck (shared-memory hazards) leaves out gemm_mask: its six GEMM paths (cuBLASLt and bf16
 # among them) took it past the time box, and the mask in tile_gemm's epilogue reads no shared memory.
 for tool in ${SANITIZE_OPS:-memcheck racecheck}; do
-  cases='*update*,*head_*,*c51_loss*,*dueling_dist*,*tile_gemm*,*relu_bias_grad*'
-  [ "$tool" = memcheck ] && cases="$cases,*gemm_mask*"
-  timeout 120 meson test -C $build --no-rebuild --setup $tool gpu.ops --test-args="-tc=$cases" \
+  cases='*update*,*head_*,*c51_loss*,*c51_xent*,*dueling_dist*,*tile_gemm*,*relu_bias_grad*'
+  [ "$tool" = memcheck ] && cases="$cases,*gemm_mask*,*gemm_batch2*,*gemm_sum_batch*"
+  timeout "${SAN_BOX:-120}" meson test -C $build --no-rebuild --setup $tool gpu.ops --test-args="-tc=$cases" \
     >"$out/san_${tool}_ops.log" 2>&1; note "$tool gpu.ops ($cases): rc=$?"
 done
 for tool in ${SANITIZE_STEP:-memcheck initcheck}; do
-  timeout 100 meson test -C $build --no-rebuild --setup $tool gpu.step \
+  timeout "${SAN_BOX:-100}" meson test -C $build --no-rebuild --setup $tool gpu.step \
     --test-args='-tc=*aux_fraction*,*replay_equals*,*nan_skips*' >"$out/san_${tool}_step.log" 2>&1
   note "$tool gpu.step (aux fractions with four heads, replay, NaN skip): rc=$?"
 done

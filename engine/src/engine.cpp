@@ -286,6 +286,7 @@ void Engine::build(const PluginLoader& plugins) {
 // concurrently inside the one graph.
 void Engine::capture_stages() {
   const LanePlan plan = plan_lanes(dependencies(stages_, order_, reg_), rt_->lanes());
+  rt_->capture_width(plan.used);
   for (std::size_t k = 0; k < order_.size(); ++k) {
     std::vector<int> after(plan.after[k].begin(), plan.after[k].end());
     rt_->stage_begin(plan.lane[k], after);

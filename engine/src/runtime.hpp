@@ -50,6 +50,9 @@ class Runtime {
   /// Lanes a captured step may spread its stages over (CUDA: streams forked from the capturing
   /// stream and joined back into it at end_capture). 1: everything runs in order.
   virtual int lanes() const noexcept { return 1; }
+  /// While capturing, before the first stage: how many lanes this step's stages use (CUDA
+  /// chooses its launch policy by it, see dev::pdl_for).
+  virtual void capture_width(int /*lanes*/) {}
   /// While capturing: the next stage's ops go to `lane`, after the stages listed in `after` (ids
   /// given to stage_done earlier). Outside capture (and on the CPU) a no-op.
   virtual void stage_begin(int /*lane*/, const std::vector<int>& /*after*/) {}

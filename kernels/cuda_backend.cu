@@ -2080,31 +2080,19 @@ class CudaRuntime final : public Runtime {
   std::vector<GraphNode> graph_node_info() const override {
     std::vector<GraphNode> out;
     std::vector<cudaGraphNode_t> nodes;
-    if (!graph_ || !graph_node_list(graph_, nodes)) return out;
-    std::map<cudaGraphNode_t, int> index;
-    for (std::size_t i = 0; i < nodes.size(); ++i) index[nodes[i]] = int(i);
-    for (cudaGraphNode_t n : nodes) {
+    std::vector<std::vector<int>> deps;
+    if (!graph_ || !graph_edges(graph_, nodes, deps)) return out;
+    for (std::size_t i = 0; i < nodes.size(); ++i) {
       GraphNode g;
-      g.handle = n;
-      const auto st = node_stage_.find(n);
+      g.handle = nodes[i];
+      const auto st = node_stage_.find(nodes[i]);
       g.stage = st == node_stage_.end() ? -1 : st->second;
-      cudaGraphNodeType type{};
-      if (cudaGraphNodeGetType(n, &type) == cudaSuccess) {
-        g.kernel = type == cudaGraphNodeTypeKernel;
-        g.copy = type == cudaGraphNodeTypeMemcpy;
-      }
-      // (the edge data too: without it the query fails on programmatic edges)
-      std::size_t nd = 0;
-      if (cudaGraphNodeGetDependencies(n, nullptr, nullptr, &nd) == cudaSuccess && nd > 0) {
-        std::vector<cudaGraphNode_t> deps(nd);
-        std::vector<cudaGraphEdgeData> edges(nd);
-        if (cudaGraphNodeGetDependencies(n, deps.data(), edges.data(), &nd) == cudaSuccess)
-          for (cudaGraphNode_t d : deps)
-            if (const auto it = index.find(d); it != index.end()) g.deps.push_back(it->second);
-      }
+      const cudaGraphNodeType type = node_type(nodes[i]);
+      g.kernel = type == cudaGraphNodeTypeKernel;
+      g.copy = type == cudaGraphNodeTypeMemcpy;
+      g.deps = std::move(deps[i]);
       out.push_back(std::move(g));
     }
-    cudaGetLastError();
     return out;
   }
 
@@ -2211,29 +2199,21 @@ class CudaRuntime final : public Runtime {
   static bool priority_from_env() noexcept { return cuda::env_on("DQN_PRIORITY"); }
   void prioritize(cudaGraph_t graph) noexcept {
     std::vector<cudaGraphNode_t> nodes;
+    std::vector<std::vector<int>> deps;
     int least = 0, greatest = 0;
-    if (!graph_node_list(graph, nodes) || cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess) {
+    if (!graph_edges(graph, nodes, deps) || cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess) {
       cudaGetLastError();
       return;
     }
     const std::size_t n = nodes.size();
-    std::map<cudaGraphNode_t, std::size_t> index;
-    for (std::size_t i = 0; i < n; ++i) index[nodes[i]] = i;
     std::vector<std::vector<std::size_t>> succ(n);
     std::vector<int> indeg(n, 0), kernel(n, 0);
     for (std::size_t i = 0; i < n; ++i) {
-      cudaGraphNodeType t{};
-      kernel[i] = cudaGraphNodeGetType(nodes[i], &t) == cudaSuccess && t == cudaGraphNodeTypeKernel;
-      std::size_t nd = 0;
-      if (cudaGraphNodeGetDependencies(nodes[i], nullptr, nullptr, &nd) != cudaSuccess || nd == 0) continue;
-      std::vector<cudaGraphNode_t> deps(nd);
-      std::vector<cudaGraphEdgeData> edges(nd);
-      if (cudaGraphNodeGetDependencies(nodes[i], deps.data(), edges.data(), &nd) != cudaSuccess) continue;
-      for (cudaGraphNode_t d : deps)
-        if (const auto it = index.find(d); it != index.end()) {
-          succ[it->second].push_back(i);
-          ++indeg[i];
-        }
+      kernel[i] = node_type(nodes[i]) == cudaGraphNodeTypeKernel;
+      for (int d : deps[i]) {
+        succ[std::size_t(d)].push_back(i);
+        ++indeg[i];
+      }
     }
     // a topological order (Kahn), then the ranks from the sinks back
     std::vector<std::size_t> order;
@@ -2259,6 +2239,38 @@ class CudaRuntime final : public Runtime {
     }
   }
 
+  /// A graph's nodes (in the graph's order) and, per node, the indices of those it depends on
+  /// (the query takes the edge data too: without it, it fails on programmatic edges). False on an
+  /// error (cleared).
+  static bool graph_edges(cudaGraph_t g, std::vector<cudaGraphNode_t>& nodes, std::vector<std::vector<int>>& deps) {
+    if (!graph_node_list(g, nodes)) return false;
+    std::map<cudaGraphNode_t, int> index;
+    for (std::size_t i = 0; i < nodes.size(); ++i) index[nodes[i]] = int(i);
+    deps.assign(nodes.size(), {});
+    for (std::size_t i = 0; i < nodes.size(); ++i) {
+      std::size_t nd = 0;
+      if (cudaGraphNodeGetDependencies(nodes[i], nullptr, nullptr, &nd) != cudaSuccess) return clear_false();
+      std::vector<cudaGraphNode_t> on(nd);
+      std::vector<cudaGraphEdgeData> edges(nd);
+      if (nd > 0 && cudaGraphNodeGetDependencies(nodes[i], on.data(), edges.data(), &nd) != cudaSuccess)
+        return clear_false();
+      for (std::size_t k = 0; k < nd; ++k)
+        if (const auto it = index.find(on[k]); it != index.end()) deps[i].push_back(it->second);
+    }
+    return true;
+  }
+  static bool clear_false() noexcept {
+    cudaGetLastError();
+    return false;
+  }
+  static cudaGraphNodeType node_type(cudaGraphNode_t n) noexcept {
+    cudaGraphNodeType t{};
+    if (cudaGraphNodeGetType(n, &t) != cudaSuccess) {
+      cudaGetLastError();
+      return cudaGraphNodeTypeEmpty;
+    }
+    return t;
+  }
   /// A graph's nodes (false on an error, which is cleared).
   static bool graph_node_list(cudaGraph_t g, std::vector<cudaGraphNode_t>& nodes) {
     std::size_t n = 0;

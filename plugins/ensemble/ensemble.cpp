@@ -307,7 +307,8 @@ class EnsembleHead final : public Head {
   }
 
   /// The output layers' bias gradients for every member (overwriting): column sums of dv and of
-  /// dadv. dadv's padding columns are zero (dueling_backward writes them), so one call covers
+  /// dadv. dadv's padding columns are zero (the loss stage's fused dueling backward writes them,
+  /// as dueling_backward does), so one call covers
   /// every branch's block (ldaz columns each, as the biases' blocks are wb2_rows = ldaz apart),
   /// the padding biases' gradients included (zero).
   void backward_bias_out(Backend& be) const {

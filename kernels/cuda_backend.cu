@@ -354,14 +354,14 @@ class CudaBackend final : public Backend {
     const Gemm* const g2 = batch2_;  // this call only, not the calls it makes (split-k's)
     batch2_ = nullptr;
     if (g.m < 0 || g.n < 0 || g.k < 0 || g.batch < 0) return fail(op, "negative size");
-    if (g.m == 0 || g.n == 0 || g.batch == 0) return;
+    if (g.m == 0 || g.n == 0 || (g.batch == 0 && !g.sum_batch)) return;
     const int a_rows = g.ta ? g.k : g.m, a_cols = g.ta ? g.m : g.k;
     const int b_rows = g.tb ? g.n : g.k, b_cols = g.tb ? g.k : g.n;
-    if (g.k > 0 && (g.lda < std::max(1, a_cols) || g.ldb < std::max(1, b_cols)))
+    if (g.k > 0 && g.batch > 0 && (g.lda < std::max(1, a_cols) || g.ldb < std::max(1, b_cols)))
       return fail(op, "lda/ldb smaller than the row length of A/B");
     if (g.ldc < g.n) return fail(op, "ldc smaller than n");
     if (!real_ok(g.c, op, "c")) return;
-    if (g.k > 0 && (!real_ok(g.a, op, "a") || !real_ok(g.b, op, "b"))) return;
+    if (g.k > 0 && g.batch > 0 && (!real_ok(g.a, op, "a") || !real_ok(g.b, op, "b"))) return;
     if (g.bias && !real_ok(g.bias, op, "bias")) return;
     if (g.act != Act::none && g.act != Act::relu) return fail(op, "unknown activation");
     const bool epilogue = g.bias || g.act != Act::none;
@@ -545,6 +545,11 @@ class CudaBackend final : public Backend {
     constexpr const char* op = "gemm";
     if (g.beta != 0.0f || g.bias || g.act != Act::none || g.mask)
       return fail(op, "sum_batch needs beta 0 and no bias, activation or mask");
+    if (g.batch == 0) {  // the empty sum: C = 0
+      if (!planning_)
+        DQN_CUDA_OK(op, cuda::scale_matrix(stream_, g.c.as<float>(), g.m, g.n, g.ldc, 0, 1, 0.0f));
+      return;
+    }
     const std::int64_t mn = static_cast<std::int64_t>(g.m) * g.n;
     void* s = scratch(op, static_cast<std::size_t>(g.batch) * static_cast<std::size_t>(mn) * 4);
     if (!s && !planning_) return;

@@ -305,6 +305,7 @@ __global__ void c51_xent_kernel(C51Xent a, double* weighted) {
       for (int k = lane; k < A * Z; k += 32) DL[rows0 + k] = NAN;
       if (dadv) {
         for (int k = lane; k < A * Z; k += 32) dadv[k] = NAN;
+        for (int q = A * Z + lane; q < ldd; q += 32) dadv[q] = 0.0f;  // the padding, as on every row
         for (int i = lane; i < Z; i += 32) g_rows[d * Z + i] = NAN;
       }
       if (lane == 0) xent_d[d] = NAN;
@@ -1342,6 +1343,7 @@ struct ClusterStep {
   AdamCoef adam;  ///< set once the step is known finite
   bool finite;
   TargetRule rule;  ///< tgt null: no target update
+  const std::int64_t* reach;  ///< Budget::reach (null: every head reaches everything)
 };
 
 constexpr int kClusterPer = 8;        // elements per thread and tile: a tile is one round of loads
@@ -1358,6 +1360,10 @@ struct ClusterTile {
 /// clip factors or the skip decision, so it can run before them).
 __device__ __forceinline__ void cluster_load(const ClusterStep& x, std::int64_t s, std::int64_t hi, bool polyak,
                                              ClusterTile& r) {
+  // A head whose reach misses the tile has zeros there: not loaded, its term adds +0 (combine_tile).
+  bool meets[kClusterEarlyHeads];
+#pragma unroll
+  for (int h = 0; h < kClusterEarlyHeads; ++h) meets[h] = h < x.H && reach_meets(x.reach, h, s, hi);
 #pragma unroll
   for (int k = 0; k < kClusterPer; ++k) {
     const std::int64_t i = s + k * kThreads + threadIdx.x;
@@ -1371,7 +1377,7 @@ __device__ __forceinline__ void cluster_load(const ClusterStep& x, std::int64_t 
       if (polyak) r.tg[k] = x.rule.tgt[i];
 #pragma unroll
       for (int h = 0; h < kClusterEarlyHeads; ++h)
-        if (h < x.H) r.gr[h][k] = x.grads[static_cast<std::int64_t>(h) * x.P + i];
+        if (meets[h]) r.gr[h][k] = x.grads[static_cast<std::int64_t>(h) * x.P + i];
     }
   }
 }
@@ -1392,6 +1398,7 @@ __device__ __forceinline__ void cluster_store(const ClusterStep& x, std::int64_t
       for (int k = 0; k < kClusterPer; ++k) acc[k] += c * static_cast<double>(r.gr[h][k]);
     }
     for (int h = kClusterEarlyHeads; h < x.H; ++h) {
+      if (!reach_meets(x.reach, h, s, hi)) continue;  // zeros there (see combine_tile)
       const double c = x.clip_sh[h];
       const float* gh = x.grads + static_cast<std::int64_t>(h) * x.P;
 #pragma unroll
@@ -1470,7 +1477,8 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
                 b.H,
                 AdamCoef{},
                 false,
-                TargetRule{static_cast<float*>(tu.target.p), theta, static_cast<double>(tu.tau), tu.period != 0}};
+                TargetRule{static_cast<float*>(tu.target.p), theta, static_cast<double>(tu.tau), tu.period != 0},
+                b.reach};
   const bool every = tu.period == 0;  // Polyak: the target's old values are needed (every step)
   // This block's elements: a normed matrix's rows, or tiles of the ranges outside them.
   const int cid = static_cast<int>(blockIdx.x) / CS;

@@ -42,13 +42,13 @@ class CpuBackend final : public Backend {
     if (g.m < 0 || g.n < 0 || g.k < 0 || g.batch < 0) return fail("gemm", "negative size");
     if (g.sum_batch && (g.beta != 0.0f || g.bias || g.act != Act::none || g.mask))
       return fail("gemm", "sum_batch needs beta 0 and no bias, activation or mask");
-    if (g.m == 0 || g.n == 0 || g.batch == 0) return;
+    if (g.m == 0 || g.n == 0 || (g.batch == 0 && !g.sum_batch)) return;
     const int a_cols = g.ta ? g.m : g.k, b_cols = g.tb ? g.k : g.n;
-    if (g.k > 0 && (g.lda < std::max(1, a_cols) || g.ldb < std::max(1, b_cols)))
+    if (g.k > 0 && g.batch > 0 && (g.lda < std::max(1, a_cols) || g.ldb < std::max(1, b_cols)))
       return fail("gemm", "lda/ldb smaller than the row length of A/B");
     if (g.ldc < g.n) return fail("gemm", "ldc smaller than n");
     if (!real_ok(g.c, "gemm", "c")) return;
-    if (g.k > 0 && (!real_ok(g.a, "gemm", "a") || !real_ok(g.b, "gemm", "b"))) return;
+    if (g.k > 0 && g.batch > 0 && (!real_ok(g.a, "gemm", "a") || !real_ok(g.b, "gemm", "b"))) return;
     if (g.bias && !real_ok(g.bias, "gemm", "bias")) return;
     if (g.act != Act::none && g.act != Act::relu) return fail("gemm", "unknown activation");
     if (g.mask && (!real_ok(g.mask, "gemm", "mask") || g.ldmask < g.n || g.mask_rows < 0))
@@ -56,7 +56,7 @@ class CpuBackend final : public Backend {
     const bool epilogue = g.bias || g.act != Act::none;
     const double alpha = g.alpha, beta = g.beta;
     const int mask_rows = g.mask_rows > 0 ? g.mask_rows : g.m;
-    if (g.sum_batch) {  // one C: every entry's products in one sum, rounded once
+    if (g.sum_batch) {  // one C: every entry's products in one sum, rounded once (no entries: 0)
       T* C = g.c.as<T>();
       for (int i = 0; i < g.m; ++i)
         for (int j = 0; j < g.n; ++j) {

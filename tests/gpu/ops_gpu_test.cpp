@@ -458,6 +458,19 @@ TEST_CASE("gpu.ops.gemm_sum_batch: the entries' products summed into one C, agai
       cpu.ops->gemm(gc);
       cpu.ok();
       expect_close(gpu.get(gd.c, static_cast<std::int64_t>(nc)), Cc, prec.tol, what);
+      if (broadcast_b) continue;
+      // no entries: C = 0 on both (the empty sum), the padding poisoned; A and B not read
+      Gemm zd = g, zc = g;
+      zd.batch = zc.batch = 0;
+      zd.c = gpu.put(C0);
+      gpu.ops.gemm(zd);
+      gpu.ok();
+      auto Zc = C0;
+      zc.c = host(Zc);
+      cpu.ops->gemm(zc);
+      cpu.ok();
+      expect_close(gpu.get(zd.c, static_cast<std::int64_t>(nc)), Zc, prec.tol, what + ", no entries");
+      CHECK(Zc[0] == 0.0f);
     }
   }
   Gpu gpu;
@@ -930,6 +943,27 @@ TEST_CASE("gpu.ops.c51_xent.dueling: the fused dueling backward (dv, padded dadv
   std::size_t zeros = 0;
   for (std::size_t i = 0; i < na; ++i) zeros += i % ldd >= static_cast<std::size_t>(A * Z) && got[i] == 0.0f;
   CHECK(zeros == static_cast<std::size_t>(K) * B * D * (ldd - A * Z));
+
+  // An action out of range (the CPU refuses it with an error): that branch's rows are NaN in every
+  // member, its padding zero like every other row's, and the other branches are as before.
+  auto bad_actions = actions;
+  const int bad = 5 * D + 1;  // sample 5, branch 1
+  bad_actions[static_cast<std::size_t>(bad)] = A;
+  xd.actions = gpu.put_typed(bad_actions);
+  xd.dadv = gpu.poisoned(static_cast<std::int64_t>(na));
+  gpu.ops.c51_xent(xd);
+  gpu.ok();
+  const auto poisoned = gpu.get(xd.dadv, static_cast<std::int64_t>(na));
+  std::size_t nan_rows = 0, pad_zeros = 0, same = 0;
+  for (std::size_t i = 0; i < na; ++i) {
+    const std::size_t row = i / ldd, col = i % ldd, bd = row % (static_cast<std::size_t>(B) * D);
+    if (col >= static_cast<std::size_t>(A * Z)) pad_zeros += poisoned[i] == 0.0f;
+    else if (bd == static_cast<std::size_t>(bad)) nan_rows += std::isnan(poisoned[i]);
+    else same += poisoned[i] == got[i];
+  }
+  CHECK(pad_zeros == static_cast<std::size_t>(K) * B * D * (ldd - A * Z));
+  CHECK(nan_rows == static_cast<std::size_t>(K) * A * Z);
+  CHECK(same == static_cast<std::size_t>(K) * (B * D - 1) * A * Z);
 }
 
 // --- optimisation -----------------------------------------------------------------------------

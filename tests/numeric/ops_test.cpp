@@ -451,6 +451,19 @@ TEST_CASE("ops.gemm.sum_batch: the entries' products summed into one C equal one
     b->gemm(w);
     REQUIRE(b->status() == 0);
     CHECK(summed.bytes() == one.bytes());
+    // no entries: the empty sum, C = 0 in its m × n (as a GEMM with k = 0 and beta 0), the row
+    // padding untouched; A and B are not read
+    Vec empty(b->real_size(), static_cast<std::size_t>(m) * g.ldc, kNaN);
+    dqn::Gemm z = g;
+    z.batch = 0, z.a = dqn::Real{}, z.b = dqn::Real{}, z.c = empty.r();
+    b->gemm(z);
+    REQUIRE(b->status() == 0);
+    for (int r = 0; r < m; ++r)
+      for (int c = 0; c < g.ldc; ++c) {
+        const double v = empty[static_cast<std::size_t>(r * g.ldc + c)];
+        if (c < n) CHECK(v == 0.0);
+        else CHECK(std::isnan(v));
+      }
   }
   // an epilogue, beta or a second batch dimension with it is refused, with the reason
   auto cpu = dqn::make_cpu_backend(false);

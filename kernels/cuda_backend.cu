@@ -6,6 +6,7 @@
  */
 #include <cublasLt.h>
 #include <cublas_v2.h>
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -2166,6 +2167,10 @@ class CudaRuntime final : public Runtime {
   }
 
   std::size_t peak_bytes() const noexcept override { return backend_.peak_device_bytes(); }
+
+  void profile_range(bool on) noexcept override {
+    if ((on ? cudaProfilerStart() : cudaProfilerStop()) != cudaSuccess) cudaGetLastError();  // no profiler: fine
+  }
 
  private:
   void release() noexcept {

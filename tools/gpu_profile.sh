@@ -18,11 +18,13 @@ export DQN_PLUGIN_PATH=$PWD/$build/plugins
 if [ "${1:-}" = source ]; then
   regex=$2; b=${3:-256}; shift; shift; [ $# -gt 0 ] && shift
   rep=$(mktemp -d)/prof
-  # warm-up 1 and 1 replay: kernels launched at init come first, the replay's last (--launch-count
-  # keeps the first N matches, so count them generously)
-  ncu --graph-profiling node --kernel-name "regex:$regex" --launch-count "${NCU_COUNT:-16}" --set full \
-    --import-source yes -o "$rep" $build/tools/dqn bench pipelines/ref.yaml "$@" --batch "$b" --precision tf32 \
-    --warmup 1 --iters 1 --repeats 1 >"$out/ncu_run.log" 2>&1 || tail -20 "$out/ncu_run.log"
+  # one replayed step: collection only inside the bench's profiler range (--profile-range), so the
+  # capture, the autotuning's thousands of launches and the warm-up are not profiled (an ncu run
+  # without it ran into a 500 s limit); --launch-count keeps the first N matches
+  ncu --profile-from-start off --graph-profiling node --kernel-name "regex:$regex" --launch-count "${NCU_COUNT:-16}" \
+    --set full --import-source yes -o "$rep" $build/tools/dqn bench pipelines/ref.yaml "$@" --batch "$b" \
+    --precision tf32 --warmup 1 --iters 1 --repeats 1 --profile-range >"$out/ncu_run.log" 2>&1 ||
+    tail -20 "$out/ncu_run.log"
   ncu -i "$rep.ncu-rep" --page details >"$out/ncu_details.txt" 2>&1
   ncu -i "$rep.ncu-rep" --page source --csv --print-source cuda 2>&1 | gzip >"$out/ncu_source_cuda.csv.gz"
   ncu -i "$rep.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip >"$out/ncu_source_sass.csv.gz"
@@ -32,8 +34,9 @@ b=${1:-256}
 all="heads.1.enabled=true heads.2.enabled=true heads.3.enabled=true"
 for cfg in c51 full; do
   ov=""; [ $cfg = full ] && ov=$all
-  # warm-up 1, then 2 profiled replays; the kernels launched at init are profiled too (filtered later)
-  ncu --clock-control none --cache-control ${NCU_CACHE:-all} --graph-profiling node --metrics gpu__time_duration.sum --csv --print-units base \
+  # warm-up 1, then 2 profiled replays (only those: the bench's profiler range)
+  ncu --profile-from-start off --clock-control none --cache-control ${NCU_CACHE:-all} --graph-profiling node \
+    --metrics gpu__time_duration.sum --csv --print-units base \
     $build/tools/dqn bench pipelines/ref.yaml $ov --batch $b --precision tf32 --warmup 1 --iters 2 --repeats 1 \
-    >"$out/ncu_$cfg.csv" 2>"$out/ncu_$cfg.err" || tail -5 "$out/ncu_$cfg.err"
+    --profile-range >"$out/ncu_$cfg.csv" 2>"$out/ncu_$cfg.err" || tail -5 "$out/ncu_$cfg.err"
 done

@@ -79,6 +79,10 @@ class Runtime {
   }
   /// Bytes of device memory in use at peak (arena + library workspaces), where known.
   virtual std::size_t peak_bytes() const noexcept { return 0; }
+  /// Opens (on) or closes the profiler's collection range, where the runtime has a profiler API
+  /// (CUDA: cudaProfilerStart/Stop, which a profiler started with collection off, such as
+  /// `ncu --profile-from-start off`, waits for); nothing elsewhere or with no profiler attached.
+  virtual void profile_range(bool /*on*/) noexcept {}
 };
 
 std::unique_ptr<Runtime> make_cpu_runtime(bool f64);

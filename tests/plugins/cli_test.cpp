@@ -1,7 +1,7 @@
 // The dqn command line, run as a process from the build tree (stdout and stderr captured):
 // plugins, validate (shipped, invalid and missing-plugin pipelines), step (the dump's spec names,
-// the saved resolved pipeline, init/weights/batch round trips bit for bit, corrupt weights) and
-// --explain.
+// the saved resolved pipeline, init/weights/batch round trips bit for bit, corrupt weights),
+// --explain, and bench on the CPU reference (its JSON and table, refused input).
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +17,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "dqn/plugin.hpp"
 #include "safetensors.hpp"
@@ -453,6 +455,64 @@ TEST_CASE("cli.step.explain") {
   CHECK(has(sn.out, "  15. update  <engine>"));
   CHECK(has(sn.out, "sn.u.trunk.0.weight"));
   CHECK(has(sn.out, "sn/table"));
+}
+
+TEST_CASE("cli.bench: the CPU reference timed per configuration, a JSON object or a table row each; bad input refused") {
+  const std::string small = quote(c51_yaml()) + " --backend cpu network.trunk=[32,32] --warmup 1 --iters 2 --repeats 3";
+  // --profile-range is accepted everywhere (the CPU has no profiler: nothing happens)
+  const Run r = dqn_run("bench " + small + " --batch 8,12 --precision fp32,tf32 --json --profile-range");
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  std::vector<nlohmann::json> rows;
+  std::istringstream in(r.out);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty() && line[0] == '{') rows.push_back(nlohmann::json::parse(line));
+  REQUIRE(rows.size() == 4);  // precisions outer, batches inner
+  const std::vector<std::pair<std::string, int>> want = {{"fp32", 8}, {"fp32", 12}, {"tf32", 8}, {"tf32", 12}};
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto& j = rows[i];
+    CAPTURE(j.dump());
+    CHECK(j["impl"] == "dqn");
+    CHECK(j["pipeline"] == "c51");
+    CHECK(j["backend"] == "cpu");
+    CHECK(j["precision"] == want[i].first);
+    CHECK(j["batch"] == want[i].second);
+    CHECK(j["heads"] == nlohmann::json::array({"c51"}));
+    CHECK(j["warmup"] == 1);
+    CHECK(j["iters"] == 2);
+    CHECK(j["repeats"] == 3);
+    const double med = j["us_per_step_median"], mn = j["us_min"], mx = j["us_max"];
+    CHECK(mn > 0.0);
+    CHECK(mn <= med);
+    CHECK(med <= mx);
+    CHECK(j["steps_per_s"].get<double>() == doctest::Approx(1e6 / med));
+    CHECK(j["host_us_per_step"].get<double>() > 0.0);
+    CHECK(j["arena_bytes"].get<std::int64_t>() > 0);
+    CHECK(j["graph_nodes"] == 0);  // nothing captured on the CPU
+    CHECK(j["captures"] == 0);
+    CHECK(j["skipped_steps"] == 0);
+    const double loss = j["loss_total"];
+    CHECK(std::isfinite(loss));
+    CHECK(loss > 0.0);
+  }
+  // a larger batch needs a larger arena
+  CHECK(rows[1]["arena_bytes"].get<std::int64_t>() > rows[0]["arena_bytes"].get<std::int64_t>());
+  // the table: a header, then a row per configuration
+  const Run t = dqn_run("bench " + small + " --batch 8");
+  INFO(t.out);
+  REQUIRE(t.rc == 0);
+  CHECK(has(t.out, "pipeline   prec    batch    device_us"));
+  CHECK(has(t.out, "\nc51        tf32        8 "));
+  // refused, with where and why: a batch below 1, an unknown precision, no timed replays
+  const Run b0 = dqn_run("bench " + small + " --batch 0");
+  CHECK(b0.rc != 0);
+  CHECK(has(b0.out, "key 'batch' = '0': must be >= 1"));
+  const Run p = dqn_run("bench " + small + " --precision fp64");
+  CHECK(p.rc != 0);
+  CHECK(has(p.out, "key 'precision' = 'fp64': expected one of fp32, tf32, bf16"));
+  const Run it = dqn_run("bench " + quote(c51_yaml()) + " --iters 0");
+  CHECK(it.rc != 0);
+  CHECK(has(it.out, "--iters: Value 0 not in range"));
 }
 
 TEST_CASE("cli.step.dump_has_aux_head_draws_and_metrics") {

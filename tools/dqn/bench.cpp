@@ -46,9 +46,13 @@ int cmd_bench(const BenchArgs& a) {
       for (int i = 0; i < a.warmup; ++i) e.step();
       std::vector<double> device_us, host_us;
       for (int r = 0; r < a.repeats; ++r) {
+        // --profile-range: only the timed replays inside the profiler's range (not the capture,
+        // the autotuning's thousands of launches or the warm-up)
+        if (a.profile_range) e.runtime().profile_range(true);
         device_us.push_back(e.runtime().time_us([&] {
           for (int i = 0; i < a.iters; ++i) e.step();
         }) / a.iters);
+        if (a.profile_range) e.runtime().profile_range(false);
         // Host time to enqueue a step, from an idle stream and a short burst: thousands of
         // launches in a row fill the launch queue, and then the host waits for the device.
         const int burst = std::min(a.iters, kEnqueueBurst);

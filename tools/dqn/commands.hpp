@@ -40,6 +40,7 @@ struct BenchArgs {
   std::vector<std::string> precisions;
   int warmup = 200, iters = 2000, repeats = 5;
   bool json = false;
+  bool profile_range = false;  ///< the profiler's collection range around the timed replays only
 };
 
 int cmd_plugins(const Common& c);

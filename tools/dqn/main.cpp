@@ -76,6 +76,8 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--iters", bench.iters, "timed replays per repeat")->check(CLI::Range(1, 10000000));
   bench_cmd->add_option("--repeats", bench.repeats, "repeats (the median is reported)")->check(CLI::Range(1, 1000));
   bench_cmd->add_flag("--json", bench.json, "one JSON object per configuration");
+  bench_cmd->add_flag("--profile-range", bench.profile_range,
+                      "open the profiler's range only around the timed replays (ncu --profile-from-start off)");
 
   try {
     app.parse(argc, argv);

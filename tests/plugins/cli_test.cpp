@@ -507,6 +507,7 @@ TEST_CASE("cli.bench: the CPU reference timed per configuration, a JSON object o
   const Run b0 = dqn_run("bench " + small + " --batch 0");
   CHECK(b0.rc != 0);
   CHECK(has(b0.out, "key 'batch' = '0': must be >= 1"));
+  CHECK_FALSE(has(b0.out, "device_us"));  // no table header before the error
   const Run p = dqn_run("bench " + small + " --precision fp64");
   CHECK(p.rc != 0);
   CHECK(has(p.out, "key 'precision' = 'fp64': expected one of fp32, tf32, bf16"));

@@ -308,9 +308,8 @@ class EnsembleHead final : public Head {
 
   /// The output layers' bias gradients for every member (overwriting): column sums of dv and of
   /// dadv. dadv's padding columns are zero (the loss stage's fused dueling backward writes them,
-  /// as dueling_backward does), so one call covers
-  /// every branch's block (ldaz columns each, as the biases' blocks are wb2_rows = ldaz apart),
-  /// the padding biases' gradients included (zero).
+  /// as dueling_backward does), so one call covers every branch's block (ldaz columns each, as the
+  /// biases' blocks are wb2_rows = ldaz apart), the padding biases' gradients included (zero).
   void backward_bias_out(Backend& be) const {
     const int B = B_, Z = d_.Z, LZ = d_.ldz(), dlaz = d_.D * d_.ldaz();
     const std::int64_t sv = std::int64_t(B) * LZ, sa = std::int64_t(B) * dlaz;

@@ -28,7 +28,7 @@ int cmd_bench(const BenchArgs& a) {
   std::vector<int> batches = a.batches.empty() ? std::vector<int>{base.batch} : a.batches;
   std::vector<std::string> precisions = a.precisions;
   if (precisions.empty()) precisions.push_back(to_string(base.precision));
-  bool header = a.json;  // the table's header goes out with its first row, not before an error
+  bool header_done = a.json;  // the table's header goes out with its first row, not before an error
   for (const auto& prec : precisions) {
     for (int b : batches) {
       Common c = a.common;
@@ -78,10 +78,10 @@ int cmd_bench(const BenchArgs& a) {
                          {"device", e.runtime().describe()}};
         std::printf("%s\n", j.dump().c_str());
       } else {
-        if (!header)
+        if (!header_done)
           std::printf("%-10s %-6s %6s %12s %12s %12s %10s %12s %8s\n", "pipeline", "prec", "batch", "device_us",
                       "min_us", "host_us", "steps/s", "arena_MiB", "nodes");
-        header = true;
+        header_done = true;
         std::printf("%-10s %-6s %6d %12.2f %12.2f %12.2f %10.0f %12.2f %8lld\n", spec.name.c_str(), prec.c_str(), b, med,
                     mn, median(host_us), 1e6 / med, arena_mib, static_cast<long long>(e.graph_nodes()));
       }

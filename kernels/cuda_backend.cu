@@ -175,16 +175,18 @@ int cluster_size_from_env() noexcept {
   return 0;
 }
 
-/// Which fused head kernels run in tf32 (bit 1: head_forward, bit 2: head_backward_inputs), from
-/// DQN_FUSED_HEAD: unset or 0/off → none (since the output layers' rows are padded, their GEMMs
-/// measured as fast or faster on the H200 in three runs, docs/performance.md); 1/on/all → both;
-/// forward; backward. Anything else: unset.
-constexpr unsigned kFuseForward = 1, kFuseBackward = 2;
+/// Which fused head kernels run in tf32 (bit 1: head_forward, bit 2: head_backward_inputs, bit 4:
+/// head_forward in clusters that share the weights), from DQN_FUSED_HEAD: unset or 0/off → none
+/// (since the output layers' rows are padded, their GEMMs measured as fast or faster on the H200
+/// than the block-per-16-rows kernels in three runs, docs/performance.md); 1/on/all → both block
+/// kernels; forward; backward; cluster. Anything else: unset.
+constexpr unsigned kFuseForward = 1, kFuseBackward = 2, kFuseCluster = 4;
 unsigned fused_head_from_env() noexcept {
   const char* v = std::getenv("DQN_FUSED_HEAD");
   if (!v || !env_on("DQN_FUSED_HEAD")) return 0;
   if (std::strcmp(v, "forward") == 0) return kFuseForward;
   if (std::strcmp(v, "backward") == 0) return kFuseBackward;
+  if (std::strcmp(v, "cluster") == 0) return kFuseCluster;
   for (const char* on : {"1", "on", "all", "true", "yes", "ON", "TRUE", "YES"})
     if (std::strcmp(v, on) == 0) return kFuseForward | kFuseBackward;
   return 0;
@@ -1073,7 +1075,12 @@ class CudaBackend final : public Backend {
     if ((a.wv2_rows != 0 && a.wv2_rows < a.Z) || (a.wb2_rows != 0 && a.wb2_rows < a.A * a.Z))
       return fail(op, "wv2_rows/wb2_rows smaller than Z/A·Z");
     const bool sizes = a.rows > 0 && a.H2 > 0 && a.Hh > 0 && a.D > 0 && a.D <= 65535 && a.A > 0 && a.Z > 0;
-    if (!sizes || !fuse_head(kFuseForward, a.rows, a.D, cuda::head_forward_shared_bytes(a.H2, a.Hh, a.A, a.Z)))
+    const bool cluster =
+        sizes && 2 * (1 + a.D) <= cuda::kHeadClusterMax && (!a.logp || a.A <= 8) && (!a.logp || a.Z <= 64) &&
+        fuse_head(kFuseCluster, a.rows, 2 * (1 + a.D),
+                  cuda::head_forward_cluster_shared_bytes(a.H2, a.Hh, a.A, a.Z, static_cast<bool>(a.logp)));
+    if (!cluster &&
+        (!sizes || !fuse_head(kFuseForward, a.rows, a.D, cuda::head_forward_shared_bytes(a.H2, a.Hh, a.A, a.Z))))
       return head_forward_beside(a);
     if (a.ldx < a.H2 || a.ldv < a.Z) return fail(op, "ldx smaller than H2 or ldv smaller than Z");
     if (ld_or(a.ldadv, a.A * a.Z) < a.A * a.Z) return fail(op, "ldadv smaller than A·Z");
@@ -1086,7 +1093,7 @@ class CudaBackend final : public Backend {
     if (a.logp && !real_ok(a.logp, op, "logp")) return;
     if (a.q && !real_ok(a.q, op, "q")) return;
     if (planning_) return;
-    DQN_CUDA_OK(op, cuda::head_forward(stream_, a));
+    DQN_CUDA_OK(op, cluster ? cuda::head_forward_cluster(stream_, a) : cuda::head_forward(stream_, a));
   }
 
   /// head_forward_composed with the value GEMM on the lane's side slot, beside the advantage

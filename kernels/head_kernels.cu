@@ -6,6 +6,8 @@
  *  The fused head forward and backward inputs (tf32 mma.sync, used in tf32 only) are the
  *  exception: tf32 operands and float log-softmax, so they match the CPU within tf32 tolerances.
  */
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -345,17 +347,14 @@ __device__ __forceinline__ void warp_reduce_n(R (&v)[K], int n, Op op) {
   }
 }
 
-/// dueling_dist with a warp per (row, branch); lane l holds atoms l, l + 32, … of every action.
+/// The distribution of one (row, branch) by one warp: v [Z] and the branch's advantages adv
+/// [A·Z] (global or shared memory) → the log-probabilities lp [A·Z], and where Q is not null the
+/// expected values Q [A] and, where star is not null, the argmax into *star (ties: the lowest
+/// index). Lane l holds atoms l, l + 32, … of every action.
 template <typename T>
-__global__ void __launch_bounds__(32 * kDistWarpsPerBlock) dueling_dist_warp_kernel(DuelingDist a, double dz_d) {
-  dev::pdl_entry();
+__device__ __forceinline__ void dist_warp(const float* v, const float* adv, int A, int Z, T v_min, T dz, float* lp,
+                                          float* Q, std::int32_t* star) {
   const int lane = threadIdx.x & 31;
-  const int D = a.D, A = a.A, Z = a.Z;
-  const std::int64_t rd = static_cast<std::int64_t>(blockIdx.x) * kDistWarpsPerBlock + (threadIdx.x >> 5);
-  if (rd >= static_cast<std::int64_t>(a.rows) * D) return;
-  const std::int64_t r = rd / D;
-  const float* adv = static_cast<const float*>(a.adv.p) + rd * ld_or(a.ldadv, A * Z);
-  const float* v = static_cast<const float*>(a.v.p) + r * a.ldv;
   float vv[kWarpAtoms], x[kWarpMaxA][kWarpAtoms];
 #pragma unroll
   for (int k = 0; k < kWarpAtoms; ++k) {
@@ -394,9 +393,6 @@ __global__ void __launch_bounds__(32 * kDistWarpsPerBlock) dueling_dist_warp_ker
       if (lane + 32 * k < Z) sum[act] += exp_t(static_cast<T>(x[act][k]) - mx[act]);
   }
   warp_reduce_n(sum, A, [](T p, T q) { return p + q; });
-  float* lp = static_cast<float*>(a.logp.p) + rd * A * Z;
-  float* Q = static_cast<float*>(a.q.p);
-  const T v_min = a.v_min, dz = static_cast<T>(dz_d);
   T qa[kWarpMaxA];
 #pragma unroll
   for (int act = 0; act < kWarpMaxA; ++act) {
@@ -420,13 +416,29 @@ __global__ void __launch_bounds__(32 * kDistWarpsPerBlock) dueling_dist_warp_ker
   for (int act = 0; act < kWarpMaxA; ++act) {
     if (act >= A) continue;
     const float qf = static_cast<float>(qa[act]);
-    if (lane == act) Q[rd * A + act] = qf;
+    if (lane == act) Q[act] = qf;
     if (qf > qbest) {  // strict: ties keep the lowest index
       qbest = qf;
       best = act;
     }
   }
-  if (a.a_star && r >= a.star_from && lane == 0) a.a_star[(r - a.star_from) * D + (rd - r * D)] = best;
+  if (star && lane == 0) *star = best;
+}
+
+/// dueling_dist with a warp per (row, branch) (dist_warp).
+template <typename T>
+__global__ void __launch_bounds__(32 * kDistWarpsPerBlock) dueling_dist_warp_kernel(DuelingDist a, double dz_d) {
+  dev::pdl_entry();
+  const int D = a.D, A = a.A, Z = a.Z;
+  const std::int64_t rd = static_cast<std::int64_t>(blockIdx.x) * kDistWarpsPerBlock + (threadIdx.x >> 5);
+  if (rd >= static_cast<std::int64_t>(a.rows) * D) return;
+  const std::int64_t r = rd / D;
+  const float* adv = static_cast<const float*>(a.adv.p) + rd * ld_or(a.ldadv, A * Z);
+  const float* v = static_cast<const float*>(a.v.p) + r * a.ldv;
+  float* Q = a.q.p ? static_cast<float*>(a.q.p) + rd * A : nullptr;
+  std::int32_t* star = Q && a.a_star && r >= a.star_from ? a.a_star + (r - a.star_from) * D + (rd - r * D) : nullptr;
+  dist_warp<T>(v, adv, A, Z, static_cast<T>(a.v_min), static_cast<T>(dz_d), static_cast<float*>(a.logp.p) + rd * A * Z,
+               Q, star);
 }
 
 /// c51_loss with a warp per (sample, branch) and a block per sample (32·D threads, D ≤
@@ -604,6 +616,7 @@ __global__ void __launch_bounds__(kColTile * kRowThreads)
 // --- the fused head forward (tf32 tensor cores) ----------------------------------------------
 
 constexpr int kHfRows = kHeadBlockRows;
+constexpr int kHcMaxCluster = kHeadClusterMax;
 constexpr int kHfWarps = 8;
 constexpr int kHfThreads = 32 * kHfWarps;
 constexpr int kHfTiles = 5;     // n-tiles of 8 columns a warp carries at once
@@ -892,6 +905,145 @@ __global__ void __launch_bounds__(kHfThreads) head_forward_kernel(HeadForward a,
   }
 }
 
+// --- the cluster head forward (tf32 tensor cores, weights shared across a cluster) -----------
+//
+// A cluster of 2·(1 + D) blocks per 16 rows: blocks 2s and 2s + 1 own stream s (s = 0 the value
+// stream, s = 1 + d branch d), each half of the stream's hidden columns and half of its output
+// columns, so every weight is read once per cluster (the kernel above reads the value stream's
+// weights in every branch's block, and every block reads whole layers). The halves of a stream's
+// hidden layer meet in both blocks' shared memory (distributed shared memory) before the output
+// layer; with the distribution, the value blocks send v to every branch block and the two blocks
+// of a branch exchange their advantages, and each takes half of the rows' distributions.
+
+/// Columns of half 0 of n output columns (whole 8-column tiles where n allows).
+__host__ __device__ inline int hc_split(int n) { return min(n, ((n + 1) / 2 + 7) / 8 * 8); }
+
+struct HcLayout {  ///< shared memory of one block of the cluster head forward, in 4-byte words
+  int ldx, ldh, x, h, bias, v, adv, words;
+};
+
+__host__ __device__ inline HcLayout hc_layout(int H2, int Hh, int A, int Z, bool dist) {
+  HcLayout l{};
+  l.ldx = hf_lda(H2);
+  l.ldh = hf_lda(Hh);
+  l.x = 0;
+  l.h = l.x + kHfRows * l.ldx;                          // the stream's hidden rows (tf32), both halves
+  l.bias = l.h + kHfRows * l.ldh;                       // b1 of the block's hidden half, then its output bias
+  l.v = l.bias + (Hh + (A * Z > Z ? A * Z : Z) + 3) / 4 * 4;
+  l.adv = l.v + (dist ? kHfRows * Z : 0);               // v of the rows (branch blocks, from the value blocks)
+  l.words = l.adv + (dist ? kHfRows * A * Z : 0);       // the branch's advantages of the rows
+  return l;
+}
+
+__device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
+
+/// Grid (2·(1 + D), row tiles of 16), clusters of 2·(1 + D) along x (see above). hf_block_gemm with
+/// one n-tile a warp where the block's columns fit in one pass, else two.
+template <class Epi>
+__device__ __forceinline__ void hc_gemm(const HfSeg& seg, int K, Epi&& epi) {
+  const HfSeg none{seg.As, seg.lda, seg.W, 0};
+  if (seg.tiles() <= kHfWarps)
+    hf_block_gemm<1>(seg, none, K, epi);
+  else
+    hf_block_gemm<2>(seg, none, K, epi);
+}
+
+__global__ void __launch_bounds__(kHfThreads) head_forward_cluster_kernel(HeadForward a, float dz) {
+  namespace cg = cooperative_groups;
+  dev::pdl_entry();
+  cluster_arrive_relaxed();  // this block runs: the others may write into its shared memory
+  extern __shared__ float hc_shared[];
+  cg::cluster_group cluster = cg::this_cluster();
+  const int H2 = a.H2, Hh = a.Hh, D = a.D, A = a.A, Z = a.Z, az = A * Z, hc = (1 + D) * Hh;
+  const bool dist = a.logp.p != nullptr;
+  const int lda = ld_or(a.ldadv, az);  // adv's (row, branch) stride
+  const HcLayout L = hc_layout(H2, Hh, A, Z, dist);
+  const int rank = static_cast<int>(blockIdx.x), s = rank >> 1, h = rank & 1, cs = 2 * (1 + D);
+  std::uint32_t* xs = reinterpret_cast<std::uint32_t*>(hc_shared + L.x);
+  std::uint32_t* hs = reinterpret_cast<std::uint32_t*>(hc_shared + L.h);
+  float* bias = hc_shared + L.bias;
+  float* vs = hc_shared + L.v;
+  float* advs = hc_shared + L.adv;
+  const int r0 = blockIdx.y * kHfRows;
+  const int nrows = min(kHfRows, a.rows - r0);
+  // this block's columns: [hc0, hc0 + hn) of the stream's hidden layer, [oc0, oc0 + on) of its output
+  const int hsplit = hc_split(Hh), hc0 = h ? hsplit : 0, hn = h ? Hh - hsplit : hsplit;
+  const int N2 = s == 0 ? Z : az, osplit = hc_split(N2), oc0 = h ? osplit : 0, on = h ? N2 - osplit : osplit;
+  const float* X = static_cast<const float*>(a.x.p) + static_cast<std::int64_t>(r0) * a.ldx;
+  hf_load_tile(reinterpret_cast<float*>(xs), L.ldx, X, a.ldx, nrows, H2, (H2 + 7) / 8 * 8, true);
+  {
+    const float* B1 = static_cast<const float*>(a.b1.p) + s * Hh + hc0;
+    const float* B2 = s == 0 ? static_cast<const float*>(a.bv2.p) + oc0
+                             : static_cast<const float*>(a.bb2.p) + static_cast<std::int64_t>(s - 1) * ld_or(a.wb2_rows, az) + oc0;
+    for (int i = threadIdx.x; i < hn + on; i += kHfThreads) bias[i] = i < hn ? B1[i] : B2[i - hn];
+  }
+  const int K8h = (Hh + 7) / 8 * 8;
+  for (int i = threadIdx.x; i < kHfRows * (K8h - Hh); i += kHfThreads) {  // hs's k padding (each block its own)
+    const int r = i / (K8h - Hh), c = Hh + i % (K8h - Hh);
+    hs[r * L.ldh + c] = 0u;
+  }
+  __syncthreads();
+  cluster_wait();  // every block of the cluster runs
+  {  // 1. the block's half of the stream's hidden layer, into its own and its partner's hs
+    std::uint32_t* peer = cluster.map_shared_rank(hs, rank ^ 1);
+    const float* W1 = static_cast<const float*>(a.w1.p) + static_cast<std::int64_t>(s * Hh + hc0) * H2;
+    float* HID = static_cast<float*>(a.hidden.p);
+    auto epi = [&](int, int r, int c, float acc) {
+      const float y = fmaxf(acc + bias[c], 0.0f);
+      const std::uint32_t u = to_tf32(y);
+      hs[r * L.ldh + hc0 + c] = u;
+      peer[r * L.ldh + hc0 + c] = u;
+      if (r < nrows) HID[static_cast<std::int64_t>(r0 + r) * hc + s * Hh + hc0 + c] = y;
+    };
+    hc_gemm(HfSeg{xs, L.ldx, W1, hn}, H2, epi);
+  }
+  cluster.sync();  // both halves of hs are written
+  {  // 2. the block's half of the stream's output layer
+    const float* W2 = s == 0 ? static_cast<const float*>(a.wv2.p) + static_cast<std::int64_t>(oc0) * Hh
+                             : static_cast<const float*>(a.wb2.p) +
+                                   (static_cast<std::int64_t>(s - 1) * ld_or(a.wb2_rows, az) + oc0) * Hh;
+    const float* B2 = bias + hn;
+    float* VO = static_cast<float*>(a.v.p);
+    float* ADVO = static_cast<float*>(a.adv.p);
+    float* to[kHcMaxCluster];  // where the results go in the cluster's shared memory (dist only)
+    int nto = 0;
+    if (dist) {
+      if (s == 0)
+        for (int k = 2; k < cs; ++k) to[nto++] = cluster.map_shared_rank(vs, k);
+      else {
+        to[nto++] = advs;
+        to[nto++] = cluster.map_shared_rank(advs, rank ^ 1);
+      }
+    }
+    const int ldo = s == 0 ? Z : az;
+    auto epi = [&](int, int r, int c, float acc) {
+      const float y = acc + B2[c];
+      const int col = oc0 + c;
+      if (r < nrows) {
+        if (s == 0)
+          VO[static_cast<std::int64_t>(r0 + r) * a.ldv + col] = y;
+        else
+          ADVO[(static_cast<std::int64_t>(r0 + r) * D + (s - 1)) * lda + col] = y;
+      }
+      for (int k = 0; k < nto; ++k) to[k][r * ldo + col] = y;
+    };
+    hc_gemm(HfSeg{hs, L.ldh, W2, on}, Hh, epi);
+  }
+  if (!dist) return;  // nothing was written into another block's shared memory after the barrier
+  cluster.sync();     // v and both halves of the advantages are in every branch block
+  if (s == 0) return;
+  // 3. the distributions of branch d: half h of the rows, a warp per row
+  const int d = s - 1, half = (kHfRows + 1) / 2;
+  const float v_min = a.v_min;
+  for (int rl = h * half + (threadIdx.x >> 5); rl < min(nrows, (h + 1) * half); rl += kHfWarps) {
+    const std::int64_t row = r0 + rl, rd = row * D + d;
+    float* Q = a.q.p ? static_cast<float*>(a.q.p) + rd * A : nullptr;
+    std::int32_t* star = Q && a.a_star && row >= a.star_from ? a.a_star + (row - a.star_from) * D + d : nullptr;
+    dist_warp<float>(vs + rl * Z, advs + rl * az, A, Z, v_min, dz, static_cast<float*>(a.logp.p) + rd * az, Q, star);
+  }
+}
+
 /// Grid (row tiles of 16, 1 + D): block (r, 0) computes dhidden_v = (dv · Wv2) ⊙ [hidden_v > 0]
 /// for its 16 rows, block (r, 1 + d) dhidden_d = (dadv_d · Wb2_d) ⊙ [hidden_d > 0]: the segments of
 /// dhidden are independent of one another.
@@ -1006,6 +1158,29 @@ cudaError_t head_forward(cudaStream_t s, const HeadForward& a) {
   return cudaGetLastError();
 }
 
+std::size_t head_forward_cluster_shared_bytes(int H2, int Hh, int A, int Z, bool dist) {
+  return static_cast<std::size_t>(hc_layout(H2, Hh, A, Z, dist).words) * 4;
+}
+
+cudaError_t head_forward_cluster(cudaStream_t s, const HeadForward& a) {
+  const bool dist = a.logp.p != nullptr;
+  const std::size_t shared = head_forward_cluster_shared_bytes(a.H2, a.Hh, a.A, a.Z, dist);
+  cudaLaunchAttribute attr[2]{};
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(2 * (1 + a.D));
+  attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
+  attr[1] = dev::pdl_attribute();
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(2 * (1 + a.D)), static_cast<unsigned>((a.rows + kHfRows - 1) / kHfRows));
+  cfg.blockDim = dim3(kHfThreads);
+  cfg.dynamicSmemBytes = shared;
+  cfg.stream = s;
+  cfg.attrs = attr;
+  cfg.numAttrs = dev::pdl_for(shared) ? 2 : 1;
+  return cudaLaunchKernelEx(&cfg, head_forward_cluster_kernel, a,
+                            static_cast<float>(support_step(a.v_min, a.v_max, a.Z)));
+}
+
 std::size_t head_backward_inputs_shared_bytes(int Hh, int A, int Z) {
   const int k = std::max(A * Z, Z);
   return static_cast<std::size_t>(kHfRows) * (hf_lda(k) + Hh) * 4;
@@ -1021,6 +1196,10 @@ cudaError_t head_kernels_prepare(std::size_t max_shared_bytes) {
   const cudaError_t e = cudaFuncSetAttribute(head_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(max_shared_bytes));
   if (e != cudaSuccess) return e;
+  if (const cudaError_t c = cudaFuncSetAttribute(head_forward_cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(max_shared_bytes));
+      c != cudaSuccess)
+    return c;
   return cudaFuncSetAttribute(head_backward_inputs_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               static_cast<int>(max_shared_bytes));
 }

@@ -1042,8 +1042,12 @@ TEST_CASE("gpu.ops.dueling_dist: combine + log-softmax + Q + argmax in one pass,
   }
 }
 
-TEST_CASE("gpu.ops.head_forward: the fused tf32 kernel against the CPU's GEMMs and dueling_dist") {
-  const ScopedEnv fused("DQN_FUSED_HEAD", "1");  // both fused kernels (read when a backend is made)
+TEST_CASE("gpu.ops.head_forward: the fused tf32 kernels against the CPU's GEMMs and dueling_dist") {
+  // "1": the block per 16 rows and branch; "cluster": clusters of 2·(1 + D) blocks sharing the
+  // weights (D ≤ 3; the D = 4 shape takes the GEMMs). Read when a backend is made.
+  for (const char* mode : {"1", "cluster"}) {
+  INFO("DQN_FUSED_HEAD=" << mode);
+  const ScopedEnv fused("DQN_FUSED_HEAD", mode);
   // tf32 keeps 10 mantissa bits of every GEMM operand: ≈5e-4 relative per product, so the
   // outputs get 5e-3 (norm-wise); a* is checked against the CPU's Q with the same allowance.
   constexpr double kTf32 = 5e-3;
@@ -1051,7 +1055,7 @@ TEST_CASE("gpu.ops.head_forward: the fused tf32 kernel against the CPU's GEMMs a
     int rows, H2, Hh, D, A, Z, star_from;
     bool dist;
   } shapes[] = {{74, 256, 128, 3, 5, 51, 37, true}, {37, 72, 40, 2, 3, 11, 20, true}, {5, 13, 9, 1, 2, 3, 0, true},
-                {21, 30, 17, 4, 3, 7, 0, false}};
+                {21, 30, 17, 4, 3, 7, 0, false}, {83, 256, 128, 3, 5, 51, 0, false}, {19, 40, 24, 3, 8, 64, 3, true}};
   // pad: adv's (row, branch) blocks A·Z + pad apart (as bdq's ldaz: 255 → 256); 0: compact.
   for (const int pad : {0, 1})
   for (const auto& sh : shapes) {
@@ -1152,6 +1156,7 @@ TEST_CASE("gpu.ops.head_forward: the fused tf32 kernel against the CPU's GEMMs a
       if (qr[g] < best - 1e-2f * (1.0f + std::fabs(best))) ++bad;
     }
     CHECK_MESSAGE(bad == 0, bad << " of " << ns << " a* are not a best action");
+  }
   }
 }
 

@@ -1077,7 +1077,7 @@ class CudaBackend final : public Backend {
     const bool sizes = a.rows > 0 && a.H2 > 0 && a.Hh > 0 && a.D > 0 && a.D <= 65535 && a.A > 0 && a.Z > 0;
     const bool cluster =
         sizes && 2 * (1 + a.D) <= cuda::kHeadClusterMax && (!a.logp || a.A <= 8) && (!a.logp || a.Z <= 64) &&
-        fuse_head(kFuseCluster, a.rows, 2 * (1 + a.D),
+        fuse_head(kFuseCluster, a.rows, 1 + a.D,  // 2·(1 + D) blocks per 32 rows
                   cuda::head_forward_cluster_shared_bytes(a.H2, a.Hh, a.A, a.Z, static_cast<bool>(a.logp)));
     if (!cluster &&
         (!sizes || !fuse_head(kFuseForward, a.rows, a.D, cuda::head_forward_shared_bytes(a.H2, a.Hh, a.A, a.Z))))

@@ -907,102 +907,209 @@ __global__ void __launch_bounds__(kHfThreads) head_forward_kernel(HeadForward a,
 
 // --- the cluster head forward (tf32 tensor cores, weights shared across a cluster) -----------
 //
-// A cluster of 2·(1 + D) blocks per 16 rows: blocks 2s and 2s + 1 own stream s (s = 0 the value
+// A cluster of 2·(1 + D) blocks per 32 rows: blocks 2s and 2s + 1 own stream s (s = 0 the value
 // stream, s = 1 + d branch d), each half of the stream's hidden columns and half of its output
 // columns, so every weight is read once per cluster (the kernel above reads the value stream's
-// weights in every branch's block, and every block reads whole layers). The halves of a stream's
-// hidden layer meet in both blocks' shared memory (distributed shared memory) before the output
-// layer; with the distribution, the value blocks send v to every branch block and the two blocks
-// of a branch exchange their advantages, and each takes half of the rows' distributions.
+// weights in every branch's block, and every block reads whole layers). A block copies its two
+// weight slices into shared memory first, before it waits for the kernel that writes its input
+// (programmatic launch: the copies overlap the trunk's last layer). The halves of a stream's hidden
+// layer meet in both blocks' shared memory (distributed shared memory) before the output layer;
+// with the distribution, the value blocks send v to every branch block and the two blocks of a
+// branch exchange their advantages, and each takes half of the rows' distributions.
+
+constexpr int kHcRows = 2 * kHfRows;  // rows of a cluster: two m16 tiles
 
 /// Columns of half 0 of n output columns (whole 8-column tiles where n allows).
 __host__ __device__ inline int hc_split(int n) { return min(n, ((n + 1) / 2 + 7) / 8 * 8); }
+__host__ __device__ inline int round8(int n) { return (n + 7) / 8 * 8; }
 
 struct HcLayout {  ///< shared memory of one block of the cluster head forward, in 4-byte words
-  int ldx, ldh, x, h, bias, v, adv, words;
+  int ldx, ldh, w1, w2, x, h, v, bias, words;
 };
 
 __host__ __device__ inline HcLayout hc_layout(int H2, int Hh, int A, int Z, bool dist) {
   HcLayout l{};
+  const int az = A * Z, on_max = max(hc_split(Z), hc_split(az));
   l.ldx = hf_lda(H2);
   l.ldh = hf_lda(Hh);
-  l.x = 0;
-  l.h = l.x + kHfRows * l.ldx;                          // the stream's hidden rows (tf32), both halves
-  l.bias = l.h + kHfRows * l.ldh;                       // b1 of the block's hidden half, then its output bias
-  l.v = l.bias + (Hh + (A * Z > Z ? A * Z : Z) + 3) / 4 * 4;
-  l.adv = l.v + (dist ? kHfRows * Z : 0);               // v of the rows (branch blocks, from the value blocks)
-  l.words = l.adv + (dist ? kHfRows * A * Z : 0);       // the branch's advantages of the rows
+  l.w1 = 0;                                           // the block's W1 rows [round8(hn), ldx]
+  l.w2 = l.w1 + round8(hc_split(Hh)) * l.ldx;         // its output rows [round8(on), ldh]
+  l.x = l.w2 + round8(on_max) * l.ldh;                // the rows' input (tf32); later the branch's advantages
+  l.h = l.x + max(kHcRows * l.ldx, dist ? kHcRows * az : 0);
+  l.v = l.h + kHcRows * l.ldh;                        // the stream's hidden rows (tf32), both halves
+  l.bias = l.v + (dist ? kHcRows * Z : 0);            // v of the rows (branch blocks, from the value blocks)
+  l.words = l.bias + (Hh + on_max + 3) / 4 * 4;       // b1 of the hidden half, then the output bias
   return l;
+}
+
+__device__ __forceinline__ void hc_cp_async4(float* dst, const float* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void hc_cp_async16(float* dst, const float* src, int bytes) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(bytes));
+}
+
+/// Requests rows [0, n) of W (k contiguous floats each) into dst (row stride ld), zero-filling
+/// columns [k, round8(k)) and rows [n, round8(n)) (what the mma reads beyond them), then commits
+/// the group. 16-byte copies where W is 16-byte aligned and k a multiple of 4.
+__device__ __forceinline__ void hc_stage(float* dst, int ld, const float* W, int n, int k) {
+  const int n8 = round8(n), k8 = round8(k);
+  if (dev::aligned16(W) && k % 4 == 0) {
+    const int cpr = k8 / 4;
+    for (int i = threadIdx.x; i < n8 * cpr; i += kHfThreads) {
+      const int r = i / cpr, c = (i - r * cpr) * 4;
+      const bool ok = r < n && c < k;
+      hc_cp_async16(dst + r * ld + c, ok ? W + static_cast<std::int64_t>(r) * k + c : W, ok ? 16 : 0);
+    }
+  } else {
+    for (int i = threadIdx.x; i < n8 * k8; i += kHfThreads) {
+      const int r = i / k8, c = i - r * k8;
+      const bool ok = r < n && c < k;
+      hc_cp_async4(dst + r * ld + c, ok ? W + static_cast<std::int64_t>(r) * k + c : W, ok);
+    }
+  }
+  asm volatile("cp.async.commit_group;\n" ::);
 }
 
 __device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
 
-/// Grid (2·(1 + D), row tiles of 16), clusters of 2·(1 + D) along x (see above). hf_block_gemm with
-/// one n-tile a warp where the block's columns fit in one pass, else two.
-template <class Epi>
-__device__ __forceinline__ void hc_gemm(const HfSeg& seg, int K, Epi&& epi) {
-  const HfSeg none{seg.As, seg.lda, seg.W, 0};
-  if (seg.tiles() <= kHfWarps)
-    hf_block_gemm<1>(seg, none, K, epi);
-  else
-    hf_block_gemm<2>(seg, none, K, epi);
+/// out[32, N] = As[32, K] · Wsᵀ from shared memory: As tf32 words (row stride lda, zero beyond K
+/// up to round8(K)), Ws floats [round8(N), ldw] zero-padded likewise. Warp w takes n-tiles w,
+/// w + 8, … (NT at once); epi(row, col, value) for every col < N. Fixed order over k.
+template <int NT, class Epi>
+__device__ __forceinline__ void hc_gemm_nt(const std::uint32_t* As, int lda, const float* Ws, int ldw, int N, int K,
+                                           Epi& epi) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
+  const int tiles = (N + 7) / 8, K8 = round8(K);
+  for (int first = warp; first < tiles; first += kHfWarps * NT) {
+    float acc[NT][2][4] = {};
+    for (int k = 0; k < K8; k += 8) {
+      std::uint32_t a[2][4];
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        const std::uint32_t* ar = As + (m * 16 + g) * lda + k + t;
+        a[m][0] = ar[0];
+        a[m][1] = ar[8 * lda];
+        a[m][2] = ar[4];
+        a[m][3] = ar[8 * lda + 4];
+      }
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const int tile = first + j * kHfWarps;
+        if (tile >= tiles) break;
+        const float* wr = Ws + (tile * 8 + g) * ldw + k + t;
+        const std::uint32_t b0 = to_tf32(wr[0]), b1 = to_tf32(wr[4]);
+#pragma unroll
+        for (int m = 0; m < 2; ++m) mma_tf32(acc[j][m], a[m], b0, b1);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int tile = first + j * kHfWarps;
+      if (tile >= tiles) break;
+      const int c = tile * 8 + 2 * t;
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        if (c < N) {
+          epi(m * 16 + g, c, acc[j][m][0]);
+          epi(m * 16 + g + 8, c, acc[j][m][2]);
+        }
+        if (c + 1 < N) {
+          epi(m * 16 + g, c + 1, acc[j][m][1]);
+          epi(m * 16 + g + 8, c + 1, acc[j][m][3]);
+        }
+      }
+    }
+  }
 }
 
+template <class Epi>
+__device__ __forceinline__ void hc_gemm(const std::uint32_t* As, int lda, const float* Ws, int ldw, int N, int K,
+                                        Epi&& epi) {
+  if ((N + 7) / 8 <= kHfWarps)
+    hc_gemm_nt<1>(As, lda, Ws, ldw, N, K, epi);
+  else
+    hc_gemm_nt<2>(As, lda, Ws, ldw, N, K, epi);
+}
+
+/// Grid (2·(1 + D), row tiles of 32), clusters of 2·(1 + D) along x (see above).
 __global__ void __launch_bounds__(kHfThreads) head_forward_cluster_kernel(HeadForward a, float dz) {
   namespace cg = cooperative_groups;
-  dev::pdl_entry();
-  cluster_arrive_relaxed();  // this block runs: the others may write into its shared memory
   extern __shared__ float hc_shared[];
-  cg::cluster_group cluster = cg::this_cluster();
   const int H2 = a.H2, Hh = a.Hh, D = a.D, A = a.A, Z = a.Z, az = A * Z, hc = (1 + D) * Hh;
   const bool dist = a.logp.p != nullptr;
   const int lda = ld_or(a.ldadv, az);  // adv's (row, branch) stride
   const HcLayout L = hc_layout(H2, Hh, A, Z, dist);
   const int rank = static_cast<int>(blockIdx.x), s = rank >> 1, h = rank & 1, cs = 2 * (1 + D);
+  float* w1s = hc_shared + L.w1;
+  float* w2s = hc_shared + L.w2;
   std::uint32_t* xs = reinterpret_cast<std::uint32_t*>(hc_shared + L.x);
+  float* advs = hc_shared + L.x;  // after the hidden layer
   std::uint32_t* hs = reinterpret_cast<std::uint32_t*>(hc_shared + L.h);
-  float* bias = hc_shared + L.bias;
   float* vs = hc_shared + L.v;
-  float* advs = hc_shared + L.adv;
-  const int r0 = blockIdx.y * kHfRows;
-  const int nrows = min(kHfRows, a.rows - r0);
+  float* bias = hc_shared + L.bias;
   // this block's columns: [hc0, hc0 + hn) of the stream's hidden layer, [oc0, oc0 + on) of its output
   const int hsplit = hc_split(Hh), hc0 = h ? hsplit : 0, hn = h ? Hh - hsplit : hsplit;
   const int N2 = s == 0 ? Z : az, osplit = hc_split(N2), oc0 = h ? osplit : 0, on = h ? N2 - osplit : osplit;
-  const float* X = static_cast<const float*>(a.x.p) + static_cast<std::int64_t>(r0) * a.ldx;
-  hf_load_tile(reinterpret_cast<float*>(xs), L.ldx, X, a.ldx, nrows, H2, (H2 + 7) / 8 * 8, true);
+  // the weights first: no kernel this one waits for writes them
+  hc_stage(w1s, L.ldx, static_cast<const float*>(a.w1.p) + static_cast<std::int64_t>(s * Hh + hc0) * H2, hn, H2);
+  hc_stage(w2s, L.ldh,
+           s == 0 ? static_cast<const float*>(a.wv2.p) + static_cast<std::int64_t>(oc0) * Hh
+                  : static_cast<const float*>(a.wb2.p) + (static_cast<std::int64_t>(s - 1) * ld_or(a.wb2_rows, az) + oc0) * Hh,
+           on, Hh);
   {
     const float* B1 = static_cast<const float*>(a.b1.p) + s * Hh + hc0;
     const float* B2 = s == 0 ? static_cast<const float*>(a.bv2.p) + oc0
                              : static_cast<const float*>(a.bb2.p) + static_cast<std::int64_t>(s - 1) * ld_or(a.wb2_rows, az) + oc0;
     for (int i = threadIdx.x; i < hn + on; i += kHfThreads) bias[i] = i < hn ? B1[i] : B2[i - hn];
   }
-  const int K8h = (Hh + 7) / 8 * 8;
-  for (int i = threadIdx.x; i < kHfRows * (K8h - Hh); i += kHfThreads) {  // hs's k padding (each block its own)
+  dev::pdl_entry();
+  cluster_arrive_relaxed();  // this block runs: the others may write into its shared memory
+  cg::cluster_group cluster = cg::this_cluster();
+  const int r0 = blockIdx.y * kHcRows;
+  const int nrows = min(kHcRows, a.rows - r0);
+  {  // the rows' input → tf32 words (zero beyond the rows and beyond H2, up to round8(H2))
+    const float* X = static_cast<const float*>(a.x.p) + static_cast<std::int64_t>(r0) * a.ldx;
+    const int w = round8(H2), total = kHcRows * w;
+    for (int base = threadIdx.x; base < total; base += kHfThreads * kHfLoad) {
+      float v[kHfLoad];
+#pragma unroll
+      for (int u = 0; u < kHfLoad; ++u) {
+        const int i = base + u * kHfThreads, r = i / w, c = i - r * w;
+        v[u] = i < total && r < nrows && c < H2 ? __ldg(X + static_cast<std::int64_t>(r) * a.ldx + c) : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kHfLoad; ++u) {
+        const int i = base + u * kHfThreads, r = i / w, c = i - r * w;
+        if (i < total) xs[r * L.ldx + c] = to_tf32(v[u]);
+      }
+    }
+  }
+  const int K8h = round8(Hh);
+  for (int i = threadIdx.x; i < kHcRows * (K8h - Hh); i += kHfThreads) {  // hs's k padding (each block its own)
     const int r = i / (K8h - Hh), c = Hh + i % (K8h - Hh);
     hs[r * L.ldh + c] = 0u;
   }
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // W1's rows are in
   __syncthreads();
   cluster_wait();  // every block of the cluster runs
   {  // 1. the block's half of the stream's hidden layer, into its own and its partner's hs
     std::uint32_t* peer = cluster.map_shared_rank(hs, rank ^ 1);
-    const float* W1 = static_cast<const float*>(a.w1.p) + static_cast<std::int64_t>(s * Hh + hc0) * H2;
     float* HID = static_cast<float*>(a.hidden.p);
-    auto epi = [&](int, int r, int c, float acc) {
+    hc_gemm(xs, L.ldx, w1s, L.ldx, hn, H2, [&](int r, int c, float acc) {
       const float y = fmaxf(acc + bias[c], 0.0f);
       const std::uint32_t u = to_tf32(y);
       hs[r * L.ldh + hc0 + c] = u;
       peer[r * L.ldh + hc0 + c] = u;
       if (r < nrows) HID[static_cast<std::int64_t>(r0 + r) * hc + s * Hh + hc0 + c] = y;
-    };
-    hc_gemm(HfSeg{xs, L.ldx, W1, hn}, H2, epi);
+    });
   }
-  cluster.sync();  // both halves of hs are written
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");  // the output rows are in
+  cluster.sync();  // both halves of hs are written; every block is done with its input rows
   {  // 2. the block's half of the stream's output layer
-    const float* W2 = s == 0 ? static_cast<const float*>(a.wv2.p) + static_cast<std::int64_t>(oc0) * Hh
-                             : static_cast<const float*>(a.wb2.p) +
-                                   (static_cast<std::int64_t>(s - 1) * ld_or(a.wb2_rows, az) + oc0) * Hh;
     const float* B2 = bias + hn;
     float* VO = static_cast<float*>(a.v.p);
     float* ADVO = static_cast<float*>(a.adv.p);
@@ -1017,7 +1124,7 @@ __global__ void __launch_bounds__(kHfThreads) head_forward_cluster_kernel(HeadFo
       }
     }
     const int ldo = s == 0 ? Z : az;
-    auto epi = [&](int, int r, int c, float acc) {
+    hc_gemm(hs, L.ldh, w2s, L.ldh, on, Hh, [&](int r, int c, float acc) {
       const float y = acc + B2[c];
       const int col = oc0 + c;
       if (r < nrows) {
@@ -1027,14 +1134,13 @@ __global__ void __launch_bounds__(kHfThreads) head_forward_cluster_kernel(HeadFo
           ADVO[(static_cast<std::int64_t>(r0 + r) * D + (s - 1)) * lda + col] = y;
       }
       for (int k = 0; k < nto; ++k) to[k][r * ldo + col] = y;
-    };
-    hc_gemm(HfSeg{hs, L.ldh, W2, on}, Hh, epi);
+    });
   }
   if (!dist) return;  // nothing was written into another block's shared memory after the barrier
   cluster.sync();     // v and both halves of the advantages are in every branch block
   if (s == 0) return;
   // 3. the distributions of branch d: half h of the rows, a warp per row
-  const int d = s - 1, half = (kHfRows + 1) / 2;
+  const int d = s - 1, half = kHcRows / 2;
   const float v_min = a.v_min;
   for (int rl = h * half + (threadIdx.x >> 5); rl < min(nrows, (h + 1) * half); rl += kHfWarps) {
     const std::int64_t row = r0 + rl, rd = row * D + d;
@@ -1171,7 +1277,7 @@ cudaError_t head_forward_cluster(cudaStream_t s, const HeadForward& a) {
   attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
   attr[1] = dev::pdl_attribute();
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(2 * (1 + a.D)), static_cast<unsigned>((a.rows + kHfRows - 1) / kHfRows));
+  cfg.gridDim = dim3(static_cast<unsigned>(2 * (1 + a.D)), static_cast<unsigned>((a.rows + kHcRows - 1) / kHcRows));
   cfg.blockDim = dim3(kHfThreads);
   cfg.dynamicSmemBytes = shared;
   cfg.stream = s;

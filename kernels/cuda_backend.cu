@@ -1075,10 +1075,9 @@ class CudaBackend final : public Backend {
     if ((a.wv2_rows != 0 && a.wv2_rows < a.Z) || (a.wb2_rows != 0 && a.wb2_rows < a.A * a.Z))
       return fail(op, "wv2_rows/wb2_rows smaller than Z/A·Z");
     const bool sizes = a.rows > 0 && a.H2 > 0 && a.Hh > 0 && a.D > 0 && a.D <= 65535 && a.A > 0 && a.Z > 0;
-    const bool cluster =
-        sizes && 2 * (1 + a.D) <= cuda::kHeadClusterMax && (!a.logp || a.A <= 8) && (!a.logp || a.Z <= 64) &&
-        fuse_head(kFuseCluster, a.rows, 1 + a.D,  // 2·(1 + D) blocks per 32 rows
-                  cuda::head_forward_cluster_shared_bytes(a.H2, a.Hh, a.A, a.Z, static_cast<bool>(a.logp)));
+    const bool cluster = sizes && 2 * (1 + a.D) <= cuda::kHeadClusterMax &&
+                         fuse_head(kFuseCluster, a.rows, 1 + a.D,  // 2·(1 + D) blocks per 32 rows
+                                   cuda::head_forward_cluster_shared_bytes(a.H2, a.Hh, a.A, a.Z));
     if (!cluster &&
         (!sizes || !fuse_head(kFuseForward, a.rows, a.D, cuda::head_forward_shared_bytes(a.H2, a.Hh, a.A, a.Z))))
       return head_forward_beside(a);
@@ -1092,8 +1091,13 @@ class CudaBackend final : public Backend {
       return;
     if (a.logp && !real_ok(a.logp, op, "logp")) return;
     if (a.q && !real_ok(a.q, op, "q")) return;
+    if (cluster) {  // the value and advantage layers; then the distribution as the composed path's
+      if (!planning_ && !DQN_CUDA_OK(op, cuda::head_forward_cluster(stream_, a))) return;
+      if (a.logp) dueling_dist(head_forward_ops(a).dist);
+      return;
+    }
     if (planning_) return;
-    DQN_CUDA_OK(op, cluster ? cuda::head_forward_cluster(stream_, a) : cuda::head_forward(stream_, a));
+    DQN_CUDA_OK(op, cuda::head_forward(stream_, a));
   }
 
   /// head_forward_composed with the value GEMM on the lane's side slot, beside the advantage

@@ -616,7 +616,6 @@ __global__ void __launch_bounds__(kColTile * kRowThreads)
 // --- the fused head forward (tf32 tensor cores) ----------------------------------------------
 
 constexpr int kHfRows = kHeadBlockRows;
-constexpr int kHcMaxCluster = kHeadClusterMax;
 constexpr int kHfWarps = 8;
 constexpr int kHfThreads = 32 * kHfWarps;
 constexpr int kHfTiles = 5;     // n-tiles of 8 columns a warp carries at once
@@ -907,38 +906,42 @@ __global__ void __launch_bounds__(kHfThreads) head_forward_kernel(HeadForward a,
 
 // --- the cluster head forward (tf32 tensor cores, weights shared across a cluster) -----------
 //
-// A cluster of 2·(1 + D) blocks per 32 rows: blocks 2s and 2s + 1 own stream s (s = 0 the value
+// The value and advantage layers of head_forward (the distribution is dueling_dist's, after it) in
+// clusters of 2·(1 + D) blocks per 32 rows: blocks 2s and 2s + 1 own stream s (s = 0 the value
 // stream, s = 1 + d branch d), each half of the stream's hidden columns and half of its output
-// columns, so every weight is read once per cluster (the kernel above reads the value stream's
-// weights in every branch's block, and every block reads whole layers). A block copies its two
-// weight slices into shared memory first, before it waits for the kernel that writes its input
-// (programmatic launch: the copies overlap the trunk's last layer). The halves of a stream's hidden
-// layer meet in both blocks' shared memory (distributed shared memory) before the output layer;
-// with the distribution, the value blocks send v to every branch block and the two blocks of a
-// branch exchange their advantages, and each takes half of the rows' distributions.
+// columns, so every weight is read once per cluster (the block kernel above reads the value
+// stream's weights in every branch's block, and every block reads whole layers). A block copies
+// its two weight slices into shared memory first, before it waits for the kernel that writes its
+// input (programmatic launch: the copies overlap the trunk's last layer). The halves of a
+// stream's hidden layer meet in both blocks' shared memory (distributed shared memory) before the
+// output layer; the hidden layer's global stores follow the cluster barrier, whose release
+// would otherwise wait for them.
 
 constexpr int kHcRows = 2 * kHfRows;  // rows of a cluster: two m16 tiles
+
+__device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
 
 /// Columns of half 0 of n output columns (whole 8-column tiles where n allows).
 __host__ __device__ inline int hc_split(int n) { return min(n, ((n + 1) / 2 + 7) / 8 * 8); }
 __host__ __device__ inline int round8(int n) { return (n + 7) / 8 * 8; }
 
 struct HcLayout {  ///< shared memory of one block of the cluster head forward, in 4-byte words
-  int ldx, ldh, w1, w2, x, h, v, bias, words;
+  int ldx, ldh, w1, w2, x, h, hf, bias, words;
 };
 
-__host__ __device__ inline HcLayout hc_layout(int H2, int Hh, int A, int Z, bool dist) {
+__host__ __device__ inline HcLayout hc_layout(int H2, int Hh, int A, int Z) {
   HcLayout l{};
-  const int az = A * Z, on_max = max(hc_split(Z), hc_split(az));
+  const int on_max = max(hc_split(Z), hc_split(A * Z)), hn_max = hc_split(Hh);
   l.ldx = hf_lda(H2);
   l.ldh = hf_lda(Hh);
-  l.w1 = 0;                                           // the block's W1 rows [round8(hn), ldx]
-  l.w2 = l.w1 + round8(hc_split(Hh)) * l.ldx;         // its output rows [round8(on), ldh]
-  l.x = l.w2 + round8(on_max) * l.ldh;                // the rows' input (tf32); later the branch's advantages
-  l.h = l.x + max(kHcRows * l.ldx, dist ? kHcRows * az : 0);
-  l.v = l.h + kHcRows * l.ldh;                        // the stream's hidden rows (tf32), both halves
-  l.bias = l.v + (dist ? kHcRows * Z : 0);            // v of the rows (branch blocks, from the value blocks)
-  l.words = l.bias + (Hh + on_max + 3) / 4 * 4;       // b1 of the hidden half, then the output bias
+  l.w1 = 0;                                    // the block's W1 rows [round8(hn), ldx]
+  l.w2 = l.w1 + round8(hn_max) * l.ldx;        // its output rows [round8(on), ldh]
+  l.x = l.w2 + round8(on_max) * l.ldh;         // the rows' input (tf32) [32, ldx]
+  l.h = l.x + kHcRows * l.ldx;                 // the stream's hidden rows (tf32), both halves [32, ldh]
+  l.hf = l.h + kHcRows * l.ldh;                // the block's hidden half as floats [32, hn], for the stores
+  l.bias = l.hf + kHcRows * hn_max;            // b1 of the hidden half, then the output bias
+  l.words = l.bias + (hn_max + on_max + 3) / 4 * 4;
   return l;
 }
 
@@ -953,28 +956,25 @@ __device__ __forceinline__ void hc_cp_async16(float* dst, const float* src, int 
 
 /// Requests rows [0, n) of W (k contiguous floats each) into dst (row stride ld), zero-filling
 /// columns [k, round8(k)) and rows [n, round8(n)) (what the mma reads beyond them), then commits
-/// the group. 16-byte copies where W is 16-byte aligned and k a multiple of 4.
+/// the group: a warp per row, lanes along it. 16-byte copies where W is 16-byte aligned and k a
+/// multiple of 4.
 __device__ __forceinline__ void hc_stage(float* dst, int ld, const float* W, int n, int k) {
-  const int n8 = round8(n), k8 = round8(k);
+  const int n8 = round8(n), k8 = round8(k), lane = threadIdx.x & 31;
   if (dev::aligned16(W) && k % 4 == 0) {
-    const int cpr = k8 / 4;
-    for (int i = threadIdx.x; i < n8 * cpr; i += kHfThreads) {
-      const int r = i / cpr, c = (i - r * cpr) * 4;
-      const bool ok = r < n && c < k;
-      hc_cp_async16(dst + r * ld + c, ok ? W + static_cast<std::int64_t>(r) * k + c : W, ok ? 16 : 0);
-    }
+    for (int r = threadIdx.x >> 5; r < n8; r += kHfWarps)
+      for (int c = 4 * lane; c < k8; c += 128) {
+        const bool ok = r < n && c < k;
+        hc_cp_async16(dst + r * ld + c, ok ? W + static_cast<std::int64_t>(r) * k + c : W, ok ? 16 : 0);
+      }
   } else {
-    for (int i = threadIdx.x; i < n8 * k8; i += kHfThreads) {
-      const int r = i / k8, c = i - r * k8;
-      const bool ok = r < n && c < k;
-      hc_cp_async4(dst + r * ld + c, ok ? W + static_cast<std::int64_t>(r) * k + c : W, ok);
-    }
+    for (int r = threadIdx.x >> 5; r < n8; r += kHfWarps)
+      for (int c = lane; c < k8; c += 32) {
+        const bool ok = r < n && c < k;
+        hc_cp_async4(dst + r * ld + c, ok ? W + static_cast<std::int64_t>(r) * k + c : W, ok);
+      }
   }
   asm volatile("cp.async.commit_group;\n" ::);
 }
-
-__device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
 
 /// out[32, N] = As[32, K] · Wsᵀ from shared memory: As tf32 words (row stride lda, zero beyond K
 /// up to round8(K)), Ws floats [round8(N), ldw] zero-padded likewise. Warp w takes n-tiles w,
@@ -1036,20 +1036,19 @@ __device__ __forceinline__ void hc_gemm(const std::uint32_t* As, int lda, const 
 }
 
 /// Grid (2·(1 + D), row tiles of 32), clusters of 2·(1 + D) along x (see above).
-__global__ void __launch_bounds__(kHfThreads) head_forward_cluster_kernel(HeadForward a, float dz) {
+__global__ void __launch_bounds__(kHfThreads) head_forward_cluster_kernel(HeadForward a) {
   namespace cg = cooperative_groups;
   extern __shared__ float hc_shared[];
   const int H2 = a.H2, Hh = a.Hh, D = a.D, A = a.A, Z = a.Z, az = A * Z, hc = (1 + D) * Hh;
-  const bool dist = a.logp.p != nullptr;
   const int lda = ld_or(a.ldadv, az);  // adv's (row, branch) stride
-  const HcLayout L = hc_layout(H2, Hh, A, Z, dist);
-  const int rank = static_cast<int>(blockIdx.x), s = rank >> 1, h = rank & 1, cs = 2 * (1 + D);
+  const HcLayout L = hc_layout(H2, Hh, A, Z);
+  const int rank = static_cast<int>(blockIdx.x), s = rank >> 1, h = rank & 1;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float* w1s = hc_shared + L.w1;
   float* w2s = hc_shared + L.w2;
   std::uint32_t* xs = reinterpret_cast<std::uint32_t*>(hc_shared + L.x);
-  float* advs = hc_shared + L.x;  // after the hidden layer
   std::uint32_t* hs = reinterpret_cast<std::uint32_t*>(hc_shared + L.h);
-  float* vs = hc_shared + L.v;
+  float* hf = hc_shared + L.hf;
   float* bias = hc_shared + L.bias;
   // this block's columns: [hc0, hc0 + hn) of the stream's hidden layer, [oc0, oc0 + on) of its output
   const int hsplit = hc_split(Hh), hc0 = h ? hsplit : 0, hn = h ? Hh - hsplit : hsplit;
@@ -1071,21 +1070,33 @@ __global__ void __launch_bounds__(kHfThreads) head_forward_cluster_kernel(HeadFo
   cg::cluster_group cluster = cg::this_cluster();
   const int r0 = blockIdx.y * kHcRows;
   const int nrows = min(kHcRows, a.rows - r0);
-  {  // the rows' input → tf32 words (zero beyond the rows and beyond H2, up to round8(H2))
+  {  // the rows' input → tf32 words (zero beyond the rows and beyond H2, up to round8(H2)); a warp
+     // per row, every load of the block in flight at once where the rows allow 16-byte loads
     const float* X = static_cast<const float*>(a.x.p) + static_cast<std::int64_t>(r0) * a.ldx;
-    const int w = round8(H2), total = kHcRows * w;
-    for (int base = threadIdx.x; base < total; base += kHfThreads * kHfLoad) {
-      float v[kHfLoad];
+    const int w = round8(H2);
+    if (dev::aligned16(X) && a.ldx % 4 == 0 && w <= 128 * 2) {
+      float4 v[kHcRows / kHfWarps][2];
 #pragma unroll
-      for (int u = 0; u < kHfLoad; ++u) {
-        const int i = base + u * kHfThreads, r = i / w, c = i - r * w;
-        v[u] = i < total && r < nrows && c < H2 ? __ldg(X + static_cast<std::int64_t>(r) * a.ldx + c) : 0.0f;
-      }
+      for (int i = 0; i < kHcRows / kHfWarps; ++i)
 #pragma unroll
-      for (int u = 0; u < kHfLoad; ++u) {
-        const int i = base + u * kHfThreads, r = i / w, c = i - r * w;
-        if (i < total) xs[r * L.ldx + c] = to_tf32(v[u]);
-      }
+        for (int j = 0; j < 2; ++j) {
+          const int r = warp + i * kHfWarps, c = 4 * lane + 128 * j;
+          v[i][j] = r < nrows && c < H2 ? __ldg(reinterpret_cast<const float4*>(X + static_cast<std::int64_t>(r) * a.ldx + c))
+                                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+      for (int i = 0; i < kHcRows / kHfWarps; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int r = warp + i * kHfWarps, c = 4 * lane + 128 * j;
+          if (c >= w) continue;
+          std::uint32_t* d = xs + r * L.ldx + c;
+          d[0] = to_tf32(v[i][j].x); d[1] = to_tf32(v[i][j].y); d[2] = to_tf32(v[i][j].z); d[3] = to_tf32(v[i][j].w);
+        }
+    } else {
+      for (int r = warp; r < kHcRows; r += kHfWarps)
+        for (int c = lane; c < w; c += 32)
+          xs[r * L.ldx + c] = to_tf32(r < nrows && c < H2 ? __ldg(X + static_cast<std::int64_t>(r) * a.ldx + c) : 0.0f);
     }
   }
   const int K8h = round8(Hh);
@@ -1098,56 +1109,34 @@ __global__ void __launch_bounds__(kHfThreads) head_forward_cluster_kernel(HeadFo
   cluster_wait();  // every block of the cluster runs
   {  // 1. the block's half of the stream's hidden layer, into its own and its partner's hs
     std::uint32_t* peer = cluster.map_shared_rank(hs, rank ^ 1);
-    float* HID = static_cast<float*>(a.hidden.p);
     hc_gemm(xs, L.ldx, w1s, L.ldx, hn, H2, [&](int r, int c, float acc) {
       const float y = fmaxf(acc + bias[c], 0.0f);
       const std::uint32_t u = to_tf32(y);
       hs[r * L.ldh + hc0 + c] = u;
       peer[r * L.ldh + hc0 + c] = u;
-      if (r < nrows) HID[static_cast<std::int64_t>(r0 + r) * hc + s * Hh + hc0 + c] = y;
+      hf[r * hn + c] = y;
     });
   }
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");  // the output rows are in
-  cluster.sync();  // both halves of hs are written; every block is done with its input rows
-  {  // 2. the block's half of the stream's output layer
-    const float* B2 = bias + hn;
-    float* VO = static_cast<float*>(a.v.p);
-    float* ADVO = static_cast<float*>(a.adv.p);
-    float* to[kHcMaxCluster];  // where the results go in the cluster's shared memory (dist only)
-    int nto = 0;
-    if (dist) {
-      if (s == 0)
-        for (int k = 2; k < cs; ++k) to[nto++] = cluster.map_shared_rank(vs, k);
-      else {
-        to[nto++] = advs;
-        to[nto++] = cluster.map_shared_rank(advs, rank ^ 1);
-      }
-    }
-    const int ldo = s == 0 ? Z : az;
-    hc_gemm(hs, L.ldh, w2s, L.ldh, on, Hh, [&](int r, int c, float acc) {
-      const float y = acc + B2[c];
-      const int col = oc0 + c;
-      if (r < nrows) {
-        if (s == 0)
-          VO[static_cast<std::int64_t>(r0 + r) * a.ldv + col] = y;
-        else
-          ADVO[(static_cast<std::int64_t>(r0 + r) * D + (s - 1)) * lda + col] = y;
-      }
-      for (int k = 0; k < nto; ++k) to[k][r * ldo + col] = y;
-    });
+  cluster.sync();  // both halves of hs are written (and no block reads another's memory after this)
+  {  // the hidden half's stores, a warp per row
+    float* HID = static_cast<float*>(a.hidden.p) + static_cast<std::int64_t>(r0) * hc + s * Hh + hc0;
+    for (int r = warp; r < nrows; r += kHfWarps)
+      for (int c = lane; c < hn; c += 32) HID[static_cast<std::int64_t>(r) * hc + c] = hf[r * hn + c];
   }
-  if (!dist) return;  // nothing was written into another block's shared memory after the barrier
-  cluster.sync();     // v and both halves of the advantages are in every branch block
-  if (s == 0) return;
-  // 3. the distributions of branch d: half h of the rows, a warp per row
-  const int d = s - 1, half = kHcRows / 2;
-  const float v_min = a.v_min;
-  for (int rl = h * half + (threadIdx.x >> 5); rl < min(nrows, (h + 1) * half); rl += kHfWarps) {
-    const std::int64_t row = r0 + rl, rd = row * D + d;
-    float* Q = a.q.p ? static_cast<float*>(a.q.p) + rd * A : nullptr;
-    std::int32_t* star = Q && a.a_star && row >= a.star_from ? a.a_star + (row - a.star_from) * D + d : nullptr;
-    dist_warp<float>(vs + rl * Z, advs + rl * az, A, Z, v_min, dz, static_cast<float*>(a.logp.p) + rd * az, Q, star);
-  }
+  // 2. the block's half of the stream's output layer
+  const float* B2 = bias + hn;
+  float* VO = static_cast<float*>(a.v.p);
+  float* ADVO = static_cast<float*>(a.adv.p);
+  hc_gemm(hs, L.ldh, w2s, L.ldh, on, Hh, [&](int r, int c, float acc) {
+    if (r >= nrows) return;
+    const float y = acc + B2[c];
+    const int col = oc0 + c;
+    if (s == 0)
+      VO[static_cast<std::int64_t>(r0 + r) * a.ldv + col] = y;
+    else
+      ADVO[(static_cast<std::int64_t>(r0 + r) * D + (s - 1)) * lda + col] = y;
+  });
 }
 
 /// Grid (row tiles of 16, 1 + D): block (r, 0) computes dhidden_v = (dv · Wv2) ⊙ [hidden_v > 0]
@@ -1264,13 +1253,12 @@ cudaError_t head_forward(cudaStream_t s, const HeadForward& a) {
   return cudaGetLastError();
 }
 
-std::size_t head_forward_cluster_shared_bytes(int H2, int Hh, int A, int Z, bool dist) {
-  return static_cast<std::size_t>(hc_layout(H2, Hh, A, Z, dist).words) * 4;
+std::size_t head_forward_cluster_shared_bytes(int H2, int Hh, int A, int Z) {
+  return static_cast<std::size_t>(hc_layout(H2, Hh, A, Z).words) * 4;
 }
 
 cudaError_t head_forward_cluster(cudaStream_t s, const HeadForward& a) {
-  const bool dist = a.logp.p != nullptr;
-  const std::size_t shared = head_forward_cluster_shared_bytes(a.H2, a.Hh, a.A, a.Z, dist);
+  const std::size_t shared = head_forward_cluster_shared_bytes(a.H2, a.Hh, a.A, a.Z);
   cudaLaunchAttribute attr[2]{};
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = static_cast<unsigned>(2 * (1 + a.D));
@@ -1283,8 +1271,7 @@ cudaError_t head_forward_cluster(cudaStream_t s, const HeadForward& a) {
   cfg.stream = s;
   cfg.attrs = attr;
   cfg.numAttrs = dev::pdl_for(shared) ? 2 : 1;
-  return cudaLaunchKernelEx(&cfg, head_forward_cluster_kernel, a,
-                            static_cast<float>(support_step(a.v_min, a.v_max, a.Z)));
+  return cudaLaunchKernelEx(&cfg, head_forward_cluster_kernel, a);
 }
 
 std::size_t head_backward_inputs_shared_bytes(int Hh, int A, int Z) {

@@ -40,9 +40,10 @@ std::size_t head_forward_shared_bytes(int H2, int Hh, int A, int Z);
 cudaError_t head_forward(cudaStream_t s, const HeadForward& a);
 /// Blocks of a cluster of the cluster head forward at most (2·(1 + D) blocks: D ≤ 3).
 inline constexpr int kHeadClusterMax = 8;
-/// The cluster head forward (tf32 mma; head_forward in clusters of 2·(1 + D) blocks that share
-/// the weights, 16 rows a cluster): its dynamic shared memory (dist: logp requested) and the launch.
-std::size_t head_forward_cluster_shared_bytes(int H2, int Hh, int A, int Z, bool dist);
+/// The cluster head forward (tf32 mma; head_forward's value and advantage layers in clusters of
+/// 2·(1 + D) blocks that share the weights, 32 rows a cluster; logp, q and a* are not written:
+/// dueling_dist's): its dynamic shared memory and the launch.
+std::size_t head_forward_cluster_shared_bytes(int H2, int Hh, int A, int Z);
 cudaError_t head_forward_cluster(cudaStream_t s, const HeadForward& a);
 /// The fused input side of the head's backward (head_backward_inputs): shared memory and launch.
 std::size_t head_backward_inputs_shared_bytes(int Hh, int A, int Z);

@@ -1067,9 +1067,10 @@ class CudaBackend final : public Backend {
            blocks <= 2 * std::int64_t(props_.multiProcessorCount) && shared <= head_shared_max_;
   }
 
-  /// tf32 and few rows: one kernel (tensor-core mma, a block per 16 rows and branch); other
-  /// precisions, many rows, sizes beyond its shared memory, or DQN_FUSED_HEAD=0: the composed
-  /// GEMMs and dueling_dist.
+  /// tf32, few rows and DQN_FUSED_HEAD=1/forward: one kernel (tensor-core mma, a block per 16 rows
+  /// and branch); DQN_FUSED_HEAD=cluster (D ≤ 3): the value and advantage layers in clusters of
+  /// 2·(1 + D) blocks sharing the weights, then dueling_dist; other precisions, many rows, sizes
+  /// beyond their shared memory, or DQN_FUSED_HEAD unset/0: the composed GEMMs and dueling_dist.
   void head_forward(const HeadForward& a) noexcept override {
     constexpr const char* op = "head_forward";
     if ((a.wv2_rows != 0 && a.wv2_rows < a.Z) || (a.wb2_rows != 0 && a.wb2_rows < a.A * a.Z))

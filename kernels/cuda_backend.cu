@@ -1068,15 +1068,15 @@ class CudaBackend final : public Backend {
   }
 
   /// tf32, few rows and DQN_FUSED_HEAD=1/forward: one kernel (tensor-core mma, a block per 16 rows
-  /// and branch); DQN_FUSED_HEAD=cluster (D ≤ 3): the value and advantage layers in clusters of
-  /// 2·(1 + D) blocks sharing the weights, then dueling_dist; other precisions, many rows, sizes
+  /// and branch); DQN_FUSED_HEAD=cluster: the value and advantage layers in clusters of two blocks
+  /// per stream sharing its weights, then dueling_dist; other precisions, many rows, sizes
   /// beyond their shared memory, or DQN_FUSED_HEAD unset/0: the composed GEMMs and dueling_dist.
   void head_forward(const HeadForward& a) noexcept override {
     constexpr const char* op = "head_forward";
     if ((a.wv2_rows != 0 && a.wv2_rows < a.Z) || (a.wb2_rows != 0 && a.wb2_rows < a.A * a.Z))
       return fail(op, "wv2_rows/wb2_rows smaller than Z/A·Z");
     const bool sizes = a.rows > 0 && a.H2 > 0 && a.Hh > 0 && a.D > 0 && a.D <= 65535 && a.A > 0 && a.Z > 0;
-    const bool cluster = sizes && 2 * (1 + a.D) <= cuda::kHeadClusterMax &&
+    const bool cluster = sizes &&
                          fuse_head(kFuseCluster, a.rows, 1 + a.D,  // 2·(1 + D) blocks per 32 rows
                                    cuda::head_forward_cluster_shared_bytes(a.H2, a.Hh, a.A, a.Z));
     if (!cluster &&

@@ -906,16 +906,17 @@ __global__ void __launch_bounds__(kHfThreads) head_forward_kernel(HeadForward a,
 
 // --- the cluster head forward (tf32 tensor cores, weights shared across a cluster) -----------
 //
-// The value and advantage layers of head_forward (the distribution is dueling_dist's, after it) in
-// clusters of 2·(1 + D) blocks per 32 rows: blocks 2s and 2s + 1 own stream s (s = 0 the value
-// stream, s = 1 + d branch d), each half of the stream's hidden columns and half of its output
-// columns, so every weight is read once per cluster (the block kernel above reads the value
-// stream's weights in every branch's block, and every block reads whole layers). A block copies
-// its two weight slices into shared memory first, before it waits for the kernel that writes its
-// input (programmatic launch: the copies overlap the trunk's last layer). The halves of a
-// stream's hidden layer meet in both blocks' shared memory (distributed shared memory) before the
-// output layer; the hidden layer's global stores follow the cluster barrier, whose release
-// would otherwise wait for them.
+// The value and advantage layers of head_forward (the distribution is dueling_dist's, after it)
+// in 2·(1 + D) blocks per 32 rows: blocks 2s and 2s + 1, a cluster of two, own stream s (s = 0 the
+// value stream, s = 1 + d branch d), each half of the stream's hidden columns and half of its
+// output columns, so every weight is read once per 32 rows (the block kernel above reads the
+// value stream's weights in every branch's block, and every block reads whole layers). A block
+// copies its two weight slices into shared memory first, before it waits for the kernel that
+// writes its input (programmatic launch: the copies overlap the trunk's last layer). The halves
+// of a stream's hidden layer meet in both blocks' shared memory (distributed shared memory) before
+// the output layer; the hidden layer's global stores follow the cluster barrier, whose release
+// would otherwise wait for them. (Clusters of all 2·(1 + D) blocks, needed only to exchange
+// between streams, measured slower: eight blocks of 192 KiB must find eight free SMs of one GPC.)
 
 constexpr int kHcRows = 2 * kHfRows;  // rows of a cluster: two m16 tiles
 
@@ -976,6 +977,18 @@ __device__ __forceinline__ void hc_stage(float* dst, int ld, const float* W, int
   asm volatile("cp.async.commit_group;\n" ::);
 }
 
+/// The A fragment of one m16n8k8 tf32 mma (rows 0–15, columns k..k + 7 of a row-major tile of
+/// 32-bit words) by one ldmatrix.x4: its four 8×8 matrices of 16-bit halves are the 8×4 word
+/// blocks (rows 0–7, words 0–3), (8–15, 0–3), (0–7, 4–7), (8–15, 4–7), which give lane (g, t) the
+/// words (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4): a0..a3. p: this lane's row address, row
+/// (lane & 7) + (lane & 8), word (lane >> 4)·4 (16-byte aligned).
+__device__ __forceinline__ void ldmatrix_a(std::uint32_t (&a)[4], const std::uint32_t* p) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(addr));
+}
+
 /// out[32, N] = As[32, K] · Wsᵀ from shared memory: As tf32 words (row stride lda, zero beyond K
 /// up to round8(K)), Ws floats [round8(N), ldw] zero-padded likewise. Warp w takes n-tiles w,
 /// w + 8, … (NT at once); epi(row, col, value) for every col < N. Fixed order over k.
@@ -983,19 +996,14 @@ template <int NT, class Epi>
 __device__ __forceinline__ void hc_gemm_nt(const std::uint32_t* As, int lda, const float* Ws, int ldw, int N, int K,
                                            Epi& epi) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
+  const int lrow = (lane & 7) + (lane & 8), lcol = (lane >> 4) * 4;  // the row and column this lane's ldmatrix address names
   const int tiles = (N + 7) / 8, K8 = round8(K);
   for (int first = warp; first < tiles; first += kHfWarps * NT) {
     float acc[NT][2][4] = {};
     for (int k = 0; k < K8; k += 8) {
       std::uint32_t a[2][4];
 #pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        const std::uint32_t* ar = As + (m * 16 + g) * lda + k + t;
-        a[m][0] = ar[0];
-        a[m][1] = ar[8 * lda];
-        a[m][2] = ar[4];
-        a[m][3] = ar[8 * lda + 4];
-      }
+      for (int m = 0; m < 2; ++m) ldmatrix_a(a[m], As + (m * 16 + lrow) * lda + k + lcol);
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         const int tile = first + j * kHfWarps;
@@ -1035,14 +1043,14 @@ __device__ __forceinline__ void hc_gemm(const std::uint32_t* As, int lda, const 
     hc_gemm_nt<2>(As, lda, Ws, ldw, N, K, epi);
 }
 
-/// Grid (2·(1 + D), row tiles of 32), clusters of 2·(1 + D) along x (see above).
+/// Grid (2·(1 + D), row tiles of 32), clusters of two along x (see above).
 __global__ void __launch_bounds__(kHfThreads) head_forward_cluster_kernel(HeadForward a) {
   namespace cg = cooperative_groups;
   extern __shared__ float hc_shared[];
   const int H2 = a.H2, Hh = a.Hh, D = a.D, A = a.A, Z = a.Z, az = A * Z, hc = (1 + D) * Hh;
   const int lda = ld_or(a.ldadv, az);  // adv's (row, branch) stride
   const HcLayout L = hc_layout(H2, Hh, A, Z);
-  const int rank = static_cast<int>(blockIdx.x), s = rank >> 1, h = rank & 1;
+  const int s = static_cast<int>(blockIdx.x) >> 1, h = static_cast<int>(blockIdx.x) & 1;  // h: the rank in the pair
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float* w1s = hc_shared + L.w1;
   float* w2s = hc_shared + L.w2;
@@ -1108,7 +1116,7 @@ __global__ void __launch_bounds__(kHfThreads) head_forward_cluster_kernel(HeadFo
   __syncthreads();
   cluster_wait();  // every block of the cluster runs
   {  // 1. the block's half of the stream's hidden layer, into its own and its partner's hs
-    std::uint32_t* peer = cluster.map_shared_rank(hs, rank ^ 1);
+    std::uint32_t* peer = cluster.map_shared_rank(hs, h ^ 1);
     hc_gemm(xs, L.ldx, w1s, L.ldx, hn, H2, [&](int r, int c, float acc) {
       const float y = fmaxf(acc + bias[c], 0.0f);
       const std::uint32_t u = to_tf32(y);
@@ -1261,7 +1269,7 @@ cudaError_t head_forward_cluster(cudaStream_t s, const HeadForward& a) {
   const std::size_t shared = head_forward_cluster_shared_bytes(a.H2, a.Hh, a.A, a.Z);
   cudaLaunchAttribute attr[2]{};
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(2 * (1 + a.D));
+  attr[0].val.clusterDim.x = 2;  // the two halves of a stream
   attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
   attr[1] = dev::pdl_attribute();
   cudaLaunchConfig_t cfg{};

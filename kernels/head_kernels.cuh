@@ -38,11 +38,9 @@ inline constexpr int kHeadBlockRows = 16;
 /// The fused head forward (tf32 mma): its dynamic shared memory for these sizes and the launch.
 std::size_t head_forward_shared_bytes(int H2, int Hh, int A, int Z);
 cudaError_t head_forward(cudaStream_t s, const HeadForward& a);
-/// Blocks of a cluster of the cluster head forward at most (2·(1 + D) blocks: D ≤ 3).
-inline constexpr int kHeadClusterMax = 8;
-/// The cluster head forward (tf32 mma; head_forward's value and advantage layers in clusters of
-/// 2·(1 + D) blocks that share the weights, 32 rows a cluster; logp, q and a* are not written:
-/// dueling_dist's): its dynamic shared memory and the launch.
+/// The cluster head forward (tf32 mma; head_forward's value and advantage layers, 2·(1 + D)
+/// blocks per 32 rows, a cluster of two per stream sharing its weights; logp, q and a* are not
+/// written: dueling_dist's): its dynamic shared memory and the launch.
 std::size_t head_forward_cluster_shared_bytes(int H2, int Hh, int A, int Z);
 cudaError_t head_forward_cluster(cudaStream_t s, const HeadForward& a);
 /// The fused input side of the head's backward (head_backward_inputs): shared memory and launch.

@@ -1043,8 +1043,8 @@ TEST_CASE("gpu.ops.dueling_dist: combine + log-softmax + Q + argmax in one pass,
 }
 
 TEST_CASE("gpu.ops.head_forward: the fused tf32 kernels against the CPU's GEMMs and dueling_dist") {
-  // "1": the block per 16 rows and branch; "cluster": clusters of 2·(1 + D) blocks sharing the
-  // weights (D ≤ 3; the D = 4 shape takes the GEMMs). Read when a backend is made.
+  // "1": the block per 16 rows and branch; "cluster": 2·(1 + D) blocks per 32 rows, a cluster of
+  // two per stream sharing its weights. Read when a backend is made.
   for (const char* mode : {"1", "cluster"}) {
   INFO("DQN_FUSED_HEAD=" << mode);
   const ScopedEnv fused("DQN_FUSED_HEAD", mode);

@@ -626,11 +626,7 @@ constexpr int kHfUnroll = 8;    // k-steps of 8 whose weight loads are in flight
 __host__ __device__ constexpr int hf_lda(int k) { return ((k + 7) / 8 * 8 - 4 + 31) / 32 * 32 + 4; }
 static_assert(hf_lda(256) == 260 && hf_lda(1) == 36 && hf_lda(40) == 68 && hf_lda(36) == 68 && hf_lda(28) == 36);
 
-__device__ __forceinline__ std::uint32_t to_tf32(float x) {
-  std::uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return r;
-}
+using dev::to_tf32;
 
 /// c += a · b for one m16n8k8 tile (a row-major 16×8, b column-major 8×8, tf32; c f32).
 __device__ __forceinline__ void mma_tf32(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
@@ -946,15 +942,6 @@ __host__ __device__ inline HcLayout hc_layout(int H2, int Hh, int A, int Z) {
   return l;
 }
 
-__device__ __forceinline__ void hc_cp_async4(float* dst, const float* src, bool valid) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void hc_cp_async16(float* dst, const float* src, int bytes) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(bytes));
-}
-
 /// Requests rows [0, n) of W (k contiguous floats each) into dst (row stride ld), zero-filling
 /// columns [k, round8(k)) and rows [n, round8(n)) (what the mma reads beyond them), then commits
 /// the group: a warp per row, lanes along it. 16-byte copies where W is 16-byte aligned and k a
@@ -965,16 +952,16 @@ __device__ __forceinline__ void hc_stage(float* dst, int ld, const float* W, int
     for (int r = threadIdx.x >> 5; r < n8; r += kHfWarps)
       for (int c = 4 * lane; c < k8; c += 128) {
         const bool ok = r < n && c < k;
-        hc_cp_async16(dst + r * ld + c, ok ? W + static_cast<std::int64_t>(r) * k + c : W, ok ? 16 : 0);
+        dev::cp_async16(dst + r * ld + c, ok ? W + static_cast<std::int64_t>(r) * k + c : W, ok ? 16 : 0);
       }
   } else {
     for (int r = threadIdx.x >> 5; r < n8; r += kHfWarps)
       for (int c = lane; c < k8; c += 32) {
         const bool ok = r < n && c < k;
-        hc_cp_async4(dst + r * ld + c, ok ? W + static_cast<std::int64_t>(r) * k + c : W, ok);
+        dev::cp_async4(dst + r * ld + c, ok ? W + static_cast<std::int64_t>(r) * k + c : W, ok);
       }
   }
-  asm volatile("cp.async.commit_group;\n" ::);
+  dev::cp_async_commit();
 }
 
 /// The A fragment of one m16n8k8 tf32 mma (rows 0–15, columns k..k + 7 of a row-major tile of
@@ -1112,7 +1099,7 @@ __global__ void __launch_bounds__(kHfThreads) head_forward_cluster_kernel(HeadFo
     const int r = i / (K8h - Hh), c = Hh + i % (K8h - Hh);
     hs[r * L.ldh + c] = 0u;
   }
-  asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // W1's rows are in
+  dev::cp_async_wait<1>();  // W1's rows are in
   __syncthreads();
   cluster_wait();  // every block of the cluster runs
   {  // 1. the block's half of the stream's hidden layer, into its own and its partner's hs
@@ -1125,7 +1112,7 @@ __global__ void __launch_bounds__(kHfThreads) head_forward_cluster_kernel(HeadFo
       hf[r * hn + c] = y;
     });
   }
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");  // the output rows are in
+  dev::cp_async_wait<0>();  // the output rows are in
   cluster.sync();  // both halves of hs are written (and no block reads another's memory after this)
   {  // the hidden half's stores, a warp per row
     float* HID = static_cast<float*>(a.hidden.p) + static_cast<std::int64_t>(r0) * hc + s * Hh + hc0;

@@ -192,6 +192,13 @@ unsigned fused_head_from_env() noexcept {
   return 0;
 }
 
+/// Warps a block of the cluster head forward (DQN_FUSED_HEAD=cluster), from DQN_HC_WARPS: 16, or
+/// 8 (unset or anything else).
+int hc_warps_from_env() noexcept {
+  const char* v = std::getenv("DQN_HC_WARPS");
+  return v && std::strcmp(v, "16") == 0 ? 16 : 8;
+}
+
 /// Whether tf32 GEMMs may run on tile_gemm (the tensor-core kernel for small shapes), from
 /// DQN_TILE_GEMM: unset → autotuning times its tile shapes against the cuBLASLt algorithm it chose
 /// and keeps the fastest (with DQN_GEMM_AUTOTUNE=0: cuBLASLt); 0/off → cuBLASLt only; 1/on →
@@ -1093,7 +1100,7 @@ class CudaBackend final : public Backend {
     if (a.logp && !real_ok(a.logp, op, "logp")) return;
     if (a.q && !real_ok(a.q, op, "q")) return;
     if (cluster) {  // the value and advantage layers; then the distribution as the composed path's
-      if (!planning_ && !DQN_CUDA_OK(op, cuda::head_forward_cluster(stream_, a))) return;
+      if (!planning_ && !DQN_CUDA_OK(op, cuda::head_forward_cluster(stream_, a, hc_warps_))) return;
       if (a.logp) dueling_dist(head_forward_ops(a).dist);
       return;
     }
@@ -1924,6 +1931,7 @@ class CudaBackend final : public Backend {
   bool in_split_ = false;                ///< inside split_k: its slices are never split again
   bool split_k_ = split_k_from_env();     ///< DQN_GEMM_SPLIT_K, read once per backend
   unsigned fused_head_ = fused_head_from_env();  ///< DQN_FUSED_HEAD, read once per backend
+  int hc_warps_ = hc_warps_from_env();           ///< DQN_HC_WARPS, read once per backend
   std::size_t head_shared_max_ = 0;  ///< the fused head kernels' shared-memory limit
   static constexpr int kSplitMinK = 1024, kSplitMinSlice = 256, kSplitMaxSlices = 32;
   void* tune_d_ = nullptr;               ///< autotuning's private D

@@ -946,16 +946,17 @@ __host__ __device__ inline HcLayout hc_layout(int H2, int Hh, int A, int Z) {
 /// columns [k, round8(k)) and rows [n, round8(n)) (what the mma reads beyond them), then commits
 /// the group: a warp per row, lanes along it. 16-byte copies where W is 16-byte aligned and k a
 /// multiple of 4.
+template <int WARPS>
 __device__ __forceinline__ void hc_stage(float* dst, int ld, const float* W, int n, int k) {
   const int n8 = round8(n), k8 = round8(k), lane = threadIdx.x & 31;
   if (dev::aligned16(W) && k % 4 == 0) {
-    for (int r = threadIdx.x >> 5; r < n8; r += kHfWarps)
+    for (int r = threadIdx.x >> 5; r < n8; r += WARPS)
       for (int c = 4 * lane; c < k8; c += 128) {
         const bool ok = r < n && c < k;
         dev::cp_async16(dst + r * ld + c, ok ? W + static_cast<std::int64_t>(r) * k + c : W, ok ? 16 : 0);
       }
   } else {
-    for (int r = threadIdx.x >> 5; r < n8; r += kHfWarps)
+    for (int r = threadIdx.x >> 5; r < n8; r += WARPS)
       for (int c = lane; c < k8; c += 32) {
         const bool ok = r < n && c < k;
         dev::cp_async4(dst + r * ld + c, ok ? W + static_cast<std::int64_t>(r) * k + c : W, ok);
@@ -977,61 +978,74 @@ __device__ __forceinline__ void ldmatrix_a(std::uint32_t (&a)[4], const std::uin
 }
 
 /// out[32, N] = As[32, K] · Wsᵀ from shared memory: As tf32 words (row stride lda, zero beyond K
-/// up to round8(K)), Ws floats [round8(N), ldw] zero-padded likewise. Warp w takes n-tiles w,
-/// w + 8, … (NT at once); epi(row, col, value) for every col < N. Fixed order over k.
-template <int NT, class Epi>
+/// up to round8(K)), Ws floats [round8(N), ldw] zero-padded likewise. The block's WARPS warps
+/// share the (n-tile, m-tile) pairs: with MT = 2 warp w takes both m-tiles of n-tiles w, w + WARPS,
+/// … (NT at once); with MT = 1 the warps pair up, warp w the m-tile w & 1 of n-tiles w / 2,
+/// w / 2 + WARPS / 2, …. epi(row, col, value) for every col < N. Fixed order over k.
+template <int WARPS, int NT, int MT, class Epi>
 __device__ __forceinline__ void hc_gemm_nt(const std::uint32_t* As, int lda, const float* Ws, int ldw, int N, int K,
                                            Epi& epi) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
   const int lrow = (lane & 7) + (lane & 8), lcol = (lane >> 4) * 4;  // the row and column this lane's ldmatrix address names
   const int tiles = (N + 7) / 8, K8 = round8(K);
-  for (int first = warp; first < tiles; first += kHfWarps * NT) {
-    float acc[NT][2][4] = {};
+  const int m0 = MT == 2 ? 0 : (warp & 1), wn = MT == 2 ? warp : warp >> 1, step = MT == 2 ? WARPS : WARPS / 2;
+  for (int first = wn; first < tiles; first += step * NT) {
+    float acc[NT][MT][4] = {};
     for (int k = 0; k < K8; k += 8) {
-      std::uint32_t a[2][4];
+      std::uint32_t a[MT][4];
 #pragma unroll
-      for (int m = 0; m < 2; ++m) ldmatrix_a(a[m], As + (m * 16 + lrow) * lda + k + lcol);
+      for (int m = 0; m < MT; ++m) ldmatrix_a(a[m], As + ((m0 + m) * 16 + lrow) * lda + k + lcol);
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
-        const int tile = first + j * kHfWarps;
+        const int tile = first + j * step;
         if (tile >= tiles) break;
         const float* wr = Ws + (tile * 8 + g) * ldw + k + t;
         const std::uint32_t b0 = to_tf32(wr[0]), b1 = to_tf32(wr[4]);
 #pragma unroll
-        for (int m = 0; m < 2; ++m) mma_tf32(acc[j][m], a[m], b0, b1);
+        for (int m = 0; m < MT; ++m) mma_tf32(acc[j][m], a[m], b0, b1);
       }
     }
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
-      const int tile = first + j * kHfWarps;
+      const int tile = first + j * step;
       if (tile >= tiles) break;
       const int c = tile * 8 + 2 * t;
 #pragma unroll
-      for (int m = 0; m < 2; ++m) {
+      for (int m = 0; m < MT; ++m) {
+        const int r = (m0 + m) * 16 + g;
         if (c < N) {
-          epi(m * 16 + g, c, acc[j][m][0]);
-          epi(m * 16 + g + 8, c, acc[j][m][2]);
+          epi(r, c, acc[j][m][0]);
+          epi(r + 8, c, acc[j][m][2]);
         }
         if (c + 1 < N) {
-          epi(m * 16 + g, c + 1, acc[j][m][1]);
-          epi(m * 16 + g + 8, c + 1, acc[j][m][3]);
+          epi(r, c + 1, acc[j][m][1]);
+          epi(r + 8, c + 1, acc[j][m][3]);
         }
       }
     }
   }
 }
 
-template <class Epi>
+/// hc_gemm_nt with the pairs spread over the warps: one pair a warp where there are enough,
+/// else two m-tiles a warp, then two n-tiles.
+template <int WARPS, class Epi>
 __device__ __forceinline__ void hc_gemm(const std::uint32_t* As, int lda, const float* Ws, int ldw, int N, int K,
                                         Epi&& epi) {
-  if ((N + 7) / 8 <= kHfWarps)
-    hc_gemm_nt<1>(As, lda, Ws, ldw, N, K, epi);
+  const int tiles = (N + 7) / 8;
+  if (WARPS >= 16 && 2 * tiles <= WARPS)
+    hc_gemm_nt<WARPS, 1, 1>(As, lda, Ws, ldw, N, K, epi);
+  else if (WARPS >= 16)
+    hc_gemm_nt<WARPS, 2, 1>(As, lda, Ws, ldw, N, K, epi);
+  else if (tiles <= WARPS)
+    hc_gemm_nt<WARPS, 1, 2>(As, lda, Ws, ldw, N, K, epi);
   else
-    hc_gemm_nt<2>(As, lda, Ws, ldw, N, K, epi);
+    hc_gemm_nt<WARPS, 2, 2>(As, lda, Ws, ldw, N, K, epi);
 }
 
 /// Grid (2·(1 + D), row tiles of 32), clusters of two along x (see above).
-__global__ void __launch_bounds__(kHfThreads) head_forward_cluster_kernel(HeadForward a) {
+template <int WARPS>
+__global__ void __launch_bounds__(32 * WARPS) head_forward_cluster_kernel(HeadForward a) {
+  constexpr int kThreads = 32 * WARPS;
   namespace cg = cooperative_groups;
   extern __shared__ float hc_shared[];
   const int H2 = a.H2, Hh = a.Hh, D = a.D, A = a.A, Z = a.Z, az = A * Z, hc = (1 + D) * Hh;
@@ -1049,8 +1063,8 @@ __global__ void __launch_bounds__(kHfThreads) head_forward_cluster_kernel(HeadFo
   const int hsplit = hc_split(Hh), hc0 = h ? hsplit : 0, hn = h ? Hh - hsplit : hsplit;
   const int N2 = s == 0 ? Z : az, osplit = hc_split(N2), oc0 = h ? osplit : 0, on = h ? N2 - osplit : osplit;
   // the weights first: no kernel this one waits for writes them
-  hc_stage(w1s, L.ldx, static_cast<const float*>(a.w1.p) + static_cast<std::int64_t>(s * Hh + hc0) * H2, hn, H2);
-  hc_stage(w2s, L.ldh,
+  hc_stage<WARPS>(w1s, L.ldx, static_cast<const float*>(a.w1.p) + static_cast<std::int64_t>(s * Hh + hc0) * H2, hn, H2);
+  hc_stage<WARPS>(w2s, L.ldh,
            s == 0 ? static_cast<const float*>(a.wv2.p) + static_cast<std::int64_t>(oc0) * Hh
                   : static_cast<const float*>(a.wb2.p) + (static_cast<std::int64_t>(s - 1) * ld_or(a.wb2_rows, az) + oc0) * Hh,
            on, Hh);
@@ -1058,7 +1072,7 @@ __global__ void __launch_bounds__(kHfThreads) head_forward_cluster_kernel(HeadFo
     const float* B1 = static_cast<const float*>(a.b1.p) + s * Hh + hc0;
     const float* B2 = s == 0 ? static_cast<const float*>(a.bv2.p) + oc0
                              : static_cast<const float*>(a.bb2.p) + static_cast<std::int64_t>(s - 1) * ld_or(a.wb2_rows, az) + oc0;
-    for (int i = threadIdx.x; i < hn + on; i += kHfThreads) bias[i] = i < hn ? B1[i] : B2[i - hn];
+    for (int i = threadIdx.x; i < hn + on; i += kThreads) bias[i] = i < hn ? B1[i] : B2[i - hn];
   }
   dev::pdl_entry();
   cluster_arrive_relaxed();  // this block runs: the others may write into its shared memory
@@ -1070,32 +1084,32 @@ __global__ void __launch_bounds__(kHfThreads) head_forward_cluster_kernel(HeadFo
     const float* X = static_cast<const float*>(a.x.p) + static_cast<std::int64_t>(r0) * a.ldx;
     const int w = round8(H2);
     if (dev::aligned16(X) && a.ldx % 4 == 0 && w <= 128 * 2) {
-      float4 v[kHcRows / kHfWarps][2];
+      float4 v[kHcRows / WARPS][2];
 #pragma unroll
-      for (int i = 0; i < kHcRows / kHfWarps; ++i)
+      for (int i = 0; i < kHcRows / WARPS; ++i)
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          const int r = warp + i * kHfWarps, c = 4 * lane + 128 * j;
+          const int r = warp + i * WARPS, c = 4 * lane + 128 * j;
           v[i][j] = r < nrows && c < H2 ? __ldg(reinterpret_cast<const float4*>(X + static_cast<std::int64_t>(r) * a.ldx + c))
                                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
 #pragma unroll
-      for (int i = 0; i < kHcRows / kHfWarps; ++i)
+      for (int i = 0; i < kHcRows / WARPS; ++i)
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          const int r = warp + i * kHfWarps, c = 4 * lane + 128 * j;
+          const int r = warp + i * WARPS, c = 4 * lane + 128 * j;
           if (c >= w) continue;
           std::uint32_t* d = xs + r * L.ldx + c;
           d[0] = to_tf32(v[i][j].x); d[1] = to_tf32(v[i][j].y); d[2] = to_tf32(v[i][j].z); d[3] = to_tf32(v[i][j].w);
         }
     } else {
-      for (int r = warp; r < kHcRows; r += kHfWarps)
+      for (int r = warp; r < kHcRows; r += WARPS)
         for (int c = lane; c < w; c += 32)
           xs[r * L.ldx + c] = to_tf32(r < nrows && c < H2 ? __ldg(X + static_cast<std::int64_t>(r) * a.ldx + c) : 0.0f);
     }
   }
   const int K8h = round8(Hh);
-  for (int i = threadIdx.x; i < kHcRows * (K8h - Hh); i += kHfThreads) {  // hs's k padding (each block its own)
+  for (int i = threadIdx.x; i < kHcRows * (K8h - Hh); i += kThreads) {  // hs's k padding (each block its own)
     const int r = i / (K8h - Hh), c = Hh + i % (K8h - Hh);
     hs[r * L.ldh + c] = 0u;
   }
@@ -1104,7 +1118,7 @@ __global__ void __launch_bounds__(kHfThreads) head_forward_cluster_kernel(HeadFo
   cluster_wait();  // every block of the cluster runs
   {  // 1. the block's half of the stream's hidden layer, into its own and its partner's hs
     std::uint32_t* peer = cluster.map_shared_rank(hs, h ^ 1);
-    hc_gemm(xs, L.ldx, w1s, L.ldx, hn, H2, [&](int r, int c, float acc) {
+    hc_gemm<WARPS>(xs, L.ldx, w1s, L.ldx, hn, H2, [&](int r, int c, float acc) {
       const float y = fmaxf(acc + bias[c], 0.0f);
       const std::uint32_t u = to_tf32(y);
       hs[r * L.ldh + hc0 + c] = u;
@@ -1116,14 +1130,14 @@ __global__ void __launch_bounds__(kHfThreads) head_forward_cluster_kernel(HeadFo
   cluster.sync();  // both halves of hs are written (and no block reads another's memory after this)
   {  // the hidden half's stores, a warp per row
     float* HID = static_cast<float*>(a.hidden.p) + static_cast<std::int64_t>(r0) * hc + s * Hh + hc0;
-    for (int r = warp; r < nrows; r += kHfWarps)
+    for (int r = warp; r < nrows; r += WARPS)
       for (int c = lane; c < hn; c += 32) HID[static_cast<std::int64_t>(r) * hc + c] = hf[r * hn + c];
   }
   // 2. the block's half of the stream's output layer
   const float* B2 = bias + hn;
   float* VO = static_cast<float*>(a.v.p);
   float* ADVO = static_cast<float*>(a.adv.p);
-  hc_gemm(hs, L.ldh, w2s, L.ldh, on, Hh, [&](int r, int c, float acc) {
+  hc_gemm<WARPS>(hs, L.ldh, w2s, L.ldh, on, Hh, [&](int r, int c, float acc) {
     if (r >= nrows) return;
     const float y = acc + B2[c];
     const int col = oc0 + c;
@@ -1252,7 +1266,7 @@ std::size_t head_forward_cluster_shared_bytes(int H2, int Hh, int A, int Z) {
   return static_cast<std::size_t>(hc_layout(H2, Hh, A, Z).words) * 4;
 }
 
-cudaError_t head_forward_cluster(cudaStream_t s, const HeadForward& a) {
+cudaError_t head_forward_cluster(cudaStream_t s, const HeadForward& a, int warps) {
   const std::size_t shared = head_forward_cluster_shared_bytes(a.H2, a.Hh, a.A, a.Z);
   cudaLaunchAttribute attr[2]{};
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -1261,12 +1275,13 @@ cudaError_t head_forward_cluster(cudaStream_t s, const HeadForward& a) {
   attr[1] = dev::pdl_attribute();
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(2 * (1 + a.D)), static_cast<unsigned>((a.rows + kHcRows - 1) / kHcRows));
-  cfg.blockDim = dim3(kHfThreads);
+  cfg.blockDim = dim3(static_cast<unsigned>(32 * (warps == 16 ? 16 : 8)));
   cfg.dynamicSmemBytes = shared;
   cfg.stream = s;
   cfg.attrs = attr;
   cfg.numAttrs = dev::pdl_for(shared) ? 2 : 1;
-  return cudaLaunchKernelEx(&cfg, head_forward_cluster_kernel, a);
+  return warps == 16 ? cudaLaunchKernelEx(&cfg, head_forward_cluster_kernel<16>, a)
+                     : cudaLaunchKernelEx(&cfg, head_forward_cluster_kernel<8>, a);
 }
 
 std::size_t head_backward_inputs_shared_bytes(int Hh, int A, int Z) {
@@ -1284,10 +1299,11 @@ cudaError_t head_kernels_prepare(std::size_t max_shared_bytes) {
   const cudaError_t e = cudaFuncSetAttribute(head_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(max_shared_bytes));
   if (e != cudaSuccess) return e;
-  if (const cudaError_t c = cudaFuncSetAttribute(head_forward_cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(max_shared_bytes));
-      c != cudaSuccess)
-    return c;
+  for (auto* k : {head_forward_cluster_kernel<8>, head_forward_cluster_kernel<16>})
+    if (const cudaError_t c =
+            cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(max_shared_bytes));
+        c != cudaSuccess)
+      return c;
   return cudaFuncSetAttribute(head_backward_inputs_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               static_cast<int>(max_shared_bytes));
 }

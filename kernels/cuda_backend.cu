@@ -1100,7 +1100,7 @@ class CudaBackend final : public Backend {
     if (a.logp && !real_ok(a.logp, op, "logp")) return;
     if (a.q && !real_ok(a.q, op, "q")) return;
     if (cluster) {  // the value and advantage layers; then the distribution as the composed path's
-      if (!planning_ && !DQN_CUDA_OK(op, cuda::head_forward_cluster(stream_, a, hc_warps_))) return;
+      if (!planning_ && !DQN_CUDA_OK(op, cuda::head_forward_cluster(stream_, a, hc_warps_, hc_bulk_))) return;
       if (a.logp) dueling_dist(head_forward_ops(a).dist);
       return;
     }
@@ -1932,6 +1932,7 @@ class CudaBackend final : public Backend {
   bool split_k_ = split_k_from_env();     ///< DQN_GEMM_SPLIT_K, read once per backend
   unsigned fused_head_ = fused_head_from_env();  ///< DQN_FUSED_HEAD, read once per backend
   int hc_warps_ = hc_warps_from_env();           ///< DQN_HC_WARPS, read once per backend
+  bool hc_bulk_ = std::getenv("DQN_HC_BULK") && env_on("DQN_HC_BULK");  ///< DQN_HC_BULK (off unless set)
   std::size_t head_shared_max_ = 0;  ///< the fused head kernels' shared-memory limit
   static constexpr int kSplitMinK = 1024, kSplitMinSlice = 256, kSplitMaxSlices = 32;
   void* tune_d_ = nullptr;               ///< autotuning's private D

@@ -924,7 +924,7 @@ __host__ __device__ inline int hc_split(int n) { return min(n, ((n + 1) / 2 + 7)
 __host__ __device__ inline int round8(int n) { return (n + 7) / 8 * 8; }
 
 struct HcLayout {  ///< shared memory of one block of the cluster head forward, in 4-byte words
-  int ldx, ldh, w1, w2, x, h, hf, bias, words;
+  int ldx, ldh, w1, w2, x, h, hf, bias, bar, words;
 };
 
 __host__ __device__ inline HcLayout hc_layout(int H2, int Hh, int A, int Z) {
@@ -938,7 +938,8 @@ __host__ __device__ inline HcLayout hc_layout(int H2, int Hh, int A, int Z) {
   l.h = l.x + kHcRows * l.ldx;                 // the stream's hidden rows (tf32), both halves [32, ldh]
   l.hf = l.h + kHcRows * l.ldh;                // the block's hidden half as floats [32, hn], for the stores
   l.bias = l.hf + kHcRows * hn_max;            // b1 of the hidden half, then the output bias
-  l.words = l.bias + (hn_max + on_max + 3) / 4 * 4;
+  l.bar = l.bias + (hn_max + on_max + 3) / 4 * 4;   // two mbarriers (8 bytes each) of the bulk copies
+  l.words = l.bar + 4;
   return l;
 }
 
@@ -946,6 +947,47 @@ __host__ __device__ inline HcLayout hc_layout(int H2, int Hh, int A, int Z) {
 /// columns [k, round8(k)) and rows [n, round8(n)) (what the mma reads beyond them), then commits
 /// the group: a warp per row, lanes along it. 16-byte copies where W is 16-byte aligned and k a
 /// multiple of 4.
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+
+/// Whether hc_stage copies rows of k floats from W by the bulk copy engine (16-byte aligned rows).
+__device__ __forceinline__ bool hc_bulk_ok(const float* W, int k) { return dev::aligned16(W) && k % 4 == 0; }
+
+/// The transaction barrier of one bulk-copied slice: initialised for one arrival (thread 0's,
+/// which also announces the bytes to come), then waited on by every thread (phase 0).
+__device__ __forceinline__ void mbar_init(std::uint64_t* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_expect(std::uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(std::uint64_t* bar) {
+  unsigned done = 0;
+  while (!done)
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar))
+        : "memory");
+}
+
+/// Requests rows [0, n) of W (k contiguous floats each) into dst (row stride ld) as hc_stage does,
+/// by the bulk copy engine: a copy per row, issued by lane 0 of each warp, completing on `bar`
+/// (whose bytes thread 0 announced); the zero padding by plain stores. Commits an empty cp.async
+/// group, so that the count of groups stays the same on either path.
+template <int WARPS>
+__device__ __forceinline__ void hc_stage_bulk(float* dst, int ld, const float* W, int n, int k, std::uint64_t* bar) {
+  const int n8 = round8(n), k8 = round8(k), lane = threadIdx.x & 31;
+  for (int r = threadIdx.x >> 5; r < n8; r += WARPS) {
+    if (r < n && lane == 0)
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                       smem_addr(dst + r * ld)),
+                   "l"(W + static_cast<std::int64_t>(r) * k), "r"(4 * k), "r"(smem_addr(bar))
+                   : "memory");
+    for (int c = r < n ? k + lane : lane; c < k8; c += 32) dst[r * ld + c] = 0.0f;
+  }
+  dev::cp_async_commit();
+}
+
 template <int WARPS>
 __device__ __forceinline__ void hc_stage(float* dst, int ld, const float* W, int n, int k) {
   const int n8 = round8(n), k8 = round8(k), lane = threadIdx.x & 31;
@@ -1043,7 +1085,7 @@ __device__ __forceinline__ void hc_gemm(const std::uint32_t* As, int lda, const 
 }
 
 /// Grid (2·(1 + D), row tiles of 32), clusters of two along x (see above).
-template <int WARPS>
+template <int WARPS, bool BULK>
 __global__ void __launch_bounds__(32 * WARPS) head_forward_cluster_kernel(HeadForward a) {
   constexpr int kThreads = 32 * WARPS;
   namespace cg = cooperative_groups;
@@ -1063,11 +1105,29 @@ __global__ void __launch_bounds__(32 * WARPS) head_forward_cluster_kernel(HeadFo
   const int hsplit = hc_split(Hh), hc0 = h ? hsplit : 0, hn = h ? Hh - hsplit : hsplit;
   const int N2 = s == 0 ? Z : az, osplit = hc_split(N2), oc0 = h ? osplit : 0, on = h ? N2 - osplit : osplit;
   // the weights first: no kernel this one waits for writes them
-  hc_stage<WARPS>(w1s, L.ldx, static_cast<const float*>(a.w1.p) + static_cast<std::int64_t>(s * Hh + hc0) * H2, hn, H2);
-  hc_stage<WARPS>(w2s, L.ldh,
-           s == 0 ? static_cast<const float*>(a.wv2.p) + static_cast<std::int64_t>(oc0) * Hh
-                  : static_cast<const float*>(a.wb2.p) + (static_cast<std::int64_t>(s - 1) * ld_or(a.wb2_rows, az) + oc0) * Hh,
-           on, Hh);
+  const float* W1 = static_cast<const float*>(a.w1.p) + static_cast<std::int64_t>(s * Hh + hc0) * H2;
+  const float* W2 = s == 0 ? static_cast<const float*>(a.wv2.p) + static_cast<std::int64_t>(oc0) * Hh
+                           : static_cast<const float*>(a.wb2.p) + (static_cast<std::int64_t>(s - 1) * ld_or(a.wb2_rows, az) + oc0) * Hh;
+  std::uint64_t* bars = reinterpret_cast<std::uint64_t*>(hc_shared + L.bar);
+  const bool bulk1 = BULK && hc_bulk_ok(W1, H2), bulk2 = BULK && hc_bulk_ok(W2, Hh);
+  if (BULK) {
+    if (threadIdx.x == 0) {
+      mbar_init(bars);
+      mbar_init(bars + 1);
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+      mbar_expect(bars, bulk1 ? 4u * hn * H2 : 0u);
+      mbar_expect(bars + 1, bulk2 ? 4u * on * Hh : 0u);
+    }
+    __syncthreads();
+  }
+  if (bulk1)
+    hc_stage_bulk<WARPS>(w1s, L.ldx, W1, hn, H2, bars);
+  else
+    hc_stage<WARPS>(w1s, L.ldx, W1, hn, H2);
+  if (bulk2)
+    hc_stage_bulk<WARPS>(w2s, L.ldh, W2, on, Hh, bars + 1);
+  else
+    hc_stage<WARPS>(w2s, L.ldh, W2, on, Hh);
   {
     const float* B1 = static_cast<const float*>(a.b1.p) + s * Hh + hc0;
     const float* B2 = s == 0 ? static_cast<const float*>(a.bv2.p) + oc0
@@ -1114,6 +1174,7 @@ __global__ void __launch_bounds__(32 * WARPS) head_forward_cluster_kernel(HeadFo
     hs[r * L.ldh + c] = 0u;
   }
   dev::cp_async_wait<1>();  // W1's rows are in
+  if (BULK) mbar_wait(bars);
   __syncthreads();
   cluster_wait();  // every block of the cluster runs
   {  // 1. the block's half of the stream's hidden layer, into its own and its partner's hs
@@ -1127,6 +1188,7 @@ __global__ void __launch_bounds__(32 * WARPS) head_forward_cluster_kernel(HeadFo
     });
   }
   dev::cp_async_wait<0>();  // the output rows are in
+  if (BULK) mbar_wait(bars + 1);
   cluster.sync();  // both halves of hs are written (and no block reads another's memory after this)
   {  // the hidden half's stores, a warp per row
     float* HID = static_cast<float*>(a.hidden.p) + static_cast<std::int64_t>(r0) * hc + s * Hh + hc0;
@@ -1266,7 +1328,7 @@ std::size_t head_forward_cluster_shared_bytes(int H2, int Hh, int A, int Z) {
   return static_cast<std::size_t>(hc_layout(H2, Hh, A, Z).words) * 4;
 }
 
-cudaError_t head_forward_cluster(cudaStream_t s, const HeadForward& a, int warps) {
+cudaError_t head_forward_cluster(cudaStream_t s, const HeadForward& a, int warps, bool bulk) {
   const std::size_t shared = head_forward_cluster_shared_bytes(a.H2, a.Hh, a.A, a.Z);
   cudaLaunchAttribute attr[2]{};
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -1280,8 +1342,11 @@ cudaError_t head_forward_cluster(cudaStream_t s, const HeadForward& a, int warps
   cfg.stream = s;
   cfg.attrs = attr;
   cfg.numAttrs = dev::pdl_for(shared) ? 2 : 1;
-  return warps == 16 ? cudaLaunchKernelEx(&cfg, head_forward_cluster_kernel<16>, a)
-                     : cudaLaunchKernelEx(&cfg, head_forward_cluster_kernel<8>, a);
+  if (warps == 16)
+    return bulk ? cudaLaunchKernelEx(&cfg, head_forward_cluster_kernel<16, true>, a)
+                : cudaLaunchKernelEx(&cfg, head_forward_cluster_kernel<16, false>, a);
+  return bulk ? cudaLaunchKernelEx(&cfg, head_forward_cluster_kernel<8, true>, a)
+              : cudaLaunchKernelEx(&cfg, head_forward_cluster_kernel<8, false>, a);
 }
 
 std::size_t head_backward_inputs_shared_bytes(int Hh, int A, int Z) {
@@ -1299,7 +1364,8 @@ cudaError_t head_kernels_prepare(std::size_t max_shared_bytes) {
   const cudaError_t e = cudaFuncSetAttribute(head_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(max_shared_bytes));
   if (e != cudaSuccess) return e;
-  for (auto* k : {head_forward_cluster_kernel<8>, head_forward_cluster_kernel<16>})
+  for (auto* k : {head_forward_cluster_kernel<8, false>, head_forward_cluster_kernel<16, false>,
+                  head_forward_cluster_kernel<8, true>, head_forward_cluster_kernel<16, true>})
     if (const cudaError_t c =
             cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(max_shared_bytes));
         c != cudaSuccess)

@@ -42,8 +42,9 @@ cudaError_t head_forward(cudaStream_t s, const HeadForward& a);
 /// blocks per 32 rows, a cluster of two per stream sharing its weights; logp, q and a* are not
 /// written: dueling_dist's): its dynamic shared memory and the launch.
 std::size_t head_forward_cluster_shared_bytes(int H2, int Hh, int A, int Z);
-/// warps: 8 or 16 a block (DQN_HC_WARPS).
-cudaError_t head_forward_cluster(cudaStream_t s, const HeadForward& a, int warps);
+/// warps: 8 or 16 a block (DQN_HC_WARPS); bulk: the weight rows by the bulk copy engine
+/// (cp.async.bulk, one request a row) instead of 16-byte cp.async (DQN_HC_BULK).
+cudaError_t head_forward_cluster(cudaStream_t s, const HeadForward& a, int warps, bool bulk);
 /// The fused input side of the head's backward (head_backward_inputs): shared memory and launch.
 std::size_t head_backward_inputs_shared_bytes(int Hh, int A, int Z);
 cudaError_t head_backward_inputs(cudaStream_t s, const HeadBackward& a);

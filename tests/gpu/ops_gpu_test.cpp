@@ -1044,15 +1044,17 @@ TEST_CASE("gpu.ops.dueling_dist: combine + log-softmax + Q + argmax in one pass,
 
 TEST_CASE("gpu.ops.head_forward: the fused tf32 kernels against the CPU's GEMMs and dueling_dist") {
   // "1": the block per 16 rows and branch; "cluster": 2·(1 + D) blocks per 32 rows, a cluster of
-  // two per stream sharing its weights, with 8 and 16 warps a block (DQN_HC_WARPS). Read when a
-  // backend is made.
+  // two per stream sharing its weights, with 8 and 16 warps a block (DQN_HC_WARPS) and its weight
+  // rows by cp.async or the bulk copy engine (DQN_HC_BULK). Read when a backend is made.
   const struct {
-    const char *mode, *warps;
-  } variants[] = {{"1", "8"}, {"cluster", "8"}, {"cluster", "16"}};
+    const char *mode, *warps, *bulk;
+  } variants[] = {{"1", "8", "0"}, {"cluster", "8", "0"}, {"cluster", "16", "0"}, {"cluster", "8", "1"},
+                  {"cluster", "16", "1"}};
   for (const auto& variant : variants) {
-  INFO("DQN_FUSED_HEAD=" << variant.mode << " DQN_HC_WARPS=" << variant.warps);
+  INFO("DQN_FUSED_HEAD=" << variant.mode << " DQN_HC_WARPS=" << variant.warps << " DQN_HC_BULK=" << variant.bulk);
   const ScopedEnv fused("DQN_FUSED_HEAD", variant.mode);
   const ScopedEnv warps("DQN_HC_WARPS", variant.warps);
+  const ScopedEnv bulk("DQN_HC_BULK", variant.bulk);
   // tf32 keeps 10 mantissa bits of every GEMM operand: ≈5e-4 relative per product, so the
   // outputs get 5e-3 (norm-wise); a* is checked against the CPU's Q with the same allowance.
   constexpr double kTf32 = 5e-3;

@@ -1143,7 +1143,7 @@ __global__ void __launch_bounds__(32 * WARPS) head_forward_cluster_kernel(HeadFo
      // per row, every load of the block in flight at once where the rows allow 16-byte loads
     const float* X = static_cast<const float*>(a.x.p) + static_cast<std::int64_t>(r0) * a.ldx;
     const int w = round8(H2);
-    if (dev::aligned16(X) && a.ldx % 4 == 0 && w <= 128 * 2) {
+    if (dev::aligned16(X) && a.ldx % 4 == 0 && H2 % 4 == 0 && w <= 128 * 2) {  // no float4 straddles H2
       float4 v[kHcRows / WARPS][2];
 #pragma unroll
       for (int i = 0; i < kHcRows / WARPS; ++i)

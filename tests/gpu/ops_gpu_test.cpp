@@ -1058,11 +1058,16 @@ TEST_CASE("gpu.ops.head_forward: the fused tf32 kernels against the CPU's GEMMs 
   // tf32 keeps 10 mantissa bits of every GEMM operand: ≈5e-4 relative per product, so the
   // outputs get 5e-3 (norm-wise); a* is checked against the CPU's Q with the same allowance.
   constexpr double kTf32 = 5e-3;
+  // x_pad: x's rows H2 + x_pad apart (0: unpadded, as the step's h2, which the cluster kernel
+  // reads by 16-byte loads).
   const struct {
     int rows, H2, Hh, D, A, Z, star_from;
     bool dist;
-  } shapes[] = {{74, 256, 128, 3, 5, 51, 37, true}, {37, 72, 40, 2, 3, 11, 20, true}, {5, 13, 9, 1, 2, 3, 0, true},
-                {21, 30, 17, 4, 3, 7, 0, false}, {83, 256, 128, 3, 5, 51, 0, false}, {19, 40, 24, 3, 8, 64, 3, true}};
+    int x_pad;
+  } shapes[] = {{74, 256, 128, 3, 5, 51, 37, true, 5}, {37, 72, 40, 2, 3, 11, 20, true, 5},
+                {5, 13, 9, 1, 2, 3, 0, true, 5},       {21, 30, 17, 4, 3, 7, 0, false, 5},
+                {83, 256, 128, 3, 5, 51, 0, false, 5}, {19, 40, 24, 3, 8, 64, 3, true, 5},
+                {70, 256, 128, 3, 5, 51, 35, true, 0}};
   // pad: adv's (row, branch) blocks A·Z + pad apart (as bdq's ldaz: 255 → 256); 0: compact.
   for (const int pad : {0, 1})
   for (const auto& sh : shapes) {
@@ -1071,7 +1076,7 @@ TEST_CASE("gpu.ops.head_forward: the fused tf32 kernels against the CPU's GEMMs 
     Gpu gpu(Precision::tf32);
     Cpu cpu;
     const int rows = sh.rows, H2 = sh.H2, Hh = sh.Hh, D = sh.D, A = sh.A, Z = sh.Z, hc = (1 + D) * Hh, az = A * Z;
-    const int ldx = H2 + 5, ldv = Z + 2, lda = az + pad;
+    const int ldx = H2 + sh.x_pad, ldv = Z + 2, lda = az + pad;
     const std::size_t n_out = static_cast<std::size_t>(rows) * D * az, nq = static_cast<std::size_t>(rows) * D * A;
     const std::size_t n_adv = static_cast<std::size_t>(rows) * D * lda;
     const std::size_t ns = static_cast<std::size_t>(rows - sh.star_from) * D;

@@ -3,8 +3,9 @@
  *  the double-DQN argmax in one pass) and the C51 loss from the target head's outputs to the
  *  dueling gradients. Each reproduces, operation for operation, the unfused kernels it replaces
  *  (same roundings, same fixed summation orders), so it matches the CPU twin as closely as they did.
- *  The fused head forward and backward inputs (tf32 mma.sync, used in tf32 only) are the
- *  exception: tf32 operands and float log-softmax, so they match the CPU within tf32 tolerances.
+ *  The fused head forward and backward inputs (tf32 mma.sync, used in tf32 only) and the cluster
+ *  head forward are the exception: tf32 operands and float log-softmax, so they match the CPU
+ *  within tf32 tolerances.
  */
 #include <cooperative_groups.h>
 
@@ -911,8 +912,10 @@ __global__ void __launch_bounds__(kHfThreads) head_forward_kernel(HeadForward a,
 // writes its input (programmatic launch: the copies overlap the trunk's last layer). The halves
 // of a stream's hidden layer meet in both blocks' shared memory (distributed shared memory) before
 // the output layer; the hidden layer's global stores follow the cluster barrier, whose release
-// would otherwise wait for them. (Clusters of all 2·(1 + D) blocks, needed only to exchange
-// between streams, measured slower: eight blocks of 192 KiB must find eight free SMs of one GPC.)
+// would otherwise wait for them. (The forms measured so far used clusters of all 2·(1 + D)
+// blocks, needed only to exchange between streams, and were slower than the GEMMs; eight blocks of
+// 192 KiB must find eight free SMs of one GPC, which clusters of two avoid: not yet measured, see
+// docs/performance.md.)
 
 constexpr int kHcRows = 2 * kHfRows;  // rows of a cluster: two m16 tiles
 

@@ -59,17 +59,19 @@ cudaError_t launch(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t shme
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
 }
 
+/// The shared-memory window address of p (a pointer into this block's shared memory), as the
+/// PTX instructions on shared memory take it.
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+
 /// 4 bytes global → shared, asynchronously (cp.async); valid false: nothing is read, the
 /// destination is zero-filled.
 __device__ __forceinline__ void cp_async4(float* dst, const float* src, bool valid) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   const int n = valid ? 4 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(n));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
 }
 /// 16 bytes, of which the first `bytes` (0, 4, 8, 12 or 16) are read and the rest zero-filled.
 __device__ __forceinline__ void cp_async16(float* dst, const float* src, int bytes) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(bytes));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 /// Waits until at most N of this thread's committed groups are still in flight (a barrier must

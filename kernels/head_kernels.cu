@@ -627,6 +627,7 @@ constexpr int kHfUnroll = 8;    // k-steps of 8 whose weight loads are in flight
 __host__ __device__ constexpr int hf_lda(int k) { return ((k + 7) / 8 * 8 - 4 + 31) / 32 * 32 + 4; }
 static_assert(hf_lda(256) == 260 && hf_lda(1) == 36 && hf_lda(40) == 68 && hf_lda(36) == 68 && hf_lda(28) == 36);
 
+using dev::smem_addr;
 using dev::to_tf32;
 
 /// c += a · b for one m16n8k8 tile (a row-major 16×8, b column-major 8×8, tf32; c f32).
@@ -922,9 +923,9 @@ constexpr int kHcRows = 2 * kHfRows;  // rows of a cluster: two m16 tiles
 __device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
 
-/// Columns of half 0 of n output columns (whole 8-column tiles where n allows).
-__host__ __device__ inline int hc_split(int n) { return min(n, ((n + 1) / 2 + 7) / 8 * 8); }
 __host__ __device__ inline int round8(int n) { return (n + 7) / 8 * 8; }
+/// Columns of half 0 of n output columns (whole 8-column tiles where n allows).
+__host__ __device__ inline int hc_split(int n) { return min(n, round8((n + 1) / 2)); }
 
 struct HcLayout {  ///< shared memory of one block of the cluster head forward, in 4-byte words
   int ldx, ldh, w1, w2, x, h, hf, bias, bar, words;
@@ -950,8 +951,6 @@ __host__ __device__ inline HcLayout hc_layout(int H2, int Hh, int A, int Z) {
 /// columns [k, round8(k)) and rows [n, round8(n)) (what the mma reads beyond them), then commits
 /// the group: a warp per row, lanes along it. 16-byte copies where W is 16-byte aligned and k a
 /// multiple of 4.
-__device__ __forceinline__ unsigned smem_addr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
-
 /// Whether hc_stage copies rows of k floats from W by the bulk copy engine (16-byte aligned rows).
 __device__ __forceinline__ bool hc_bulk_ok(const float* W, int k) { return dev::aligned16(W) && k % 4 == 0; }
 
@@ -1016,10 +1015,9 @@ __device__ __forceinline__ void hc_stage(float* dst, int ld, const float* W, int
 /// words (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4): a0..a3. p: this lane's row address, row
 /// (lane & 7) + (lane & 8), word (lane >> 4)·4 (16-byte aligned).
 __device__ __forceinline__ void ldmatrix_a(std::uint32_t (&a)[4], const std::uint32_t* p) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-               : "r"(addr));
+               : "r"(smem_addr(p)));
 }
 
 /// out[32, N] = As[32, K] · Wsᵀ from shared memory: As tf32 words (row stride lda, zero beyond K

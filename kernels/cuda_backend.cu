@@ -304,6 +304,11 @@ class CudaBackend final : public Backend {
         cudaGetLastError();
         tile_ = TileMode{false, false, -1};
       }
+      // tile_gemm_wgrad (Gemm::wgrad_x in one launch, tf32): its shared memory and clusters, once.
+      if (precision_ == Precision::tf32) {
+        wgrad_kernel_ = cuda::tile_gemm_wgrad_prepare() == cudaSuccess;
+        if (!wgrad_kernel_) cudaGetLastError();
+      }
       // The fused head kernels may use up to the opt-in shared memory of a block: granted once here.
       if (fused_head_ && cuda::head_kernels_prepare(props_.sharedMemPerBlockOptin) == cudaSuccess) {
         head_shared_max_ = props_.sharedMemPerBlockOptin;
@@ -336,6 +341,7 @@ class CudaBackend final : public Backend {
   /// from the unmasked problem); on every other path, relu_mask after the GEMM.
   void gemm(const Gemm& g) noexcept override {
     constexpr const char* op = "gemm";
+    if (g.wgrad_x) return gemm_wgrad(g);
     if (g.batch2 != 1) {
       if (g.batch2 < 1) return fail(op, "batch2 must be at least 1");
       if (g.sum_batch) return fail(op, "sum_batch needs batch2 1");
@@ -357,6 +363,42 @@ class CudaBackend final : public Backend {
     const bool batched = g.batch > 1;
     DQN_CUDA_OK(op, cuda::relu_mask(stream_, g.c.as<float>(), g.m, g.n, g.ldc, g.mask.as<const float>(), g.ldmask,
                                     g.mask_rows, g.batch, batched ? g.stride_c : 0, batched ? g.stride_mask : 0));
+  }
+
+  /// Gemm::wgrad_x: in tf32 one launch of tile_gemm_wgrad where it fits; else (and in fp32 and
+  /// bf16) the GEMM, then the groups' bias sums (relu_bias_grad) and Cᵀx (a GEMM batched over the
+  /// groups), in this stream.
+  void gemm_wgrad(const Gemm& g) noexcept {
+    constexpr const char* op = "gemm";
+    if (const char* why = wgrad_invalid(g)) return fail(op, why);
+    if (!real_ok(g.wgrad_x, op, "wgrad_x") || !real_ok(g.dw, op, "dw") || (g.db && !real_ok(g.db, op, "db"))) return;
+    if (g.mask && (!real_ok(g.mask, op, "mask") || g.ldmask < g.n || g.mask_rows < 0))
+      return fail(op, "mask needs ldmask >= n and mask_rows >= 0");
+    if (wgrad_kernel_ && g.act == Act::none && g.m > 0 && g.n > 0 && g.k > 0 && real_ok(g.a, op, "a") &&
+        real_ok(g.b, op, "b") && real_ok(g.c, op, "c") && g.lda >= g.k && g.ldb >= g.n && g.ldc >= g.n) {
+      cuda::TileGemm t = tile_args(g);
+      cuda::TileWgrad w;
+      w.x = g.wgrad_x.as<const float>();
+      w.ldx = g.ldx;
+      w.x_cols = g.x_cols;
+      w.rows = g.wgrad_rows;
+      w.dw = g.dw.as<float>();
+      w.lddw = g.lddw;
+      w.stride_dw = g.stride_dw;
+      w.db = g.db ? g.db.as<float>() : nullptr;
+      w.stride_db = g.stride_db;
+      if (cuda::tile_gemm_wgrad_fits(t, w)) {
+        if (!planning_) DQN_CUDA_OK(op, cuda::tile_gemm_wgrad(stream_, t, w));
+        return;
+      }
+    }
+    if (status_ != 0) return;
+    gemm(without_wgrad(g));
+    if (status_ != 0) return;
+    if (g.db)
+      relu_bias_grad(g.c, Real{}, g.db, g.wgrad_rows, g.n, g.ldc, g.m / g.wgrad_rows,
+                     std::int64_t(g.wgrad_rows) * g.ldc, 0, g.stride_db);
+    gemm(wgrad_weights(g));
   }
 
   void gemm_body(const Gemm& g) noexcept {
@@ -1903,6 +1945,7 @@ class CudaBackend final : public Backend {
   bool tune_split_k_ = tune_split_k_from_env();  ///< DQN_GEMM_TUNE_SPLIT_K, read once per backend
   int update_blocks_ = 0;                ///< the fused update's grid (0: not fused)
   int update_cluster_ = 0;               ///< the cluster update's blocks per cluster (0: not used)
+  bool wgrad_kernel_ = false;            ///< tile_gemm_wgrad runs here (tf32, clusters launch)
   bool masked_in_kernel_ = false;        ///< gemm(): tile_gemm applied the Gemm's mask
   UpdateMode update_mode_ = update_mode_from_env();
   struct SnKey {

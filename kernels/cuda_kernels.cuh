@@ -145,6 +145,28 @@ cudaError_t tile_gemm_prepare();
 /// epilogue fused; deterministic. cudaErrorInvalidValue when !tile_gemm_fits(g, config).
 cudaError_t tile_gemm(cudaStream_t s, const TileGemm& g, int config);
 
+/// Gemm::wgrad_x and the fields after it, for tile_gemm_wgrad.
+struct TileWgrad {
+  const float* x = nullptr;
+  int ldx = 0, x_cols = 0, rows = 0;  ///< rows: Gemm::wgrad_rows (C's rows per group)
+  float* dw = nullptr;
+  int lddw = 0;
+  std::int64_t stride_dw = 0;
+  float* db = nullptr;  ///< null: no bias sums
+  std::int64_t stride_db = 0;
+};
+/// Once per device before the first tile_gemm_wgrad (its shared memory beyond 48 KiB); an error
+/// where the device cannot launch thread-block clusters.
+cudaError_t tile_gemm_wgrad_prepare();
+/// Whether tile_gemm_wgrad runs g and w: C = alpha·A·B (neither transposed, batch 1, beta 0, no
+/// bias or activation; the mask allowed) and x_cols ≤ 256.
+bool tile_gemm_wgrad_fits(const TileGemm& g, const TileWgrad& w);
+/// The tf32 GEMM of tile_gemm (32 × 32 tiles) that also gives, per group of w.rows rows of C,
+/// dw = Cᵀ·x and db = Σ_rows C (Gemm::wgrad_x): the blocks of a group's row tiles form a cluster,
+/// each keeps its tiles' partial sums in shared memory and the cluster adds them in rank order.
+/// Deterministic. cudaErrorInvalidValue when !tile_gemm_wgrad_fits(g, w).
+cudaError_t tile_gemm_wgrad(cudaStream_t s, const TileGemm& g, const TileWgrad& w);
+
 /// C[r, c] (row stride ldc) = Σ_s part[s][r][c], the slices of a split-k GEMM (compact [S, m, n]),
 /// summed in order in double.
 cudaError_t sum_slices(cudaStream_t s, float* c, int m, int n, int ldc, const float* part, int slices);

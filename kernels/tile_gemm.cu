@@ -8,6 +8,7 @@
  *  (alpha, beta·C, bias, ReLU, the ReLU-backward mask) in registers. Deterministic: a fixed
  *  summation order per element.
  */
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -78,35 +79,33 @@ __device__ __forceinline__ void copy_tile(float* dst, int ld_s, const float* src
   }
 }
 
-/// Block tile BM × BN, warp tile WM × WN (four warps), S stages of kBK along k. TA/TB: A is
-/// stored [k, m] / B is stored [n, k] (the Gemm's ta/tb).
+/// The k loop of a BM × BN tile of C at (m0, n0): acc += op(A) op(B) over the whole k, warp tile
+/// WM × WN (four warps), S stages of kBK in flight in `smem`; rows of A at or past m and columns of
+/// B at or past n read as zeros. Returns with no copy in flight (the caller's own cp.async groups,
+/// committed before, included) and with the stage buffers possibly still being read by other
+/// warps (a barrier must come before `smem` is written again). TA/TB: A is stored [k, m] / B is
+/// stored [n, k] (the Gemm's ta/tb).
 template <int BM, int BN, int WM, int WN, int S, bool TA, bool TB>
-__global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool vec_a, bool vec_b) {
-  dev::pdl_entry();
+__device__ __forceinline__ void tile_mainloop(float (&acc)[WM / 16][WN / 8][4], float* smem, const float* A, int lda,
+                                              const float* B, int ldb, int m0, int n0, int m, int n, int k,
+                                              bool vec_a, bool vec_b) {
   static_assert((BM / WM) * (BN / WN) == kThreads / 32, "four warps per block");
   static_assert(WM % 16 == 0 && WN % 8 == 0, "whole mma tiles per warp");
   using Shape = TileShape<BM, BN, TA, TB>;
   constexpr int MT = WM / 16, NT = WN / 8, LA = Shape::lda_s, LB = Shape::ldb_s;
-  extern __shared__ __align__(16) float tg_shared[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
-  const int z = static_cast<int>(blockIdx.z) / g.batch2, z2 = static_cast<int>(blockIdx.z) - z * g.batch2;
-  const float* A = g.a + z * g.stride_a + z2 * g.stride2_a;
-  const float* B = g.b + z * g.stride_b + z2 * g.stride2_b;
-  const int m = g.m, n = g.n, k = g.k;
   const int KT = (k + kBK - 1) / kBK;
 
   auto load_stage = [&](int kt, int slot) {
-    float* As = tg_shared + slot * Shape::stage_floats;
+    float* As = smem + slot * Shape::stage_floats;
     float* Bs = As + Shape::a_floats;
     const int k0 = kt * kBK;
-    if constexpr (TA) copy_tile<kBK, BM>(As, LA, A, g.lda, k0, m0, k, m, vec_a);
-    else copy_tile<BM, kBK>(As, LA, A, g.lda, m0, k0, m, k, vec_a);
-    if constexpr (TB) copy_tile<BN, kBK>(Bs, LB, B, g.ldb, n0, k0, n, k, vec_b);
-    else copy_tile<kBK, BN>(Bs, LB, B, g.ldb, k0, n0, k, n, vec_b);
+    if constexpr (TA) copy_tile<kBK, BM>(As, LA, A, lda, k0, m0, k, m, vec_a);
+    else copy_tile<BM, kBK>(As, LA, A, lda, m0, k0, m, k, vec_a);
+    if constexpr (TB) copy_tile<BN, kBK>(Bs, LB, B, ldb, n0, k0, n, k, vec_b);
+    else copy_tile<kBK, BN>(Bs, LB, B, ldb, k0, n0, k, n, vec_b);
   };
 
-  float acc[MT][NT][4] = {};
   const int wm = warp / (BN / WN), wn = warp % (BN / WN);
   const int gq = lane >> 2, tq = lane & 3;  // the mma fragment's group and thread-in-group
 
@@ -119,7 +118,7 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool ve
     __syncthreads();  // stage kt is visible to all; every warp is done with the slot reloaded below
     if (kt + S - 1 < KT) load_stage(kt + S - 1, (kt + S - 1) % S);
     cp_async_commit();
-    const float* As = tg_shared + (kt % S) * Shape::stage_floats;
+    const float* As = smem + (kt % S) * Shape::stage_floats;
     const float* Bs = As + Shape::a_floats;
 #pragma unroll
     for (int k8 = 0; k8 < kBK; k8 += 8) {
@@ -160,7 +159,26 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool ve
         for (int nt = 0; nt < NT; ++nt) mma_tf32(acc[mt][nt], af[mt], bf[nt]);
     }
   }
-  cp_async_wait<0>();  // no copy may still target shared memory when the block exits
+  cp_async_wait<0>();  // no copy may still target shared memory when the block moves on or exits
+}
+
+/// Block tile BM × BN, warp tile WM × WN (four warps), S stages of kBK along k. TA/TB: A is
+/// stored [k, m] / B is stored [n, k] (the Gemm's ta/tb).
+template <int BM, int BN, int WM, int WN, int S, bool TA, bool TB>
+__global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool vec_a, bool vec_b) {
+  dev::pdl_entry();
+  constexpr int MT = WM / 16, NT = WN / 8;
+  extern __shared__ __align__(16) float tg_shared[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+  const int z = static_cast<int>(blockIdx.z) / g.batch2, z2 = static_cast<int>(blockIdx.z) - z * g.batch2;
+  const float* A = g.a + z * g.stride_a + z2 * g.stride2_a;
+  const float* B = g.b + z * g.stride_b + z2 * g.stride2_b;
+  const int m = g.m, n = g.n;
+  float acc[MT][NT][4] = {};
+  const int wm = warp / (BN / WN), wn = warp % (BN / WN);
+  const int gq = lane >> 2, tq = lane & 3;
+  tile_mainloop<BM, BN, WM, WN, S, TA, TB>(acc, tg_shared, A, g.lda, B, g.ldb, m0, n0, m, n, g.k, vec_a, vec_b);
 
   // Epilogue: C = act(alpha·AB + beta·C + bias), C read only when beta != 0 (as bias_act after
   // the GEMM: the bias is added to the rounded alpha·AB + beta·C).
@@ -192,6 +210,161 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool ve
           C[at] = v;
         }
     }
+}
+
+// --- the GEMM that also gives the layer below's weight gradients (Gemm::wgrad_x) -------------
+
+constexpr int kWgBM = 32, kWgBN = 32, kWgWM = 16, kWgWN = 16, kWgStages = 8;  // tile_gemm's 32x32
+constexpr int kWgMaxX = 256;           // x columns the shared memory holds
+constexpr int kWgMaxCluster = 8;       // a group's row-tile blocks per cluster (the portable size)
+constexpr int kWgMaxTilesPerBlock = 4;  // beyond, the separate GEMMs (a block's tiles run in turn)
+constexpr int kWgChunk = 64;           // x columns per pass of the second product
+using WgShape = TileShape<kWgBM, kWgBN, false, false>;
+
+/// x columns rounded up to whole mma tiles.
+__host__ __device__ inline int wg_xp(int x_cols) { return (x_cols + 7) / 8 * 8; }
+/// Dynamic shared memory: the k loop's stages, Xs [BM][xp + 8] (the tile's rows of x), Cs [BM][BN
+/// + 8] (the masked tile of C), Ps [BN][xp + 4] (this block's Σ Cᵀx), dbs [BN] (doubles).
+__host__ __device__ inline std::size_t wg_shared_bytes(int x_cols) {
+  const int xp = wg_xp(x_cols);
+  const std::size_t floats = std::size_t{kWgStages} * WgShape::stage_floats + std::size_t{kWgBM} * (xp + 8) +
+                             std::size_t{kWgBM} * (kWgBN + 8) + std::size_t{kWgBN} * (xp + 4);
+  return floats * 4 + std::size_t{kWgBN} * 8;
+}
+/// Blocks per cluster for groups of `rows` rows: a power of two (dividing BN) up to the row tiles.
+int wg_cluster(int rows) {
+  const int tiles = (rows + kWgBM - 1) / kWgBM;
+  int c = 1;
+  while (c * 2 <= tiles && c * 2 <= kWgMaxCluster) c *= 2;
+  return c;
+}
+
+/// Grid (groups × cluster, column tiles of C); a cluster per (group, column tile), its block of
+/// rank q taking the group's row tiles q, q + cluster, … For each: the tile of C = alpha·A·B (k
+/// loop as tile_gemm, the tile's rows of x copied beside it), masked and stored; its masked
+/// values into Cs; their column sums into dbs and Csᵀ·Xs into Ps (tf32 mma, f32 accumulation).
+/// Then the cluster adds its blocks' Ps and dbs in rank order (in double), each block a slice of
+/// the rows of dw and db.
+__global__ void __launch_bounds__(kThreads) tile_gemm_wgrad_kernel(TileGemm g, TileWgrad w, bool vec_a, bool vec_b,
+                                                                   bool vec_x) {
+  dev::pdl_entry();
+  namespace cg = cooperative_groups;
+  constexpr int BM = kWgBM, BN = kWgBN, WM = kWgWM, WN = kWgWN, MT = WM / 16, NT = WN / 8, LC = BN + 8;
+  extern __shared__ __align__(16) float tg_shared[];
+  cg::cluster_group cluster = cg::this_cluster();
+  const int cr = static_cast<int>(cluster.num_blocks()), rank = static_cast<int>(cluster.block_rank());
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
+  const int xp = wg_xp(w.x_cols), lx = xp + 8, lp = xp + 4;
+  float* Xs = tg_shared + kWgStages * WgShape::stage_floats;
+  float* Cs = Xs + BM * lx;
+  float* Ps = Cs + BM * LC;
+  double* dbs = reinterpret_cast<double*>(Ps + BN * lp);
+  const int group = static_cast<int>(blockIdx.x) / cr, n0 = static_cast<int>(blockIdx.y) * BN;
+  const int row_lo = group * w.rows, row_hi = row_lo + w.rows, tiles = (w.rows + BM - 1) / BM;
+  for (int i = threadIdx.x; i < BN * lp; i += kThreads) Ps[i] = 0.0f;  // the k loop's first barrier orders these
+  if (threadIdx.x < BN) dbs[threadIdx.x] = 0.0;
+  const int wm = warp / (BN / WN), wn = warp % (BN / WN), pm = warp >> 1, pn = warp & 1;
+  for (int t = rank; t < tiles; t += cr) {
+    const int m0 = row_lo + t * BM, xr0 = t * BM, xrows = min(BM, w.rows - xr0);
+    // the tile's rows of x (zeros past the group's rows and past x_cols), in flight with the k loop
+    for (int q = threadIdx.x; q < BM * (xp / 4); q += kThreads) {
+      const int r = q / (xp / 4), c = (q - r * (xp / 4)) * 4;
+      float* d = Xs + r * lx + c;
+      const float* src = w.x + static_cast<std::int64_t>(xr0 + r) * w.ldx + c;
+      if (vec_x) {
+        const int left = r < xrows ? w.x_cols - c : 0;
+        const int bytes = left >= 4 ? 16 : left > 0 ? 4 * left : 0;
+        cp_async16(d, bytes > 0 ? src : w.x, bytes);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const bool ok = r < xrows && c + e < w.x_cols;
+          cp_async4(d + e, ok ? src + e : w.x, ok);
+        }
+      }
+    }
+    cp_async_commit();
+    float acc[MT][NT][4] = {};
+    tile_mainloop<BM, BN, WM, WN, kWgStages, false, false>(acc, tg_shared, g.a, g.lda, g.b, g.ldb, m0, n0, row_hi, g.n,
+                                                           g.k, vec_a, vec_b);
+    // C (as tile_gemm's epilogue with beta 0, no bias: alpha, then the mask) and its tile in Cs
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int rl = wm * WM + mt * 16 + gq + h * 8, r = m0 + rl;
+        const bool row_ok = r < row_hi;
+        const float* mrow = g.mask && row_ok ? g.mask + static_cast<std::int64_t>(r % g.mask_rows) * g.ldmask : nullptr;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int cl = wn * WN + nt * 8 + 2 * tq + e, c = n0 + cl;
+            float v = 0.0f;
+            if (row_ok && c < g.n) {
+              v = g.alpha * acc[mt][nt][2 * h + e];
+              if (mrow && mrow[c] <= 0.0f) v = 0.0f;
+              g.c[static_cast<std::int64_t>(r) * g.ldc + c] = v;
+            }
+            Cs[rl * LC + cl] = v;
+          }
+      }
+    __syncthreads();  // Cs and Xs complete (each thread's copies were waited for in the k loop)
+    if (w.db && threadIdx.x < BN) {
+      double s = 0.0;
+      for (int r = 0; r < BM; ++r) s += static_cast<double>(Cs[r * LC + threadIdx.x]);
+      dbs[threadIdx.x] += s;
+    }
+    // Ps += Csᵀ · Xs: rows of P are C's columns, k the tile's rows; warps 2 × 2 over a chunk of
+    // 64 columns of x (warp tile 16 × 32)
+    for (int x0 = 0; x0 < xp; x0 += kWgChunk) {
+      const int cbase = x0 + pn * 32;
+      float pacc[4][4] = {};
+#pragma unroll
+      for (int k8 = 0; k8 < BM; k8 += 8) {
+        std::uint32_t af[4];
+        const float* pa = Cs + (k8 + tq) * LC + pm * 16 + gq;
+        af[0] = to_tf32(pa[0]);
+        af[1] = to_tf32(pa[8]);
+        af[2] = to_tf32(pa[4 * LC]);
+        af[3] = to_tf32(pa[4 * LC + 8]);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          if (cbase + nt * 8 >= xp) break;  // the same in the whole warp
+          const float* pb = Xs + (k8 + tq) * lx + cbase + nt * 8 + gq;
+          const std::uint32_t bf[2] = {to_tf32(pb[0]), to_tf32(pb[4 * lx])};
+          mma_tf32(pacc[nt], af, bf);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        if (cbase + nt * 8 >= xp) break;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float* pr = Ps + (pm * 16 + gq + h * 8) * lp + cbase + nt * 8 + 2 * tq;
+          pr[0] += pacc[nt][2 * h];
+          pr[1] += pacc[nt][2 * h + 1];
+        }
+      }
+    }
+    __syncthreads();  // Xs, Cs and the stages are free for the next tile
+  }
+  cluster.sync();  // every block's Ps and dbs complete, and visible to the cluster
+  const int rpq = BN / cr, r0 = rank * rpq;  // the rows of dw (columns of C) this block adds up
+  float* dw = w.dw + static_cast<std::int64_t>(group) * w.stride_dw;
+  for (int e = threadIdx.x; e < rpq * w.x_cols; e += kThreads) {
+    const int rr = e / w.x_cols, r = r0 + rr, c = e - rr * w.x_cols;
+    if (n0 + r >= g.n) continue;
+    double s = 0.0;
+    for (int q = 0; q < cr; ++q) s += static_cast<double>(cluster.map_shared_rank(Ps, q)[r * lp + c]);
+    dw[static_cast<std::int64_t>(n0 + r) * w.lddw + c] = static_cast<float>(s);
+  }
+  if (w.db && threadIdx.x < rpq && n0 + r0 + static_cast<int>(threadIdx.x) < g.n) {
+    double s = 0.0;
+    for (int q = 0; q < cr; ++q) s += cluster.map_shared_rank(dbs, q)[r0 + threadIdx.x];
+    w.db[static_cast<std::int64_t>(group) * w.stride_db + n0 + r0 + threadIdx.x] = static_cast<float>(s);
+  }
+  cluster.sync();  // no block leaves while another may still read its shared memory
 }
 
 /// The tile shapes: block tile, warp tile (four warps), stages in flight, name.
@@ -265,6 +438,46 @@ cudaError_t tile_gemm(cudaStream_t s, const TileGemm& g, int config) {
     case 1: return launch_config<1>(s, g);
     default: return launch_config<2>(s, g);
   }
+}
+
+cudaError_t tile_gemm_wgrad_prepare() {
+  int dev = 0, ok = 0;
+  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaDeviceGetAttribute(&ok, cudaDevAttrClusterLaunch, dev); e != cudaSuccess) return e;
+  if (!ok) return cudaErrorNotSupported;
+  return cudaFuncSetAttribute(tile_gemm_wgrad_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(wg_shared_bytes(kWgMaxX)));
+}
+
+bool tile_gemm_wgrad_fits(const TileGemm& g, const TileWgrad& w) {
+  if (g.ta || g.tb || g.relu || g.bias || g.beta != 0.0f || g.batch != 1 || g.batch2 != 1) return false;
+  if (g.m <= 0 || g.n <= 0 || g.k <= 0 || w.rows <= 0 || g.m % w.rows != 0 || !w.x || !w.dw) return false;
+  if (w.x_cols <= 0 || w.x_cols > kWgMaxX || w.ldx < w.x_cols || w.lddw < w.x_cols) return false;
+  const int tiles = (w.rows + kWgBM - 1) / kWgBM;
+  const long long blocks_x = static_cast<long long>(g.m / w.rows) * wg_cluster(w.rows);
+  return tiles <= kWgMaxTilesPerBlock * wg_cluster(w.rows) && blocks_x <= 0x7fffffffLL &&
+         (g.n + kWgBN - 1) / kWgBN <= 65535;
+}
+
+cudaError_t tile_gemm_wgrad(cudaStream_t s, const TileGemm& g, const TileWgrad& w) {
+  if (!tile_gemm_wgrad_fits(g, w)) return cudaErrorInvalidValue;
+  const int cr = wg_cluster(w.rows);
+  const std::size_t shared = wg_shared_bytes(w.x_cols);
+  cudaLaunchAttribute attr[2]{};
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(cr);
+  attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
+  attr[1] = dev::pdl_attribute();
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(g.m / w.rows * cr), static_cast<unsigned>((g.n + kWgBN - 1) / kWgBN), 1);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = shared;
+  cfg.stream = s;
+  cfg.attrs = attr;
+  cfg.numAttrs = dev::pdl_for(shared) ? 2 : 1;
+  const bool vec_a = dev::aligned16(g.a) && g.lda % 4 == 0, vec_b = dev::aligned16(g.b) && g.ldb % 4 == 0;
+  const bool vec_x = dev::aligned16(w.x) && w.ldx % 4 == 0;
+  return cudaLaunchKernelEx(&cfg, tile_gemm_wgrad_kernel, g, w, vec_a, vec_b, vec_x);
 }
 
 }  // namespace dqn::cuda

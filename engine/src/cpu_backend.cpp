@@ -33,6 +33,19 @@ class CpuBackend final : public Backend {
   // --- dense layers -------------------------------------------------------------------------
 
   void gemm(const Gemm& g) noexcept override {
+    if (g.wgrad_x) {  // C, then per group its bias sums and Cᵀx, as the separate ops
+      if (const char* why = wgrad_invalid(g)) return fail("gemm", why);
+      if (!real_ok(g.wgrad_x, "gemm", "wgrad_x") || !real_ok(g.dw, "gemm", "dw")) return;
+      if (g.db && !real_ok(g.db, "gemm", "db")) return;
+      gemm(without_wgrad(g));
+      if (status_ != 0) return;
+      if (g.db)
+        for (int j = 0; j < g.m / g.wgrad_rows; ++j)
+          bias_grad(g.db + j * g.stride_db, g.c + std::int64_t(j) * g.wgrad_rows * g.ldc, g.wgrad_rows, g.n, g.ldc,
+                    0.0f);
+      gemm(wgrad_weights(g));
+      return;
+    }
     if (g.batch2 != 1) {  // entry j of the second dimension: a one-dimensional call at its offsets
       if (g.batch2 < 1) return fail("gemm", "batch2 must be at least 1");
       if (g.sum_batch) return fail("gemm", "sum_batch needs batch2 1");

@@ -383,6 +383,13 @@ void Engine::add_engine_stages_back() {
   // layer's mask, d(input); the first layer has none below the top); its bias gradient
   // (trunk.bias.<i>) and weight gradient (trunk.weights.<i>) need only the masked gradient and so
   // run beside the layers below.
+  // DQN_FUSED_WGRAD=1 (two layers or more): the first layer's weight and bias gradients come
+  // with its input gradient, in the second layer's trunk.backward (Gemm::wgrad_x), which then
+  // reads the states and writes them; no trunk.bias.0 or trunk.weights.0 stage.
+  const char* fw = std::getenv("DQN_FUSED_WGRAD");
+  const std::string fws = fw ? fw : "0";
+  if (fws != "0" && fws != "1") throw std::invalid_argument("DQN_FUSED_WGRAD='" + fws + "': expected 0 or 1");
+  fused_wgrad_ = fws == "1" && L >= 2;
   for (int i = L - 1; i >= 0; --i) {
     const std::string li = std::to_string(i);
     const std::string& dz_i = dz[std::size_t(i)];
@@ -398,9 +405,17 @@ void Engine::add_engine_stages_back() {
         reads.push_back("params");
         writes.push_back(dz[std::size_t(i - 1)]);
       }
+      if (i == 1 && fused_wgrad_) {
+        reads.push_back(buf::states2);
+        for (const auto& h : head_names_) {
+          writes.push_back("grad/" + h + "/trunk.0.weight");
+          writes.push_back("grad/" + h + "/trunk.0.bias");
+        }
+      }
       stages_.push_back(Stage{"trunk.backward." + li, "engine", reads, writes,
                               [this, i](Backend& be) { trunk_backward_layer(be, i); }});
     }
+    if (i == 0 && fused_wgrad_) continue;  // in trunk.backward.1
     std::vector<std::string> bwrites;
     for (const auto& h : head_names_) bwrites.push_back("grad/" + h + "/trunk." + li + ".bias");
     stages_.push_back(Stage{"trunk.bias." + li, "engine", {dz_i}, bwrites,
@@ -562,6 +577,11 @@ void Engine::trunk_backward_layer(Backend& be, int i) {
   gx.a = dz; gx.lda = w; gx.b = trunk_w_[i]; gx.ldb = in_w; gx.c = trunk_dz_[i - 1]; gx.ldc = in_w;
   gx.weight_operand = 2;
   gx.mask = trunk_a_[i - 1]; gx.ldmask = in_w; gx.mask_rows = B;
+  if (i == 1 && fused_wgrad_) {  // layer 0's dW_h = dz0_hᵀ · states and db_h, per head (B rows each)
+    gx.wgrad_x = states2_; gx.ldx = net_.state; gx.x_cols = net_.state; gx.wgrad_rows = B;
+    gx.dw = trunk_gw_[0][0]; gx.lddw = net_.state; gx.stride_dw = reg_.param_count();
+    gx.db = trunk_gb_[0][0]; gx.stride_db = reg_.param_count();
+  }
   be.gemm(gx);
 }
 

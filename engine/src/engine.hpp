@@ -181,6 +181,9 @@ class Engine {
 
   std::int64_t steps_ = 0, captures_ = 0;
   bool captured_ = false;
+  /// DQN_FUSED_WGRAD=1: the first trunk layer's weight and bias gradients in the GEMM of the
+  /// second layer's trunk.backward stage (Gemm::wgrad_x), not stages of their own.
+  bool fused_wgrad_ = false;
   LanePlan lanes_;  ///< where the captured step's stages run (empty: not captured)
 };
 

@@ -14,7 +14,10 @@ constexpr std::size_t kAlign = 256;
 
 std::string shape_text(const std::vector<std::int64_t>& s) {
   std::string out = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? "," : "") + std::to_string(s[i]);
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (i) out += ',';
+    out += std::to_string(s[i]);
+  }
   return out + "]";
 }
 

@@ -358,6 +358,79 @@ TEST_CASE("gpu.ops.gemm_mask: the ReLU backward in the GEMM (tile_gemm's epilogu
   CHECK(std::string(gpu.ops.message()).find("mask needs ldmask >= n") != std::string::npos);
 }
 
+TEST_CASE("gpu.ops.gemm_wgrad: the layer below's dW and db with C (tile_gemm_wgrad's clusters, else the separate ops) against the CPU") {
+  // Gemm::wgrad_x: in tf32 one launch where it fits (32-row tiles of a group in clusters of up to
+  // 8 blocks, at most 4 tiles a block, x_cols <= 256), else the GEMM, the bias sums and Cᵀx.
+  struct Case {
+    const char* why;
+    int groups, rows, n, k, x_cols, ldx;
+    bool db;
+  };
+  const Case cases[] = {
+      {"the trunk's shape (B 256, 256 wide, states 64): one tile a block, clusters of 8", 1, 256, 256, 256, 64, 64, true},
+      {"four heads", 4, 256, 256, 256, 64, 64, true},
+      {"awkward: 100 rows (a short last tile), 53 columns, x 37 wide with 4-byte copies", 3, 100, 53, 37, 37, 37, true},
+      {"x rows 16-byte aligned but x 37 wide; no db", 2, 70, 45, 29, 37, 40, false},
+      {"B 1024: four tiles a block", 1, 1024, 96, 64, 64, 64, true},
+      {"B 2048: the separate ops", 1, 2048, 64, 32, 64, 64, true},
+      {"x 300 wide: the separate ops", 1, 64, 40, 24, 300, 300, true},
+  };
+  for (const Precision prec : {Precision::tf32, Precision::fp32, Precision::bf16}) {
+    const double tol = prec == Precision::fp32 ? kFp32Gemm : prec == Precision::tf32 ? kTf32Gemm : kBf16Gemm;
+    Gpu gpu(prec, std::size_t{256} << 20);
+    Cpu cpu;
+    std::uint32_t seed = 900;
+    for (const Case& c : cases) {
+      const std::string what = std::string(prec == Precision::fp32 ? "fp32" : prec == Precision::tf32 ? "tf32" : "bf16") +
+                               " gemm wgrad, " + c.why;
+      CAPTURE(what);
+      const int m = c.groups * c.rows, lda = c.k + 1, ldb = c.n + 2, ldc = c.n + 3, ldmask = c.n + 5, lddw = c.x_cols + 2;
+      const std::int64_t stride_dw = std::int64_t(c.n) * lddw + 5, stride_db = c.n + 3;
+      auto A = random_vec(static_cast<std::size_t>(m) * lda, -1, 1, seed++);
+      auto B = random_vec(static_cast<std::size_t>(c.k) * ldb, -1, 1, seed++);
+      auto X = random_vec(static_cast<std::size_t>(c.rows) * c.ldx, -1, 1, seed++);
+      auto M = random_vec(static_cast<std::size_t>(c.rows) * ldmask, -1, 1, seed++);  // about half masked
+      const std::size_t nc = static_cast<std::size_t>(m) * ldc, ndw = static_cast<std::size_t>(stride_dw) * c.groups,
+                        ndb = static_cast<std::size_t>(stride_db) * c.groups;
+      Gemm g;
+      g.m = m; g.n = c.n; g.k = c.k; g.lda = lda; g.ldb = ldb; g.ldc = ldc; g.ldmask = ldmask; g.mask_rows = c.rows;
+      g.ldx = c.ldx; g.x_cols = c.x_cols; g.wgrad_rows = c.rows; g.lddw = lddw; g.stride_dw = stride_dw;
+      g.stride_db = c.db ? stride_db : 0;
+      Gemm gd = g, gc = g;
+      gd.a = gpu.put(A); gd.b = gpu.put(B); gd.c = gpu.poisoned(std::int64_t(nc)); gd.mask = gpu.put(M);
+      gd.wgrad_x = gpu.put(X); gd.dw = gpu.poisoned(std::int64_t(ndw));
+      if (c.db) gd.db = gpu.poisoned(std::int64_t(ndb));
+      gpu.ops.gemm(gd);
+      gpu.ok();
+      std::vector<float> C(nc, kNaN), DW(ndw, kNaN), DB(ndb, kNaN);
+      gc.a = host(A); gc.b = host(B); gc.c = host(C); gc.mask = host(M); gc.wgrad_x = host(X); gc.dw = host(DW);
+      if (c.db) gc.db = host(DB);
+      cpu.ops->gemm(gc);
+      cpu.ok();
+      const auto c1 = gpu.get(gd.c, std::int64_t(nc)), dw1 = gpu.get(gd.dw, std::int64_t(ndw));
+      expect_close(c1, C, tol, what + ": C");
+      expect_close(dw1, DW, tol, what + ": dw");  // the padding between groups' rows stays NaN on both
+      if (c.db) expect_close(gpu.get(gd.db, std::int64_t(ndb)), DB, tol, what + ": db");
+      // deterministic: a second run gives the same bits
+      gpu.poison(gd.dw, std::int64_t(ndw));
+      gpu.ops.gemm(gd);
+      gpu.ok();
+      expect_same_bits(gpu.get(gd.dw, std::int64_t(ndw)), dw1, what + ": rerun dw");
+    }
+  }
+  // refused with the reason where the fields do not make sense
+  Gpu gpu(Precision::tf32);
+  Gemm bad;
+  bad.m = 4; bad.n = 8; bad.k = 2; bad.lda = 2; bad.ldb = 8; bad.ldc = 8;
+  bad.a = gpu.put(std::vector<float>(8, 1.0f)); bad.b = gpu.put(std::vector<float>(16, 1.0f));
+  bad.c = gpu.put(std::vector<float>(32, 0.0f));
+  bad.wgrad_x = gpu.put(std::vector<float>(8, 1.0f)); bad.ldx = 2; bad.x_cols = 2; bad.wgrad_rows = 3;
+  bad.dw = gpu.put(std::vector<float>(16, 0.0f)); bad.lddw = 2;
+  gpu.ops.gemm(bad);
+  CHECK(gpu.ops.status() != 0);
+  CHECK(std::string(gpu.ops.message()).find("m a multiple of wgrad_rows") != std::string::npos);
+}
+
 TEST_CASE("gpu.ops.gemm_batch2: a second batch dimension (one tile_gemm launch, else a call per entry) against the CPU") {
   struct Case {
     const char* why;

@@ -91,6 +91,26 @@ std::unique_ptr<Engine> make(const PipelineSpec& spec, BackendKind b) {
   return e;
 }
 
+/// Sets (value not null) an environment variable for one scope and puts back what it was, so a
+/// switch given to the whole binary (DQN_FUSED_HEAD=cluster test_gpu_step) still holds in the
+/// cases after one that sets its own.
+class EnvOverride {
+ public:
+  EnvOverride(const char* name, const char* value) : name_(name) {
+    if (const char* v = std::getenv(name)) old_ = v;
+    if (value) setenv(name, value, 1);
+  }
+  ~EnvOverride() {
+    if (old_) setenv(name_, old_->c_str(), 1);
+    else unsetenv(name_);
+  }
+  EnvOverride(const EnvOverride&) = delete;
+  EnvOverride& operator=(const EnvOverride&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
 double rel(const std::vector<double>& a, const std::vector<double>& b) {
   double d = 0, r = 0;
   for (std::size_t i = 0; i < a.size(); ++i) {
@@ -144,22 +164,33 @@ TEST_CASE("gpu.step.matches_cpu") {
   // bits in the GEMM operands (≈5e-4 per product) and bf16 7 bits (≈4e-3), and Adam's
   // normalised update turns small gradient differences into lr-sized parameter differences, so
   // those get looser bounds.
-  // tf32 runs four times: with the default kernels (GEMMs on cuBLASLt or tile_gemm, as tuned),
-  // cuBLASLt only (DQN_TILE_GEMM=0), tile_gemm always (=1), and both fused head kernels
-  // (DQN_FUSED_HEAD=1).
-  struct Case { const char* precision; double params, loss; const char* fused_head; const char* tile; };
-  for (const Case c : {Case{"fp32", 2e-4, 1e-4, nullptr, nullptr}, Case{"tf32", 5e-3, 5e-3, nullptr, nullptr},
-                       Case{"tf32", 5e-3, 5e-3, nullptr, "0"}, Case{"tf32", 5e-3, 5e-3, nullptr, "1"},
-                       Case{"tf32", 5e-3, 5e-3, "1", nullptr}, Case{"bf16", 3e-2, 3e-2, nullptr, nullptr}}) {
+  // tf32 runs five times: with the default kernels (GEMMs on cuBLASLt or tile_gemm, as tuned),
+  // cuBLASLt only (DQN_TILE_GEMM=0), tile_gemm always (=1), both fused head kernels
+  // (DQN_FUSED_HEAD=1), and the first trunk layer's gradients in tile_gemm_wgrad
+  // (DQN_FUSED_WGRAD=1; the CPU engine keeps its stages: the same numbers, heads_test).
+  struct Case {
+    const char* precision;
+    double params, loss;
+    const char* fused_head;
+    const char* tile;
+    const char* fused_wgrad;
+  };
+  for (const Case c : {Case{"fp32", 2e-4, 1e-4, nullptr, nullptr, nullptr},
+                       Case{"tf32", 5e-3, 5e-3, nullptr, nullptr, nullptr}, Case{"tf32", 5e-3, 5e-3, nullptr, "0", nullptr},
+                       Case{"tf32", 5e-3, 5e-3, nullptr, "1", nullptr}, Case{"tf32", 5e-3, 5e-3, "1", nullptr, nullptr},
+                       Case{"tf32", 5e-3, 5e-3, nullptr, nullptr, "1"}, Case{"bf16", 3e-2, 3e-2, nullptr, nullptr, nullptr},
+                       Case{"bf16", 3e-2, 3e-2, nullptr, nullptr, "1"}}) {
     INFO("precision " << std::string(c.precision) << ", DQN_FUSED_HEAD " << (c.fused_head ? c.fused_head : "unset")
-                      << ", DQN_TILE_GEMM " << (c.tile ? c.tile : "unset"));
+                      << ", DQN_TILE_GEMM " << (c.tile ? c.tile : "unset") << ", DQN_FUSED_WGRAD "
+                      << (c.fused_wgrad ? c.fused_wgrad : "unset"));
     const PipelineSpec spec = parse(pipeline(c.precision));
-    // read when the backend is made
-    if (c.fused_head) setenv("DQN_FUSED_HEAD", c.fused_head, 1);
-    if (c.tile) setenv("DQN_TILE_GEMM", c.tile, 1);
-    auto gpu = make(spec, BackendKind::cuda);
-    unsetenv("DQN_FUSED_HEAD");
-    unsetenv("DQN_TILE_GEMM");
+    // read when the backend (the engine: DQN_FUSED_WGRAD) is made; the CPU engine gets none
+    std::unique_ptr<Engine> gpu;
+    {
+      const EnvOverride fh("DQN_FUSED_HEAD", c.fused_head), tg("DQN_TILE_GEMM", c.tile),
+          fw("DQN_FUSED_WGRAD", c.fused_wgrad);
+      gpu = make(spec, BackendKind::cuda);
+    }
     auto cpu = make(spec, BackendKind::cpu);
     // One step: everything from identical weights.
     gpu->step();
@@ -189,9 +220,12 @@ TEST_CASE("gpu.step.matches_cpu") {
 }
 
 TEST_CASE("gpu.step.replay_equals_uncaptured") {
-  for (const char* p : {"fp32", "tf32", "bf16"}) {
-    INFO("precision " << std::string(p));
+  // tf32 also with DQN_FUSED_WGRAD=1 (tile_gemm_wgrad's clusters add in a fixed order)
+  for (const auto& [p, fused_wgrad] : {std::pair<const char*, bool>{"fp32", false}, {"tf32", false}, {"tf32", true},
+                                       {"bf16", false}}) {
+    INFO("precision " << std::string(p) << (fused_wgrad ? ", DQN_FUSED_WGRAD=1" : ""));
     const PipelineSpec spec = parse(pipeline(p));
+    const EnvOverride fw("DQN_FUSED_WGRAD", fused_wgrad ? "1" : nullptr);
     auto a = make(spec, BackendKind::cuda);
     auto b = make(spec, BackendKind::cuda);
     for (int i = 0; i < 20; ++i) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -519,6 +520,43 @@ TEST_CASE("heads.full_pipeline_f32_matches_f64_and_is_deterministic") {
   const StepReport ra = a->read_report(), rc = c->read_report();
   for (std::size_t h = 0; h < 4; ++h) CHECK(ra.losses[h] == doctest::Approx(rc.losses[h]).epsilon(1e-5));
   CHECK(ra.skipped_steps == 0);
+}
+
+TEST_CASE("heads.fused_wgrad: the first layer's gradients in the second layer's backward, the same step bit for bit") {
+  // DQN_FUSED_WGRAD=1 (read when the engine is built): trunk.backward.1 also writes layer 0's dW
+  // and db (Gemm::wgrad_x) and the stages trunk.weights.0 and trunk.bias.0 are gone; anything but
+  // 0 or 1 is refused.
+  for (const std::string& aux : {std::string(), std::string(kIqn) + "  - {plugin: ensemble, members: 2}\n  - {plugin: cql}\n"}) {
+    CAPTURE(aux);
+    const PipelineSpec spec = parse(tiny_pipeline(aux, "spectral_norm: {enabled: true, sigma_max: 2}\n"));
+    for (const bool f64 : {true, false}) {
+      CAPTURE(f64);
+      unsetenv("DQN_FUSED_WGRAD");
+      auto plain = make(spec, f64);
+      setenv("DQN_FUSED_WGRAD", "1", 1);
+      auto fused = make(spec, f64);
+      unsetenv("DQN_FUSED_WGRAD");
+      const std::string ep = plain->explain(), ef = fused->explain();
+      CHECK(ep.find("trunk.weights.0") != std::string::npos);
+      CHECK(ef.find("trunk.weights.0") == std::string::npos);
+      CHECK(ef.find("trunk.bias.0") == std::string::npos);
+      CHECK(ef.find("grad/c51/trunk.0.weight") != std::string::npos);
+      for (int i = 0; i < 5; ++i) {
+        plain->step();
+        fused->step();
+      }
+      CHECK(plain->host_buffer("params") == fused->host_buffer("params"));
+      CHECK(plain->host_buffer("grad/all") == fused->host_buffer("grad/all"));
+      CHECK(plain->host_buffer("adam.v") == fused->host_buffer("adam.v"));
+      const StepReport rp = plain->read_report(), rf = fused->read_report();
+      CHECK(rp.grad_norms == rf.grad_norms);
+      CHECK(rp.losses == rf.losses);
+    }
+  }
+  setenv("DQN_FUSED_WGRAD", "yes", 1);
+  const PipelineSpec spec = parse(tiny_pipeline(""));
+  CHECK_THROWS_WITH_AS(make(spec, true), "DQN_FUSED_WGRAD='yes': expected 0 or 1", std::invalid_argument);
+  unsetenv("DQN_FUSED_WGRAD");
 }
 
 TEST_CASE("heads.layout.aligned_groups") {

@@ -478,6 +478,100 @@ TEST_CASE("ops.gemm.sum_batch: the entries' products summed into one C equal one
   CHECK(std::string(cpu2->message()).find("sum_batch needs batch2 1") != std::string::npos);
 }
 
+TEST_CASE("ops.gemm.wgrad: the layer below's dW and db with C equal the separate ops, bit for bit") {
+  // Gemm::wgrad_x (ABI 10): after C (masked), per group j of wgrad_rows rows dw_j = C_jᵀ·x and
+  // db_j = Σ_rows C_j, as the trunk's first layer gets them from the second layer's d(input).
+  Backends be;
+  Rng rng(17);
+  const int groups = 3, rows = 7, n = 6, k = 5, xc = 4, m = groups * rows;
+  const int lda = k + 1, ldb = n + 2, ldc = n + 1, ldmask = n + 3, ldx = xc + 2, lddw = xc + 1;
+  const std::int64_t stride_dw = n * lddw + 3, stride_db = n + 2;
+  const Vd A = rng.vec(static_cast<std::size_t>(m) * lda), B = rng.vec(static_cast<std::size_t>(k) * ldb),
+           X = rng.vec(static_cast<std::size_t>(rows) * ldx);
+  Vd M = rng.vec(static_cast<std::size_t>(rows) * ldmask);
+  for (std::size_t i = 0; i < M.size(); i += 3) M[i] = -1.0;  // the mask zeroes some of C
+  for (const int with_db : {1, 0})
+    for (Backend* b : {be.f64.get(), be.f32.get()}) {
+      CAPTURE(b->name());
+      CAPTURE(with_db);
+      const std::uint32_t es = b->real_size();
+      Vec a(es, A), bb(es, B), x(es, X), mk(es, M);
+      Vec c1(es, static_cast<std::size_t>(m) * ldc, kNaN), c2(es, static_cast<std::size_t>(m) * ldc, kNaN);
+      Vec dw1(es, static_cast<std::size_t>(stride_dw) * groups, 7.0), dw2(es, static_cast<std::size_t>(stride_dw) * groups, 7.0);
+      Vec db1(es, static_cast<std::size_t>(stride_db) * groups, 7.0), db2(es, static_cast<std::size_t>(stride_db) * groups, 7.0);
+      dqn::Gemm g;
+      g.m = m, g.n = n, g.k = k, g.a = a.r(), g.lda = lda, g.b = bb.r(), g.ldb = ldb, g.c = c1.r(), g.ldc = ldc;
+      g.mask = mk.r(), g.ldmask = ldmask, g.mask_rows = rows;
+      g.wgrad_x = x.r(), g.ldx = ldx, g.x_cols = xc, g.wgrad_rows = rows, g.dw = dw1.r(), g.lddw = lddw;
+      g.stride_dw = stride_dw;
+      if (with_db) g.db = db1.r(), g.stride_db = stride_db;
+      b->gemm(g);
+      // the same from the separate ops: the GEMM, the bias sums per group, Cᵀx batched over the groups
+      dqn::Gemm p = dqn::without_wgrad(g);
+      p.c = c2.r();
+      b->gemm(p);
+      if (with_db)
+        b->relu_bias_grad(c2.r(), Real{}, db2.r(), rows, n, ldc, groups, std::int64_t(rows) * ldc, 0, stride_db);
+      dqn::Gemm w;
+      w.ta = true, w.m = n, w.n = xc, w.k = rows, w.a = c2.r(), w.lda = ldc, w.stride_a = std::int64_t(rows) * ldc;
+      w.b = x.r(), w.ldb = ldx, w.c = dw2.r(), w.ldc = lddw, w.stride_c = stride_dw, w.batch = groups;
+      b->gemm(w);
+      REQUIRE(b->status() == 0);
+      CHECK(c1.bytes() == c2.bytes());
+      CHECK(dw1.bytes() == dw2.bytes());
+      CHECK(db1.bytes() == db2.bytes());
+      // and against sums written here: dw_j[i][q] = Σ_r C[j·rows + r][i]·x[r][q], db_j[i] = Σ_r C[..][i]
+      const Vd C = c1.get();
+      const Vd DW = dw1.get(), DB = db1.get();
+      double worst = 0.0;
+      for (int j = 0; j < groups; ++j)
+        for (int i = 0; i < n; ++i) {
+          double sb = 0.0;
+          for (int r = 0; r < rows; ++r) sb += C[static_cast<std::size_t>((j * rows + r) * ldc + i)];
+          if (with_db) worst = std::max(worst, std::fabs(DB[static_cast<std::size_t>(j * stride_db + i)] - sb));
+          else CHECK(DB[static_cast<std::size_t>(j * stride_db + i)] == 7.0);  // db null: untouched
+          for (int q = 0; q < xc; ++q) {
+            double s = 0.0;
+            for (int r = 0; r < rows; ++r)
+              s += C[static_cast<std::size_t>((j * rows + r) * ldc + i)] * X[static_cast<std::size_t>(r * ldx + q)];
+            worst = std::max(worst, std::fabs(DW[static_cast<std::size_t>(j * stride_dw + i * lddw + q)] - s));
+          }
+        }
+      CHECK(worst < (es == 8 ? 1e-12 : 1e-5));
+      std::size_t zeros = 0;
+      for (int r = 0; r < m; ++r)
+        for (int i = 0; i < n; ++i) zeros += C[static_cast<std::size_t>(r * ldc + i)] == 0.0;
+      CHECK(zeros > 0);
+    }
+  // refused with the reason: a group size that does not divide m, a batched call, no dw
+  auto cpu = dqn::make_cpu_backend(false);
+  Vec a(4, 64, 1.0), bb(4, 64, 1.0), c(4, 64, 0.0), x(4, 64, 1.0), dw(4, 64, 0.0);
+  auto base = [&] {
+    dqn::Gemm g;
+    g.m = 4, g.n = 2, g.k = 2, g.a = a.r(), g.lda = 2, g.b = bb.r(), g.ldb = 2, g.c = c.r(), g.ldc = 2;
+    g.wgrad_x = x.r(), g.ldx = 2, g.x_cols = 2, g.wgrad_rows = 2, g.dw = dw.r(), g.lddw = 2;
+    return g;
+  };
+  const struct {
+    void (*change)(dqn::Gemm&);
+    const char* says;
+  } bad[] = {{[](dqn::Gemm& g) { g.wgrad_rows = 3; }, "m a multiple of wgrad_rows"},
+             {[](dqn::Gemm& g) { g.batch = 2; }, "wgrad needs batch 1"},
+             {[](dqn::Gemm& g) { g.dw = Real{}; }, "wgrad needs dw"},
+             {[](dqn::Gemm& g) { g.lddw = 1; }, "ldx, lddw >= x_cols"}};
+  for (const auto& t : bad) {
+    auto be2 = dqn::make_cpu_backend(false);
+    dqn::Gemm g = base();
+    t.change(g);
+    be2->gemm(g);
+    CHECK(be2->status() != 0);
+    CHECK_MESSAGE(std::string(be2->message()).find(t.says) != std::string::npos, be2->message());
+  }
+  dqn::Gemm ok = base();
+  cpu->gemm(ok);
+  CHECK(cpu->status() == 0);
+}
+
 TEST_CASE("ops.relu_bias_grad.mask_only: a null db masks and sums nothing") {
   Backends be;
   Rng rng(12);

@@ -47,7 +47,7 @@ DQN_PLUGIN_EXPORT(kSelf)
 extern "C" const dqn::PluginDescriptor* dqn_plugin_descriptor();
 
 TEST_CASE("abi.version") {
-  CHECK(kAbiVersion == 9u);  // bump together with every table in this file
+  CHECK(kAbiVersion == 10u);  // bump together with every table in this file
   CHECK(std::is_same_v<std::remove_cv_t<decltype(kAbiVersion)>, std::uint32_t>);
 }
 
@@ -153,7 +153,8 @@ TEST_CASE("abi.op_argument_layout") {
       {"sizeof(Real)", sizeof(Real), 16, "passed by value through every op"},
       {"Real::p", offsetof(Real, p), 0, ""},
       {"Real::esize", offsetof(Real, esize), 8, ""},
-      {"sizeof(Gemm)", sizeof(Gemm), 248, "ABI 3: bias, stride_bias, act appended; ABI 8: mask; ABI 9: batch2, sum_batch"},
+      {"sizeof(Gemm)", sizeof(Gemm), 328,
+       "ABI 3: bias, stride_bias, act appended; ABI 8: mask; ABI 9: batch2, sum_batch; ABI 10: wgrad_x …"},
       {"Gemm::ta", offsetof(Gemm, ta), 0, ""},
       {"Gemm::tb", offsetof(Gemm, tb), 1, ""},
       {"Gemm::m", offsetof(Gemm, m), 4, ""},
@@ -186,6 +187,15 @@ TEST_CASE("abi.op_argument_layout") {
       {"Gemm::stride2_bias", offsetof(Gemm, stride2_bias), 224, ""},
       {"Gemm::stride2_mask", offsetof(Gemm, stride2_mask), 232, ""},
       {"Gemm::sum_batch", offsetof(Gemm, sum_batch), 240, "ABI 9, then 4 bytes of padding"},
+      {"Gemm::wgrad_x", offsetof(Gemm, wgrad_x), 248, "ABI 10"},
+      {"Gemm::ldx", offsetof(Gemm, ldx), 264, ""},
+      {"Gemm::x_cols", offsetof(Gemm, x_cols), 268, ""},
+      {"Gemm::wgrad_rows", offsetof(Gemm, wgrad_rows), 272, ""},
+      {"Gemm::lddw", offsetof(Gemm, lddw), 276, ""},
+      {"Gemm::dw", offsetof(Gemm, dw), 280, ""},
+      {"Gemm::stride_dw", offsetof(Gemm, stride_dw), 296, ""},
+      {"Gemm::db", offsetof(Gemm, db), 304, ""},
+      {"Gemm::stride_db", offsetof(Gemm, stride_db), 320, ""},
       {"sizeof(SpectralMatrix)", sizeof(SpectralMatrix), 40, "uploaded as a table the kernel reads"},
       {"SpectralMatrix::w", offsetof(SpectralMatrix, w), 0, ""},
       {"SpectralMatrix::u", offsetof(SpectralMatrix, u), 16, ""},

@@ -78,6 +78,20 @@ struct Gemm {
   /// give it (the sum of an ensemble's members' input gradients). Needs beta 0, no bias,
   /// activation or mask, and batch2 1.
   std::int32_t sum_batch = 0;
+  // --- appended in ABI 10 (the layer below's parameter gradients with C); never reorder what is above ---
+  /// Non-null wgrad_x: after C (its mask included), for each group j of wgrad_rows rows of C
+  /// (m a multiple of wgrad_rows): dw_j = C_jᵀ · x [n, x_cols] (row stride lddw) at dw +
+  /// j·stride_dw, and where db is not null db_j = Σ_rows C_j [n] at db + j·stride_db; x
+  /// [wgrad_rows, x_cols] (row stride ldx), the same for every group. The same numbers as the GEMM
+  /// followed by bias_grad of each group's C and the GEMM Cᵀ·x batched over the groups (a trunk's
+  /// first layer: its weight and bias gradients in the launch that makes its input gradient).
+  /// Needs batch 1, batch2 1 and no sum_batch.
+  Real wgrad_x;
+  int ldx = 0, x_cols = 0, wgrad_rows = 0, lddw = 0;
+  Real dw;
+  std::int64_t stride_dw = 0;
+  Real db;
+  std::int64_t stride_db = 0;
 };
 
 /// Entry j of g's second batch dimension as a one-dimensional call (batch2 1, operands at their
@@ -93,6 +107,38 @@ inline Gemm batch2_entry(const Gemm& g, int j) noexcept {
   e.batch2 = 1;
   e.stride2_a = e.stride2_b = e.stride2_c = e.stride2_bias = e.stride2_mask = 0;
   return e;
+}
+
+/// Why g's wgrad fields cannot run, or null when they can (or are unused).
+inline const char* wgrad_invalid(const Gemm& g) noexcept {
+  if (!g.wgrad_x) return nullptr;
+  if (g.batch != 1 || g.batch2 != 1 || g.sum_batch) return "wgrad needs batch 1, batch2 1 and no sum_batch";
+  if (g.wgrad_rows <= 0 || g.m % g.wgrad_rows != 0) return "wgrad needs m a multiple of wgrad_rows > 0";
+  if (g.x_cols <= 0 || g.ldx < g.x_cols || g.lddw < g.x_cols) return "wgrad needs x_cols > 0 and ldx, lddw >= x_cols";
+  if (!g.dw) return "wgrad needs dw";
+  return nullptr;
+}
+
+/// The weight gradients of g's wgrad fields as a GEMM of their own: dw_j = C_jᵀ · x, batched over
+/// the groups (what the fused launch must equal).
+inline Gemm wgrad_weights(const Gemm& g) noexcept {
+  Gemm w;
+  w.ta = true;
+  w.m = g.n; w.n = g.x_cols; w.k = g.wgrad_rows;
+  w.a = g.c; w.lda = g.ldc; w.stride_a = static_cast<std::int64_t>(g.wgrad_rows) * g.ldc;
+  w.b = g.wgrad_x; w.ldb = g.ldx; w.stride_b = 0;
+  w.c = g.dw; w.ldc = g.lddw; w.stride_c = g.stride_dw;
+  w.batch = g.m / g.wgrad_rows;
+  return w;
+}
+
+/// g without its wgrad fields (the product C alone).
+inline Gemm without_wgrad(const Gemm& g) noexcept {
+  Gemm c = g;
+  c.wgrad_x = c.dw = c.db = Real{};
+  c.ldx = c.x_cols = c.wgrad_rows = c.lddw = 0;
+  c.stride_dw = c.stride_db = 0;
+  return c;
 }
 
 /// One matrix for the batched spectral norm: W [rows, cols] and its power-iteration vector u [rows].

@@ -383,20 +383,31 @@ void Engine::add_engine_stages_back() {
   // layer's mask, d(input); the first layer has none below the top); its bias gradient
   // (trunk.bias.<i>) and weight gradient (trunk.weights.<i>) need only the masked gradient and so
   // run beside the layers below.
-  // DQN_FUSED_WGRAD=1 (two layers or more): the first layer's weight and bias gradients come
-  // with its input gradient, in the second layer's trunk.backward (Gemm::wgrad_x), which then
-  // reads the states and writes them; no trunk.bias.0 or trunk.weights.0 stage.
-  const char* fw = std::getenv("DQN_FUSED_WGRAD");
-  const std::string fws = fw ? fw : "0";
-  if (fws != "0" && fws != "1") throw std::invalid_argument("DQN_FUSED_WGRAD='" + fws + "': expected 0 or 1");
-  fused_wgrad_ = fws == "1" && L >= 2;
+  // DQN_MASK_STAGE=1: the top layer's mask is a stage of its own (trunk.mask.<top>), so the top
+  // layer's bias and weight gradients wait for it alone, not for the d(input) GEMM after it.
+  // DQN_FUSED_WGRAD=1 (two layers or more; implies the mask stage): the first layer's weight and
+  // bias gradients come with its input gradient, in the second layer's trunk.backward
+  // (Gemm::wgrad_x), which then reads the states and writes them; no trunk.bias.0 or
+  // trunk.weights.0 stage.
+  auto switch01 = [](const char* name) {
+    const char* v = std::getenv(name);
+    const std::string s = v ? v : "0";
+    if (s != "0" && s != "1") throw std::invalid_argument(std::string(name) + "='" + s + "': expected 0 or 1");
+    return s == "1";
+  };
+  fused_wgrad_ = switch01("DQN_FUSED_WGRAD") && L >= 2;
+  mask_stage_ = switch01("DQN_MASK_STAGE") || fused_wgrad_;
   for (int i = L - 1; i >= 0; --i) {
     const std::string li = std::to_string(i);
     const std::string& dz_i = dz[std::size_t(i)];
     const bool top = i == L - 1;
-    if (top || i > 0) {
+    if (top && mask_stage_)
+      stages_.push_back(Stage{"trunk.mask." + li, "engine", {dz_i, acts[std::size_t(i)]}, {dz_i},
+                              [this, i](Backend& be) { trunk_top_mask(be, i); }});
+    const bool mask_here = top && !mask_stage_;
+    if (mask_here || i > 0) {
       std::vector<std::string> reads{dz_i}, writes;
-      if (top) {
+      if (mask_here) {
         reads.push_back(acts[std::size_t(i)]);
         writes.push_back(dz_i);
       }
@@ -562,15 +573,15 @@ void Engine::upload_budget_reach() {
 }
 
 // Backprop every head's gradient (rows of `states`) through trunk layer i: at the top layer
-// (dtrunk/all: the heads' ∂L_h/∂h_L) its ReLU mask first; below the first layer, d(input) with the
-// layer below's mask applied (so its gradient arrives masked).
+// (dtrunk/all: the heads' ∂L_h/∂h_L) its ReLU mask first, unless it is a stage of its own
+// (mask_stage_); below the first layer, d(input) with the layer below's mask applied (so its
+// gradient arrives masked).
 void Engine::trunk_backward_layer(Backend& be, int i) {
   const int B = spec_.batch, H = int(heads_.size());
   const int w = net_.trunk[i];
   const int in_w = i == 0 ? net_.state : net_.trunk[i - 1];
   const Real dz = trunk_dz_[i];  // [H·B, w]
-  // rows 0..B of the 2B activation block are `states`: the same mask for every head
-  if (i == net_.trunk_layers - 1) be.relu_bias_grad(dz, trunk_a_[i], Real{}, B, w, w, H, std::int64_t(B) * w, 0, 0);
+  if (i == net_.trunk_layers - 1 && !mask_stage_) trunk_top_mask(be, i);
   if (i == 0) return;
   Gemm gx;  // d(in) = dz · W over all H·B rows, masked by layer i − 1's activation (period B rows)
   gx.m = H * B; gx.n = in_w; gx.k = w;
@@ -583,6 +594,14 @@ void Engine::trunk_backward_layer(Backend& be, int i) {
     gx.db = trunk_gb_[0][0]; gx.stride_db = reg_.param_count();
   }
   be.gemm(gx);
+}
+
+// The top layer's ReLU mask on every head's ∂L/∂h (rows 0..B of the 2B activation block are
+// `states`: the same mask for every head).
+void Engine::trunk_top_mask(Backend& be, int i) {
+  const int B = spec_.batch, H = int(heads_.size());
+  const int w = net_.trunk[i];
+  be.relu_bias_grad(trunk_dz_[i], trunk_a_[i], Real{}, B, w, w, H, std::int64_t(B) * w, 0, 0);
 }
 
 // db_h = Σ_rows dz_h of trunk layer i from its masked gradient, every head in one op (grad/all

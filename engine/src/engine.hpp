@@ -135,6 +135,7 @@ class Engine {
   void upload_budget_reach();
   void trunk_forward_layer(Backend& be, int i, bool target);
   void trunk_backward_layer(Backend& be, int i);
+  void trunk_top_mask(Backend& be, int i);
   void trunk_bias_layer(Backend& be, int i);
   void trunk_weights_layer(Backend& be, int i);
   void capture_stages();
@@ -184,6 +185,8 @@ class Engine {
   /// DQN_FUSED_WGRAD=1: the first trunk layer's weight and bias gradients in the GEMM of the
   /// second layer's trunk.backward stage (Gemm::wgrad_x), not stages of their own.
   bool fused_wgrad_ = false;
+  /// DQN_MASK_STAGE=1 (or DQN_FUSED_WGRAD=1): the top trunk layer's mask is a stage of its own.
+  bool mask_stage_ = false;
   LanePlan lanes_;  ///< where the captured step's stages run (empty: not captured)
 };
 

@@ -523,40 +523,50 @@ TEST_CASE("heads.full_pipeline_f32_matches_f64_and_is_deterministic") {
 }
 
 TEST_CASE("heads.fused_wgrad: the first layer's gradients in the second layer's backward, the same step bit for bit") {
-  // DQN_FUSED_WGRAD=1 (read when the engine is built): trunk.backward.1 also writes layer 0's dW
-  // and db (Gemm::wgrad_x) and the stages trunk.weights.0 and trunk.bias.0 are gone; anything but
-  // 0 or 1 is refused.
+  // DQN_MASK_STAGE=1 (read when the engine is built): the top layer's mask is a stage of its own
+  // (trunk.mask.1), which the top layer's bias and weight gradients wait for instead of the
+  // d(input) GEMM. DQN_FUSED_WGRAD=1 implies it, and trunk.backward.1 also writes layer 0's dW and
+  // db (Gemm::wgrad_x): the stages trunk.weights.0 and trunk.bias.0 are gone. Anything but 0 or 1
+  // is refused.
+  struct Variant {
+    const char* env;
+    bool fused;
+  };
   for (const std::string& aux : {std::string(), std::string(kIqn) + "  - {plugin: ensemble, members: 2}\n  - {plugin: cql}\n"}) {
     CAPTURE(aux);
     const PipelineSpec spec = parse(tiny_pipeline(aux, "spectral_norm: {enabled: true, sigma_max: 2}\n"));
-    for (const bool f64 : {true, false}) {
-      CAPTURE(f64);
-      unsetenv("DQN_FUSED_WGRAD");
-      auto plain = make(spec, f64);
-      setenv("DQN_FUSED_WGRAD", "1", 1);
-      auto fused = make(spec, f64);
-      unsetenv("DQN_FUSED_WGRAD");
-      const std::string ep = plain->explain(), ef = fused->explain();
-      CHECK(ep.find("trunk.weights.0") != std::string::npos);
-      CHECK(ef.find("trunk.weights.0") == std::string::npos);
-      CHECK(ef.find("trunk.bias.0") == std::string::npos);
-      CHECK(ef.find("grad/c51/trunk.0.weight") != std::string::npos);
-      for (int i = 0; i < 5; ++i) {
-        plain->step();
-        fused->step();
+    for (const Variant v : {Variant{"DQN_MASK_STAGE", false}, Variant{"DQN_FUSED_WGRAD", true}})
+      for (const bool f64 : {true, false}) {
+        CAPTURE(v.env);
+        CAPTURE(f64);
+        auto plain = make(spec, f64);
+        setenv(v.env, "1", 1);
+        auto other = make(spec, f64);
+        unsetenv(v.env);
+        const std::string ep = plain->explain(), eo = other->explain();
+        CHECK(ep.find("trunk.mask.1") == std::string::npos);
+        CHECK(eo.find("trunk.mask.1") != std::string::npos);
+        CHECK(ep.find("trunk.weights.0") != std::string::npos);
+        CHECK((eo.find("trunk.weights.0") == std::string::npos) == v.fused);
+        CHECK((eo.find("trunk.bias.0") == std::string::npos) == v.fused);
+        for (int i = 0; i < 5; ++i) {
+          plain->step();
+          other->step();
+        }
+        CHECK(plain->host_buffer("params") == other->host_buffer("params"));
+        CHECK(plain->host_buffer("grad/all") == other->host_buffer("grad/all"));
+        CHECK(plain->host_buffer("adam.v") == other->host_buffer("adam.v"));
+        const StepReport rp = plain->read_report(), ro = other->read_report();
+        CHECK(rp.grad_norms == ro.grad_norms);
+        CHECK(rp.losses == ro.losses);
       }
-      CHECK(plain->host_buffer("params") == fused->host_buffer("params"));
-      CHECK(plain->host_buffer("grad/all") == fused->host_buffer("grad/all"));
-      CHECK(plain->host_buffer("adam.v") == fused->host_buffer("adam.v"));
-      const StepReport rp = plain->read_report(), rf = fused->read_report();
-      CHECK(rp.grad_norms == rf.grad_norms);
-      CHECK(rp.losses == rf.losses);
-    }
   }
-  setenv("DQN_FUSED_WGRAD", "yes", 1);
   const PipelineSpec spec = parse(tiny_pipeline(""));
-  CHECK_THROWS_WITH_AS(make(spec, true), "DQN_FUSED_WGRAD='yes': expected 0 or 1", std::invalid_argument);
-  unsetenv("DQN_FUSED_WGRAD");
+  for (const char* env : {"DQN_FUSED_WGRAD", "DQN_MASK_STAGE"}) {
+    setenv(env, "yes", 1);
+    CHECK_THROWS_WITH_AS(make(spec, true), (std::string(env) + "='yes': expected 0 or 1").c_str(), std::invalid_argument);
+    unsetenv(env);
+  }
 }
 
 TEST_CASE("heads.layout.aligned_groups") {

@@ -322,6 +322,12 @@ class CudaBackend final : public Backend {
         if (blocks > 0 && cuda::cooperative_graphs_work(blocks)) update_blocks_ = blocks;
       }
       if (update_mode_ == UpdateMode::cluster) update_cluster_ = cuda::update_cluster_size(cluster_size_from_env());
+      // DQN_UPDATE_CLOCK=1: the cluster update's blocks stamp their phases here (dqn-trace reads them)
+      if (update_cluster_ > 0 && std::getenv("DQN_UPDATE_CLOCK") && env_on("DQN_UPDATE_CLOCK")) {
+        DQN_CUDA_THROW(cudaMalloc(&clock_, kClockBlocks * 2 * cuda::kUpdateClockSlots * sizeof(std::uint64_t)));
+        DQN_CUDA_THROW(cudaMemset(clock_, 0, kClockBlocks * 2 * cuda::kUpdateClockSlots * sizeof(std::uint64_t)));
+        note_device_bytes(kClockBlocks * 2 * cuda::kUpdateClockSlots * sizeof(std::uint64_t));
+      }
     } catch (...) {
       release();
       throw;
@@ -869,7 +875,12 @@ class CudaBackend final : public Backend {
     if (planning_) return;
     if (fused) DQN_CUDA_OK(op, cuda::update(stream_, u, s, update_blocks_));
     else if (cluster)
-      DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), wave_blocks()));
+      DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), wave_blocks(), clock_,
+                                           kClockBlocks, &clock_launch_.blocks));
+    if (cluster) {
+      clock_launch_.cs = update_cluster_;
+      clock_launch_.normed = u.sn_count;
+    }
     else DQN_CUDA_OK(op, cuda::update_split(stream_, u, s, 2 * wave_blocks()));
   }
 
@@ -1901,6 +1912,8 @@ class CudaBackend final : public Backend {
     if (scratch_base_) cudaFree(scratch_base_);
     if (counters_) cudaFree(counters_);
     counters_ = nullptr;
+    if (clock_) cudaFree(clock_);
+    clock_ = nullptr;
     if (workspace_base_) cudaFree(workspace_base_);
     if (lt_) cublasLtDestroy(lt_);
     if (blas_) cublasDestroy(blas_);
@@ -1946,6 +1959,34 @@ class CudaBackend final : public Backend {
   int update_blocks_ = 0;                ///< the fused update's grid (0: not fused)
   int update_cluster_ = 0;               ///< the cluster update's blocks per cluster (0: not used)
   bool wgrad_kernel_ = false;            ///< tile_gemm_wgrad runs here (tf32, clusters launch)
+  static constexpr int kClockBlocks = 4096;  ///< blocks of the cluster update that stamp (DQN_UPDATE_CLOCK)
+  std::uint64_t* clock_ = nullptr;       ///< their stamps [kClockBlocks][2·kUpdateClockSlots], or null
+  struct ClockLaunch {
+    int blocks = 0, cs = 0, normed = 0;  ///< of the last cluster update enqueued
+  } clock_launch_;
+
+ public:
+  /// The stamps of the last cluster update that ran (after a synchronize), or empty.
+  Runtime::UpdateClock update_clock() const {
+    Runtime::UpdateClock out;
+    if (!clock_ || clock_launch_.blocks <= 0 || clock_launch_.cs <= 0) return out;
+    const int n = std::min(clock_launch_.blocks, kClockBlocks);
+    out.slots = cuda::kUpdateClockSlots;
+    out.stamps.assign(static_cast<std::size_t>(n) * 2 * out.slots, 0);
+    if (cudaMemcpy(out.stamps.data(), clock_, out.stamps.size() * sizeof(std::uint64_t), cudaMemcpyDeviceToHost) !=
+        cudaSuccess) {
+      cudaGetLastError();
+      return {};
+    }
+    out.cluster_size = clock_launch_.cs;
+    out.normed = clock_launch_.normed;
+    int clock_khz = 0;
+    if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device_) != cudaSuccess) cudaGetLastError();
+    out.clock_khz = clock_khz;
+    return out;
+  }
+
+ private:
   bool masked_in_kernel_ = false;        ///< gemm(): tile_gemm applied the Gemm's mask
   UpdateMode update_mode_ = update_mode_from_env();
   struct SnKey {
@@ -2146,6 +2187,8 @@ class CudaRuntime final : public Runtime {
     }
     return static_cast<std::int64_t>(n);
   }
+
+  UpdateClock update_clock() const override { return backend_.update_clock(); }
 
   std::vector<GraphNode> graph_node_info() const override {
     std::vector<GraphNode> out;

@@ -1432,6 +1432,8 @@ struct ClusterPlan {
   int rpc = 1;   ///< rows per block of a normed matrix (max_rows over the cluster size, rounded up)
   int max_cols = 1;
   const double* step = nullptr;  ///< {1 − β1^t, 1 − β2^t, t} from budget_partial_kernel
+  std::uint64_t* clock = nullptr;  ///< update_cluster's clock (null: off)
+  int clock_blocks = 0;
   std::int64_t seg_lo[kClusterMaxSegs] = {}, seg_hi[kClusterMaxSegs] = {};
   std::int64_t seg_tile0[kClusterMaxSegs + 1] = {};  ///< first tile of each range; [nseg]: all tiles
 };
@@ -1442,6 +1444,17 @@ struct ClusterPlan {
 constexpr std::size_t kClusterMaxShared = 40 * 1024;  // with the static shared memory, under the default 48 KiB
 std::size_t cluster_update_shared(int max_cols, int rpc) {
   return (2 * static_cast<std::size_t>(max_cols) + static_cast<std::size_t>(rpc) + 2) * sizeof(double);
+}
+
+/// Thread 0 stamps slot `slot` of its block (UpdateClockSlot): %globaltimer, and clock64 in the
+/// slot kUpdateClockSlots further on. Nothing when the plan has no clock.
+__device__ __forceinline__ void clock_stamp(const ClusterPlan& pl, int slot) {
+  if (!pl.clock || threadIdx.x != 0 || static_cast<int>(blockIdx.x) >= pl.clock_blocks) return;
+  std::uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  std::uint64_t* b = pl.clock + static_cast<std::int64_t>(blockIdx.x) * 2 * kUpdateClockSlots;
+  b[slot] = t;
+  b[kUpdateClockSlots + slot] = static_cast<std::uint64_t>(clock64());
 }
 
 /// The update after budget_partial_kernel (with step), in clusters of CS blocks. Every block: the clip
@@ -1457,7 +1470,9 @@ std::size_t cluster_update_shared(int max_cols, int rpc) {
 template <int CS>
 __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, const double* __restrict__ partial,
                                                                      int nchunks, ClusterPlan pl) {
+  clock_stamp(pl, kClockPlaced);  // (the clock is no buffer of the kernels this one waits for)
   dev::pdl_entry();
+  clock_stamp(pl, kClockWaited);
   namespace cg = cooperative_groups;
   extern __shared__ double cu_shared[];
   __shared__ float clip_sh[kUpdateMaxHeads + 4];  // + 4: see budget()
@@ -1508,13 +1523,18 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   ClusterTile reg;
   cluster_load(x, lo, min(hi, lo + kClusterTile), every && !normed, reg);  // in flight during the clips
   const bool finite = budget_clips(b, partial, nchunks, clip_sh, blockIdx.x == 0);
+  clock_stamp(pl, kClockClips);
   if (finite && blockIdx.x == 0 && threadIdx.x == 0) *u.adam.t = t_new;
   x.finite = finite;
   if (finite)
     x.adam = adam_coef(u.adam.beta1, u.adam.beta2, u.adam.eps, *static_cast<const float*>(u.adam.lr.p), bc1, bc2);
   const bool target_on = finite && (tu.period == 0 || t_new % tu.period == 0);
   if (!normed) {
-    if (tile >= tiles) return;
+    if (tile >= tiles) {
+      clock_stamp(pl, kClockAdam);
+      clock_stamp(pl, kClockExit);
+      return;
+    }
     cluster_store(x, lo, min(hi, lo + kClusterTile), target_on, reg);
     for (tile += nblocks; tile < tiles; tile += nblocks) {
       while (pl.seg_tile0[q + 1] <= tile) ++q;
@@ -1523,6 +1543,8 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
       cluster_load(x, s, e, every && target_on, reg);
       cluster_store(x, s, e, target_on, reg);
     }
+    clock_stamp(pl, kClockAdam);
+    clock_stamp(pl, kClockExit);
     return;
   }
   cg::cluster_group cluster = cg::this_cluster();
@@ -1534,7 +1556,11 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
     cluster_load(x, s, min(hi, s + kClusterTile), false, reg);
     cluster_store(x, s, min(hi, s + kClusterTile), false, reg);
   }
-  if (!finite || rows == 0 || cols == 0) return;  // the same in every block of the cluster
+  clock_stamp(pl, kClockAdam);
+  if (!finite || rows == 0 || cols == 0) {  // the same in every block of the cluster
+    clock_stamp(pl, kClockExit);
+    return;
+  }
   double* part = cu_shared;          // [max_cols]: Σ over this block's rows of W[r, c] u[r]
   double* vv = part + pl.max_cols;   // [max_cols]: v
   double* xr = vv + pl.max_cols;     // [rpc]
@@ -1548,6 +1574,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
     part[c] = acc;
   }
   cluster.sync();
+  clock_stamp(pl, kClockWtu);
   // Wᵀu: the blocks' sums in rank order, the same in every block
   double vsq = 0.0;
   for (int c = threadIdx.x; c < cols; c += kThreads) {
@@ -1582,6 +1609,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
     if (lane == 0) *xsq = sq;
   }
   cluster.sync();
+  clock_stamp(pl, kClockSigma);
   double sq[CS];
 #pragma unroll
   for (int k = 0; k < CS; ++k) sq[k] = *cluster.map_shared_rank(xsq, k);
@@ -1620,7 +1648,9 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
       }
     }
   }
+  clock_stamp(pl, kClockScaled);
   cluster.sync();  // no block leaves while another may still read its shared memory
+  clock_stamp(pl, kClockExit);
 }
 
 /// Whether a cooperative kernel launched into a captured graph runs here.
@@ -2040,7 +2070,8 @@ bool update_cluster_fits(int cs, int max_rows, int max_cols) {
 }
 
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
-                           const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks) {
+                           const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
+                           std::uint64_t* clock, int clock_blocks, int* launched) {
   const Budget& b = u.budget;
   if ((cs != 8 && cs != 16) || u.sn_count > kUpdateMaxSn || !update_cluster_fits(cs, u.sn_max_rows, u.sn_max_cols) ||
       static_cast<int>(ranges.size()) != u.sn_count)
@@ -2077,7 +2108,10 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   if (cudaError_t e = budget_partials(s, b, partial, nchunks, &u.adam, step); e != cudaSuccess) return e;
   cudaLaunchAttribute attr[2]{};
   const auto blocks = static_cast<unsigned>(static_cast<std::int64_t>(pl.nsn) * cs + plain_blocks);
+  if (launched) *launched = static_cast<int>(blocks);
   if (blocks == 0) return cudaSuccess;
+  pl.clock = clock;
+  pl.clock_blocks = clock ? clock_blocks : 0;
   const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, cluster_update_shared(pl.max_cols, pl.rpc), s, attr, true);
   return cs == 16 ? cudaLaunchKernelEx(&cfg, update_cluster_kernel<16>, u, static_cast<const double*>(partial), nchunks, pl)
                   : cudaLaunchKernelEx(&cfg, update_cluster_kernel<8>, u, static_cast<const double*>(partial), nchunks, pl);

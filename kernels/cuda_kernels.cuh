@@ -101,8 +101,17 @@ cudaError_t update_split(cudaStream_t s, const Update& u, void* scratch, int max
 /// the other paths bit for bit except the normed matrices, their u and their target rows, whose
 /// power iteration sums in another order (double sums: the floats may differ in the last bit).
 /// max_blocks bounds the clusters outside the normed matrices; results do not depend on it.
+/// `clock` (null: off): per block kUpdateClockSlots %globaltimer stamps then as many clock64
+/// ones (UpdateClockSlot), for blocks below clock_blocks; the launch's block count in *blocks.
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
-                           const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks);
+                           const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
+                           std::uint64_t* clock = nullptr, int clock_blocks = 0, int* blocks = nullptr);
+/// The moments the cluster update's blocks stamp (DQN_UPDATE_CLOCK=1, read by dqn-trace): placed
+/// (before waiting for the kernels before it), the wait over, the clip factors known, its
+/// elements' g and Adam done, Wᵀu added over the cluster (normed blocks), σ known (normed), its
+/// rows scaled and their target updated (normed), leaving.
+enum UpdateClockSlot : int { kClockPlaced, kClockWaited, kClockClips, kClockAdam, kClockWtu, kClockSigma,
+                             kClockScaled, kClockExit, kUpdateClockSlots };
 /// Blocks per cluster of the cluster update on the current device: `want` (16 or 8) or, with 0,
 /// 16 where the device schedules such clusters, else 8; 0 when it cannot run.
 int update_cluster_size(int want = 0);

@@ -47,6 +47,18 @@ class Runtime {
   };
   /// The captured graph's nodes in the graph's own order (empty: nothing captured, or no graphs).
   virtual std::vector<GraphNode> graph_node_info() const { return {}; }
+  /// Where the update kernel's time goes (CUDA with DQN_UPDATE_CLOCK=1, the cluster update; for
+  /// dqn-trace): per block of its last run, `slots` %globaltimer stamps (ns) then as many clock64
+  /// stamps (cycles of its SM) (cuda::UpdateClockSlot: placed, waited, clips, Adam, Wᵀu, σ,
+  /// scaled, exit; the blocks outside the normed matrices stamp no Wᵀu, σ or scaled, and a stamp
+  /// not reached in the last run holds an older run's, or 0). Blocks [0, normed·cluster_size) hold the normed
+  /// matrices, cluster_size each in table order; the rest the other parameters. Read after a
+  /// synchronize; empty where nothing was recorded.
+  struct UpdateClock {
+    int slots = 0, cluster_size = 0, normed = 0, clock_khz = 0;
+    std::vector<std::uint64_t> stamps;
+  };
+  virtual UpdateClock update_clock() const { return {}; }
   /// Lanes a captured step may spread its stages over (CUDA: streams forked from the capturing
   /// stream and joined back into it at end_capture). 1: everything runs in order.
   virtual int lanes() const noexcept { return 1; }

@@ -515,3 +515,50 @@ TEST_CASE("gpu.step.aux_heads_match_cpu") {
     CHECK(gpu->captures() == 1);
   }
 }
+
+TEST_CASE("gpu.step.update_clock: DQN_UPDATE_CLOCK=1 stamps the cluster update's phases in order and changes no result") {
+  // The stamps dqn-trace reads (Runtime::update_clock): per block %globaltimer then clock64 at
+  // placed, waited, clips, Adam, Wᵀu, σ, scaled, exit; a normed matrix's blocks reach them all in
+  // that order, the other blocks placed … Adam and exit.
+  const PipelineSpec spec = parse(pipeline("tf32"));
+  std::unique_ptr<Engine> clocked;
+  {
+    const EnvOverride on("DQN_UPDATE_CLOCK", "1");
+    clocked = make(spec, BackendKind::cuda);
+  }
+  const EnvOverride off("DQN_UPDATE_CLOCK", "0");
+  auto plain = make(spec, BackendKind::cuda);
+  for (int i = 0; i < 3; ++i) {
+    clocked->step();
+    plain->step();
+  }
+  clocked->runtime().synchronize();
+  CHECK(plain->runtime().update_clock().stamps.empty());
+  const Runtime::UpdateClock c = clocked->runtime().update_clock();
+  if (c.stamps.empty()) {
+    MESSAGE("the cluster update does not run on this device: nothing to check");
+    return;
+  }
+  REQUIRE(c.slots == 8);
+  CHECK(c.normed == 10);  // 2 + 2 + 2D (D = 3): the trunk's, the value stream's and each branch's
+  const int S = c.slots, blocks = static_cast<int>(c.stamps.size()) / (2 * S);
+  REQUIRE(blocks >= c.normed * c.cluster_size);
+  for (int b = 0; b < blocks; ++b) {
+    CAPTURE(b);
+    const std::uint64_t* gt = &c.stamps[std::size_t(b) * 2 * S];
+    const std::uint64_t* cl = gt + S;
+    const bool normed = b < c.normed * c.cluster_size;
+    std::vector<int> reached{0, 1, 2, 3, 7};
+    if (normed) reached = {0, 1, 2, 3, 4, 5, 6, 7};
+    for (std::size_t k = 1; k < reached.size(); ++k) {
+      CHECK(gt[reached[k]] >= gt[reached[k - 1]]);
+      CHECK(cl[reached[k]] >= cl[reached[k - 1]]);
+    }
+    CHECK(gt[0] > 0);
+    CHECK(gt[7] - gt[0] < 10'000'000);  // ns: the same run, not a stale stamp
+  }
+  for (const char* b : {"params", "target", "adam.m", "adam.v"}) {
+    INFO(std::string(b));
+    CHECK(bit_equal(clocked->host_buffer(b), plain->host_buffer(b)));
+  }
+}

@@ -90,11 +90,88 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
+/// DQN_UPDATE_CLOCK=1: `steps` more replays, each read back after a synchronize (so each starts
+/// from an idle GPU), and per group of the cluster update's blocks (each normed matrix's cluster,
+/// then the blocks of the other parameters) the median over replays of when its last block
+/// reached each stamp, µs after the first block of the kernel was placed; then the phases of the
+/// block that left last, from its SM's clock64.
+void print_update_clock(dqn::Engine& e, int steps) {
+  using dqn::Runtime;
+  static const char* const kSlot[] = {"placed", "waited", "clips", "adam", "Wtu", "sigma", "scaled", "exit"};
+  std::vector<std::vector<std::vector<double>>> at;  // [group][slot] → per replay
+  std::vector<std::vector<double>> cycles;           // the slowest block's slot-to-slot cycles, per replay
+  Runtime::UpdateClock c;
+  for (int r = 0; r < steps; ++r) {
+    e.step();
+    e.runtime().synchronize();
+    c = e.runtime().update_clock();
+    if (c.stamps.empty() || c.slots != 8) {
+      std::printf("update clock: nothing recorded (the cluster update did not run)\n");
+      return;
+    }
+    const int S = c.slots, blocks = static_cast<int>(c.stamps.size()) / (2 * S);
+    const int normed_blocks = std::min(blocks, c.normed * c.cluster_size);
+    const int groups = c.normed + (blocks > normed_blocks ? 1 : 0);
+    if (at.empty()) at.assign(std::size_t(groups), std::vector<std::vector<double>>(std::size_t(S)));
+    std::uint64_t t0 = ~0ull;
+    for (int b = 0; b < blocks; ++b) t0 = std::min(t0, c.stamps[std::size_t(b) * 2 * S]);
+    std::vector<std::vector<double>> last(std::size_t(groups), std::vector<double>(std::size_t(S), -1.0));
+    int slowest = 0;
+    std::uint64_t slowest_exit = 0;
+    for (int b = 0; b < blocks; ++b) {
+      const std::uint64_t* st = &c.stamps[std::size_t(b) * 2 * S];
+      const int g = b < normed_blocks ? b / c.cluster_size : groups - 1;
+      for (int k = 0; k < S; ++k)
+        if (st[k] >= st[0] && st[0] >= t0)  // reached in this run (older stamps are a previous run's)
+          last[std::size_t(g)][std::size_t(k)] = std::max(last[std::size_t(g)][std::size_t(k)], (st[k] - t0) * 1e-3);
+      if (st[S - 1] >= st[0] && st[S - 1] > slowest_exit) {
+        slowest_exit = st[S - 1];
+        slowest = b;
+      }
+    }
+    for (int g = 0; g < groups; ++g)
+      for (int k = 0; k < S; ++k)
+        if (last[std::size_t(g)][std::size_t(k)] >= 0) at[std::size_t(g)][std::size_t(k)].push_back(last[std::size_t(g)][std::size_t(k)]);
+    const std::uint64_t* gt = &c.stamps[std::size_t(slowest) * 2 * S];
+    const std::uint64_t* cl = gt + S;
+    std::vector<double> d;  // -1 where a stamp is not this run's
+    for (int k = 1; k < S; ++k)
+      d.push_back(gt[k] >= gt[0] && gt[k - 1] >= gt[0] && cl[k] >= cl[k - 1] ? double(cl[k] - cl[k - 1]) : -1.0);
+    cycles.push_back(std::move(d));
+  }
+  std::printf("update clock (%d replays, each after an idle GPU; us after the kernel's first block was placed, "
+              "median over replays of each group's last block):\n%-10s", steps, "group");
+  for (const char* n : kSlot) std::printf(" %8s", n);
+  std::printf("\n");
+  for (std::size_t g = 0; g < at.size(); ++g) {
+    const std::string name = int(g) < c.normed ? "normed " + std::to_string(g) : "others";
+    std::printf("%-10s", name.c_str());
+    for (const auto& v : at[g]) {
+      if (v.empty()) std::printf(" %8s", "-");
+      else std::printf(" %8.2f", median(v));
+    }
+    std::printf("\n");
+  }
+  if (!cycles.empty()) {
+    const double per_us = c.clock_khz > 0 ? c.clock_khz * 1e-3 : 0.0;
+    std::printf("the last block's phases (clock64, median over replays; us at the %d MHz nominal clock):\n",
+                c.clock_khz / 1000);
+    for (std::size_t k = 0; k + 1 < 8; ++k) {
+      std::vector<double> v;
+      for (const auto& d : cycles)
+        if (d[k] >= 0) v.push_back(d[k]);
+      if (v.empty()) continue;
+      const double m = median(v);
+      std::printf("  %-6s -> %-6s %9.0f cycles %7.2f us\n", kSlot[k], kSlot[k + 1], m, per_us > 0 ? m / per_us : 0.0);
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"dqn-trace — per-node timeline of the captured step (CUPTI activity records)"};
   std::string pipeline, plugin_path;
   std::vector<std::string> overrides;
-  int batch = 0, steps = 200, warmup = 200;
+  int batch = 0, steps = 200, warmup = 200, clock_steps = 50;
   std::string precision;
   app.add_option("pipeline", pipeline, "pipeline file")->required();
   app.add_option("overrides", overrides, "key.path=value overrides");
@@ -103,6 +180,9 @@ int main(int argc, char** argv) {
   app.add_option("--precision", precision, "fp32, tf32 or bf16 (default: the pipeline's)");
   app.add_option("--steps", steps, "traced replays")->check(CLI::Range(3, 100000));
   app.add_option("--warmup", warmup, "replays before tracing")->check(CLI::Range(0, 100000));
+  app.add_option("--clock-steps", clock_steps,
+                 "with DQN_UPDATE_CLOCK=1: replays whose update-kernel stamps are read (after the trace)")
+      ->check(CLI::Range(1, 100000));
   CLI11_PARSE(app, argc, argv);
 
   using namespace dqn;
@@ -267,5 +347,6 @@ int main(int argc, char** argv) {
       std::printf("  %8.2f %8.2f  %-24.24s %s\n", (*it)->s, (*it)->e, stage_name((*it)->idx).c_str(),
                   names[(*it)->node].c_str());
   }
+  if (std::getenv("DQN_UPDATE_CLOCK")) print_update_clock(e, clock_steps);
   return 0;
 }

@@ -6,9 +6,10 @@
 # Usage: tools/gpu_check.sh [quick|bench|fast]   quick: build, tests, step; bench: build and benchmarks
 # only; fast: build, tests, step, then the two comparisons at B 256 and the replayed steps' kernel
 # timelines (dqn-trace) (for iterating on kernels: about half the device time of a full run).
-# Environment: SWITCHES="DQN_X=a ..." runs only those switch rows; SANITIZE_OPS / SANITIZE_STEP the
-# compute-sanitizer tools (default memcheck racecheck / memcheck initcheck); SAN_BOX each one's
-# time box in seconds.
+# Environment: SWITCHES="DQN_X=a ..." runs only those switch rows; STEP_SWITCHES="DQN_X=a ..." runs
+# the gpu.step binary once more under each (every case with that switch); SANITIZE_OPS /
+# SANITIZE_STEP the compute-sanitizer tools (default memcheck racecheck / memcheck initcheck);
+# SAN_BOX each one's time box in seconds.
 set -uo pipefail
 mode=${1:-all}
 all="heads.1.enabled=true heads.2.enabled=true heads.3.enabled=true"
@@ -27,13 +28,16 @@ pack() {
   [ -s "$out/logs.tgz" ] &&
     find "$out" -maxdepth 1 -type f ! -name logs.tgz ! -name summary.txt ! -name 'compare_*.json' -delete
 }
-# The replayed step's kernel timeline (tools/trace): C51 into the summary, all four heads into a file.
+# The replayed step's kernel timeline (tools/trace): C51 into the summary, all four heads into a file
+# (its update-kernel stamps into the summary too: DQN_UPDATE_CLOCK=1, after the traced replays).
 trace() {
-  $build/tools/dqn-trace pipelines/ref.yaml --batch 256 --precision tf32 >"$out/trace_c51.txt" 2>&1
+  DQN_UPDATE_CLOCK=1 $build/tools/dqn-trace pipelines/ref.yaml --batch 256 --precision tf32 >"$out/trace_c51.txt" 2>&1
   cat "$out/trace_c51.txt" >>"$summary"; head -3 "$out/trace_c51.txt"
   # shellcheck disable=SC2086
-  $build/tools/dqn-trace pipelines/ref.yaml $all --batch 256 --precision tf32 >"$out/trace_full.txt" 2>&1
+  DQN_UPDATE_CLOCK=1 $build/tools/dqn-trace pipelines/ref.yaml $all --batch 256 --precision tf32 \
+    >"$out/trace_full.txt" 2>&1
   head -3 "$out/trace_full.txt" | tee -a "$summary"
+  sed -n '/^update clock/,$p' "$out/trace_full.txt" >>"$summary"
 }
 t0=$(date +%s)
 if [ ! -f $build/build.ninja ]; then
@@ -50,6 +54,11 @@ if [ "$mode" != bench ]; then
   grep -E "^ *[0-9]+/[0-9]+ " "$out/test.log" | tee -a "$summary"
   note "tests: $(( $(date +%s) - t1 )) s"
   cp $build/meson-logs/testlog.txt "$out/testlog.txt" 2>/dev/null
+  for kv in ${STEP_SWITCHES:-}; do
+    env "$kv" $build/tests/test_gpu_step >"$out/step_${kv//[^A-Za-z0-9]/_}.log" 2>&1
+    note "gpu.step with $kv: rc=$? ($(grep -E '^\[doctest\] (test cases|assertions)' "$out/step_${kv//[^A-Za-z0-9]/_}.log" |
+      tr -s ' ' | tr '\n' ' '))"
+  done
   $build/tools/dqn step pipelines/c51.yaml --backend cuda --random-batch 1 --steps 10 --out /tmp/o.safetensors \
     >"$out/step.log" 2>&1 && python3 tools/st_check.py /tmp/o.safetensors \
     --expect trunk.0.weight,target.trunk.0.weight,adam.m.trunk.0.weight,adam.v.trunk.0.weight,adam.step,c51.branch.2.1.weight,loss.c51,grad_norm.c51,clip.c51,loss.total,td_error,skipped_steps \
@@ -140,7 +149,7 @@ trace
 # racecheck (shared-memory hazards) leaves out gemm_mask: its six GEMM paths (cuBLASLt and bf16
 # among them) took it past the time box, and the mask in tile_gemm's epilogue reads no shared memory.
 for tool in ${SANITIZE_OPS:-memcheck racecheck}; do
-  cases='*update*,*head_*,*c51_loss*,*c51_xent*,*dueling_dist*,*tile_gemm*,*relu_bias_grad*'
+  cases='*update*,*head_*,*c51_loss*,*c51_xent*,*dueling_dist*,*tile_gemm*,*gemm_wgrad*,*relu_bias_grad*'
   [ "$tool" = memcheck ] && cases="$cases,*gemm_mask*,*gemm_batch2*,*gemm_sum_batch*"
   timeout "${SAN_BOX:-120}" meson test -C $build --no-rebuild --setup $tool gpu.ops --test-args="-tc=$cases" \
     >"$out/san_${tool}_ops.log" 2>&1; note "$tool gpu.ops ($cases): rc=$?"

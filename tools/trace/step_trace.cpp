@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <memory>
 #include <string>
@@ -69,6 +70,21 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buf, size_t, size_t
     g_recs.push_back({k->start, k->end, k->graphNodeId, short_name(k->name)});
   }
   std::free(buf);
+}
+
+/// The executable graph's node ids (what kernel records carry) → the ids of the captured graph's
+/// nodes they were cloned from at instantiation (CUPTI's resource callback): how a record finds
+/// its node in Runtime::graph_node_info(), whose handles are the captured graph's.
+std::map<std::uint64_t, std::uint64_t> g_clone_of;
+
+void CUPTIAPI on_resource(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void* cbdata) {
+  if (domain != CUPTI_CB_DOMAIN_RESOURCE || cbid != CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED || !cbdata) return;
+  const auto* rd = static_cast<const CUpti_ResourceData*>(cbdata);
+  const auto* gd = static_cast<const CUpti_GraphData*>(rd->resourceDescriptor);
+  std::uint64_t id = 0, original = 0;
+  if (gd && gd->node && gd->originalNode && cuptiGetGraphNodeId(gd->node, &id) == CUPTI_SUCCESS &&
+      cuptiGetGraphNodeId(gd->originalNode, &original) == CUPTI_SUCCESS)
+    g_clone_of[id] = original;
 }
 
 double median(std::vector<double> v) {
@@ -202,11 +218,25 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (spec.training.replay.capacity < spec.batch) spec.training.replay.capacity = spec.batch;
-  Engine e(spec, loader);
-  e.init_weights(spec.seed);
-  e.set_batch(HostBatch::random(spec, 1));
-  for (int i = 0; i < warmup; ++i) e.step();
-  e.runtime().synchronize();
+  // Before the engine captures and instantiates its step: which executable node came from which
+  // captured one (a subscriber of its own; the activity API below needs none).
+  // Optional: without it the records are matched by their ids' rank, as before.
+  CUpti_SubscriberHandle subscriber = nullptr;
+  if (cuptiSubscribe(&subscriber, on_resource, nullptr) != CUPTI_SUCCESS ||
+      cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED) != CUPTI_SUCCESS)
+    std::fprintf(stderr, "dqn-trace: no CUPTI resource callbacks: graph nodes will be matched by rank\n");
+  std::unique_ptr<Engine> engine;
+  try {
+    engine = std::make_unique<Engine>(spec, loader);
+    engine->init_weights(spec.seed);
+    engine->set_batch(HostBatch::random(spec, 1));
+    for (int i = 0; i < warmup; ++i) engine->step();
+    engine->runtime().synchronize();
+  } catch (const std::exception& ex) {
+    std::fprintf(stderr, "dqn-trace: %s\n", ex.what());
+    return 1;
+  }
+  Engine& e = *engine;
 
   CUPTI_OK(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
   CUPTI_OK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
@@ -264,15 +294,22 @@ int main(int argc, char** argv) {
           ids.emplace_back(id, int(i));
       }
     }
-    std::size_t hits = 0;
+    std::size_t hits = 0, cloned = 0;
     for (const auto& [id, i] : ids) hits += names.count(id);
+    std::map<std::uint64_t, int> by_id(ids.begin(), ids.end());
+    for (const auto& [id, name] : names)
+      if (const auto c = g_clone_of.find(id); c != g_clone_of.end() && by_id.count(c->second)) ++cloned;
     if (hits == names.size()) {
       for (const auto& [id, i] : ids) node_index[id] = i;
+    } else if (cloned == names.size()) {  // records carry the executable graph's ids
+      for (const auto& [id, name] : names) node_index[id] = by_id[g_clone_of[id]];
+      std::printf("(graph nodes matched through their clones: %zu of %zu)\n", cloned, names.size());
     } else if (ids.size() == names.size()) {  // by rank
       std::sort(ids.begin(), ids.end());
       std::size_t k = 0;
       for (const auto& [id, name] : names) node_index[id] = ids[k++].second;
-      std::printf("(graph nodes matched by rank: %zu of %zu CUPTI ids matched)\n", hits, names.size());
+      std::printf("(graph nodes matched by rank: %zu of %zu CUPTI ids matched, %zu through clones)\n", hits,
+                  names.size(), cloned);
     } else {
       std::printf("(graph structure not available: %zu kernel nodes in the graph, %zu traced)\n", ids.size(),
                   names.size());

@@ -873,15 +873,16 @@ class CudaBackend final : public Backend {
     void* s = scratch(op, cuda::update_scratch_bytes(b.H, u.sn_count, u.sn_max_rows, u.sn_max_cols));
     if (!s) return;
     if (planning_) return;
-    if (fused) DQN_CUDA_OK(op, cuda::update(stream_, u, s, update_blocks_));
-    else if (cluster)
+    if (fused) {
+      DQN_CUDA_OK(op, cuda::update(stream_, u, s, update_blocks_));
+    } else if (cluster) {
       DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), wave_blocks(), clock_,
                                            kClockBlocks, &clock_launch_.blocks));
-    if (cluster) {
       clock_launch_.cs = update_cluster_;
       clock_launch_.normed = u.sn_count;
+    } else {
+      DQN_CUDA_OK(op, cuda::update_split(stream_, u, s, 2 * wave_blocks()));
     }
-    else DQN_CUDA_OK(op, cuda::update_split(stream_, u, s, 2 * wave_blocks()));
   }
 
   /// Whether the update's normed matrices are disjoint ranges inside params, each within the
@@ -1275,6 +1276,26 @@ class CudaBackend final : public Backend {
   unsigned* counter() const noexcept { return counters_ + lane_ * 32; }
   Precision precision() const noexcept { return precision_; }
   const cudaDeviceProp& props() const noexcept { return props_; }
+  /// The stamps of the last cluster update that ran (after a synchronize), or empty.
+  Runtime::UpdateClock update_clock() const {
+    Runtime::UpdateClock out;
+    if (!clock_ || clock_launch_.blocks <= 0 || clock_launch_.cs <= 0) return out;
+    const int n = std::min(clock_launch_.blocks, kClockBlocks);
+    out.slots = cuda::kUpdateClockSlots;
+    out.stamps.assign(static_cast<std::size_t>(n) * 2 * out.slots, 0);
+    if (cudaMemcpy(out.stamps.data(), clock_, out.stamps.size() * sizeof(std::uint64_t), cudaMemcpyDeviceToHost) !=
+        cudaSuccess) {
+      cudaGetLastError();
+      return {};
+    }
+    out.cluster_size = clock_launch_.cs;
+    out.normed = clock_launch_.normed;
+    int clock_khz = 0;
+    if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device_) != cudaSuccess) cudaGetLastError();
+    out.clock_khz = clock_khz;
+    return out;
+  }
+
   bool planning() const noexcept { return planning_; }
   void set_capturing(bool on) noexcept { capturing_ = on; }
   std::size_t scratch_bytes() const noexcept { return scratch_bytes_; }
@@ -1965,28 +1986,6 @@ class CudaBackend final : public Backend {
     int blocks = 0, cs = 0, normed = 0;  ///< of the last cluster update enqueued
   } clock_launch_;
 
- public:
-  /// The stamps of the last cluster update that ran (after a synchronize), or empty.
-  Runtime::UpdateClock update_clock() const {
-    Runtime::UpdateClock out;
-    if (!clock_ || clock_launch_.blocks <= 0 || clock_launch_.cs <= 0) return out;
-    const int n = std::min(clock_launch_.blocks, kClockBlocks);
-    out.slots = cuda::kUpdateClockSlots;
-    out.stamps.assign(static_cast<std::size_t>(n) * 2 * out.slots, 0);
-    if (cudaMemcpy(out.stamps.data(), clock_, out.stamps.size() * sizeof(std::uint64_t), cudaMemcpyDeviceToHost) !=
-        cudaSuccess) {
-      cudaGetLastError();
-      return {};
-    }
-    out.cluster_size = clock_launch_.cs;
-    out.normed = clock_launch_.normed;
-    int clock_khz = 0;
-    if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device_) != cudaSuccess) cudaGetLastError();
-    out.clock_khz = clock_khz;
-    return out;
-  }
-
- private:
   bool masked_in_kernel_ = false;        ///< gemm(): tile_gemm applied the Gemm's mask
   UpdateMode update_mode_ = update_mode_from_env();
   struct SnKey {

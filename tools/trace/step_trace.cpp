@@ -115,7 +115,7 @@ void print_update_clock(dqn::Engine& e, int steps) {
   using dqn::Runtime;
   static const char* const kSlot[] = {"placed", "waited", "clips", "adam", "Wtu", "sigma", "scaled", "exit"};
   std::vector<std::vector<std::vector<double>>> at;  // [group][slot] → per replay
-  std::vector<std::vector<double>> cycles;           // the slowest block's slot-to-slot cycles, per replay
+  std::vector<std::vector<double>> cycles;           // the last block's slot-to-slot cycles, per replay
   Runtime::UpdateClock c;
   for (int r = 0; r < steps; ++r) {
     e.step();
@@ -132,23 +132,23 @@ void print_update_clock(dqn::Engine& e, int steps) {
     std::uint64_t t0 = ~0ull;
     for (int b = 0; b < blocks; ++b) t0 = std::min(t0, c.stamps[std::size_t(b) * 2 * S]);
     std::vector<std::vector<double>> last(std::size_t(groups), std::vector<double>(std::size_t(S), -1.0));
-    int slowest = 0;
-    std::uint64_t slowest_exit = 0;
+    int last_block = 0;  // the block that left last
+    std::uint64_t last_exit = 0;
     for (int b = 0; b < blocks; ++b) {
       const std::uint64_t* st = &c.stamps[std::size_t(b) * 2 * S];
       const int g = b < normed_blocks ? b / c.cluster_size : groups - 1;
       for (int k = 0; k < S; ++k)
-        if (st[k] >= st[0] && st[0] >= t0)  // reached in this run (older stamps are a previous run's)
+        if (st[k] >= st[0])  // reached in this run (older stamps are a previous run's)
           last[std::size_t(g)][std::size_t(k)] = std::max(last[std::size_t(g)][std::size_t(k)], (st[k] - t0) * 1e-3);
-      if (st[S - 1] >= st[0] && st[S - 1] > slowest_exit) {
-        slowest_exit = st[S - 1];
-        slowest = b;
+      if (st[S - 1] >= st[0] && st[S - 1] > last_exit) {
+        last_exit = st[S - 1];
+        last_block = b;
       }
     }
     for (int g = 0; g < groups; ++g)
       for (int k = 0; k < S; ++k)
         if (last[std::size_t(g)][std::size_t(k)] >= 0) at[std::size_t(g)][std::size_t(k)].push_back(last[std::size_t(g)][std::size_t(k)]);
-    const std::uint64_t* gt = &c.stamps[std::size_t(slowest) * 2 * S];
+    const std::uint64_t* gt = &c.stamps[std::size_t(last_block) * 2 * S];
     const std::uint64_t* cl = gt + S;
     std::vector<double> d;  // -1 where a stamp is not this run's
     for (int k = 1; k < S; ++k)

@@ -783,7 +783,7 @@ class CudaBackend final : public Backend {
     }
     void* s = scratch(op, cuda::c51_xent_scratch_bytes(a.B * a.members));
     if (!s) return;
-    DQN_CUDA_OK(op, cuda::c51_xent(stream_, a, s));
+    DQN_CUDA_OK(op, cuda::c51_xent(stream_, a, s, xent_last_block_ ? counter() : nullptr));
   }
 
   // --- optimisation -------------------------------------------------------------------------
@@ -1093,7 +1093,7 @@ class CudaBackend final : public Backend {
     // actions/a_star live on the device: an out-of-range index poisons that sample's dq and loss.
     void* s = scratch(op, cuda::quantile_huber_scratch_bytes(a.B));
     if (!s) return;
-    DQN_CUDA_OK(op, cuda::quantile_huber(stream_, a, s));
+    DQN_CUDA_OK(op, cuda::quantile_huber(stream_, a, s, xent_last_block_ ? counter() : nullptr));
   }
 
   // --- fused head ops (ABI 3) ---------------------------------------------------------------
@@ -1980,6 +1980,9 @@ class CudaBackend final : public Backend {
   int update_blocks_ = 0;                ///< the fused update's grid (0: not fused)
   int update_cluster_ = 0;               ///< the cluster update's blocks per cluster (0: not used)
   bool wgrad_kernel_ = false;            ///< tile_gemm_wgrad runs here (tf32, clusters launch)
+  /// DQN_XENT_LAST_BLOCK=1: c51_xent's and quantile_huber's batch mean in their last block, not a
+  /// kernel of its own after them (one kernel less on the all-heads path; not yet measured).
+  bool xent_last_block_ = std::getenv("DQN_XENT_LAST_BLOCK") && env_on("DQN_XENT_LAST_BLOCK");
   static constexpr int kClockBlocks = 4096;  ///< blocks of the cluster update that stamp (DQN_UPDATE_CLOCK)
   std::uint64_t* clock_ = nullptr;       ///< their stamps [kClockBlocks][2·kUpdateClockSlots], or null
   struct ClockLaunch {

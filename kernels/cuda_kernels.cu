@@ -275,10 +275,30 @@ __global__ void c51_project_kernel(float* m, const float* target_logp, const std
   }
 }
 
+/// For each member k in order, loss (=, or += when accumulating or after the first member) scale ·
+/// (1/B) Σ_b weighted[k·B + b], summed in a fixed order for a given block size (every thread of
+/// the block calls it; `sh` holds 32 doubles): what c51_xent_reduce_kernel runs, and the last block
+/// of the kernels that fill `weighted` where they do it themselves (c51_xent, quantile_huber with a
+/// counter).
+__device__ void weighted_mean(float* loss, const double* weighted, int B, float scale, bool accumulate, int members,
+                              double* sh) {
+  for (int k = 0; k < members; ++k) {
+    double acc = 0.0;
+    for (int b = threadIdx.x; b < B; b += blockDim.x) acc += __ldcg(weighted + static_cast<std::int64_t>(k) * B + b);
+    const double total = block_sum(acc, sh);
+    if (threadIdx.x == 0) {
+      const double l = static_cast<double>(scale) * total / B;
+      *loss = static_cast<float>(accumulate || k > 0 ? static_cast<double>(*loss) + l : l);
+    }
+    __syncthreads();
+  }
+}
+
 /// One block per sample, one warp per branch: per-branch cross-entropy (warp sums), the
 /// gradient of every (action, atom) of the branch, then the sample's loss from the branches in
-/// order. The weighted per-sample loss goes to scratch for the second, fixed-order reduction.
-__global__ void c51_xent_kernel(C51Xent a, double* weighted) {
+/// order. The weighted per-sample loss goes to scratch for the fixed-order mean: with a counter
+/// in the last block to finish (weighted_mean), else in c51_xent_reduce_kernel after.
+__global__ void c51_xent_kernel(C51Xent a, double* weighted, unsigned* counter) {
   dev::pdl_entry();
   extern __shared__ double xent_d[];  // [D], then with dv the taken actions' rows g [D][Z] (float)
   float* g_rows = reinterpret_cast<float*>(xent_d + a.D);
@@ -358,25 +378,18 @@ __global__ void c51_xent_kernel(C51Xent a, double* weighted) {
     if (a.loss_per_sample.p) static_cast<float*>(a.loss_per_sample.p)[blockIdx.x] = static_cast<float>(sample);
     weighted[blockIdx.x] = static_cast<double>(wb) * sample;
   }
+  if (counter && a.loss.p && dev::last_block(counter)) {  // the mean here, not in a kernel of its own
+    __shared__ double sh[32];
+    weighted_mean(static_cast<float*>(a.loss.p), weighted, a.B, a.scale, a.accumulate, a.members, sh);
+  }
 }
 
-/// One block: for each member in order, loss (=, or += when accumulating or after the first
-/// member) scale · (1/B) Σ_b weighted[member·B + b], fixed order — the same roundings as one
-/// call per member.
+/// One block: weighted_mean (the same roundings as one call per member).
 __global__ void c51_xent_reduce_kernel(float* loss, const double* weighted, int B, float scale, bool accumulate,
                                        int members) {
   dev::pdl_entry();
   __shared__ double sh[32];
-  for (int k = 0; k < members; ++k) {
-    double acc = 0.0;
-    for (int b = threadIdx.x; b < B; b += blockDim.x) acc += weighted[static_cast<std::int64_t>(k) * B + b];
-    const double total = block_sum(acc, sh);
-    if (threadIdx.x == 0) {
-      const double l = static_cast<double>(scale) * total / B;
-      *loss = static_cast<float>(accumulate || k > 0 ? static_cast<double>(*loss) + l : l);
-    }
-    __syncthreads();
-  }
+  weighted_mean(loss, weighted, B, scale, accumulate, members, sh);
 }
 
 // --- auxiliary heads ------------------------------------------------------------------------
@@ -539,7 +552,7 @@ __global__ void hadamard_backward_kernel(float* dphi, float* dh2, const float* d
 
 /// One block per sample; threads over the (d, i) pairs, each summing over the N' targets in order;
 /// the sample's loss from the pairs in order by thread 0, to scratch for the fixed-order reduction.
-__global__ void quantile_huber_kernel(QuantileHuber a, double* weighted) {
+__global__ void quantile_huber_kernel(QuantileHuber a, double* weighted, unsigned* counter) {
   dev::pdl_entry();
   extern __shared__ double pair_loss[];  // [D·N]
   const int b = blockIdx.x, N = a.N, Nt = a.Nt, D = a.D, A = a.A;
@@ -582,6 +595,10 @@ __global__ void quantile_huber_kernel(QuantileHuber a, double* weighted) {
     sample /= D;
     if (a.loss_per_sample.p) static_cast<float*>(a.loss_per_sample.p)[b] = static_cast<float>(sample);
     weighted[b] = static_cast<double>(wb) * sample;
+  }
+  if (counter && dev::last_block(counter)) {  // the mean here, not in a kernel of its own
+    __shared__ double sh[32];
+    weighted_mean(static_cast<float*>(a.loss.p), weighted, a.B, 1.0f, false, 1, sh);
   }
 }
 
@@ -1831,14 +1848,14 @@ cudaError_t c51_project(cudaStream_t s, const C51Project& a) {
 
 std::size_t c51_xent_scratch_bytes(int B) { return round_up(static_cast<std::size_t>(B) * sizeof(double), 256); }
 
-cudaError_t c51_xent(cudaStream_t s, const C51Xent& a, void* scratch) {
+cudaError_t c51_xent(cudaStream_t s, const C51Xent& a, void* scratch, unsigned* counter) {
   auto* weighted = static_cast<double*>(scratch);
   const int warps = std::min(a.D, 8);
   const std::size_t shared = static_cast<std::size_t>(a.D) * sizeof(double) +
                              (a.dv ? static_cast<std::size_t>(a.D) * a.Z * sizeof(float) : 0);
-  launch(c51_xent_kernel, a.B * a.members, 32 * warps, shared, s, a, weighted);
+  launch(c51_xent_kernel, a.B * a.members, 32 * warps, shared, s, a, weighted, counter);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  if (a.loss)
+  if (a.loss && !counter)
     launch(c51_xent_reduce_kernel, 1, kThreads, 0, s, a.loss.as<float>(), weighted, a.B, a.scale, a.accumulate,
            a.members);
   return cudaGetLastError();
@@ -1904,11 +1921,11 @@ std::size_t quantile_huber_shared_bytes(int D, int N) {
   return static_cast<std::size_t>(D) * static_cast<std::size_t>(N) * sizeof(double);
 }
 
-cudaError_t quantile_huber(cudaStream_t s, const QuantileHuber& a, void* scratch) {
+cudaError_t quantile_huber(cudaStream_t s, const QuantileHuber& a, void* scratch, unsigned* counter) {
   auto* weighted = static_cast<double*>(scratch);
-  launch(quantile_huber_kernel, a.B, 128, quantile_huber_shared_bytes(a.D, a.N), s, a, weighted);
+  launch(quantile_huber_kernel, a.B, 128, quantile_huber_shared_bytes(a.D, a.N), s, a, weighted, counter);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  launch(c51_xent_reduce_kernel, 1, kThreads, 0, s, a.loss.as<float>(), weighted, a.B, 1.0f, false, 1);
+  if (!counter) launch(c51_xent_reduce_kernel, 1, kThreads, 0, s, a.loss.as<float>(), weighted, a.B, 1.0f, false, 1);
   return cudaGetLastError();
 }
 

@@ -41,7 +41,10 @@ cudaError_t c51_project(cudaStream_t s, const C51Project& a);
 
 /// Scratch c51_xent needs: one double per sample (weighted per-sample losses).
 std::size_t c51_xent_scratch_bytes(int B);
-cudaError_t c51_xent(cudaStream_t s, const C51Xent& a, void* scratch);
+/// `counter` (a lane's "last block done" counter, see dev::last_block) not null: the batch mean
+/// in the last block of the per-sample kernel; null: in a one-block kernel after it. The same
+/// arithmetic in another thread count (the double sum may round differently in its last bit).
+cudaError_t c51_xent(cudaStream_t s, const C51Xent& a, void* scratch, unsigned* counter = nullptr);
 
 /// Scratch cql_penalty needs: one double per (sample, branch).
 std::size_t cql_penalty_scratch_bytes(int B, int D);
@@ -58,7 +61,8 @@ cudaError_t hadamard_backward(cudaStream_t s, float* dphi, float* dh2, const flo
 /// Scratch quantile_huber needs (one double per sample) and its dynamic shared memory (D·N doubles).
 std::size_t quantile_huber_scratch_bytes(int B);
 std::size_t quantile_huber_shared_bytes(int D, int N);
-cudaError_t quantile_huber(cudaStream_t s, const QuantileHuber& a, void* scratch);
+/// `counter`: as c51_xent's.
+cudaError_t quantile_huber(cudaStream_t s, const QuantileHuber& a, void* scratch, unsigned* counter = nullptr);
 
 /// Scratch budget needs: one partial sum of squares per (head, chunk), at most 512 chunks a head.
 std::size_t budget_scratch_bytes(int H);

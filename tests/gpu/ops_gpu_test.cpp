@@ -940,9 +940,12 @@ TEST_CASE("gpu.ops.c51_xent: per-sample loss, weighted mean, gradient; = and +="
   for (std::size_t i = 0; i < m.size(); ++i) m[i] = std::exp(mlog[i]);
   auto actions = random_ints(static_cast<std::size_t>(B) * D, 0, A - 1, 19);
   auto w = random_vec(B, 0.5f, 1.5f, 20);
+  for (const char* last_block : {static_cast<const char*>(nullptr), "1"})  // DQN_XENT_LAST_BLOCK: the mean's kernel
   for (const bool accumulate : {false, true}) {
     for (const bool per_sample : {true, false}) {
-      INFO("accumulate " << accumulate << ", per-sample output " << per_sample);
+      INFO("accumulate " << accumulate << ", per-sample output " << per_sample << ", DQN_XENT_LAST_BLOCK "
+                         << (last_block ? last_block : "unset"));
+      const ScopedEnv env("DQN_XENT_LAST_BLOCK", last_block);
       Gpu gpu;
       Cpu cpu;
       C51Xent x;

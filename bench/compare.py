@@ -16,8 +16,11 @@ import sys
 
 def run_json_lines(cmd: list[str]) -> list[dict]:
     print("+", " ".join(cmd), file=sys.stderr, flush=True)
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    out = subprocess.run(cmd, capture_output=True, text=True)
     sys.stderr.write(out.stderr)
+    if out.returncode != 0:  # its own message says why (no GPU, a bad pipeline key, ...)
+        sys.stderr.write(out.stdout)
+        raise SystemExit(f"compare.py: {cmd[0]} exited with {out.returncode}")
     rows = []
     for line in out.stdout.splitlines():
         line = line.strip()
@@ -44,7 +47,10 @@ def main() -> int:
 
     common = ["--batch", a.batch, "--precision", a.precision, "--warmup", str(a.warmup),
               "--iters", str(a.iters), "--repeats", str(a.repeats), "--json"]
-    ours = run_json_lines([a.dqn, "bench", a.pipeline, *common, *sum([["--set", s] for s in a.set], [])])
+    # The engine on the GPU (the comparison is the same step on the same GPU): without one, dqn
+    # stops at once with why, instead of timing thousands of CPU steps.
+    ours = run_json_lines([a.dqn, "bench", a.pipeline, "--backend", "cuda", *common,
+                           *sum([["--set", s] for s in a.set], [])])
     peer = run_json_lines([sys.executable, "bench/torch_peer.py", "--mode", a.peer_modes, "--heads", a.heads,
                            *common, *a.peer_args.split()])
     rows = []

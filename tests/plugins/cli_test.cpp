@@ -504,6 +504,9 @@ TEST_CASE("cli.bench: the CPU reference timed per configuration, a JSON object o
   REQUIRE(t.rc == 0);
   CHECK(has(t.out, "pipeline   prec    batch    device_us"));
   CHECK(has(t.out, "\nc51        tf32        8 "));
+  // the table says when the times are the CPU reference's (the JSON rows carry "backend")
+  CHECK(has(t.out, "note: timed on the CPU reference backend"));
+  CHECK_FALSE(has(r.out, "note: timed on the CPU"));
   // refused, with where and why: a batch below 1, an unknown precision, no timed replays
   const Run b0 = dqn_run("bench " + small + " --batch 0");
   CHECK(b0.rc != 0);

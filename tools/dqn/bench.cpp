@@ -29,6 +29,7 @@ int cmd_bench(const BenchArgs& a) {
   std::vector<std::string> precisions = a.precisions;
   if (precisions.empty()) precisions.push_back(to_string(base.precision));
   bool header_done = a.json;  // the table's header goes out with its first row, not before an error
+  bool cpu_noted = a.json;     // JSON rows say their backend themselves
   for (const auto& prec : precisions) {
     for (int b : batches) {
       Common c = a.common;
@@ -39,6 +40,12 @@ int cmd_bench(const BenchArgs& a) {
       if (!load(c, a.pipeline, spec)) return 1;
       if (spec.training.replay.capacity < b) spec.training.replay.capacity = b;
       Engine e(spec, loader);
+      if (e.backend() == BackendKind::cpu && !cpu_noted) {
+        std::fprintf(stderr,
+                     "note: timed on the CPU reference backend (no GPU backend in use): float arithmetic whatever "
+                     "the precision column says, and host wall-clock time per step\n");
+        cpu_noted = true;
+      }
       e.init_weights(spec.seed);
       e.set_batch(HostBatch::random(spec, 1));
       for (int i = 0; i < a.warmup; ++i) e.step();

@@ -532,9 +532,13 @@ TEST_CASE("heads.fused_wgrad: the first layer's gradients in the second layer's 
     const char* env;
     bool fused;
   };
-  for (const std::string& aux : {std::string(), std::string(kIqn) + "  - {plugin: ensemble, members: 2}\n  - {plugin: cql}\n"}) {
+  const std::string all = std::string(kIqn) + "  - {plugin: ensemble, members: 2}\n  - {plugin: cql}\n";
+  for (const auto& [aux, trunk] : {std::pair<std::string, std::string>{"", "[7, 6]"}, {all, "[7, 6]"}, {all, "[7, 6, 5]"}}) {
     CAPTURE(aux);
-    const PipelineSpec spec = parse(tiny_pipeline(aux, "spectral_norm: {enabled: true, sigma_max: 2}\n"));
+    CAPTURE(trunk);
+    std::string text = tiny_pipeline(aux, "spectral_norm: {enabled: true, sigma_max: 2}\n");
+    text.replace(text.find("trunk: [7, 6]"), 13, "trunk: " + trunk);  // three layers: layer 1 reaches layer 0 too
+    const PipelineSpec spec = parse(text);
     for (const Variant v : {Variant{"DQN_MASK_STAGE", false}, Variant{"DQN_FUSED_WGRAD", true}})
       for (const bool f64 : {true, false}) {
         CAPTURE(v.env);
@@ -544,8 +548,9 @@ TEST_CASE("heads.fused_wgrad: the first layer's gradients in the second layer's 
         auto other = make(spec, f64);
         unsetenv(v.env);
         const std::string ep = plain->explain(), eo = other->explain();
-        CHECK(ep.find("trunk.mask.1") == std::string::npos);
-        CHECK(eo.find("trunk.mask.1") != std::string::npos);
+        const std::string top_mask = "trunk.mask." + std::to_string(spec.network.trunk.size() - 1);
+        CHECK(ep.find(top_mask) == std::string::npos);
+        CHECK(eo.find(top_mask) != std::string::npos);
         CHECK(ep.find("trunk.weights.0") != std::string::npos);
         CHECK((eo.find("trunk.weights.0") == std::string::npos) == v.fused);
         CHECK((eo.find("trunk.bias.0") == std::string::npos) == v.fused);

@@ -3,8 +3,8 @@
 # averaged out. Each variant ("default" or "ENV=value[,ENV2=value]") runs `dqn bench` at B 256,
 # tf32, C51 and all four heads, ROUNDS times (default 3) in alternating order, each a fresh
 # process (and so a fresh autotuning); prints every figure and the median per variant. With
-# TRACE=1 it also prints each variant's C51 kernel timeline (dqn-trace), with TRACE=all also the
-# all-heads one. Needs build-gpu built.
+# TRACE=1 it also prints each variant's C51 kernel timeline (dqn-trace, with the cluster update's
+# phase stamps: DQN_UPDATE_CLOCK=1), with TRACE=all also the all-heads one. Needs build-gpu built.
 # Usage: tools/gpu_ab.sh default DQN_PDL=0 DQN_WARP_HEAD=0,DQN_PDL=0
 set -uo pipefail
 build=build-gpu
@@ -34,11 +34,11 @@ if [ "${TRACE:-0}" = 1 ] || [ "${TRACE:-0}" = all ]; then
   for v in "$@"; do
     envs=(); [ "$v" != default ] && IFS=, read -r -a envs <<<"$v"
     echo "== trace, $v"
-    env "${envs[@]}" $build/tools/dqn-trace pipelines/ref.yaml --batch 256 --precision tf32 2>&1
+    env "${envs[@]}" DQN_UPDATE_CLOCK=1 $build/tools/dqn-trace pipelines/ref.yaml --batch 256 --precision tf32 2>&1
     if [ "$TRACE" = all ]; then
       echo "== trace, all heads, $v"
       # shellcheck disable=SC2086
-      env "${envs[@]}" $build/tools/dqn-trace pipelines/ref.yaml $all --batch 256 --precision tf32 2>&1
+      env "${envs[@]}" DQN_UPDATE_CLOCK=1 $build/tools/dqn-trace pipelines/ref.yaml $all --batch 256 --precision tf32 2>&1
     fi
   done
 fi

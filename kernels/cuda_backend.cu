@@ -308,6 +308,8 @@ class CudaBackend final : public Backend {
       if (precision_ == Precision::tf32) {
         wgrad_kernel_ = cuda::tile_gemm_wgrad_prepare() == cudaSuccess;
         if (!wgrad_kernel_) cudaGetLastError();
+        chain_kernel_ = cuda::tile_gemm_chain_prepare() == cudaSuccess;  // and tile_gemm_chain's
+        if (!chain_kernel_) cudaGetLastError();
       }
       // The fused head kernels may use up to the opt-in shared memory of a block: granted once here.
       if (fused_head_ && cuda::head_kernels_prepare(props_.sharedMemPerBlockOptin) == cudaSuccess) {
@@ -347,6 +349,7 @@ class CudaBackend final : public Backend {
   /// from the unmasked problem); on every other path, relu_mask after the GEMM.
   void gemm(const Gemm& g) noexcept override {
     constexpr const char* op = "gemm";
+    if (g.chain_b) return gemm_chain(g);
     if (g.wgrad_x) return gemm_wgrad(g);
     if (g.batch2 != 1) {
       if (g.batch2 < 1) return fail(op, "batch2 must be at least 1");
@@ -405,6 +408,36 @@ class CudaBackend final : public Backend {
       relu_bias_grad(g.c, Real{}, g.db, g.wgrad_rows, g.n, g.ldc, g.m / g.wgrad_rows,
                      std::int64_t(g.wgrad_rows) * g.ldc, 0, g.stride_db);
     gemm(wgrad_weights(g));
+  }
+
+  /// Gemm::chain_b: in tf32 one launch of tile_gemm_chain where it fits (the first layer up to 256
+  /// wide, weights stored [out, in]); else the two GEMMs in turn, in this stream.
+  void gemm_chain(const Gemm& g) noexcept {
+    constexpr const char* op = "gemm";
+    if (const char* why = chain_invalid(g)) return fail(op, why);
+    if (!real_ok(g.chain_b, op, "chain_b") || !real_ok(g.chain_c, op, "chain_c") ||
+        (g.chain_bias && !real_ok(g.chain_bias, op, "chain_bias")))
+      return;
+    if (chain_kernel_ && g.chain_tb && (g.act == Act::none || g.act == Act::relu) && g.m > 0 && g.k > 0 &&
+        real_ok(g.a, op, "a") && real_ok(g.b, op, "b") && real_ok(g.c, op, "c") && g.lda >= g.k && g.ldb >= g.k &&
+        g.ldc >= g.n) {
+      const cuda::TileGemm t = tile_args(g);
+      cuda::TileChain c;
+      c.b2 = g.chain_b.as<const float>();
+      c.ldb2 = g.ldb2;
+      c.n2 = g.chain_n;
+      c.ldc2 = g.ldc2;
+      c.bias2 = g.chain_bias ? g.chain_bias.as<const float>() : nullptr;
+      c.relu2 = g.chain_act == Act::relu;
+      c.c2 = g.chain_c.as<float>();
+      if (cuda::tile_gemm_chain_fits(t, c)) {
+        if (!planning_) DQN_CUDA_OK(op, cuda::tile_gemm_chain(stream_, t, c));
+        return;
+      }
+    }
+    if (status_ != 0) return;
+    gemm(without_chain(g));
+    if (status_ == 0) gemm(chain_second(g));
   }
 
   void gemm_body(const Gemm& g) noexcept {
@@ -1980,6 +2013,7 @@ class CudaBackend final : public Backend {
   int update_blocks_ = 0;                ///< the fused update's grid (0: not fused)
   int update_cluster_ = 0;               ///< the cluster update's blocks per cluster (0: not used)
   bool wgrad_kernel_ = false;            ///< tile_gemm_wgrad runs here (tf32, clusters launch)
+  bool chain_kernel_ = false;            ///< tile_gemm_chain runs here (tf32)
   /// DQN_XENT_LAST_BLOCK=1: c51_xent's and quantile_huber's batch mean in their last block, not a
   /// kernel of its own after them (one kernel less on the all-heads path; not yet measured).
   bool xent_last_block_ = std::getenv("DQN_XENT_LAST_BLOCK") && env_on("DQN_XENT_LAST_BLOCK");

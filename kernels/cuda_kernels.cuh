@@ -180,6 +180,25 @@ bool tile_gemm_wgrad_fits(const TileGemm& g, const TileWgrad& w);
 /// Deterministic. cudaErrorInvalidValue when !tile_gemm_wgrad_fits(g, w).
 cudaError_t tile_gemm_wgrad(cudaStream_t s, const TileGemm& g, const TileWgrad& w);
 
+/// Gemm::chain_b and the fields after it (chain_tb set: b2 stored [n2, n1]), for tile_gemm_chain.
+struct TileChain {
+  const float* b2 = nullptr;
+  int ldb2 = 0, n2 = 0, ldc2 = 0;
+  const float* bias2 = nullptr;
+  bool relu2 = false;
+  float* c2 = nullptr;
+};
+/// Once per device before the first tile_gemm_chain: its shared memory beyond 48 KiB.
+cudaError_t tile_gemm_chain_prepare();
+/// Whether tile_gemm_chain runs g and c: C = act(alpha·A·Bᵀ + bias) (A not transposed, B stored
+/// [n, k], batch 1, beta 0, no mask) with n ≤ 256, then C2 = act2(C·B2ᵀ + bias2).
+bool tile_gemm_chain_fits(const TileGemm& g, const TileChain& c);
+/// Two layers in one launch (Gemm::chain_b), tf32 as tile_gemm: each block computes 32 rows of C
+/// whole (all n ≤ 256 columns; the blocks of the first column tile store them), keeps them in
+/// shared memory beside its 32 rows of B2, and computes its 32 × 32 tile of C2 from them. The
+/// products sum in tile_gemm's order. cudaErrorInvalidValue when !tile_gemm_chain_fits(g, c).
+cudaError_t tile_gemm_chain(cudaStream_t s, const TileGemm& g, const TileChain& c);
+
 /// C[r, c] (row stride ldc) = Σ_s part[s][r][c], the slices of a split-k GEMM (compact [S, m, n]),
 /// summed in order in double.
 cudaError_t sum_slices(cudaStream_t s, float* c, int m, int n, int ldc, const float* part, int slices);

@@ -367,6 +367,110 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_wgrad_kernel(TileGemm g, T
   cluster.sync();  // no block leaves while another may still read its shared memory
 }
 
+// --- two layers in one launch (Gemm::chain_b) ------------------------------------------------
+
+constexpr int kChBM = 32, kChN1 = 256, kChBN = 32, kChStages = 2;  // k of the first product in 2 slices of 32
+constexpr int kChLd = kChN1 + 4;  // C1s rows: k-contiguous, + 4 for the fragment loads' banks
+using ChShape = TileShape<kChBM, kChN1, false, true>;
+static_assert(kChStages * ChShape::stage_floats >= kChBM * kChLd, "C1s reuses the first product's stages");
+/// B2s [BN][256] unpadded (so that two blocks fit an SM: 113 KiB each), its columns swizzled
+/// instead: element (r, k) at column k ^ ((r & 7) << 2), which keeps 4-float chunks whole and puts
+/// a fragment's 8 rows × 4 columns on 32 distinct banks.
+__device__ __forceinline__ int ch_swz(int r, int k) { return k ^ ((r & 7) << 2); }
+constexpr std::size_t kChSharedBytes =
+    (std::size_t{kChStages} * ChShape::stage_floats + std::size_t{kChBN} * kChN1) * sizeof(float);
+
+/// Grid (row tiles of 32, column tiles of 32 of C2). The block's rows of B2 (k = C's n columns)
+/// are copied first, in flight during the first product: its 32 rows of C, all n ≤ 256 columns
+/// (tile_mainloop, warp tiles 32 × 64), with tile_gemm's epilogue (alpha, bias, ReLU) into C1s
+/// (over the first product's stages, done with by then) and, from the blocks of the first column
+/// tile, into C; then its tile of C2 from C1s and B2s (warps 2 × 2 of 16 × 16, k in order) with
+/// bias2 and ReLU. 113 KiB of shared memory (two blocks an SM).
+__global__ void __launch_bounds__(kThreads) tile_gemm_chain_kernel(TileGemm g, TileChain c, bool vec_a, bool vec_b,
+                                                                   bool vec_b2) {
+  dev::pdl_entry();
+  constexpr int BM = kChBM, N1 = kChN1, BN = kChBN, LC = kChLd;
+  extern __shared__ __align__(16) float tg_shared[];
+  float* C1s = tg_shared;                                      // [BM][LC], after the first product
+  float* B2s = tg_shared + kChStages * ChShape::stage_floats;  // [BN][N1], ch_swz columns
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
+  const int m0 = static_cast<int>(blockIdx.x) * BM, n0 = static_cast<int>(blockIdx.y) * BN, n1 = g.n;
+  // B2's rows n0.. (zeros past n2 and past n1), in flight with the first product
+  for (int q = threadIdx.x; q < BN * (N1 / 4); q += kThreads) {
+    const int r = q / (N1 / 4), col = (q - r * (N1 / 4)) * 4, gr = n0 + r;
+    float* d = B2s + r * N1 + ch_swz(r, col);  // the chunk stays whole: the swizzle moves bits 2..4
+    const float* src = c.b2 + static_cast<std::int64_t>(gr) * c.ldb2 + col;
+    if (vec_b2) {
+      const int left = gr < c.n2 ? n1 - col : 0;
+      const int bytes = left >= 4 ? 16 : left > 0 ? 4 * left : 0;
+      cp_async16(d, bytes > 0 ? src : c.b2, bytes);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool ok = gr < c.n2 && col + e < n1;
+        cp_async4(d + e, ok ? src + e : c.b2, ok);
+      }
+    }
+  }
+  cp_async_commit();
+  // 1. the block's rows of C, every column (warp w: columns 64w..64w+63)
+  float acc[2][8][4] = {};
+  tile_mainloop<BM, N1, 32, 64, kChStages, false, true>(acc, tg_shared, g.a, g.lda, g.b, g.ldb, m0, 0, g.m, n1, g.k,
+                                                        vec_a, vec_b);
+  __syncthreads();  // every warp is done with the stages C1s overwrites
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rl = mt * 16 + gq + h * 8, r = m0 + rl;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = warp * 64 + nt * 8 + 2 * tq + e;
+          float v = 0.0f;
+          if (r < g.m && col < n1) {  // tile_gemm's epilogue with beta 0 and no mask
+            v = g.alpha * acc[mt][nt][2 * h + e];
+            if (g.bias) v += g.bias[col];
+            if (g.relu) v = v > 0.0f ? v : 0.0f;
+            if (blockIdx.y == 0) g.c[static_cast<std::int64_t>(r) * g.ldc + col] = v;
+          }
+          C1s[rl * LC + col] = v;
+        }
+    }
+  __syncthreads();  // C1s complete; B2s landed (the k loop waited for every copy group)
+  // 2. the block's tile of C2 = C1s · B2sᵀ over k = n1 in order
+  const int wm = warp >> 1, wn = warp & 1, n1p = (n1 + 7) / 8 * 8;
+  float acc2[2][4] = {};
+  for (int k8 = 0; k8 < n1p; k8 += 8) {
+    const float* pa = C1s + (wm * 16 + gq) * LC + k8 + tq;
+    const std::uint32_t af[4] = {to_tf32(pa[0]), to_tf32(pa[8 * LC]), to_tf32(pa[4]), to_tf32(pa[8 * LC + 4])};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const int r = wn * 16 + nt * 8 + gq;
+      const float* pb = B2s + r * N1;
+      const std::uint32_t bf[2] = {to_tf32(pb[ch_swz(r, k8 + tq)]), to_tf32(pb[ch_swz(r, k8 + tq + 4)])};
+      mma_tf32(acc2[nt], af, bf);
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = m0 + wm * 16 + gq + h * 8;
+    if (r >= g.m) continue;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = n0 + wn * 16 + nt * 8 + 2 * tq + e;
+        if (col >= c.n2) continue;
+        float v = acc2[nt][2 * h + e];
+        if (c.bias2) v += c.bias2[col];
+        if (c.relu2) v = v > 0.0f ? v : 0.0f;
+        c.c2[static_cast<std::int64_t>(r) * c.ldc2 + col] = v;
+      }
+  }
+}
+
 /// The tile shapes: block tile, warp tile (four warps), stages in flight, name.
 struct Config {
   int bm, bn, wm, wn, stages;
@@ -478,6 +582,26 @@ cudaError_t tile_gemm_wgrad(cudaStream_t s, const TileGemm& g, const TileWgrad& 
   const bool vec_a = dev::aligned16(g.a) && g.lda % 4 == 0, vec_b = dev::aligned16(g.b) && g.ldb % 4 == 0;
   const bool vec_x = dev::aligned16(w.x) && w.ldx % 4 == 0;
   return cudaLaunchKernelEx(&cfg, tile_gemm_wgrad_kernel, g, w, vec_a, vec_b, vec_x);
+}
+
+cudaError_t tile_gemm_chain_prepare() {
+  return cudaFuncSetAttribute(tile_gemm_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(kChSharedBytes));
+}
+
+bool tile_gemm_chain_fits(const TileGemm& g, const TileChain& c) {
+  if (g.ta || !g.tb || g.mask || g.beta != 0.0f || g.batch != 1 || g.batch2 != 1) return false;
+  if (g.m <= 0 || g.n <= 0 || g.n > kChN1 || g.k <= 0 || c.n2 <= 0 || !c.b2 || !c.c2) return false;
+  return c.ldb2 >= g.n && c.ldc2 >= c.n2 && (c.n2 + kChBN - 1) / kChBN <= 65535;
+}
+
+cudaError_t tile_gemm_chain(cudaStream_t s, const TileGemm& g, const TileChain& c) {
+  if (!tile_gemm_chain_fits(g, c)) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>((g.m + kChBM - 1) / kChBM), static_cast<unsigned>((c.n2 + kChBN - 1) / kChBN));
+  const bool vec_a = dev::aligned16(g.a) && g.lda % 4 == 0, vec_b = dev::aligned16(g.b) && g.ldb % 4 == 0;
+  const bool vec_b2 = dev::aligned16(c.b2) && c.ldb2 % 4 == 0;
+  launch(tile_gemm_chain_kernel, grid, kThreads, kChSharedBytes, s, g, c, vec_a, vec_b, vec_b2);
+  return cudaGetLastError();
 }
 
 }  // namespace dqn::cuda

@@ -33,6 +33,14 @@ class CpuBackend final : public Backend {
   // --- dense layers -------------------------------------------------------------------------
 
   void gemm(const Gemm& g) noexcept override {
+    if (g.chain_b) {  // the first product, then the second on what it wrote, as two calls
+      if (const char* why = chain_invalid(g)) return fail("gemm", why);
+      if (!real_ok(g.chain_b, "gemm", "chain_b") || !real_ok(g.chain_c, "gemm", "chain_c")) return;
+      if (g.chain_bias && !real_ok(g.chain_bias, "gemm", "chain_bias")) return;
+      gemm(without_chain(g));
+      if (status_ == 0) gemm(chain_second(g));
+      return;
+    }
     if (g.wgrad_x) {  // C, then per group its bias sums and Cᵀx, as the separate ops
       if (const char* why = wgrad_invalid(g)) return fail("gemm", why);
       if (!real_ok(g.wgrad_x, "gemm", "wgrad_x") || !real_ok(g.dw, "gemm", "dw")) return;

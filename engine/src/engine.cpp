@@ -352,9 +352,18 @@ void Engine::add_engine_stages_front() {
   // trunk. Measured over fresh processes on the H200, two roots were faster for C51 (88.98 against
   // 91.70 µs with first, 94.63 against 97.29 in another call; trunk 101.35): waiting delays the
   // target chain, which then holds the loss back.
+  // DQN_FUSED_TRUNK=1 (two layers or more): the first two layers in one call (Gemm::chain_b):
+  // trunk.forward.0 writes both activations; no trunk.forward.1 stage.
+  const char* ft = std::getenv("DQN_FUSED_TRUNK");
+  const std::string fts = ft ? ft : "0";
+  if (fts != "0" && fts != "1") throw std::invalid_argument("DQN_FUSED_TRUNK='" + fts + "': expected 0 or 1");
+  fused_trunk_ = fts == "1" && L >= 2;
   for (int i = 0; i < L; ++i) {
+    if (i == 1 && fused_trunk_) continue;  // in trunk.forward.0
     std::vector<std::string> reads{i == 0 ? std::string(buf::states2) : acts[std::size_t(i - 1)], "params"};
-    stages_.push_back(Stage{"trunk.forward." + std::to_string(i), "engine", reads, {acts[std::size_t(i)]},
+    std::vector<std::string> writes{acts[std::size_t(i)]};
+    if (i == 0 && fused_trunk_) writes.push_back(acts[1]);
+    stages_.push_back(Stage{"trunk.forward." + std::to_string(i), "engine", reads, writes,
                             [this, i](Backend& be) { trunk_forward_layer(be, i, false); }});
   }
   std::vector<std::string> treads{buf::states2, "target"};
@@ -365,7 +374,7 @@ void Engine::add_engine_stages_front() {
   if (w != "none") treads.push_back(w == "trunk" ? acts.back() : acts[0]);
   stages_.push_back(Stage{"target.trunk.forward", "engine", treads, tacts,
                           [this, L](Backend& be) {
-                            for (int i = 0; i < L; ++i) trunk_forward_layer(be, i, true);
+                            for (int i = 0; i < L; i += i == 0 && fused_trunk_ ? 2 : 1) trunk_forward_layer(be, i, true);
                           }});
 }
 
@@ -527,16 +536,24 @@ void Engine::bind_engine() {
 }
 
 // h_i = relu(W_i h_{i-1} + b_i); online over states ‖ next_states (2B rows), target over s'.
-// Trunk layer i of the online network (on states2: 2B rows) or of the target (on next_states).
+// Trunk layer i of the online network (on states2: 2B rows) or of the target (on next_states);
+// with fused_trunk_, layer 0 brings layer 1 in the same call (Gemm::chain_b).
 void Engine::trunk_forward_layer(Backend& be, int i, bool target) {
   const int B = spec_.batch;
   const auto& a = target ? trunk_ta_ : trunk_a_;
+  const auto& w = target ? trunk_tw_ : trunk_w_;
+  const auto& b = target ? trunk_tb_ : trunk_b_;
   Gemm g;
   g.tb = true; g.m = target ? B : 2 * B; g.n = net_.trunk[i]; g.k = i == 0 ? net_.state : net_.trunk[i - 1];
   g.a = i > 0 ? a[std::size_t(i - 1)] : target ? states2_ + std::int64_t(B) * net_.state : states2_;
-  g.lda = g.k; g.b = target ? trunk_tw_[i] : trunk_w_[i]; g.ldb = g.k; g.c = a[std::size_t(i)]; g.ldc = g.n;
+  g.lda = g.k; g.b = w[std::size_t(i)]; g.ldb = g.k; g.c = a[std::size_t(i)]; g.ldc = g.n;
   g.weight_operand = 2;
-  g.bias = target ? trunk_tb_[i] : trunk_b_[i]; g.act = Act::relu;  // fused epilogue
+  g.bias = b[std::size_t(i)]; g.act = Act::relu;  // fused epilogue
+  if (i == 0 && fused_trunk_) {
+    g.chain_b = w[1]; g.ldb2 = g.n; g.chain_tb = 1; g.chain_n = net_.trunk[1];
+    g.chain_c = a[1]; g.ldc2 = net_.trunk[1]; g.chain_bias = b[1]; g.chain_act = Act::relu;
+    g.chain_weight_operand = 2;
+  }
   be.gemm(g);
 }
 

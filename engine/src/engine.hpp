@@ -187,6 +187,8 @@ class Engine {
   bool fused_wgrad_ = false;
   /// DQN_MASK_STAGE=1 (or DQN_FUSED_WGRAD=1): the top trunk layer's mask is a stage of its own.
   bool mask_stage_ = false;
+  /// DQN_FUSED_TRUNK=1: the trunk's first two layers in one call (Gemm::chain_b), online and target.
+  bool fused_trunk_ = false;
   LanePlan lanes_;  ///< where the captured step's stages run (empty: not captured)
 };
 

@@ -115,6 +115,16 @@ constexpr GemmPath kGemmPaths[] = {{Precision::fp32, "fp32", kFp32Gemm, nullptr}
                                    {Precision::tf32, "tf32 tile 64x64", kTf32Gemm, "64x64"},
                                    {Precision::bf16, "bf16", kBf16Gemm, nullptr}};
 
+/// The three precisions with their GEMM tolerance (the ops whose tf32 path has a kernel of its own
+/// and whose other precisions fall back to separate GEMMs).
+struct PrecisionCase {
+  Precision p;
+  const char* name;
+  double tol;
+};
+constexpr PrecisionCase kPrecisions[] = {
+    {Precision::tf32, "tf32", kTf32Gemm}, {Precision::fp32, "fp32", kFp32Gemm}, {Precision::bf16, "bf16", kBf16Gemm}};
+
 class Gpu {
  public:
   explicit Gpu(Precision p = Precision::fp32, std::size_t arena_bytes = std::size_t{64} << 20)
@@ -375,14 +385,13 @@ TEST_CASE("gpu.ops.gemm_wgrad: the layer below's dW and db with C (tile_gemm_wgr
       {"B 2048: the separate ops", 1, 2048, 64, 32, 64, 64, true},
       {"x 300 wide: the separate ops", 1, 64, 40, 24, 300, 300, true},
   };
-  for (const Precision prec : {Precision::tf32, Precision::fp32, Precision::bf16}) {
-    const double tol = prec == Precision::fp32 ? kFp32Gemm : prec == Precision::tf32 ? kTf32Gemm : kBf16Gemm;
-    Gpu gpu(prec, std::size_t{256} << 20);
+  for (const PrecisionCase& pc : kPrecisions) {
+    const double tol = pc.tol;
+    Gpu gpu(pc.p, std::size_t{256} << 20);
     Cpu cpu;
     std::uint32_t seed = 900;
     for (const Case& c : cases) {
-      const std::string what = std::string(prec == Precision::fp32 ? "fp32" : prec == Precision::tf32 ? "tf32" : "bf16") +
-                               " gemm wgrad, " + c.why;
+      const std::string what = std::string(pc.name) + " gemm wgrad, " + c.why;
       CAPTURE(what);
       const int m = c.groups * c.rows, lda = c.k + 1, ldb = c.n + 2, ldc = c.n + 3, ldmask = c.n + 5, lddw = c.x_cols + 2;
       const std::int64_t stride_dw = std::int64_t(c.n) * lddw + 5, stride_db = c.n + 3;
@@ -429,6 +438,62 @@ TEST_CASE("gpu.ops.gemm_wgrad: the layer below's dW and db with C (tile_gemm_wgr
   gpu.ops.gemm(bad);
   CHECK(gpu.ops.status() != 0);
   CHECK(std::string(gpu.ops.message()).find("m a multiple of wgrad_rows") != std::string::npos);
+}
+
+TEST_CASE("gpu.ops.gemm_chain: two layers in one call (tile_gemm_chain, else two GEMMs) against the CPU") {
+  // Gemm::chain_b: in tf32 one launch where the first layer is at most 256 wide (32-row blocks
+  // computing their rows of C whole, then a 32 × 32 tile of C2), else the two GEMMs in turn.
+  struct Case {
+    const char* why;
+    int m, k, n, n2;
+    bool bias_relu;
+  };
+  const Case cases[] = {
+      {"the online trunk's shape (512 rows, states 64, 256 × 256)", 512, 64, 256, 256, true},
+      {"the target's (256 rows)", 256, 64, 256, 256, true},
+      {"awkward: 67 rows, k 37, 61 wide, 45 out", 67, 37, 61, 45, true},
+      {"no bias or ReLU, a long k (several slices), n2 past one column tile", 40, 150, 200, 70, false},
+      {"a first layer 300 wide: two GEMMs", 33, 20, 300, 40, true},
+  };
+  for (const PrecisionCase& pc : kPrecisions) {
+    const double tol = pc.tol;
+    Gpu gpu(pc.p);
+    Cpu cpu;
+    std::uint32_t seed = 1100;
+    for (const Case& c : cases) {
+      const std::string what = std::string(pc.name) + " gemm chain, " + c.why;
+      CAPTURE(what);
+      const int lda = c.k + 1, ldb = c.k + 2, ldc = c.n + 3, ldb2 = c.n + 5, ldc2 = c.n2 + 1;
+      auto A = random_vec(static_cast<std::size_t>(c.m) * lda, -1, 1, seed++);
+      auto B = random_vec(static_cast<std::size_t>(c.n) * ldb, -0.3f, 0.3f, seed++);
+      auto B2 = random_vec(static_cast<std::size_t>(c.n2) * ldb2, -0.3f, 0.3f, seed++);
+      auto b1 = random_vec(static_cast<std::size_t>(c.n), -0.5f, 0.5f, seed++);
+      auto b2 = random_vec(static_cast<std::size_t>(c.n2), -0.5f, 0.5f, seed++);
+      const std::size_t nc = static_cast<std::size_t>(c.m) * ldc, nc2 = static_cast<std::size_t>(c.m) * ldc2;
+      Gemm g;
+      g.tb = true; g.m = c.m; g.n = c.n; g.k = c.k; g.lda = lda; g.ldb = ldb; g.ldc = ldc;
+      g.ldb2 = ldb2; g.chain_n = c.n2; g.ldc2 = ldc2; g.chain_tb = 1;
+      if (c.bias_relu) g.act = g.chain_act = Act::relu;
+      Gemm gd = g, gc = g;
+      gd.a = gpu.put(A); gd.b = gpu.put(B); gd.c = gpu.poisoned(std::int64_t(nc)); gd.chain_b = gpu.put(B2);
+      gd.chain_c = gpu.poisoned(std::int64_t(nc2));
+      if (c.bias_relu) { gd.bias = gpu.put(b1); gd.chain_bias = gpu.put(b2); }
+      gpu.ops.gemm(gd);
+      gpu.ok();
+      std::vector<float> C(nc, kNaN), C2(nc2, kNaN);
+      gc.a = host(A); gc.b = host(B); gc.c = host(C); gc.chain_b = host(B2); gc.chain_c = host(C2);
+      if (c.bias_relu) { gc.bias = host(b1); gc.chain_bias = host(b2); }
+      cpu.ops->gemm(gc);
+      cpu.ok();
+      const auto c1 = gpu.get(gd.c, std::int64_t(nc)), c2 = gpu.get(gd.chain_c, std::int64_t(nc2));
+      expect_close(c1, C, tol, what + ": C");
+      expect_close(c2, C2, 2 * tol, what + ": C2");  // two products' rounding
+      gpu.poison(gd.chain_c, std::int64_t(nc2));  // deterministic: a rerun gives the same bits
+      gpu.ops.gemm(gd);
+      gpu.ok();
+      expect_same_bits(gpu.get(gd.chain_c, std::int64_t(nc2)), c2, what + ": rerun C2");
+    }
+  }
 }
 
 TEST_CASE("gpu.ops.gemm_batch2: a second batch dimension (one tile_gemm launch, else a call per entry) against the CPU") {

@@ -164,31 +164,35 @@ TEST_CASE("gpu.step.matches_cpu") {
   // bits in the GEMM operands (≈5e-4 per product) and bf16 7 bits (≈4e-3), and Adam's
   // normalised update turns small gradient differences into lr-sized parameter differences, so
   // those get looser bounds.
-  // tf32 runs five times: with the default kernels (GEMMs on cuBLASLt or tile_gemm, as tuned),
+  // tf32 runs six times: with the default kernels (GEMMs on cuBLASLt or tile_gemm, as tuned),
   // cuBLASLt only (DQN_TILE_GEMM=0), tile_gemm always (=1), both fused head kernels
-  // (DQN_FUSED_HEAD=1), and the first trunk layer's gradients in tile_gemm_wgrad
-  // (DQN_FUSED_WGRAD=1; the CPU engine keeps its stages: the same numbers, heads_test).
+  // (DQN_FUSED_HEAD=1), the first trunk layer's gradients in tile_gemm_wgrad (DQN_FUSED_WGRAD=1)
+  // and the trunk's two layers in tile_gemm_chain (DQN_FUSED_TRUNK=1); the CPU engine keeps its
+  // stages (the same numbers, heads_test).
   struct Case {
     const char* precision;
     double params, loss;
     const char* fused_head;
     const char* tile;
     const char* fused_wgrad;
+    const char* fused_trunk = nullptr;
   };
   for (const Case c : {Case{"fp32", 2e-4, 1e-4, nullptr, nullptr, nullptr},
                        Case{"tf32", 5e-3, 5e-3, nullptr, nullptr, nullptr}, Case{"tf32", 5e-3, 5e-3, nullptr, "0", nullptr},
                        Case{"tf32", 5e-3, 5e-3, nullptr, "1", nullptr}, Case{"tf32", 5e-3, 5e-3, "1", nullptr, nullptr},
                        Case{"tf32", 5e-3, 5e-3, nullptr, nullptr, "1"}, Case{"bf16", 3e-2, 3e-2, nullptr, nullptr, nullptr},
-                       Case{"bf16", 3e-2, 3e-2, nullptr, nullptr, "1"}}) {
+                       Case{"bf16", 3e-2, 3e-2, nullptr, nullptr, "1"},
+                       Case{"tf32", 5e-3, 5e-3, nullptr, nullptr, nullptr, "1"}}) {
     INFO("precision " << std::string(c.precision) << ", DQN_FUSED_HEAD " << (c.fused_head ? c.fused_head : "unset")
                       << ", DQN_TILE_GEMM " << (c.tile ? c.tile : "unset") << ", DQN_FUSED_WGRAD "
-                      << (c.fused_wgrad ? c.fused_wgrad : "unset"));
+                      << (c.fused_wgrad ? c.fused_wgrad : "unset") << ", DQN_FUSED_TRUNK "
+                      << (c.fused_trunk ? c.fused_trunk : "unset"));
     const PipelineSpec spec = parse(pipeline(c.precision));
     // read when the backend (the engine: DQN_FUSED_WGRAD) is made; the CPU engine gets none
     std::unique_ptr<Engine> gpu;
     {
       const EnvOverride fh("DQN_FUSED_HEAD", c.fused_head), tg("DQN_TILE_GEMM", c.tile),
-          fw("DQN_FUSED_WGRAD", c.fused_wgrad);
+          fw("DQN_FUSED_WGRAD", c.fused_wgrad), ft("DQN_FUSED_TRUNK", c.fused_trunk);
       gpu = make(spec, BackendKind::cuda);
     }
     auto cpu = make(spec, BackendKind::cpu);
@@ -220,12 +224,13 @@ TEST_CASE("gpu.step.matches_cpu") {
 }
 
 TEST_CASE("gpu.step.replay_equals_uncaptured") {
-  // tf32 also with DQN_FUSED_WGRAD=1 (tile_gemm_wgrad's clusters add in a fixed order)
-  for (const auto& [p, fused_wgrad] : {std::pair<const char*, bool>{"fp32", false}, {"tf32", false}, {"tf32", true},
-                                       {"bf16", false}}) {
-    INFO("precision " << std::string(p) << (fused_wgrad ? ", DQN_FUSED_WGRAD=1" : ""));
+  // tf32 also with DQN_FUSED_WGRAD=1 and DQN_FUSED_TRUNK=1 (tile_gemm_wgrad's clusters add in a
+  // fixed order; tile_gemm_chain's blocks each recompute their rows of the first layer)
+  for (const auto& [p, fused] : {std::pair<const char*, bool>{"fp32", false}, {"tf32", false}, {"tf32", true},
+                                 {"bf16", false}}) {
+    INFO("precision " << std::string(p) << (fused ? ", DQN_FUSED_WGRAD=1, DQN_FUSED_TRUNK=1" : ""));
     const PipelineSpec spec = parse(pipeline(p));
-    const EnvOverride fw("DQN_FUSED_WGRAD", fused_wgrad ? "1" : nullptr);
+    const EnvOverride fw("DQN_FUSED_WGRAD", fused ? "1" : nullptr), ft("DQN_FUSED_TRUNK", fused ? "1" : nullptr);
     auto a = make(spec, BackendKind::cuda);
     auto b = make(spec, BackendKind::cuda);
     for (int i = 0; i < 20; ++i) {

@@ -574,6 +574,51 @@ TEST_CASE("heads.fused_wgrad: the first layer's gradients in the second layer's 
   }
 }
 
+TEST_CASE("heads.fused_trunk: the trunk's first two layers in one call, the same step bit for bit") {
+  // DQN_FUSED_TRUNK=1 (read when the engine is built): trunk.forward.0 computes layers 0 and 1
+  // (Gemm::chain_b) for the online network and target.trunk.forward likewise; no trunk.forward.1
+  // stage. Anything but 0 or 1 is refused.
+  const std::string all = std::string(kIqn) + "  - {plugin: ensemble, members: 2}\n  - {plugin: cql}\n";
+  for (const auto& [aux, trunk] : {std::pair<std::string, std::string>{"", "[7, 6]"}, {all, "[7, 6]"}, {all, "[7, 6, 5]"}}) {
+    CAPTURE(aux);
+    CAPTURE(trunk);
+    std::string text = tiny_pipeline(aux, "spectral_norm: {enabled: true, sigma_max: 2}\n");
+    text.replace(text.find("trunk: [7, 6]"), 13, "trunk: " + trunk);
+    const PipelineSpec spec = parse(text);
+    for (const bool f64 : {true, false}) {
+      CAPTURE(f64);
+      auto plain = make(spec, f64);
+      setenv("DQN_FUSED_TRUNK", "1", 1);
+      auto fused = make(spec, f64);
+      setenv("DQN_FUSED_WGRAD", "1", 1);  // both at once
+      auto both = make(spec, f64);
+      unsetenv("DQN_FUSED_TRUNK");
+      unsetenv("DQN_FUSED_WGRAD");
+      const std::string ep = plain->explain(), ef = fused->explain();
+      CHECK(ep.find("trunk.forward.1") != std::string::npos);
+      CHECK(ef.find("trunk.forward.1") == std::string::npos);
+      // trunk.forward.0 writes both layers' activations (the second is h2 with two layers)
+      CHECK(ef.find(trunk == "[7, 6]" ? "writes: trunk/a0, trunk/h2\n" : "writes: trunk/a0, trunk/a1\n") !=
+            std::string::npos);
+      for (int i = 0; i < 5; ++i) {
+        plain->step();
+        fused->step();
+        both->step();
+      }
+      for (const char* b : {"params", "target", "grad/all", "adam.v", "trunk/a0", "target/h2"}) {
+        INFO(std::string(b));
+        CHECK(plain->host_buffer(b) == fused->host_buffer(b));
+        CHECK(plain->host_buffer(b) == both->host_buffer(b));
+      }
+      CHECK(plain->read_report().losses == fused->read_report().losses);
+    }
+  }
+  setenv("DQN_FUSED_TRUNK", "2", 1);
+  CHECK_THROWS_WITH_AS(make(parse(tiny_pipeline("")), true), "DQN_FUSED_TRUNK='2': expected 0 or 1",
+                       std::invalid_argument);
+  unsetenv("DQN_FUSED_TRUNK");
+}
+
 TEST_CASE("heads.layout.aligned_groups") {
   // Every contiguous parameter group starts on 16 bytes (kParamAlign), with awkward sizes
   // everywhere (A·Z = 15, D·A = 6, member sizes odd before padding): the GEMMs on them, and the

@@ -572,6 +572,64 @@ TEST_CASE("ops.gemm.wgrad: the layer below's dW and db with C equal the separate
   CHECK(cpu->status() == 0);
 }
 
+TEST_CASE("ops.gemm.chain: two layers in one call equal the two GEMMs, bit for bit") {
+  // Gemm::chain_b (ABI 10): C = act(A·Bᵀ + bias), then C2 = act2(C·B2ᵀ + bias2) from C as written.
+  Backends be;
+  Rng rng(19);
+  const int m = 11, k = 5, n = 7, n2 = 6, lda = k + 1, ldb = k + 2, ldc = n + 1, ldb2 = n + 3, ldc2 = n2 + 2;
+  const Vd A = rng.vec(static_cast<std::size_t>(m) * lda), B = rng.vec(static_cast<std::size_t>(n) * ldb),
+           B2 = rng.vec(static_cast<std::size_t>(n2) * ldb2), b1 = rng.vec(n), b2 = rng.vec(n2);
+  for (Backend* b : {be.f64.get(), be.f32.get()}) {
+    CAPTURE(b->name());
+    const std::uint32_t es = b->real_size();
+    Vec a(es, A), bb(es, B), bb2(es, B2), bias1(es, b1), bias2(es, b2);
+    Vec c1(es, static_cast<std::size_t>(m) * ldc, kNaN), c2(es, static_cast<std::size_t>(m) * ldc, kNaN);
+    Vec d1(es, static_cast<std::size_t>(m) * ldc2, kNaN), d2(es, static_cast<std::size_t>(m) * ldc2, kNaN);
+    dqn::Gemm g;
+    g.tb = true, g.m = m, g.n = n, g.k = k, g.a = a.r(), g.lda = lda, g.b = bb.r(), g.ldb = ldb, g.c = c1.r(), g.ldc = ldc;
+    g.bias = bias1.r(), g.act = dqn::Act::relu;
+    g.chain_b = bb2.r(), g.ldb2 = ldb2, g.chain_n = n2, g.chain_c = d1.r(), g.ldc2 = ldc2, g.chain_tb = 1;
+    g.chain_bias = bias2.r(), g.chain_act = dqn::Act::relu;
+    b->gemm(g);
+    dqn::Gemm first = dqn::without_chain(g);
+    first.c = c2.r();
+    b->gemm(first);
+    dqn::Gemm second = dqn::chain_second(g);
+    second.a = c2.r(), second.c = d2.r();
+    b->gemm(second);
+    REQUIRE(b->status() == 0);
+    CHECK(c1.bytes() == c2.bytes());
+    CHECK(d1.bytes() == d2.bytes());
+    // and against the layers written out here
+    const Vd C = c1.get(), D = d1.get();
+    double worst = 0.0;
+    std::size_t zeros = 0;
+    for (int r = 0; r < m; ++r)
+      for (int j = 0; j < n2; ++j) {
+        double s = b2[std::size_t(j)];
+        for (int q = 0; q < n; ++q) {
+          double h = b1[std::size_t(q)];
+          for (int p = 0; p < k; ++p) h += A[std::size_t(r * lda + p)] * B[std::size_t(q * ldb + p)];
+          s += std::max(h, 0.0) * B2[std::size_t(j * ldb2 + q)];
+        }
+        worst = std::max(worst, std::fabs(D[std::size_t(r * ldc2 + j)] - std::max(s, 0.0)));
+        zeros += D[std::size_t(r * ldc2 + j)] == 0.0;
+      }
+    CHECK(worst < (es == 8 ? 1e-12 : 1e-5));
+    CHECK(zeros > 0);  // the second ReLU did something
+    CHECK(std::isnan(C[std::size_t(n)]));  // C's padding untouched
+  }
+  // refused with the reason
+  auto cpu = dqn::make_cpu_backend(false);
+  Vec a(4, 64, 1.0), bb(4, 64, 1.0), c(4, 64, 0.0), d(4, 64, 0.0);
+  dqn::Gemm g;
+  g.tb = true, g.m = 2, g.n = 4, g.k = 2, g.a = a.r(), g.lda = 2, g.b = bb.r(), g.ldb = 2, g.c = c.r(), g.ldc = 4;
+  g.chain_b = bb.r(), g.ldb2 = 4, g.chain_n = 3, g.chain_c = d.r(), g.ldc2 = 2, g.chain_tb = 1;
+  cpu->gemm(g);
+  CHECK(cpu->status() != 0);
+  CHECK(std::string(cpu->message()).find("ldc2 >= chain_n") != std::string::npos);
+}
+
 TEST_CASE("ops.relu_bias_grad.mask_only: a null db masks and sums nothing") {
   Backends be;
   Rng rng(12);

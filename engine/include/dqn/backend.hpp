@@ -92,6 +92,17 @@ struct Gemm {
   std::int64_t stride_dw = 0;
   Real db;
   std::int64_t stride_db = 0;
+  /// Non-null chain_b: then the next layer in the same call, C2 = act2(C · op(chain_b) +
+  /// chain_bias) [m, chain_n] at chain_c (row stride ldc2; op transposes when chain_tb, the
+  /// weights stored [out, in] as for `b`), reading C as written. The same numbers as the second
+  /// GEMM called after the first (two trunk layers in one launch). Needs batch 1, batch2 1, no
+  /// sum_batch and no wgrad; chain_weight_operand as weight_operand, for the second product.
+  Real chain_b;
+  int ldb2 = 0, chain_n = 0, ldc2 = 0;
+  std::int32_t chain_tb = 0, chain_weight_operand = 0;
+  Act chain_act = Act::none;
+  Real chain_bias;
+  Real chain_c;
 };
 
 /// Entry j of g's second batch dimension as a one-dimensional call (batch2 1, operands at their
@@ -138,6 +149,39 @@ inline Gemm without_wgrad(const Gemm& g) noexcept {
   c.wgrad_x = c.dw = c.db = Real{};
   c.ldx = c.x_cols = c.wgrad_rows = c.lddw = 0;
   c.stride_dw = c.stride_db = 0;
+  return c;
+}
+
+/// Why g's chain fields cannot run, or null when they can (or are unused).
+inline const char* chain_invalid(const Gemm& g) noexcept {
+  if (!g.chain_b) return nullptr;
+  if (g.batch != 1 || g.batch2 != 1 || g.sum_batch || g.wgrad_x) return "chain needs batch 1, batch2 1, no sum_batch and no wgrad";
+  if (g.chain_n <= 0 || !g.chain_c || g.ldc2 < g.chain_n) return "chain needs chain_n > 0, chain_c and ldc2 >= chain_n";
+  if (g.ldb2 < (g.chain_tb ? g.n : g.chain_n)) return "chain needs ldb2 >= the row length of chain_b";
+  if (g.chain_act != Act::none && g.chain_act != Act::relu) return "chain: unknown activation";
+  return nullptr;
+}
+
+/// The second product of g's chain as a GEMM of its own (what the fused launch must equal).
+inline Gemm chain_second(const Gemm& g) noexcept {
+  Gemm c;
+  c.tb = g.chain_tb != 0;
+  c.m = g.m; c.n = g.chain_n; c.k = g.n;
+  c.a = g.c; c.lda = g.ldc;
+  c.b = g.chain_b; c.ldb = g.ldb2;
+  c.c = g.chain_c; c.ldc = g.ldc2;
+  c.bias = g.chain_bias; c.act = g.chain_act;
+  c.weight_operand = g.chain_weight_operand;
+  return c;
+}
+
+/// g without its chain fields (the first product alone).
+inline Gemm without_chain(const Gemm& g) noexcept {
+  Gemm c = g;
+  c.chain_b = c.chain_bias = c.chain_c = Real{};
+  c.ldb2 = c.chain_n = c.ldc2 = 0;
+  c.chain_tb = c.chain_weight_operand = 0;
+  c.chain_act = Act::none;
   return c;
 }
 

@@ -18,7 +18,8 @@ inline constexpr std::uint32_t kAbiVersion = 10;  // 2: auxiliary-head ops appen
                                                    // 7: padded output-layer rows (kParamPadRows, wv2_rows, wb2_rows);
                                                    // 8: Gemm::mask (ReLU backward in the GEMM), relu_bias_grad without db;
                                                    // 9: Gemm::batch2 (a second batch dimension), Gemm::sum_batch;
-                                                   // 10: Gemm::wgrad_x … (the layer below's dW and db with C)
+                                                   // 10: Gemm::wgrad_x … (the layer below's dW and db with C),
+                                                   //     Gemm::chain_b … (the next layer in the same call)
 
 /// The exported symbol every plugin defines (through DQN_PLUGIN_EXPORT below).
 inline constexpr const char* kDescriptorSymbol = "dqn_plugin_descriptor";

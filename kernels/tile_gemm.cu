@@ -369,7 +369,9 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_wgrad_kernel(TileGemm g, T
 
 // --- two layers in one launch (Gemm::chain_b) ------------------------------------------------
 
-constexpr int kChBM = 32, kChN1 = 256, kChBN = 32, kChStages = 2;  // k of the first product in 2 slices of 32
+// the first product's k loop with two stages of 32 (its whole k when it is the states' 64; the
+// block's weight slice of the second layer is one more copy group in flight beside them)
+constexpr int kChBM = 32, kChN1 = 256, kChBN = 32, kChStages = 2;
 constexpr int kChLd = kChN1 + 4;  // C1s rows: k-contiguous, + 4 for the fragment loads' banks
 using ChShape = TileShape<kChBM, kChN1, false, true>;
 static_assert(kChStages * ChShape::stage_floats >= kChBM * kChLd, "C1s reuses the first product's stages");

@@ -79,6 +79,32 @@ __device__ __forceinline__ void copy_tile(float* dst, int ld_s, const float* src
   }
 }
 
+/// Copies rows [0, rows) × columns [0, 4·chunks) of a row-major matrix at src (row stride ld) into
+/// shared memory at dst(r, col) (col a multiple of 4, whose 4 floats stay consecutive), reading
+/// only rows < valid_rows and columns < valid_cols and zero-filling the rest; 16-byte copies where
+/// vec (src and ld 16-byte aligned), else 4-byte ones. (copy_tile's, for runtime widths and
+/// destinations of the caller's layout.)
+template <class Dst>
+__device__ __forceinline__ void copy_rows_async(Dst dst, const float* src, int ld, int rows, int chunks, int valid_rows,
+                                                int valid_cols, bool vec) {
+  for (int q = threadIdx.x; q < rows * chunks; q += kThreads) {
+    const int r = q / chunks, col = (q - r * chunks) * 4;
+    float* d = dst(r, col);
+    const float* p = src + static_cast<std::int64_t>(r) * ld + col;
+    if (vec) {
+      const int left = r < valid_rows ? valid_cols - col : 0;
+      const int bytes = left >= 4 ? 16 : left > 0 ? 4 * left : 0;
+      cp_async16(d, bytes > 0 ? p : src, bytes);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool ok = r < valid_rows && col + e < valid_cols;
+        cp_async4(d + e, ok ? p + e : src, ok);
+      }
+    }
+  }
+}
+
 /// The k loop of a BM × BN tile of C at (m0, n0): acc += op(A) op(B) over the whole k, warp tile
 /// WM × WN (four warps), S stages of kBK in flight in `smem`; rows of A at or past m and columns of
 /// B at or past n read as zeros. Returns with no copy in flight (the caller's own cp.async groups,
@@ -267,22 +293,8 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_wgrad_kernel(TileGemm g, T
   for (int t = rank; t < tiles; t += cr) {
     const int m0 = row_lo + t * BM, xr0 = t * BM, xrows = min(BM, w.rows - xr0);
     // the tile's rows of x (zeros past the group's rows and past x_cols), in flight with the k loop
-    for (int q = threadIdx.x; q < BM * (xp / 4); q += kThreads) {
-      const int r = q / (xp / 4), c = (q - r * (xp / 4)) * 4;
-      float* d = Xs + r * lx + c;
-      const float* src = w.x + static_cast<std::int64_t>(xr0 + r) * w.ldx + c;
-      if (vec_x) {
-        const int left = r < xrows ? w.x_cols - c : 0;
-        const int bytes = left >= 4 ? 16 : left > 0 ? 4 * left : 0;
-        cp_async16(d, bytes > 0 ? src : w.x, bytes);
-      } else {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const bool ok = r < xrows && c + e < w.x_cols;
-          cp_async4(d + e, ok ? src + e : w.x, ok);
-        }
-      }
-    }
+    copy_rows_async([&](int r, int c) { return Xs + r * lx + c; }, w.x + static_cast<std::int64_t>(xr0) * w.ldx, w.ldx,
+                    BM, xp / 4, xrows, w.x_cols, vec_x);
     cp_async_commit();
     float acc[MT][NT][4] = {};
     tile_mainloop<BM, BN, WM, WN, kWgStages, false, false>(acc, tg_shared, g.a, g.lda, g.b, g.ldb, m0, n0, row_hi, g.n,
@@ -397,23 +409,10 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_chain_kernel(TileGemm g, T
   float* B2s = tg_shared + kChStages * ChShape::stage_floats;  // [BN][N1], ch_swz columns
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
   const int m0 = static_cast<int>(blockIdx.x) * BM, n0 = static_cast<int>(blockIdx.y) * BN, n1 = g.n;
-  // B2's rows n0.. (zeros past n2 and past n1), in flight with the first product
-  for (int q = threadIdx.x; q < BN * (N1 / 4); q += kThreads) {
-    const int r = q / (N1 / 4), col = (q - r * (N1 / 4)) * 4, gr = n0 + r;
-    float* d = B2s + r * N1 + ch_swz(r, col);  // the chunk stays whole: the swizzle moves bits 2..4
-    const float* src = c.b2 + static_cast<std::int64_t>(gr) * c.ldb2 + col;
-    if (vec_b2) {
-      const int left = gr < c.n2 ? n1 - col : 0;
-      const int bytes = left >= 4 ? 16 : left > 0 ? 4 * left : 0;
-      cp_async16(d, bytes > 0 ? src : c.b2, bytes);
-    } else {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const bool ok = gr < c.n2 && col + e < n1;
-        cp_async4(d + e, ok ? src + e : c.b2, ok);
-      }
-    }
-  }
+  // B2's rows n0.. (zeros past n2 and past n1), in flight with the first product; a 4-float chunk
+  // stays whole under the swizzle (it moves bits 2..4 of the column)
+  copy_rows_async([&](int r, int col) { return B2s + r * N1 + ch_swz(r, col); },
+                  c.b2 + static_cast<std::int64_t>(n0) * c.ldb2, c.ldb2, BN, N1 / 4, c.n2 - n0, n1, vec_b2);
   cp_async_commit();
   // 1. the block's rows of C, every column (warp w: columns 64w..64w+63)
   float acc[2][8][4] = {};

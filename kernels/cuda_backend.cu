@@ -326,9 +326,9 @@ class CudaBackend final : public Backend {
       if (update_mode_ == UpdateMode::cluster) update_cluster_ = cuda::update_cluster_size(cluster_size_from_env());
       // DQN_UPDATE_CLOCK=1: the cluster update's blocks stamp their phases here (dqn-trace reads them)
       if (update_cluster_ > 0 && std::getenv("DQN_UPDATE_CLOCK") && env_on("DQN_UPDATE_CLOCK")) {
-        DQN_CUDA_THROW(cudaMalloc(&clock_, kClockBlocks * 2 * cuda::kUpdateClockSlots * sizeof(std::uint64_t)));
-        DQN_CUDA_THROW(cudaMemset(clock_, 0, kClockBlocks * 2 * cuda::kUpdateClockSlots * sizeof(std::uint64_t)));
-        note_device_bytes(kClockBlocks * 2 * cuda::kUpdateClockSlots * sizeof(std::uint64_t));
+        DQN_CUDA_THROW(cudaMalloc(&clock_, kClockBytes));
+        DQN_CUDA_THROW(cudaMemset(clock_, 0, kClockBytes));
+        note_device_bytes(kClockBytes);
       }
     } catch (...) {
       release();
@@ -2018,6 +2018,7 @@ class CudaBackend final : public Backend {
   /// kernel of its own after them (one kernel less on the all-heads path; not yet measured).
   bool xent_last_block_ = std::getenv("DQN_XENT_LAST_BLOCK") && env_on("DQN_XENT_LAST_BLOCK");
   static constexpr int kClockBlocks = 4096;  ///< blocks of the cluster update that stamp (DQN_UPDATE_CLOCK)
+  static constexpr std::size_t kClockBytes = std::size_t{kClockBlocks} * 2 * cuda::kUpdateClockSlots * sizeof(std::uint64_t);
   std::uint64_t* clock_ = nullptr;       ///< their stamps [kClockBlocks][2·kUpdateClockSlots], or null
   struct ClockLaunch {
     int blocks = 0, cs = 0, normed = 0;  ///< of the last cluster update enqueued

@@ -25,6 +25,15 @@ std::vector<std::string> to_strings(const char* const* p, std::uint32_t n) {
   for (std::uint32_t i = 0; i < n; ++i) out.emplace_back(p[i] ? p[i] : "");
   return out;
 }
+
+/// An engine switch read when the step is built: unset or "0" off, "1" on, anything else refused
+/// with the name, the value and what is expected.
+bool env_switch(const char* name) {
+  const char* v = std::getenv(name);
+  const std::string s = v ? v : "0";
+  if (s != "0" && s != "1") throw std::invalid_argument(std::string(name) + "='" + s + "': expected 0 or 1");
+  return s == "1";
+}
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -354,10 +363,7 @@ void Engine::add_engine_stages_front() {
   // target chain, which then holds the loss back.
   // DQN_FUSED_TRUNK=1 (two layers or more): the first two layers in one call (Gemm::chain_b):
   // trunk.forward.0 writes both activations; no trunk.forward.1 stage.
-  const char* ft = std::getenv("DQN_FUSED_TRUNK");
-  const std::string fts = ft ? ft : "0";
-  if (fts != "0" && fts != "1") throw std::invalid_argument("DQN_FUSED_TRUNK='" + fts + "': expected 0 or 1");
-  fused_trunk_ = fts == "1" && L >= 2;
+  fused_trunk_ = env_switch("DQN_FUSED_TRUNK") && L >= 2;
   for (int i = 0; i < L; ++i) {
     if (i == 1 && fused_trunk_) continue;  // in trunk.forward.0
     std::vector<std::string> reads{i == 0 ? std::string(buf::states2) : acts[std::size_t(i - 1)], "params"};
@@ -398,14 +404,8 @@ void Engine::add_engine_stages_back() {
   // bias gradients come with its input gradient, in the second layer's trunk.backward
   // (Gemm::wgrad_x), which then reads the states and writes them; no trunk.bias.0 or
   // trunk.weights.0 stage.
-  auto switch01 = [](const char* name) {
-    const char* v = std::getenv(name);
-    const std::string s = v ? v : "0";
-    if (s != "0" && s != "1") throw std::invalid_argument(std::string(name) + "='" + s + "': expected 0 or 1");
-    return s == "1";
-  };
-  fused_wgrad_ = switch01("DQN_FUSED_WGRAD") && L >= 2;
-  mask_stage_ = switch01("DQN_MASK_STAGE") || fused_wgrad_;
+  fused_wgrad_ = env_switch("DQN_FUSED_WGRAD") && L >= 2;
+  mask_stage_ = env_switch("DQN_MASK_STAGE") || fused_wgrad_;
   for (int i = L - 1; i >= 0; --i) {
     const std::string li = std::to_string(i);
     const std::string& dz_i = dz[std::size_t(i)];

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
@@ -114,6 +115,7 @@ double median(std::vector<double> v) {
 void print_update_clock(dqn::Engine& e, int steps) {
   using dqn::Runtime;
   static const char* const kSlot[] = {"placed", "waited", "clips", "adam", "Wtu", "sigma", "scaled", "exit"};
+  constexpr int kSlots = static_cast<int>(std::size(kSlot));  // cuda::UpdateClockSlot's order
   std::vector<std::vector<std::vector<double>>> at;  // [group][slot] → per replay
   std::vector<std::vector<double>> cycles;           // the last block's slot-to-slot cycles, per replay
   Runtime::UpdateClock c;
@@ -121,7 +123,7 @@ void print_update_clock(dqn::Engine& e, int steps) {
     e.step();
     e.runtime().synchronize();
     c = e.runtime().update_clock();
-    if (c.stamps.empty() || c.slots != 8) {
+    if (c.stamps.empty() || c.slots != kSlots) {
       std::printf("update clock: nothing recorded (the cluster update did not run)\n");
       return;
     }
@@ -172,7 +174,7 @@ void print_update_clock(dqn::Engine& e, int steps) {
     const double per_us = c.clock_khz > 0 ? c.clock_khz * 1e-3 : 0.0;
     std::printf("the last block's phases (clock64, median over replays; us at the %d MHz nominal clock):\n",
                 c.clock_khz / 1000);
-    for (std::size_t k = 0; k + 1 < 8; ++k) {
+    for (std::size_t k = 0; k + 1 < std::size_t(kSlots); ++k) {
       std::vector<double> v;
       for (const auto& d : cycles)
         if (d[k] >= 0) v.push_back(d[k]);

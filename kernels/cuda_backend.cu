@@ -910,7 +910,7 @@ class CudaBackend final : public Backend {
       DQN_CUDA_OK(op, cuda::update(stream_, u, s, update_blocks_));
     } else if (cluster) {
       DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), wave_blocks(), clock_,
-                                           kClockBlocks, &clock_launch_.blocks));
+                                           kClockBlocks, &clock_launch_.blocks, sn_cols_));
       clock_launch_.cs = update_cluster_;
       clock_launch_.normed = u.sn_count;
     } else {
@@ -966,7 +966,9 @@ class CudaBackend final : public Backend {
   /// How the update runs (for describe()).
   std::string update_path() const {
     if (update_blocks_ > 0) return "fused (one cooperative kernel)";
-    if (update_cluster_ > 0) return "cluster (" + std::to_string(update_cluster_) + " blocks a cluster)";
+    if (update_cluster_ > 0)
+      return "cluster (" + std::to_string(update_cluster_) + " blocks a cluster" +
+             (sn_cols_ ? ", power iteration by columns where a matrix fits" : "") + ")";
     return update_mode_ == UpdateMode::split ? "split (four kernels)" : "as separate kernels";
   }
 
@@ -2012,6 +2014,9 @@ class CudaBackend final : public Backend {
   bool tune_split_k_ = tune_split_k_from_env();  ///< DQN_GEMM_TUNE_SPLIT_K, read once per backend
   int update_blocks_ = 0;                ///< the fused update's grid (0: not fused)
   int update_cluster_ = 0;               ///< the cluster update's blocks per cluster (0: not used)
+  /// DQN_SN_COLS=1: the cluster update's normed matrices split by columns where they fit
+  /// (cuda::update_cluster); read when the backend is made.
+  bool sn_cols_ = std::getenv("DQN_SN_COLS") && env_on("DQN_SN_COLS");
   bool wgrad_kernel_ = false;            ///< tile_gemm_wgrad runs here (tf32, clusters launch)
   bool chain_kernel_ = false;            ///< tile_gemm_chain runs here (tf32)
   /// DQN_XENT_LAST_BLOCK=1: c51_xent's and quantile_huber's batch mean in their last block, not a

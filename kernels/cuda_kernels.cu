@@ -1399,32 +1399,39 @@ __device__ __forceinline__ void cluster_load(const ClusterStep& x, std::int64_t 
   }
 }
 
+/// acc[k] = Σ_h c_h g_h at the tile's k-th element (double, heads in order, as combine_tile): the
+/// first heads' gradients from r.gr, the others' loaded here at index at(k) where ok(k); [lo, hi)
+/// holds the tile's elements (for the heads' reach). All zero when some head is not finite.
+template <class Ok, class At>
+__device__ __forceinline__ void cluster_combine(const ClusterStep& x, std::int64_t lo, std::int64_t hi,
+                                                const ClusterTile& r, Ok ok, At at, double (&acc)[kClusterPer]) {
+#pragma unroll
+  for (int k = 0; k < kClusterPer; ++k) acc[k] = 0.0;
+  if (!x.finite) return;
+#pragma unroll
+  for (int h = 0; h < kClusterEarlyHeads; ++h) {
+    if (h >= x.H) break;
+    const double c = x.clip_sh[h];
+#pragma unroll
+    for (int k = 0; k < kClusterPer; ++k) acc[k] += c * static_cast<double>(r.gr[h][k]);
+  }
+  for (int h = kClusterEarlyHeads; h < x.H; ++h) {
+    if (!reach_meets(x.reach, h, lo, hi)) continue;  // zeros there (see combine_tile)
+    const double c = x.clip_sh[h];
+    const float* gh = x.grads + static_cast<std::int64_t>(h) * x.P;
+#pragma unroll
+    for (int k = 0; k < kClusterPer; ++k)
+      if (ok(k)) acc[k] += c * static_cast<double>(gh[at(k)]);
+  }
+}
+
 /// The loaded tile: g = Σ_h c_h g_h (double, heads in order, as combine_tile), Adam (adam_element)
 /// and, with target, the target update (apply_target's arithmetic; r.tg loaded for Polyak).
 __device__ __forceinline__ void cluster_store(const ClusterStep& x, std::int64_t s, std::int64_t hi, bool target,
                                               ClusterTile& r) {
   double acc[kClusterPer];
-#pragma unroll
-  for (int k = 0; k < kClusterPer; ++k) acc[k] = 0.0;
-  if (x.finite) {
-#pragma unroll
-    for (int h = 0; h < kClusterEarlyHeads; ++h) {
-      if (h >= x.H) break;
-      const double c = x.clip_sh[h];
-#pragma unroll
-      for (int k = 0; k < kClusterPer; ++k) acc[k] += c * static_cast<double>(r.gr[h][k]);
-    }
-    for (int h = kClusterEarlyHeads; h < x.H; ++h) {
-      if (!reach_meets(x.reach, h, s, hi)) continue;  // zeros there (see combine_tile)
-      const double c = x.clip_sh[h];
-      const float* gh = x.grads + static_cast<std::int64_t>(h) * x.P;
-#pragma unroll
-      for (int k = 0; k < kClusterPer; ++k) {
-        const std::int64_t i = s + k * kThreads + threadIdx.x;
-        if (i < hi) acc[k] += c * static_cast<double>(gh[i]);
-      }
-    }
-  }
+  const auto at = [&](int k) { return s + k * kThreads + threadIdx.x; };
+  cluster_combine(x, s, hi, r, [&](int k) { return at(k) < hi; }, at, acc);
 #pragma unroll
   for (int k = 0; k < kClusterPer; ++k) {
     const std::int64_t i = s + k * kThreads + threadIdx.x;
@@ -1440,6 +1447,125 @@ __device__ __forceinline__ void cluster_store(const ClusterStep& x, std::int64_t
   }
 }
 
+// --- the cluster update's column variant (DQN_SN_COLS=1) ------------------------------------
+// A normed matrix's cluster splits W by columns instead of rows: block `rank` owns columns
+// [rank·w, rank·w + w) of every row (w a power of two, w·CS ≥ cols), so that Wᵀu needs no
+// exchange (each column's sum lies in one block), and W (Wᵀu) and Σ (Wᵀu)² are exchanged once:
+// ‖v‖ = ‖Wᵀu‖, W v = W (Wᵀu) / ‖v‖, σ = ‖W v‖, u ← W v / σ (the same quantities as the row
+// variant and the separate ops, summed in another order). The new W stays in registers from Adam
+// to the scaling and target update (two tiles at most). One cluster barrier and one split
+// arrive/wait, against the row variant's three barriers and its two reloads of W.
+constexpr int kSnColTiles = 2;       // tiles of kClusterTile elements a block keeps in registers
+constexpr int kSnColMaxRows = 1024;  // rows whose partial sums a block keeps in shared memory
+
+/// The column variant's slice width for a rows × cols matrix at cluster size cs, or 0 where it
+/// does not apply (wider than 32 columns a block, more than kSnColTiles tiles a block, or more
+/// than kSnColMaxRows rows).
+__host__ __device__ inline int sncol_width(int rows, int cols, int cs) {
+  if (rows <= 0 || cols <= 0 || cs <= 0 || rows > kSnColMaxRows) return 0;
+  const int need = (cols + cs - 1) / cs;
+  int w = 1;
+  while (w < need) w <<= 1;
+  if (w > 32 || static_cast<std::int64_t>(rows) * w > kSnColTiles * kClusterTile) return 0;
+  return w;
+}
+
+/// Dynamic shared memory of the column variant (doubles): the block's share of W (Wᵀu) for every
+/// row [max_rows] (read by the whole cluster), their sums over the cluster [max_rows], the column
+/// sums' per-warp partials [warps][32], Σ (Wᵀu)² of the block's columns [1] (read by the cluster)
+/// and the cluster's [cs].
+std::size_t cluster_update_shared_cols(int max_rows, int cs) {
+  return (2 * static_cast<std::size_t>(max_rows) + (kThreads / 32) * 32 + 1 + static_cast<std::size_t>(cs)) *
+         sizeof(double);
+}
+
+/// This thread's elements of a normed matrix's column slice: element (j, k) (tile j, k-th of the
+/// tile) is W[row(j, k), col], valid while row < rows and c < nc. Every element of a thread has
+/// the same column (w divides kThreads); the w threads of one row are adjacent lanes of a warp.
+struct SnColSlice {
+  std::int64_t off = 0;  ///< W[0, 0]'s index in params
+  int rows = 0, cols = 0;
+  int w = 0;       ///< columns a block (power of two, at most 32)
+  int c = 0;       ///< this thread's column within the slice: threadIdx.x % w
+  int col = 0;     ///< its column in W
+  bool cok = false;  ///< col < cols
+  int ntiles = 0;  ///< tiles of the slice (rows·w elements)
+  __device__ __forceinline__ int row(int j, int k) const {
+    return j * static_cast<int>(kClusterTile / w) + k * (kThreads / w) + static_cast<int>(threadIdx.x) / w;
+  }
+  __device__ __forceinline__ bool ok(int j, int k) const { return cok && row(j, k) < rows; }
+  __device__ __forceinline__ std::int64_t at(int j, int k) const {
+    return off + static_cast<std::int64_t>(row(j, k)) * cols + col;
+  }
+  /// Tile j's elements lie in params [lo, hi) (whole rows: for the heads' reach).
+  __device__ __forceinline__ std::int64_t lo(int j) const {
+    return off + static_cast<std::int64_t>(j) * (kClusterTile / w) * cols;
+  }
+  __device__ __forceinline__ std::int64_t hi(int j) const {
+    const std::int64_t r = min(static_cast<std::int64_t>(rows), (static_cast<std::int64_t>(j) + 1) * (kClusterTile / w));
+    return off + r * cols;
+  }
+};
+
+__device__ __forceinline__ SnColSlice sncol_slice(const SpectralMatrix& sm, std::int64_t off, int w, int rank) {
+  SnColSlice s;
+  s.off = off;
+  s.rows = sm.rows;
+  s.cols = sm.cols;
+  s.w = w;
+  s.c = static_cast<int>(threadIdx.x) & (w - 1);
+  s.col = rank * w + s.c;
+  s.cok = s.col < sm.cols;
+  s.ntiles = static_cast<int>((static_cast<std::int64_t>(sm.rows) * w + kClusterTile - 1) / kClusterTile);
+  return s;
+}
+
+/// Loads tile j of the slice as cluster_load does a range (m, v, θ, the first heads' gradients),
+/// with u at each element's row in r.tg (no target here: it is loaded after Adam).
+__device__ __forceinline__ void sncol_load(const ClusterStep& x, const SnColSlice& s, const float* __restrict__ u,
+                                           int j, ClusterTile& r) {
+  bool meets[kClusterEarlyHeads];
+#pragma unroll
+  for (int h = 0; h < kClusterEarlyHeads; ++h) meets[h] = h < x.H && reach_meets(x.reach, h, s.lo(j), s.hi(j));
+#pragma unroll
+  for (int k = 0; k < kClusterPer; ++k) {
+    r.m[k] = r.v[k] = r.th[k] = r.tg[k] = 0.0f;
+#pragma unroll
+    for (int h = 0; h < kClusterEarlyHeads; ++h) r.gr[h][k] = 0.0f;
+    if (s.ok(j, k)) {
+      const std::int64_t i = s.at(j, k);
+      r.m[k] = x.mom[i];
+      r.v[k] = x.var[i];
+      r.th[k] = x.theta[i];
+      r.tg[k] = u[s.row(j, k)];
+#pragma unroll
+      for (int h = 0; h < kClusterEarlyHeads; ++h)
+        if (meets[h]) r.gr[h][k] = x.grads[static_cast<std::int64_t>(h) * x.P + i];
+    }
+  }
+}
+
+/// Tile j's g = Σ_h c_h g_h and Adam (cluster_store's arithmetic), with g, m and v stored; the new
+/// θ kept in th (0 off the slice) and not stored (the scaling may change it); y += θ u[row].
+__device__ __forceinline__ void sncol_adam(const ClusterStep& x, const SnColSlice& s, int j, ClusterTile& r,
+                                           float (&th)[kClusterPer], double& y) {
+  double acc[kClusterPer];
+  cluster_combine(x, s.lo(j), s.hi(j), r, [&](int k) { return s.ok(j, k); }, [&](int k) { return s.at(j, k); }, acc);
+#pragma unroll
+  for (int k = 0; k < kClusterPer; ++k) {
+    th[k] = 0.0f;
+    if (!s.ok(j, k)) continue;
+    const std::int64_t i = s.at(j, k);
+    const float gf = static_cast<float>(acc[k]);
+    x.g[i] = gf;
+    if (!x.finite) continue;
+    th[k] = adam_element(gf, r.m[k], r.v[k], r.th[k], x.adam);
+    x.mom[i] = r.m[k];
+    x.var[i] = r.v[k];
+    y += static_cast<double>(th[k]) * static_cast<double>(r.tg[k]);
+  }
+}
+
 /// Cluster k < nsn owns normed matrix k (its rows split evenly over the cluster's blocks); the
 /// clusters after them update the elements outside every normed matrix, tile by tile.
 constexpr int kClusterMaxSegs = kUpdateMaxSn + 1;
@@ -1451,6 +1577,8 @@ struct ClusterPlan {
   const double* step = nullptr;  ///< {1 − β1^t, 1 − β2^t, t} from budget_partial_kernel
   std::uint64_t* clock = nullptr;  ///< update_cluster's clock (null: off)
   int clock_blocks = 0;
+  bool sn_cols = false;  ///< the column variant where a normed matrix fits it (sncol_width)
+  int col_rows = 0;      ///< with sn_cols: the rows its shared memory is laid out for (max_rows)
   std::int64_t seg_lo[kClusterMaxSegs] = {}, seg_hi[kClusterMaxSegs] = {};
   std::int64_t seg_tile0[kClusterMaxSegs + 1] = {};  ///< first tile of each range; [nseg]: all tiles
 };
@@ -1474,6 +1602,131 @@ __device__ __forceinline__ void clock_stamp(const ClusterPlan& pl, int slot) {
   b[kUpdateClockSlots + slot] = static_cast<std::uint64_t>(clock64());
 }
 
+/// Σ over the cluster's blocks, in rank order, of element i of the shared array p (each block's own
+/// copy, through distributed shared memory): every block gets the same sum.
+template <int CS>
+__device__ __forceinline__ double rank_sum(const cooperative_groups::cluster_group& cluster, double* p, int i) {
+  double q[CS];
+#pragma unroll
+  for (int k = 0; k < CS; ++k) q[k] = cluster.map_shared_rank(p, k)[i];
+  double sum = 0.0;
+#pragma unroll
+  for (int k = 0; k < CS; ++k) sum += q[k];
+  return sum;
+}
+
+/// A normed matrix's block of the column variant, after the clip factors (reg: its tile 0, from
+/// sncol_load before them): Adam over its slice (the new W kept in registers), Wᵀu for its
+/// columns, its share of W (Wᵀu) for every row and Σ (Wᵀu)² of its columns into shared memory;
+/// one cluster barrier; every block adds the blocks' shares in rank order (all get the same σ),
+/// writes u for its share of the rows, scales its elements by σ_max/σ when σ > σ_max, stores them
+/// and their target update; it leaves once the other blocks have read its shared memory.
+template <int CS>
+__device__ void sncol_rest(const Update& u, const ClusterStep& x, const SpectralMatrix& sm, const SnColSlice& s,
+                           int rank, bool target_on, const ClusterPlan& pl, ClusterTile& reg, double* shm,
+                           double* sh) {
+  namespace cg = cooperative_groups;
+  float th[kSnColTiles][kClusterPer];
+  double y = 0.0;  // Σ over this thread's elements of W[r, col] u[r] (its column's share)
+  sncol_adam(x, s, 0, reg, th[0], y);
+#pragma unroll
+  for (int j = 1; j < kSnColTiles; ++j) {
+    if (j < s.ntiles) {
+      sncol_load(x, s, static_cast<const float*>(sm.u.p), j, reg);
+      sncol_adam(x, s, j, reg, th[j], y);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kClusterPer; ++k) th[j][k] = 0.0f;
+    }
+  }
+  clock_stamp(pl, kClockAdam);
+  if (!x.finite) {  // the same in every block of the cluster: g is 0, nothing else changes
+    clock_stamp(pl, kClockExit);
+    return;
+  }
+  // the target's old values (Polyak), in flight during the sums below
+  const bool polyak_on = target_on && !x.rule.copy;
+  float tg[kSnColTiles][kClusterPer];
+#pragma unroll
+  for (int j = 0; j < kSnColTiles; ++j)
+#pragma unroll
+    for (int k = 0; k < kClusterPer; ++k)
+      tg[j][k] = polyak_on && j < s.ntiles && s.ok(j, k) ? x.rule.tgt[s.at(j, k)] : 0.0f;
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  constexpr int kWarps = kThreads / 32;
+  double* zpart = shm;                 // [col_rows]: this block's share of W (Wᵀu), read by the cluster
+  double* zs = zpart + pl.col_rows;    // [col_rows]: the cluster's sums
+  double* red = zs + pl.col_rows;      // [kWarps][32]
+  double* ysq = red + kWarps * 32;     // [1]: Σ (Wᵀu)² over this block's columns, read by the cluster
+  double* ysv = ysq + 1;               // [CS]
+  // (Wᵀu)_col: the lanes of a column (lane ≡ c mod w) by butterfly, then the warps in order
+  for (int o = s.w; o < 32; o <<= 1) y += __shfl_xor_sync(0xffffffffu, y, o);
+  if (lane < s.w) red[warp * 32 + lane] = y;
+  __syncthreads();
+  double yc = 0.0;
+#pragma unroll
+  for (int q = 0; q < kWarps; ++q) yc += red[q * 32 + s.c];
+  if (warp == 0) {
+    const double q = warp_sum(lane < s.w ? yc * yc : 0.0);  // lane c < w holds column c's sum
+    if (lane == 0) *ysq = q;
+  }
+  // this block's share of (W (Wᵀu))_r: the w adjacent lanes of row r by butterfly
+#pragma unroll
+  for (int j = 0; j < kSnColTiles; ++j) {
+    if (j >= s.ntiles) break;
+#pragma unroll
+    for (int k = 0; k < kClusterPer; ++k) {
+      double p = static_cast<double>(th[j][k]) * yc;
+      for (int o = 1; o < s.w; o <<= 1) p += __shfl_xor_sync(0xffffffffu, p, o);
+      const int r = s.row(j, k);
+      if (s.c == 0 && r < s.rows) zpart[r] = p;
+    }
+  }
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  clock_stamp(pl, kClockWtu);
+  // the blocks' shares in rank order, the same in every block
+  if (static_cast<int>(threadIdx.x) < CS) ysv[threadIdx.x] = *cluster.map_shared_rank(ysq, static_cast<int>(threadIdx.x));
+  for (int r = static_cast<int>(threadIdx.x); r < s.rows; r += kThreads) zs[r] = rank_sum<CS>(cluster, zpart, r);
+  auto token = cluster.barrier_arrive();  // done with the other blocks' shared memory
+  __syncthreads();                        // ysv and zs
+  double vs = 0.0;
+#pragma unroll
+  for (int k = 0; k < CS; ++k) vs += ysv[k];
+  const double vn = sqrt(vs);
+  const double vnorm = vn < 1e-12 ? 1e-12 : vn;
+  double xsq = 0.0;
+  for (int r = static_cast<int>(threadIdx.x); r < s.rows; r += kThreads) {
+    const double xr = zs[r] / vnorm;
+    xsq += xr * xr;
+  }
+  const double sigma = sqrt(block_sum(xsq, sh));
+  clock_stamp(pl, kClockSigma);
+  const double unorm = sigma < 1e-12 ? 1e-12 : sigma;
+  const int rpb = (s.rows + CS - 1) / CS, r0 = min(s.rows, rank * rpb), r1 = min(s.rows, r0 + rpb);
+  float* uw = static_cast<float*>(sm.u.p);
+  for (int r = r0 + static_cast<int>(threadIdx.x); r < r1; r += kThreads) uw[r] = static_cast<float>(zs[r] / vnorm / unorm);
+  // the slice: scaled when σ > σ_max, stored (Adam's θ was kept for this), its target update
+  const bool scale = sigma > static_cast<double>(u.sigma_max);
+  const double factor = scale ? static_cast<double>(u.sigma_max) / sigma : 1.0;
+#pragma unroll
+  for (int j = 0; j < kSnColTiles; ++j) {
+    if (j >= s.ntiles) break;
+#pragma unroll
+    for (int k = 0; k < kClusterPer; ++k) {
+      if (!s.ok(j, k)) continue;
+      float w = th[j][k];
+      if (scale) w = static_cast<float>(static_cast<double>(w) * factor);
+      const std::int64_t i = s.at(j, k);
+      x.theta[i] = w;
+      if (target_on) x.rule.tgt[i] = x.rule.copy ? w : polyak(x.rule.tau, tg[j][k], w);
+    }
+  }
+  clock_stamp(pl, kClockScaled);
+  cluster.barrier_wait(std::move(token));  // no block leaves while another may still read its shared memory
+  clock_stamp(pl, kClockExit);
+}
+
 /// The update after budget_partial_kernel (with step), in clusters of CS blocks. Every block: the clip
 /// factors and the skip decision (budget_clips), t and the bias corrections from the first launch
 /// (block 0 stores t); each block's first tile is loaded before that. A normed matrix's cluster
@@ -1483,8 +1736,9 @@ __device__ __forceinline__ void clock_stamp(const ClusterPlan& pl, int slot) {
 /// each block writes u ← x/σ for its rows and scales them by σ_max/σ when σ > σ_max, then their
 /// target update. The other clusters do g, Adam and the target update outside the normed
 /// matrices. Needs the normed matrices disjoint ranges inside params within the bounds (the caller
-/// checks). Skipped: g = 0, nothing else changes.
-template <int CS>
+/// checks). Skipped: g = 0, nothing else changes. COLS (DQN_SN_COLS=1, with ClusterPlan::sn_cols):
+/// the normed matrices that fit it by the column variant (sncol_rest) instead.
+template <int CS, bool COLS = false>
 __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, const double* __restrict__ partial,
                                                                      int nchunks, ClusterPlan pl) {
   clock_stamp(pl, kClockPlaced);  // (the clock is no buffer of the kernels this one waits for)
@@ -1523,13 +1777,14 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   const std::int64_t tiles = pl.seg_tile0[pl.nseg];
   int q = 0;
   std::int64_t tile = static_cast<int>(blockIdx.x) - first;
+  std::int64_t off = 0;  // a normed matrix's W[0, 0] in params
   if (normed) {
     sm = u.sn_mats[cid];
     rows = max(sm.rows, 0);
     cols = max(sm.cols, 0);
     r0 = min(rows, rank * pl.rpc);
     r1 = min(rows, r0 + pl.rpc);
-    const std::int64_t off = static_cast<float*>(sm.w.p) - theta;
+    off = static_cast<float*>(sm.w.p) - theta;
     lo = off + static_cast<std::int64_t>(r0) * cols;
     hi = off + static_cast<std::int64_t>(r1) * cols;
   } else if (tile < tiles) {
@@ -1537,8 +1792,16 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
     lo = pl.seg_lo[q] + (tile - pl.seg_tile0[q]) * kClusterTile;
     hi = pl.seg_hi[q];
   }
-  ClusterTile reg;
-  cluster_load(x, lo, min(hi, lo + kClusterTile), every && !normed, reg);  // in flight during the clips
+  // the column variant for this normed matrix (the same decision in every block of its cluster)
+  const int colw = COLS && normed && pl.sn_cols && rows <= pl.col_rows ? sncol_width(rows, cols, CS) : 0;
+  SnColSlice slice;
+  ClusterTile reg;  // in flight during the clips
+  if (colw) {
+    slice = sncol_slice(sm, off, colw, rank);
+    sncol_load(x, slice, static_cast<const float*>(sm.u.p), 0, reg);
+  } else {
+    cluster_load(x, lo, min(hi, lo + kClusterTile), every && !normed, reg);
+  }
   const bool finite = budget_clips(b, partial, nchunks, clip_sh, blockIdx.x == 0);
   clock_stamp(pl, kClockClips);
   if (finite && blockIdx.x == 0 && threadIdx.x == 0) *u.adam.t = t_new;
@@ -1546,6 +1809,10 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   if (finite)
     x.adam = adam_coef(u.adam.beta1, u.adam.beta2, u.adam.eps, *static_cast<const float*>(u.adam.lr.p), bc1, bc2);
   const bool target_on = finite && (tu.period == 0 || t_new % tu.period == 0);
+  if (colw) {
+    sncol_rest<CS>(u, x, sm, slice, rank, target_on, pl, reg, cu_shared, sh);
+    return;
+  }
   if (!normed) {
     if (tile >= tiles) {
       clock_stamp(pl, kClockAdam);
@@ -1595,12 +1862,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   // Wᵀu: the blocks' sums in rank order, the same in every block
   double vsq = 0.0;
   for (int c = threadIdx.x; c < cols; c += kThreads) {
-    double wq[CS];
-#pragma unroll
-    for (int k = 0; k < CS; ++k) wq[k] = cluster.map_shared_rank(part, k)[c];
-    double w = 0.0;
-#pragma unroll
-    for (int k = 0; k < CS; ++k) w += wq[k];
+    const double w = rank_sum<CS>(cluster, part, c);
     vv[c] = w;
     vsq += w * w;
   }
@@ -1627,13 +1889,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   }
   cluster.sync();
   clock_stamp(pl, kClockSigma);
-  double sq[CS];
-#pragma unroll
-  for (int k = 0; k < CS; ++k) sq[k] = *cluster.map_shared_rank(xsq, k);
-  double ssq = 0.0;
-#pragma unroll
-  for (int k = 0; k < CS; ++k) ssq += sq[k];
-  const double sigma = sqrt(ssq);
+  const double sigma = sqrt(rank_sum<CS>(cluster, xsq, 0));
   const double unorm = sigma < 1e-12 ? 1e-12 : sigma;
   for (int r = r0 + threadIdx.x; r < r1; r += kThreads) uv[r] = static_cast<float>(xr[r - r0] / unorm);
   // the block's rows: scaled when σ > σ_max, then their target update (loads first, per tile)
@@ -2064,6 +2320,7 @@ int update_cluster_size(int want) {
   }
   // 16 blocks per cluster where the device schedules them (a non-portable size), else 8.
   cudaFuncSetAttribute(update_cluster_kernel<16>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  cudaFuncSetAttribute(update_cluster_kernel<16, true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   cudaGetLastError();
   for (int cs : {16, 8}) {
     if (want != 0 && cs != want) continue;
@@ -2088,7 +2345,7 @@ bool update_cluster_fits(int cs, int max_rows, int max_cols) {
 
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
-                           std::uint64_t* clock, int clock_blocks, int* launched) {
+                           std::uint64_t* clock, int clock_blocks, int* launched, bool sn_cols) {
   const Budget& b = u.budget;
   if ((cs != 8 && cs != 16) || u.sn_count > kUpdateMaxSn || !update_cluster_fits(cs, u.sn_max_rows, u.sn_max_cols) ||
       static_cast<int>(ranges.size()) != u.sn_count)
@@ -2129,9 +2386,17 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   if (blocks == 0) return cudaSuccess;
   pl.clock = clock;
   pl.clock_blocks = clock ? clock_blocks : 0;
-  const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, cluster_update_shared(pl.max_cols, pl.rpc), s, attr, true);
-  return cs == 16 ? cudaLaunchKernelEx(&cfg, update_cluster_kernel<16>, u, static_cast<const double*>(partial), nchunks, pl)
-                  : cudaLaunchKernelEx(&cfg, update_cluster_kernel<8>, u, static_cast<const double*>(partial), nchunks, pl);
+  std::size_t shared = cluster_update_shared(pl.max_cols, pl.rpc);
+  if (sn_cols && u.sn_max_rows <= kSnColMaxRows &&
+      cluster_update_shared_cols(u.sn_max_rows, cs) <= kClusterMaxShared) {
+    pl.sn_cols = true;
+    pl.col_rows = std::max(u.sn_max_rows, 1);
+    shared = std::max(shared, cluster_update_shared_cols(pl.col_rows, cs));
+  }
+  const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, shared, s, attr, true);
+  void (*kernel)(Update, const double*, int, ClusterPlan) = cs == 16 ? (pl.sn_cols ? update_cluster_kernel<16, true> : update_cluster_kernel<16>)
+                                 : (pl.sn_cols ? update_cluster_kernel<8, true> : update_cluster_kernel<8>);
+  return cudaLaunchKernelEx(&cfg, kernel, u, static_cast<const double*>(partial), nchunks, pl);
 }
 
 bool cooperative_graphs_work(int blocks) {

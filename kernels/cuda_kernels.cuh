@@ -107,9 +107,14 @@ cudaError_t update_split(cudaStream_t s, const Update& u, void* scratch, int max
 /// max_blocks bounds the clusters outside the normed matrices; results do not depend on it.
 /// `clock` (null: off): per block kUpdateClockSlots %globaltimer stamps then as many clock64
 /// ones (UpdateClockSlot), for blocks below clock_blocks; the launch's block count in *blocks.
+/// sn_cols (DQN_SN_COLS=1): a normed matrix of at most 1,024 rows whose columns fit 32 a block
+/// (cols ≤ 32·cs) and whose block's share fits two tiles (rows · w ≤ 4,096, w the power of two
+/// ≥ cols/cs) is split by columns: one exchange over the cluster instead of two, the new W kept
+/// in registers until it is scaled (sums in yet another order: the same tolerance).
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
-                           std::uint64_t* clock = nullptr, int clock_blocks = 0, int* blocks = nullptr);
+                           std::uint64_t* clock = nullptr, int clock_blocks = 0, int* blocks = nullptr,
+                           bool sn_cols = false);
 /// The moments the cluster update's blocks stamp (DQN_UPDATE_CLOCK=1, read by dqn-trace): placed
 /// (before waiting for the kernels before it), the wait over, the clip factors known, its
 /// elements' g and Adam done, Wᵀu added over the cluster (normed blocks), σ known (normed), its

@@ -6,7 +6,9 @@
 #include <cstdlib>
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
 #include <deque>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <random>
@@ -1920,6 +1922,54 @@ TEST_CASE("gpu.ops.skip_chain: budget → adam → spectral norm → target, fin
   }
 }
 
+/// The state an update reads and writes, on the host: an Update's buffers are made from these by
+/// update_args.
+struct UpdateState {
+  int H = 0;
+  std::int64_t P = 0;
+  std::vector<float> grads, fractions, losses, params, m, v, lr, target;
+  std::int64_t period = 0;
+};
+
+/// An Update (no normed matrices yet) over `st`, every buffer made by real(host vector); the outputs
+/// (norms, clips, g, total loss) NaN-poisoned; skip, skipped and t given.
+template <class MakeReal>
+Update update_args(const UpdateState& st, MakeReal&& real, std::int32_t* skip, std::int64_t* skipped,
+                   std::int64_t* t) {
+  Update up;
+  Budget& b = up.budget;
+  b.H = st.H;
+  b.P = st.P;
+  b.grads = real(st.grads);
+  b.fractions = real(st.fractions);
+  b.losses = real(st.losses);
+  b.norms = real(std::vector<float>(static_cast<std::size_t>(st.H), kNaN));
+  b.clips = real(std::vector<float>(static_cast<std::size_t>(st.H), kNaN));
+  b.g = real(std::vector<float>(static_cast<std::size_t>(st.P), kNaN));
+  b.total_loss = real(std::vector<float>{kNaN});
+  b.skip = skip;
+  b.skipped = skipped;
+  Adam& a = up.adam;
+  a.P = st.P;
+  a.params = real(st.params);
+  a.g = b.g;
+  a.m = real(st.m);
+  a.v = real(st.v);
+  a.lr = real(st.lr);
+  a.t = t;
+  a.skip = skip;
+  up.sigma_max = 2.0f;
+  TargetUpdate& tu = up.target;
+  tu.P = st.P;
+  tu.target = real(st.target);
+  tu.params = a.params;
+  tu.tau = 0.005f;
+  tu.period = st.period;
+  tu.t = t;
+  tu.skip = skip;
+  return up;
+}
+
 TEST_CASE("gpu.ops.update: the fused update equals budget → adam → spectral norm → target, bit for bit") {
   // The fused update (one cooperative kernel where the device runs it in a graph) against the
   // four separate CUDA ops on a copy of the same state (the same kernels' arithmetic: equal
@@ -1976,47 +2026,19 @@ TEST_CASE("gpu.ops.update: the fused update equals budget → adam → spectral 
       std::vector<SpectralMatrix> mats;
       Real u0, u1, outside;
     };
+    const UpdateState st{H, P, bc.grads, bc.fractions, bc.losses, params, m, v, lr, target, c.period};
     auto build = [&](Side& sd, auto&& real, std::int32_t* skip, std::int64_t* skipped, std::int64_t* t) {
-      Budget& b = sd.up.budget;
-      b.H = H;
-      b.P = P;
-      b.grads = real(bc.grads);
-      b.fractions = real(bc.fractions);
-      b.losses = real(bc.losses);
-      b.norms = real(std::vector<float>(H, kNaN));
-      b.clips = real(std::vector<float>(H, kNaN));
-      b.g = real(std::vector<float>(static_cast<std::size_t>(P), kNaN));
-      b.total_loss = real(std::vector<float>{kNaN});
-      b.skip = skip;
-      b.skipped = skipped;
-      Adam& a = sd.up.adam;
-      a.P = P;
-      a.params = real(params);
-      a.g = b.g;
-      a.m = real(m);
-      a.v = real(v);
-      a.lr = real(lr);
-      a.t = t;
-      a.skip = skip;
+      sd.up = update_args(st, real, skip, skipped, t);
       sd.u0 = real(u0);
       sd.u1 = real(u1);
       sd.outside = real(outside);
       if (nsn > 0) {
-        sd.mats.push_back({a.params + off0, sd.u0, r0, c0});
-        sd.mats.push_back({c.layout == 1 ? sd.outside : a.params + off1, sd.u1, r1, c1});
+        sd.mats.push_back({sd.up.adam.params + off0, sd.u0, r0, c0});
+        sd.mats.push_back({c.layout == 1 ? sd.outside : sd.up.adam.params + off1, sd.u1, r1, c1});
       }
       sd.up.sn_count = nsn;
       sd.up.sn_max_rows = std::max(r0, r1);
       sd.up.sn_max_cols = std::max(c0, c1);
-      sd.up.sigma_max = 2.0f;
-      TargetUpdate& tu = sd.up.target;
-      tu.P = P;
-      tu.target = real(target);
-      tu.params = a.params;
-      tu.tau = 0.005f;
-      tu.period = c.period;
-      tu.t = t;
-      tu.skip = skip;
     };
     // fused (gpu f), separate ops (gpu s), cpu
     Side f, sp, hc;
@@ -2092,6 +2114,174 @@ TEST_CASE("gpu.ops.update: the fused update equals budget → adam → spectral 
       const bool moved = gpu.get(f.up.target.target, P) != target;
       CHECK(moved == (c.period == 0 || (c.t0 + 1) % c.period == 0));
     }
+  }
+}
+
+TEST_CASE("gpu.ops.update.sn_cols: the cluster update's power iteration by columns (DQN_SN_COLS=1) against the row split, the separate ops and the CPU") {
+  // Normed matrices of the step's shapes and awkward ones inside one params: two tiles a block
+  // (256 × 256, 200 × 250), one (128 × 256, 255 × 128, 256 × 64: four columns a block), blocks
+  // with no column (37 × 53: 14 of 16 blocks hold columns), a row (1 × 9), and one the column
+  // variant leaves to the row split in the same launch (300 × 256: three tiles a block). One is
+  // scaled down so that σ < σ_max (not rescaled); the others are rescaled. Two heads, the second
+  // clipped. The column variant sums in yet another order: params, target and u within
+  // kSumOrder of the row split and of the separate ops; m, v, g, norms and clips equal bit for bit.
+  struct Mat {
+    int rows, cols;
+    float scale;
+  };
+  const Mat mats[] = {{256, 256, 1.0f}, {200, 250, 1.0f}, {128, 256, 1.0f}, {255, 128, 1.0f}, {256, 64, 1.0f},
+                      {37, 53, 1.0f},   {1, 9, 1.0f},     {300, 256, 1.0f}, {51, 128, 0.01f}};
+  constexpr int H = 2;
+  constexpr double kSumOrder = 1e-7;
+  std::vector<std::int64_t> offs;
+  std::int64_t P = 77;  // a gap before the first matrix, and between all of them
+  for (const Mat& m : mats) {
+    offs.push_back(P);
+    P += static_cast<std::int64_t>(m.rows) * m.cols + 131;
+  }
+  int max_rows = 0, max_cols = 0;
+  for (const Mat& m : mats) {
+    max_rows = std::max(max_rows, m.rows);
+    max_cols = std::max(max_cols, m.cols);
+  }
+  const int nsn = static_cast<int>(std::size(mats));
+  auto params = random_vec(static_cast<std::size_t>(P), -1, 1, 80);
+  for (int k = 0; k < nsn; ++k)
+    for (std::int64_t i = 0; i < static_cast<std::int64_t>(mats[k].rows) * mats[k].cols; ++i)
+      params[static_cast<std::size_t>(offs[static_cast<std::size_t>(k)] + i)] *= mats[k].scale;
+  const auto m0 = random_vec(static_cast<std::size_t>(P), -0.01f, 0.01f, 81);
+  const auto v0 = random_vec(static_cast<std::size_t>(P), 0, 1e-4f, 82);
+  const auto target0 = random_vec(static_cast<std::size_t>(P), -1, 1, 83);
+  auto grads = random_vec(static_cast<std::size_t>(H * P), -1, 1, 84);
+  for (std::int64_t i = 0; i < P; ++i) grads[static_cast<std::size_t>(P + i)] *= 1e-3f;  // head 1: clip 1
+  const std::vector<float> fractions{0.8f, 0.2f}, losses{1.5f, 0.25f}, lr{1e-3f};
+  std::vector<std::vector<float>> us;
+  for (int k = 0; k < nsn; ++k) us.push_back(random_vec(static_cast<std::size_t>(mats[k].rows), -0.2f, 0.2f, 90 + k));
+
+  struct Case {
+    const char* why;
+    bool bad;
+    std::int64_t period, t0;
+  };
+  const Case cases[] = {{"polyak", false, 0, 10}, {"hard copy on the period", false, 4, 11},
+                        {"hard copy off the period", false, 4, 12}, {"a NaN head skips everything", true, 0, 10}};
+  for (const Case& c : cases) {
+    INFO(c.why);
+    auto g = grads;
+    if (c.bad) g[static_cast<std::size_t>(P + 4321)] = kNaN;
+    // Side: one update's state on one backend (cols: DQN_SN_COLS=1's cluster update, rows: the
+    // default cluster update, sep: the four separate ops, cpu: the CPU twin)
+    struct Side {
+      Update up;
+      std::vector<SpectralMatrix> mats;
+      std::vector<Real> u;
+      std::int32_t* skip;
+      std::int64_t *skipped, *t;
+    };
+    const UpdateState st{H, P, g, fractions, losses, params, m0, v0, lr, target0, c.period};
+    auto build = [&](Side& sd, auto&& real, auto&& i32, auto&& i64) {
+      sd.skip = i32(std::vector<std::int32_t>{-1});
+      sd.skipped = i64(std::vector<std::int64_t>{2});
+      sd.t = i64(std::vector<std::int64_t>{c.t0});
+      sd.up = update_args(st, real, sd.skip, sd.skipped, sd.t);
+      for (int k = 0; k < nsn; ++k) {
+        sd.u.push_back(real(us[static_cast<std::size_t>(k)]));
+        sd.mats.push_back(
+            {sd.up.adam.params + offs[static_cast<std::size_t>(k)], sd.u.back(), mats[k].rows, mats[k].cols});
+      }
+      sd.up.sn_count = nsn;
+      sd.up.sn_max_rows = max_rows;
+      sd.up.sn_max_cols = max_cols;
+    };
+    auto on = [&](Gpu& gpu, Side& sd) {
+      build(sd, [&](const std::vector<float>& h) { return gpu.put(h); },
+            [&](const std::vector<std::int32_t>& h) { return gpu.put_typed(h); },
+            [&](const std::vector<std::int64_t>& h) { return gpu.put_typed(h); });
+      sd.up.sn_mats = gpu.put_typed(sd.mats);
+    };
+    Side cols, rows, sep, hc;
+    std::unique_ptr<Gpu> gc;
+    {
+      const ScopedEnv env("DQN_SN_COLS", "1");  // read when a backend is made
+      gc = std::make_unique<Gpu>();
+    }
+    Gpu gr;  // the default: the row split
+    const std::string dc = gc->rt().describe(), dr = gr.rt().describe();
+    MESSAGE("update paths: " << dc << " / " << dr);
+    REQUIRE_MESSAGE(dc.find("power iteration by columns") != std::string::npos, dc);
+    REQUIRE_MESSAGE(dr.find("update cluster") != std::string::npos, dr);
+    CHECK(dr.find("by columns") == std::string::npos);
+    on(*gc, cols);
+    on(gr, rows);
+    on(gr, sep);
+    std::deque<std::vector<float>> store;  // host buffers; a deque never moves its elements
+    std::deque<std::vector<std::int32_t>> store32;
+    std::deque<std::vector<std::int64_t>> store64;
+    build(hc, [&](const std::vector<float>& h) { store.push_back(h); return host(store.back()); },
+          [&](const std::vector<std::int32_t>& h) { store32.push_back(h); return store32.back().data(); },
+          [&](const std::vector<std::int64_t>& h) { store64.push_back(h); return store64.back().data(); });
+    hc.up.sn_mats = hc.mats.data();
+
+    gc->ops.update(cols.up);
+    gr.ops.update(rows.up);
+    gr.ops.budget(sep.up.budget);
+    gr.ops.adam(sep.up.adam);
+    gr.ops.spectral_norm(sep.up.sn_mats, nsn, max_rows, max_cols, 2.0f, sep.skip);
+    gr.ops.target_update(sep.up.target);
+    gc->ok();
+    gr.ok();
+    Cpu cpu;
+    cpu.ops->update(hc.up);
+    cpu.ok();
+
+    auto hv = [](const Real& r, std::int64_t n) { return std::vector<float>(r.as<float>(), r.as<float>() + n); };
+    struct Out {
+      std::string name;
+      Real col, row, s, h;
+      std::int64_t n;
+      bool summed;  // from the power iteration (sums in another order)
+    };
+    std::vector<Out> outs = {
+        {"params", cols.up.adam.params, rows.up.adam.params, sep.up.adam.params, hc.up.adam.params, P, true},
+        {"target", cols.up.target.target, rows.up.target.target, sep.up.target.target, hc.up.target.target, P, true},
+        {"m", cols.up.adam.m, rows.up.adam.m, sep.up.adam.m, hc.up.adam.m, P, false},
+        {"v", cols.up.adam.v, rows.up.adam.v, sep.up.adam.v, hc.up.adam.v, P, false},
+        {"g", cols.up.budget.g, rows.up.budget.g, sep.up.budget.g, hc.up.budget.g, P, false},
+        {"norms", cols.up.budget.norms, rows.up.budget.norms, sep.up.budget.norms, hc.up.budget.norms, H, false},
+        {"clips", cols.up.budget.clips, rows.up.budget.clips, sep.up.budget.clips, hc.up.budget.clips, H, false},
+    };
+    for (int k = 0; k < nsn; ++k)
+      outs.push_back({"u of matrix " + std::to_string(k) + " (" + std::to_string(mats[k].rows) + " x " +
+                          std::to_string(mats[k].cols) + ")",
+                      cols.u[static_cast<std::size_t>(k)], rows.u[static_cast<std::size_t>(k)],
+                      sep.u[static_cast<std::size_t>(k)], hc.u[static_cast<std::size_t>(k)], mats[k].rows, true});
+    for (const Out& o : outs) {
+      const auto got = gc->get(o.col, o.n);
+      if (o.summed && !c.bad) {
+        expect_close(got, gr.get(o.row, o.n), kSumOrder, "columns vs rows: " + o.name);
+        expect_close(got, gr.get(o.s, o.n), kSumOrder, "columns vs separate: " + o.name);
+      } else {
+        expect_same_bits(got, gr.get(o.row, o.n), "columns vs rows: " + o.name);
+        expect_same_bits(got, gr.get(o.s, o.n), "columns vs separate: " + o.name);
+      }
+      if (!c.bad || o.name == "norms" || o.name == "clips" || o.name == "g")
+        expect_close(got, hv(o.h, o.n), kReduction, "columns vs cpu: " + o.name);
+    }
+    // each matrix's elements moved (or, skipped, stayed) and the scaled-down one was not rescaled
+    const auto p_after = gc->get(cols.up.adam.params, P);
+    for (int k = 0; k < nsn; ++k) {
+      const auto at = static_cast<std::size_t>(offs[static_cast<std::size_t>(k)]);
+      const std::size_t n = static_cast<std::size_t>(mats[k].rows) * static_cast<std::size_t>(mats[k].cols);
+      const std::vector<float> before(params.begin() + static_cast<std::ptrdiff_t>(at),
+                                      params.begin() + static_cast<std::ptrdiff_t>(at + n));
+      const std::vector<float> after(p_after.begin() + static_cast<std::ptrdiff_t>(at),
+                                     p_after.begin() + static_cast<std::ptrdiff_t>(at + n));
+      if (c.bad) expect_same_bits(after, before, "skipped: matrix " + std::to_string(k));
+      else CHECK_MESSAGE(after != before, "matrix " << k << " unchanged");
+    }
+    CHECK(gc->get_typed(cols.skip, 1)[0] == (c.bad ? 1 : 0));
+    CHECK(gc->get_typed(cols.skipped, 1)[0] == (c.bad ? 3 : 2));
+    CHECK(gc->get_typed(cols.t, 1)[0] == (c.bad ? c.t0 : c.t0 + 1));
   }
 }
 

@@ -166,6 +166,21 @@ UpdateMode update_mode_from_env() noexcept {
   return std::strcmp(v, "split") == 0 ? UpdateMode::split : UpdateMode::cooperative;
 }
 
+/// DQN_UPDATE_PLAIN: how many blocks of the cluster update take the elements outside the normed
+/// matrices. Unset: up to 4 a SM (wave_blocks(), several waves beside the normed clusters, a tile
+/// each); "wave": those resident beside the normed clusters (one wave, several tiles each); a
+/// whole number N ≥ 1: up to N. Results do not depend on it. Anything else is refused.
+int update_plain_from_env(int wave_blocks) {
+  const char* v = std::getenv("DQN_UPDATE_PLAIN");
+  if (!v || !*v) return wave_blocks;
+  if (std::strcmp(v, "wave") == 0) return -1;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  if (*end != '\0' || n < 1 || n > 1'000'000)
+    throw std::invalid_argument(std::string("DQN_UPDATE_PLAIN='") + v + "': expected wave or a whole number from 1 to 1000000");
+  return static_cast<int>(n);
+}
+
 /// DQN_UPDATE_CLUSTER=8 or 16: the cluster update's blocks per cluster (default: 16 where the
 /// device schedules such clusters, else 8).
 int cluster_size_from_env() noexcept {
@@ -323,7 +338,10 @@ class CudaBackend final : public Backend {
         const int blocks = cuda::update_grid(props_);
         if (blocks > 0 && cuda::cooperative_graphs_work(blocks)) update_blocks_ = blocks;
       }
-      if (update_mode_ == UpdateMode::cluster) update_cluster_ = cuda::update_cluster_size(cluster_size_from_env());
+      if (update_mode_ == UpdateMode::cluster) {
+        update_cluster_ = cuda::update_cluster_size(cluster_size_from_env());
+        update_plain_ = update_plain_from_env(wave_blocks());
+      }
       // DQN_UPDATE_CLOCK=1: the cluster update's blocks stamp their phases here (dqn-trace reads them)
       if (update_cluster_ > 0 && std::getenv("DQN_UPDATE_CLOCK") && env_on("DQN_UPDATE_CLOCK")) {
         DQN_CUDA_THROW(cudaMalloc(&clock_, kClockBytes));
@@ -909,7 +927,7 @@ class CudaBackend final : public Backend {
     if (fused) {
       DQN_CUDA_OK(op, cuda::update(stream_, u, s, update_blocks_));
     } else if (cluster) {
-      DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), wave_blocks(), clock_,
+      DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), update_plain_, clock_,
                                            kClockBlocks, &clock_launch_.blocks, sn_cols_));
       clock_launch_.cs = update_cluster_;
       clock_launch_.normed = u.sn_count;
@@ -968,7 +986,8 @@ class CudaBackend final : public Backend {
     if (update_blocks_ > 0) return "fused (one cooperative kernel)";
     if (update_cluster_ > 0)
       return "cluster (" + std::to_string(update_cluster_) + " blocks a cluster" +
-             (sn_cols_ ? ", power iteration by columns where a matrix fits" : "") + ")";
+             (sn_cols_ ? ", power iteration by columns where a matrix fits" : "") +
+             (update_plain_ < 0 ? ", one wave outside the normed matrices" : "") + ")";
     return update_mode_ == UpdateMode::split ? "split (four kernels)" : "as separate kernels";
   }
 
@@ -2017,6 +2036,7 @@ class CudaBackend final : public Backend {
   /// DQN_SN_COLS=1: the cluster update's normed matrices split by columns where they fit
   /// (cuda::update_cluster); read when the backend is made.
   bool sn_cols_ = std::getenv("DQN_SN_COLS") && env_on("DQN_SN_COLS");
+  int update_plain_ = 0;  ///< the cluster update's max_blocks (update_plain_from_env)
   bool wgrad_kernel_ = false;            ///< tile_gemm_wgrad runs here (tf32, clusters launch)
   bool chain_kernel_ = false;            ///< tile_gemm_chain runs here (tf32)
   /// DQN_XENT_LAST_BLOCK=1: c51_xent's and quantile_huber's batch mean in their last block, not a

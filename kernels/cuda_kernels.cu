@@ -2373,7 +2373,30 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   }
   add(at, b.P);
   const std::int64_t tiles = pl.seg_tile0[pl.nseg];
-  const std::int64_t plain = std::min<std::int64_t>(tiles, std::max(max_blocks, cs));
+  std::size_t shared = cluster_update_shared(pl.max_cols, pl.rpc);
+  if (sn_cols && u.sn_max_rows <= kSnColMaxRows &&
+      cluster_update_shared_cols(u.sn_max_rows, cs) <= kClusterMaxShared) {
+    pl.sn_cols = true;
+    pl.col_rows = std::max(u.sn_max_rows, 1);
+    shared = std::max(shared, cluster_update_shared_cols(pl.col_rows, cs));
+  }
+  void (*kernel)(Update, const double*, int, ClusterPlan) =
+      cs == 16 ? (pl.sn_cols ? update_cluster_kernel<16, true> : update_cluster_kernel<16>)
+               : (pl.sn_cols ? update_cluster_kernel<8, true> : update_cluster_kernel<8>);
+  // max_blocks < 0: as many blocks for the elements outside the normed matrices as are resident
+  // beside the normed matrices' clusters (one wave; each block then takes several tiles in turn)
+  int cap = max_blocks;
+  if (max_blocks < 0) {
+    cudaLaunchAttribute one[2]{};
+    const cudaLaunchConfig_t probe = cluster_config(cs, static_cast<unsigned>(cs), shared, nullptr, one);
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &probe) != cudaSuccess) {
+      cudaGetLastError();
+      clusters = 0;
+    }
+    cap = (clusters - pl.nsn) * cs;
+  }
+  const std::int64_t plain = std::min<std::int64_t>(tiles, std::max(cap, cs));
   const std::int64_t plain_blocks = (plain + cs - 1) / cs * cs;
   auto* partial = static_cast<double*>(scratch);
   auto* step = reinterpret_cast<double*>(static_cast<char*>(scratch) + budget_scratch_bytes(b.H));
@@ -2386,16 +2409,7 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   if (blocks == 0) return cudaSuccess;
   pl.clock = clock;
   pl.clock_blocks = clock ? clock_blocks : 0;
-  std::size_t shared = cluster_update_shared(pl.max_cols, pl.rpc);
-  if (sn_cols && u.sn_max_rows <= kSnColMaxRows &&
-      cluster_update_shared_cols(u.sn_max_rows, cs) <= kClusterMaxShared) {
-    pl.sn_cols = true;
-    pl.col_rows = std::max(u.sn_max_rows, 1);
-    shared = std::max(shared, cluster_update_shared_cols(pl.col_rows, cs));
-  }
   const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, shared, s, attr, true);
-  void (*kernel)(Update, const double*, int, ClusterPlan) = cs == 16 ? (pl.sn_cols ? update_cluster_kernel<16, true> : update_cluster_kernel<16>)
-                                 : (pl.sn_cols ? update_cluster_kernel<8, true> : update_cluster_kernel<8>);
   return cudaLaunchKernelEx(&cfg, kernel, u, static_cast<const double*>(partial), nchunks, pl);
 }
 

@@ -104,7 +104,8 @@ cudaError_t update_split(cudaStream_t s, const Update& u, void* scratch, int max
 /// matrix's element range [lo, hi) in params, in table order ([0, 0) for an empty one). Equal to
 /// the other paths bit for bit except the normed matrices, their u and their target rows, whose
 /// power iteration sums in another order (double sums: the floats may differ in the last bit).
-/// max_blocks bounds the clusters outside the normed matrices; results do not depend on it.
+/// max_blocks bounds the clusters outside the normed matrices (negative: the blocks resident beside
+/// the normed matrices' clusters, one wave); results do not depend on it.
 /// `clock` (null: off): per block kUpdateClockSlots %globaltimer stamps then as many clock64
 /// ones (UpdateClockSlot), for blocks below clock_blocks; the launch's block count in *blocks.
 /// sn_cols (DQN_SN_COLS=1): a normed matrix of at most 1,024 rows whose columns fit 32 a block

@@ -2285,6 +2285,78 @@ TEST_CASE("gpu.ops.update.sn_cols: the cluster update's power iteration by colum
   }
 }
 
+TEST_CASE("gpu.ops.update.plain: the blocks outside the normed matrices (DQN_UPDATE_PLAIN) change no result") {
+  // 1.2 M parameters, most outside the one normed matrix (256 × 256), so that the cluster update's
+  // plain blocks take several tiles each with =wave (one wave beside the normed cluster) and with
+  // =3, and one tile each by default: every output equal bit for bit. Bad values are refused when
+  // the backend is made, with the variable's name and value.
+  constexpr int H = 2, R = 256, C = 256;
+  constexpr std::int64_t P = 1'200'003, off = 500'001;
+  UpdateState st;
+  st.H = H;
+  st.P = P;
+  st.grads = random_vec(static_cast<std::size_t>(H * P), -1, 1, 101);
+  st.fractions = {0.7f, 0.3f};
+  st.losses = {1.0f, 2.0f};
+  st.params = random_vec(static_cast<std::size_t>(P), -1, 1, 102);
+  st.m = random_vec(static_cast<std::size_t>(P), -0.01f, 0.01f, 103);
+  st.v = random_vec(static_cast<std::size_t>(P), 0, 1e-4f, 104);
+  st.lr = {1e-3f};
+  st.target = random_vec(static_cast<std::size_t>(P), -1, 1, 105);
+  const auto u0 = random_vec(R, -0.2f, 0.2f, 106);
+  struct Run {
+    std::vector<float> params, m, v, target, g, u;
+  };
+  auto run = [&](const char* plain) {
+    std::unique_ptr<Gpu> gpu;
+    {
+      const ScopedEnv env("DQN_UPDATE_PLAIN", plain);  // read when a backend is made
+      gpu = std::make_unique<Gpu>(Precision::fp32, std::size_t{96} << 20);
+    }
+    const std::string d = gpu->rt().describe();
+    CHECK_MESSAGE(d.find("update cluster") != std::string::npos, d);
+    CHECK((d.find("one wave") != std::string::npos) == (plain && std::string(plain) == "wave"));
+    std::int32_t* skip = gpu->put_typed(std::vector<std::int32_t>{-1});
+    std::int64_t* skipped = gpu->put_typed(std::vector<std::int64_t>{0});
+    std::int64_t* t = gpu->put_typed(std::vector<std::int64_t>{7});
+    Update up = update_args(st, [&](const std::vector<float>& h) { return gpu->put(h); }, skip, skipped, t);
+    const Real u = gpu->put(u0);
+    const std::vector<SpectralMatrix> mats{{up.adam.params + off, u, R, C}};
+    up.sn_mats = gpu->put_typed(mats);
+    up.sn_count = 1;
+    up.sn_max_rows = R;
+    up.sn_max_cols = C;
+    gpu->ops.update(up);
+    gpu->ok();
+    CHECK(gpu->get_typed(t, 1)[0] == 8);
+    return Run{gpu->get(up.adam.params, P), gpu->get(up.adam.m, P), gpu->get(up.adam.v, P),
+               gpu->get(up.target.target, P), gpu->get(up.budget.g, P), gpu->get(u, R)};
+  };
+  const Run base = run(nullptr);
+  CHECK(base.params != st.params);
+  for (const char* plain : {"wave", "3"}) {
+    INFO("DQN_UPDATE_PLAIN=" << plain);
+    const Run r = run(plain);
+    expect_same_bits(r.params, base.params, "params");
+    expect_same_bits(r.m, base.m, "m");
+    expect_same_bits(r.v, base.v, "v");
+    expect_same_bits(r.target, base.target, "target");
+    expect_same_bits(r.g, base.g, "g");
+    expect_same_bits(r.u, base.u, "u");
+  }
+  for (const char* bad : {"0", "-4", "abc", "wave2", "12x"}) {
+    INFO("DQN_UPDATE_PLAIN=" << bad);
+    const ScopedEnv env("DQN_UPDATE_PLAIN", bad);
+    try {
+      Gpu gpu;
+      FAIL("no error for DQN_UPDATE_PLAIN=" << bad);
+    } catch (const std::exception& e) {
+      const std::string m = e.what();
+      CHECK_MESSAGE(m.find(std::string("DQN_UPDATE_PLAIN='") + bad + "'") != std::string::npos, m);
+    }
+  }
+}
+
 namespace {
 
 /// A miniature C51 step (forward, projection, loss, one weight gradient, budget, Adam, spectral

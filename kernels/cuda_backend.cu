@@ -429,7 +429,8 @@ class CudaBackend final : public Backend {
   }
 
   /// Gemm::chain_b: in tf32 one launch of tile_gemm_chain where it fits (the first layer up to 256
-  /// wide, weights stored [out, in]); else the two GEMMs in turn, in this stream.
+  /// wide, weights stored [out, in], batch entries in one grid); else the two GEMMs in turn, in
+  /// this stream.
   void gemm_chain(const Gemm& g) noexcept {
     constexpr const char* op = "gemm";
     if (const char* why = chain_invalid(g)) return fail(op, why);
@@ -448,6 +449,11 @@ class CudaBackend final : public Backend {
       c.bias2 = g.chain_bias ? g.chain_bias.as<const float>() : nullptr;
       c.relu2 = g.chain_act == Act::relu;
       c.c2 = g.chain_c.as<float>();
+      if (g.batch > 1) {
+        c.stride_b2 = g.stride_b2;
+        c.stride_bias2 = g.chain_bias ? g.stride_bias2 : 0;
+        c.stride_c2 = g.stride_c2;
+      }
       if (cuda::tile_gemm_chain_fits(t, c)) {
         if (!planning_) DQN_CUDA_OK(op, cuda::tile_gemm_chain(stream_, t, c));
         return;
@@ -1221,8 +1227,34 @@ class CudaBackend final : public Backend {
   /// GEMM's 5 µs sat on the step's critical path).
   void head_forward_beside(const HeadForward& a) noexcept {
     const HeadForwardOps o = head_forward_ops(a);
+    if (head_chain_ && chain_kernel_ && a.Hh <= 256) return head_forward_chained(a, o);
     gemm(o.hidden);
     if (!beside("head_forward", o.value, o.adv)) return;
+    if (a.logp) dueling_dist(o.dist);
+  }
+
+  /// DQN_HEAD_CHAIN=1 (tf32): each stream's hidden layer and its output layer in one launch
+  /// (Gemm::chain_b, tile_gemm_chain): the value stream's on the side slot beside the branches'
+  /// (one launch batched over the D branches), then dueling_dist: the ops of head_forward_ops with
+  /// the hidden GEMM split by stream (where the chain kernel cannot run, its two GEMMs in turn).
+  void head_forward_chained(const HeadForward& a, const HeadForwardOps& o) noexcept {
+    const int hh = a.Hh;
+    const std::int64_t wrows = std::int64_t(hh) * a.H2;  // one stream's rows of W1
+    auto chained = [&](Gemm h, const Gemm& out) {
+      h.n = hh;
+      h.chain_b = out.b; h.ldb2 = out.ldb; h.chain_n = out.n; h.chain_tb = out.tb ? 1 : 0;
+      h.chain_c = out.c; h.ldc2 = out.ldc; h.chain_bias = out.bias; h.chain_act = out.act;
+      h.chain_weight_operand = out.weight_operand;
+      h.stride_b2 = out.stride_b; h.stride_bias2 = out.stride_bias; h.stride_c2 = out.stride_c;
+      return h;
+    };
+    const Gemm value = chained(o.hidden, o.value);  // stream 0: W1's first Hh rows, hidden's first columns
+    Gemm branches = chained(o.hidden, o.adv);       // streams 1..D, one batch entry each
+    branches.batch = a.D;
+    branches.b = o.hidden.b + wrows; branches.stride_b = wrows;
+    branches.c = o.hidden.c + hh; branches.stride_c = hh;
+    branches.bias = o.hidden.bias + hh; branches.stride_bias = hh;
+    if (!beside("head_forward", value, branches)) return;
     if (a.logp) dueling_dist(o.dist);
   }
 
@@ -2037,6 +2069,9 @@ class CudaBackend final : public Backend {
   /// (cuda::update_cluster); read when the backend is made.
   bool sn_cols_ = std::getenv("DQN_SN_COLS") && env_on("DQN_SN_COLS");
   int update_plain_ = 0;  ///< the cluster update's max_blocks (update_plain_from_env)
+  /// DQN_HEAD_CHAIN=1: the head's hidden and output layers a launch per stream kind
+  /// (head_forward_chained); read when the backend is made.
+  bool head_chain_ = std::getenv("DQN_HEAD_CHAIN") && env_on("DQN_HEAD_CHAIN");
   bool wgrad_kernel_ = false;            ///< tile_gemm_wgrad runs here (tf32, clusters launch)
   bool chain_kernel_ = false;            ///< tile_gemm_chain runs here (tf32)
   /// DQN_XENT_LAST_BLOCK=1: c51_xent's and quantile_huber's batch mean in their last block, not a

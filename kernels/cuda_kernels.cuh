@@ -193,16 +193,20 @@ struct TileChain {
   const float* bias2 = nullptr;
   bool relu2 = false;
   float* c2 = nullptr;
+  std::int64_t stride_b2 = 0, stride_bias2 = 0, stride_c2 = 0;  ///< per batch entry (TileGemm::batch)
 };
 /// Once per device before the first tile_gemm_chain: its shared memory beyond 48 KiB.
 cudaError_t tile_gemm_chain_prepare();
 /// Whether tile_gemm_chain runs g and c: C = act(alpha·A·Bᵀ + bias) (A not transposed, B stored
-/// [n, k], batch 1, beta 0, no mask) with n ≤ 256, then C2 = act2(C·B2ᵀ + bias2).
+/// [n, k], batch2 1, beta 0, no mask) with n ≤ 256, then C2 = act2(C·B2ᵀ + bias2), for each of
+/// g.batch entries (each operand at its stride's steps).
 bool tile_gemm_chain_fits(const TileGemm& g, const TileChain& c);
 /// Two layers in one launch (Gemm::chain_b), tf32 as tile_gemm: each block computes 32 rows of C
 /// whole (all n ≤ 256 columns; the blocks of the first column tile store them), keeps them in
-/// shared memory beside its 32 rows of B2, and computes its 32 × 32 tile of C2 from them. The
-/// products sum in tile_gemm's order. cudaErrorInvalidValue when !tile_gemm_chain_fits(g, c).
+/// shared memory beside its 32 rows of B2, and computes its 32 × 32 tile of C2 from them; a grid
+/// plane per batch entry. n ≤ 128 runs a variant with four stages of the first product's k in
+/// flight instead of two (a head's hidden layer, k = 256). The products sum in tile_gemm's order.
+/// cudaErrorInvalidValue when !tile_gemm_chain_fits(g, c).
 cudaError_t tile_gemm_chain(cudaStream_t s, const TileGemm& g, const TileChain& c);
 
 /// C[r, c] (row stride ldc) = Σ_s part[s][r][c], the slices of a split-k GEMM (compact [S, m, n]),

@@ -381,43 +381,58 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_wgrad_kernel(TileGemm g, T
 
 // --- two layers in one launch (Gemm::chain_b) ------------------------------------------------
 
-// the first product's k loop with two stages of 32 (its whole k when it is the states' 64; the
-// block's weight slice of the second layer is one more copy group in flight beside them)
-constexpr int kChBM = 32, kChN1 = 256, kChBN = 32, kChStages = 2;
-constexpr int kChLd = kChN1 + 4;  // C1s rows: k-contiguous, + 4 for the fragment loads' banks
-using ChShape = TileShape<kChBM, kChN1, false, true>;
-static_assert(kChStages * ChShape::stage_floats >= kChBM * kChLd, "C1s reuses the first product's stages");
-/// B2s [BN][256] unpadded (so that two blocks fit an SM: 113 KiB each), its columns swizzled
-/// instead: element (r, k) at column k ^ ((r & 7) << 2), which keeps 4-float chunks whole and puts
-/// a fragment's 8 rows × 4 columns on 32 distinct banks.
+// Two variants by the first product's width n1: up to 256 columns (warp tiles 32 × 64) with two
+// stages of 32 in flight (the whole k when it is the states' 64: a trunk's first layers), and up
+// to 128 (warp tiles 32 × 32) with four (k = 256: a head's hidden layer, a stream at a time). The
+// block's weight slice of the second layer is one more copy group in flight beside them.
+constexpr int kChBM = 32, kChBN = 32;
+template <int N1, int STAGES>
+struct ChainCfg {
+  static constexpr int n1 = N1, stages = STAGES, wn1 = N1 / 4, ld = N1 + 4;  // C1s rows: + 4 for the banks
+  using Shape = TileShape<kChBM, N1, false, true>;
+  static_assert(STAGES * Shape::stage_floats >= kChBM * ld, "C1s reuses the first product's stages");
+  static constexpr std::size_t bytes = (std::size_t{STAGES} * Shape::stage_floats + std::size_t{kChBN} * N1) * sizeof(float);
+};
+using ChainWide = ChainCfg<256, 2>;    // 113 KiB: two blocks an SM
+using ChainNarrow = ChainCfg<128, 4>;  // 106 KiB: two blocks an SM
+/// B2s [BN][N1] unpadded (so that two blocks fit an SM), its columns swizzled instead: element
+/// (r, k) at column k ^ ((r & 7) << 2), which keeps 4-float chunks whole and puts a fragment's 8
+/// rows × 4 columns on 32 distinct banks.
 __device__ __forceinline__ int ch_swz(int r, int k) { return k ^ ((r & 7) << 2); }
-constexpr std::size_t kChSharedBytes =
-    (std::size_t{kChStages} * ChShape::stage_floats + std::size_t{kChBN} * kChN1) * sizeof(float);
 
-/// Grid (row tiles of 32, column tiles of 32 of C2). The block's rows of B2 (k = C's n columns)
-/// are copied first, in flight during the first product: its 32 rows of C, all n ≤ 256 columns
-/// (tile_mainloop, warp tiles 32 × 64), with tile_gemm's epilogue (alpha, bias, ReLU) into C1s
-/// (over the first product's stages, done with by then) and, from the blocks of the first column
-/// tile, into C; then its tile of C2 from C1s and B2s (warps 2 × 2 of 16 × 16, k in order) with
-/// bias2 and ReLU. 113 KiB of shared memory (two blocks an SM).
+/// Grid (row tiles of 32, column tiles of 32 of C2, batch entries). The block's rows of B2 (k =
+/// C's n columns) are copied first, in flight during the first product: its 32 rows of C, all n ≤
+/// N1 columns (tile_mainloop, four warps side by side), with tile_gemm's epilogue (alpha, bias,
+/// ReLU) into C1s (over the first product's stages, done with by then) and, from the blocks of the
+/// first column tile, into C; then its tile of C2 from C1s and B2s (warps 2 × 2 of 16 × 16, k in
+/// order) with bias2 and ReLU. Entry z reads and writes every operand at its stride's z-th step.
+template <class Cfg>
 __global__ void __launch_bounds__(kThreads) tile_gemm_chain_kernel(TileGemm g, TileChain c, bool vec_a, bool vec_b,
                                                                    bool vec_b2) {
   dev::pdl_entry();
-  constexpr int BM = kChBM, N1 = kChN1, BN = kChBN, LC = kChLd;
+  constexpr int BM = kChBM, N1 = Cfg::n1, WN1 = Cfg::wn1, BN = kChBN, LC = Cfg::ld;
   extern __shared__ __align__(16) float tg_shared[];
-  float* C1s = tg_shared;                                      // [BM][LC], after the first product
-  float* B2s = tg_shared + kChStages * ChShape::stage_floats;  // [BN][N1], ch_swz columns
+  float* C1s = tg_shared;                                                // [BM][LC], after the first product
+  float* B2s = tg_shared + Cfg::stages * Cfg::Shape::stage_floats;       // [BN][N1], ch_swz columns
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
   const int m0 = static_cast<int>(blockIdx.x) * BM, n0 = static_cast<int>(blockIdx.y) * BN, n1 = g.n;
+  const std::int64_t z = blockIdx.z;
+  const float* A = g.a + z * g.stride_a;
+  const float* B = g.b + z * g.stride_b;
+  const float* bias = g.bias ? g.bias + z * g.stride_bias : nullptr;
+  float* C = g.c + z * g.stride_c;
+  const float* B2 = c.b2 + z * c.stride_b2;
+  const float* bias2 = c.bias2 ? c.bias2 + z * c.stride_bias2 : nullptr;
+  float* C2 = c.c2 + z * c.stride_c2;
   // B2's rows n0.. (zeros past n2 and past n1), in flight with the first product; a 4-float chunk
   // stays whole under the swizzle (it moves bits 2..4 of the column)
   copy_rows_async([&](int r, int col) { return B2s + r * N1 + ch_swz(r, col); },
-                  c.b2 + static_cast<std::int64_t>(n0) * c.ldb2, c.ldb2, BN, N1 / 4, c.n2 - n0, n1, vec_b2);
+                  B2 + static_cast<std::int64_t>(n0) * c.ldb2, c.ldb2, BN, N1 / 4, c.n2 - n0, n1, vec_b2);
   cp_async_commit();
-  // 1. the block's rows of C, every column (warp w: columns 64w..64w+63)
-  float acc[2][8][4] = {};
-  tile_mainloop<BM, N1, 32, 64, kChStages, false, true>(acc, tg_shared, g.a, g.lda, g.b, g.ldb, m0, 0, g.m, n1, g.k,
-                                                        vec_a, vec_b);
+  // 1. the block's rows of C, every column (warp w: columns WN1·w ..)
+  float acc[2][WN1 / 8][4] = {};
+  tile_mainloop<BM, N1, 32, WN1, Cfg::stages, false, true>(acc, tg_shared, A, g.lda, B, g.ldb, m0, 0, g.m, n1, g.k,
+                                                           vec_a, vec_b);
   __syncthreads();  // every warp is done with the stages C1s overwrites
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
@@ -425,16 +440,16 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_chain_kernel(TileGemm g, T
     for (int h = 0; h < 2; ++h) {
       const int rl = mt * 16 + gq + h * 8, r = m0 + rl;
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
+      for (int nt = 0; nt < WN1 / 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int col = warp * 64 + nt * 8 + 2 * tq + e;
+          const int col = warp * WN1 + nt * 8 + 2 * tq + e;
           float v = 0.0f;
           if (r < g.m && col < n1) {  // tile_gemm's epilogue with beta 0 and no mask
             v = g.alpha * acc[mt][nt][2 * h + e];
-            if (g.bias) v += g.bias[col];
+            if (bias) v += bias[col];
             if (g.relu) v = v > 0.0f ? v : 0.0f;
-            if (blockIdx.y == 0) g.c[static_cast<std::int64_t>(r) * g.ldc + col] = v;
+            if (blockIdx.y == 0) C[static_cast<std::int64_t>(r) * g.ldc + col] = v;
           }
           C1s[rl * LC + col] = v;
         }
@@ -465,9 +480,9 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_chain_kernel(TileGemm g, T
         const int col = n0 + wn * 16 + nt * 8 + 2 * tq + e;
         if (col >= c.n2) continue;
         float v = acc2[nt][2 * h + e];
-        if (c.bias2) v += c.bias2[col];
+        if (bias2) v += bias2[col];
         if (c.relu2) v = v > 0.0f ? v : 0.0f;
-        c.c2[static_cast<std::int64_t>(r) * c.ldc2 + col] = v;
+        C2[static_cast<std::int64_t>(r) * c.ldc2 + col] = v;
       }
   }
 }
@@ -586,22 +601,34 @@ cudaError_t tile_gemm_wgrad(cudaStream_t s, const TileGemm& g, const TileWgrad& 
 }
 
 cudaError_t tile_gemm_chain_prepare() {
-  return cudaFuncSetAttribute(tile_gemm_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(kChSharedBytes));
+  if (cudaError_t e = cudaFuncSetAttribute(tile_gemm_chain_kernel<ChainWide>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(ChainWide::bytes));
+      e != cudaSuccess)
+    return e;
+  return cudaFuncSetAttribute(tile_gemm_chain_kernel<ChainNarrow>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(ChainNarrow::bytes));
 }
 
 bool tile_gemm_chain_fits(const TileGemm& g, const TileChain& c) {
-  if (g.ta || !g.tb || g.mask || g.beta != 0.0f || g.batch != 1 || g.batch2 != 1) return false;
-  if (g.m <= 0 || g.n <= 0 || g.n > kChN1 || g.k <= 0 || c.n2 <= 0 || !c.b2 || !c.c2) return false;
+  if (g.ta || !g.tb || g.mask || g.beta != 0.0f || g.batch < 1 || g.batch > 65535 || g.batch2 != 1) return false;
+  if (g.m <= 0 || g.n <= 0 || g.n > ChainWide::n1 || g.k <= 0 || c.n2 <= 0 || !c.b2 || !c.c2) return false;
   return c.ldb2 >= g.n && c.ldc2 >= c.n2 && (c.n2 + kChBN - 1) / kChBN <= 65535;
 }
 
 cudaError_t tile_gemm_chain(cudaStream_t s, const TileGemm& g, const TileChain& c) {
   if (!tile_gemm_chain_fits(g, c)) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>((g.m + kChBM - 1) / kChBM), static_cast<unsigned>((c.n2 + kChBN - 1) / kChBN));
-  const bool vec_a = dev::aligned16(g.a) && g.lda % 4 == 0, vec_b = dev::aligned16(g.b) && g.ldb % 4 == 0;
-  const bool vec_b2 = dev::aligned16(c.b2) && c.ldb2 % 4 == 0;
-  launch(tile_gemm_chain_kernel, grid, kThreads, kChSharedBytes, s, g, c, vec_a, vec_b, vec_b2);
+  const dim3 grid(static_cast<unsigned>((g.m + kChBM - 1) / kChBM), static_cast<unsigned>((c.n2 + kChBN - 1) / kChBN),
+                  static_cast<unsigned>(g.batch));
+  // 16-byte copies where the operand's rows (and batch entries) start on 16-byte boundaries
+  const auto aligned = [](const float* p, int ld, std::int64_t stride) {
+    return dev::aligned16(p) && ld % 4 == 0 && stride % 4 == 0;
+  };
+  const bool vec_a = aligned(g.a, g.lda, g.stride_a), vec_b = aligned(g.b, g.ldb, g.stride_b);
+  const bool vec_b2 = aligned(c.b2, c.ldb2, c.stride_b2);
+  if (g.n <= ChainNarrow::n1)
+    launch(tile_gemm_chain_kernel<ChainNarrow>, grid, kThreads, ChainNarrow::bytes, s, g, c, vec_a, vec_b, vec_b2);
+  else
+    launch(tile_gemm_chain_kernel<ChainWide>, grid, kThreads, ChainWide::bytes, s, g, c, vec_a, vec_b, vec_b2);
   return cudaGetLastError();
 }
 

@@ -444,11 +444,14 @@ TEST_CASE("gpu.ops.gemm_wgrad: the layer below's dW and db with C (tile_gemm_wgr
 
 TEST_CASE("gpu.ops.gemm_chain: two layers in one call (tile_gemm_chain, else two GEMMs) against the CPU") {
   // Gemm::chain_b: in tf32 one launch where the first layer is at most 256 wide (32-row blocks
-  // computing their rows of C whole, then a 32 × 32 tile of C2), else the two GEMMs in turn.
+  // computing their rows of C whole, then a 32 × 32 tile of C2; at most 128 wide the variant with
+  // four stages), else the two GEMMs in turn. Batched (ABI 11) as a head's streams: every entry
+  // reads the same A, its rows of B and B2, and writes its columns of C and C2.
   struct Case {
     const char* why;
     int m, k, n, n2;
     bool bias_relu;
+    int batch = 1;
   };
   const Case cases[] = {
       {"the online trunk's shape (512 rows, states 64, 256 × 256)", 512, 64, 256, 256, true},
@@ -456,6 +459,10 @@ TEST_CASE("gpu.ops.gemm_chain: two layers in one call (tile_gemm_chain, else two
       {"awkward: 67 rows, k 37, 61 wide, 45 out", 67, 37, 61, 45, true},
       {"no bias or ReLU, a long k (several slices), n2 past one column tile", 40, 150, 200, 70, false},
       {"a first layer 300 wide: two GEMMs", 33, 20, 300, 40, true},
+      {"a head's branches (512 rows, k 256, 128 wide, 255 out, 3 entries)", 512, 256, 128, 255, true, 3},
+      {"a head's value stream (k 256, 128 wide, 51 out)", 512, 256, 128, 51, true},
+      {"awkward batched: 45 rows, k 70, 130 wide (the wide variant), 33 out, 2 entries", 45, 70, 130, 33, true, 2},
+      {"awkward batched: 21 rows, k 9, 20 wide, 9 out, 4 entries, no bias", 21, 9, 20, 9, false, 4},
   };
   for (const PrecisionCase& pc : kPrecisions) {
     const double tol = pc.tol;
@@ -465,16 +472,19 @@ TEST_CASE("gpu.ops.gemm_chain: two layers in one call (tile_gemm_chain, else two
     for (const Case& c : cases) {
       const std::string what = std::string(pc.name) + " gemm chain, " + c.why;
       CAPTURE(what);
-      const int lda = c.k + 1, ldb = c.k + 2, ldc = c.n + 3, ldb2 = c.n + 5, ldc2 = c.n2 + 1;
+      const int nb = c.batch;
+      const int lda = c.k + 1, ldb = c.k + 2, ldc = nb * c.n + 3, ldb2 = c.n + 5, ldc2 = nb * c.n2 + 1;
       auto A = random_vec(static_cast<std::size_t>(c.m) * lda, -1, 1, seed++);
-      auto B = random_vec(static_cast<std::size_t>(c.n) * ldb, -0.3f, 0.3f, seed++);
-      auto B2 = random_vec(static_cast<std::size_t>(c.n2) * ldb2, -0.3f, 0.3f, seed++);
-      auto b1 = random_vec(static_cast<std::size_t>(c.n), -0.5f, 0.5f, seed++);
-      auto b2 = random_vec(static_cast<std::size_t>(c.n2), -0.5f, 0.5f, seed++);
+      auto B = random_vec(static_cast<std::size_t>(nb) * c.n * ldb, -0.3f, 0.3f, seed++);
+      auto B2 = random_vec(static_cast<std::size_t>(nb) * c.n2 * ldb2, -0.3f, 0.3f, seed++);
+      auto b1 = random_vec(static_cast<std::size_t>(nb) * c.n, -0.5f, 0.5f, seed++);
+      auto b2 = random_vec(static_cast<std::size_t>(nb) * c.n2, -0.5f, 0.5f, seed++);
       const std::size_t nc = static_cast<std::size_t>(c.m) * ldc, nc2 = static_cast<std::size_t>(c.m) * ldc2;
       Gemm g;
       g.tb = true; g.m = c.m; g.n = c.n; g.k = c.k; g.lda = lda; g.ldb = ldb; g.ldc = ldc;
       g.ldb2 = ldb2; g.chain_n = c.n2; g.ldc2 = ldc2; g.chain_tb = 1;
+      g.batch = nb; g.stride_b = std::int64_t(c.n) * ldb; g.stride_c = c.n; g.stride_bias = c.n;
+      g.stride_b2 = std::int64_t(c.n2) * ldb2; g.stride_bias2 = c.n2; g.stride_c2 = c.n2;
       if (c.bias_relu) g.act = g.chain_act = Act::relu;
       Gemm gd = g, gc = g;
       gd.a = gpu.put(A); gd.b = gpu.put(B); gd.c = gpu.poisoned(std::int64_t(nc)); gd.chain_b = gpu.put(B2);
@@ -488,7 +498,7 @@ TEST_CASE("gpu.ops.gemm_chain: two layers in one call (tile_gemm_chain, else two
       cpu.ops->gemm(gc);
       cpu.ok();
       const auto c1 = gpu.get(gd.c, std::int64_t(nc)), c2 = gpu.get(gd.chain_c, std::int64_t(nc2));
-      expect_close(c1, C, tol, what + ": C");
+      expect_close(c1, C, tol, what + ": C");  // (the padding columns NaN on both sides)
       expect_close(c2, C2, 2 * tol, what + ": C2");  // two products' rounding
       gpu.poison(gd.chain_c, std::int64_t(nc2));  // deterministic: a rerun gives the same bits
       gpu.ops.gemm(gd);
@@ -1188,16 +1198,20 @@ TEST_CASE("gpu.ops.dueling_dist: combine + log-softmax + Q + argmax in one pass,
 TEST_CASE("gpu.ops.head_forward: the fused tf32 kernels against the CPU's GEMMs and dueling_dist") {
   // "1": the block per 16 rows and branch; "cluster": 2·(1 + D) blocks per 32 rows, a cluster of
   // two per stream sharing its weights, with 8 and 16 warps a block (DQN_HC_WARPS) and its weight
-  // rows by cp.async or the bulk copy engine (DQN_HC_BULK). Read when a backend is made.
+  // rows by cp.async or the bulk copy engine (DQN_HC_BULK); unfused ("0") with each stream's
+  // hidden and output layers in one launch (DQN_HEAD_CHAIN=1: tile_gemm_chain, the branches
+  // batched). Read when a backend is made.
   const struct {
-    const char *mode, *warps, *bulk;
-  } variants[] = {{"1", "8", "0"}, {"cluster", "8", "0"}, {"cluster", "16", "0"}, {"cluster", "8", "1"},
-                  {"cluster", "16", "1"}};
+    const char *mode, *warps, *bulk, *chain;
+  } variants[] = {{"1", "8", "0", "0"},       {"cluster", "8", "0", "0"}, {"cluster", "16", "0", "0"},
+                  {"cluster", "8", "1", "0"}, {"cluster", "16", "1", "0"}, {"0", "8", "0", "1"}};
   for (const auto& variant : variants) {
-  INFO("DQN_FUSED_HEAD=" << variant.mode << " DQN_HC_WARPS=" << variant.warps << " DQN_HC_BULK=" << variant.bulk);
+  INFO("DQN_FUSED_HEAD=" << variant.mode << " DQN_HC_WARPS=" << variant.warps << " DQN_HC_BULK=" << variant.bulk
+                         << " DQN_HEAD_CHAIN=" << variant.chain);
   const ScopedEnv fused("DQN_FUSED_HEAD", variant.mode);
   const ScopedEnv warps("DQN_HC_WARPS", variant.warps);
   const ScopedEnv bulk("DQN_HC_BULK", variant.bulk);
+  const ScopedEnv chain("DQN_HEAD_CHAIN", variant.chain);
   // tf32 keeps 10 mantissa bits of every GEMM operand: ≈5e-4 relative per product, so the
   // outputs get 5e-3 (norm-wise); a* is checked against the CPU's Q with the same allowance.
   constexpr double kTf32 = 5e-3;

@@ -630,6 +630,77 @@ TEST_CASE("ops.gemm.chain: two layers in one call equal the two GEMMs, bit for b
   CHECK(std::string(cpu->message()).find("ldc2 >= chain_n") != std::string::npos);
 }
 
+TEST_CASE("ops.gemm.chain.batch: batched chains (ABI 11) equal the two batched GEMMs and the entries' own chains, bit for bit") {
+  // A head's branches: every entry reads the same A (stride_a 0), its own rows of B (stride_b),
+  // writes its columns of one hidden matrix (stride_c = n, ldc = batch·n + 2), then its output
+  // layer (chain_b + i·stride_b2, chain_bias + i·stride_bias2) into its columns of one output
+  // matrix (stride_c2 = ldo, ldc2 = batch·ldo). Refused: batch2 > 1 with a chain.
+  Backends be;
+  Rng rng(23);
+  const int batch = 3, m = 9, k = 6, n = 5, n2 = 7, ldo = n2 + 1, lda = k + 1;
+  const int ldc = batch * n + 2, ldc2 = batch * ldo;
+  const std::int64_t sb = std::int64_t(n) * k, sb2 = std::int64_t(n2) * n + 4;
+  const Vd A = rng.vec(static_cast<std::size_t>(m) * lda), B = rng.vec(static_cast<std::size_t>(sb) * batch),
+           B2 = rng.vec(static_cast<std::size_t>(sb2) * batch), b1 = rng.vec(static_cast<std::size_t>(n) * batch),
+           b2 = rng.vec(static_cast<std::size_t>(n2 + 2) * batch);
+  for (Backend* b : {be.f64.get(), be.f32.get()}) {
+    CAPTURE(b->name());
+    const std::uint32_t es = b->real_size();
+    Vec a(es, A), bb(es, B), bb2(es, B2), bias1(es, b1), bias2(es, b2);
+    auto out = [&](std::size_t rows, int ld) { return Vec(es, rows * static_cast<std::size_t>(ld), kNaN); };
+    Vec c1 = out(m, ldc), c2 = out(m, ldc), c3 = out(m, ldc), d1 = out(m, ldc2), d2 = out(m, ldc2), d3 = out(m, ldc2);
+    dqn::Gemm g;
+    g.tb = true, g.m = m, g.n = n, g.k = k, g.a = a.r(), g.lda = lda, g.b = bb.r(), g.ldb = k, g.c = c1.r(), g.ldc = ldc;
+    g.batch = batch, g.stride_a = 0, g.stride_b = sb, g.stride_c = n;
+    g.bias = bias1.r(), g.stride_bias = n, g.act = dqn::Act::relu;
+    g.chain_b = bb2.r(), g.ldb2 = n, g.chain_n = n2, g.chain_c = d1.r(), g.ldc2 = ldc2, g.chain_tb = 1;
+    g.chain_bias = bias2.r(), g.chain_act = dqn::Act::none;
+    g.stride_b2 = sb2, g.stride_bias2 = n2 + 2, g.stride_c2 = ldo;
+    b->gemm(g);
+    // the two batched GEMMs
+    dqn::Gemm first = dqn::without_chain(g);
+    first.c = c2.r();
+    b->gemm(first);
+    dqn::Gemm second = dqn::chain_second(g);
+    CHECK(second.batch == batch);
+    second.a = c2.r(), second.c = d2.r();
+    b->gemm(second);
+    // each entry's own (unbatched) chain
+    for (int i = 0; i < batch; ++i) {
+      dqn::Gemm e = g;
+      e.batch = 1, e.stride_b = e.stride_c = e.stride_bias = 0, e.stride_b2 = e.stride_bias2 = e.stride_c2 = 0;
+      e.b = bb.r() + static_cast<std::ptrdiff_t>(i * sb), e.c = c3.r() + i * n, e.bias = bias1.r() + i * n;
+      e.chain_b = bb2.r() + static_cast<std::ptrdiff_t>(i * sb2), e.chain_bias = bias2.r() + i * (n2 + 2);
+      e.chain_c = d3.r() + i * ldo;
+      b->gemm(e);
+    }
+    REQUIRE(b->status() == 0);
+    CHECK(c1.bytes() == c2.bytes());
+    CHECK(d1.bytes() == d2.bytes());
+    CHECK(c1.bytes() == c3.bytes());
+    CHECK(d1.bytes() == d3.bytes());
+    // every entry wrote its columns and no others
+    const Vd C = c1.get(), D = d1.get();
+    for (int r = 0; r < m; ++r) {
+      CHECK(std::isnan(C[std::size_t(r * ldc + batch * n)]));
+      for (int i = 0; i < batch; ++i) {
+        CHECK(!std::isnan(C[std::size_t(r * ldc + i * n)]));
+        CHECK(!std::isnan(D[std::size_t(r * ldc2 + i * ldo + n2 - 1)]));
+        CHECK(std::isnan(D[std::size_t(r * ldc2 + i * ldo + n2)]));
+      }
+    }
+  }
+  auto cpu = dqn::make_cpu_backend(false);
+  Vec a(4, 64, 1.0), bb(4, 64, 1.0), c(4, 64, 0.0), d(4, 64, 0.0);
+  dqn::Gemm g;
+  g.tb = true, g.m = 2, g.n = 4, g.k = 2, g.a = a.r(), g.lda = 2, g.b = bb.r(), g.ldb = 2, g.c = c.r(), g.ldc = 4;
+  g.chain_b = bb.r(), g.ldb2 = 4, g.chain_n = 3, g.chain_c = d.r(), g.ldc2 = 3, g.chain_tb = 1;
+  g.batch2 = 2;
+  cpu->gemm(g);
+  CHECK(cpu->status() != 0);
+  CHECK(std::string(cpu->message()).find("chain needs batch2 1") != std::string::npos);
+}
+
 TEST_CASE("ops.relu_bias_grad.mask_only: a null db masks and sums nothing") {
   Backends be;
   Rng rng(12);

@@ -95,14 +95,19 @@ struct Gemm {
   /// Non-null chain_b: then the next layer in the same call, C2 = act2(C · op(chain_b) +
   /// chain_bias) [m, chain_n] at chain_c (row stride ldc2; op transposes when chain_tb, the
   /// weights stored [out, in] as for `b`), reading C as written. The same numbers as the second
-  /// GEMM called after the first (two trunk layers in one launch). Needs batch 1, batch2 1, no
-  /// sum_batch and no wgrad; chain_weight_operand as weight_operand, for the second product.
+  /// GEMM called after the first (two trunk layers in one launch). Needs batch2 1, no sum_batch
+  /// and no wgrad; chain_weight_operand as weight_operand, for the second product.
   Real chain_b;
   int ldb2 = 0, chain_n = 0, ldc2 = 0;
   std::int32_t chain_tb = 0, chain_weight_operand = 0;
   Act chain_act = Act::none;
   Real chain_bias;
   Real chain_c;
+  // --- appended in ABI 11 (batched chains); never reorder what is above ---
+  /// With batch > 1, entry i's second product reads entry i's C and chain_b + i·stride_b2,
+  /// chain_bias + i·stride_bias2 and writes chain_c + i·stride_c2 (a head's branches: each
+  /// stream's hidden layer and its output layer in one launch).
+  std::int64_t stride_b2 = 0, stride_bias2 = 0, stride_c2 = 0;
 };
 
 /// Entry j of g's second batch dimension as a one-dimensional call (batch2 1, operands at their
@@ -155,7 +160,7 @@ inline Gemm without_wgrad(const Gemm& g) noexcept {
 /// Why g's chain fields cannot run, or null when they can (or are unused).
 inline const char* chain_invalid(const Gemm& g) noexcept {
   if (!g.chain_b) return nullptr;
-  if (g.batch != 1 || g.batch2 != 1 || g.sum_batch || g.wgrad_x) return "chain needs batch 1, batch2 1, no sum_batch and no wgrad";
+  if (g.batch2 != 1 || g.sum_batch || g.wgrad_x) return "chain needs batch2 1, no sum_batch and no wgrad";
   if (g.chain_n <= 0 || !g.chain_c || g.ldc2 < g.chain_n) return "chain needs chain_n > 0, chain_c and ldc2 >= chain_n";
   if (g.ldb2 < (g.chain_tb ? g.n : g.chain_n)) return "chain needs ldb2 >= the row length of chain_b";
   if (g.chain_act != Act::none && g.chain_act != Act::relu) return "chain: unknown activation";
@@ -172,6 +177,8 @@ inline Gemm chain_second(const Gemm& g) noexcept {
   c.c = g.chain_c; c.ldc = g.ldc2;
   c.bias = g.chain_bias; c.act = g.chain_act;
   c.weight_operand = g.chain_weight_operand;
+  c.batch = g.batch;
+  c.stride_a = g.stride_c; c.stride_b = g.stride_b2; c.stride_c = g.stride_c2; c.stride_bias = g.stride_bias2;
   return c;
 }
 
@@ -182,6 +189,7 @@ inline Gemm without_chain(const Gemm& g) noexcept {
   c.ldb2 = c.chain_n = c.ldc2 = 0;
   c.chain_tb = c.chain_weight_operand = 0;
   c.chain_act = Act::none;
+  c.stride_b2 = c.stride_bias2 = c.stride_c2 = 0;
   return c;
 }
 

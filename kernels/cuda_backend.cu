@@ -1175,7 +1175,7 @@ class CudaBackend final : public Backend {
     if (cuda::dueling_dist_shared_bytes(a.Z, a.A) > 48 * 1024) return fail(op, "Z too large for shared memory");
     if (std::int64_t(a.rows) * a.D > 0x7fffffff) return fail(op, "rows·D too large");
     if (planning_) return;
-    DQN_CUDA_OK(op, cuda::dueling_dist(stream_, a, double_math()));
+    DQN_CUDA_OK(op, cuda::dueling_dist(stream_, a, double_math(), dist_per_action_));
   }
 
   /// Whether the fused head kernel `which` runs for `rows` rows in `per_tile` blocks per row tile
@@ -2072,6 +2072,12 @@ class CudaBackend final : public Backend {
   /// DQN_HEAD_CHAIN=1: the head's hidden and output layers a launch per stream kind
   /// (head_forward_chained); read when the backend is made.
   bool head_chain_ = std::getenv("DQN_HEAD_CHAIN") && env_on("DQN_HEAD_CHAIN");
+  /// DQN_WARP_HEAD=action: dueling_dist a warp per action where the warp kernels fit (read when
+  /// the backend is made; DQN_WARP_HEAD=0 keeps the block kernels, which it does not override).
+  bool dist_per_action_ = [] {
+    const char* v = std::getenv("DQN_WARP_HEAD");
+    return v && std::strcmp(v, "action") == 0;
+  }();
   bool wgrad_kernel_ = false;            ///< tile_gemm_wgrad runs here (tf32, clusters launch)
   bool chain_kernel_ = false;            ///< tile_gemm_chain runs here (tf32)
   /// DQN_XENT_LAST_BLOCK=1: c51_xent's and quantile_huber's batch mean in their last block, not a

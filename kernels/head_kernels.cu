@@ -348,6 +348,31 @@ __device__ __forceinline__ void warp_reduce_n(R (&v)[K], int n, Op op) {
   }
 }
 
+/// One action's dueling logits of a (row, branch) whose values a warp holds as dist_warp does (x
+/// [action][k], v [k]: lane l holds atoms l, l + 32): logit[k] = v + x[act] − the mean over the A
+/// actions, rounded to float as dueling_combine stores them (0 past Z, where x and v are 0).
+/// Returns the lane's max over its atoms below Z when `on` (else −∞), for the warp's reduction.
+template <typename T>
+__device__ __forceinline__ float action_logits(const float (&x)[kWarpMaxA][kWarpAtoms], const float (&v)[kWarpAtoms],
+                                               int A, int act, int Z, bool on, float (&logit)[kWarpAtoms]) {
+  const int lane = threadIdx.x & 31;
+  float mx = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < kWarpAtoms; ++k) {
+    T s = 0;
+    float own = 0.0f;
+#pragma unroll
+    for (int a = 0; a < kWarpMaxA; ++a) {
+      if (a < A) s += static_cast<T>(x[a][k]);
+      if (a == act) own = x[a][k];
+    }
+    const T mean = s / A;
+    logit[k] = static_cast<float>(static_cast<T>(v[k]) + static_cast<T>(own) - mean);
+    if (on && lane + 32 * k < Z) mx = fmaxf(mx, logit[k]);
+  }
+  return mx;
+}
+
 /// The distribution of one (row, branch) by one warp: v [Z] and the branch's advantages adv
 /// [A·Z] (global or shared memory) → the log-probabilities lp [A·Z], and where Q is not null the
 /// expected values Q [A] and, where star is not null, the argmax into *star (ties: the lowest
@@ -442,6 +467,69 @@ __global__ void __launch_bounds__(32 * kDistWarpsPerBlock) dueling_dist_warp_ker
                Q, star);
 }
 
+/// dueling_dist with a warp per (row, branch, action) and a block per (row, branch) (32·A threads,
+/// DQN_WARP_HEAD=action): each warp loads its row's v and every action's advantages (the mean
+/// needs them all), then computes its own action's log-probabilities and expected value as
+/// dist_warp does each action, in the same order (the same bits); the warps meet once, for the
+/// argmax. A fifth of dist_warp's instruction chain per warp at A = 5, and five times its warps.
+template <typename T>
+__global__ void __launch_bounds__(32 * kWarpMaxA) dueling_dist_action_kernel(DuelingDist a, double dz_d) {
+  dev::pdl_entry();
+  __shared__ float qs[kWarpMaxA];
+  const int lane = threadIdx.x & 31, me = threadIdx.x >> 5;
+  const int D = a.D, A = a.A, Z = a.Z;
+  const std::int64_t rd = blockIdx.x, r = rd / D;
+  const float* adv = static_cast<const float*>(a.adv.p) + rd * ld_or(a.ldadv, A * Z);
+  const float* v = static_cast<const float*>(a.v.p) + r * a.ldv;
+  float* lp = static_cast<float*>(a.logp.p) + (rd * A + me) * Z;
+  float* Q = a.q.p ? static_cast<float*>(a.q.p) + rd * A : nullptr;
+  const T v_min = static_cast<T>(a.v_min), dz = static_cast<T>(dz_d);
+  float vv[kWarpAtoms], x[kWarpMaxA][kWarpAtoms];
+#pragma unroll
+  for (int k = 0; k < kWarpAtoms; ++k) {
+    const int i = lane + 32 * k;
+    vv[k] = i < Z ? v[i] : 0.0f;
+#pragma unroll
+    for (int act = 0; act < kWarpMaxA; ++act) x[act][k] = act < A && i < Z ? adv[act * Z + i] : 0.0f;
+  }
+  // the mean advantage of each atom, then this action's logits rounded to float (as dist_warp)
+  float lg[kWarpAtoms];
+  const float mx = warp_max(action_logits<T>(x, vv, A, me, Z, true, lg));
+  T sum = 0;
+#pragma unroll
+  for (int k = 0; k < kWarpAtoms; ++k)
+    if (lane + 32 * k < Z) sum += exp_t(static_cast<T>(lg[k]) - mx);
+  sum = warp_sum_t(sum);
+  const T lse = static_cast<T>(mx) + log_t(sum);
+  T qa = 0;
+#pragma unroll
+  for (int k = 0; k < kWarpAtoms; ++k) {
+    const int i = lane + 32 * k;
+    if (i >= Z) continue;
+    const float l = static_cast<float>(static_cast<T>(lg[k]) - lse);
+    lp[i] = l;
+    if (Q) qa += (v_min + i * dz) * exp_t(static_cast<T>(l));
+  }
+  if (!Q) return;
+  qa = warp_sum_t(qa);
+  if (lane == 0) {
+    Q[me] = static_cast<float>(qa);
+    qs[me] = static_cast<float>(qa);
+  }
+  if (!a.a_star || r < a.star_from) return;  // the same in every warp of the block
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int best = 0;
+    float qbest = qs[0];
+    for (int act = 1; act < A; ++act)
+      if (qs[act] > qbest) {  // strict: ties keep the lowest index
+        qbest = qs[act];
+        best = act;
+      }
+    a.a_star[(r - a.star_from) * D + (rd - r * D)] = best;
+  }
+}
+
 /// c51_loss with a warp per (sample, branch) and a block per sample (32·D threads, D ≤
 /// kLossMaxWarps). Shared: the branches' cross-entropies [D] (double), gradient rows G [D][Z]
 /// (float), and per warp the target probabilities p and projected support tz [Z] each (T).
@@ -497,21 +585,7 @@ __global__ void __launch_bounds__(32 * kLossMaxWarps)
   }
   // 1. the target network's log-probabilities at a*, as dueling_combine + log_softmax
   float logit[kWarpAtoms];
-  float mx = -INFINITY;
-#pragma unroll
-  for (int k = 0; k < kWarpAtoms; ++k) {
-    T s = 0;
-    float at = 0.0f;
-#pragma unroll
-    for (int act = 0; act < kWarpMaxA; ++act) {
-      if (act < A) s += static_cast<T>(tx[act][k]);
-      if (act == star) at = tx[act][k];
-    }
-    const T mean = s / A;
-    logit[k] = static_cast<float>(static_cast<T>(tvv[k]) + static_cast<T>(at) - mean);
-    if (star_ok && lane + 32 * k < Z) mx = fmaxf(mx, logit[k]);
-  }
-  mx = warp_max(mx);
+  const float mx = warp_max(action_logits<T>(tx, tvv, A, star, Z, star_ok, logit));
   T sum = 0;
   if (star_ok) {
 #pragma unroll
@@ -1260,8 +1334,16 @@ std::size_t dueling_dist_shared_bytes(int Z, int A) {
   return static_cast<std::size_t>(Z) * sizeof(double) + round_up(static_cast<std::size_t>(A) * sizeof(float), 8);
 }
 
-cudaError_t dueling_dist(cudaStream_t s, const DuelingDist& a, bool double_math) {
+cudaError_t dueling_dist(cudaStream_t s, const DuelingDist& a, bool double_math, bool per_action) {
   const double dz_w = support_step(a.v_min, a.v_max, a.Z);
+  if (warp_head_fits(a.A, a.Z) && per_action) {
+    const auto blocks = static_cast<unsigned>(static_cast<std::int64_t>(a.rows) * a.D);
+    if (double_math)
+      launch(dueling_dist_action_kernel<double>, blocks, 32 * a.A, 0, s, a, dz_w);
+    else
+      launch(dueling_dist_action_kernel<float>, blocks, 32 * a.A, 0, s, a, dz_w);
+    return cudaGetLastError();
+  }
   if (warp_head_fits(a.A, a.Z) && warp_head_kernels()) {
     const std::int64_t pairs = static_cast<std::int64_t>(a.rows) * a.D;
     const auto blocks = static_cast<unsigned>((pairs + kDistWarpsPerBlock - 1) / kDistWarpsPerBlock);

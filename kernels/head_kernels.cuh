@@ -17,7 +17,9 @@ std::size_t dueling_dist_shared_bytes(int Z, int A);
 /// double_math: the distribution in double (fp32 pipelines, as the CPU twin); else in float.
 /// A warp per (row, branch) while Z ≤ 64 and A ≤ 8 (the same arithmetic; DQN_WARP_HEAD=0 keeps
 /// the block per (row, branch)); c51_loss likewise while also D ≤ 16.
-cudaError_t dueling_dist(cudaStream_t s, const DuelingDist& a, bool double_math);
+/// per_action (DQN_WARP_HEAD=action): where the warp kernels fit, a warp per action and a block
+/// per (row, branch) instead of a warp per (row, branch); the same results bit for bit.
+cudaError_t dueling_dist(cudaStream_t s, const DuelingDist& a, bool double_math, bool per_action = false);
 
 /// Scratch c51_loss needs (one double per sample) and its dynamic shared memory.
 std::size_t c51_loss_scratch_bytes(int B);

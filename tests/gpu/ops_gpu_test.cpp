@@ -1147,7 +1147,8 @@ TEST_CASE("gpu.ops.dueling_dist: combine + log-softmax + Q + argmax in one pass,
   } shapes[] = {{2 * 37, 3, 5, 51, 37, true}, {19, 2, 7, 101, 0, true}, {13, 4, 3, 9, 13, true}, {11, 3, 5, 33, 0, false},
                 {17, 2, 8, 64, 5, true}, {9, 1, 9, 20, 0, true}, {6, 2, 1, 1, 0, true}};
   // A warp per (row, branch) while Z <= 64 and A <= 8 (the first, third, fourth, fifth and last
-  // shapes); a block per (row, branch) beyond (the second: Z 101; the sixth: A 9).
+  // shapes); a block per (row, branch) beyond (the second: Z 101; the sixth: A 9). With
+  // DQN_WARP_HEAD=action a warp per action where the warp kernel fits, equal to it bit for bit.
   // fp32: the kernel's double arithmetic, as the CPU's; tf32: its float arithmetic (kFloatMath).
   // pad: adv's (row, branch) blocks A·Z + pad apart (0: compact, ldadv unset).
   for (const int pad : {0, 5})
@@ -1180,6 +1181,31 @@ TEST_CASE("gpu.ops.dueling_dist: combine + log-softmax + Q + argmax in one pass,
     ad.a_star = sh.q ? gpu.put_typed(poison) : nullptr;
     gpu.ops.dueling_dist(ad);
     gpu.ok();
+    {
+      // DQN_WARP_HEAD=action (read when a backend is made): a warp per action where the warp
+      // kernel runs, the same bits as it; elsewhere the same kernels as the default
+      std::unique_ptr<Gpu> per_action;
+      {
+        const ScopedEnv env("DQN_WARP_HEAD", "action");
+        per_action = std::make_unique<Gpu>(prec);
+      }
+      DuelingDist aa = a;
+      aa.logp = per_action->poisoned(static_cast<std::int64_t>(n));
+      aa.q = sh.q ? per_action->poisoned(static_cast<std::int64_t>(nq)) : Real{};
+      aa.v = per_action->put(v);
+      aa.adv = per_action->put(adv);
+      aa.a_star = sh.q ? per_action->put_typed(poison) : nullptr;
+      per_action->ops.dueling_dist(aa);
+      per_action->ok();
+      expect_same_bits(per_action->get(aa.logp, static_cast<std::int64_t>(n)), gpu.get(ad.logp, static_cast<std::int64_t>(n)),
+                       "DQN_WARP_HEAD=action: logp");
+      if (sh.q) {
+        expect_same_bits(per_action->get(aa.q, static_cast<std::int64_t>(nq)),
+                         gpu.get(ad.q, static_cast<std::int64_t>(nq)), "DQN_WARP_HEAD=action: q");
+        expect_same_bits(per_action->get_typed(aa.a_star, ns), gpu.get_typed(ad.a_star, ns),
+                         "DQN_WARP_HEAD=action: a_star");
+      }
+    }
     ac.logp = host(lp);
     ac.q = sh.q ? host(q) : Real{};
     ac.v = host(v);

@@ -348,6 +348,20 @@ __device__ __forceinline__ void warp_reduce_n(R (&v)[K], int n, Op op) {
   }
 }
 
+/// A (row, branch)'s v [Z] and advantages [A·Z] into a warp's registers as dist_warp holds them:
+/// lane l holds atoms l, l + 32 (zeros past Z and past A); every load issued at once.
+__device__ __forceinline__ void load_dist_warp(const float* v, const float* adv, int A, int Z,
+                                               float (&vv)[kWarpAtoms], float (&x)[kWarpMaxA][kWarpAtoms]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int k = 0; k < kWarpAtoms; ++k) {
+    const int i = lane + 32 * k;
+    vv[k] = i < Z ? v[i] : 0.0f;
+#pragma unroll
+    for (int act = 0; act < kWarpMaxA; ++act) x[act][k] = act < A && i < Z ? adv[act * Z + i] : 0.0f;
+  }
+}
+
 /// One action's dueling logits of a (row, branch) whose values a warp holds as dist_warp does (x
 /// [action][k], v [k]: lane l holds atoms l, l + 32): logit[k] = v + x[act] − the mean over the A
 /// actions, rounded to float as dueling_combine stores them (0 past Z, where x and v are 0).
@@ -382,13 +396,7 @@ __device__ __forceinline__ void dist_warp(const float* v, const float* adv, int 
                                           float* Q, std::int32_t* star) {
   const int lane = threadIdx.x & 31;
   float vv[kWarpAtoms], x[kWarpMaxA][kWarpAtoms];
-#pragma unroll
-  for (int k = 0; k < kWarpAtoms; ++k) {
-    const int i = lane + 32 * k;
-    vv[k] = i < Z ? v[i] : 0.0f;
-#pragma unroll
-    for (int act = 0; act < kWarpMaxA; ++act) x[act][k] = act < A && i < Z ? adv[act * Z + i] : 0.0f;
-  }
+  load_dist_warp(v, adv, A, Z, vv, x);
   // the mean advantage of each atom, then the logits rounded to float as dueling_combine stores them
   float mx[kWarpMaxA];
 #pragma unroll
@@ -485,13 +493,7 @@ __global__ void __launch_bounds__(32 * kWarpMaxA) dueling_dist_action_kernel(Due
   float* Q = a.q.p ? static_cast<float*>(a.q.p) + rd * A : nullptr;
   const T v_min = static_cast<T>(a.v_min), dz = static_cast<T>(dz_d);
   float vv[kWarpAtoms], x[kWarpMaxA][kWarpAtoms];
-#pragma unroll
-  for (int k = 0; k < kWarpAtoms; ++k) {
-    const int i = lane + 32 * k;
-    vv[k] = i < Z ? v[i] : 0.0f;
-#pragma unroll
-    for (int act = 0; act < kWarpMaxA; ++act) x[act][k] = act < A && i < Z ? adv[act * Z + i] : 0.0f;
-  }
+  load_dist_warp(v, adv, A, Z, vv, x);
   // the mean advantage of each atom, then this action's logits rounded to float (as dist_warp)
   float lg[kWarpAtoms];
   const float mx = warp_max(action_logits<T>(x, vv, A, me, Z, true, lg));

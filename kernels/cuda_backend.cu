@@ -929,11 +929,15 @@ class CudaBackend final : public Backend {
       return;
     void* s = scratch(op, cuda::update_scratch_bytes(b.H, u.sn_count, u.sn_max_rows, u.sn_max_cols));
     if (!s) return;
+    // DQN_UPDATE_PLAIN=wave: the blocks resident beside the normed clusters, found outside a capture
+    // (the plan before it, or a direct call) and kept for it
+    if (cluster && update_plain_ < 0 && !capturing_) plain_wave_ = cuda::update_cluster_wave(u, update_cluster_, sn_cols_);
     if (planning_) return;
     if (fused) {
       DQN_CUDA_OK(op, cuda::update(stream_, u, s, update_blocks_));
     } else if (cluster) {
-      DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), update_plain_, clock_,
+      const int plain = update_plain_ > 0 ? update_plain_ : plain_wave_ > 0 ? plain_wave_ : wave_blocks();
+      DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), plain, clock_,
                                            kClockBlocks, &clock_launch_.blocks, sn_cols_));
       clock_launch_.cs = update_cluster_;
       clock_launch_.normed = u.sn_count;
@@ -2068,7 +2072,8 @@ class CudaBackend final : public Backend {
   /// DQN_SN_COLS=1: the cluster update's normed matrices split by columns where they fit
   /// (cuda::update_cluster); read when the backend is made.
   bool sn_cols_ = std::getenv("DQN_SN_COLS") && env_on("DQN_SN_COLS");
-  int update_plain_ = 0;  ///< the cluster update's max_blocks (update_plain_from_env)
+  int update_plain_ = 0;  ///< the cluster update's max_blocks (update_plain_from_env; -1: one wave)
+  int plain_wave_ = 0;    ///< with update_plain_ -1: the last update's one wave (cuda::update_cluster_wave)
   /// DQN_HEAD_CHAIN=1: the head's hidden and output layers a launch per stream kind
   /// (head_forward_chained); read when the backend is made.
   bool head_chain_ = std::getenv("DQN_HEAD_CHAIN") && env_on("DQN_HEAD_CHAIN");

@@ -2343,6 +2343,40 @@ bool update_cluster_fits(int cs, int max_rows, int max_cols) {
   return cluster_update_shared(max_cols, (max_rows + cs - 1) / cs) <= kClusterMaxShared;
 }
 
+/// The cluster update's kernel and dynamic shared memory for u at cluster size cs (the column
+/// variant where sn_cols asks for it and its shared memory fits), and the rows that shared memory
+/// is laid out for (0: no column variant).
+struct ClusterKernel {
+  void (*fn)(Update, const double*, int, ClusterPlan) = nullptr;
+  std::size_t shared = 0;
+  int col_rows = 0;
+};
+ClusterKernel cluster_kernel(const Update& u, int cs, bool sn_cols) {
+  ClusterKernel k;
+  k.shared = cluster_update_shared(std::max(u.sn_max_cols, 1), std::max((u.sn_max_rows + cs - 1) / cs, 1));
+  if (sn_cols && u.sn_max_rows <= kSnColMaxRows && cluster_update_shared_cols(u.sn_max_rows, cs) <= kClusterMaxShared) {
+    k.col_rows = std::max(u.sn_max_rows, 1);
+    k.shared = std::max(k.shared, cluster_update_shared_cols(k.col_rows, cs));
+  }
+  const bool cols = k.col_rows > 0;
+  k.fn = cs == 16 ? (cols ? update_cluster_kernel<16, true> : update_cluster_kernel<16>)
+                  : (cols ? update_cluster_kernel<8, true> : update_cluster_kernel<8>);
+  return k;
+}
+
+int update_cluster_wave(const Update& u, int cs, bool sn_cols) {
+  if (cs != 8 && cs != 16) return 0;
+  const ClusterKernel k = cluster_kernel(u, cs, sn_cols);
+  cudaLaunchAttribute one[2]{};
+  const cudaLaunchConfig_t probe = cluster_config(cs, static_cast<unsigned>(cs), k.shared, nullptr, one);
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, k.fn, &probe) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return std::max(0, clusters - std::max(u.sn_count, 0)) * cs;
+}
+
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
                            std::uint64_t* clock, int clock_blocks, int* launched, bool sn_cols) {
@@ -2373,30 +2407,10 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   }
   add(at, b.P);
   const std::int64_t tiles = pl.seg_tile0[pl.nseg];
-  std::size_t shared = cluster_update_shared(pl.max_cols, pl.rpc);
-  if (sn_cols && u.sn_max_rows <= kSnColMaxRows &&
-      cluster_update_shared_cols(u.sn_max_rows, cs) <= kClusterMaxShared) {
-    pl.sn_cols = true;
-    pl.col_rows = std::max(u.sn_max_rows, 1);
-    shared = std::max(shared, cluster_update_shared_cols(pl.col_rows, cs));
-  }
-  void (*kernel)(Update, const double*, int, ClusterPlan) =
-      cs == 16 ? (pl.sn_cols ? update_cluster_kernel<16, true> : update_cluster_kernel<16>)
-               : (pl.sn_cols ? update_cluster_kernel<8, true> : update_cluster_kernel<8>);
-  // max_blocks < 0: as many blocks for the elements outside the normed matrices as are resident
-  // beside the normed matrices' clusters (one wave; each block then takes several tiles in turn)
-  int cap = max_blocks;
-  if (max_blocks < 0) {
-    cudaLaunchAttribute one[2]{};
-    const cudaLaunchConfig_t probe = cluster_config(cs, static_cast<unsigned>(cs), shared, nullptr, one);
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &probe) != cudaSuccess) {
-      cudaGetLastError();
-      clusters = 0;
-    }
-    cap = (clusters - pl.nsn) * cs;
-  }
-  const std::int64_t plain = std::min<std::int64_t>(tiles, std::max(cap, cs));
+  const ClusterKernel kernel = cluster_kernel(u, cs, sn_cols);
+  pl.sn_cols = kernel.col_rows > 0;
+  pl.col_rows = kernel.col_rows;
+  const std::int64_t plain = std::min<std::int64_t>(tiles, std::max(max_blocks, cs));
   const std::int64_t plain_blocks = (plain + cs - 1) / cs * cs;
   auto* partial = static_cast<double*>(scratch);
   auto* step = reinterpret_cast<double*>(static_cast<char*>(scratch) + budget_scratch_bytes(b.H));
@@ -2409,8 +2423,8 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   if (blocks == 0) return cudaSuccess;
   pl.clock = clock;
   pl.clock_blocks = clock ? clock_blocks : 0;
-  const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, shared, s, attr, true);
-  return cudaLaunchKernelEx(&cfg, kernel, u, static_cast<const double*>(partial), nchunks, pl);
+  const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, kernel.shared, s, attr, true);
+  return cudaLaunchKernelEx(&cfg, kernel.fn, u, static_cast<const double*>(partial), nchunks, pl);
 }
 
 bool cooperative_graphs_work(int blocks) {

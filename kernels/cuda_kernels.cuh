@@ -104,8 +104,7 @@ cudaError_t update_split(cudaStream_t s, const Update& u, void* scratch, int max
 /// matrix's element range [lo, hi) in params, in table order ([0, 0) for an empty one). Equal to
 /// the other paths bit for bit except the normed matrices, their u and their target rows, whose
 /// power iteration sums in another order (double sums: the floats may differ in the last bit).
-/// max_blocks bounds the clusters outside the normed matrices (negative: the blocks resident beside
-/// the normed matrices' clusters, one wave); results do not depend on it.
+/// max_blocks bounds the clusters outside the normed matrices; results do not depend on it.
 /// `clock` (null: off): per block kUpdateClockSlots %globaltimer stamps then as many clock64
 /// ones (UpdateClockSlot), for blocks below clock_blocks; the launch's block count in *blocks.
 /// sn_cols (DQN_SN_COLS=1): a normed matrix of at most 1,024 rows whose columns fit 32 a block
@@ -116,6 +115,10 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
                            std::uint64_t* clock = nullptr, int clock_blocks = 0, int* blocks = nullptr,
                            bool sn_cols = false);
+/// The blocks of update_cluster(u, cs, sn_cols) resident beside its normed matrices' clusters (its
+/// occupancy, less one cluster per normed matrix): as max_blocks, one wave outside them. 0 when
+/// unknown. Not a stream operation, but call it outside a capture.
+int update_cluster_wave(const Update& u, int cs, bool sn_cols);
 /// The moments the cluster update's blocks stamp (DQN_UPDATE_CLOCK=1, read by dqn-trace): placed
 /// (before waiting for the kernels before it), the wait over, the clip factors known, its
 /// elements' g and Adam done, Wᵀu added over the cluster (normed blocks), σ known (normed), its

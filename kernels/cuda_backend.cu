@@ -927,11 +927,11 @@ class CudaBackend final : public Backend {
         !real_ok(b.total_loss, op, "total_loss") || !real_ok(a.params, op, "params") || !real_ok(a.m, op, "m") ||
         !real_ok(a.v, op, "v") || !real_ok(a.lr, op, "lr") || !real_ok(t.target, op, "target"))
       return;
-    void* s = scratch(op, cuda::update_scratch_bytes(b.H, u.sn_count, u.sn_max_rows, u.sn_max_cols));
-    if (!s) return;
     // DQN_UPDATE_PLAIN=wave: the blocks resident beside the normed clusters, found outside a capture
     // (the plan before it, or a direct call) and kept for it
     if (cluster && update_plain_ < 0 && !capturing_) plain_wave_ = cuda::update_cluster_wave(u, update_cluster_, sn_cols_);
+    void* s = scratch(op, cuda::update_scratch_bytes(b.H, u.sn_count, u.sn_max_rows, u.sn_max_cols));
+    if (!s) return;
     if (planning_) return;
     if (fused) {
       DQN_CUDA_OK(op, cuda::update(stream_, u, s, update_blocks_));

@@ -54,6 +54,21 @@ if [ "$mode" != bench ]; then
   grep -E "^ *[0-9]+/[0-9]+ " "$out/test.log" | tee -a "$summary"
   note "tests: $(( $(date +%s) - t1 )) s"
   cp $build/meson-logs/testlog.txt "$out/testlog.txt" 2>/dev/null
+  # A gpu binary that failed runs again a test case at a time: a kernel that faults poisons the
+  # CUDA context for every case after it in the same process, which would hide their results.
+  for bin in ops step; do
+    grep -qE "gpu\.$bin +(FAIL|TIMEOUT)" "$out/test.log" || continue
+    # a case's name up to its colon and then any text (doctest's -tc splits at commas, which the
+    # text after the colon may hold); a name without a colon as it is
+    $build/tests/test_gpu_$bin --list-test-cases 2>/dev/null | grep -E "^gpu\.${bin}[.:]" |
+      sed -E 's/^([^:]*):.*/\1:*/' | sort -u |
+      while read -r pattern; do
+        log="$out/case_${pattern//[^A-Za-z0-9_]/_}.log"
+        timeout 300 $build/tests/test_gpu_$bin -tc="$pattern" >"$log" 2>&1
+        rc=$?
+        note "  $pattern: rc=$rc $(grep -E '^\[doctest\] (test cases|assertions)' "$log" | tr -s ' ' | tr '\n' ' ')"
+      done
+  done
   for kv in ${STEP_SWITCHES:-}; do
     env "$kv" $build/tests/test_gpu_step >"$out/step_${kv//[^A-Za-z0-9]/_}.log" 2>&1
     note "gpu.step with $kv: rc=$? ($(grep -E '^\[doctest\] (test cases|assertions)' "$out/step_${kv//[^A-Za-z0-9]/_}.log" |

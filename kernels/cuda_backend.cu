@@ -1354,7 +1354,7 @@ class CudaBackend final : public Backend {
     // a_star/actions live on the device: an out-of-range index poisons that branch with NaN.
     void* s = scratch(op, cuda::c51_loss_scratch_bytes(a.B));
     if (!s) return;
-    DQN_CUDA_OK(op, cuda::c51_loss(stream_, a, s, counter(), double_math()));
+    DQN_CUDA_OK(op, cuda::c51_loss(stream_, a, s, counter(), double_math(), loss_pair_));
   }
 
 
@@ -2079,6 +2079,12 @@ class CudaBackend final : public Backend {
   bool head_chain_ = std::getenv("DQN_HEAD_CHAIN") && env_on("DQN_HEAD_CHAIN");
   /// DQN_WARP_HEAD=action: dueling_dist a warp per action where the warp kernels fit (read when
   /// the backend is made; DQN_WARP_HEAD=0 keeps the block kernels, which it does not override).
+  /// DQN_LOSS_WARPS=2: c51_loss two warps a (sample, branch) where the warp kernel runs (read when
+  /// the backend is made).
+  bool loss_pair_ = [] {
+    const char* v = std::getenv("DQN_LOSS_WARPS");
+    return v && std::strcmp(v, "2") == 0;
+  }();
   bool dist_per_action_ = [] {
     const char* v = std::getenv("DQN_WARP_HEAD");
     return v && std::strcmp(v, "action") == 0;

@@ -335,6 +335,7 @@ bool warp_head_kernels() {
   return on;
 }
 constexpr int kLossMaxWarps = 16;  // c51_loss_warp: branches (warps) per block
+constexpr int kLossPairMax = 8;    // c51_loss_warp with two warps a branch: branches per block
 bool c51_warp(int D, int A, int Z) { return warp_head_fits(A, Z) && D <= kLossMaxWarps && warp_head_kernels(); }
 
 /// Butterfly over the lanes for the first n of K values at once (their shuffles interleaved):
@@ -366,13 +367,13 @@ __device__ __forceinline__ void load_dist_warp(const float* v, const float* adv,
 /// [action][k], v [k]: lane l holds atoms l, l + 32): logit[k] = v + x[act] − the mean over the A
 /// actions, rounded to float as dueling_combine stores them (0 past Z, where x and v are 0).
 /// Returns the lane's max over its atoms below Z when `on` (else −∞), for the warp's reduction.
-template <typename T>
-__device__ __forceinline__ float action_logits(const float (&x)[kWarpMaxA][kWarpAtoms], const float (&v)[kWarpAtoms],
-                                               int A, int act, int Z, bool on, float (&logit)[kWarpAtoms]) {
-  const int lane = threadIdx.x & 31;
+template <typename T, int KA = kWarpAtoms>
+__device__ __forceinline__ float action_logits(const float (&x)[kWarpMaxA][KA], const float (&v)[KA], int A, int act,
+                                               int Z, bool on, float (&logit)[KA], int i0 = -1, int istep = 32) {
+  const int lane = i0 >= 0 ? i0 : static_cast<int>(threadIdx.x & 31);  // atom k is lane + istep·k
   float mx = -INFINITY;
 #pragma unroll
-  for (int k = 0; k < kWarpAtoms; ++k) {
+  for (int k = 0; k < KA; ++k) {
     T s = 0;
     float own = 0.0f;
 #pragma unroll
@@ -382,7 +383,7 @@ __device__ __forceinline__ float action_logits(const float (&x)[kWarpMaxA][kWarp
     }
     const T mean = s / A;
     logit[k] = static_cast<float>(static_cast<T>(v[k]) + static_cast<T>(own) - mean);
-    if (on && lane + 32 * k < Z) mx = fmaxf(mx, logit[k]);
+    if (on && lane + istep * k < Z) mx = fmaxf(mx, logit[k]);
   }
   return mx;
 }
@@ -540,13 +541,41 @@ std::size_t c51_loss_warp_shared_bytes(int D, int Z, std::size_t t_size) {
          static_cast<std::size_t>(D) * 2 * Z * t_size;
 }
 
-template <typename T>
+/// The group's combination of its warps' values (GW > 1: each warp's lane 0 puts its value in
+/// slot [group][warp of the group], a barrier of the group's threads, every thread reads them in
+/// order); GW 1: the value itself.
+template <int GW, typename R, typename Op>
+__device__ __forceinline__ R group_combine(R v, int grp, int wg, R (*slots)[2], Op op) {
+  if constexpr (GW == 1) {
+    return v;
+  } else {
+    if ((threadIdx.x & 31) == 0) slots[grp][wg] = v;
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + grp), "r"(32 * GW) : "memory");
+    R r = slots[grp][0];
+#pragma unroll
+    for (int w = 1; w < GW; ++w) r = op(r, slots[grp][w]);
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + grp), "r"(32 * GW) : "memory");  // the slots are reused
+    return r;
+  }
+}
+
+/// c51_loss with GW warps per (sample, branch) and a block per sample (32·GW·D threads; GW 1: a
+/// warp per branch, D ≤ kLossMaxWarps; GW 2 (DQN_LOSS_WARPS=2): two, each holding one of the two
+/// atoms a lane of one warp holds, D ≤ kLossPairMax), their sums added warp by warp (GW 2: not
+/// the bits of GW 1). Shared: the branches' cross-entropies [D] (double), gradient rows G [D][Z]
+/// (float), and per branch the target probabilities p and projected support tz [Z] each (T).
+template <typename T, int GW>
 __global__ void __launch_bounds__(32 * kLossMaxWarps)
     c51_loss_warp_kernel(C51Loss a, double dz_d, double* weighted, unsigned* counter) {
+  static_assert(kWarpAtoms % GW == 0, "whole atoms per lane");
+  constexpr int KA = kWarpAtoms / GW;  // atoms a lane holds: i = lane + 32·(GW·k + wg)
   dev::pdl_entry();
   extern __shared__ double clw_shared[];
   __shared__ double red[32];
-  const int lane = threadIdx.x & 31, d = threadIdx.x >> 5;
+  __shared__ T gred[GW > 1 ? kLossMaxWarps : 1][2];  // group_combine's slots
+  const int lane = threadIdx.x & 31, d = (threadIdx.x >> 5) / GW, wg = (threadIdx.x >> 5) % GW;
+  const int i0 = lane + 32 * wg;  // the lane's first atom
+  constexpr int istep = 32 * GW;
   const int b = blockIdx.x, D = a.D, A = a.A, Z = a.Z;
   double* xent_d = clw_shared;                           // [D]
   float* G = reinterpret_cast<float*>(xent_d + D);       // [D][Z]
@@ -560,16 +589,17 @@ __global__ void __launch_bounds__(32 * kLossMaxWarps)
   const T grad_scale = static_cast<T>(static_cast<double>(wb) / (static_cast<double>(a.B) * D));
   const T discount = static_cast<T>(a.gamma_n) * (T(1) - static_cast<T>(static_cast<const float*>(a.dones.p)[b]));
   const T reward = static_cast<const float*>(a.rewards.p)[b];
+  const auto add = [](T x, T y) { return x + y; };
   // every load of the (sample, branch) at once, none waiting for a* or the taken action: the
   // target's value and advantages, and the online log-probabilities of every action (the taken
   // one selected after)
   const float* tadv = static_cast<const float*>(a.tadv.p) + static_cast<std::int64_t>(bd) * ld_or(a.ldtadv, A * Z);
   const float* tv = static_cast<const float*>(a.tv.p) + static_cast<std::int64_t>(b) * a.ldtv;
   const float* lp = static_cast<const float*>(a.logp.p) + static_cast<std::int64_t>(bd) * A * Z;
-  float tx[kWarpMaxA][kWarpAtoms], tvv[kWarpAtoms], lpv[kWarpAtoms], lpa[kWarpMaxA][kWarpAtoms];
+  float tx[kWarpMaxA][KA], tvv[KA], lpv[KA], lpa[kWarpMaxA][KA];
 #pragma unroll
-  for (int k = 0; k < kWarpAtoms; ++k) {
-    const int i = lane + 32 * k;
+  for (int k = 0; k < KA; ++k) {
+    const int i = i0 + istep * k;
     const bool in = i < Z;
     tvv[k] = in ? tv[i] : 0.0f;
 #pragma unroll
@@ -579,42 +609,45 @@ __global__ void __launch_bounds__(32 * kLossMaxWarps)
     }
   }
 #pragma unroll
-  for (int k = 0; k < kWarpAtoms; ++k) {
+  for (int k = 0; k < KA; ++k) {
     lpv[k] = 0.0f;
 #pragma unroll
     for (int act = 0; act < kWarpMaxA; ++act)
       if (act == taken) lpv[k] = lpa[act][k];
   }
   // 1. the target network's log-probabilities at a*, as dueling_combine + log_softmax
-  float logit[kWarpAtoms];
-  const float mx = warp_max(action_logits<T>(tx, tvv, A, star, Z, star_ok, logit));
+  float logit[KA];
+  const float mx = group_combine<GW>(warp_max(action_logits<T, KA>(tx, tvv, A, star, Z, star_ok, logit, i0, istep)), d,
+                                     wg, reinterpret_cast<float (*)[2]>(gred), [](float x, float y) { return fmaxf(x, y); });
   T sum = 0;
   if (star_ok) {
 #pragma unroll
-    for (int k = 0; k < kWarpAtoms; ++k)
-      if (lane + 32 * k < Z) sum += exp_t(static_cast<T>(logit[k]) - mx);
+    for (int k = 0; k < KA; ++k)
+      if (i0 + istep * k < Z) sum += exp_t(static_cast<T>(logit[k]) - mx);
   }
-  sum = warp_sum_t(sum);
+  sum = group_combine<GW>(warp_sum_t(sum), d, wg, gred, add);
   if (star_ok) {
     const T lse = static_cast<T>(mx) + log_t(sum);
 #pragma unroll
-    for (int k = 0; k < kWarpAtoms; ++k) {
-      const int i = lane + 32 * k;
+    for (int k = 0; k < KA; ++k) {
+      const int i = i0 + istep * k;
       if (i >= Z) continue;
       const float l = static_cast<float>(static_cast<T>(logit[k]) - lse);
       p[i] = exp_t(static_cast<T>(l));
       tz[i] = fmin(fmax(reward + discount * (v_min + i * dz), v_min), v_max);
     }
   }
-  __syncwarp();  // the warp's p and tz are complete
+  // the group's p and tz are complete
+  if constexpr (GW == 1) __syncwarp();
+  else asm volatile("bar.sync %0, %1;" ::"r"(1 + d), "r"(32 * GW) : "memory");
   // 2. the dense projection m (as c51_project: each atom sums over j in order) and the
   // cross-entropy's sums at the taken action (as c51_xent)
   float* m = static_cast<float*>(a.m.p) + static_cast<std::int64_t>(bd) * Z;
-  float mm[kWarpAtoms];
+  float mm[KA];
   T xs = 0, m_sum = 0;
 #pragma unroll
-  for (int k = 0; k < kWarpAtoms; ++k) {
-    const int i = lane + 32 * k;
+  for (int k = 0; k < KA; ++k) {
+    const int i = i0 + istep * k;
     mm[k] = NAN;  // an index the host could not check: visible, never read out of bounds
     if (i >= Z) continue;
     if (star_ok) mm[k] = static_cast<float>(project_atom(p, tz, Z, v_min + i * dz, dz));
@@ -624,14 +657,14 @@ __global__ void __launch_bounds__(32 * kLossMaxWarps)
       m_sum += static_cast<T>(mm[k]);
     }
   }
-  xs = warp_sum_t(xs);
-  m_sum = warp_sum_t(m_sum);
+  xs = group_combine<GW>(warp_sum_t(xs), d, wg, gred, add);
+  m_sum = group_combine<GW>(warp_sum_t(m_sum), d, wg, gred, add);
   // 3. the gradient row of the taken action, and 4. the dueling backward of that dlogits (zero
   // off the taken action): dadv = dl − mean_a dl
   float* dadv = static_cast<float*>(a.dadv.p) + static_cast<std::int64_t>(bd) * ld_or(a.lddadv, A * Z);
 #pragma unroll
-  for (int k = 0; k < kWarpAtoms; ++k) {
-    const int i = lane + 32 * k;
+  for (int k = 0; k < KA; ++k) {
+    const int i = i0 + istep * k;
     if (i >= Z) continue;
     float g = NAN;
     if (taken_ok) g = static_cast<float>(grad_scale * (exp_t(static_cast<T>(lpv[k])) * m_sum - static_cast<T>(mm[k])));
@@ -640,8 +673,8 @@ __global__ void __launch_bounds__(32 * kLossMaxWarps)
     const float other = static_cast<float>(T(0) - mean), own = static_cast<float>(static_cast<T>(g) - mean);
     for (int act = 0; act < A; ++act) dadv[act * Z + i] = taken_ok && act != taken ? other : own;
   }
-  for (int q = A * Z + lane; q < ld_or(a.lddadv, A * Z); q += 32) dadv[q] = 0.0f;  // the padding (as dueling_backward)
-  if (lane == 0) xent_d[d] = taken_ok ? static_cast<double>(xs) : NAN;
+  for (int q = A * Z + i0; q < ld_or(a.lddadv, A * Z); q += istep) dadv[q] = 0.0f;  // the padding (as dueling_backward)
+  if (i0 == 0) xent_d[d] = taken_ok ? static_cast<double>(xs) : NAN;
   __syncthreads();
   c51_sample_end(a, b, G, xent_d, wb, weighted, counter, red);
 }
@@ -1376,15 +1409,21 @@ std::size_t c51_loss_shared_bytes(int D, int A, int Z) {
          sizeof(double);
 }
 
-cudaError_t c51_loss(cudaStream_t s, const C51Loss& a, void* scratch, unsigned* counter, bool double_math) {
+cudaError_t c51_loss(cudaStream_t s, const C51Loss& a, void* scratch, unsigned* counter, bool double_math, bool pair) {
   if (c51_warp(a.D, a.A, a.Z)) {
     const double dz_w = support_step(a.v_min, a.v_max, a.Z);
     auto* w = static_cast<double*>(scratch);
     const std::size_t shmem = c51_loss_warp_shared_bytes(a.D, a.Z, double_math ? sizeof(double) : sizeof(float));
-    if (double_math)
-      launch(c51_loss_warp_kernel<double>, a.B, 32 * a.D, shmem, s, a, dz_w, w, counter);
-    else
-      launch(c51_loss_warp_kernel<float>, a.B, 32 * a.D, shmem, s, a, dz_w, w, counter);
+    if (pair && a.D <= kLossPairMax) {
+      if (double_math)
+        launch(c51_loss_warp_kernel<double, 2>, a.B, 64 * a.D, shmem, s, a, dz_w, w, counter);
+      else
+        launch(c51_loss_warp_kernel<float, 2>, a.B, 64 * a.D, shmem, s, a, dz_w, w, counter);
+    } else if (double_math) {
+      launch(c51_loss_warp_kernel<double, 1>, a.B, 32 * a.D, shmem, s, a, dz_w, w, counter);
+    } else {
+      launch(c51_loss_warp_kernel<float, 1>, a.B, 32 * a.D, shmem, s, a, dz_w, w, counter);
+    }
     return cudaGetLastError();
   }
   const LossShape sh = loss_shape(a.D, a.Z);

@@ -1408,14 +1408,22 @@ TEST_CASE("gpu.ops.c51_loss: fused target distribution, projection, cross-entrop
   // kernel beyond (Z 101 or 300, D 40 or 17, A 9).
   // fp32: double arithmetic; tf32: float (kFloatMath). The last two shapes take several rounds
   // of branches per block, and several atoms per thread. pad: tadv's and dadv's (sample, branch)
-  // blocks A·Z + pad apart (0: compact); dadv's padding must stay poisoned.
+  // blocks A·Z + pad apart (0: compact); dadv's padding must stay poisoned. DQN_LOSS_WARPS=2: two
+  // warps a (sample, branch) where the warp kernel runs and D <= 8 (shapes 1 and 6).
+  for (const char* pair : {static_cast<const char*>(nullptr), "2"})
   for (const int pad : {0, 3})
   for (const Precision prec : {Precision::fp32, Precision::tf32})
   for (const auto& sh : shapes) {
     INFO("B " << sh.B << " D " << sh.D << " A " << sh.A << " Z " << sh.Z
-              << (prec == Precision::fp32 ? " (double math)" : " (float math)") << " adv padding " << pad);
+              << (prec == Precision::fp32 ? " (double math)" : " (float math)") << " adv padding " << pad
+              << " DQN_LOSS_WARPS " << (pair ? pair : "unset"));
     const double tol = prec == Precision::fp32 ? kReduction : kFloatMath;
-    Gpu gpu(prec);
+    std::unique_ptr<Gpu> made;
+    {
+      const ScopedEnv env("DQN_LOSS_WARPS", pair);  // read when a backend is made
+      made = std::make_unique<Gpu>(prec);
+    }
+    Gpu& gpu = *made;
     Cpu cpu;
     const int B = sh.B, D = sh.D, A = sh.A, Z = sh.Z, ld = Z + 2;
     const std::size_t n = static_cast<std::size_t>(B) * D * A * Z;

@@ -543,12 +543,13 @@ std::size_t c51_loss_warp_shared_bytes(int D, int Z, std::size_t t_size) {
 
 /// The group's combination of its warps' values (GW > 1: each warp's lane 0 puts its value in
 /// slot [group][warp of the group], a barrier of the group's threads, every thread reads them in
-/// order); GW 1: the value itself.
+/// order); GW 1: the value itself (and no shared memory).
 template <int GW, typename R, typename Op>
-__device__ __forceinline__ R group_combine(R v, int grp, int wg, R (*slots)[2], Op op) {
+__device__ __forceinline__ R group_combine(R v, int grp, int wg, Op op) {
   if constexpr (GW == 1) {
     return v;
   } else {
+    __shared__ R slots[kLossPairMax][GW];
     if ((threadIdx.x & 31) == 0) slots[grp][wg] = v;
     asm volatile("bar.sync %0, %1;" ::"r"(1 + grp), "r"(32 * GW) : "memory");
     R r = slots[grp][0];
@@ -572,7 +573,6 @@ __global__ void __launch_bounds__(32 * kLossMaxWarps)
   dev::pdl_entry();
   extern __shared__ double clw_shared[];
   __shared__ double red[32];
-  __shared__ T gred[GW > 1 ? kLossMaxWarps : 1][2];  // group_combine's slots
   const int lane = threadIdx.x & 31, d = (threadIdx.x >> 5) / GW, wg = (threadIdx.x >> 5) % GW;
   const int i0 = lane + 32 * wg;  // the lane's first atom
   constexpr int istep = 32 * GW;
@@ -618,14 +618,14 @@ __global__ void __launch_bounds__(32 * kLossMaxWarps)
   // 1. the target network's log-probabilities at a*, as dueling_combine + log_softmax
   float logit[KA];
   const float mx = group_combine<GW>(warp_max(action_logits<T, KA>(tx, tvv, A, star, Z, star_ok, logit, i0, istep)), d,
-                                     wg, reinterpret_cast<float (*)[2]>(gred), [](float x, float y) { return fmaxf(x, y); });
+                                     wg, [](float x, float y) { return fmaxf(x, y); });
   T sum = 0;
   if (star_ok) {
 #pragma unroll
     for (int k = 0; k < KA; ++k)
       if (i0 + istep * k < Z) sum += exp_t(static_cast<T>(logit[k]) - mx);
   }
-  sum = group_combine<GW>(warp_sum_t(sum), d, wg, gred, add);
+  sum = group_combine<GW>(warp_sum_t(sum), d, wg, add);
   if (star_ok) {
     const T lse = static_cast<T>(mx) + log_t(sum);
 #pragma unroll
@@ -657,8 +657,8 @@ __global__ void __launch_bounds__(32 * kLossMaxWarps)
       m_sum += static_cast<T>(mm[k]);
     }
   }
-  xs = group_combine<GW>(warp_sum_t(xs), d, wg, gred, add);
-  m_sum = group_combine<GW>(warp_sum_t(m_sum), d, wg, gred, add);
+  xs = group_combine<GW>(warp_sum_t(xs), d, wg, add);
+  m_sum = group_combine<GW>(warp_sum_t(m_sum), d, wg, add);
   // 3. the gradient row of the taken action, and 4. the dueling backward of that dlogits (zero
   // off the taken action): dadv = dl − mean_a dl
   float* dadv = static_cast<float*>(a.dadv.p) + static_cast<std::int64_t>(bd) * ld_or(a.lddadv, A * Z);

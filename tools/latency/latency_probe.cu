@@ -1,0 +1,287 @@
+// dqn-latency: the costs a fused or persistent step would trade against each other, measured on
+// the GPU at hand. The C51 step's critical path is a chain of 13 dependent kernels of a few
+// MFLOP each (docs/performance.md): what a kernel boundary costs in a replayed graph (with and
+// without programmatic dependent launch), against a grid-wide barrier of one cooperative kernel,
+// a thread-block cluster barrier, a hand-off through a flag in global memory from one SM to the
+// next, and a load from L2 and from device memory. Each figure: CUDA events around many
+// repetitions after a warm-up, the median of five runs, per repetition (barriers and hand-offs:
+// the difference between many and none, so the launch itself drops out). n/a (JSON: -1): that
+// measurement could not run here.
+// Usage: dqn-latency [--json]
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace cg = cooperative_groups;
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "dqn-latency: %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+/// The median over `runs` of f()'s milliseconds (f records its own events), after one warm-up.
+double median_ms(const std::function<float()>& f, int runs = 5) {
+  f();
+  std::vector<float> t;
+  for (int i = 0; i < runs; ++i) t.push_back(f());
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+/// Milliseconds of whatever `enqueue` puts on `s`, by events.
+float time_on(cudaStream_t s, const std::function<void()>& enqueue) {
+  cudaEvent_t a, b;
+  check(cudaEventCreate(&a), "cudaEventCreate");
+  check(cudaEventCreate(&b), "cudaEventCreate");
+  check(cudaEventRecord(a, s), "cudaEventRecord");
+  enqueue();
+  check(cudaEventRecord(b, s), "cudaEventRecord");
+  check(cudaEventSynchronize(b), "cudaEventSynchronize");
+  float ms = 0.0f;
+  check(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ms;
+}
+
+/// One link of a kernel chain: every thread reads its slot (written by the kernel before) and
+/// writes it + 1, so each kernel depends on the one before through memory.
+__global__ void link_kernel(int* x, bool pdl) {
+  if (pdl) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  }
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  x[i] += 1;
+}
+
+/// µs per kernel of a captured chain of `n` link kernels of `blocks` blocks, replayed `reps` times.
+double chain_us(cudaStream_t s, int* x, int blocks, bool pdl, int n = 64, int reps = 200) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
+  for (int k = 0; k < n; ++k) {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+    cfg.blockDim = dim3(128);
+    cfg.stream = s;
+    cfg.attrs = &attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    check(cudaLaunchKernelEx(&cfg, link_kernel, x, pdl), "link launch");
+  }
+  check(cudaStreamEndCapture(s, &graph), "end capture");
+  check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  const double ms = median_ms([&] {
+    return time_on(s, [&] {
+      for (int r = 0; r < reps; ++r) check(cudaGraphLaunch(exec, s), "graph launch");
+    });
+  });
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return ms * 1000.0 / (static_cast<double>(n) * reps);
+}
+
+/// `rounds` grid-wide barriers (a cooperative launch).
+__global__ void grid_barrier_kernel(int rounds, int* sink) {
+  cg::grid_group grid = cg::this_grid();
+  int v = 0;
+  for (int r = 0; r < rounds; ++r) {
+    v += threadIdx.x;
+    grid.sync();
+  }
+  if (v == -1) *sink = v;
+}
+
+double grid_barrier_us(cudaStream_t s, int blocks, int* sink) {
+  auto run = [&](int rounds) {
+    return median_ms([&] {
+      return time_on(s, [&] {
+        void* args[] = {&rounds, &sink};
+        check(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(grid_barrier_kernel), dim3(blocks), dim3(128), args, 0, s),
+              "cooperative launch");
+      });
+    });
+  };
+  const int n = 2000;
+  return (run(n) - run(0)) * 1000.0 / n;
+}
+
+/// `rounds` cluster barriers.
+__global__ void cluster_barrier_kernel(int rounds, int* sink) {
+  cg::cluster_group cluster = cg::this_cluster();
+  int v = 0;
+  for (int r = 0; r < rounds; ++r) {
+    v += threadIdx.x;
+    cluster.sync();
+  }
+  if (v == -1) *sink = v;
+}
+
+double cluster_barrier_us(cudaStream_t s, int cs, int clusters, int* sink) {
+  if (cs > 8) cudaFuncSetAttribute(cluster_barrier_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(cs);
+  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(cs * clusters));
+  cfg.blockDim = dim3(128);
+  cfg.stream = s;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  if (cudaLaunchKernelEx(&cfg, cluster_barrier_kernel, 0, sink) != cudaSuccess || cudaStreamSynchronize(s) != cudaSuccess) {
+    cudaGetLastError();
+    return -1.0;  // clusters of this size do not launch here (no figure)
+  }
+  auto run = [&](int rounds) {
+    return median_ms([&] {
+      return time_on(s, [&] { check(cudaLaunchKernelEx(&cfg, cluster_barrier_kernel, rounds, sink), "cluster launch"); });
+    });
+  };
+  const int n = 2000;
+  return (run(n) - run(0)) * 1000.0 / n;
+}
+
+/// A token passed from block to block through flags in global memory, `rounds` times around
+/// (a cooperative launch, so that every block is resident): block b waits until flag[b] reaches
+/// the round, then raises the next block's flag. A wait that outlasts about 2^27 polls gives up
+/// and raises flag[n] (the host reports it) rather than hang.
+__global__ void flag_ring_kernel(unsigned* flags, int rounds) {
+  const unsigned b = blockIdx.x, n = gridDim.x;
+  if (threadIdx.x != 0) return;
+  volatile unsigned* f = flags;
+  for (int r = 0; r < rounds; ++r) {
+    const unsigned want = static_cast<unsigned>(r) * n + b;  // the token's hops so far when it reaches b
+    long long polls = 0;
+    while (f[b] < want) {
+      if (++polls > (1ll << 27) || f[n] != 0) {
+        f[n] = 1;
+        return;
+      }
+    }
+    __threadfence();
+    f[(b + 1) % n] = want + 1;
+  }
+}
+
+double flag_hop_us(cudaStream_t s, int blocks, unsigned* flags) {
+  auto run = [&](int rounds) {
+    return median_ms([&] {
+      check(cudaMemsetAsync(flags, 0, sizeof(unsigned) * (blocks + 1), s), "memset");
+      return time_on(s, [&] {
+        void* args[] = {&flags, &rounds};
+        check(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(flag_ring_kernel), dim3(blocks), dim3(32), args, 0, s),
+              "cooperative launch");
+      });
+    });
+  };
+  const int n = 200;
+  const double us = (run(n) - run(0)) * 1000.0 / (static_cast<double>(n) * blocks);
+  unsigned gave_up = 0;
+  check(cudaMemcpy(&gave_up, flags + blocks, sizeof gave_up, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  return gave_up ? -1.0 : us;  // -1: a wait gave up (no figure)
+}
+
+/// One thread follows `steps` dependent loads through a random cycle of `len` elements.
+__global__ void chase_kernel(const unsigned* next, int steps, unsigned* sink) {
+  unsigned i = 0;
+  for (int k = 0; k < steps; ++k) i = __ldcg(next + i);
+  *sink = i;
+}
+
+double chase_ns(cudaStream_t s, std::size_t bytes, unsigned* sink) {
+  const std::size_t len = bytes / sizeof(unsigned);
+  std::vector<unsigned> order(len), next(len);
+  for (std::size_t i = 0; i < len; ++i) order[i] = static_cast<unsigned>(i);
+  std::uint64_t seed = 12345;
+  for (std::size_t i = len - 1; i > 0; --i) {  // a random cycle, lines apart
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    std::swap(order[i], order[(seed >> 33) % (i + 1)]);
+  }
+  for (std::size_t i = 0; i < len; ++i) next[order[i]] = order[(i + 1) % len];
+  unsigned* d = nullptr;
+  check(cudaMalloc(&d, bytes), "cudaMalloc");
+  check(cudaMemcpy(d, next.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+  auto run = [&](int steps) {
+    return median_ms([&] { return time_on(s, [&] { chase_kernel<<<1, 1, 0, s>>>(d, steps, sink); }); });
+  };
+  const int n = 20000;
+  const double ns = (run(n) - run(0)) * 1e6 / n;
+  cudaFree(d);
+  return ns;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool json = argc > 1 && std::strcmp(argv[1], "--json") == 0;
+  if (argc > 1 && !json) {
+    std::fprintf(stderr, "usage: dqn-latency [--json]\n");
+    return 2;
+  }
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::fprintf(stderr, "dqn-latency: no CUDA device\n");
+    return 1;
+  }
+  cudaDeviceProp p{};
+  check(cudaGetDeviceProperties(&p, 0), "cudaGetDeviceProperties");
+  const int sms = p.multiProcessorCount;
+  cudaStream_t s;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  int* x = nullptr;
+  unsigned* flags = nullptr;
+  check(cudaMalloc(&x, sizeof(int) * 128 * 2 * static_cast<std::size_t>(sms)), "cudaMalloc");
+  check(cudaMemset(x, 0, sizeof(int) * 128 * 2 * static_cast<std::size_t>(sms)), "cudaMemset");
+  check(cudaMalloc(&flags, sizeof(unsigned) * (2 * static_cast<std::size_t>(sms) + 1)), "cudaMalloc");
+  int max_coop = 0;
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&max_coop, grid_barrier_kernel, 128, 0), "occupancy");
+
+  std::vector<std::pair<std::string, double>> rows;
+  for (const int blocks : {1, sms, 2 * sms})
+    for (const bool pdl : {false, true})
+      rows.emplace_back("kernel boundary in a graph, " + std::to_string(blocks) + " blocks" + (pdl ? ", PDL" : "") +
+                            " (us)",
+                        chain_us(s, x, blocks, pdl));
+  for (const int blocks : {sms, 2 * sms})
+    if (blocks <= max_coop * sms)
+      rows.emplace_back("grid barrier, " + std::to_string(blocks) + " blocks (us)", grid_barrier_us(s, blocks, x));
+  for (const int cs : {2, 8, 16})
+    rows.emplace_back("cluster barrier, clusters of " + std::to_string(cs) + " (us)",
+                      cluster_barrier_us(s, cs, std::max(1, sms / cs), x));
+  rows.emplace_back("flag hand-off to the next SM (us)", flag_hop_us(s, sms, flags));
+  rows.emplace_back("dependent load, 4 MiB (L2) (ns)", chase_ns(s, std::size_t{4} << 20, flags));
+  rows.emplace_back("dependent load, 256 MiB (device memory) (ns)", chase_ns(s, std::size_t{256} << 20, flags));
+
+  if (json) {
+    std::printf("{\"device\": \"%s\", \"sms\": %d, \"rows\": [", p.name, sms);
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      std::printf("%s{\"what\": \"%s\", \"value\": %.4f}", i ? ", " : "", rows[i].first.c_str(), rows[i].second);
+    std::printf("]}\n");
+  } else {
+    std::printf("dqn-latency on %s (%d SMs); medians of 5 runs\n", p.name, sms);
+    for (const auto& [what, v] : rows) {
+      if (v < 0) std::printf("  %-62s %10s\n", what.c_str(), "n/a");
+      else std::printf("  %-62s %10.3f\n", what.c_str(), v);
+    }
+  }
+  cudaFree(x);
+  cudaFree(flags);
+  cudaStreamDestroy(s);
+  return 0;
+}

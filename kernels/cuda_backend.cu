@@ -840,7 +840,7 @@ class CudaBackend final : public Backend {
     }
     void* s = scratch(op, cuda::c51_xent_scratch_bytes(a.B * a.members));
     if (!s) return;
-    DQN_CUDA_OK(op, cuda::c51_xent(stream_, a, s, xent_last_block_ ? counter() : nullptr));
+    DQN_CUDA_OK(op, cuda::c51_xent(stream_, a, s, xent_last_block_ ? counter() : nullptr, !xent_dlogits_));
   }
 
   // --- optimisation -------------------------------------------------------------------------
@@ -2094,6 +2094,9 @@ class CudaBackend final : public Backend {
   /// DQN_XENT_LAST_BLOCK=1: c51_xent's and quantile_huber's batch mean in their last block, not a
   /// kernel of its own after them (one kernel less on the all-heads path; not yet measured).
   bool xent_last_block_ = std::getenv("DQN_XENT_LAST_BLOCK") && env_on("DQN_XENT_LAST_BLOCK");
+  /// DQN_XENT_DLOGITS=0: c51_xent with the fused dueling backward leaves dlogits unwritten (its
+  /// scratch by C51Xent's contract; the ensemble reads only dv and dadv). Read when made.
+  bool xent_dlogits_ = env_on("DQN_XENT_DLOGITS");
   static constexpr int kClockBlocks = 4096;  ///< blocks of the cluster update that stamp (DQN_UPDATE_CLOCK)
   static constexpr std::size_t kClockBytes = std::size_t{kClockBlocks} * 2 * cuda::kUpdateClockSlots * sizeof(std::uint64_t);
   std::uint64_t* clock_ = nullptr;       ///< their stamps [kClockBlocks][2·kUpdateClockSlots], or null

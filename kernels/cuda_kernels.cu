@@ -298,6 +298,7 @@ __device__ void weighted_mean(float* loss, const double* weighted, int B, float 
 /// gradient of every (action, atom) of the branch, then the sample's loss from the branches in
 /// order. The weighted per-sample loss goes to scratch for the fixed-order mean: with a counter
 /// in the last block to finish (weighted_mean), else in c51_xent_reduce_kernel after.
+template <bool dlogits>
 __global__ void c51_xent_kernel(C51Xent a, double* weighted, unsigned* counter) {
   dev::pdl_entry();
   extern __shared__ double xent_d[];  // [D], then with dv the taken actions' rows g [D][Z] (float)
@@ -322,7 +323,8 @@ __global__ void c51_xent_kernel(C51Xent a, double* weighted, unsigned* counter) 
                                (static_cast<std::int64_t>(member) * a.B * D + bd) * ldd
                          : nullptr;
     if (taken < 0 || taken >= A) {  // out of range: poison this branch instead of reading OOB
-      for (int k = lane; k < A * Z; k += 32) DL[rows0 + k] = NAN;
+      if constexpr (dlogits)
+        for (int k = lane; k < A * Z; k += 32) DL[rows0 + k] = NAN;
       if (dadv) {
         for (int k = lane; k < A * Z; k += 32) dadv[k] = NAN;
         for (int q = A * Z + lane; q < ldd; q += 32) dadv[q] = 0.0f;  // the padding, as on every row
@@ -341,6 +343,8 @@ __global__ void c51_xent_kernel(C51Xent a, double* weighted, unsigned* counter) 
     xent = warp_sum(xent);  // also orders every lane's reads of logp before the writes below
     m_sum = warp_sum(m_sum);
     for (int act = 0; act < A; ++act) {
+      if constexpr (!dlogits)
+        if (act != taken) continue;  // (without dlogits only the taken row has work)
       const std::int64_t row = rows0 + static_cast<std::int64_t>(act) * Z;
       for (int i = lane; i < Z; i += 32) {
         if (act != taken) {
@@ -348,7 +352,7 @@ __global__ void c51_xent_kernel(C51Xent a, double* weighted, unsigned* counter) 
         } else {
           const double p = exp(static_cast<double>(LP[row + i]));
           const float g = static_cast<float>(grad_scale * (p * m_sum - static_cast<double>(m[i])));
-          DL[row + i] = g;
+          if constexpr (dlogits) DL[row + i] = g;
           if (dadv) {  // dueling_backward's arithmetic on a row that is g at `taken`, 0 elsewhere
             g_rows[d * Z + i] = g;
             const double mean = static_cast<double>(g) / A;
@@ -2104,12 +2108,15 @@ cudaError_t c51_project(cudaStream_t s, const C51Project& a) {
 
 std::size_t c51_xent_scratch_bytes(int B) { return round_up(static_cast<std::size_t>(B) * sizeof(double), 256); }
 
-cudaError_t c51_xent(cudaStream_t s, const C51Xent& a, void* scratch, unsigned* counter) {
+cudaError_t c51_xent(cudaStream_t s, const C51Xent& a, void* scratch, unsigned* counter, bool skip_dlogits) {
   auto* weighted = static_cast<double*>(scratch);
   const int warps = std::min(a.D, 8);
   const std::size_t shared = static_cast<std::size_t>(a.D) * sizeof(double) +
                              (a.dv ? static_cast<std::size_t>(a.D) * a.Z * sizeof(float) : 0);
-  launch(c51_xent_kernel, a.B * a.members, 32 * warps, shared, s, a, weighted, counter);
+  if (skip_dlogits && a.dv)
+    launch(c51_xent_kernel<false>, a.B * a.members, 32 * warps, shared, s, a, weighted, counter);
+  else
+    launch(c51_xent_kernel<true>, a.B * a.members, 32 * warps, shared, s, a, weighted, counter);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (a.loss && !counter)
     launch(c51_xent_reduce_kernel, 1, kThreads, 0, s, a.loss.as<float>(), weighted, a.B, a.scale, a.accumulate,

@@ -44,7 +44,10 @@ std::size_t c51_xent_scratch_bytes(int B);
 /// `counter` (a lane's "last block done" counter, see dev::last_block) not null: the batch mean
 /// in the last block of the per-sample kernel; null: in a one-block kernel after it. The same
 /// arithmetic in another thread count (the double sum may round differently in its last bit).
-cudaError_t c51_xent(cudaStream_t s, const C51Xent& a, void* scratch, unsigned* counter = nullptr);
+/// skip_dlogits (DQN_XENT_DLOGITS=0) with a.dv set: dlogits is not written (the op's scratch then,
+/// C51Xent::dlogits), only the taken action's row of each branch computed.
+cudaError_t c51_xent(cudaStream_t s, const C51Xent& a, void* scratch, unsigned* counter = nullptr,
+                     bool skip_dlogits = false);
 
 /// Scratch cql_penalty needs: one double per (sample, branch).
 std::size_t cql_penalty_scratch_bytes(int B, int D);

@@ -1096,6 +1096,28 @@ TEST_CASE("gpu.ops.c51_xent.dueling: the fused dueling backward (dv, padded dadv
   std::size_t zeros = 0;
   for (std::size_t i = 0; i < na; ++i) zeros += i % ldd >= static_cast<std::size_t>(A * Z) && got[i] == 0.0f;
   CHECK(zeros == static_cast<std::size_t>(K) * B * D * (ldd - A * Z));
+  {
+    // DQN_XENT_DLOGITS=0 (read when a backend is made): dlogits left unwritten (the op's scratch
+    // with dv set), everything else bit for bit as above
+    std::unique_ptr<Gpu> skip;
+    {
+      const ScopedEnv env("DQN_XENT_DLOGITS", "0");
+      skip = std::make_unique<Gpu>();
+    }
+    C51Xent xs = x;
+    xs.loss = skip->put(std::vector<float>{kNaN});
+    xs.dlogits = skip->poisoned(static_cast<std::int64_t>(n));
+    xs.logp = skip->put(lp); xs.actions = skip->put_typed(actions); xs.m = skip->put(m); xs.weights = skip->put(w);
+    xs.dv = skip->poisoned(static_cast<std::int64_t>(nv)); xs.dadv = skip->poisoned(static_cast<std::int64_t>(na));
+    skip->ops.c51_xent(xs);
+    skip->ok();
+    expect_same_bits(skip->get(xs.loss, 1), gpu.get(xd.loss, 1), "DQN_XENT_DLOGITS=0: loss");
+    expect_same_bits(skip->get(xs.dv, static_cast<std::int64_t>(nv)), gpu.get(xd.dv, static_cast<std::int64_t>(nv)),
+                     "DQN_XENT_DLOGITS=0: dv");
+    expect_same_bits(skip->get(xs.dadv, static_cast<std::int64_t>(na)), got, "DQN_XENT_DLOGITS=0: dadv");
+    const auto untouched = skip->get(xs.dlogits, static_cast<std::int64_t>(n));
+    CHECK(std::all_of(untouched.begin(), untouched.end(), [](float v) { return std::isnan(v); }));
+  }
 
   // An action out of range (the CPU refuses it with an error): that branch's rows are NaN in every
   // member, its padding zero like every other row's, and the other branches are as before.

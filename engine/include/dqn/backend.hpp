@@ -232,7 +232,9 @@ struct C51Xent {
   /// Optional (dv null: not computed): the dueling backward of dlogits straight into dv
   /// [B, lddv] and dadv [B, D, lddadv] as dueling_backward(dv, lddv, dadv, lddadv, dlogits, B, D,
   /// A, Z) after the call would give them (dadv's padding zeroed); member k's dv and dadv are
-  /// member 0's + k·B rows (k·B·lddv and k·B·D·ld_or(lddadv, A·Z) elements).
+  /// member 0's + k·B rows (k·B·lddv and k·B·D·ld_or(lddadv, A·Z) elements). With dv set,
+  /// dlogits is the op's scratch: its contents after the call are unspecified (a backend may
+  /// leave it unwritten; the CUDA one does with DQN_XENT_DLOGITS=0).
   Real dv;
   Real dadv;
   int lddv = 0, lddadv = 0;

@@ -1336,9 +1336,10 @@ class CudaBackend final : public Backend {
     constexpr const char* op = "c51_loss";
     if (a.B < 0 || a.D <= 0 || a.A <= 0 || a.Z < 2) return fail(op, "need B >= 0, D, A >= 1, Z >= 2");
     if (!(a.v_max > a.v_min)) return fail(op, "v_max must exceed v_min");
+    if (a.part < 0 || a.part > 2) return fail(op, "part must be 0 (all), 1 (the projection) or 2 (the rest)");
     if (!real_ok(a.loss, op, "loss")) return;
     if (a.B == 0) {
-      if (!planning_) DQN_CUDA_OK(op, cuda::fill(stream_, a.loss.as<float>(), 0.0f, 1));
+      if (a.part != 1 && !planning_) DQN_CUDA_OK(op, cuda::fill(stream_, a.loss.as<float>(), 0.0f, 1));
       return;
     }
     if (!a.actions || !a.a_star) return fail(op, "null actions/a_star");

@@ -4,7 +4,10 @@
  *  projection, cross-entropy at the taken actions, td_error, and the backward pass.
  */
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -16,7 +19,19 @@ namespace {
 
 using namespace dqn;
 
-enum Tag : std::int32_t { kForward = 0, kTarget = 1, kLoss = 2, kBackward = 3, kWeights = 4, kWeightsOut = 5 };
+enum Tag : std::int32_t {
+  kForward = 0, kTarget = 1, kLoss = 2, kBackward = 3, kWeights = 4, kWeightsOut = 5, kProject = 6
+};
+
+/// DQN_C51_PROJECT=1 (read when the head declares its stages): the projected target m a stage of
+/// its own (c51.project, C51Loss part 1), which the loss (part 2) and the heads that read m (the
+/// ensemble) wait for, instead of the whole loss. 0 or unset: one loss stage.
+bool project_stage_from_env() {
+  const char* v = std::getenv("DQN_C51_PROJECT");
+  if (!v || !*v || std::strcmp(v, "0") == 0) return false;
+  if (std::strcmp(v, "1") == 0) return true;
+  throw std::invalid_argument(std::string("DQN_C51_PROJECT='") + v + "': expected 0 or 1");
+}
 
 class C51Head final : public Head {
  public:
@@ -53,10 +68,20 @@ class C51Head final : public Head {
                            {b("hidden"), b("v"), b("adv"), b("logp"), b("q"), buf::a_star});
       rc = rc ? rc : stage(ctx, kTarget, "target", {buf::target_h2, "target"},
                            {b("target.hidden"), b("target.v"), b("target.adv")});
-      rc = rc ? rc : stage(ctx, kLoss, "loss",
-                           {b("logp"), b("target.v"), b("target.adv"), buf::a_star, buf::actions, buf::is_weights,
-                            buf::rewards, buf::dones},
-                           {loss, buf::td_error, buf::target_m, b("dv"), b("dadv"), b("work.logp"), b("work.dlogits")});
+      project_ = project_stage_from_env();
+      if (project_) {  // m first (what the ensemble reads), then the loss from it
+        rc = rc ? rc : stage(ctx, kProject, "project",
+                             {b("target.v"), b("target.adv"), buf::a_star, buf::rewards, buf::dones},
+                             {buf::target_m, b("work.logp")});
+        rc = rc ? rc : stage(ctx, kLoss, "loss", {b("logp"), buf::target_m, buf::actions, buf::is_weights},
+                             {loss, buf::td_error, b("dv"), b("dadv"), b("work.dlogits")});
+      } else {
+        rc = rc ? rc : stage(ctx, kLoss, "loss",
+                             {b("logp"), b("target.v"), b("target.adv"), buf::a_star, buf::actions, buf::is_weights,
+                              buf::rewards, buf::dones},
+                             {loss, buf::td_error, buf::target_m, b("dv"), b("dadv"), b("work.logp"),
+                              b("work.dlogits")});
+      }
       // weights.out: the output layers' gradients, from dv and dadv alone (beside the backward);
       // backward: the input side (on to the trunk); weights: the hidden layers' gradients, beside
       // the trunk's backward. Each writes the gradients of its own tensors.
@@ -125,6 +150,7 @@ class C51Head final : public Head {
       case kTarget:  // the target head at s' up to its value and advantage layers
         bdq::forward(be, d_, target_, target_h2_, B, tact_);
         break;
+      case kProject:
       case kLoss: {
         C51Loss x;
         x.m = m_; x.loss_per_sample = td_; x.loss = loss_; x.dv = back_.dv; x.lddv = d_.ldz(); x.dadv = back_.dadv;
@@ -133,6 +159,7 @@ class C51Head final : public Head {
         x.a_star = a_star_; x.rewards = rewards_; x.dones = dones_;
         x.work_logp = work_logp_; x.work_dlogits = work_dlogits_;
         x.B = B; x.D = D; x.A = A; x.Z = Z; x.gamma_n = gamma_n_; x.v_min = d_.v_min; x.v_max = d_.v_max;
+        x.part = !project_ ? 0 : tag == kProject ? 1 : 2;
         be.c51_loss(x);
         break;
       }
@@ -169,6 +196,7 @@ class C51Head final : public Head {
   int B_;
   float gamma_n_;
   std::string error_;
+  bool project_ = false;  ///< DQN_C51_PROJECT=1: c51.project (part 1), then c51.loss (part 2)
   bdq::Params online_{}, target_{}, grad_{};
   bdq::Acts act_{}, tact_{};
   bdq::BackScratch back_{};

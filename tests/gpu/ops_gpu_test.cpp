@@ -1497,6 +1497,29 @@ TEST_CASE("gpu.ops.c51_loss: fused target distribution, projection, cross-entrop
     expect_close(gpu.get(ad.loss, 1), loss, tol, "c51_loss loss");
     expect_close(gpu.get(ad.dv, static_cast<std::int64_t>(dv.size())), dv, tol, "c51_loss dv");
     expect_close(gpu.get(ad.dadv, static_cast<std::int64_t>(na)), dadv, tol, "c51_loss dadv");
+    // the op in two parts (C51Loss::part: the projection, then the rest from it) gives the whole
+    // op's bits
+    C51Loss ap = ad;
+    ap.m = gpu.poisoned(static_cast<std::int64_t>(B) * D * Z);
+    ap.loss_per_sample = gpu.poisoned(B);
+    ap.loss = gpu.poisoned(1);
+    ap.dv = gpu.put(std::vector<float>(static_cast<std::size_t>(B) * ld, kNaN));
+    ap.dadv = gpu.poisoned(static_cast<std::int64_t>(na));
+    ap.part = 1;
+    gpu.ops.c51_loss(ap);
+    gpu.ok();
+    CHECK_MESSAGE(std::isnan(gpu.get(ap.loss, 1)[0]), "part 1 wrote the loss");
+    expect_same_bits(gpu.get(ap.m, static_cast<std::int64_t>(m.size())), gpu.get(ad.m, static_cast<std::int64_t>(m.size())),
+                     "c51_loss part 1: m");
+    ap.part = 2;
+    gpu.ops.c51_loss(ap);
+    gpu.ok();
+    expect_same_bits(gpu.get(ap.loss_per_sample, B), gpu.get(ad.loss_per_sample, B), "c51_loss parts: per sample");
+    expect_same_bits(gpu.get(ap.loss, 1), gpu.get(ad.loss, 1), "c51_loss parts: loss");
+    expect_same_bits(gpu.get(ap.dv, static_cast<std::int64_t>(dv.size())), gpu.get(ad.dv, static_cast<std::int64_t>(dv.size())),
+                     "c51_loss parts: dv");
+    expect_same_bits(gpu.get(ap.dadv, static_cast<std::int64_t>(na)), gpu.get(ad.dadv, static_cast<std::int64_t>(na)),
+                     "c51_loss parts: dadv");
   }
 }
 

@@ -248,12 +248,13 @@ TEST_CASE("gpu.step.replay_equals_uncaptured") {
                                  {"bf16", false}}) {
     INFO("precision " << std::string(p)
                       << (fused ? ", DQN_FUSED_WGRAD=1, DQN_FUSED_TRUNK=1, DQN_SN_COLS=1, DQN_HEAD_CHAIN=1, "
-                                  "DQN_WARP_HEAD=action, DQN_LOSS_WARPS=2"
+                                  "DQN_WARP_HEAD=action, DQN_LOSS_WARPS=2, DQN_C51_PROJECT=1"
                                 : ""));
     const PipelineSpec spec = parse(pipeline(p));
     const EnvOverride fw("DQN_FUSED_WGRAD", fused ? "1" : nullptr), ft("DQN_FUSED_TRUNK", fused ? "1" : nullptr),
         sc("DQN_SN_COLS", fused ? "1" : nullptr), hch("DQN_HEAD_CHAIN", fused ? "1" : nullptr),
-        wh("DQN_WARP_HEAD", fused ? "action" : nullptr), lw("DQN_LOSS_WARPS", fused ? "2" : nullptr);
+        wh("DQN_WARP_HEAD", fused ? "action" : nullptr), lw("DQN_LOSS_WARPS", fused ? "2" : nullptr),
+        cp("DQN_C51_PROJECT", fused ? "1" : nullptr);
     auto a = make(spec, BackendKind::cuda);
     auto b = make(spec, BackendKind::cuda);
     for (int i = 0; i < 20; ++i) {

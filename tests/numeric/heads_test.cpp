@@ -538,6 +538,19 @@ PipelineSpec switch_pipeline(const SwitchCase& c) {
   text.replace(text.find("trunk: [7, 6]"), 13, "trunk: " + c.trunk);
   return parse(text);
 }
+/// f(case, its pipeline, f64) for every switch case on both CPU precisions (captured for messages).
+template <class F>
+void each_switch_case(F&& f) {
+  for (const SwitchCase& sc : kSwitchCases) {
+    CAPTURE(sc.aux);
+    CAPTURE(sc.trunk);
+    const PipelineSpec spec = switch_pipeline(sc);
+    for (const bool f64 : {true, false}) {
+      CAPTURE(f64);
+      f(sc, spec, f64);
+    }
+  }
+}
 }  // namespace
 
 TEST_CASE("heads.fused_wgrad: the first layer's gradients in the second layer's backward, the same step bit for bit") {
@@ -593,42 +606,81 @@ TEST_CASE("heads.fused_trunk: the trunk's first two layers in one call, the same
   // DQN_FUSED_TRUNK=1 (read when the engine is built): trunk.forward.0 computes layers 0 and 1
   // (Gemm::chain_b) for the online network and target.trunk.forward likewise; no trunk.forward.1
   // stage. Anything but 0 or 1 is refused.
-  for (const SwitchCase& sc : kSwitchCases) {
-    CAPTURE(sc.aux);
-    CAPTURE(sc.trunk);
-    const PipelineSpec spec = switch_pipeline(sc);
-    for (const bool f64 : {true, false}) {
-      CAPTURE(f64);
-      auto plain = make(spec, f64);
-      setenv("DQN_FUSED_TRUNK", "1", 1);
-      auto fused = make(spec, f64);
-      setenv("DQN_FUSED_WGRAD", "1", 1);  // both at once
-      auto both = make(spec, f64);
-      unsetenv("DQN_FUSED_TRUNK");
-      unsetenv("DQN_FUSED_WGRAD");
-      const std::string ep = plain->explain(), ef = fused->explain();
-      CHECK(ep.find("trunk.forward.1") != std::string::npos);
-      CHECK(ef.find("trunk.forward.1") == std::string::npos);
-      // trunk.forward.0 writes both layers' activations (the second is h2 with two layers)
-      CHECK(ef.find(spec.network.trunk.size() == 2 ? "writes: trunk/a0, trunk/h2\n" : "writes: trunk/a0, trunk/a1\n") !=
-            std::string::npos);
-      for (int i = 0; i < 5; ++i) {
-        plain->step();
-        fused->step();
-        both->step();
-      }
-      for (const char* b : {"params", "target", "grad/all", "adam.v", "trunk/a0", "target/h2"}) {
-        INFO(std::string(b));
-        CHECK(plain->host_buffer(b) == fused->host_buffer(b));
-        CHECK(plain->host_buffer(b) == both->host_buffer(b));
-      }
-      CHECK(plain->read_report().losses == fused->read_report().losses);
+  each_switch_case([](const SwitchCase&, const PipelineSpec& spec, bool f64) {
+    auto plain = make(spec, f64);
+    setenv("DQN_FUSED_TRUNK", "1", 1);
+    auto fused = make(spec, f64);
+    setenv("DQN_FUSED_WGRAD", "1", 1);  // both at once
+    auto both = make(spec, f64);
+    unsetenv("DQN_FUSED_TRUNK");
+    unsetenv("DQN_FUSED_WGRAD");
+    const std::string ep = plain->explain(), ef = fused->explain();
+    CHECK(ep.find("trunk.forward.1") != std::string::npos);
+    CHECK(ef.find("trunk.forward.1") == std::string::npos);
+    // trunk.forward.0 writes both layers' activations (the second is h2 with two layers)
+    CHECK(ef.find(spec.network.trunk.size() == 2 ? "writes: trunk/a0, trunk/h2\n" : "writes: trunk/a0, trunk/a1\n") !=
+          std::string::npos);
+    for (int i = 0; i < 5; ++i) {
+      plain->step();
+      fused->step();
+      both->step();
     }
-  }
+    for (const char* b : {"params", "target", "grad/all", "adam.v", "trunk/a0", "target/h2"}) {
+      INFO(std::string(b));
+      CHECK(plain->host_buffer(b) == fused->host_buffer(b));
+      CHECK(plain->host_buffer(b) == both->host_buffer(b));
+    }
+    CHECK(plain->read_report().losses == fused->read_report().losses);
+  });
   setenv("DQN_FUSED_TRUNK", "2", 1);
   CHECK_THROWS_WITH_AS(make(parse(tiny_pipeline("")), true), "DQN_FUSED_TRUNK='2': expected 0 or 1",
                        std::invalid_argument);
   unsetenv("DQN_FUSED_TRUNK");
+}
+
+TEST_CASE("heads.c51_project: the projected target a stage of its own, the same step bit for bit") {
+  // DQN_C51_PROJECT=1 (read when the c51 head declares its stages): c51.project computes m
+  // (C51Loss part 1) and c51.loss the rest from it (part 2); the heads that read m (the ensemble)
+  // wait for c51.project. Anything but 0 or 1 is refused with the variable, its value and why.
+  each_switch_case([](const SwitchCase& sc, const PipelineSpec& spec, bool f64) {
+    auto plain = make(spec, f64);
+    setenv("DQN_C51_PROJECT", "1", 1);
+    auto split = make(spec, f64);
+    unsetenv("DQN_C51_PROJECT");
+    const std::string ep = plain->explain(), es = split->explain();
+    CHECK(ep.find("c51.project") == std::string::npos);
+    CHECK(es.find("c51.project") != std::string::npos);
+    if (!sc.aux.empty()) {  // the ensemble's loss waits for the projection, not the whole loss
+      bool waits_project = false, waits_loss = false;
+      for (const auto& [stage, waits] : split->stage_waits())
+        if (stage == "ensemble.loss")
+          for (const auto& w : waits) {
+            waits_project = waits_project || w == "c51.project";
+            waits_loss = waits_loss || w == "c51.loss";
+          }
+      CHECK(waits_project);
+      CHECK(!waits_loss);
+    }
+    for (int i = 0; i < 5; ++i) {
+      plain->step();
+      split->step();
+    }
+    for (const char* b : {"params", "target", "grad/all", "adam.v", "target/m", "report/td_error"}) {
+      INFO(std::string(b));
+      CHECK(plain->host_buffer(b) == split->host_buffer(b));
+    }
+    const StepReport rp = plain->read_report(), rs = split->read_report();
+    CHECK(rp.losses == rs.losses);
+    CHECK(rp.grad_norms == rs.grad_norms);
+  });
+  setenv("DQN_C51_PROJECT", "yes", 1);
+  try {
+    make(parse(tiny_pipeline("")), true);
+    FAIL("DQN_C51_PROJECT=yes was accepted");
+  } catch (const std::exception& e) {
+    CHECK(std::string(e.what()).find("DQN_C51_PROJECT='yes': expected 0 or 1") != std::string::npos);
+  }
+  unsetenv("DQN_C51_PROJECT");
 }
 
 TEST_CASE("heads.layout.aligned_groups") {

@@ -378,6 +378,12 @@ struct C51Loss {
   int B = 0, D = 0, A = 0, Z = 0;
   float gamma_n = 0.99f, v_min = -10.0f, v_max = 10.0f;
   int ldtadv = 0, lddadv = 0;     ///< (sample, branch) strides of tadv and dadv; 0: A·Z (ABI 6)
+  // --- appended in ABI 11 ---
+  /// 0: the whole op. 1: only the projection: m from tv, tadv, a_star, rewards and dones (nothing
+  /// else read or written but the scratch). 2: the rest from m as part 1 wrote it (tv, tadv,
+  /// a_star, rewards and dones unused). Part 1 then part 2 give what the whole op gives, bit for
+  /// bit (the projected target can then come before the loss: other heads read it).
+  std::int32_t part = 0;
 };
 
 /// The distributional dueling branching head's forward over `rows` rows (spec "Network"):

@@ -21,6 +21,7 @@ for r in $(seq "$rounds"); do
       us=$(env "${envs[@]}" $build/tools/dqn bench pipelines/ref.yaml $ov --batch 256 --precision tf32 2>/dev/null |
         awk '$1 == "ref" {print $4}')
       res["$v|$cfg"]+="$us "
+      echo "round $r, $v, $cfg: ${us:-failed} us"  # as it goes: a call cut off by its time box keeps these
     done
   done
 done

@@ -381,10 +381,26 @@ int main(int argc, char** argv) {
     const Row* r = &*std::max_element(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.e < b.e; });
     std::vector<const Row*> path;
     for (; r; r = holder(*r)) path.push_back(r);
-    std::printf("critical path (%zu nodes):\n", path.size());
-    for (auto it = path.rbegin(); it != path.rend(); ++it)
-      std::printf("  %8.2f %8.2f  %-24.24s %s\n", (*it)->s, (*it)->e, stage_name((*it)->idx).c_str(),
-                  names[(*it)->node].c_str());
+    std::printf("critical path (%zu nodes; beside each, the other kernels running during it: how many, and the\n"
+                "three that overlap it longest, by stage and µs of overlap):\n",
+                path.size());
+    for (auto it = path.rbegin(); it != path.rend(); ++it) {
+      const Row& c = **it;
+      std::vector<std::pair<double, const Row*>> over;  // (overlap, row)
+      for (const auto& o : rows) {
+        const double ov = std::min(c.e, o.e) - std::max(c.s, o.s);
+        if (&o != &c && ov > 0.0) over.emplace_back(ov, &o);
+      }
+      std::sort(over.begin(), over.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+      std::string beside;
+      for (std::size_t k = 0; k < over.size() && k < 3; ++k) {
+        char one[64];
+        std::snprintf(one, sizeof one, "%s%s %.1f", k ? ", " : "", stage_name(over[k].second->idx).c_str(), over[k].first);
+        beside += one;
+      }
+      std::printf("  %8.2f %8.2f  %-24.24s %-40.40s beside %zu: %s\n", c.s, c.e, stage_name(c.idx).c_str(),
+                  names[c.node].c_str(), over.size(), beside.c_str());
+    }
   }
   if (std::getenv("DQN_UPDATE_CLOCK")) print_update_clock(e, clock_steps);
   return 0;

@@ -213,7 +213,8 @@ __device__ __forceinline__ void c51_sample_end(const C51Loss& a, int b, const GT
   if (threadIdx.x == 0) static_cast<float*>(a.loss.p)[0] = static_cast<float>(total / a.B);
 }
 
-/// One block per sample, a slot of threads per branch, a thread per atom (loss_shape). Shared:
+/// One block per sample, a slot of threads per branch, a thread per atom (loss_shape); PART as
+/// c51_loss_warp_kernel's. Shared:
 /// per branch the cross-entropy [D] (double) and the taken action's gradient row g [D][Z]; per
 /// slot the target probabilities p, the projected support tz and the projection m [Z] each. The
 /// last block reduces the weighted per-sample losses (scratch) in a fixed order. T: see exp_t.
@@ -576,8 +577,10 @@ __device__ __forceinline__ R group_combine(R v, int grp, int wg, Op op) {
 /// c51_loss with GW warps per (sample, branch) and a block per sample (32·GW·D threads; GW 1: a
 /// warp per branch, D ≤ kLossMaxWarps; GW 2 (DQN_LOSS_WARPS=2): two, each holding one of the two
 /// atoms a lane of one warp holds, D ≤ kLossPairMax), their sums added warp by warp (GW 2: not
-/// the bits of GW 1). Shared: the branches' cross-entropies [D] (double), gradient rows G [D][Z]
-/// (float), and per branch the target probabilities p and projected support tz [Z] each (T).
+/// the bits of GW 1). PART (C51Loss::part): 0 the whole op, 1 the projection m alone, 2 the rest
+/// from m (the same bits as 0 together). Shared: the branches' cross-entropies [D] (double),
+/// gradient rows G [D][Z] (float), and per branch the target probabilities p and projected
+/// support tz [Z] each (T).
 template <typename T, int GW, int PART = 0>
 __global__ void __launch_bounds__(32 * kLossMaxWarps)
     c51_loss_warp_kernel(C51Loss a, double dz_d, double* weighted, unsigned* counter) {

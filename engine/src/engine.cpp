@@ -342,8 +342,10 @@ void Engine::declare_engine_buffers() {
   }
   // Every head's ∂L/∂h2 in one block, so the trunk backward runs once for all heads.
   reg_.declare("dtrunk/all", DType::real, {H * B, H2}, BufferKind::gradient, "engine");
-  for (std::size_t h = 0; h < heads_.size(); ++h)
+  for (std::size_t h = 0; h < heads_.size(); ++h) {
     reg_.declare_view("dtrunk/" + head_names_[h], "dtrunk/all", std::int64_t(h) * B * H2, {B, H2}, "engine");
+    reg_.declare("dtrunk/" + head_names_[h] + "/masked", DType::i32, {1}, BufferKind::scratch, "engine");
+  }
 }
 
 void Engine::add_engine_stages_front() {
@@ -386,6 +388,21 @@ void Engine::add_engine_stages_front() {
 
 void Engine::add_engine_stages_back() {
   const int L = net_.trunk_layers;
+  // Whether every head that writes its dtrunk writes it masked (buf:: "dtrunk/<h>/masked"): then
+  // the top layer's ReLU mask is theirs, not a pass of the engine's.
+  bool any = false, all = true;
+  for (const auto& h : head_names_) {
+    const std::string d = "dtrunk/" + h, marker = d + "/masked";
+    bool writes = false, marked = false;
+    for (const auto& st : stages_)
+      for (const auto& w : st.writes) {
+        if (w == d) writes = true;
+        if (w == marker && std::find(st.writes.begin(), st.writes.end(), d) != st.writes.end()) marked = true;
+      }
+    any = any || writes;
+    if (writes && !marked) all = false;
+  }
+  top_masked_ = any && all;
   std::vector<std::string> acts, dz;  // per layer its activation and its gradient (masked in place)
   for (int i = 0; i < L; ++i) {
     acts.push_back(i == L - 1 ? std::string(buf::h2) : "trunk/a" + std::to_string(i));
@@ -410,10 +427,10 @@ void Engine::add_engine_stages_back() {
     const std::string li = std::to_string(i);
     const std::string& dz_i = dz[std::size_t(i)];
     const bool top = i == L - 1;
-    if (top && mask_stage_)
+    if (top && mask_stage_ && !top_masked_)
       stages_.push_back(Stage{"trunk.mask." + li, "engine", {dz_i, acts[std::size_t(i)]}, {dz_i},
                               [this, i](Backend& be) { trunk_top_mask(be, i); }});
-    const bool mask_here = top && !mask_stage_;
+    const bool mask_here = top && !mask_stage_ && !top_masked_;
     if (mask_here || i > 0) {
       std::vector<std::string> reads{dz_i}, writes;
       if (mask_here) {
@@ -598,7 +615,7 @@ void Engine::trunk_backward_layer(Backend& be, int i) {
   const int w = net_.trunk[i];
   const int in_w = i == 0 ? net_.state : net_.trunk[i - 1];
   const Real dz = trunk_dz_[i];  // [H·B, w]
-  if (i == net_.trunk_layers - 1 && !mask_stage_) trunk_top_mask(be, i);
+  if (i == net_.trunk_layers - 1 && !mask_stage_ && !top_masked_) trunk_top_mask(be, i);
   if (i == 0) return;
   Gemm gx;  // d(in) = dz · W over all H·B rows, masked by layer i − 1's activation (period B rows)
   gx.m = H * B; gx.n = in_w; gx.k = w;

@@ -189,6 +189,9 @@ class Engine {
   bool mask_stage_ = false;
   /// DQN_FUSED_TRUNK=1: the trunk's first two layers in one call (Gemm::chain_b), online and target.
   bool fused_trunk_ = false;
+  /// Every head writing its dtrunk writes it masked by the top layer's ReLU (buf:: the
+  /// "dtrunk/<h>/masked" marker): no top mask of the engine's.
+  bool top_masked_ = false;
   LanePlan lanes_;  ///< where the captured step's stages run (empty: not captured)
 };
 

@@ -23,6 +23,16 @@ enum Tag : std::int32_t {
   kForward = 0, kTarget = 1, kLoss = 2, kBackward = 3, kWeights = 4, kWeightsOut = 5, kProject = 6
 };
 
+/// DQN_HEAD_MASK=1 (read when the head declares its stages): its ∂L/∂h2 GEMM applies the trunk's
+/// top ReLU mask (Gemm::mask with trunk/h2) and the backward stage declares dtrunk/<h>/masked, so
+/// that the engine, when every head does, leaves its own top mask out. 0 or unset: not.
+bool head_mask_from_env() {
+  const char* v = std::getenv("DQN_HEAD_MASK");
+  if (!v || !*v || std::strcmp(v, "0") == 0) return false;
+  if (std::strcmp(v, "1") == 0) return true;
+  throw std::invalid_argument(std::string("DQN_HEAD_MASK='") + v + "': expected 0 or 1");
+}
+
 /// DQN_C51_PROJECT=1 (read when the head declares its stages): the projected target m a stage of
 /// its own (c51.project, C51Loss part 1), which the loss (part 2) and the heads that read m (the
 /// ensemble) wait for, instead of the whole loss. 0 or unset: one loss stage.
@@ -91,8 +101,13 @@ class C51Head final : public Head {
         return g;
       };
       rc = rc ? rc : stage(ctx, kWeightsOut, "weights.out", {b("dv"), b("dadv"), b("hidden")}, grads(1));
-      rc = rc ? rc : stage(ctx, kBackward, "backward", {b("dv"), b("dadv"), b("hidden"), "params"},
-                           {b("dhidden"), dtrunk});
+      mask_dtrunk_ = head_mask_from_env();
+      if (mask_dtrunk_)
+        rc = rc ? rc : stage(ctx, kBackward, "backward", {b("dv"), b("dadv"), b("hidden"), "params", buf::h2},
+                             {b("dhidden"), dtrunk, dtrunk + "/masked"});
+      else
+        rc = rc ? rc : stage(ctx, kBackward, "backward", {b("dv"), b("dadv"), b("hidden"), "params"},
+                             {b("dhidden"), dtrunk});
       rc = rc ? rc : stage(ctx, kWeights, "weights", {b("dhidden"), buf::h2}, grads(0));
       return keep(ctx, rc);
     } catch (const std::exception& e) {
@@ -164,7 +179,7 @@ class C51Head final : public Head {
         break;
       }
       case kBackward:
-        bdq::backward_inputs(be, d_, online_, B, act_, back_, dtrunk_, 0.0f);
+        bdq::backward_inputs(be, d_, online_, B, act_, back_, dtrunk_, 0.0f, mask_dtrunk_ ? h2_ : Real{});
         break;
       case kWeights:
         bdq::backward_weights_hidden(be, d_, grad_, h2_, B, back_);
@@ -197,6 +212,7 @@ class C51Head final : public Head {
   float gamma_n_;
   std::string error_;
   bool project_ = false;  ///< DQN_C51_PROJECT=1: c51.project (part 1), then c51.loss (part 2)
+  bool mask_dtrunk_ = false;  ///< DQN_HEAD_MASK=1: dtrunk written masked by the top ReLU
   bdq::Params online_{}, target_{}, grad_{};
   bdq::Acts act_{}, tact_{};
   bdq::BackScratch back_{};

@@ -170,7 +170,9 @@ TEST_CASE("gpu.step.matches_cpu") {
   // and the trunk's two layers in tile_gemm_chain (DQN_FUSED_TRUNK=1); the CPU engine keeps its
   // stages (the same numbers, heads_test). fp32 and tf32 also with the cluster update's power
   // iteration by columns (DQN_SN_COLS=1); tf32 with each head stream's two layers in one launch
-  // (DQN_HEAD_CHAIN=1); fp32 with the loss two warps a (sample, branch) (DQN_LOSS_WARPS=2).
+  // (DQN_HEAD_CHAIN=1); fp32 with the loss two warps a (sample, branch) (DQN_LOSS_WARPS=2); tf32
+  // with the trunk's top mask in the head's GEMM and the fused first-layer gradients
+  // (DQN_HEAD_MASK=1, DQN_FUSED_WGRAD=1).
   struct Case {
     const char* precision;
     double params, loss;
@@ -181,6 +183,7 @@ TEST_CASE("gpu.step.matches_cpu") {
     const char* sn_cols = nullptr;
     const char* head_chain = nullptr;
     const char* loss_warps = nullptr;
+    const char* head_mask = nullptr;
   };
   for (const Case& c : {Case{"fp32", 2e-4, 1e-4, nullptr, nullptr, nullptr},
                        Case{"tf32", 5e-3, 5e-3, nullptr, nullptr, nullptr}, Case{"tf32", 5e-3, 5e-3, nullptr, "0", nullptr},
@@ -191,20 +194,22 @@ TEST_CASE("gpu.step.matches_cpu") {
                        Case{"fp32", 2e-4, 1e-4, nullptr, nullptr, nullptr, nullptr, "1"},
                        Case{"tf32", 5e-3, 5e-3, nullptr, nullptr, nullptr, nullptr, "1"},
                        Case{"tf32", 5e-3, 5e-3, nullptr, nullptr, nullptr, nullptr, nullptr, "1"},
-                       Case{"fp32", 2e-4, 1e-4, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "2"}}) {
+                       Case{"fp32", 2e-4, 1e-4, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "2"},
+                       Case{"tf32", 5e-3, 5e-3, nullptr, nullptr, "1", nullptr, nullptr, nullptr, nullptr, "1"}}) {
     INFO("precision " << std::string(c.precision) << ", DQN_FUSED_HEAD " << (c.fused_head ? c.fused_head : "unset")
                       << ", DQN_TILE_GEMM " << (c.tile ? c.tile : "unset") << ", DQN_FUSED_WGRAD "
                       << (c.fused_wgrad ? c.fused_wgrad : "unset") << ", DQN_FUSED_TRUNK "
                       << (c.fused_trunk ? c.fused_trunk : "unset") << ", DQN_SN_COLS "
                       << (c.sn_cols ? c.sn_cols : "unset") << ", DQN_HEAD_CHAIN " << (c.head_chain ? c.head_chain : "unset")
-                      << ", DQN_LOSS_WARPS " << (c.loss_warps ? c.loss_warps : "unset"));
+                      << ", DQN_LOSS_WARPS " << (c.loss_warps ? c.loss_warps : "unset") << ", DQN_HEAD_MASK "
+                      << (c.head_mask ? c.head_mask : "unset"));
     const PipelineSpec spec = parse(pipeline(c.precision));
     // read when the backend (the engine: DQN_FUSED_WGRAD) is made; the CPU engine gets none
     std::unique_ptr<Engine> gpu;
     {
       const EnvOverride fh("DQN_FUSED_HEAD", c.fused_head), tg("DQN_TILE_GEMM", c.tile),
           fw("DQN_FUSED_WGRAD", c.fused_wgrad), ft("DQN_FUSED_TRUNK", c.fused_trunk), sc("DQN_SN_COLS", c.sn_cols),
-          hch("DQN_HEAD_CHAIN", c.head_chain), lw("DQN_LOSS_WARPS", c.loss_warps);
+          hch("DQN_HEAD_CHAIN", c.head_chain), lw("DQN_LOSS_WARPS", c.loss_warps), hm("DQN_HEAD_MASK", c.head_mask);
       gpu = make(spec, BackendKind::cuda);
     }
     if (c.sn_cols) {
@@ -248,13 +253,13 @@ TEST_CASE("gpu.step.replay_equals_uncaptured") {
                                  {"bf16", false}}) {
     INFO("precision " << std::string(p)
                       << (fused ? ", DQN_FUSED_WGRAD=1, DQN_FUSED_TRUNK=1, DQN_SN_COLS=1, DQN_HEAD_CHAIN=1, "
-                                  "DQN_WARP_HEAD=action, DQN_LOSS_WARPS=2, DQN_C51_PROJECT=1"
+                                  "DQN_WARP_HEAD=action, DQN_LOSS_WARPS=2, DQN_C51_PROJECT=1, DQN_HEAD_MASK=1"
                                 : ""));
     const PipelineSpec spec = parse(pipeline(p));
     const EnvOverride fw("DQN_FUSED_WGRAD", fused ? "1" : nullptr), ft("DQN_FUSED_TRUNK", fused ? "1" : nullptr),
         sc("DQN_SN_COLS", fused ? "1" : nullptr), hch("DQN_HEAD_CHAIN", fused ? "1" : nullptr),
         wh("DQN_WARP_HEAD", fused ? "action" : nullptr), lw("DQN_LOSS_WARPS", fused ? "2" : nullptr),
-        cp("DQN_C51_PROJECT", fused ? "1" : nullptr);
+        cp("DQN_C51_PROJECT", fused ? "1" : nullptr), hm("DQN_HEAD_MASK", fused ? "1" : nullptr);
     auto a = make(spec, BackendKind::cuda);
     auto b = make(spec, BackendKind::cuda);
     for (int i = 0; i < 20; ++i) {

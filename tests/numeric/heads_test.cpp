@@ -538,6 +538,18 @@ PipelineSpec switch_pipeline(const SwitchCase& c) {
   text.replace(text.find("trunk: [7, 6]"), 13, "trunk: " + c.trunk);
   return parse(text);
 }
+/// A head's 0/1 switch set to `value`: building an engine fails, naming the variable, the value
+/// and what it takes (the head's declare refuses it).
+void check_refused(const char* env, const char* value) {
+  setenv(env, value, 1);
+  try {
+    make(parse(tiny_pipeline("")), true);
+    FAIL(env << "=" << value << " was accepted");
+  } catch (const std::exception& e) {
+    CHECK(std::string(e.what()).find(std::string(env) + "='" + value + "': expected 0 or 1") != std::string::npos);
+  }
+  unsetenv(env);
+}
 /// f(case, its pipeline, f64) for every switch case on both CPU precisions (captured for messages).
 template <class F>
 void each_switch_case(F&& f) {
@@ -673,14 +685,46 @@ TEST_CASE("heads.c51_project: the projected target a stage of its own, the same 
     CHECK(rp.losses == rs.losses);
     CHECK(rp.grad_norms == rs.grad_norms);
   });
-  setenv("DQN_C51_PROJECT", "yes", 1);
-  try {
-    make(parse(tiny_pipeline("")), true);
-    FAIL("DQN_C51_PROJECT=yes was accepted");
-  } catch (const std::exception& e) {
-    CHECK(std::string(e.what()).find("DQN_C51_PROJECT='yes': expected 0 or 1") != std::string::npos);
-  }
-  unsetenv("DQN_C51_PROJECT");
+  check_refused("DQN_C51_PROJECT", "yes");
+}
+
+TEST_CASE("heads.head_mask: the trunk's top ReLU mask in the C51 head's GEMM, the same step bit for bit") {
+  // DQN_HEAD_MASK=1 (read when the c51 head declares its stages): c51.backward masks its dtrunk by
+  // trunk/h2 and declares dtrunk/c51/masked. Alone it is every head that writes a dtrunk, so the
+  // engine's top mask goes (trunk.backward.<top> no longer reads trunk/h2; with DQN_FUSED_WGRAD no
+  // trunk.mask stage); beside the other heads, which do not declare it, the engine keeps it.
+  each_switch_case([](const SwitchCase& sc, const PipelineSpec& spec, bool f64) {
+    const std::string top = std::to_string(spec.network.trunk.size() - 1);
+    for (const char* wgrad : {static_cast<const char*>(nullptr), "1"}) {
+      CAPTURE(wgrad ? wgrad : "unset");
+      if (wgrad) setenv("DQN_FUSED_WGRAD", wgrad, 1);
+      auto plain = make(spec, f64);
+      setenv("DQN_HEAD_MASK", "1", 1);
+      auto masked = make(spec, f64);
+      unsetenv("DQN_HEAD_MASK");
+      unsetenv("DQN_FUSED_WGRAD");
+      const std::string em = masked->explain();
+      const bool alone = sc.aux.empty();
+      // the engine's top mask: in the top layer's trunk.backward stage (which then reads trunk/h2)
+      // or a stage of its own
+      const auto at = em.find("trunk.backward." + top + "  <engine>");
+      REQUIRE(at != std::string::npos);
+      const bool backward_reads_h2 = em.substr(at, em.find("writes:", at) - at).find("trunk/h2") != std::string::npos;
+      const bool mask_stage = em.find("trunk.mask." + top) != std::string::npos;
+      CHECK((backward_reads_h2 || mask_stage) == !alone);
+      CHECK(em.find("dtrunk/c51/masked") != std::string::npos);
+      for (int i = 0; i < 5; ++i) {
+        plain->step();
+        masked->step();
+      }
+      for (const char* b : {"params", "target", "grad/all", "adam.v", "dtrunk/all"}) {
+        INFO(std::string(b));
+        CHECK(plain->host_buffer(b) == masked->host_buffer(b));
+      }
+      CHECK(plain->read_report().grad_norms == masked->read_report().grad_norms);
+    }
+  });
+  check_refused("DQN_HEAD_MASK", "2");
 }
 
 TEST_CASE("heads.layout.aligned_groups") {

@@ -128,7 +128,11 @@ inline constexpr const char* step = "opt/t";                   ///< i64 [1] Adam
 inline constexpr const char* a_star = "target/a_star";         ///< i32 [B,D]
 inline constexpr const char* target_m = "target/m";            ///< [B,D,Z] projected target
 inline constexpr const char* td_error = "report/td_error";     ///< [B]
-// Per head (suffix the head's instance name): "loss/<h>" [1], "dtrunk/<h>" [B,H2]
+// Per head (suffix the head's instance name): "loss/<h>" [1], "dtrunk/<h>" [B,H2], and
+// "dtrunk/<h>/masked" (i32 [1], a marker): a head whose stage that writes dtrunk/<h> also lists
+// the marker among its writes promises dtrunk/<h> already masked by the trunk's top ReLU (zero
+// where trunk/h2 ≤ 0, rows 0..B); when every head writing its dtrunk does, the engine leaves out
+// its own mask of the top layer.
 }  // namespace buf
 
 }  // namespace dqn

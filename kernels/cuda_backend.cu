@@ -138,14 +138,19 @@ struct LtPlan {
 
 using cuda::env_on;
 
+/// A switch that is off unless set (to anything env_on takes for on).
+bool env_set(const char* name) noexcept { return std::getenv(name) && env_on(name); }
+/// Whether the variable is set to exactly `value`.
+bool env_is(const char* name, const char* value) noexcept {
+  const char* v = std::getenv(name);
+  return v && std::strcmp(v, value) == 0;
+}
+
 /// DQN_GEMM_AUTOTUNE=0 keeps the heuristic's first algorithm for every GEMM.
 bool autotune_from_env() noexcept { return env_on("DQN_GEMM_AUTOTUNE"); }
 /// DQN_GEMM_TUNE_SPLIT_K=1 lets autotuning also time cuBLASLt split-k variants (off unless set:
 /// on the H200 the C51 step measured 123.5 µs with them against 122.9 without).
-bool tune_split_k_from_env() noexcept {
-  const char* v = std::getenv("DQN_GEMM_TUNE_SPLIT_K");
-  return v && env_on("DQN_GEMM_TUNE_SPLIT_K");
-}
+bool tune_split_k_from_env() noexcept { return env_set("DQN_GEMM_TUNE_SPLIT_K"); }
 
 /// How the update (budget, Adam, spectral norm, target update) runs, from DQN_FUSED_UPDATE:
 /// unset or cluster → two launches (partial sums; thread-block clusters, one per normed matrix,
@@ -343,7 +348,7 @@ class CudaBackend final : public Backend {
         update_plain_ = update_plain_from_env(wave_blocks());
       }
       // DQN_UPDATE_CLOCK=1: the cluster update's blocks stamp their phases here (dqn-trace reads them)
-      if (update_cluster_ > 0 && std::getenv("DQN_UPDATE_CLOCK") && env_on("DQN_UPDATE_CLOCK")) {
+      if (update_cluster_ > 0 && env_set("DQN_UPDATE_CLOCK")) {
         DQN_CUDA_THROW(cudaMalloc(&clock_, kClockBytes));
         DQN_CUDA_THROW(cudaMemset(clock_, 0, kClockBytes));
         note_device_bytes(kClockBytes);
@@ -2072,29 +2077,23 @@ class CudaBackend final : public Backend {
   int update_cluster_ = 0;               ///< the cluster update's blocks per cluster (0: not used)
   /// DQN_SN_COLS=1: the cluster update's normed matrices split by columns where they fit
   /// (cuda::update_cluster); read when the backend is made.
-  bool sn_cols_ = std::getenv("DQN_SN_COLS") && env_on("DQN_SN_COLS");
+  bool sn_cols_ = env_set("DQN_SN_COLS");
   int update_plain_ = 0;  ///< the cluster update's max_blocks (update_plain_from_env; -1: one wave)
   int plain_wave_ = 0;    ///< with update_plain_ -1: the last update's one wave (cuda::update_cluster_wave)
   /// DQN_HEAD_CHAIN=1: the head's hidden and output layers a launch per stream kind
   /// (head_forward_chained); read when the backend is made.
-  bool head_chain_ = std::getenv("DQN_HEAD_CHAIN") && env_on("DQN_HEAD_CHAIN");
-  /// DQN_WARP_HEAD=action: dueling_dist a warp per action where the warp kernels fit (read when
-  /// the backend is made; DQN_WARP_HEAD=0 keeps the block kernels, which it does not override).
+  bool head_chain_ = env_set("DQN_HEAD_CHAIN");
   /// DQN_LOSS_WARPS=2: c51_loss two warps a (sample, branch) where the warp kernel runs (read when
   /// the backend is made).
-  bool loss_pair_ = [] {
-    const char* v = std::getenv("DQN_LOSS_WARPS");
-    return v && std::strcmp(v, "2") == 0;
-  }();
-  bool dist_per_action_ = [] {
-    const char* v = std::getenv("DQN_WARP_HEAD");
-    return v && std::strcmp(v, "action") == 0;
-  }();
+  bool loss_pair_ = env_is("DQN_LOSS_WARPS", "2");
+  /// DQN_WARP_HEAD=action: dueling_dist a warp per action where the warp kernels fit (read when
+  /// the backend is made; DQN_WARP_HEAD=0 keeps the block kernels, which it does not override).
+  bool dist_per_action_ = env_is("DQN_WARP_HEAD", "action");
   bool wgrad_kernel_ = false;            ///< tile_gemm_wgrad runs here (tf32, clusters launch)
   bool chain_kernel_ = false;            ///< tile_gemm_chain runs here (tf32)
   /// DQN_XENT_LAST_BLOCK=1: c51_xent's and quantile_huber's batch mean in their last block, not a
   /// kernel of its own after them (one kernel less on the all-heads path; not yet measured).
-  bool xent_last_block_ = std::getenv("DQN_XENT_LAST_BLOCK") && env_on("DQN_XENT_LAST_BLOCK");
+  bool xent_last_block_ = env_set("DQN_XENT_LAST_BLOCK");
   /// DQN_XENT_DLOGITS=0: c51_xent with the fused dueling backward leaves dlogits unwritten (its
   /// scratch by C51Xent's contract; the ensemble reads only dv and dadv). Read when made.
   bool xent_dlogits_ = env_on("DQN_XENT_DLOGITS");
@@ -2134,7 +2133,7 @@ class CudaBackend final : public Backend {
   bool split_k_ = split_k_from_env();     ///< DQN_GEMM_SPLIT_K, read once per backend
   unsigned fused_head_ = fused_head_from_env();  ///< DQN_FUSED_HEAD, read once per backend
   int hc_warps_ = hc_warps_from_env();           ///< DQN_HC_WARPS, read once per backend
-  bool hc_bulk_ = std::getenv("DQN_HC_BULK") && env_on("DQN_HC_BULK");  ///< DQN_HC_BULK (off unless set)
+  bool hc_bulk_ = env_set("DQN_HC_BULK");  ///< DQN_HC_BULK (off unless set)
   std::size_t head_shared_max_ = 0;  ///< the fused head kernels' shared-memory limit
   static constexpr int kSplitMinK = 1024, kSplitMinSlice = 256, kSplitMaxSlices = 32;
   void* tune_d_ = nullptr;               ///< autotuning's private D

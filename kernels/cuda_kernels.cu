@@ -1581,8 +1581,7 @@ struct ClusterPlan {
   const double* step = nullptr;  ///< {1 − β1^t, 1 − β2^t, t} from budget_partial_kernel
   std::uint64_t* clock = nullptr;  ///< update_cluster's clock (null: off)
   int clock_blocks = 0;
-  bool sn_cols = false;  ///< the column variant where a normed matrix fits it (sncol_width)
-  int col_rows = 0;      ///< with sn_cols: the rows its shared memory is laid out for (max_rows)
+  int col_rows = 0;  ///< the column variant's rows of shared memory (max_rows; 0: no column variant)
   std::int64_t seg_lo[kClusterMaxSegs] = {}, seg_hi[kClusterMaxSegs] = {};
   std::int64_t seg_tile0[kClusterMaxSegs + 1] = {};  ///< first tile of each range; [nseg]: all tiles
 };
@@ -1740,7 +1739,7 @@ __device__ void sncol_rest(const Update& u, const ClusterStep& x, const Spectral
 /// each block writes u ← x/σ for its rows and scales them by σ_max/σ when σ > σ_max, then their
 /// target update. The other clusters do g, Adam and the target update outside the normed
 /// matrices. Needs the normed matrices disjoint ranges inside params within the bounds (the caller
-/// checks). Skipped: g = 0, nothing else changes. COLS (DQN_SN_COLS=1, with ClusterPlan::sn_cols):
+/// checks). Skipped: g = 0, nothing else changes. COLS (DQN_SN_COLS=1, ClusterPlan::col_rows > 0):
 /// the normed matrices that fit it by the column variant (sncol_rest) instead.
 template <int CS, bool COLS = false>
 __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, const double* __restrict__ partial,
@@ -1797,7 +1796,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
     hi = pl.seg_hi[q];
   }
   // the column variant for this normed matrix (the same decision in every block of its cluster)
-  const int colw = COLS && normed && pl.sn_cols && rows <= pl.col_rows ? sncol_width(rows, cols, CS) : 0;
+  const int colw = COLS && normed && rows <= pl.col_rows ? sncol_width(rows, cols, CS) : 0;
   SnColSlice slice;
   ClusterTile reg;  // in flight during the clips
   if (colw) {
@@ -2415,7 +2414,6 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   add(at, b.P);
   const std::int64_t tiles = pl.seg_tile0[pl.nseg];
   const ClusterKernel kernel = cluster_kernel(u, cs, sn_cols);
-  pl.sn_cols = kernel.col_rows > 0;
   pl.col_rows = kernel.col_rows;
   const std::int64_t plain = std::min<std::int64_t>(tiles, std::max(max_blocks, cs));
   const std::int64_t plain_blocks = (plain + cs - 1) / cs * cs;

@@ -25,15 +25,6 @@ std::vector<std::string> to_strings(const char* const* p, std::uint32_t n) {
   for (std::uint32_t i = 0; i < n; ++i) out.emplace_back(p[i] ? p[i] : "");
   return out;
 }
-
-/// An engine switch read when the step is built: unset or "0" off, "1" on, anything else refused
-/// with the name, the value and what is expected.
-bool env_switch(const char* name) {
-  const char* v = std::getenv(name);
-  const std::string s = v ? v : "0";
-  if (s != "0" && s != "1") throw std::invalid_argument(std::string(name) + "='" + s + "': expected 0 or 1");
-  return s == "1";
-}
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -388,21 +379,18 @@ void Engine::add_engine_stages_front() {
 
 void Engine::add_engine_stages_back() {
   const int L = net_.trunk_layers;
-  // Whether every head that writes its dtrunk writes it masked (buf:: "dtrunk/<h>/masked"): then
-  // the top layer's ReLU mask is theirs, not a pass of the engine's.
+  // Whether every stage that writes a head's dtrunk also writes its marker (buf::
+  // "dtrunk/<h>/masked"): then the top layer's ReLU mask is the heads', not a pass of the engine's.
   bool any = false, all = true;
   for (const auto& h : head_names_) {
     const std::string d = "dtrunk/" + h, marker = d + "/masked";
-    bool writes = false, marked = false;
-    for (const auto& st : stages_)
-      for (const auto& w : st.writes) {
-        if (w == d) writes = true;
-        if (w == marker && std::find(st.writes.begin(), st.writes.end(), d) != st.writes.end()) marked = true;
-      }
-    any = any || writes;
-    if (writes && !marked) all = false;
+    for (const auto& st : stages_) {
+      const auto has = [&](const std::string& n) { return std::find(st.writes.begin(), st.writes.end(), n) != st.writes.end(); };
+      if (!has(d)) continue;
+      any = true;
+      all = all && has(marker);
+    }
   }
-  top_masked_ = any && all;
   std::vector<std::string> acts, dz;  // per layer its activation and its gradient (masked in place)
   for (int i = 0; i < L; ++i) {
     acts.push_back(i == L - 1 ? std::string(buf::h2) : "trunk/a" + std::to_string(i));
@@ -422,15 +410,16 @@ void Engine::add_engine_stages_back() {
   // (Gemm::wgrad_x), which then reads the states and writes them; no trunk.bias.0 or
   // trunk.weights.0 stage.
   fused_wgrad_ = env_switch("DQN_FUSED_WGRAD") && L >= 2;
-  mask_stage_ = env_switch("DQN_MASK_STAGE") || fused_wgrad_;
+  const bool mask_stage = env_switch("DQN_MASK_STAGE") || fused_wgrad_;
+  top_mask_ = any && all ? TopMask::heads : mask_stage ? TopMask::stage : TopMask::backward;
   for (int i = L - 1; i >= 0; --i) {
     const std::string li = std::to_string(i);
     const std::string& dz_i = dz[std::size_t(i)];
     const bool top = i == L - 1;
-    if (top && mask_stage_ && !top_masked_)
+    if (top && top_mask_ == TopMask::stage)
       stages_.push_back(Stage{"trunk.mask." + li, "engine", {dz_i, acts[std::size_t(i)]}, {dz_i},
                               [this, i](Backend& be) { trunk_top_mask(be, i); }});
-    const bool mask_here = top && !mask_stage_ && !top_masked_;
+    const bool mask_here = top && top_mask_ == TopMask::backward;
     if (mask_here || i > 0) {
       std::vector<std::string> reads{dz_i}, writes;
       if (mask_here) {
@@ -607,15 +596,15 @@ void Engine::upload_budget_reach() {
 }
 
 // Backprop every head's gradient (rows of `states`) through trunk layer i: at the top layer
-// (dtrunk/all: the heads' ∂L_h/∂h_L) its ReLU mask first, unless it is a stage of its own
-// (mask_stage_); below the first layer, d(input) with the layer below's mask applied (so its
+// (dtrunk/all: the heads' ∂L_h/∂h_L) its ReLU mask first, unless it is a stage of its own or the
+// heads' (top_mask_); below the first layer, d(input) with the layer below's mask applied (so its
 // gradient arrives masked).
 void Engine::trunk_backward_layer(Backend& be, int i) {
   const int B = spec_.batch, H = int(heads_.size());
   const int w = net_.trunk[i];
   const int in_w = i == 0 ? net_.state : net_.trunk[i - 1];
   const Real dz = trunk_dz_[i];  // [H·B, w]
-  if (i == net_.trunk_layers - 1 && !mask_stage_ && !top_masked_) trunk_top_mask(be, i);
+  if (i == net_.trunk_layers - 1 && top_mask_ == TopMask::backward) trunk_top_mask(be, i);
   if (i == 0) return;
   Gemm gx;  // d(in) = dz · W over all H·B rows, masked by layer i − 1's activation (period B rows)
   gx.m = H * B; gx.n = in_w; gx.k = w;

@@ -185,13 +185,13 @@ class Engine {
   /// DQN_FUSED_WGRAD=1: the first trunk layer's weight and bias gradients in the GEMM of the
   /// second layer's trunk.backward stage (Gemm::wgrad_x), not stages of their own.
   bool fused_wgrad_ = false;
-  /// DQN_MASK_STAGE=1 (or DQN_FUSED_WGRAD=1): the top trunk layer's mask is a stage of its own.
-  bool mask_stage_ = false;
   /// DQN_FUSED_TRUNK=1: the trunk's first two layers in one call (Gemm::chain_b), online and target.
   bool fused_trunk_ = false;
-  /// Every head writing its dtrunk writes it masked by the top layer's ReLU (buf:: the
-  /// "dtrunk/<h>/masked" marker): no top mask of the engine's.
-  bool top_masked_ = false;
+  /// Where the top trunk layer's ReLU mask runs: in its trunk.backward stage; a stage of its own
+  /// (DQN_MASK_STAGE=1 or DQN_FUSED_WGRAD=1); or in the heads, when every stage writing a dtrunk
+  /// says it is masked (buf:: the "dtrunk/<h>/masked" marker), none of the engine's.
+  enum class TopMask { backward, stage, heads };
+  TopMask top_mask_ = TopMask::backward;
   LanePlan lanes_;  ///< where the captured step's stages run (empty: not captured)
 };
 

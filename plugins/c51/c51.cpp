@@ -4,10 +4,7 @@
  *  projection, cross-entropy at the taken actions, td_error, and the backward pass.
  */
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <exception>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -23,25 +20,12 @@ enum Tag : std::int32_t {
   kForward = 0, kTarget = 1, kLoss = 2, kBackward = 3, kWeights = 4, kWeightsOut = 5, kProject = 6
 };
 
-/// DQN_HEAD_MASK=1 (read when the head declares its stages): its ∂L/∂h2 GEMM applies the trunk's
-/// top ReLU mask (Gemm::mask with trunk/h2) and the backward stage declares dtrunk/<h>/masked, so
-/// that the engine, when every head does, leaves its own top mask out. 0 or unset: not.
-bool head_mask_from_env() {
-  const char* v = std::getenv("DQN_HEAD_MASK");
-  if (!v || !*v || std::strcmp(v, "0") == 0) return false;
-  if (std::strcmp(v, "1") == 0) return true;
-  throw std::invalid_argument(std::string("DQN_HEAD_MASK='") + v + "': expected 0 or 1");
-}
-
-/// DQN_C51_PROJECT=1 (read when the head declares its stages): the projected target m a stage of
-/// its own (c51.project, C51Loss part 1), which the loss (part 2) and the heads that read m (the
-/// ensemble) wait for, instead of the whole loss. 0 or unset: one loss stage.
-bool project_stage_from_env() {
-  const char* v = std::getenv("DQN_C51_PROJECT");
-  if (!v || !*v || std::strcmp(v, "0") == 0) return false;
-  if (std::strcmp(v, "1") == 0) return true;
-  throw std::invalid_argument(std::string("DQN_C51_PROJECT='") + v + "': expected 0 or 1");
-}
+// Switches read when the head declares its stages (env_switch): DQN_HEAD_MASK=1: its ∂L/∂h2
+// GEMM applies the trunk's top ReLU mask (Gemm::mask with trunk/h2) and the backward stage
+// declares dtrunk/<h>/masked, so that the engine, when every head does, leaves its own top mask
+// out. DQN_C51_PROJECT=1: the projected target m a stage of its own (c51.project, C51Loss part 1),
+// which the loss (part 2) and the heads that read m (the ensemble) wait for, instead of the whole
+// loss.
 
 class C51Head final : public Head {
  public:
@@ -78,7 +62,7 @@ class C51Head final : public Head {
                            {b("hidden"), b("v"), b("adv"), b("logp"), b("q"), buf::a_star});
       rc = rc ? rc : stage(ctx, kTarget, "target", {buf::target_h2, "target"},
                            {b("target.hidden"), b("target.v"), b("target.adv")});
-      project_ = project_stage_from_env();
+      project_ = env_switch("DQN_C51_PROJECT");
       if (project_) {  // m first (what the ensemble reads), then the loss from it
         rc = rc ? rc : stage(ctx, kProject, "project",
                              {b("target.v"), b("target.adv"), buf::a_star, buf::rewards, buf::dones},
@@ -101,7 +85,7 @@ class C51Head final : public Head {
         return g;
       };
       rc = rc ? rc : stage(ctx, kWeightsOut, "weights.out", {b("dv"), b("dadv"), b("hidden")}, grads(1));
-      mask_dtrunk_ = head_mask_from_env();
+      mask_dtrunk_ = env_switch("DQN_HEAD_MASK");
       if (mask_dtrunk_)
         rc = rc ? rc : stage(ctx, kBackward, "backward", {b("dv"), b("dadv"), b("hidden"), "params", buf::h2},
                              {b("dhidden"), dtrunk, dtrunk + "/masked"});

@@ -31,15 +31,6 @@ void check(cudaError_t e, const char* what) {
   }
 }
 
-/// The median over `runs` of f()'s milliseconds (f records its own events), after one warm-up.
-double median_ms(const std::function<float()>& f, int runs = 5) {
-  f();
-  std::vector<float> t;
-  for (int i = 0; i < runs; ++i) t.push_back(f());
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
 /// Milliseconds of whatever `enqueue` puts on `s`, by events.
 float time_on(cudaStream_t s, const std::function<void()>& enqueue) {
   cudaEvent_t a, b;
@@ -55,6 +46,24 @@ float time_on(cudaStream_t s, const std::function<void()>& enqueue) {
   cudaEventDestroy(b);
   return ms;
 }
+
+/// The median over five runs (after one warm-up) of the milliseconds of what `enqueue` puts on
+/// `s`; `before` (if any) runs ahead of each, outside the timed part.
+double median_ms(cudaStream_t s, const std::function<void()>& enqueue, const std::function<void()>& before = {}) {
+  auto once = [&] {
+    if (before) before();
+    return time_on(s, enqueue);
+  };
+  once();
+  std::vector<float> t;
+  for (int i = 0; i < 5; ++i) t.push_back(once());
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+/// Milliseconds per repetition of what run(n) times n of (a barrier, a hop, a load): run(n)
+/// less run(0), over n, so that the launch drops out.
+double per_rep_ms(const std::function<double(int)>& run, int n) { return (run(n) - run(0)) / n; }
 
 /// One link of a kernel chain: every thread reads its slot (written by the kernel before) and
 /// writes it + 1, so each kernel depends on the one before through memory.
@@ -86,54 +95,39 @@ double chain_us(cudaStream_t s, int* x, int blocks, bool pdl, int n = 64, int re
   }
   check(cudaStreamEndCapture(s, &graph), "end capture");
   check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-  const double ms = median_ms([&] {
-    return time_on(s, [&] {
-      for (int r = 0; r < reps; ++r) check(cudaGraphLaunch(exec, s), "graph launch");
-    });
+  const double ms = median_ms(s, [&] {
+    for (int r = 0; r < reps; ++r) check(cudaGraphLaunch(exec, s), "graph launch");
   });
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   return ms * 1000.0 / (static_cast<double>(n) * reps);
 }
 
-/// `rounds` grid-wide barriers (a cooperative launch).
-__global__ void grid_barrier_kernel(int rounds, int* sink) {
-  cg::grid_group grid = cg::this_grid();
+/// `rounds` barriers of the cluster (CLUSTER) or of the whole grid (a cooperative launch).
+template <bool CLUSTER>
+__global__ void barrier_kernel(int rounds, int* sink) {
   int v = 0;
   for (int r = 0; r < rounds; ++r) {
     v += threadIdx.x;
-    grid.sync();
+    if constexpr (CLUSTER) cg::this_cluster().sync();
+    else cg::this_grid().sync();
   }
   if (v == -1) *sink = v;
 }
 
 double grid_barrier_us(cudaStream_t s, int blocks, int* sink) {
   auto run = [&](int rounds) {
-    return median_ms([&] {
-      return time_on(s, [&] {
-        void* args[] = {&rounds, &sink};
-        check(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(grid_barrier_kernel), dim3(blocks), dim3(128), args, 0, s),
-              "cooperative launch");
-      });
+    return median_ms(s, [&] {
+      void* args[] = {&rounds, &sink};
+      check(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(barrier_kernel<false>), dim3(blocks), dim3(128), args, 0, s),
+            "cooperative launch");
     });
   };
-  const int n = 2000;
-  return (run(n) - run(0)) * 1000.0 / n;
-}
-
-/// `rounds` cluster barriers.
-__global__ void cluster_barrier_kernel(int rounds, int* sink) {
-  cg::cluster_group cluster = cg::this_cluster();
-  int v = 0;
-  for (int r = 0; r < rounds; ++r) {
-    v += threadIdx.x;
-    cluster.sync();
-  }
-  if (v == -1) *sink = v;
+  return per_rep_ms(run, 2000) * 1000.0;
 }
 
 double cluster_barrier_us(cudaStream_t s, int cs, int clusters, int* sink) {
-  if (cs > 8) cudaFuncSetAttribute(cluster_barrier_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  if (cs > 8) cudaFuncSetAttribute(barrier_kernel<true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeClusterDimension;
   attr.val.clusterDim.x = static_cast<unsigned>(cs);
@@ -144,17 +138,14 @@ double cluster_barrier_us(cudaStream_t s, int cs, int clusters, int* sink) {
   cfg.stream = s;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
-  if (cudaLaunchKernelEx(&cfg, cluster_barrier_kernel, 0, sink) != cudaSuccess || cudaStreamSynchronize(s) != cudaSuccess) {
+  if (cudaLaunchKernelEx(&cfg, barrier_kernel<true>, 0, sink) != cudaSuccess || cudaStreamSynchronize(s) != cudaSuccess) {
     cudaGetLastError();
     return -1.0;  // clusters of this size do not launch here (no figure)
   }
   auto run = [&](int rounds) {
-    return median_ms([&] {
-      return time_on(s, [&] { check(cudaLaunchKernelEx(&cfg, cluster_barrier_kernel, rounds, sink), "cluster launch"); });
-    });
+    return median_ms(s, [&] { check(cudaLaunchKernelEx(&cfg, barrier_kernel<true>, rounds, sink), "cluster launch"); });
   };
-  const int n = 2000;
-  return (run(n) - run(0)) * 1000.0 / n;
+  return per_rep_ms(run, 2000) * 1000.0;
 }
 
 /// A token passed from block to block through flags in global memory, `rounds` times around
@@ -180,18 +171,19 @@ __global__ void flag_ring_kernel(unsigned* flags, int rounds) {
 }
 
 double flag_hop_us(cudaStream_t s, int blocks, unsigned* flags) {
+  // flags[blocks] (a wait gave up) is cleared once, here, so that every run's verdict stays
+  check(cudaMemset(flags, 0, sizeof(unsigned) * (blocks + 1)), "memset");
   auto run = [&](int rounds) {
-    return median_ms([&] {
-      check(cudaMemsetAsync(flags, 0, sizeof(unsigned) * (blocks + 1), s), "memset");
-      return time_on(s, [&] {
-        void* args[] = {&flags, &rounds};
-        check(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(flag_ring_kernel), dim3(blocks), dim3(32), args, 0, s),
-              "cooperative launch");
-      });
-    });
+    return median_ms(
+        s,
+        [&] {
+          void* args[] = {&flags, &rounds};
+          check(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(flag_ring_kernel), dim3(blocks), dim3(32), args, 0, s),
+                "cooperative launch");
+        },
+        [&] { check(cudaMemsetAsync(flags, 0, sizeof(unsigned) * blocks, s), "memset"); });
   };
-  const int n = 200;
-  const double us = (run(n) - run(0)) * 1000.0 / (static_cast<double>(n) * blocks);
+  const double us = per_rep_ms(run, 200) * 1000.0 / blocks;
   unsigned gave_up = 0;
   check(cudaMemcpy(&gave_up, flags + blocks, sizeof gave_up, cudaMemcpyDeviceToHost), "cudaMemcpy");
   return gave_up ? -1.0 : us;  // -1: a wait gave up (no figure)
@@ -218,10 +210,9 @@ double chase_ns(cudaStream_t s, std::size_t bytes, unsigned* sink) {
   check(cudaMalloc(&d, bytes), "cudaMalloc");
   check(cudaMemcpy(d, next.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
   auto run = [&](int steps) {
-    return median_ms([&] { return time_on(s, [&] { chase_kernel<<<1, 1, 0, s>>>(d, steps, sink); }); });
+    return median_ms(s, [&] { chase_kernel<<<1, 1, 0, s>>>(d, steps, sink); });
   };
-  const int n = 20000;
-  const double ns = (run(n) - run(0)) * 1e6 / n;
+  const double ns = per_rep_ms(run, 20000) * 1e6;
   cudaFree(d);
   return ns;
 }
@@ -250,7 +241,7 @@ int main(int argc, char** argv) {
   check(cudaMemset(x, 0, sizeof(int) * 128 * 2 * static_cast<std::size_t>(sms)), "cudaMemset");
   check(cudaMalloc(&flags, sizeof(unsigned) * (2 * static_cast<std::size_t>(sms) + 1)), "cudaMalloc");
   int max_coop = 0;
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&max_coop, grid_barrier_kernel, 128, 0), "occupancy");
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&max_coop, barrier_kernel<false>, 128, 0), "occupancy");
 
   std::vector<std::pair<std::string, double>> rows;
   for (const int blocks : {1, sms, 2 * sms})

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -101,6 +103,17 @@ class Head {
   /// The last error message of declare/bind.
   virtual const char* error() const noexcept = 0;
 };
+
+/// A 0/1 switch from the environment, read when the step is built (the engine's and the heads'
+/// DQN_* switches): unset or "0" off, "1" on; anything else throws std::invalid_argument naming
+/// the variable, the value and what it takes (a head calls it inside declare's try, as every
+/// throwing call there).
+inline bool env_switch(const char* name) {
+  const char* v = std::getenv(name);
+  const std::string s = v ? v : "0";
+  if (s != "0" && s != "1") throw std::invalid_argument(std::string(name) + "='" + s + "': expected 0 or 1");
+  return s == "1";
+}
 
 /// Declares stage `name` from string lists; the engine copies everything during the call, so the
 /// temporaries only live until it returns.

@@ -244,21 +244,19 @@ TEST_CASE("gpu.step.matches_cpu") {
 }
 
 TEST_CASE("gpu.step.replay_equals_uncaptured") {
-  // tf32 also with DQN_FUSED_WGRAD=1, DQN_FUSED_TRUNK=1, DQN_SN_COLS=1, DQN_HEAD_CHAIN=1,
-  // DQN_WARP_HEAD=action and DQN_LOSS_WARPS=2 (tile_gemm_wgrad's clusters add in a fixed order;
+  // tf32 also with every switch below at once (tile_gemm_wgrad's clusters add in a fixed order;
   // tile_gemm_chain's blocks each recompute their rows of the first layer; the column power
   // iteration adds in rank order; the loss's two warps add their sums in order)
+  const std::pair<const char*, const char*> switches[] = {
+      {"DQN_FUSED_WGRAD", "1"}, {"DQN_FUSED_TRUNK", "1"},    {"DQN_SN_COLS", "1"},     {"DQN_HEAD_CHAIN", "1"},
+      {"DQN_WARP_HEAD", "action"}, {"DQN_LOSS_WARPS", "2"}, {"DQN_C51_PROJECT", "1"}, {"DQN_HEAD_MASK", "1"}};
   for (const auto& [p, fused] : {std::pair<const char*, bool>{"fp32", false}, {"tf32", false}, {"tf32", true},
                                  {"bf16", false}}) {
-    INFO("precision " << std::string(p)
-                      << (fused ? ", DQN_FUSED_WGRAD=1, DQN_FUSED_TRUNK=1, DQN_SN_COLS=1, DQN_HEAD_CHAIN=1, "
-                                  "DQN_WARP_HEAD=action, DQN_LOSS_WARPS=2, DQN_C51_PROJECT=1, DQN_HEAD_MASK=1"
-                                : ""));
+    INFO("precision " << std::string(p) << (fused ? ", with the switches" : ""));
     const PipelineSpec spec = parse(pipeline(p));
-    const EnvOverride fw("DQN_FUSED_WGRAD", fused ? "1" : nullptr), ft("DQN_FUSED_TRUNK", fused ? "1" : nullptr),
-        sc("DQN_SN_COLS", fused ? "1" : nullptr), hch("DQN_HEAD_CHAIN", fused ? "1" : nullptr),
-        wh("DQN_WARP_HEAD", fused ? "action" : nullptr), lw("DQN_LOSS_WARPS", fused ? "2" : nullptr),
-        cp("DQN_C51_PROJECT", fused ? "1" : nullptr), hm("DQN_HEAD_MASK", fused ? "1" : nullptr);
+    std::deque<EnvOverride> env;
+    if (fused)
+      for (const auto& [name, value] : switches) env.emplace_back(name, value);
     auto a = make(spec, BackendKind::cuda);
     auto b = make(spec, BackendKind::cuda);
     for (int i = 0; i < 20; ++i) {

@@ -341,7 +341,9 @@ class CudaBackend final : public Backend {
       // The fused update (opt-in) needs cooperative launches inside captured graphs: probed here.
       if (update_mode_ == UpdateMode::cooperative) {
         const int blocks = cuda::update_grid(props_);
-        if (blocks > 0 && cuda::cooperative_graphs_work(blocks)) update_blocks_ = blocks;
+        update_refused_ = blocks > 0 ? cuda::cooperative_graphs_refusal(blocks)
+                                     : "no block of the update kernel fits an SM";
+        if (update_refused_.empty()) update_blocks_ = blocks;
       }
       if (update_mode_ == UpdateMode::cluster) {
         update_cluster_ = cuda::update_cluster_size(cluster_size_from_env());
@@ -1003,7 +1005,9 @@ class CudaBackend final : public Backend {
       return "cluster (" + std::to_string(update_cluster_) + " blocks a cluster" +
              (sn_cols_ ? ", power iteration by columns where a matrix fits" : "") +
              (update_plain_ < 0 ? ", one wave outside the normed matrices" : "") + ")";
-    return update_mode_ == UpdateMode::split ? "split (four kernels)" : "as separate kernels";
+    if (update_mode_ == UpdateMode::split) return "split (four kernels)";
+    if (update_mode_ == UpdateMode::cooperative) return "as separate kernels (DQN_FUSED_UPDATE=1 refused: " + update_refused_ + ")";
+    return "as separate kernels";
   }
 
   /// Grid bound of the one-wave optimiser kernels: a few blocks per SM (their results do not
@@ -2074,6 +2078,7 @@ class CudaBackend final : public Backend {
   bool autotune_ = autotune_from_env();  ///< DQN_GEMM_AUTOTUNE, read once per backend
   bool tune_split_k_ = tune_split_k_from_env();  ///< DQN_GEMM_TUNE_SPLIT_K, read once per backend
   int update_blocks_ = 0;                ///< the fused update's grid (0: not fused)
+  std::string update_refused_;           ///< why DQN_FUSED_UPDATE=1 was refused (its probe's failing step)
   int update_cluster_ = 0;               ///< the cluster update's blocks per cluster (0: not used)
   /// DQN_SN_COLS=1: the cluster update's normed matrices split by columns where they fit
   /// (cuda::update_cluster); read when the backend is made.

@@ -2432,29 +2432,37 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   return cudaLaunchKernelEx(&cfg, kernel.fn, u, static_cast<const double*>(partial), nchunks, pl);
 }
 
-bool cooperative_graphs_work(int blocks) {
+std::string cooperative_graphs_refusal(int blocks) {
   int* flag = nullptr;
   cudaStream_t st = nullptr;
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   int host = 0;
-  bool ok = cudaMalloc(&flag, sizeof(int)) == cudaSuccess && cudaMemset(flag, 0, sizeof(int)) == cudaSuccess &&
-            cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess &&
-            cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
-  if (ok) {
-    const bool launched =
-        launch_cooperative(coop_probe_kernel, static_cast<unsigned>(std::max(blocks, 1)), st, flag) == cudaSuccess;
-    ok = cudaStreamEndCapture(st, &graph) == cudaSuccess && launched && graph &&
-         cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess && cudaGraphLaunch(exec, st) == cudaSuccess &&
-         cudaStreamSynchronize(st) == cudaSuccess &&
-         cudaMemcpy(&host, flag, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess && host == 1;
+  std::string why;
+  // each step in turn; the first that fails is the answer
+  const auto step = [&](const char* what, cudaError_t e) {
+    if (why.empty() && e != cudaSuccess) why = std::string(what) + ": " + cudaGetErrorName(e);
+    return why.empty();
+  };
+  if (step("cudaMalloc", cudaMalloc(&flag, sizeof(int))) && step("cudaMemset", cudaMemset(flag, 0, sizeof(int))) &&
+      step("cudaStreamCreate", cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking)) &&
+      step("cudaStreamBeginCapture", cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal))) {
+    const cudaError_t launched =
+        launch_cooperative(coop_probe_kernel, static_cast<unsigned>(std::max(blocks, 1)), st, flag);
+    const cudaError_t ended = cudaStreamEndCapture(st, &graph);
+    if (step("cooperative launch in a capture", launched) && step("cudaStreamEndCapture", ended) &&
+        step("cudaGraphInstantiate", cudaGraphInstantiate(&exec, graph, 0)) &&
+        step("cudaGraphLaunch", cudaGraphLaunch(exec, st)) && step("cudaStreamSynchronize", cudaStreamSynchronize(st)) &&
+        step("cudaMemcpy", cudaMemcpy(&host, flag, sizeof(int), cudaMemcpyDeviceToHost)) && host != 1)
+      why = "the probe kernel did not finish its grid barrier";
   }
   if (exec) cudaGraphExecDestroy(exec);
   if (graph) cudaGraphDestroy(graph);
   if (st) cudaStreamDestroy(st);
   if (flag) cudaFree(flag);
   cudaGetLastError();  // a refused probe is an answer, not the backend's error
-  return ok;
+  if (!why.empty()) why += " (" + std::to_string(blocks) + " blocks)";
+  return why;
 }
 
 cudaError_t sum_slices(cudaStream_t s, float* c, int m, int n, int ldc, const float* part, int slices) {

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -134,9 +135,10 @@ int update_cluster_size(int want = 0);
 /// Whether a block of the cluster update holds its shared memory (two doubles per column of the
 /// widest normed matrix, one per row of its share of the tallest) at cluster size cs.
 bool update_cluster_fits(int cs, int max_rows, int max_cols);
-/// Whether a cooperative launch of `blocks` blocks captured into a graph runs on the current
-/// device (probed once: capture, instantiate, launch, check). Never leaves an error behind.
-bool cooperative_graphs_work(int blocks);
+/// Why a cooperative launch of `blocks` blocks captured into a graph does not run on the current
+/// device ("" when it does; probed once: capture, instantiate, launch, check), e.g.
+/// "cudaGraphInstantiate: cudaErrorInvalidValue". Never leaves an error behind.
+std::string cooperative_graphs_refusal(int blocks);
 
 /// One row-major GEMM for tile_gemm: C_z = act(alpha·op(A_z)·op(B_z) + beta·C_in,z + bias_z) for
 /// z < batch (the Gemm of backend.hpp with raw pointers; C_in is read only when beta != 0 and is

@@ -5,12 +5,15 @@
 # process (and so a fresh autotuning); prints every figure and the median per variant. With
 # TRACE=1 it also prints each variant's C51 kernel timeline (dqn-trace, with the cluster update's
 # phase stamps: DQN_UPDATE_CLOCK=1), with TRACE=all also the all-heads one. Needs build-gpu built.
+# OUT=dir: a copy of the output in dir/ab.txt.
 # Usage: tools/gpu_ab.sh default DQN_PDL=0 DQN_WARP_HEAD=0,DQN_PDL=0
 set -uo pipefail
 build=build-gpu
 export DQN_PLUGIN_PATH=$PWD/$build/plugins
 all="heads.1.enabled=true heads.2.enabled=true heads.3.enabled=true"
 rounds=${ROUNDS:-3}
+# with OUT set (a lent machine's folder that comes back), everything printed also goes to $OUT/ab.txt
+[ -n "${OUT:-}" ] && { mkdir -p "$OUT"; exec > >(tee "$OUT/ab.txt") 2>&1; }
 declare -A res
 for r in $(seq "$rounds"); do
   for v in "$@"; do

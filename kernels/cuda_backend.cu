@@ -355,6 +355,9 @@ class CudaBackend final : public Backend {
         DQN_CUDA_THROW(cudaMemset(clock_, 0, kClockBytes));
         note_device_bytes(kClockBytes);
       }
+      // The memsets above run on the legacy stream, which does not order work on the lanes
+      // (non-blocking streams): done before any op can run on a lane (the counters must be 0).
+      DQN_CUDA_THROW(cudaDeviceSynchronize());
     } catch (...) {
       release();
       throw;
@@ -1426,6 +1429,7 @@ class CudaBackend final : public Backend {
     scratch_bytes_ = 0;
     DQN_CUDA_THROW(cudaMalloc(&scratch_base_, bytes * kSlots));
     DQN_CUDA_THROW(cudaMemset(scratch_base_, 0, bytes * kSlots));
+    DQN_CUDA_THROW(cudaDeviceSynchronize());  // (the legacy stream's memset before the lanes' work)
     scratch_bytes_ = bytes;
     scratch_ = static_cast<char*>(scratch_base_) + static_cast<std::size_t>(lane_) * scratch_bytes_;
     note_device_bytes(bytes * kSlots);

@@ -2444,8 +2444,12 @@ std::string cooperative_graphs_refusal(int blocks) {
     if (why.empty() && e != cudaSuccess) why = std::string(what) + ": " + cudaGetErrorName(e);
     return why.empty();
   };
-  if (step("cudaMalloc", cudaMalloc(&flag, sizeof(int))) && step("cudaMemset", cudaMemset(flag, 0, sizeof(int))) &&
+  // The flag is cleared on the probe's own stream: a cudaMemset on the legacy stream is not
+  // ordered before work on a non-blocking stream, and on the H200 (2026-12-05) it landed after the
+  // probe kernel's store in 4 to 6 of 7 probes, refusing a launch that had worked.
+  if (step("cudaMalloc", cudaMalloc(&flag, sizeof(int))) &&
       step("cudaStreamCreate", cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking)) &&
+      step("cudaMemsetAsync", cudaMemsetAsync(flag, 0, sizeof(int), st)) &&
       step("cudaStreamBeginCapture", cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal))) {
     const cudaError_t launched =
         launch_cooperative(coop_probe_kernel, static_cast<unsigned>(std::max(blocks, 1)), st, flag);
@@ -2453,7 +2457,8 @@ std::string cooperative_graphs_refusal(int blocks) {
     if (step("cooperative launch in a capture", launched) && step("cudaStreamEndCapture", ended) &&
         step("cudaGraphInstantiate", cudaGraphInstantiate(&exec, graph, 0)) &&
         step("cudaGraphLaunch", cudaGraphLaunch(exec, st)) && step("cudaStreamSynchronize", cudaStreamSynchronize(st)) &&
-        step("cudaMemcpy", cudaMemcpy(&host, flag, sizeof(int), cudaMemcpyDeviceToHost)) && host != 1)
+        step("cudaMemcpyAsync", cudaMemcpyAsync(&host, flag, sizeof(int), cudaMemcpyDeviceToHost, st)) &&
+        step("cudaStreamSynchronize", cudaStreamSynchronize(st)) && host != 1)
       why = "the probe kernel did not finish its grid barrier";
   }
   if (exec) cudaGraphExecDestroy(exec);

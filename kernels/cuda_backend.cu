@@ -186,6 +186,30 @@ int update_plain_from_env(int wave_blocks) {
   return static_cast<int>(n);
 }
 
+/// DQN_LOSS_WARPS: c51_loss's warps a (sample, branch) where its warp kernel runs: unset or 2 →
+/// two (each one of a lane's two atoms; D ≤ 8, else one), 1 → one. Two measured 89.3 µs against
+/// 90.6 for the C51 step on the H200 (2026-12-05, two processes each; the loss 8.8 µs against
+/// 10.2) and 249.5 against 248.1 with all four heads (247.0 and 251.9: within the rounds'
+/// spread). Anything else is refused.
+bool loss_pair_from_env() {
+  const char* v = std::getenv("DQN_LOSS_WARPS");
+  if (!v || !*v || std::strcmp(v, "2") == 0) return true;
+  if (std::strcmp(v, "1") == 0) return false;
+  throw std::invalid_argument(std::string("DQN_LOSS_WARPS='") + v + "': expected 1 or 2");
+}
+
+/// dueling_dist a warp per action (DQN_WARP_HEAD): never (unset: a warp per (row, branch)), always
+/// (action), or where rows·D ≤ kDistPerActionPairs (auto). On the H200 (2026-12-05) `action`
+/// measured 90.1 µs against 90.6 for the C51 step (the kernel 5.9 µs against 6.5: 512 rows × 3
+/// branches) and 255.4 against 248.1 with all four heads (the ensemble's 1,024 rows × 3 besides).
+enum class DistPerAction { never, always, small };
+constexpr std::int64_t kDistPerActionPairs = 2048;
+DistPerAction dist_per_action_from_env() noexcept {
+  if (env_is("DQN_WARP_HEAD", "action")) return DistPerAction::always;
+  if (env_is("DQN_WARP_HEAD", "auto")) return DistPerAction::small;
+  return DistPerAction::never;
+}
+
 /// DQN_UPDATE_CLUSTER=8 or 16: the cluster update's blocks per cluster (default: 16 where the
 /// device schedules such clusters, else 8).
 int cluster_size_from_env() noexcept {
@@ -1191,7 +1215,10 @@ class CudaBackend final : public Backend {
     if (cuda::dueling_dist_shared_bytes(a.Z, a.A) > 48 * 1024) return fail(op, "Z too large for shared memory");
     if (std::int64_t(a.rows) * a.D > 0x7fffffff) return fail(op, "rows·D too large");
     if (planning_) return;
-    DQN_CUDA_OK(op, cuda::dueling_dist(stream_, a, double_math(), dist_per_action_));
+    const bool per_action = dist_per_action_ == DistPerAction::always ||
+                            (dist_per_action_ == DistPerAction::small &&
+                             static_cast<std::int64_t>(a.rows) * a.D <= kDistPerActionPairs);
+    DQN_CUDA_OK(op, cuda::dueling_dist(stream_, a, double_math(), per_action));
   }
 
   /// Whether the fused head kernel `which` runs for `rows` rows in `per_tile` blocks per row tile
@@ -2092,12 +2119,13 @@ class CudaBackend final : public Backend {
   /// DQN_HEAD_CHAIN=1: the head's hidden and output layers a launch per stream kind
   /// (head_forward_chained); read when the backend is made.
   bool head_chain_ = env_set("DQN_HEAD_CHAIN");
-  /// DQN_LOSS_WARPS=2: c51_loss two warps a (sample, branch) where the warp kernel runs (read when
-  /// the backend is made).
-  bool loss_pair_ = env_is("DQN_LOSS_WARPS", "2");
-  /// DQN_WARP_HEAD=action: dueling_dist a warp per action where the warp kernels fit (read when
-  /// the backend is made; DQN_WARP_HEAD=0 keeps the block kernels, which it does not override).
-  bool dist_per_action_ = env_is("DQN_WARP_HEAD", "action");
+  /// c51_loss two warps a (sample, branch) where the warp kernel runs and D ≤ 8 (unset or
+  /// DQN_LOSS_WARPS=2; =1: one warp; read when the backend is made, anything else refused).
+  bool loss_pair_ = loss_pair_from_env();
+  /// dueling_dist a warp per action where the warp kernels fit: DQN_WARP_HEAD=action always,
+  /// =auto where rows·D ≤ kDistPerActionPairs (read when the backend is made; DQN_WARP_HEAD=0
+  /// keeps the block kernels, which neither overrides).
+  DistPerAction dist_per_action_ = dist_per_action_from_env();
   bool wgrad_kernel_ = false;            ///< tile_gemm_wgrad runs here (tf32, clusters launch)
   bool chain_kernel_ = false;            ///< tile_gemm_chain runs here (tf32)
   /// DQN_XENT_LAST_BLOCK=1: c51_xent's and quantile_huber's batch mean in their last block, not a

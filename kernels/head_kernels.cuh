@@ -26,7 +26,7 @@ std::size_t c51_loss_scratch_bytes(int B);
 std::size_t c51_loss_shared_bytes(int D, int A, int Z);
 /// `counter`: a device word that is 0 and that no concurrently running kernel uses.
 /// double_math: as dueling_dist's.
-/// pair (DQN_LOSS_WARPS=2): where the warp kernel runs and D ≤ 8, two warps a (sample, branch),
+/// pair (the backend's default; DQN_LOSS_WARPS=1 turns it off): where the warp kernel runs and D ≤ 8, two warps a (sample, branch),
 /// each with one of the two atoms a lane holds (the sums over atoms add the two warps' partial
 /// sums: equal within rounding, not bit for bit).
 cudaError_t c51_loss(cudaStream_t s, const C51Loss& a, void* scratch, unsigned* counter, bool double_math,

@@ -1203,12 +1203,14 @@ TEST_CASE("gpu.ops.dueling_dist: combine + log-softmax + Q + argmax in one pass,
     ad.a_star = sh.q ? gpu.put_typed(poison) : nullptr;
     gpu.ops.dueling_dist(ad);
     gpu.ok();
-    {
+    for (const char* mode : {"action", "auto"}) {
       // DQN_WARP_HEAD=action (read when a backend is made): a warp per action where the warp
-      // kernel runs, the same bits as it; elsewhere the same kernels as the default
+      // kernel runs, the same bits as it; elsewhere the same kernels as the default. auto: per
+      // action where rows·D <= 2048 (the same bits either way)
+      INFO("DQN_WARP_HEAD=" << mode);
       std::unique_ptr<Gpu> per_action;
       {
-        const ScopedEnv env("DQN_WARP_HEAD", "action");
+        const ScopedEnv env("DQN_WARP_HEAD", mode);
         per_action = std::make_unique<Gpu>(prec);
       }
       DuelingDist aa = a;
@@ -1220,12 +1222,12 @@ TEST_CASE("gpu.ops.dueling_dist: combine + log-softmax + Q + argmax in one pass,
       per_action->ops.dueling_dist(aa);
       per_action->ok();
       expect_same_bits(per_action->get(aa.logp, static_cast<std::int64_t>(n)), gpu.get(ad.logp, static_cast<std::int64_t>(n)),
-                       "DQN_WARP_HEAD=action: logp");
+                       "DQN_WARP_HEAD (per action): logp");
       if (sh.q) {
         expect_same_bits(per_action->get(aa.q, static_cast<std::int64_t>(nq)),
-                         gpu.get(ad.q, static_cast<std::int64_t>(nq)), "DQN_WARP_HEAD=action: q");
+                         gpu.get(ad.q, static_cast<std::int64_t>(nq)), "DQN_WARP_HEAD (per action): q");
         expect_same_bits(per_action->get_typed(aa.a_star, ns), gpu.get_typed(ad.a_star, ns),
-                         "DQN_WARP_HEAD=action: a_star");
+                         "DQN_WARP_HEAD (per action): a_star");
       }
     }
     ac.logp = host(lp);
@@ -1430,9 +1432,10 @@ TEST_CASE("gpu.ops.c51_loss: fused target distribution, projection, cross-entrop
   // kernel beyond (Z 101 or 300, D 40 or 17, A 9).
   // fp32: double arithmetic; tf32: float (kFloatMath). The last two shapes take several rounds
   // of branches per block, and several atoms per thread. pad: tadv's and dadv's (sample, branch)
-  // blocks A·Z + pad apart (0: compact); dadv's padding must stay poisoned. DQN_LOSS_WARPS=2: two
-  // warps a (sample, branch) where the warp kernel runs and D <= 8 (shapes 1 and 6).
-  for (const char* pair : {static_cast<const char*>(nullptr), "2"})
+  // blocks A·Z + pad apart (0: compact); dadv's padding must stay poisoned. Unset (the default)
+  // and DQN_LOSS_WARPS=2: two warps a (sample, branch) where the warp kernel runs and D <= 8
+  // (shapes 1 and 6); DQN_LOSS_WARPS=1: one.
+  for (const char* pair : {static_cast<const char*>(nullptr), "1", "2"})
   for (const int pad : {0, 3})
   for (const Precision prec : {Precision::fp32, Precision::tf32})
   for (const auto& sh : shapes) {
@@ -1520,6 +1523,17 @@ TEST_CASE("gpu.ops.c51_loss: fused target distribution, projection, cross-entrop
                      "c51_loss parts: dv");
     expect_same_bits(gpu.get(ap.dadv, static_cast<std::int64_t>(na)), gpu.get(ad.dadv, static_cast<std::int64_t>(na)),
                      "c51_loss parts: dadv");
+  }
+  for (const char* bad : {"0", "3", "two", "2x"}) {
+    INFO("DQN_LOSS_WARPS=" << bad);
+    const ScopedEnv env("DQN_LOSS_WARPS", bad);
+    try {
+      Gpu gpu;
+      FAIL("no error for DQN_LOSS_WARPS=" << bad);
+    } catch (const std::exception& e) {
+      const std::string m = e.what();
+      CHECK_MESSAGE(m.find(std::string("DQN_LOSS_WARPS='") + bad + "'") != std::string::npos, m);
+    }
   }
 }
 

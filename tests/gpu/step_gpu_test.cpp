@@ -171,7 +171,7 @@ TEST_CASE("gpu.step.matches_cpu") {
   // and the trunk's two layers in tile_gemm_chain (DQN_FUSED_TRUNK=1); the CPU engine keeps its
   // stages (the same numbers, heads_test). fp32 and tf32 also with the cluster update's power
   // iteration by columns (DQN_SN_COLS=1); tf32 with each head stream's two layers in one launch
-  // (DQN_HEAD_CHAIN=1); fp32 with the loss two warps a (sample, branch) (DQN_LOSS_WARPS=2); tf32
+  // (DQN_HEAD_CHAIN=1); fp32 with the loss one warp a (sample, branch) (DQN_LOSS_WARPS=1; two by default); tf32
   // with the trunk's top mask in the head's GEMM and the fused first-layer gradients
   // (DQN_HEAD_MASK=1, DQN_FUSED_WGRAD=1).
   struct Case {
@@ -192,7 +192,7 @@ TEST_CASE("gpu.step.matches_cpu") {
       {"fp32", 2e-4, 1e-4, {{"DQN_SN_COLS", "1"}}},
       {"tf32", 5e-3, 5e-3, {{"DQN_SN_COLS", "1"}}},
       {"tf32", 5e-3, 5e-3, {{"DQN_HEAD_CHAIN", "1"}}},
-      {"fp32", 2e-4, 1e-4, {{"DQN_LOSS_WARPS", "2"}}},
+      {"fp32", 2e-4, 1e-4, {{"DQN_LOSS_WARPS", "1"}}},
       {"tf32", 5e-3, 5e-3, {{"DQN_FUSED_WGRAD", "1"}, {"DQN_HEAD_MASK", "1"}}},
   };
   for (const Case& c : cases) {
@@ -246,10 +246,10 @@ TEST_CASE("gpu.step.matches_cpu") {
 TEST_CASE("gpu.step.replay_equals_uncaptured") {
   // tf32 also with every switch below at once (tile_gemm_wgrad's clusters add in a fixed order;
   // tile_gemm_chain's blocks each recompute their rows of the first layer; the column power
-  // iteration adds in rank order; the loss's two warps add their sums in order)
+  // iteration adds in rank order; the loss's one warp, the default being two)
   const std::pair<const char*, const char*> switches[] = {
       {"DQN_FUSED_WGRAD", "1"}, {"DQN_FUSED_TRUNK", "1"},    {"DQN_SN_COLS", "1"},     {"DQN_HEAD_CHAIN", "1"},
-      {"DQN_WARP_HEAD", "action"}, {"DQN_LOSS_WARPS", "2"}, {"DQN_C51_PROJECT", "1"}, {"DQN_HEAD_MASK", "1"}};
+      {"DQN_WARP_HEAD", "action"}, {"DQN_LOSS_WARPS", "1"}, {"DQN_C51_PROJECT", "1"}, {"DQN_HEAD_MASK", "1"}};
   for (const auto& [p, fused] : {std::pair<const char*, bool>{"fp32", false}, {"tf32", false}, {"tf32", true},
                                  {"bf16", false}}) {
     INFO("precision " << std::string(p) << (fused ? ", with the switches" : ""));

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <algorithm>
 #include <deque>
+#include <initializer_list>
 #include <iterator>
 #include <limits>
 #include <memory>
@@ -199,6 +200,22 @@ std::vector<float> random_logp(int rows, int n, std::uint32_t seed) {
   cpu.ops->log_softmax(host(lp), host(x), rows, n);
   cpu.ok();
   return lp;
+}
+
+/// Each of `bad` as the value of the backend switch `name` makes the backend refuse to be made,
+/// with a message that names the variable and the value.
+void expect_switch_refused(const char* name, std::initializer_list<const char*> bad) {
+  for (const char* value : bad) {
+    INFO(name << "=" << value);
+    const ScopedEnv env(name, value);
+    try {
+      Gpu gpu;
+      FAIL("no error for " << name << "=" << value);
+    } catch (const std::exception& e) {
+      const std::string m = e.what();
+      CHECK_MESSAGE(m.find(std::string(name) + "='" + value + "'") != std::string::npos, m);
+    }
+  }
 }
 
 }  // namespace
@@ -1524,17 +1541,7 @@ TEST_CASE("gpu.ops.c51_loss: fused target distribution, projection, cross-entrop
     expect_same_bits(gpu.get(ap.dadv, static_cast<std::int64_t>(na)), gpu.get(ad.dadv, static_cast<std::int64_t>(na)),
                      "c51_loss parts: dadv");
   }
-  for (const char* bad : {"0", "3", "two", "2x"}) {
-    INFO("DQN_LOSS_WARPS=" << bad);
-    const ScopedEnv env("DQN_LOSS_WARPS", bad);
-    try {
-      Gpu gpu;
-      FAIL("no error for DQN_LOSS_WARPS=" << bad);
-    } catch (const std::exception& e) {
-      const std::string m = e.what();
-      CHECK_MESSAGE(m.find(std::string("DQN_LOSS_WARPS='") + bad + "'") != std::string::npos, m);
-    }
-  }
+  expect_switch_refused("DQN_LOSS_WARPS", {"0", "3", "two", "2x"});
 }
 
 TEST_CASE("gpu.ops.relu_bias_grad: masks and column sums for several heads sharing the activation") {
@@ -2451,17 +2458,7 @@ TEST_CASE("gpu.ops.update.plain: the blocks outside the normed matrices (DQN_UPD
     expect_same_bits(r.g, base.g, "g");
     expect_same_bits(r.u, base.u, "u");
   }
-  for (const char* bad : {"0", "-4", "abc", "wave2", "12x"}) {
-    INFO("DQN_UPDATE_PLAIN=" << bad);
-    const ScopedEnv env("DQN_UPDATE_PLAIN", bad);
-    try {
-      Gpu gpu;
-      FAIL("no error for DQN_UPDATE_PLAIN=" << bad);
-    } catch (const std::exception& e) {
-      const std::string m = e.what();
-      CHECK_MESSAGE(m.find(std::string("DQN_UPDATE_PLAIN='") + bad + "'") != std::string::npos, m);
-    }
-  }
+  expect_switch_refused("DQN_UPDATE_PLAIN", {"0", "-4", "abc", "wave2", "12x"});
 }
 
 namespace {

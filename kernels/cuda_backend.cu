@@ -198,16 +198,19 @@ bool loss_pair_from_env() {
   throw std::invalid_argument(std::string("DQN_LOSS_WARPS='") + v + "': expected 1 or 2");
 }
 
-/// dueling_dist a warp per action (DQN_WARP_HEAD): never (unset: a warp per (row, branch)), always
-/// (action), or where rows·D ≤ kDistPerActionPairs (auto). On the H200 (2026-12-05) `action`
-/// measured 90.1 µs against 90.6 for the C51 step (the kernel 5.9 µs against 6.5: 512 rows × 3
-/// branches) and 255.4 against 248.1 with all four heads (the ensemble's 1,024 rows × 3 besides).
+/// dueling_dist a warp per action where the warp kernels run (DQN_WARP_HEAD): where rows·D ≤
+/// kDistPerActionPairs (unset or auto: the C51 primary's 512 rows × 3 branches at B = 256, not
+/// the ensemble's 1,024 × 3), always (action), or never (row: a warp per (row, branch)
+/// everywhere; 0/off keeps the block kernels, so never too). On the H200 (2026-12-05, two
+/// processes each, C51 / all four heads at B = 256): a warp per (row, branch) 89.02 / 251.43
+/// µs, auto 88.29 / 251.12; `action` had measured 90.10 / 255.40 against 90.62 / 248.13 (the
+/// ensemble's rows slower per action).
 enum class DistPerAction { never, always, small };
 constexpr std::int64_t kDistPerActionPairs = 2048;
 DistPerAction dist_per_action_from_env() noexcept {
+  if (!env_on("DQN_WARP_HEAD") || env_is("DQN_WARP_HEAD", "row")) return DistPerAction::never;
   if (env_is("DQN_WARP_HEAD", "action")) return DistPerAction::always;
-  if (env_is("DQN_WARP_HEAD", "auto")) return DistPerAction::small;
-  return DistPerAction::never;
+  return DistPerAction::small;
 }
 
 /// DQN_UPDATE_CLUSTER=8 or 16: the cluster update's blocks per cluster (default: 16 where the
@@ -2122,9 +2125,9 @@ class CudaBackend final : public Backend {
   /// c51_loss two warps a (sample, branch) where the warp kernel runs and D ≤ 8 (unset or
   /// DQN_LOSS_WARPS=2; =1: one warp; read when the backend is made, anything else refused).
   bool loss_pair_ = loss_pair_from_env();
-  /// dueling_dist a warp per action where the warp kernels fit: DQN_WARP_HEAD=action always,
-  /// =auto where rows·D ≤ kDistPerActionPairs (read when the backend is made; DQN_WARP_HEAD=0
-  /// keeps the block kernels, which neither overrides).
+  /// dueling_dist a warp per action where the warp kernels fit: where rows·D ≤
+  /// kDistPerActionPairs (the default), always or never (dist_per_action_from_env; read when the
+  /// backend is made).
   DistPerAction dist_per_action_ = dist_per_action_from_env();
   bool wgrad_kernel_ = false;            ///< tile_gemm_wgrad runs here (tf32, clusters launch)
   bool chain_kernel_ = false;            ///< tile_gemm_chain runs here (tf32)

@@ -1186,8 +1186,10 @@ TEST_CASE("gpu.ops.dueling_dist: combine + log-softmax + Q + argmax in one pass,
   } shapes[] = {{2 * 37, 3, 5, 51, 37, true}, {19, 2, 7, 101, 0, true}, {13, 4, 3, 9, 13, true}, {11, 3, 5, 33, 0, false},
                 {17, 2, 8, 64, 5, true}, {9, 1, 9, 20, 0, true}, {6, 2, 1, 1, 0, true}};
   // A warp per (row, branch) while Z <= 64 and A <= 8 (the first, third, fourth, fifth and last
-  // shapes); a block per (row, branch) beyond (the second: Z 101; the sixth: A 9). With
-  // DQN_WARP_HEAD=action a warp per action where the warp kernel fits, equal to it bit for bit.
+  // shapes); a block per (row, branch) beyond (the second: Z 101; the sixth: A 9). The reference
+  // runs a warp per (row, branch) everywhere (DQN_WARP_HEAD=row); with DQN_WARP_HEAD=action, auto
+  // and unset a warp per action where the warp kernel fits (auto and unset: where rows·D <= 2048,
+  // all of these shapes), equal to it bit for bit.
   // fp32: the kernel's double arithmetic, as the CPU's; tf32: its float arithmetic (kFloatMath).
   // pad: adv's (row, branch) blocks A·Z + pad apart (0: compact, ldadv unset).
   for (const int pad : {0, 5})
@@ -1197,7 +1199,12 @@ TEST_CASE("gpu.ops.dueling_dist: combine + log-softmax + Q + argmax in one pass,
                  << (prec == Precision::fp32 ? " (double math)" : " (float math)") << " adv padding " << pad);
     const double tol_e = prec == Precision::fp32 ? kElementwise : kFloatMath;
     const double tol_r = prec == Precision::fp32 ? kReduction : kFloatMath;
-    Gpu gpu(prec);
+    std::unique_ptr<Gpu> made;
+    {
+      const ScopedEnv env("DQN_WARP_HEAD", "row");  // read when a backend is made
+      made = std::make_unique<Gpu>(prec);
+    }
+    Gpu& gpu = *made;
     Cpu cpu;
     const int ldv = sh.Z + 3;
     const std::size_t n = static_cast<std::size_t>(sh.rows) * sh.D * sh.A * sh.Z;
@@ -1220,11 +1227,10 @@ TEST_CASE("gpu.ops.dueling_dist: combine + log-softmax + Q + argmax in one pass,
     ad.a_star = sh.q ? gpu.put_typed(poison) : nullptr;
     gpu.ops.dueling_dist(ad);
     gpu.ok();
-    for (const char* mode : {"action", "auto"}) {
-      // DQN_WARP_HEAD=action (read when a backend is made): a warp per action where the warp
-      // kernel runs, the same bits as it; elsewhere the same kernels as the default. auto: per
-      // action where rows·D <= 2048 (the same bits either way)
-      INFO("DQN_WARP_HEAD=" << mode);
+    for (const char* mode : {"action", "auto", static_cast<const char*>(nullptr)}) {
+      // a warp per action where the warp kernel runs, the same bits as a warp per (row, branch);
+      // elsewhere the same kernels
+      INFO("DQN_WARP_HEAD=" << (mode ? mode : "unset"));
       std::unique_ptr<Gpu> per_action;
       {
         const ScopedEnv env("DQN_WARP_HEAD", mode);

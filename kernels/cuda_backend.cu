@@ -975,7 +975,7 @@ class CudaBackend final : public Backend {
     } else if (cluster) {
       const int plain = update_plain_ > 0 ? update_plain_ : plain_wave_ > 0 ? plain_wave_ : wave_blocks();
       DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), plain, clock_,
-                                           kClockBlocks, &clock_launch_.blocks, sn_cols_));
+                                           kClockBlocks, &clock_launch_.blocks, sn_cols_, update_early_));
       clock_launch_.cs = update_cluster_;
       clock_launch_.normed = u.sn_count;
     } else {
@@ -1768,6 +1768,7 @@ class CudaBackend final : public Backend {
     t.ldmask = g.ldmask;
     t.mask_rows = g.mask_rows > 0 ? g.mask_rows : g.m;
     t.stride_mask = batched && g.mask ? g.stride_mask : 0;
+    t.b_early = g.weight_operand == 2;  // run_tile keeps it only while capturing (DQN_GEMM_EARLY)
     return t;
   }
 
@@ -1805,7 +1806,12 @@ class CudaBackend final : public Backend {
     if (!planning_) run_tile(tg, config);
   }
   void run_tile(const cuda::TileGemm& tg, int config) noexcept {
-    if (DQN_CUDA_OK("gemm", cuda::tile_gemm(stream_, tg, config)) && tg.mask) masked_in_kernel_ = true;
+    // B before the wait only in a captured step: there no kernel before the update writes a
+    // parameter, and the previous replay has ended; run uncaptured, the kernel before may be the
+    // last step's update.
+    cuda::TileGemm t = tg;
+    t.b_early = tg.b_early && capturing_ && gemm_early_;
+    if (DQN_CUDA_OK("gemm", cuda::tile_gemm(stream_, t, config)) && t.mask) masked_in_kernel_ = true;
   }
 
   /// DQN_TILE_GEMM=1 or a shape: the named shape, or the fastest that fits (timed, outside
@@ -1885,6 +1891,7 @@ class CudaBackend final : public Backend {
     cuda::TileGemm t = tg;
     t.c_in = c;  // beta·C from the caller's C, D to the private buffer
     t.c = d;
+    t.b_early = tg.b_early && gemm_early_;  // as in the step (a timing graph writes no parameter)
     const bool works = cuda::tile_gemm(stream_, t, cfg) == cudaSuccess;  // also the warm-up
     if (!works) {
       cudaGetLastError();
@@ -2117,6 +2124,11 @@ class CudaBackend final : public Backend {
   /// DQN_SN_COLS=1: the cluster update's normed matrices split by columns where they fit
   /// (cuda::update_cluster); read when the backend is made.
   bool sn_cols_ = env_set("DQN_SN_COLS");
+  /// DQN_UPDATE_EARLY=0: the cluster update loads its first tile's optimizer state after its wait,
+  /// with the gradients (as before 2026-12-05); DQN_GEMM_EARLY=0: tile_gemm requests a parameter B
+  /// after its wait too. Read per backend; the same results either way.
+  bool update_early_ = env_on("DQN_UPDATE_EARLY");
+  bool gemm_early_ = env_on("DQN_GEMM_EARLY");
   int update_plain_ = 0;  ///< the cluster update's max_blocks (update_plain_from_env; -1: one wave)
   int plain_wave_ = 0;    ///< with update_plain_ -1: the last update's one wave (cuda::update_cluster_wave)
   /// DQN_HEAD_CHAIN=1: the head's hidden and output layers a launch per stream kind
@@ -2245,6 +2257,7 @@ class CudaRuntime final : public Runtime {
     joined_[0] = true;
     for (auto& l : lane_last_) l = -1;
     node_stage_.clear();
+    wide_ = false;
   }
 
   int lanes() const noexcept override { return kMaxLanes; }
@@ -2253,7 +2266,9 @@ class CudaRuntime final : public Runtime {
   /// clears it.
   static constexpr int kNarrowLanes = 8;
   void capture_width(int lanes) override {
-    if (capturing_) cuda::dev::set_pdl_wide(lanes > kNarrowLanes);
+    if (!capturing_) return;
+    wide_ = lanes > kNarrowLanes;
+    cuda::dev::set_pdl_wide(wide_);
   }
 
   void stage_begin(int lane, const std::vector<int>& after) override {
@@ -2306,20 +2321,28 @@ class CudaRuntime final : public Runtime {
       throw std::runtime_error(std::string("cuda: an op failed during capture, graph discarded: ") + backend_.message());
     }
     if (priority_) prioritize(graph);
+    std::vector<Edge> joins = joins_ ? programmatic_joins(graph) : std::vector<Edge>{};
     // Re-capture cheaply: update the instantiated graph in place when the topology allows.
     if (exec_) {
       cudaGraphExecUpdateResultInfo info{};
       if (cudaGraphExecUpdate(exec_, graph, &info) == cudaSuccess) {
         if (graph_) cudaGraphDestroy(graph_);
         graph_ = graph;
+        joins_made_ = joins.size();
         return;
       }
       cudaGetLastError();
       cudaGraphExecDestroy(exec_);
       exec_ = nullptr;
     }
-    const cudaError_t ie =
-        cudaGraphInstantiate(&exec_, graph, priority_ ? cudaGraphInstantiateFlagUseNodePriority : 0);
+    const unsigned long long flags = priority_ ? cudaGraphInstantiateFlagUseNodePriority : 0;
+    cudaError_t ie = cudaGraphInstantiate(&exec_, graph, flags);
+    if (ie != cudaSuccess && !joins.empty()) {  // a driver that refuses the joins: the edges as captured
+      cudaGetLastError();
+      exec_ = nullptr;
+      if (restore_joins(graph, joins)) ie = cudaGraphInstantiate(&exec_, graph, flags);
+      joins.clear();
+    }
     if (ie != cudaSuccess) {
       cudaGraphDestroy(graph);
       exec_ = nullptr;
@@ -2327,6 +2350,7 @@ class CudaRuntime final : public Runtime {
     }
     if (graph_) cudaGraphDestroy(graph_);
     graph_ = graph;
+    joins_made_ = joins.size();
     DQN_CUDA_THROW(cudaGraphUpload(exec_, backend_.stream()));
   }
 
@@ -2427,7 +2451,11 @@ class CudaRuntime final : public Runtime {
                   static_cast<double>(p.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0), precision_name(backend_.precision()),
                   kWorkspaceBytes >> 20, backend_.scratch_bytes() >> 10, arena_bytes_ >> 10, arena_,
                   backend_.workspace_base(), backend_.scratch_base(), backend_.update_path().c_str());
-    return buf;
+    std::string text = buf;
+    if (graph_)
+      text += ", " + std::to_string(joins_made_) + " programmatic join(s) in the graph" +
+              (joins_ ? "" : " (DQN_PDL_JOINS=0)");
+    return text;
   }
 
   std::size_t peak_bytes() const noexcept override { return backend_.peak_device_bytes(); }
@@ -2471,6 +2499,85 @@ class CudaRuntime final : public Runtime {
   /// is instantiated to honour node priorities. Results are the same either way. On unless
   /// DQN_PRIORITY=0 (the H200, 2026-12-04: all four heads 263.3 against 271.9 µs, C51 89.9 both).
   static bool priority_from_env() noexcept { return cuda::env_on("DQN_PRIORITY"); }
+
+  /// A graph edge from -> to.
+  struct Edge {
+    cudaGraphNode_t from, to;
+  };
+  /// Programmatic joins (DQN_PDL_JOINS, on unless 0): a kernel launched with the programmatic
+  /// attribute is placed early only after the one kernel before it in its stream; a stage that
+  /// waits for another lane's stage (a join) was captured with plain edges, so its first kernel
+  /// was placed only after both had finished (about 1 µs after, where an early placement waits
+  /// 0.5–0.7). Here every plain edge between two kernels into a kernel that begins with
+  /// pdl_entry() (dev::is_pdl_kernel) and would take the attribute (dev::pdl_for_width, as
+  /// captured) becomes programmatic: the kernel is placed once every kernel it waits for has
+  /// passed its own wait, and its griddepcontrol.wait then waits for their completion and their
+  /// writes, as the plain edge did. Returns the edges changed (restore_joins undoes them).
+  static bool joins_from_env() noexcept { return cuda::env_on("DQN_PDL_JOINS"); }
+  std::vector<Edge> programmatic_joins(cudaGraph_t graph) noexcept {
+    std::vector<Edge> changed;
+    std::vector<cudaGraphNode_t> nodes;
+    if (!graph_node_list(graph, nodes)) return changed;
+    try {
+      for (cudaGraphNode_t to : nodes) {
+        if (node_type(to) != cudaGraphNodeTypeKernel) continue;
+        cudaKernelNodeParams kp{};
+        if (cudaGraphKernelNodeGetParams(to, &kp) != cudaSuccess) {
+          cudaGetLastError();
+          continue;
+        }
+        if (!cuda::dev::is_pdl_kernel(kp.func) || !cuda::dev::pdl_for_width(kp.sharedMemBytes, wide_)) continue;
+        std::size_t nd = 0;
+        if (cudaGraphNodeGetDependencies(to, nullptr, nullptr, &nd) != cudaSuccess) {
+          cudaGetLastError();
+          continue;
+        }
+        std::vector<cudaGraphNode_t> from(nd);
+        std::vector<cudaGraphEdgeData> data(nd);
+        if (nd == 0 || cudaGraphNodeGetDependencies(to, from.data(), data.data(), &nd) != cudaSuccess) {
+          cudaGetLastError();
+          continue;
+        }
+        for (std::size_t k = 0; k < nd; ++k) {
+          if (data[k].type != cudaGraphDependencyTypeDefault || data[k].from_port != cudaGraphKernelNodePortDefault ||
+              node_type(from[k]) != cudaGraphNodeTypeKernel)
+            continue;
+          cudaGraphEdgeData pe{};
+          pe.type = cudaGraphDependencyTypeProgrammatic;
+          pe.from_port = cudaGraphKernelNodePortProgrammatic;
+          if (cudaGraphRemoveDependencies(graph, &from[k], &to, &data[k], 1) != cudaSuccess) {
+            cudaGetLastError();
+            continue;
+          }
+          if (cudaGraphAddDependencies(graph, &from[k], &to, &pe, 1) != cudaSuccess) {
+            cudaGetLastError();
+            if (cudaGraphAddDependencies(graph, &from[k], &to, &data[k], 1) != cudaSuccess) cudaGetLastError();
+            continue;
+          }
+          changed.push_back(Edge{from[k], to});
+        }
+      }
+    } catch (...) {
+      // out of memory listing edges: the rest stay as captured (those changed are recorded)
+    }
+    return changed;
+  }
+  /// The edges programmatic_joins changed, plain again. False if one could not be restored.
+  static bool restore_joins(cudaGraph_t graph, const std::vector<Edge>& joins) noexcept {
+    bool ok = true;
+    for (const Edge& e : joins) {
+      cudaGraphEdgeData pe{};
+      pe.type = cudaGraphDependencyTypeProgrammatic;
+      pe.from_port = cudaGraphKernelNodePortProgrammatic;
+      const cudaGraphEdgeData plain{};
+      if (cudaGraphRemoveDependencies(graph, &e.from, &e.to, &pe, 1) != cudaSuccess ||
+          cudaGraphAddDependencies(graph, &e.from, &e.to, &plain, 1) != cudaSuccess) {
+        cudaGetLastError();
+        ok = false;
+      }
+    }
+    return ok;
+  }
   void prioritize(cudaGraph_t graph) noexcept {
     std::vector<cudaGraphNode_t> nodes;
     std::vector<std::vector<int>> deps;
@@ -2588,6 +2695,9 @@ class CudaRuntime final : public Runtime {
   int lane_last_[kMaxLanes] = {};
   std::map<cudaGraphNode_t, int> node_stage_;  ///< the capture's nodes by the stage that enqueued them
   bool priority_ = priority_from_env();        ///< DQN_PRIORITY (read once per runtime)
+  bool joins_ = joins_from_env();              ///< DQN_PDL_JOINS (read once per runtime)
+  bool wide_ = false;                          ///< this capture's width (capture_width)
+  std::size_t joins_made_ = 0;                 ///< programmatic joins in graph_
 };
 
 }  // namespace

@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <mutex>
+#include <unordered_set>
 #include <utility>
 
 #include "cuda_kernels.cuh"
@@ -1377,10 +1379,28 @@ struct ClusterTile {
   float gr[kClusterEarlyHeads][kClusterPer];
 };
 
-/// Loads the tile's elements i = s + k·kThreads + threadIdx.x < hi (nothing here depends on the
-/// clip factors or the skip decision, so it can run before them).
-__device__ __forceinline__ void cluster_load(const ClusterStep& x, std::int64_t s, std::int64_t hi, bool polyak,
-                                             ClusterTile& r) {
+/// Loads the optimizer's state of the tile's elements i = s + k·kThreads + threadIdx.x < hi: m, v,
+/// θ and, with polyak, the target. Only this kernel writes them (a step's earlier kernels read θ,
+/// none writes it), so the loads may run before the kernel's griddepcontrol.wait.
+__device__ __forceinline__ void cluster_load_state(const ClusterStep& x, std::int64_t s, std::int64_t hi, bool polyak,
+                                                   ClusterTile& r) {
+#pragma unroll
+  for (int k = 0; k < kClusterPer; ++k) {
+    const std::int64_t i = s + k * kThreads + threadIdx.x;
+    r.m[k] = r.v[k] = r.th[k] = r.tg[k] = 0.0f;
+    if (i < hi) {
+      r.m[k] = x.mom[i];
+      r.v[k] = x.var[i];
+      r.th[k] = x.theta[i];
+      if (polyak) r.tg[k] = x.rule.tgt[i];
+    }
+  }
+}
+
+/// Loads the first heads' gradients of the same elements (written by the kernels before this one:
+/// after the wait).
+__device__ __forceinline__ void cluster_load_grads(const ClusterStep& x, std::int64_t s, std::int64_t hi,
+                                                   ClusterTile& r) {
   // A head whose reach misses the tile has zeros there: not loaded, its term adds +0 (combine_tile).
   bool meets[kClusterEarlyHeads];
 #pragma unroll
@@ -1388,19 +1408,18 @@ __device__ __forceinline__ void cluster_load(const ClusterStep& x, std::int64_t 
 #pragma unroll
   for (int k = 0; k < kClusterPer; ++k) {
     const std::int64_t i = s + k * kThreads + threadIdx.x;
-    r.m[k] = r.v[k] = r.th[k] = r.tg[k] = 0.0f;
 #pragma unroll
-    for (int h = 0; h < kClusterEarlyHeads; ++h) r.gr[h][k] = 0.0f;
-    if (i < hi) {
-      r.m[k] = x.mom[i];
-      r.v[k] = x.var[i];
-      r.th[k] = x.theta[i];
-      if (polyak) r.tg[k] = x.rule.tgt[i];
-#pragma unroll
-      for (int h = 0; h < kClusterEarlyHeads; ++h)
-        if (meets[h]) r.gr[h][k] = x.grads[static_cast<std::int64_t>(h) * x.P + i];
-    }
+    for (int h = 0; h < kClusterEarlyHeads; ++h)
+      r.gr[h][k] = meets[h] && i < hi ? x.grads[static_cast<std::int64_t>(h) * x.P + i] : 0.0f;
   }
+}
+
+/// Loads the tile's elements i = s + k·kThreads + threadIdx.x < hi (nothing here depends on the
+/// clip factors or the skip decision, so it can run before them).
+__device__ __forceinline__ void cluster_load(const ClusterStep& x, std::int64_t s, std::int64_t hi, bool polyak,
+                                             ClusterTile& r) {
+  cluster_load_state(x, s, hi, polyak, r);
+  cluster_load_grads(x, s, hi, r);
 }
 
 /// acc[k] = Σ_h c_h g_h at the tile's k-th element (double, heads in order, as combine_tile): the
@@ -1582,6 +1601,7 @@ struct ClusterPlan {
   std::uint64_t* clock = nullptr;  ///< update_cluster's clock (null: off)
   int clock_blocks = 0;
   int col_rows = 0;  ///< the column variant's rows of shared memory (max_rows; 0: no column variant)
+  bool early = true;  ///< the first tile's optimizer state loaded before the wait (DQN_UPDATE_EARLY)
   std::int64_t seg_lo[kClusterMaxSegs] = {}, seg_hi[kClusterMaxSegs] = {};
   std::int64_t seg_tile0[kClusterMaxSegs + 1] = {};  ///< first tile of each range; [nseg]: all tiles
 };
@@ -1745,8 +1765,6 @@ template <int CS, bool COLS = false>
 __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, const double* __restrict__ partial,
                                                                      int nchunks, ClusterPlan pl) {
   clock_stamp(pl, kClockPlaced);  // (the clock is no buffer of the kernels this one waits for)
-  dev::pdl_entry();
-  clock_stamp(pl, kClockWaited);
   namespace cg = cooperative_groups;
   extern __shared__ double cu_shared[];
   __shared__ float clip_sh[kUpdateMaxHeads + 4];  // + 4: see budget()
@@ -1754,8 +1772,6 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   const Budget& b = u.budget;
   float* theta = static_cast<float*>(u.adam.params.p);
   const TargetUpdate& tu = u.target;
-  const double bc1 = pl.step[0], bc2 = pl.step[1];
-  const auto t_new = static_cast<long long>(pl.step[2]);
   ClusterStep x{static_cast<const float*>(b.grads.p),
                 static_cast<float*>(b.g.p),
                 static_cast<float*>(u.adam.m.p),
@@ -1799,9 +1815,19 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   const int colw = COLS && normed && rows <= pl.col_rows ? sncol_width(rows, cols, CS) : 0;
   SnColSlice slice;
   ClusterTile reg;  // in flight during the clips
+  // pl.early: the first tile's m, v, θ and target before griddepcontrol.wait, so that they load
+  // while the partial sums (the kernel this one waits for) finish; only this kernel writes them.
+  const bool early = pl.early && !colw;
+  if (early) cluster_load_state(x, lo, min(hi, lo + kClusterTile), every && !normed, reg);
+  dev::pdl_entry();
+  clock_stamp(pl, kClockWaited);
+  const double bc1 = pl.step[0], bc2 = pl.step[1];
+  const auto t_new = static_cast<long long>(pl.step[2]);
   if (colw) {
     slice = sncol_slice(sm, off, colw, rank);
     sncol_load(x, slice, static_cast<const float*>(sm.u.p), 0, reg);
+  } else if (early) {
+    cluster_load_grads(x, lo, min(hi, lo + kClusterTile), reg);
   } else {
     cluster_load(x, lo, min(hi, lo + kClusterTile), every && !normed, reg);
   }
@@ -2013,13 +2039,40 @@ thread_local bool t_pdl_wide = false;  // dev::set_pdl_wide
 
 void dev::set_pdl_wide(bool wide) noexcept { t_pdl_wide = wide; }
 
-bool dev::pdl_for(std::size_t shared) noexcept {
+namespace {
+std::mutex& pdl_kernels_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::unordered_set<const void*>& pdl_kernels() {
+  static std::unordered_set<const void*> s;
+  return s;
+}
+}  // namespace
+
+void dev::note_pdl_kernel(const void* kernel) noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(pdl_kernels_mutex());
+    pdl_kernels().insert(kernel);
+  } catch (...) {
+    // not noted: its edges stay as captured (is_pdl_kernel false)
+  }
+}
+
+bool dev::is_pdl_kernel(const void* kernel) noexcept {
+  std::lock_guard<std::mutex> lock(pdl_kernels_mutex());
+  return pdl_kernels().count(kernel) != 0;
+}
+
+bool dev::pdl_for(std::size_t shared) noexcept { return pdl_for_width(shared, t_pdl_wide); }
+
+bool dev::pdl_for_width(std::size_t shared, bool wide) noexcept {
   constexpr std::size_t kSmall = std::size_t{16} << 10;
   static const char* const v = std::getenv("DQN_PDL");
   static const bool on = env_on("DQN_PDL");
   static const bool small = v && std::strcmp(v, "small") == 0;
   if (!on) return false;
-  if (small || (!v && t_pdl_wide)) return shared <= kSmall;
+  if (small || (!v && wide)) return shared <= kSmall;
   return true;
 }
 
@@ -2385,7 +2438,7 @@ int update_cluster_wave(const Update& u, int cs, bool sn_cols) {
 
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
-                           std::uint64_t* clock, int clock_blocks, int* launched, bool sn_cols) {
+                           std::uint64_t* clock, int clock_blocks, int* launched, bool sn_cols, bool early) {
   const Budget& b = u.budget;
   if ((cs != 8 && cs != 16) || u.sn_count > kUpdateMaxSn || !update_cluster_fits(cs, u.sn_max_rows, u.sn_max_cols) ||
       static_cast<int>(ranges.size()) != u.sn_count)
@@ -2428,7 +2481,9 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   if (blocks == 0) return cudaSuccess;
   pl.clock = clock;
   pl.clock_blocks = clock ? clock_blocks : 0;
+  pl.early = early;
   const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, kernel.shared, s, attr, true);
+  dev::note_pdl_kernel(reinterpret_cast<const void*>(kernel.fn));
   return cudaLaunchKernelEx(&cfg, kernel.fn, u, static_cast<const double*>(partial), nchunks, pl);
 }
 

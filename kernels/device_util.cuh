@@ -32,8 +32,19 @@ __device__ __forceinline__ void pdl_entry() {
 /// (set_pdl_wide: on the H200 the four heads' step over 15 lanes measured 254.2 µs with small
 /// against 263.3 µs with all, the C51 step over 6 lanes 89.9 µs with all against 94.0).
 bool pdl_for(std::size_t shared) noexcept;
+/// pdl_for for a step captured wide or not (what set_pdl_wide said during its capture).
+bool pdl_for_width(std::size_t shared, bool wide) noexcept;
 /// Whether the steps this thread captures from now on spread over many lanes (see pdl_for).
 void set_pdl_wide(bool wide) noexcept;
+
+/// Notes that `kernel` begins with pdl_entry(): before its griddepcontrol.wait it reads nothing
+/// that a kernel of the same step writes (the cluster update's optimizer state is written by no
+/// other kernel). Every launch that may carry the programmatic attribute notes its kernel, so
+/// that after a capture a graph edge into it from another lane's kernel may be made programmatic
+/// too (is_pdl_kernel; the runtime's programmatic joins). Thread-safe.
+void note_pdl_kernel(const void* kernel) noexcept;
+/// Whether note_pdl_kernel(kernel) was called in this process.
+bool is_pdl_kernel(const void* kernel) noexcept;
 
 /// The launch attribute that lets a kernel start while the previous one of its stream runs
 /// (it must begin with pdl_entry()).
@@ -56,6 +67,7 @@ cudaError_t launch(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t shme
   cfg.stream = s;
   cfg.attrs = &attr;
   cfg.numAttrs = pdl_for(shmem) ? 1 : 0;
+  note_pdl_kernel(reinterpret_cast<const void*>(kernel));
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
 }
 

@@ -110,11 +110,14 @@ __device__ __forceinline__ void copy_rows_async(Dst dst, const float* src, int l
 /// B at or past n read as zeros. Returns with no copy in flight (the caller's own cp.async groups,
 /// committed before, included) and with the stage buffers possibly still being read by other
 /// warps (a barrier must come before `smem` is written again). TA/TB: A is stored [k, m] / B is
-/// stored [n, k] (the Gemm's ta/tb).
+/// stored [n, k] (the Gemm's ta/tb). b_then_wait: the caller has not passed pdl_entry(); the first
+/// stages' copies of B (a parameter, which no kernel of the step writes) are issued, then
+/// pdl_entry(), then those of A (one more cp.async group, which the waits below allow for: at
+/// stage kt they need groups up to kt + 1 done either way).
 template <int BM, int BN, int WM, int WN, int S, bool TA, bool TB>
 __device__ __forceinline__ void tile_mainloop(float (&acc)[WM / 16][WN / 8][4], float* smem, const float* A, int lda,
                                               const float* B, int ldb, int m0, int n0, int m, int n, int k,
-                                              bool vec_a, bool vec_b) {
+                                              bool vec_a, bool vec_b, bool b_then_wait = false) {
   static_assert((BM / WM) * (BN / WN) == kThreads / 32, "four warps per block");
   static_assert(WM % 16 == 0 && WN % 8 == 0, "whole mma tiles per warp");
   using Shape = TileShape<BM, BN, TA, TB>;
@@ -122,22 +125,39 @@ __device__ __forceinline__ void tile_mainloop(float (&acc)[WM / 16][WN / 8][4], 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int KT = (k + kBK - 1) / kBK;
 
-  auto load_stage = [&](int kt, int slot) {
+  auto load_a = [&](int kt, int slot) {
     float* As = smem + slot * Shape::stage_floats;
-    float* Bs = As + Shape::a_floats;
     const int k0 = kt * kBK;
     if constexpr (TA) copy_tile<kBK, BM>(As, LA, A, lda, k0, m0, k, m, vec_a);
     else copy_tile<BM, kBK>(As, LA, A, lda, m0, k0, m, k, vec_a);
+  };
+  auto load_b = [&](int kt, int slot) {
+    float* Bs = smem + slot * Shape::stage_floats + Shape::a_floats;
+    const int k0 = kt * kBK;
     if constexpr (TB) copy_tile<BN, kBK>(Bs, LB, B, ldb, n0, k0, n, k, vec_b);
     else copy_tile<kBK, BN>(Bs, LB, B, ldb, k0, n0, k, n, vec_b);
+  };
+  auto load_stage = [&](int kt, int slot) {
+    load_a(kt, slot);
+    load_b(kt, slot);
   };
 
   const int wm = warp / (BN / WN), wn = warp % (BN / WN);
   const int gq = lane >> 2, tq = lane & 3;  // the mma fragment's group and thread-in-group
 
-  for (int s = 0; s < S - 1; ++s) {
-    if (s < KT) load_stage(s, s);
-    cp_async_commit();  // empty groups keep the count uniform
+  if (b_then_wait) {
+    for (int s = 0; s < S - 1 && s < KT; ++s) load_b(s, s);
+    cp_async_commit();
+    dev::pdl_entry();
+    for (int s = 0; s < S - 1; ++s) {
+      if (s < KT) load_a(s, s);
+      cp_async_commit();
+    }
+  } else {
+    for (int s = 0; s < S - 1; ++s) {
+      if (s < KT) load_stage(s, s);
+      cp_async_commit();  // empty groups keep the count uniform
+    }
   }
   for (int kt = 0; kt < KT; ++kt) {
     cp_async_wait<S - 2>();
@@ -192,7 +212,7 @@ __device__ __forceinline__ void tile_mainloop(float (&acc)[WM / 16][WN / 8][4], 
 /// stored [k, m] / B is stored [n, k] (the Gemm's ta/tb).
 template <int BM, int BN, int WM, int WN, int S, bool TA, bool TB>
 __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool vec_a, bool vec_b) {
-  dev::pdl_entry();
+  if (!g.b_early) dev::pdl_entry();  // else in the k loop's prologue, after B's first copies
   constexpr int MT = WM / 16, NT = WN / 8;
   extern __shared__ __align__(16) float tg_shared[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -204,7 +224,8 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool ve
   float acc[MT][NT][4] = {};
   const int wm = warp / (BN / WN), wn = warp % (BN / WN);
   const int gq = lane >> 2, tq = lane & 3;
-  tile_mainloop<BM, BN, WM, WN, S, TA, TB>(acc, tg_shared, A, g.lda, B, g.ldb, m0, n0, m, n, g.k, vec_a, vec_b);
+  tile_mainloop<BM, BN, WM, WN, S, TA, TB>(acc, tg_shared, A, g.lda, B, g.ldb, m0, n0, m, n, g.k, vec_a, vec_b,
+                                           g.b_early);
 
   // Epilogue: C = act(alpha·AB + beta·C + bias), C read only when beta != 0 (as bias_act after
   // the GEMM: the bias is added to the rounded alpha·AB + beta·C).
@@ -597,6 +618,7 @@ cudaError_t tile_gemm_wgrad(cudaStream_t s, const TileGemm& g, const TileWgrad& 
   cfg.numAttrs = dev::pdl_for(shared) ? 2 : 1;
   const bool vec_a = dev::aligned16(g.a) && g.lda % 4 == 0, vec_b = dev::aligned16(g.b) && g.ldb % 4 == 0;
   const bool vec_x = dev::aligned16(w.x) && w.ldx % 4 == 0;
+  dev::note_pdl_kernel(reinterpret_cast<const void*>(tile_gemm_wgrad_kernel));
   return cudaLaunchKernelEx(&cfg, tile_gemm_wgrad_kernel, g, w, vec_a, vec_b, vec_x);
 }
 

@@ -547,6 +547,48 @@ TEST_CASE("gpu.step.aux_heads_match_cpu") {
   }
 }
 
+TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY and DQN_GEMM_EARLY change no result") {
+  // Programmatic joins (the runtime's rewrite of a join's plain edges between two kernels into
+  // programmatic ones), the cluster update's optimizer state loaded before its wait and
+  // tile_gemm's parameter operand requested before its wait change when kernels are placed and
+  // when loads are issued, never what they compute: 20 replayed steps with all three off give the
+  // same bits as with all three on (the default, set here), C51 alone and with all three auxiliary heads
+  // (more lanes, more joins). With programmatic launch on, the graph has at least one
+  // programmatic join and describe() says how many (a driver that refused them would leave none:
+  // the edges as captured).
+  std::vector<std::string> auxes{""};
+  if (const auto all = aux_heads({"iqn", "ensemble", "cql"})) auxes.push_back(*all);
+  for (const std::string& aux : auxes) {
+    INFO(std::string(aux.empty() ? "C51 alone" : "all four heads"));
+    const PipelineSpec spec = parse(pipeline("tf32", "", aux));
+    std::unique_ptr<Engine> late;
+    {
+      const EnvOverride j("DQN_PDL_JOINS", "0"), u("DQN_UPDATE_EARLY", "0"), g("DQN_GEMM_EARLY", "0");
+      late = make(spec, BackendKind::cuda);
+    }
+    const EnvOverride j("DQN_PDL_JOINS", "1"), u("DQN_UPDATE_EARLY", "1"), g("DQN_GEMM_EARLY", "1");
+    auto early = make(spec, BackendKind::cuda);
+    for (int i = 0; i < 20; ++i) {
+      late->step();
+      early->step();
+    }
+    for (const char* b : {"params", "target", "adam.m", "adam.v", "report/td_error", "report/losses"}) {
+      INFO(std::string(b));
+      CHECK(bit_equal(late->host_buffer(b), early->host_buffer(b)));
+    }
+    const std::string dl = late->runtime().describe(), de = early->runtime().describe();
+    INFO("late: " << dl);
+    INFO("early: " << de);
+    CHECK(dl.find(", 0 programmatic join(s) in the graph (DQN_PDL_JOINS=0)") != std::string::npos);
+    const auto at = de.find(" programmatic join(s) in the graph");
+    REQUIRE(at != std::string::npos);
+    const auto comma = de.rfind(", ", at);
+    REQUIRE(comma != std::string::npos);
+    const long joins = std::stol(de.substr(comma + 2, at - comma - 2));
+    if (!std::getenv("DQN_PDL")) CHECK(joins > 0);  // the default: programmatic launch on
+  }
+}
+
 TEST_CASE("gpu.step.update_clock: DQN_UPDATE_CLOCK=1 stamps the cluster update's phases in order and changes no result") {
   // The stamps dqn-trace reads (Runtime::update_clock): per block %globaltimer then clock64 at
   // placed, waited, clips, Adam, Wᵀu, σ, scaled, exit; a normed matrix's blocks reach them all in

@@ -1811,6 +1811,7 @@ class CudaBackend final : public Backend {
     // last step's update.
     cuda::TileGemm t = tg;
     t.b_early = tg.b_early && capturing_ && gemm_early_;
+    t.epi_early = gemm_early_;
     if (DQN_CUDA_OK("gemm", cuda::tile_gemm(stream_, t, config)) && t.mask) masked_in_kernel_ = true;
   }
 
@@ -1892,6 +1893,7 @@ class CudaBackend final : public Backend {
     t.c_in = c;  // beta·C from the caller's C, D to the private buffer
     t.c = d;
     t.b_early = tg.b_early && gemm_early_;  // as in the step (a timing graph writes no parameter)
+    t.epi_early = gemm_early_;
     const bool works = cuda::tile_gemm(stream_, t, cfg) == cudaSuccess;  // also the warm-up
     if (!works) {
       cudaGetLastError();
@@ -2124,11 +2126,12 @@ class CudaBackend final : public Backend {
   /// DQN_SN_COLS=1: the cluster update's normed matrices split by columns where they fit
   /// (cuda::update_cluster); read when the backend is made.
   bool sn_cols_ = env_set("DQN_SN_COLS");
-  /// DQN_UPDATE_EARLY=0: the cluster update loads its first tile's optimizer state after its wait,
-  /// with the gradients (as before 2026-12-05); DQN_GEMM_EARLY=0: tile_gemm requests a parameter B
-  /// after its wait too. Read per backend; the same results either way.
-  bool update_early_ = env_on("DQN_UPDATE_EARLY");
-  bool gemm_early_ = env_on("DQN_GEMM_EARLY");
+  /// DQN_UPDATE_EARLY=1: the cluster update loads its first tile's optimizer state before its
+  /// wait; DQN_GEMM_EARLY=1: tile_gemm requests a parameter B's first stages before its wait (in a
+  /// captured step). Off unless set until measured on a GPU (written 2026-12-05 on a machine
+  /// without one). Read per backend; the same results either way.
+  bool update_early_ = env_set("DQN_UPDATE_EARLY");
+  bool gemm_early_ = env_set("DQN_GEMM_EARLY");
   int update_plain_ = 0;  ///< the cluster update's max_blocks (update_plain_from_env; -1: one wave)
   int plain_wave_ = 0;    ///< with update_plain_ -1: the last update's one wave (cuda::update_cluster_wave)
   /// DQN_HEAD_CHAIN=1: the head's hidden and output layers a launch per stream kind
@@ -2454,7 +2457,7 @@ class CudaRuntime final : public Runtime {
     std::string text = buf;
     if (graph_)
       text += ", " + std::to_string(joins_made_) + " programmatic join(s) in the graph" +
-              (joins_ ? "" : " (DQN_PDL_JOINS=0)");
+              (joins_ ? "" : " (DQN_PDL_JOINS off)");
     return text;
   }
 
@@ -2504,7 +2507,7 @@ class CudaRuntime final : public Runtime {
   struct Edge {
     cudaGraphNode_t from, to;
   };
-  /// Programmatic joins (DQN_PDL_JOINS, on unless 0): a kernel launched with the programmatic
+  /// Programmatic joins (DQN_PDL_JOINS=1; off unless set until measured on a GPU): a kernel launched with the programmatic
   /// attribute is placed early only after the one kernel before it in its stream; a stage that
   /// waits for another lane's stage (a join) was captured with plain edges, so its first kernel
   /// was placed only after both had finished (about 1 µs after, where an early placement waits
@@ -2513,7 +2516,7 @@ class CudaRuntime final : public Runtime {
   /// captured) becomes programmatic: the kernel is placed once every kernel it waits for has
   /// passed its own wait, and its griddepcontrol.wait then waits for their completion and their
   /// writes, as the plain edge did. Returns the edges changed (restore_joins undoes them).
-  static bool joins_from_env() noexcept { return cuda::env_on("DQN_PDL_JOINS"); }
+  static bool joins_from_env() noexcept { return env_set("DQN_PDL_JOINS"); }
   std::vector<Edge> programmatic_joins(cudaGraph_t graph) noexcept {
     std::vector<Edge> changed;
     std::vector<cudaGraphNode_t> nodes;

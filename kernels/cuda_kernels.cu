@@ -1601,7 +1601,7 @@ struct ClusterPlan {
   std::uint64_t* clock = nullptr;  ///< update_cluster's clock (null: off)
   int clock_blocks = 0;
   int col_rows = 0;  ///< the column variant's rows of shared memory (max_rows; 0: no column variant)
-  bool early = true;  ///< the first tile's optimizer state loaded before the wait (DQN_UPDATE_EARLY)
+  bool early = false;  ///< the first tile's optimizer state loaded before the wait (DQN_UPDATE_EARLY=1)
   std::int64_t seg_lo[kClusterMaxSegs] = {}, seg_hi[kClusterMaxSegs] = {};
   std::int64_t seg_tile0[kClusterMaxSegs + 1] = {};  ///< first tile of each range; [nseg]: all tiles
 };

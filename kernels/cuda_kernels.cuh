@@ -115,12 +115,12 @@ cudaError_t update_split(cudaStream_t s, const Update& u, void* scratch, int max
 /// (cols ≤ 32·cs) and whose block's share fits two tiles (rows · w ≤ 4,096, w the power of two
 /// ≥ cols/cs) is split by columns: one exchange over the cluster instead of two, the new W kept
 /// in registers until it is scaled (sums in yet another order: the same tolerance).
-/// early (DQN_UPDATE_EARLY, on unless 0): each block's first tile of m, v, θ and the target is
-/// loaded before the kernel's griddepcontrol.wait, while the partial sums finish (the same results).
+/// early (DQN_UPDATE_EARLY=1): each block's first tile of m, v, θ and the target is loaded before
+/// the kernel's griddepcontrol.wait, while the partial sums finish (the same results).
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
                            std::uint64_t* clock = nullptr, int clock_blocks = 0, int* blocks = nullptr,
-                           bool sn_cols = false, bool early = true);
+                           bool sn_cols = false, bool early = false);
 /// The blocks of update_cluster(u, cs, sn_cols) resident beside its normed matrices' clusters (its
 /// occupancy, less one cluster per normed matrix): as max_blocks, one wave outside them. 0 when
 /// unknown. Not a stream operation, but call it outside a capture.
@@ -166,6 +166,9 @@ struct TileGemm {
   /// step): its first k-slices are requested before the kernel's griddepcontrol.wait, while the
   /// kernel it waits for finishes (tile_gemm only; the same results).
   bool b_early = false;
+  /// The epilogue's operands (mask, bias, C for beta) loaded once the k loop's first copies are
+  /// issued, not after the multiplies (the 16x32 and 32x32 shapes; DQN_GEMM_EARLY=1).
+  bool epi_early = false;
 };
 /// The tile shapes of tile_gemm (block tiles 16×32, 32×32 and 64×64 of C).
 inline constexpr int kTileGemmConfigs = 3;

@@ -113,11 +113,17 @@ __device__ __forceinline__ void copy_rows_async(Dst dst, const float* src, int l
 /// stored [n, k] (the Gemm's ta/tb). b_then_wait: the caller has not passed pdl_entry(); the first
 /// stages' copies of B (a parameter, which no kernel of the step writes) are issued, then
 /// pdl_entry(), then those of A (one more cp.async group, which the waits below allow for: at
-/// stage kt they need groups up to kt + 1 done either way).
-template <int BM, int BN, int WM, int WN, int S, bool TA, bool TB>
+/// stage kt they need groups up to kt + 1 done either way). after_copies() runs once the first
+/// stages' copies are issued (after the wait either way): loads of the caller's that may then
+/// overlap the multiplies.
+struct NoLoads {
+  __device__ void operator()() const {}
+};
+template <int BM, int BN, int WM, int WN, int S, bool TA, bool TB, class AfterCopies = NoLoads>
 __device__ __forceinline__ void tile_mainloop(float (&acc)[WM / 16][WN / 8][4], float* smem, const float* A, int lda,
                                               const float* B, int ldb, int m0, int n0, int m, int n, int k,
-                                              bool vec_a, bool vec_b, bool b_then_wait = false) {
+                                              bool vec_a, bool vec_b, bool b_then_wait = false,
+                                              AfterCopies after_copies = {}) {
   static_assert((BM / WM) * (BN / WN) == kThreads / 32, "four warps per block");
   static_assert(WM % 16 == 0 && WN % 8 == 0, "whole mma tiles per warp");
   using Shape = TileShape<BM, BN, TA, TB>;
@@ -159,6 +165,7 @@ __device__ __forceinline__ void tile_mainloop(float (&acc)[WM / 16][WN / 8][4], 
       cp_async_commit();  // empty groups keep the count uniform
     }
   }
+  after_copies();
   for (int kt = 0; kt < KT; ++kt) {
     cp_async_wait<S - 2>();
     __syncthreads();  // stage kt is visible to all; every warp is done with the slot reloaded below
@@ -224,36 +231,80 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool ve
   float acc[MT][NT][4] = {};
   const int wm = warp / (BN / WN), wn = warp % (BN / WN);
   const int gq = lane >> 2, tq = lane & 3;
-  tile_mainloop<BM, BN, WM, WN, S, TA, TB>(acc, tg_shared, A, g.lda, B, g.ldb, m0, n0, m, n, g.k, vec_a, vec_b,
-                                           g.b_early);
-
-  // Epilogue: C = act(alpha·AB + beta·C + bias), C read only when beta != 0 (as bias_act after
-  // the GEMM: the bias is added to the rounded alpha·AB + beta·C).
   float* C = g.c + z * g.stride_c + z2 * g.stride2_c;
   const float* Cin = g.c_in + z * g.stride_c + z2 * g.stride2_c;
   const float* bias = g.bias ? g.bias + z * g.stride_bias + z2 * g.stride2_bias : nullptr;
   const float* mask = g.mask ? g.mask + z * g.stride_mask + z2 * g.stride2_mask : nullptr;  // then the ReLU backward
+  // The fragment's element (mt, h, nt, e): row r(mt, h) (rows gq and gq + 8), column c(nt, e).
+  const auto row = [&](int mt, int h) { return m0 + wm * WM + mt * 16 + gq + h * 8; };
+  const auto col = [&](int nt, int e) { return n0 + wn * WN + nt * 8 + 2 * tq + e; };
+  // g.epi_early and a warp tile of at most two mma tiles (16x32, 32x32: a few registers): the
+  // epilogue's operands (mask, bias, C for beta) are loaded once the k loop's first copies are
+  // issued, so that they arrive during the multiplies instead of after them. The same values
+  // either way (out-of-range elements are never used).
+  constexpr bool kPre = MT * NT <= 2;
+  constexpr int PM = kPre ? MT : 1, PN = kPre ? NT : 1;
+  float pm[PM][2][PN][2], pb[PN][2], pc[PM][2][PN][2];
+  const bool pre = kPre && g.epi_early;
+  const auto load_epilogue = [&] {
+    if constexpr (kPre) {
+      if (!pre) return;
+#pragma unroll
+      for (int nt = 0; nt < PN; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) pb[nt][e] = bias && col(nt, e) < n ? bias[col(nt, e)] : 0.0f;
+#pragma unroll
+      for (int mt = 0; mt < PM; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = row(mt, h);
+          const float* mrow = mask && r < m ? mask + static_cast<std::int64_t>(r % g.mask_rows) * g.ldmask : nullptr;
+#pragma unroll
+          for (int nt = 0; nt < PN; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int c = col(nt, e);
+              const bool ok = r < m && c < n;
+              pm[mt][h][nt][e] = mrow && ok ? mrow[c] : 1.0f;
+              pc[mt][h][nt][e] = g.beta != 0.0f && ok ? Cin[static_cast<std::int64_t>(r) * g.ldc + c] : 0.0f;
+            }
+        }
+    }
+  };
+  tile_mainloop<BM, BN, WM, WN, S, TA, TB>(acc, tg_shared, A, g.lda, B, g.ldb, m0, n0, m, n, g.k, vec_a, vec_b,
+                                           g.b_early, load_epilogue);
+
+  // Epilogue: C = act(alpha·AB + beta·C + bias), C read only when beta != 0 (as bias_act after
+  // the GEMM: the bias is added to the rounded alpha·AB + beta·C).
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // the fragment's rows gq and gq + 8
-      const int r = m0 + wm * WM + mt * 16 + gq + h * 8;
+      const int r = row(mt, h);
       if (r >= m) continue;
       // the mask's row: one modulo per row, not per element
-      const float* mrow = mask ? mask + static_cast<std::int64_t>(r % g.mask_rows) * g.ldmask : nullptr;
+      const float* mrow = mask && !pre ? mask + static_cast<std::int64_t>(r % g.mask_rows) * g.ldmask : nullptr;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int q = 2 * h + e;
-          const int c = n0 + wn * WN + nt * 8 + 2 * tq + e;
+          const int c = col(nt, e);
           if (c >= n) continue;
           const std::int64_t at = static_cast<std::int64_t>(r) * g.ldc + c;
           float v = g.alpha * acc[mt][nt][q];
-          if (g.beta != 0.0f) v += g.beta * Cin[at];
-          if (bias) v += bias[c];
-          if (g.relu) v = v > 0.0f ? v : 0.0f;
-          if (mrow && mrow[c] <= 0.0f) v = 0.0f;
+          if (pre) {
+            const int pmt = kPre ? mt : 0, pnt = kPre ? nt : 0;
+            if (g.beta != 0.0f) v += g.beta * pc[pmt][h][pnt][e];
+            if (bias) v += pb[pnt][e];
+            if (g.relu) v = v > 0.0f ? v : 0.0f;
+            if (mask && pm[pmt][h][pnt][e] <= 0.0f) v = 0.0f;
+          } else {
+            if (g.beta != 0.0f) v += g.beta * Cin[at];
+            if (bias) v += bias[c];
+            if (g.relu) v = v > 0.0f ? v : 0.0f;
+            if (mrow && mrow[c] <= 0.0f) v = 0.0f;
+          }
           C[at] = v;
         }
     }

@@ -11,6 +11,7 @@
 #include <initializer_list>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <memory>
 #include <random>
 #include <stdexcept>
@@ -327,8 +328,12 @@ TEST_CASE("gpu.ops.gemm_mask: the ReLU backward in the GEMM (tile_gemm's epilogu
       {"tall k (split, the mask after the slices' sum)", true, 37, 53, 5000, 1, 0, 0.0f, false},
       {"k = 0: the mask on beta·C", false, 37, 53, 0, 1, 0, 0.5f, false},
   };
-  for (const GemmPath& prec : kGemmPaths) {
-    const ScopedEnv tile("DQN_TILE_GEMM", prec.tile_env);
+  // Each path also with DQN_GEMM_EARLY=1 (tile_gemm loads the mask, bias and C during its k loop):
+  // the same bits as without.
+  std::map<std::string, std::vector<float>> plain;
+  for (const GemmPath& prec : kGemmPaths)
+  for (const char* early : {static_cast<const char*>(nullptr), "1"}) {
+    const ScopedEnv tile("DQN_TILE_GEMM", prec.tile_env), pre("DQN_GEMM_EARLY", early);
     Gpu gpu(prec.p);
     Cpu cpu;
     std::uint32_t seed = 700;  // the same operands on every path
@@ -365,6 +370,8 @@ TEST_CASE("gpu.ops.gemm_mask: the ReLU backward in the GEMM (tile_gemm's epilogu
       cpu.ok();
       const auto got = gpu.get(gd.c, static_cast<std::int64_t>(nc));
       expect_close(got, Cc, prec.tol, what);
+      if (early) expect_same_bits(got, plain.at(what), what + " (DQN_GEMM_EARLY=1)");
+      else plain[what] = got;
       std::size_t zeros = 0;  // the mask did something: exact zeros where it is <= 0
       for (int b = 0; b < c.batch; ++b)
         for (int r = 0; r < c.m; ++r)
@@ -749,9 +756,13 @@ TEST_CASE("gpu.ops.tile_gemm: each tile shape, layout and copy width; ragged edg
   // operands 16-byte aligned (16-byte copies) and not (4-byte copies), m, n and k off every tile
   // edge, k over ten 32-wide stages (more than the eight in flight), and the epilogue's
   // alpha, beta·C, bias and ReLU. The rerun is bit-identical.
-  std::uint32_t seed = 4000;
-  for (const char* shape : {"16x32", "32x32", "64x64"}) {
-    const ScopedEnv tile("DQN_TILE_GEMM", shape);
+  // Each shape also with DQN_GEMM_EARLY=1 (16x32 and 32x32 load the bias and C during their k
+  // loop): the same bits as without.
+  std::map<std::string, std::vector<float>> plain;
+  for (const char* shape : {"16x32", "32x32", "64x64"})
+  for (const char* early : {static_cast<const char*>(nullptr), "1"}) {
+    std::uint32_t seed = 4000 + 100 * static_cast<std::uint32_t>(shape[0] - '0');  // the same operands both ways
+    const ScopedEnv tile("DQN_TILE_GEMM", shape), pre("DQN_GEMM_EARLY", early);
     Gpu gpu(Precision::tf32);
     Cpu cpu;
     for (int layout = 0; layout < 4; ++layout)
@@ -797,6 +808,8 @@ TEST_CASE("gpu.ops.tile_gemm: each tile shape, layout and copy width; ragged edg
         cpu.ops->gemm(gc);
         cpu.ok();
         expect_close(first, Cc, kTf32Gemm, what);
+        if (early) expect_same_bits(first, plain.at(what), what + " (DQN_GEMM_EARLY=1)");
+        else plain[what] = first;
         gpu.set(gd.c, C0);
         gpu.ops.gemm(gd);
         gpu.ok();

@@ -551,8 +551,8 @@ TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY and DQN_GEMM_EARLY ch
   // Programmatic joins (the runtime's rewrite of a join's plain edges between two kernels into
   // programmatic ones), the cluster update's optimizer state loaded before its wait and
   // tile_gemm's parameter operand requested before its wait change when kernels are placed and
-  // when loads are issued, never what they compute: 20 replayed steps with all three off give the
-  // same bits as with all three on (the default, set here), C51 alone and with all three auxiliary heads
+  // when loads are issued, never what they compute: 20 replayed steps with all three off (the
+  // default) give the same bits as with all three on, C51 alone and with all three auxiliary heads
   // (more lanes, more joins). With programmatic launch on, the graph has at least one
   // programmatic join and describe() says how many (a driver that refused them would leave none:
   // the edges as captured).
@@ -579,13 +579,13 @@ TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY and DQN_GEMM_EARLY ch
     const std::string dl = late->runtime().describe(), de = early->runtime().describe();
     INFO("late: " << dl);
     INFO("early: " << de);
-    CHECK(dl.find(", 0 programmatic join(s) in the graph (DQN_PDL_JOINS=0)") != std::string::npos);
+    CHECK(dl.find(", 0 programmatic join(s) in the graph (DQN_PDL_JOINS off)") != std::string::npos);
     const auto at = de.find(" programmatic join(s) in the graph");
     REQUIRE(at != std::string::npos);
     const auto comma = de.rfind(", ", at);
     REQUIRE(comma != std::string::npos);
     const long joins = std::stol(de.substr(comma + 2, at - comma - 2));
-    if (!std::getenv("DQN_PDL")) CHECK(joins > 0);  // the default: programmatic launch on
+    if (!std::getenv("DQN_PDL")) CHECK(joins > 0);  // programmatic launch on (its default)
   }
 }
 

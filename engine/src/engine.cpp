@@ -233,6 +233,15 @@ void Engine::build(const PluginLoader& plugins) {
   reg_.declare("budget/reach", DType::i64, {H * kBudgetReach * 2}, BufferKind::optimizer, "engine");
 
   reg_.freeze(*rt_);
+  {  // the span of the buffers the update reads and writes in full every step
+    std::size_t lo = ~std::size_t{0}, hi = 0;
+    for (const char* name : {"params", "target", "adam.m", "adam.v"})
+      if (const auto* b = reg_.find(name)) {
+        lo = std::min(lo, b->offset_bytes);
+        hi = std::max(hi, b->offset_bytes + b->bytes);
+      }
+    if (hi > lo) rt_->hot_range(reg_.base() + lo, hi - lo);
+  }
   bind_engine();
   for (std::size_t h = 0; h < heads_.size(); ++h) {
     HeadResolver r(*this, h);

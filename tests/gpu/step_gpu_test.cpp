@@ -547,15 +547,16 @@ TEST_CASE("gpu.step.aux_heads_match_cpu") {
   }
 }
 
-TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY and DQN_GEMM_EARLY change no result") {
+TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY, DQN_GEMM_EARLY and DQN_L2_PERSIST change no result") {
   // Programmatic joins (the runtime's rewrite of a join's plain edges between two kernels into
-  // programmatic ones), the cluster update's optimizer state loaded before its wait and
-  // tile_gemm's parameter operand requested before its wait change when kernels are placed and
-  // when loads are issued, never what they compute: 20 replayed steps with all three off (the
-  // default) give the same bits as with all three on, C51 alone and with all three auxiliary heads
-  // (more lanes, more joins). With programmatic launch on, the graph has at least one
-  // programmatic join and describe() says how many (a driver that refused them would leave none:
-  // the edges as captured).
+  // programmatic ones), the cluster update's optimizer state loaded before its wait, tile_gemm's
+  // parameter operand requested before its wait and its epilogue's operands during its k loop,
+  // and the hot range persisting in L2 change when kernels are placed, when loads are issued and
+  // what L2 keeps, never what they compute: 20 replayed steps with all four off (the default) give
+  // the same bits as with all four on, C51 alone and with all three auxiliary heads (more lanes,
+  // more joins). With programmatic launch on, the graph has at least one programmatic join and
+  // describe() says how many (a driver that refused them would leave none: the edges as
+  // captured); it also says how much of the hot range persists.
   std::vector<std::string> auxes{""};
   if (const auto all = aux_heads({"iqn", "ensemble", "cql"})) auxes.push_back(*all);
   for (const std::string& aux : auxes) {
@@ -563,10 +564,12 @@ TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY and DQN_GEMM_EARLY ch
     const PipelineSpec spec = parse(pipeline("tf32", "", aux));
     std::unique_ptr<Engine> late;
     {
-      const EnvOverride j("DQN_PDL_JOINS", "0"), u("DQN_UPDATE_EARLY", "0"), g("DQN_GEMM_EARLY", "0");
+      const EnvOverride j("DQN_PDL_JOINS", "0"), u("DQN_UPDATE_EARLY", "0"), g("DQN_GEMM_EARLY", "0"),
+          l("DQN_L2_PERSIST", "0");
       late = make(spec, BackendKind::cuda);
     }
-    const EnvOverride j("DQN_PDL_JOINS", "1"), u("DQN_UPDATE_EARLY", "1"), g("DQN_GEMM_EARLY", "1");
+    const EnvOverride j("DQN_PDL_JOINS", "1"), u("DQN_UPDATE_EARLY", "1"), g("DQN_GEMM_EARLY", "1"),
+        l("DQN_L2_PERSIST", "1");
     auto early = make(spec, BackendKind::cuda);
     for (int i = 0; i < 20; ++i) {
       late->step();
@@ -586,6 +589,8 @@ TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY and DQN_GEMM_EARLY ch
     REQUIRE(comma != std::string::npos);
     const long joins = std::stol(de.substr(comma + 2, at - comma - 2));
     if (!std::getenv("DQN_PDL")) CHECK(joins > 0);  // programmatic launch on (its default)
+    CHECK(dl.find("L2 persisting") == std::string::npos);
+    CHECK(de.find(" KiB hot range for ") != std::string::npos);
   }
 }
 

@@ -7,7 +7,8 @@
 # Usage: tools/gpu_sanitize.sh TOOL BOX_SECONDS [PATTERN...]
 #   TOOL: memcheck, racecheck, initcheck or synccheck; PATTERN: doctest -tc patterns (default: the
 #   cases whose kernels use shared memory). BUILD (default build-gpu) is the Meson build folder;
-#   LOGS (default ${OUT:-out}) gets a log per case. Ends with "N clean, N failed, N out of time".
+#   LOGS (default ${OUT:-out}) gets a log per case; JOBS (default 1) cases run at once (those
+#   matching *update* alone, last). Ends with "N clean, N failed, N out of time".
 set -uo pipefail
 tool=${1:?usage: tools/gpu_sanitize.sh TOOL BOX_SECONDS [PATTERN...]}
 box=${2:?usage: tools/gpu_sanitize.sh TOOL BOX_SECONDS [PATTERN...]}
@@ -26,26 +27,46 @@ if [ $# -eq 0 ]; then
   set -- '*update*' '*c51_loss*' '*c51_xent*' '*dueling_dist*' '*relu_bias_grad*' '*head_backward*' '*head_forward*' \
     '*gemm_wgrad*' '*gemm_chain*' '*tile_gemm*'
 fi
-clean=0 failed=0 late=0
-for tc in "$@"; do
+# the test setup's environment (tests/meson.build's test_env)
+case $build in /*) ;; *) build=$PWD/$build ;; esac
+export DQN_PLUGIN_PATH=$build/plugins DQN_PLUGIN_DEFAULT_DIRS='' DQN_SOURCE_DIR=$PWD DQN_BUILD_DIR=$build
+# One case: compute-sanitizer on the test binary (as the Meson setup's wrapper), its log and its
+# verdict ("rc seconds") in files of its own, so that JOBS cases can run side by side.
+run_case() {
+  local tc=$1 name log t0 rc secs summary
   name=${tc//[^A-Za-z0-9_]/}
   log="$logs/san_${tool}_${name}.log"
-  rm -f "$build/meson-logs/testlog-$tool.txt"  # (a case cut off by its box leaves none of its own)
   t0=$(date +%s)
-  # the setup's environment (the plugin path and the rest) through meson, the tool through the setup
-  timeout "$box" meson test -C "$build" --no-rebuild --setup "$tool" gpu.ops --test-args="-tc=$tc" >"$log" 2>&1
+  timeout "$box" compute-sanitizer --tool "$tool" --error-exitcode 1 "$build/tests/test_gpu_ops" -tc="$tc" >"$log" 2>&1
   rc=$?
   secs=$(( $(date +%s) - t0 ))
-  # the sanitizer's own summary (in Meson's test log)
-  summary=$(grep -hE '(ERROR|RACECHECK|INITCHECK|SYNCCHECK) SUMMARY' "$build/meson-logs/testlog-$tool.txt" 2>/dev/null |
-    tail -1)
-  cp "$build/meson-logs/testlog-$tool.txt" "$log.testlog" 2>/dev/null
+  summary=$(grep -hE '(ERROR|RACECHECK|INITCHECK|SYNCCHECK) SUMMARY' "$log" | tail -1)
+  echo "$rc" >"$log.rc"
+  echo "$tool $tc: rc=$rc, ${secs} s${summary:+, $summary}"
+}
+# JOBS (default 1): cases at once. The cooperative update's check needs every SM free, so a case
+# matching *update* runs alone, after the others.
+jobs=${JOBS:-1}
+[[ "$jobs" =~ ^[1-9][0-9]*$ ]] || { echo "gpu_sanitize.sh: JOBS '$jobs' is not a positive whole number" >&2; exit 2; }
+alone=()
+running=0
+for tc in "$@"; do
+  if [ "$jobs" -gt 1 ] && [[ "$tc" == *update* ]]; then alone+=("$tc"); continue; fi
+  if [ "$jobs" -eq 1 ]; then run_case "$tc"; continue; fi
+  run_case "$tc" &
+  running=$((running + 1))
+  if [ "$running" -ge "$jobs" ]; then wait -n; running=$((running - 1)); fi
+done
+wait
+for tc in "${alone[@]}"; do run_case "$tc"; done
+clean=0 failed=0 late=0
+for tc in "$@"; do
+  rc=$(cat "$logs/san_${tool}_${tc//[^A-Za-z0-9_]/}.log.rc" 2>/dev/null || echo 1)
   case $rc in
     0) clean=$((clean + 1)) ;;
     124) late=$((late + 1)) ;;
     *) failed=$((failed + 1)) ;;
   esac
-  echo "$tool $tc: rc=$rc, ${secs} s${summary:+, $summary}"
 done
 echo "$tool: $clean clean, $failed failed, $late out of time"
 [ "$failed" -eq 0 ]

@@ -6,7 +6,7 @@
 # summary line.
 # Usage: tools/gpu_sanitize.sh TOOL BOX_SECONDS [PATTERN...]
 #   TOOL: memcheck, racecheck, initcheck or synccheck; PATTERN: doctest -tc patterns (default: the
-#   cases whose kernels use shared memory). BUILD (default build-gpu) is the Meson build folder;
+#   cases whose kernels use shared memory; `all`: every case of gpu.ops). BUILD (default build-gpu) is the Meson build folder;
 #   LOGS (default ${OUT:-out}) gets a log per case; JOBS (default 1) cases run at once (those
 #   matching *update* alone, last). Ends with "N clean, N failed, N out of time".
 set -uo pipefail
@@ -26,6 +26,13 @@ mkdir -p "$logs"
 if [ $# -eq 0 ]; then
   set -- '*update*' '*c51_loss*' '*c51_xent*' '*dueling_dist*' '*relu_bias_grad*' '*head_backward*' '*head_forward*' \
     '*gemm_wgrad*' '*gemm_chain*' '*tile_gemm*'
+elif [ "$1" = all ] && [ $# -eq 1 ]; then
+  # every case of gpu.ops: its name up to its colon and then any text (doctest's -tc splits at
+  # commas, which the text after the colon may hold); a name without a colon as it is
+  mapfile -t cases < <("$build/tests/test_gpu_ops" --list-test-cases 2>/dev/null | grep -E '^gpu\.ops[.:]' |
+    sed -E 's/^([^:]*):.*/\1:*/' | sort -u)
+  [ ${#cases[@]} -gt 0 ] || { echo "gpu_sanitize.sh: $build/tests/test_gpu_ops listed no gpu.ops case" >&2; exit 2; }
+  set -- "${cases[@]}"
 fi
 # the test setup's environment (tests/meson.build's test_env)
 case $build in /*) ;; *) build=$PWD/$build ;; esac

@@ -2384,7 +2384,8 @@ class CudaRuntime final : public Runtime {
     std::vector<GraphNode> out;
     std::vector<cudaGraphNode_t> nodes;
     std::vector<std::vector<int>> deps;
-    if (!graph_ || !graph_edges(graph_, nodes, deps)) return out;
+    std::vector<std::vector<char>> programmatic;
+    if (!graph_ || !graph_edges(graph_, nodes, deps, &programmatic)) return out;
     for (std::size_t i = 0; i < nodes.size(); ++i) {
       GraphNode g;
       g.handle = nodes[i];
@@ -2394,6 +2395,7 @@ class CudaRuntime final : public Runtime {
       g.kernel = type == cudaGraphNodeTypeKernel;
       g.copy = type == cudaGraphNodeTypeMemcpy;
       g.deps = std::move(deps[i]);
+      g.programmatic = std::move(programmatic[i]);
       out.push_back(std::move(g));
     }
     return out;
@@ -2676,11 +2678,13 @@ class CudaRuntime final : public Runtime {
   /// A graph's nodes (in the graph's order) and, per node, the indices of those it depends on
   /// (the query takes the edge data too: without it, it fails on programmatic edges). False on an
   /// error (cleared).
-  static bool graph_edges(cudaGraph_t g, std::vector<cudaGraphNode_t>& nodes, std::vector<std::vector<int>>& deps) {
+  static bool graph_edges(cudaGraph_t g, std::vector<cudaGraphNode_t>& nodes, std::vector<std::vector<int>>& deps,
+                          std::vector<std::vector<char>>* programmatic = nullptr) {
     if (!graph_node_list(g, nodes)) return false;
     std::map<cudaGraphNode_t, int> index;
     for (std::size_t i = 0; i < nodes.size(); ++i) index[nodes[i]] = int(i);
     deps.assign(nodes.size(), {});
+    if (programmatic) programmatic->assign(nodes.size(), {});
     for (std::size_t i = 0; i < nodes.size(); ++i) {
       std::size_t nd = 0;
       if (cudaGraphNodeGetDependencies(nodes[i], nullptr, nullptr, &nd) != cudaSuccess) return clear_false();
@@ -2689,7 +2693,10 @@ class CudaRuntime final : public Runtime {
       if (nd > 0 && cudaGraphNodeGetDependencies(nodes[i], on.data(), edges.data(), &nd) != cudaSuccess)
         return clear_false();
       for (std::size_t k = 0; k < nd; ++k)
-        if (const auto it = index.find(on[k]); it != index.end()) deps[i].push_back(it->second);
+        if (const auto it = index.find(on[k]); it != index.end()) {
+          deps[i].push_back(it->second);
+          if (programmatic) (*programmatic)[i].push_back(edges[k].type == cudaGraphDependencyTypeProgrammatic);
+        }
     }
     return true;
   }

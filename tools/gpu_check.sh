@@ -7,7 +7,8 @@
 # only; fast: build, tests, step, then the two comparisons at B 256 and the replayed steps' kernel
 # timelines (dqn-trace) (for iterating on kernels: about half the device time of a full run).
 # Environment: SWITCHES="DQN_X=a ..." runs only those switch rows; STEP_SWITCHES="DQN_X=a ..." runs
-# the gpu.step binary once more under each (every case with that switch); SANITIZE_OPS /
+# the gpu.step binary once more under each (every case with that switch; DQN_X=a,DQN_Y=b sets
+# both for one run); SANITIZE_OPS /
 # SANITIZE_STEP the compute-sanitizer tools (default memcheck racecheck / memcheck initcheck);
 # SAN_BOX each one's time box in seconds.
 set -uo pipefail
@@ -70,7 +71,8 @@ if [ "$mode" != bench ]; then
       done
   done
   for kv in ${STEP_SWITCHES:-}; do
-    env "$kv" $build/tests/test_gpu_step >"$out/step_${kv//[^A-Za-z0-9]/_}.log" 2>&1
+    IFS=, read -r -a envs <<<"$kv"  # DQN_X=a,DQN_Y=b: both at once
+    env "${envs[@]}" $build/tests/test_gpu_step >"$out/step_${kv//[^A-Za-z0-9]/_}.log" 2>&1
     note "gpu.step with $kv: rc=$? ($(grep -E '^\[doctest\] (test cases|assertions)' "$out/step_${kv//[^A-Za-z0-9]/_}.log" |
       tr -s ' ' | tr '\n' ' '))"
   done

@@ -47,6 +47,9 @@ class Runtime {
     bool kernel = false;
     bool copy = false;
     std::vector<int> deps;
+    /// Per entry of deps: whether that edge is programmatic (the node may be placed before the
+    /// one it waits for has ended; it waits in griddepcontrol.wait).
+    std::vector<char> programmatic;
   };
   /// The captured graph's nodes in the graph's own order (empty: nothing captured, or no graphs).
   virtual std::vector<GraphNode> graph_node_info() const { return {}; }

@@ -368,11 +368,19 @@ int main(int argc, char** argv) {
               "%.2f us, kernel time summed %.2f us\n",
               median(period), median(span), median(idle), median(busy_sum));
   std::printf("%5s %8s %8s %8s  %-24s %-44s %s\n", "node", "start", "dur", "end", "stage", "kernel",
-              "waits for (its end to this start)");
+              "waits for (its end to this start; p: a programmatic edge)");
+  // Whether node idx waits for node d through a programmatic edge of its own (p after the number).
+  auto programmatic = [&](int idx, int d) {
+    const auto& n = info[std::size_t(idx)];
+    for (std::size_t k = 0; k < n.deps.size() && k < n.programmatic.size(); ++k)
+      if (n.deps[k] == d && n.programmatic[k]) return true;
+    return false;
+  };
   for (const auto& r : rows) {
     char after[96] = "";
     if (const Row* h = holder(r))
-      std::snprintf(after, sizeof after, "%llu (%+.2f)", static_cast<unsigned long long>(h->node - base), r.s - h->e);
+      std::snprintf(after, sizeof after, "%llu%s (%+.2f)", static_cast<unsigned long long>(h->node - base),
+                    programmatic(r.idx, h->idx) ? "p" : "", r.s - h->e);
     std::printf("%5llu %8.2f %8.2f %8.2f  %-24.24s %-44.44s %s\n", static_cast<unsigned long long>(r.node - base), r.s,
                 r.d, r.e, stage_name(r.idx).c_str(), names[r.node].c_str(), after);
   }

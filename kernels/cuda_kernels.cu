@@ -1713,11 +1713,14 @@ __device__ void sncol_rest(const Update& u, const ClusterStep& x, const Spectral
   for (int r = static_cast<int>(threadIdx.x); r < s.rows; r += kThreads) zs[r] = rank_sum<CS>(cluster, zpart, r);
   auto token = cluster.barrier_arrive();  // done with the other blocks' shared memory
   __syncthreads();                        // ysv and zs
+  clock_stamp(pl, kClockGather);
   double vs = 0.0;
 #pragma unroll
   for (int k = 0; k < CS; ++k) vs += ysv[k];
   const double vn = sqrt(vs);
   const double vnorm = vn < 1e-12 ? 1e-12 : vn;
+  clock_stamp(pl, kClockV);
+  clock_stamp(pl, kClockWv);  // (W v came before the exchange here)
   double xsq = 0.0;
   for (int r = static_cast<int>(threadIdx.x); r < s.rows; r += kThreads) {
     const double xr = zs[r] / vnorm;
@@ -1895,10 +1898,12 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
     vv[c] = w;
     vsq += w * w;
   }
+  clock_stamp(pl, kClockGather);  // (thread 0's share of the gather)
   const double vn = sqrt(block_sum(vsq, sh));  // its barriers also publish vv
   const double vnorm = vn < 1e-12 ? 1e-12 : vn;
   for (int c = threadIdx.x; c < cols; c += kThreads) vv[c] /= vnorm;
   __syncthreads();
+  clock_stamp(pl, kClockV);
   // x = W v for this block's rows: a warp per row, lanes along the row
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int r = r0 + warp; r < r1; r += kThreads / 32) {
@@ -1910,6 +1915,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
     if (lane == 0) xr[r - r0] = xs;
   }
   __syncthreads();
+  clock_stamp(pl, kClockWv);
   if (warp == 0) {
     double sq = 0.0;
     for (int r = lane; r < r1 - r0; r += 32) sq += xr[r] * xr[r];

@@ -127,10 +127,13 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
 int update_cluster_wave(const Update& u, int cs, bool sn_cols);
 /// The moments the cluster update's blocks stamp (DQN_UPDATE_CLOCK=1, read by dqn-trace): placed
 /// (before waiting for the kernels before it), the wait over, the clip factors known, its
-/// elements' g and Adam done, Wᵀu added over the cluster (normed blocks), σ known (normed), its
-/// rows scaled and their target updated (normed), leaving.
-enum UpdateClockSlot : int { kClockPlaced, kClockWaited, kClockClips, kClockAdam, kClockWtu, kClockSigma,
-                             kClockScaled, kClockExit, kUpdateClockSlots };
+/// elements' g and Adam done, the blocks' shares of Wᵀu published over the cluster (normed
+/// blocks), the cluster's sums gathered through distributed shared memory (normed), v normalised
+/// (normed), W v of its rows done (normed; the column variant computes W v before the exchange,
+/// so its v and Wv stamps coincide), σ known (normed), its rows scaled and their target updated
+/// (normed), leaving.
+enum UpdateClockSlot : int { kClockPlaced, kClockWaited, kClockClips, kClockAdam, kClockWtu, kClockGather, kClockV,
+                             kClockWv, kClockSigma, kClockScaled, kClockExit, kUpdateClockSlots };
 /// Blocks per cluster of the cluster update on the current device: `want` (16 or 8) or, with 0,
 /// 16 where the device schedules such clusters, else 8; 0 when it cannot run.
 int update_cluster_size(int want = 0);

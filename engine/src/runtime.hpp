@@ -55,8 +55,8 @@ class Runtime {
   virtual std::vector<GraphNode> graph_node_info() const { return {}; }
   /// Where the update kernel's time goes (CUDA with DQN_UPDATE_CLOCK=1, the cluster update; for
   /// dqn-trace): per block of its last run, `slots` %globaltimer stamps (ns) then as many clock64
-  /// stamps (cycles of its SM) (cuda::UpdateClockSlot: placed, waited, clips, Adam, Wᵀu, σ,
-  /// scaled, exit; the blocks outside the normed matrices stamp no Wᵀu, σ or scaled, and a stamp
+  /// stamps (cycles of its SM) (cuda::UpdateClockSlot: placed, waited, clips, Adam, Wᵀu, gather,
+  /// v, W v, σ, scaled, exit; the blocks outside the normed matrices stamp none from Wᵀu to scaled, and a stamp
   /// not reached in the last run holds an older run's, or 0). Blocks [0, normed·cluster_size) hold the normed
   /// matrices, cluster_size each in table order; the rest the other parameters. Read after a
   /// synchronize; empty where nothing was recorded.

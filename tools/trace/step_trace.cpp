@@ -114,7 +114,8 @@ double median(std::vector<double> v) {
 /// block that left last, from its SM's clock64.
 void print_update_clock(dqn::Engine& e, int steps) {
   using dqn::Runtime;
-  static const char* const kSlot[] = {"placed", "waited", "clips", "adam", "Wtu", "sigma", "scaled", "exit"};
+  static const char* const kSlot[] = {"placed", "waited", "clips", "adam", "Wtu",   "gather",
+                                      "v",      "Wv",     "sigma", "scaled", "exit"};
   constexpr int kSlots = static_cast<int>(std::size(kSlot));  // cuda::UpdateClockSlot's order
   std::vector<std::vector<std::vector<double>>> at;  // [group][slot] → per replay
   std::vector<std::vector<double>> cycles;           // the last block's slot-to-slot cycles, per replay

@@ -233,6 +233,8 @@ cudaError_t tile_gemm_chain(cudaStream_t s, const TileGemm& g, const TileChain& 
 /// summed in order in double.
 cudaError_t sum_slices(cudaStream_t s, float* c, int m, int n, int ldc, const float* part, int slices);
 cudaError_t fill(cudaStream_t s, float* x, float value, std::int64_t n);
+/// An empty kernel of one block (captured first with DQN_ONE_ROOT=1: the graph's only root).
+cudaError_t kickoff(cudaStream_t s);
 cudaError_t axpy(cudaStream_t s, float* y, const float* x, float alpha, std::int64_t n);
 cudaError_t uniform(cudaStream_t s, const Uniform& a);
 

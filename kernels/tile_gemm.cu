@@ -293,18 +293,11 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool ve
           if (c >= n) continue;
           const std::int64_t at = static_cast<std::int64_t>(r) * g.ldc + c;
           float v = g.alpha * acc[mt][nt][q];
-          if (pre) {
-            const int pmt = kPre ? mt : 0, pnt = kPre ? nt : 0;
-            if (g.beta != 0.0f) v += g.beta * pc[pmt][h][pnt][e];
-            if (bias) v += pb[pnt][e];
-            if (g.relu) v = v > 0.0f ? v : 0.0f;
-            if (mask && pm[pmt][h][pnt][e] <= 0.0f) v = 0.0f;
-          } else {
-            if (g.beta != 0.0f) v += g.beta * Cin[at];
-            if (bias) v += bias[c];
-            if (g.relu) v = v > 0.0f ? v : 0.0f;
-            if (mrow && mrow[c] <= 0.0f) v = 0.0f;
-          }
+          const int pmt = kPre ? mt : 0, pnt = kPre ? nt : 0;  // (pre implies kPre)
+          if (g.beta != 0.0f) v += g.beta * (pre ? pc[pmt][h][pnt][e] : Cin[at]);
+          if (bias) v += pre ? pb[pnt][e] : bias[c];
+          if (g.relu) v = v > 0.0f ? v : 0.0f;
+          if (mask && (pre ? pm[pmt][h][pnt][e] : mrow[c]) <= 0.0f) v = 0.0f;
           C[at] = v;
         }
     }

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -123,6 +124,14 @@ double rel(const std::vector<double>& a, const std::vector<double>& b) {
 
 bool bit_equal(const std::vector<double>& a, const std::vector<double>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
+}
+
+// Each named buffer the same to the bit in both engines (a check per buffer, named in its message).
+void check_same_bits(Engine& a, Engine& b, std::initializer_list<const char*> buffers) {
+  for (const char* buf : buffers) {
+    INFO(std::string(buf));
+    CHECK(bit_equal(a.host_buffer(buf), b.host_buffer(buf)));
+  }
 }
 
 // |a − b| ≤ tol·max(|a|, |b|): relative. (doctest's Approx adds 1 to its scale, which makes it an
@@ -263,10 +272,7 @@ TEST_CASE("gpu.step.replay_equals_uncaptured") {
       a->step();
       b->step_uncaptured();
     }
-    for (const char* buf : {"params", "target", "adam.m", "adam.v", "report/td_error", "report/losses"}) {
-      INFO(std::string(buf));
-      CHECK(bit_equal(a->host_buffer(buf), b->host_buffer(buf)));
-    }
+    check_same_bits(*a, *b, {"params", "target", "adam.m", "adam.v", "report/td_error", "report/losses"});
   }
 }
 
@@ -575,10 +581,7 @@ TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY, DQN_GEMM_EARLY, DQN_
       late->step();
       early->step();
     }
-    for (const char* b : {"params", "target", "adam.m", "adam.v", "report/td_error", "report/losses"}) {
-      INFO(std::string(b));
-      CHECK(bit_equal(late->host_buffer(b), early->host_buffer(b)));
-    }
+    check_same_bits(*late, *early, {"params", "target", "adam.m", "adam.v", "report/td_error", "report/losses"});
     const std::string dl = late->runtime().describe(), de = early->runtime().describe();
     INFO("late: " << dl);
     INFO("early: " << de);
@@ -644,9 +647,6 @@ TEST_CASE("gpu.step.update_clock: DQN_UPDATE_CLOCK=1 stamps the cluster update's
     CHECK(gt[0] > 0);
     CHECK(gt[10] - gt[0] < 10'000'000);  // ns: the same run, not a stale stamp
   }
-  for (const char* b : {"params", "target", "adam.m", "adam.v"}) {
-    INFO(std::string(b));
-    CHECK(bit_equal(clocked->host_buffer(b), plain->host_buffer(b)));
-  }
+  check_same_bits(*clocked, *plain, {"params", "target", "adam.m", "adam.v"});
   }
 }

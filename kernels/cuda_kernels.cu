@@ -1466,6 +1466,7 @@ __device__ __forceinline__ void cluster_store(const ClusterStep& x, std::int64_t
     x.mom[i] = r.m[k];
     x.var[i] = r.v[k];
     x.theta[i] = th;
+    r.th[k] = th;  // the new θ, for a caller that keeps the tile (the cluster update's early path)
     if (target) x.rule.tgt[i] = x.rule.copy ? th : polyak(x.rule.tau, r.tg[k], th);
   }
 }
@@ -1821,7 +1822,10 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   // pl.early: the first tile's m, v, θ and target before griddepcontrol.wait, so that they load
   // while the partial sums (the kernel this one waits for) finish; only this kernel writes them.
   const bool early = pl.early && !colw;
-  if (early) cluster_load_state(x, lo, min(hi, lo + kClusterTile), every && !normed, reg);
+  // early and a normed block of one tile: the tile stays in registers from Adam to the scaling
+  // and target update after the power iteration (its old target loaded here too, for Polyak)
+  const bool keep = !COLS && early && normed && hi - lo <= kClusterTile;
+  if (early) cluster_load_state(x, lo, min(hi, lo + kClusterTile), every && (!normed || keep), reg);
   dev::pdl_entry();
   clock_stamp(pl, kClockWaited);
   const double bc1 = pl.step[0], bc2 = pl.step[1];
@@ -1938,7 +1942,11 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
       for (int k = 0; k < kClusterPer; ++k) {
         const std::int64_t i = s + k * kThreads + threadIdx.x;
         wr[k] = tr[k] = 0.0f;
-        if (i < hi) {
+        if (i >= hi) continue;
+        if (keep) {  // the new θ and the old target, kept since Adam (the same values as in memory)
+          wr[k] = reg.th[k];
+          tr[k] = reg.tg[k];
+        } else {
           wr[k] = theta[i];
           if (polyak_on) tr[k] = x.rule.tgt[i];
         }

@@ -116,7 +116,8 @@ cudaError_t update_split(cudaStream_t s, const Update& u, void* scratch, int max
 /// ≥ cols/cs) is split by columns: one exchange over the cluster instead of two, the new W kept
 /// in registers until it is scaled (sums in yet another order: the same tolerance).
 /// early (DQN_UPDATE_EARLY=1): each block's first tile of m, v, θ and the target is loaded before
-/// the kernel's griddepcontrol.wait, while the partial sums finish (the same results).
+/// the kernel's griddepcontrol.wait, while the partial sums finish, and a normed block of one tile
+/// keeps it in registers for its scaling and target update (the same results).
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
                            std::uint64_t* clock = nullptr, int clock_blocks = 0, int* blocks = nullptr,

@@ -2259,6 +2259,7 @@ class CudaRuntime final : public Runtime {
     DQN_CUDA_THROW(cudaStreamBeginCapture(backend_.stream(), cudaStreamCaptureModeThreadLocal));
     capturing_ = true;
     backend_.set_capturing(true);
+    cuda::dev::set_noting(true);
     // DQN_ONE_ROOT=1 (off unless set until measured): an empty kernel first, which every lane's
     // first stage then waits for (through fork_), so the graph has one root. With all four heads
     // the step's first ~8 µs run one kernel, the online trunk (the critical path's start)
@@ -2321,6 +2322,7 @@ class CudaRuntime final : public Runtime {
     capturing_ = false;
     backend_.set_capturing(false);
     cuda::dev::set_pdl_wide(false);
+    cuda::dev::set_noting(false);
     cudaGraph_t graph = nullptr;
     const cudaError_t e = cudaStreamEndCapture(backend_.stream(), &graph);
     if (e != cudaSuccess) {
@@ -2497,6 +2499,7 @@ class CudaRuntime final : public Runtime {
       cudaGetLastError();
       capturing_ = false;
       cuda::dev::set_pdl_wide(false);
+      cuda::dev::set_noting(false);
     }
     cudaStreamSynchronize(backend_.stream());
     if (exec_) cudaGraphExecDestroy(exec_);
@@ -2540,6 +2543,13 @@ class CudaRuntime final : public Runtime {
   /// passed its own wait, and its griddepcontrol.wait then waits for their completion and their
   /// writes, as the plain edge did. Returns the edges changed (restore_joins undoes them).
   static bool joins_from_env() noexcept { return env_set("DQN_PDL_JOINS"); }
+  /// An edge that triggers when every block of its kernel has passed launch_dependents (or ended).
+  static cudaGraphEdgeData programmatic_edge() noexcept {
+    cudaGraphEdgeData e{};
+    e.type = cudaGraphDependencyTypeProgrammatic;
+    e.from_port = cudaGraphKernelNodePortProgrammatic;
+    return e;
+  }
   std::vector<Edge> programmatic_joins(cudaGraph_t graph) noexcept {
     std::vector<Edge> changed;
     std::vector<cudaGraphNode_t> nodes;
@@ -2568,9 +2578,7 @@ class CudaRuntime final : public Runtime {
           if (data[k].type != cudaGraphDependencyTypeDefault || data[k].from_port != cudaGraphKernelNodePortDefault ||
               node_type(from[k]) != cudaGraphNodeTypeKernel)
             continue;
-          cudaGraphEdgeData pe{};
-          pe.type = cudaGraphDependencyTypeProgrammatic;
-          pe.from_port = cudaGraphKernelNodePortProgrammatic;
+          const cudaGraphEdgeData pe = programmatic_edge();
           if (cudaGraphRemoveDependencies(graph, &from[k], &to, &data[k], 1) != cudaSuccess) {
             cudaGetLastError();
             continue;
@@ -2627,11 +2635,8 @@ class CudaRuntime final : public Runtime {
   /// The edges programmatic_joins changed, plain again. False if one could not be restored.
   static bool restore_joins(cudaGraph_t graph, const std::vector<Edge>& joins) noexcept {
     bool ok = true;
+    const cudaGraphEdgeData pe = programmatic_edge(), plain{};
     for (const Edge& e : joins) {
-      cudaGraphEdgeData pe{};
-      pe.type = cudaGraphDependencyTypeProgrammatic;
-      pe.from_port = cudaGraphKernelNodePortProgrammatic;
-      const cudaGraphEdgeData plain{};
       if (cudaGraphRemoveDependencies(graph, &e.from, &e.to, &pe, 1) != cudaSuccess ||
           cudaGraphAddDependencies(graph, &e.from, &e.to, &plain, 1) != cudaSuccess) {
         cudaGetLastError();

@@ -2064,7 +2064,12 @@ std::unordered_set<const void*>& pdl_kernels() {
 }
 }  // namespace
 
+thread_local bool t_noting = false;  // dev::set_noting
+
+void dev::set_noting(bool on) noexcept { t_noting = on; }
+
 void dev::note_pdl_kernel(const void* kernel) noexcept {
+  if (!t_noting) return;
   try {
     std::lock_guard<std::mutex> lock(pdl_kernels_mutex());
     pdl_kernels().insert(kernel);

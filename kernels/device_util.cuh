@@ -41,8 +41,12 @@ void set_pdl_wide(bool wide) noexcept;
 /// that a kernel of the same step writes (the cluster update's optimizer state is written by no
 /// other kernel). Every launch that may carry the programmatic attribute notes its kernel, so
 /// that after a capture a graph edge into it from another lane's kernel may be made programmatic
-/// too (is_pdl_kernel; the runtime's programmatic joins). Thread-safe.
+/// too (is_pdl_kernel; the runtime's programmatic joins). Only while this thread captures
+/// (set_noting): a launch outside a capture costs a thread-local read. Thread-safe.
 void note_pdl_kernel(const void* kernel) noexcept;
+/// Whether this thread's launches are noted from now on (the runtime: on at begin_capture, off
+/// when the capture ends).
+void set_noting(bool on) noexcept;
 /// Whether note_pdl_kernel(kernel) was called in this process.
 bool is_pdl_kernel(const void* kernel) noexcept;
 

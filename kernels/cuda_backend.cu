@@ -222,30 +222,6 @@ int cluster_size_from_env() noexcept {
   return 0;
 }
 
-/// Which fused head kernels run in tf32 (bit 1: head_forward, bit 2: head_backward_inputs, bit 4:
-/// head_forward in clusters that share the weights), from DQN_FUSED_HEAD: unset or 0/off → none
-/// (since the output layers' rows are padded, their GEMMs measured as fast or faster on the H200
-/// than the block-per-16-rows kernels in three runs, docs/performance.md); 1/on/all → both block
-/// kernels; forward; backward; cluster. Anything else: unset.
-constexpr unsigned kFuseForward = 1, kFuseBackward = 2, kFuseCluster = 4;
-unsigned fused_head_from_env() noexcept {
-  const char* v = std::getenv("DQN_FUSED_HEAD");
-  if (!v || !env_on("DQN_FUSED_HEAD")) return 0;
-  if (std::strcmp(v, "forward") == 0) return kFuseForward;
-  if (std::strcmp(v, "backward") == 0) return kFuseBackward;
-  if (std::strcmp(v, "cluster") == 0) return kFuseCluster;
-  for (const char* on : {"1", "on", "all", "true", "yes", "ON", "TRUE", "YES"})
-    if (std::strcmp(v, on) == 0) return kFuseForward | kFuseBackward;
-  return 0;
-}
-
-/// Warps a block of the cluster head forward (DQN_FUSED_HEAD=cluster), from DQN_HC_WARPS: 16, or
-/// 8 (unset or anything else).
-int hc_warps_from_env() noexcept {
-  const char* v = std::getenv("DQN_HC_WARPS");
-  return v && std::strcmp(v, "16") == 0 ? 16 : 8;
-}
-
 /// Whether tf32 GEMMs may run on tile_gemm (the tensor-core kernel for small shapes), from
 /// DQN_TILE_GEMM: unset → autotuning times its tile shapes against the cuBLASLt algorithm it chose
 /// and keeps the fastest (with DQN_GEMM_AUTOTUNE=0: cuBLASLt); 0/off → cuBLASLt only; 1/on →
@@ -357,13 +333,6 @@ class CudaBackend final : public Backend {
         if (!wgrad_kernel_) cudaGetLastError();
         chain_kernel_ = cuda::tile_gemm_chain_prepare() == cudaSuccess;  // and tile_gemm_chain's
         if (!chain_kernel_) cudaGetLastError();
-      }
-      // The fused head kernels may use up to the opt-in shared memory of a block: granted once here.
-      if (fused_head_ && cuda::head_kernels_prepare(props_.sharedMemPerBlockOptin) == cudaSuccess) {
-        head_shared_max_ = props_.sharedMemPerBlockOptin;
-      } else {
-        cudaGetLastError();
-        fused_head_ = 0;
       }
       // The fused update (opt-in) needs cooperative launches inside captured graphs: probed here.
       if (update_mode_ == UpdateMode::cooperative) {
@@ -1224,89 +1193,22 @@ class CudaBackend final : public Backend {
     DQN_CUDA_OK(op, cuda::dueling_dist(stream_, a, double_math(), per_action));
   }
 
-  /// Whether the fused head kernel `which` runs for `rows` rows in `per_tile` blocks per row tile
-  /// with `shared` bytes of shared memory: switched on (DQN_FUSED_HEAD), tf32, and few enough
-  /// blocks. Every block streams its weights from L2 for its 16 rows, which pays while the blocks
-  /// fit in about two waves; beyond, the GEMMs (which reuse each weight tile across rows) win.
-  bool fuse_head(unsigned which, int rows, int per_tile, std::size_t shared) const noexcept {
-    const std::int64_t blocks = (std::int64_t(rows) + cuda::kHeadBlockRows - 1) / cuda::kHeadBlockRows * per_tile;
-    return (fused_head_ & which) && precision_ == Precision::tf32 &&
-           blocks <= 2 * std::int64_t(props_.multiProcessorCount) && shared <= head_shared_max_;
-  }
-
-  /// tf32, few rows and DQN_FUSED_HEAD=1/forward: one kernel (tensor-core mma, a block per 16 rows
-  /// and branch); DQN_FUSED_HEAD=cluster: the value and advantage layers in clusters of two blocks
-  /// per stream sharing its weights, then dueling_dist; other precisions, many rows, sizes
-  /// beyond their shared memory, or DQN_FUSED_HEAD unset/0: the composed GEMMs and dueling_dist.
-  void head_forward(const HeadForward& a) noexcept override {
-    constexpr const char* op = "head_forward";
-    if ((a.wv2_rows != 0 && a.wv2_rows < a.Z) || (a.wb2_rows != 0 && a.wb2_rows < a.A * a.Z))
-      return fail(op, "wv2_rows/wb2_rows smaller than Z/A·Z");
-    const bool sizes = a.rows > 0 && a.H2 > 0 && a.Hh > 0 && a.D > 0 && a.D <= 65535 && a.A > 0 && a.Z > 0;
-    const bool cluster = sizes &&
-                         fuse_head(kFuseCluster, a.rows, 1 + a.D,  // 2·(1 + D) blocks per 32 rows
-                                   cuda::head_forward_cluster_shared_bytes(a.H2, a.Hh, a.A, a.Z));
-    if (!cluster &&
-        (!sizes || !fuse_head(kFuseForward, a.rows, a.D, cuda::head_forward_shared_bytes(a.H2, a.Hh, a.A, a.Z))))
-      return head_forward_beside(a);
-    if (a.ldx < a.H2 || a.ldv < a.Z) return fail(op, "ldx smaller than H2 or ldv smaller than Z");
-    if (ld_or(a.ldadv, a.A * a.Z) < a.A * a.Z) return fail(op, "ldadv smaller than A·Z");
-    if (a.star_from < 0 || a.star_from > a.rows) return fail(op, "star_from outside [0, rows]");
-    if (a.a_star && !a.q) return fail(op, "a_star needs q");
-    if (!real_ok(a.x, op, "x") || !real_ok(a.w1, op, "w1") || !real_ok(a.b1, op, "b1") || !real_ok(a.wv2, op, "wv2") ||
-        !real_ok(a.bv2, op, "bv2") || !real_ok(a.wb2, op, "wb2") || !real_ok(a.bb2, op, "bb2") ||
-        !real_ok(a.hidden, op, "hidden") || !real_ok(a.v, op, "v") || !real_ok(a.adv, op, "adv"))
-      return;
-    if (a.logp && !real_ok(a.logp, op, "logp")) return;
-    if (a.q && !real_ok(a.q, op, "q")) return;
-    if (cluster) {  // the value and advantage layers; then the distribution as the composed path's
-      if (!planning_ && !DQN_CUDA_OK(op, cuda::head_forward_cluster(stream_, a, hc_warps_, hc_bulk_))) return;
-      if (a.logp) dueling_dist(head_forward_ops(a).dist);
-      return;
-    }
-    if (planning_) return;
-    DQN_CUDA_OK(op, cuda::head_forward(stream_, a));
-  }
-
   /// head_forward_composed with the value GEMM on the lane's side slot, beside the advantage
   /// GEMM (both read only the hidden layer; each is a few blocks, and on one stream the value
   /// GEMM's 5 µs sat on the step's critical path).
-  void head_forward_beside(const HeadForward& a) noexcept {
+  void head_forward(const HeadForward& a) noexcept override {
+    if ((a.wv2_rows != 0 && a.wv2_rows < a.Z) || (a.wb2_rows != 0 && a.wb2_rows < a.A * a.Z))
+      return fail("head_forward", "wv2_rows/wb2_rows smaller than Z/A·Z");
     const HeadForwardOps o = head_forward_ops(a);
-    if (head_chain_ && chain_kernel_ && a.Hh <= 256) return head_forward_chained(a, o);
     gemm(o.hidden);
     if (!beside("head_forward", o.value, o.adv)) return;
     if (a.logp) dueling_dist(o.dist);
   }
 
-  /// DQN_HEAD_CHAIN=1 (tf32): each stream's hidden layer and its output layer in one launch
-  /// (Gemm::chain_b, tile_gemm_chain): the value stream's on the side slot beside the branches'
-  /// (one launch batched over the D branches), then dueling_dist: the ops of head_forward_ops with
-  /// the hidden GEMM split by stream (where the chain kernel cannot run, its two GEMMs in turn).
-  void head_forward_chained(const HeadForward& a, const HeadForwardOps& o) noexcept {
-    const int hh = a.Hh;
-    const std::int64_t wrows = std::int64_t(hh) * a.H2;  // one stream's rows of W1
-    auto chained = [&](Gemm h, const Gemm& out) {
-      h.n = hh;
-      h.chain_b = out.b; h.ldb2 = out.ldb; h.chain_n = out.n; h.chain_tb = out.tb ? 1 : 0;
-      h.chain_c = out.c; h.ldc2 = out.ldc; h.chain_bias = out.bias; h.chain_act = out.act;
-      h.chain_weight_operand = out.weight_operand;
-      h.stride_b2 = out.stride_b; h.stride_bias2 = out.stride_bias; h.stride_c2 = out.stride_c;
-      return h;
-    };
-    const Gemm value = chained(o.hidden, o.value);  // stream 0: W1's first Hh rows, hidden's first columns
-    Gemm branches = chained(o.hidden, o.adv);       // streams 1..D, one batch entry each
-    branches.batch = a.D;
-    branches.b = o.hidden.b + wrows; branches.stride_b = wrows;
-    branches.c = o.hidden.c + hh; branches.stride_c = hh;
-    branches.bias = o.hidden.bias + hh; branches.stride_bias = hh;
-    if (!beside("head_forward", value, branches)) return;
-    if (a.logp) dueling_dist(o.dist);
-  }
-
   /// head_backward_inputs_composed with the value GEMM on the side slot, beside the branches'
   /// GEMM (they write disjoint columns of dhidden; on one stream they ran one after the other).
-  void head_backward_beside(const HeadBackward& a) noexcept {
+  void head_backward_inputs(const HeadBackward& a) noexcept override {
+    if (a.wb2_rows != 0 && a.wb2_rows < a.A * a.Z) return fail("head_backward_inputs", "wb2_rows smaller than A·Z");
     const HeadBackwardOps o = head_backward_ops(a);  // each GEMM masked by its hidden columns
     beside("head_backward_inputs", o.value, o.branch);
   }
@@ -1338,23 +1240,6 @@ class CudaBackend final : public Backend {
       record(1, op, e.what());
       return false;
     }
-  }
-
-  /// tf32, few rows and DQN_FUSED_HEAD: one kernel (a block per 16 rows and hidden segment); else
-  /// the composed GEMMs (side by side) and relu_backward (as head_forward).
-  void head_backward_inputs(const HeadBackward& a) noexcept override {
-    constexpr const char* op = "head_backward_inputs";
-    if (a.wb2_rows != 0 && a.wb2_rows < a.A * a.Z) return fail(op, "wb2_rows smaller than A·Z");
-    const bool sizes = a.rows > 0 && a.Hh > 0 && a.D > 0 && a.D < 65535 && a.A > 0 && a.Z > 0;
-    if (!sizes || !fuse_head(kFuseBackward, a.rows, 1 + a.D, cuda::head_backward_inputs_shared_bytes(a.Hh, a.A, a.Z)))
-      return head_backward_beside(a);
-    if (a.lddv < a.Z) return fail(op, "lddv smaller than Z");
-    if (ld_or(a.lddadv, a.A * a.Z) < a.A * a.Z) return fail(op, "lddadv smaller than A·Z");
-    if (!real_ok(a.dv, op, "dv") || !real_ok(a.dadv, op, "dadv") || !real_ok(a.wv2, op, "wv2") ||
-        !real_ok(a.wb2, op, "wb2") || !real_ok(a.hidden, op, "hidden") || !real_ok(a.dhidden, op, "dhidden"))
-      return;
-    if (planning_) return;
-    DQN_CUDA_OK(op, cuda::head_backward_inputs(stream_, a));
   }
 
   void relu_bias_grad(Real dy, Real y, Real db, int rows, int cols, int ld, int heads, std::int64_t stride_dy,
@@ -2134,9 +2019,6 @@ class CudaBackend final : public Backend {
   bool gemm_early_ = env_set("DQN_GEMM_EARLY");
   int update_plain_ = 0;  ///< the cluster update's max_blocks (update_plain_from_env; -1: one wave)
   int plain_wave_ = 0;    ///< with update_plain_ -1: the last update's one wave (cuda::update_cluster_wave)
-  /// DQN_HEAD_CHAIN=1: the head's hidden and output layers a launch per stream kind
-  /// (head_forward_chained); read when the backend is made.
-  bool head_chain_ = env_set("DQN_HEAD_CHAIN");
   /// c51_loss two warps a (sample, branch) where the warp kernel runs and D ≤ 8 (unset or
   /// DQN_LOSS_WARPS=2; =1: one warp; read when the backend is made, anything else refused).
   bool loss_pair_ = loss_pair_from_env();
@@ -2186,10 +2068,6 @@ class CudaBackend final : public Backend {
   std::vector<SnTable> sn_tables_;  ///< sn_tidy's verdicts and ranges, per table
   bool in_split_ = false;                ///< inside split_k: its slices are never split again
   bool split_k_ = split_k_from_env();     ///< DQN_GEMM_SPLIT_K, read once per backend
-  unsigned fused_head_ = fused_head_from_env();  ///< DQN_FUSED_HEAD, read once per backend
-  int hc_warps_ = hc_warps_from_env();           ///< DQN_HC_WARPS, read once per backend
-  bool hc_bulk_ = env_set("DQN_HC_BULK");  ///< DQN_HC_BULK (off unless set)
-  std::size_t head_shared_max_ = 0;  ///< the fused head kernels' shared-memory limit
   static constexpr int kSplitMinK = 1024, kSplitMinSlice = 256, kSplitMaxSlices = 32;
   void* tune_d_ = nullptr;               ///< autotuning's private D
   std::size_t tune_bytes_ = 0;

@@ -120,7 +120,7 @@ $build/tools/dqn bench pipelines/ref.yaml --batch 256,1024,4096 --precision fp32
 # Switches against the defaults (the same results, other kernels), B 256, one labelled line each:
 # the update as the four ops (=0) instead of the cluster update (one cooperative kernel, =1, and
 # four kernels, =split, measured slower in every run through the seventh: no longer run here);
-# tall-k GEMMs run whole; the fused head backward (=backward) or both fused head kernels (=1); autotuning also over
+# tall-k GEMMs run whole; autotuning also over
 # cuBLASLt's split-k variants; cuBLASLt for every GEMM (DQN_TILE_GEMM=0); no programmatic dependent launch (DQN_PDL=0)
 # or none for kernels with much shared memory (DQN_PDL=small) or programmatic launch for every kernel even in a wide
 # step (DQN_PDL=1); every graph node at the default priority (DQN_PRIORITY=0);
@@ -140,8 +140,6 @@ done
 for cfg in c51 all; do
   [ -n "${SWITCHES:-}" ] && break
   sw "DQN_FUSED_UPDATE=0" $cfg 256 DQN_FUSED_UPDATE=0
-  sw "DQN_FUSED_HEAD=backward" $cfg 256 DQN_FUSED_HEAD=backward
-  sw "DQN_FUSED_HEAD=1" $cfg 256 DQN_FUSED_HEAD=1
   sw "DQN_GEMM_TUNE_SPLIT_K=1" $cfg 256 DQN_GEMM_TUNE_SPLIT_K=1
   sw "DQN_TILE_GEMM=0" $cfg 256 DQN_TILE_GEMM=0
   sw "DQN_PDL=0" $cfg 256 DQN_PDL=0

@@ -1281,28 +1281,11 @@ TEST_CASE("gpu.ops.dueling_dist: combine + log-softmax + Q + argmax in one pass,
   }
 }
 
-TEST_CASE("gpu.ops.head_forward: the fused tf32 kernels against the CPU's GEMMs and dueling_dist") {
-  // "1": the block per 16 rows and branch; "cluster": 2·(1 + D) blocks per 32 rows, a cluster of
-  // two per stream sharing its weights, with 8 and 16 warps a block (DQN_HC_WARPS) and its weight
-  // rows by cp.async or the bulk copy engine (DQN_HC_BULK); unfused ("0") with each stream's
-  // hidden and output layers in one launch (DQN_HEAD_CHAIN=1: tile_gemm_chain, the branches
-  // batched). Read when a backend is made.
-  const struct {
-    const char *mode, *warps, *bulk, *chain;
-  } variants[] = {{"1", "8", "0", "0"},       {"cluster", "8", "0", "0"}, {"cluster", "16", "0", "0"},
-                  {"cluster", "8", "1", "0"}, {"cluster", "16", "1", "0"}, {"0", "8", "0", "1"}};
-  for (const auto& variant : variants) {
-  INFO("DQN_FUSED_HEAD=" << variant.mode << " DQN_HC_WARPS=" << variant.warps << " DQN_HC_BULK=" << variant.bulk
-                         << " DQN_HEAD_CHAIN=" << variant.chain);
-  const ScopedEnv fused("DQN_FUSED_HEAD", variant.mode);
-  const ScopedEnv warps("DQN_HC_WARPS", variant.warps);
-  const ScopedEnv bulk("DQN_HC_BULK", variant.bulk);
-  const ScopedEnv chain("DQN_HEAD_CHAIN", variant.chain);
+TEST_CASE("gpu.ops.head_forward: the GEMMs side by side and dueling_dist against the CPU's composition") {
   // tf32 keeps 10 mantissa bits of every GEMM operand: ≈5e-4 relative per product, so the
   // outputs get 5e-3 (norm-wise); a* is checked against the CPU's Q with the same allowance.
   constexpr double kTf32 = 5e-3;
-  // x_pad: x's rows H2 + x_pad apart (0: unpadded, as the step's h2, which the cluster kernel
-  // reads by 16-byte loads).
+  // x_pad: x's rows H2 + x_pad apart (0: unpadded, as the step's h2).
   const struct {
     int rows, H2, Hh, D, A, Z, star_from;
     bool dist;
@@ -1412,11 +1395,9 @@ TEST_CASE("gpu.ops.head_forward: the fused tf32 kernels against the CPU's GEMMs 
     }
     CHECK_MESSAGE(bad == 0, bad << " of " << ns << " a* are not a best action");
   }
-  }
 }
 
-TEST_CASE("gpu.ops.head_backward_inputs: the fused tf32 kernel against the CPU's GEMMs and relu_backward") {
-  const ScopedEnv fused("DQN_FUSED_HEAD", "1");  // both fused kernels (read when a backend is made)
+TEST_CASE("gpu.ops.head_backward_inputs: the masked GEMMs side by side against the CPU's composition") {
   constexpr double kTf32 = 5e-3;  // as head_forward: tf32 operands
   const struct {
     int rows, Hh, D, A, Z;

@@ -94,7 +94,7 @@ std::unique_ptr<Engine> make(const PipelineSpec& spec, BackendKind b) {
 }
 
 /// Sets (value not null) an environment variable for one scope and puts back what it was, so a
-/// switch given to the whole binary (DQN_FUSED_HEAD=cluster test_gpu_step) still holds in the
+/// switch given to the whole binary (DQN_TILE_GEMM=0 test_gpu_step) still holds in the
 /// cases after one that sets its own.
 class EnvOverride {
  public:
@@ -174,13 +174,12 @@ TEST_CASE("gpu.step.matches_cpu") {
   // bits in the GEMM operands (≈5e-4 per product) and bf16 7 bits (≈4e-3), and Adam's
   // normalised update turns small gradient differences into lr-sized parameter differences, so
   // those get looser bounds.
-  // tf32 runs six times: with the default kernels (GEMMs on cuBLASLt or tile_gemm, as tuned),
-  // cuBLASLt only (DQN_TILE_GEMM=0), tile_gemm always (=1), both fused head kernels
-  // (DQN_FUSED_HEAD=1), the first trunk layer's gradients in tile_gemm_wgrad (DQN_FUSED_WGRAD=1)
+  // tf32 runs five times: with the default kernels (GEMMs on cuBLASLt or tile_gemm, as tuned),
+  // cuBLASLt only (DQN_TILE_GEMM=0), tile_gemm always (=1), the first trunk layer's gradients in
+  // tile_gemm_wgrad (DQN_FUSED_WGRAD=1)
   // and the trunk's two layers in tile_gemm_chain (DQN_FUSED_TRUNK=1); the CPU engine keeps its
   // stages (the same numbers, heads_test). fp32 and tf32 also with the cluster update's power
-  // iteration by columns (DQN_SN_COLS=1); tf32 with each head stream's two layers in one launch
-  // (DQN_HEAD_CHAIN=1); fp32 with the loss one warp a (sample, branch) (DQN_LOSS_WARPS=1; two by default); tf32
+  // iteration by columns (DQN_SN_COLS=1); fp32 with the loss one warp a (sample, branch) (DQN_LOSS_WARPS=1; two by default); tf32
   // with the trunk's top mask in the head's GEMM and the fused first-layer gradients
   // (DQN_HEAD_MASK=1, DQN_FUSED_WGRAD=1).
   struct Case {
@@ -193,14 +192,12 @@ TEST_CASE("gpu.step.matches_cpu") {
       {"tf32", 5e-3, 5e-3, {}},
       {"tf32", 5e-3, 5e-3, {{"DQN_TILE_GEMM", "0"}}},
       {"tf32", 5e-3, 5e-3, {{"DQN_TILE_GEMM", "1"}}},
-      {"tf32", 5e-3, 5e-3, {{"DQN_FUSED_HEAD", "1"}}},
       {"tf32", 5e-3, 5e-3, {{"DQN_FUSED_WGRAD", "1"}}},
       {"bf16", 3e-2, 3e-2, {}},
       {"bf16", 3e-2, 3e-2, {{"DQN_FUSED_WGRAD", "1"}}},
       {"tf32", 5e-3, 5e-3, {{"DQN_FUSED_TRUNK", "1"}}},
       {"fp32", 2e-4, 1e-4, {{"DQN_SN_COLS", "1"}}},
       {"tf32", 5e-3, 5e-3, {{"DQN_SN_COLS", "1"}}},
-      {"tf32", 5e-3, 5e-3, {{"DQN_HEAD_CHAIN", "1"}}},
       {"fp32", 2e-4, 1e-4, {{"DQN_LOSS_WARPS", "1"}}},
       {"tf32", 5e-3, 5e-3, {{"DQN_FUSED_WGRAD", "1"}, {"DQN_HEAD_MASK", "1"}}},
   };
@@ -257,7 +254,7 @@ TEST_CASE("gpu.step.replay_equals_uncaptured") {
   // tile_gemm_chain's blocks each recompute their rows of the first layer; the column power
   // iteration adds in rank order; the loss's one warp, the default being two)
   const std::pair<const char*, const char*> switches[] = {
-      {"DQN_FUSED_WGRAD", "1"}, {"DQN_FUSED_TRUNK", "1"},    {"DQN_SN_COLS", "1"},     {"DQN_HEAD_CHAIN", "1"},
+      {"DQN_FUSED_WGRAD", "1"}, {"DQN_FUSED_TRUNK", "1"},    {"DQN_SN_COLS", "1"},
       {"DQN_WARP_HEAD", "action"}, {"DQN_LOSS_WARPS", "1"}, {"DQN_C51_PROJECT", "1"}, {"DQN_HEAD_MASK", "1"}};
   for (const auto& [p, fused] : {std::pair<const char*, bool>{"fp32", false}, {"tf32", false}, {"tf32", true},
                                  {"bf16", false}}) {

@@ -391,7 +391,7 @@ struct C51Loss {
 ///   v      = hidden_v · Wv2ᵀ + bv2              [rows, ldv]       (the first Z columns)
 ///   adv_d  = hidden_d · Wb2_dᵀ + bb2_d          [rows, D, ldadv]  (the first A·Z of each)
 /// then, when logp is set, dueling_dist of v and adv (logp, q, a*). The default implementation
-/// is exactly those GEMMs and dueling_dist; a backend may fuse them (the CUDA backend does in tf32).
+/// is exactly those GEMMs and dueling_dist; a backend may fuse them or run them side by side.
 struct HeadForward {
   Real x;                         ///< in  [rows, ldx] (the first H2 columns)
   int ldx = 0;
@@ -418,7 +418,7 @@ struct HeadForward {
 /// The input side of that head's backward up to its hidden layers (spec "Network", backward):
 ///   dhidden_v = (dv · Wv2) ⊙ [hidden_v > 0],   dhidden_d = (dadv_d · Wb2_d) ⊙ [hidden_d > 0]
 /// into dhidden [rows, (1+D)Hh] (overwritten). The default implementation is two GEMMs and
-/// relu_backward; a backend may fuse them (the CUDA backend does in tf32).
+/// relu_backward; a backend may fuse them or run them side by side.
 struct HeadBackward {
   Real dv;                        ///< in  [rows, lddv] (the first Z columns)
   int lddv = 0;
@@ -545,7 +545,7 @@ class Backend {
   virtual void update(const Update& u) noexcept = 0;
 
   // --- appended in ABI 5 (the fused head forward and backward inputs); never reorder what is above ---
-  /// Defaults to the composition below (the CPU reference); the CUDA backend fuses it in tf32.
+  /// Defaults to the composition below (the CPU reference); the CUDA backend runs its GEMMs side by side.
   virtual void head_forward(const HeadForward& a) noexcept { head_forward_composed(a); }
 
   /// head_forward as the ops it is made of: three GEMMs (bias and ReLU in their epilogues) and
@@ -591,7 +591,7 @@ class Backend {
     return o;
   }
 
-  /// Defaults to the composition below (the CPU reference); the CUDA backend fuses it in tf32.
+  /// Defaults to the composition below (the CPU reference); the CUDA backend runs its GEMMs side by side.
   virtual void head_backward_inputs(const HeadBackward& a) noexcept { head_backward_inputs_composed(a); }
 
   /// head_backward_inputs as the ops it is made of: two GEMMs, each masked by the hidden

@@ -171,21 +171,6 @@ UpdateMode update_mode_from_env() noexcept {
   return std::strcmp(v, "split") == 0 ? UpdateMode::split : UpdateMode::cooperative;
 }
 
-/// DQN_UPDATE_PLAIN: how many blocks of the cluster update take the elements outside the normed
-/// matrices. Unset: up to 4 a SM (wave_blocks(), several waves beside the normed clusters, a tile
-/// each); "wave": those resident beside the normed clusters (one wave, several tiles each); a
-/// whole number N ≥ 1: up to N. Results do not depend on it. Anything else is refused.
-int update_plain_from_env(int wave_blocks) {
-  const char* v = std::getenv("DQN_UPDATE_PLAIN");
-  if (!v || !*v) return wave_blocks;
-  if (std::strcmp(v, "wave") == 0) return -1;
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  if (*end != '\0' || n < 1 || n > 1'000'000)
-    throw std::invalid_argument(std::string("DQN_UPDATE_PLAIN='") + v + "': expected wave or a whole number from 1 to 1000000");
-  return static_cast<int>(n);
-}
-
 /// DQN_LOSS_WARPS: c51_loss's warps a (sample, branch) where its warp kernel runs: unset or 2 →
 /// two (each one of a lane's two atoms; D ≤ 8, else one), 1 → one. Two measured 89.3 µs against
 /// 90.6 for the C51 step on the H200 (2026-12-05, two processes each; the loss 8.8 µs against
@@ -341,10 +326,7 @@ class CudaBackend final : public Backend {
                                      : "no block of the update kernel fits an SM";
         if (update_refused_.empty()) update_blocks_ = blocks;
       }
-      if (update_mode_ == UpdateMode::cluster) {
-        update_cluster_ = cuda::update_cluster_size(cluster_size_from_env());
-        update_plain_ = update_plain_from_env(wave_blocks());
-      }
+      if (update_mode_ == UpdateMode::cluster) update_cluster_ = cuda::update_cluster_size(cluster_size_from_env());
       // DQN_UPDATE_CLOCK=1: the cluster update's blocks stamp their phases here (dqn-trace reads them)
       if (update_cluster_ > 0 && env_set("DQN_UPDATE_CLOCK")) {
         DQN_CUDA_THROW(cudaMalloc(&clock_, kClockBytes));
@@ -933,18 +915,14 @@ class CudaBackend final : public Backend {
         !real_ok(b.total_loss, op, "total_loss") || !real_ok(a.params, op, "params") || !real_ok(a.m, op, "m") ||
         !real_ok(a.v, op, "v") || !real_ok(a.lr, op, "lr") || !real_ok(t.target, op, "target"))
       return;
-    // DQN_UPDATE_PLAIN=wave: the blocks resident beside the normed clusters, found outside a capture
-    // (the plan before it, or a direct call) and kept for it
-    if (cluster && update_plain_ < 0 && !capturing_) plain_wave_ = cuda::update_cluster_wave(u, update_cluster_, sn_cols_);
     void* s = scratch(op, cuda::update_scratch_bytes(b.H, u.sn_count, u.sn_max_rows, u.sn_max_cols));
     if (!s) return;
     if (planning_) return;
     if (fused) {
       DQN_CUDA_OK(op, cuda::update(stream_, u, s, update_blocks_));
     } else if (cluster) {
-      const int plain = update_plain_ > 0 ? update_plain_ : plain_wave_ > 0 ? plain_wave_ : wave_blocks();
-      DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), plain, clock_,
-                                           kClockBlocks, &clock_launch_.blocks, sn_cols_, update_early_));
+      DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), wave_blocks(), clock_,
+                                           kClockBlocks, &clock_launch_.blocks, update_early_));
       clock_launch_.cs = update_cluster_;
       clock_launch_.normed = u.sn_count;
     } else {
@@ -1001,9 +979,7 @@ class CudaBackend final : public Backend {
   std::string update_path() const {
     if (update_blocks_ > 0) return "fused (one cooperative kernel)";
     if (update_cluster_ > 0)
-      return "cluster (" + std::to_string(update_cluster_) + " blocks a cluster" +
-             (sn_cols_ ? ", power iteration by columns where a matrix fits" : "") +
-             (update_plain_ < 0 ? ", one wave outside the normed matrices" : "") + ")";
+      return "cluster (" + std::to_string(update_cluster_) + " blocks a cluster)";
     if (update_mode_ == UpdateMode::split) return "split (four kernels)";
     if (update_mode_ == UpdateMode::cooperative) return "as separate kernels (DQN_FUSED_UPDATE=1 refused: " + update_refused_ + ")";
     return "as separate kernels";
@@ -2008,17 +1984,12 @@ class CudaBackend final : public Backend {
   int update_blocks_ = 0;                ///< the fused update's grid (0: not fused)
   std::string update_refused_;           ///< why DQN_FUSED_UPDATE=1 was refused (its probe's failing step)
   int update_cluster_ = 0;               ///< the cluster update's blocks per cluster (0: not used)
-  /// DQN_SN_COLS=1: the cluster update's normed matrices split by columns where they fit
-  /// (cuda::update_cluster); read when the backend is made.
-  bool sn_cols_ = env_set("DQN_SN_COLS");
   /// DQN_UPDATE_EARLY=1: the cluster update loads its first tile's optimizer state before its
   /// wait; DQN_GEMM_EARLY=1: tile_gemm requests a parameter B's first stages before its wait (in a
   /// captured step). Off unless set until measured on a GPU (written 2026-12-05 on a machine
   /// without one). Read per backend; the same results either way.
   bool update_early_ = env_set("DQN_UPDATE_EARLY");
   bool gemm_early_ = env_set("DQN_GEMM_EARLY");
-  int update_plain_ = 0;  ///< the cluster update's max_blocks (update_plain_from_env; -1: one wave)
-  int plain_wave_ = 0;    ///< with update_plain_ -1: the last update's one wave (cuda::update_cluster_wave)
   /// c51_loss two warps a (sample, branch) where the warp kernel runs and D ≤ 8 (unset or
   /// DQN_LOSS_WARPS=2; =1: one warp; read when the backend is made, anything else refused).
   bool loss_pair_ = loss_pair_from_env();

@@ -1471,125 +1471,6 @@ __device__ __forceinline__ void cluster_store(const ClusterStep& x, std::int64_t
   }
 }
 
-// --- the cluster update's column variant (DQN_SN_COLS=1) ------------------------------------
-// A normed matrix's cluster splits W by columns instead of rows: block `rank` owns columns
-// [rank·w, rank·w + w) of every row (w a power of two, w·CS ≥ cols), so that Wᵀu needs no
-// exchange (each column's sum lies in one block), and W (Wᵀu) and Σ (Wᵀu)² are exchanged once:
-// ‖v‖ = ‖Wᵀu‖, W v = W (Wᵀu) / ‖v‖, σ = ‖W v‖, u ← W v / σ (the same quantities as the row
-// variant and the separate ops, summed in another order). The new W stays in registers from Adam
-// to the scaling and target update (two tiles at most). One cluster barrier and one split
-// arrive/wait, against the row variant's three barriers and its two reloads of W.
-constexpr int kSnColTiles = 2;       // tiles of kClusterTile elements a block keeps in registers
-constexpr int kSnColMaxRows = 1024;  // rows whose partial sums a block keeps in shared memory
-
-/// The column variant's slice width for a rows × cols matrix at cluster size cs, or 0 where it
-/// does not apply (wider than 32 columns a block, more than kSnColTiles tiles a block, or more
-/// than kSnColMaxRows rows).
-__host__ __device__ inline int sncol_width(int rows, int cols, int cs) {
-  if (rows <= 0 || cols <= 0 || cs <= 0 || rows > kSnColMaxRows) return 0;
-  const int need = (cols + cs - 1) / cs;
-  int w = 1;
-  while (w < need) w <<= 1;
-  if (w > 32 || static_cast<std::int64_t>(rows) * w > kSnColTiles * kClusterTile) return 0;
-  return w;
-}
-
-/// Dynamic shared memory of the column variant (doubles): the block's share of W (Wᵀu) for every
-/// row [max_rows] (read by the whole cluster), their sums over the cluster [max_rows], the column
-/// sums' per-warp partials [warps][32], Σ (Wᵀu)² of the block's columns [1] (read by the cluster)
-/// and the cluster's [cs].
-std::size_t cluster_update_shared_cols(int max_rows, int cs) {
-  return (2 * static_cast<std::size_t>(max_rows) + (kThreads / 32) * 32 + 1 + static_cast<std::size_t>(cs)) *
-         sizeof(double);
-}
-
-/// This thread's elements of a normed matrix's column slice: element (j, k) (tile j, k-th of the
-/// tile) is W[row(j, k), col], valid while row < rows and c < nc. Every element of a thread has
-/// the same column (w divides kThreads); the w threads of one row are adjacent lanes of a warp.
-struct SnColSlice {
-  std::int64_t off = 0;  ///< W[0, 0]'s index in params
-  int rows = 0, cols = 0;
-  int w = 0;       ///< columns a block (power of two, at most 32)
-  int c = 0;       ///< this thread's column within the slice: threadIdx.x % w
-  int col = 0;     ///< its column in W
-  bool cok = false;  ///< col < cols
-  int ntiles = 0;  ///< tiles of the slice (rows·w elements)
-  __device__ __forceinline__ int row(int j, int k) const {
-    return j * static_cast<int>(kClusterTile / w) + k * (kThreads / w) + static_cast<int>(threadIdx.x) / w;
-  }
-  __device__ __forceinline__ bool ok(int j, int k) const { return cok && row(j, k) < rows; }
-  __device__ __forceinline__ std::int64_t at(int j, int k) const {
-    return off + static_cast<std::int64_t>(row(j, k)) * cols + col;
-  }
-  /// Tile j's elements lie in params [lo, hi) (whole rows: for the heads' reach).
-  __device__ __forceinline__ std::int64_t lo(int j) const {
-    return off + static_cast<std::int64_t>(j) * (kClusterTile / w) * cols;
-  }
-  __device__ __forceinline__ std::int64_t hi(int j) const {
-    const std::int64_t r = min(static_cast<std::int64_t>(rows), (static_cast<std::int64_t>(j) + 1) * (kClusterTile / w));
-    return off + r * cols;
-  }
-};
-
-__device__ __forceinline__ SnColSlice sncol_slice(const SpectralMatrix& sm, std::int64_t off, int w, int rank) {
-  SnColSlice s;
-  s.off = off;
-  s.rows = sm.rows;
-  s.cols = sm.cols;
-  s.w = w;
-  s.c = static_cast<int>(threadIdx.x) & (w - 1);
-  s.col = rank * w + s.c;
-  s.cok = s.col < sm.cols;
-  s.ntiles = static_cast<int>((static_cast<std::int64_t>(sm.rows) * w + kClusterTile - 1) / kClusterTile);
-  return s;
-}
-
-/// Loads tile j of the slice as cluster_load does a range (m, v, θ, the first heads' gradients),
-/// with u at each element's row in r.tg (no target here: it is loaded after Adam).
-__device__ __forceinline__ void sncol_load(const ClusterStep& x, const SnColSlice& s, const float* __restrict__ u,
-                                           int j, ClusterTile& r) {
-  bool meets[kClusterEarlyHeads];
-#pragma unroll
-  for (int h = 0; h < kClusterEarlyHeads; ++h) meets[h] = h < x.H && reach_meets(x.reach, h, s.lo(j), s.hi(j));
-#pragma unroll
-  for (int k = 0; k < kClusterPer; ++k) {
-    r.m[k] = r.v[k] = r.th[k] = r.tg[k] = 0.0f;
-#pragma unroll
-    for (int h = 0; h < kClusterEarlyHeads; ++h) r.gr[h][k] = 0.0f;
-    if (s.ok(j, k)) {
-      const std::int64_t i = s.at(j, k);
-      r.m[k] = x.mom[i];
-      r.v[k] = x.var[i];
-      r.th[k] = x.theta[i];
-      r.tg[k] = u[s.row(j, k)];
-#pragma unroll
-      for (int h = 0; h < kClusterEarlyHeads; ++h)
-        if (meets[h]) r.gr[h][k] = x.grads[static_cast<std::int64_t>(h) * x.P + i];
-    }
-  }
-}
-
-/// Tile j's g = Σ_h c_h g_h and Adam (cluster_store's arithmetic), with g, m and v stored; the new
-/// θ kept in th (0 off the slice) and not stored (the scaling may change it); y += θ u[row].
-__device__ __forceinline__ void sncol_adam(const ClusterStep& x, const SnColSlice& s, int j, ClusterTile& r,
-                                           float (&th)[kClusterPer], double& y) {
-  double acc[kClusterPer];
-  cluster_combine(x, s.lo(j), s.hi(j), r, [&](int k) { return s.ok(j, k); }, [&](int k) { return s.at(j, k); }, acc);
-#pragma unroll
-  for (int k = 0; k < kClusterPer; ++k) {
-    th[k] = 0.0f;
-    if (!s.ok(j, k)) continue;
-    const std::int64_t i = s.at(j, k);
-    const float gf = static_cast<float>(acc[k]);
-    x.g[i] = gf;
-    if (!x.finite) continue;
-    th[k] = adam_element(gf, r.m[k], r.v[k], r.th[k], x.adam);
-    x.mom[i] = r.m[k];
-    x.var[i] = r.v[k];
-    y += static_cast<double>(th[k]) * static_cast<double>(r.tg[k]);
-  }
-}
-
 /// Cluster k < nsn owns normed matrix k (its rows split evenly over the cluster's blocks); the
 /// clusters after them update the elements outside every normed matrix, tile by tile.
 constexpr int kClusterMaxSegs = kUpdateMaxSn + 1;
@@ -1601,7 +1482,6 @@ struct ClusterPlan {
   const double* step = nullptr;  ///< {1 − β1^t, 1 − β2^t, t} from budget_partial_kernel
   std::uint64_t* clock = nullptr;  ///< update_cluster's clock (null: off)
   int clock_blocks = 0;
-  int col_rows = 0;  ///< the column variant's rows of shared memory (max_rows; 0: no column variant)
   bool early = false;  ///< the first tile's optimizer state loaded before the wait (DQN_UPDATE_EARLY=1)
   std::int64_t seg_lo[kClusterMaxSegs] = {}, seg_hi[kClusterMaxSegs] = {};
   std::int64_t seg_tile0[kClusterMaxSegs + 1] = {};  ///< first tile of each range; [nseg]: all tiles
@@ -1639,121 +1519,6 @@ __device__ __forceinline__ double rank_sum(const cooperative_groups::cluster_gro
   return sum;
 }
 
-/// A normed matrix's block of the column variant, after the clip factors (reg: its tile 0, from
-/// sncol_load before them): Adam over its slice (the new W kept in registers), Wᵀu for its
-/// columns, its share of W (Wᵀu) for every row and Σ (Wᵀu)² of its columns into shared memory;
-/// one cluster barrier; every block adds the blocks' shares in rank order (all get the same σ),
-/// writes u for its share of the rows, scales its elements by σ_max/σ when σ > σ_max, stores them
-/// and their target update; it leaves once the other blocks have read its shared memory.
-template <int CS>
-__device__ void sncol_rest(const Update& u, const ClusterStep& x, const SpectralMatrix& sm, const SnColSlice& s,
-                           int rank, bool target_on, const ClusterPlan& pl, ClusterTile& reg, double* shm,
-                           double* sh) {
-  namespace cg = cooperative_groups;
-  float th[kSnColTiles][kClusterPer];
-  double y = 0.0;  // Σ over this thread's elements of W[r, col] u[r] (its column's share)
-  sncol_adam(x, s, 0, reg, th[0], y);
-#pragma unroll
-  for (int j = 1; j < kSnColTiles; ++j) {
-    if (j < s.ntiles) {
-      sncol_load(x, s, static_cast<const float*>(sm.u.p), j, reg);
-      sncol_adam(x, s, j, reg, th[j], y);
-    } else {
-#pragma unroll
-      for (int k = 0; k < kClusterPer; ++k) th[j][k] = 0.0f;
-    }
-  }
-  clock_stamp(pl, kClockAdam);
-  if (!x.finite) {  // the same in every block of the cluster: g is 0, nothing else changes
-    clock_stamp(pl, kClockExit);
-    return;
-  }
-  // the target's old values (Polyak), in flight during the sums below
-  const bool polyak_on = target_on && !x.rule.copy;
-  float tg[kSnColTiles][kClusterPer];
-#pragma unroll
-  for (int j = 0; j < kSnColTiles; ++j)
-#pragma unroll
-    for (int k = 0; k < kClusterPer; ++k)
-      tg[j][k] = polyak_on && j < s.ntiles && s.ok(j, k) ? x.rule.tgt[s.at(j, k)] : 0.0f;
-  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-  constexpr int kWarps = kThreads / 32;
-  double* zpart = shm;                 // [col_rows]: this block's share of W (Wᵀu), read by the cluster
-  double* zs = zpart + pl.col_rows;    // [col_rows]: the cluster's sums
-  double* red = zs + pl.col_rows;      // [kWarps][32]
-  double* ysq = red + kWarps * 32;     // [1]: Σ (Wᵀu)² over this block's columns, read by the cluster
-  double* ysv = ysq + 1;               // [CS]
-  // (Wᵀu)_col: the lanes of a column (lane ≡ c mod w) by butterfly, then the warps in order
-  for (int o = s.w; o < 32; o <<= 1) y += __shfl_xor_sync(0xffffffffu, y, o);
-  if (lane < s.w) red[warp * 32 + lane] = y;
-  __syncthreads();
-  double yc = 0.0;
-#pragma unroll
-  for (int q = 0; q < kWarps; ++q) yc += red[q * 32 + s.c];
-  if (warp == 0) {
-    const double q = warp_sum(lane < s.w ? yc * yc : 0.0);  // lane c < w holds column c's sum
-    if (lane == 0) *ysq = q;
-  }
-  // this block's share of (W (Wᵀu))_r: the w adjacent lanes of row r by butterfly
-#pragma unroll
-  for (int j = 0; j < kSnColTiles; ++j) {
-    if (j >= s.ntiles) break;
-#pragma unroll
-    for (int k = 0; k < kClusterPer; ++k) {
-      double p = static_cast<double>(th[j][k]) * yc;
-      for (int o = 1; o < s.w; o <<= 1) p += __shfl_xor_sync(0xffffffffu, p, o);
-      const int r = s.row(j, k);
-      if (s.c == 0 && r < s.rows) zpart[r] = p;
-    }
-  }
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();
-  clock_stamp(pl, kClockWtu);
-  // the blocks' shares in rank order, the same in every block
-  if (static_cast<int>(threadIdx.x) < CS) ysv[threadIdx.x] = *cluster.map_shared_rank(ysq, static_cast<int>(threadIdx.x));
-  for (int r = static_cast<int>(threadIdx.x); r < s.rows; r += kThreads) zs[r] = rank_sum<CS>(cluster, zpart, r);
-  auto token = cluster.barrier_arrive();  // done with the other blocks' shared memory
-  __syncthreads();                        // ysv and zs
-  clock_stamp(pl, kClockGather);
-  double vs = 0.0;
-#pragma unroll
-  for (int k = 0; k < CS; ++k) vs += ysv[k];
-  const double vn = sqrt(vs);
-  const double vnorm = vn < 1e-12 ? 1e-12 : vn;
-  clock_stamp(pl, kClockV);
-  clock_stamp(pl, kClockWv);  // (W v came before the exchange here)
-  double xsq = 0.0;
-  for (int r = static_cast<int>(threadIdx.x); r < s.rows; r += kThreads) {
-    const double xr = zs[r] / vnorm;
-    xsq += xr * xr;
-  }
-  const double sigma = sqrt(block_sum(xsq, sh));
-  clock_stamp(pl, kClockSigma);
-  const double unorm = sigma < 1e-12 ? 1e-12 : sigma;
-  const int rpb = (s.rows + CS - 1) / CS, r0 = min(s.rows, rank * rpb), r1 = min(s.rows, r0 + rpb);
-  float* uw = static_cast<float*>(sm.u.p);
-  for (int r = r0 + static_cast<int>(threadIdx.x); r < r1; r += kThreads) uw[r] = static_cast<float>(zs[r] / vnorm / unorm);
-  // the slice: scaled when σ > σ_max, stored (Adam's θ was kept for this), its target update
-  const bool scale = sigma > static_cast<double>(u.sigma_max);
-  const double factor = scale ? static_cast<double>(u.sigma_max) / sigma : 1.0;
-#pragma unroll
-  for (int j = 0; j < kSnColTiles; ++j) {
-    if (j >= s.ntiles) break;
-#pragma unroll
-    for (int k = 0; k < kClusterPer; ++k) {
-      if (!s.ok(j, k)) continue;
-      float w = th[j][k];
-      if (scale) w = static_cast<float>(static_cast<double>(w) * factor);
-      const std::int64_t i = s.at(j, k);
-      x.theta[i] = w;
-      if (target_on) x.rule.tgt[i] = x.rule.copy ? w : polyak(x.rule.tau, tg[j][k], w);
-    }
-  }
-  clock_stamp(pl, kClockScaled);
-  cluster.barrier_wait(std::move(token));  // no block leaves while another may still read its shared memory
-  clock_stamp(pl, kClockExit);
-}
-
 /// The update after budget_partial_kernel (with step), in clusters of CS blocks. Every block: the clip
 /// factors and the skip decision (budget_clips), t and the bias corrections from the first launch
 /// (block 0 stores t); each block's first tile is loaded before that. A normed matrix's cluster
@@ -1763,9 +1528,8 @@ __device__ void sncol_rest(const Update& u, const ClusterStep& x, const Spectral
 /// each block writes u ← x/σ for its rows and scales them by σ_max/σ when σ > σ_max, then their
 /// target update. The other clusters do g, Adam and the target update outside the normed
 /// matrices. Needs the normed matrices disjoint ranges inside params within the bounds (the caller
-/// checks). Skipped: g = 0, nothing else changes. COLS (DQN_SN_COLS=1, ClusterPlan::col_rows > 0):
-/// the normed matrices that fit it by the column variant (sncol_rest) instead.
-template <int CS, bool COLS = false>
+/// checks). Skipped: g = 0, nothing else changes.
+template <int CS>
 __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, const double* __restrict__ partial,
                                                                      int nchunks, ClusterPlan pl) {
   clock_stamp(pl, kClockPlaced);  // (the clock is no buffer of the kernels this one waits for)
@@ -1815,25 +1579,19 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
     lo = pl.seg_lo[q] + (tile - pl.seg_tile0[q]) * kClusterTile;
     hi = pl.seg_hi[q];
   }
-  // the column variant for this normed matrix (the same decision in every block of its cluster)
-  const int colw = COLS && normed && rows <= pl.col_rows ? sncol_width(rows, cols, CS) : 0;
-  SnColSlice slice;
   ClusterTile reg;  // in flight during the clips
   // pl.early: the first tile's m, v, θ and target before griddepcontrol.wait, so that they load
   // while the partial sums (the kernel this one waits for) finish; only this kernel writes them.
-  const bool early = pl.early && !colw;
+  const bool early = pl.early;
   // early and a normed block of one tile: the tile stays in registers from Adam to the scaling
   // and target update after the power iteration (its old target loaded here too, for Polyak)
-  const bool keep = !COLS && early && normed && hi - lo <= kClusterTile;
+  const bool keep = early && normed && hi - lo <= kClusterTile;
   if (early) cluster_load_state(x, lo, min(hi, lo + kClusterTile), every && (!normed || keep), reg);
   dev::pdl_entry();
   clock_stamp(pl, kClockWaited);
   const double bc1 = pl.step[0], bc2 = pl.step[1];
   const auto t_new = static_cast<long long>(pl.step[2]);
-  if (colw) {
-    slice = sncol_slice(sm, off, colw, rank);
-    sncol_load(x, slice, static_cast<const float*>(sm.u.p), 0, reg);
-  } else if (early) {
+  if (early) {
     cluster_load_grads(x, lo, min(hi, lo + kClusterTile), reg);
   } else {
     cluster_load(x, lo, min(hi, lo + kClusterTile), every && !normed, reg);
@@ -1845,10 +1603,6 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   if (finite)
     x.adam = adam_coef(u.adam.beta1, u.adam.beta2, u.adam.eps, *static_cast<const float*>(u.adam.lr.p), bc1, bc2);
   const bool target_on = finite && (tu.period == 0 || t_new % tu.period == 0);
-  if (colw) {
-    sncol_rest<CS>(u, x, sm, slice, rank, target_on, pl, reg, cu_shared, sh);
-    return;
-  }
   if (!normed) {
     if (tile >= tiles) {
       clock_stamp(pl, kClockAdam);
@@ -2398,7 +2152,6 @@ int update_cluster_size(int want) {
   }
   // 16 blocks per cluster where the device schedules them (a non-portable size), else 8.
   cudaFuncSetAttribute(update_cluster_kernel<16>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  cudaFuncSetAttribute(update_cluster_kernel<16, true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   cudaGetLastError();
   for (int cs : {16, 8}) {
     if (want != 0 && cs != want) continue;
@@ -2421,43 +2174,9 @@ bool update_cluster_fits(int cs, int max_rows, int max_cols) {
   return cluster_update_shared(max_cols, (max_rows + cs - 1) / cs) <= kClusterMaxShared;
 }
 
-/// The cluster update's kernel and dynamic shared memory for u at cluster size cs (the column
-/// variant where sn_cols asks for it and its shared memory fits), and the rows that shared memory
-/// is laid out for (0: no column variant).
-struct ClusterKernel {
-  void (*fn)(Update, const double*, int, ClusterPlan) = nullptr;
-  std::size_t shared = 0;
-  int col_rows = 0;
-};
-ClusterKernel cluster_kernel(const Update& u, int cs, bool sn_cols) {
-  ClusterKernel k;
-  k.shared = cluster_update_shared(std::max(u.sn_max_cols, 1), std::max((u.sn_max_rows + cs - 1) / cs, 1));
-  if (sn_cols && u.sn_max_rows <= kSnColMaxRows && cluster_update_shared_cols(u.sn_max_rows, cs) <= kClusterMaxShared) {
-    k.col_rows = std::max(u.sn_max_rows, 1);
-    k.shared = std::max(k.shared, cluster_update_shared_cols(k.col_rows, cs));
-  }
-  const bool cols = k.col_rows > 0;
-  k.fn = cs == 16 ? (cols ? update_cluster_kernel<16, true> : update_cluster_kernel<16>)
-                  : (cols ? update_cluster_kernel<8, true> : update_cluster_kernel<8>);
-  return k;
-}
-
-int update_cluster_wave(const Update& u, int cs, bool sn_cols) {
-  if (cs != 8 && cs != 16) return 0;
-  const ClusterKernel k = cluster_kernel(u, cs, sn_cols);
-  cudaLaunchAttribute one[2]{};
-  const cudaLaunchConfig_t probe = cluster_config(cs, static_cast<unsigned>(cs), k.shared, nullptr, one);
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, k.fn, &probe) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return std::max(0, clusters - std::max(u.sn_count, 0)) * cs;
-}
-
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
-                           std::uint64_t* clock, int clock_blocks, int* launched, bool sn_cols, bool early) {
+                           std::uint64_t* clock, int clock_blocks, int* launched, bool early) {
   const Budget& b = u.budget;
   if ((cs != 8 && cs != 16) || u.sn_count > kUpdateMaxSn || !update_cluster_fits(cs, u.sn_max_rows, u.sn_max_cols) ||
       static_cast<int>(ranges.size()) != u.sn_count)
@@ -2485,8 +2204,9 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   }
   add(at, b.P);
   const std::int64_t tiles = pl.seg_tile0[pl.nseg];
-  const ClusterKernel kernel = cluster_kernel(u, cs, sn_cols);
-  pl.col_rows = kernel.col_rows;
+  const std::size_t shared = cluster_update_shared(pl.max_cols, pl.rpc);
+  void (*const kernel)(Update, const double*, int, ClusterPlan) =
+      cs == 16 ? update_cluster_kernel<16> : update_cluster_kernel<8>;
   const std::int64_t plain = std::min<std::int64_t>(tiles, std::max(max_blocks, cs));
   const std::int64_t plain_blocks = (plain + cs - 1) / cs * cs;
   auto* partial = static_cast<double*>(scratch);
@@ -2501,9 +2221,9 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   pl.clock = clock;
   pl.clock_blocks = clock ? clock_blocks : 0;
   pl.early = early;
-  const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, kernel.shared, s, attr, true);
-  dev::note_pdl_kernel(reinterpret_cast<const void*>(kernel.fn));
-  return cudaLaunchKernelEx(&cfg, kernel.fn, u, static_cast<const double*>(partial), nchunks, pl);
+  const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, shared, s, attr, true);
+  dev::note_pdl_kernel(reinterpret_cast<const void*>(kernel));
+  return cudaLaunchKernelEx(&cfg, kernel, u, static_cast<const double*>(partial), nchunks, pl);
 }
 
 std::string cooperative_graphs_refusal(int blocks) {

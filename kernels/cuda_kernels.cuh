@@ -111,21 +111,13 @@ cudaError_t update_split(cudaStream_t s, const Update& u, void* scratch, int max
 /// max_blocks bounds the clusters outside the normed matrices; results do not depend on it.
 /// `clock` (null: off): per block kUpdateClockSlots %globaltimer stamps then as many clock64
 /// ones (UpdateClockSlot), for blocks below clock_blocks; the launch's block count in *blocks.
-/// sn_cols (DQN_SN_COLS=1): a normed matrix of at most 1,024 rows whose columns fit 32 a block
-/// (cols ≤ 32·cs) and whose block's share fits two tiles (rows · w ≤ 4,096, w the power of two
-/// ≥ cols/cs) is split by columns: one exchange over the cluster instead of two, the new W kept
-/// in registers until it is scaled (sums in yet another order: the same tolerance).
 /// early (DQN_UPDATE_EARLY=1): each block's first tile of m, v, θ and the target is loaded before
 /// the kernel's griddepcontrol.wait, while the partial sums finish, and a normed block of one tile
 /// keeps it in registers for its scaling and target update (the same results).
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
                            std::uint64_t* clock = nullptr, int clock_blocks = 0, int* blocks = nullptr,
-                           bool sn_cols = false, bool early = false);
-/// The blocks of update_cluster(u, cs, sn_cols) resident beside its normed matrices' clusters (its
-/// occupancy, less one cluster per normed matrix): as max_blocks, one wave outside them. 0 when
-/// unknown. Not a stream operation, but call it outside a capture.
-int update_cluster_wave(const Update& u, int cs, bool sn_cols);
+                           bool early = false);
 /// The moments the cluster update's blocks stamp (DQN_UPDATE_CLOCK=1, read by dqn-trace): placed
 /// (before waiting for the kernels before it), the wait over, the clip factors known, its
 /// elements' g and Adam done, the blocks' shares of Wᵀu published over the cluster (normed

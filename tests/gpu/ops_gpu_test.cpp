@@ -2231,14 +2231,13 @@ TEST_CASE("gpu.ops.update: the fused update equals budget → adam → spectral 
   }
 }
 
-TEST_CASE("gpu.ops.update.sn_cols: the cluster update's power iteration by columns (DQN_SN_COLS=1) against the row split, the separate ops and the CPU") {
+TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward matrix shapes against the separate ops and the CPU") {
   // Normed matrices of the step's shapes and awkward ones inside one params: two tiles a block
-  // (256 × 256, 200 × 250), one (128 × 256, 255 × 128, 256 × 64: four columns a block), blocks
-  // with no column (37 × 53: 14 of 16 blocks hold columns), a row (1 × 9), and one the column
-  // variant leaves to the row split in the same launch (300 × 256: three tiles a block). One is
+  // (256 × 256, 200 × 250), one (128 × 256, 255 × 128, 256 × 64), blocks with no row (37 × 53
+  // and 1 × 9: fewer rows than a cluster's blocks), three tiles a block (300 × 256). One is
   // scaled down so that σ < σ_max (not rescaled); the others are rescaled. Two heads, the second
-  // clipped. The column variant sums in yet another order: params, target and u within
-  // kSumOrder of the row split and of the separate ops; m, v, g, norms and clips equal bit for bit.
+  // clipped. The cluster's power iteration sums in another order: params, target and u within
+  // kSumOrder of the separate ops; m, v, g, norms and clips equal bit for bit.
   struct Mat {
     int rows, cols;
     float scale;
@@ -2283,8 +2282,8 @@ TEST_CASE("gpu.ops.update.sn_cols: the cluster update's power iteration by colum
     INFO(c.why);
     auto g = grads;
     if (c.bad) g[static_cast<std::size_t>(P + 4321)] = kNaN;
-    // Side: one update's state on one backend (cols: DQN_SN_COLS=1's cluster update, rows: the
-    // default cluster update, sep: the four separate ops, cpu: the CPU twin)
+    // Side: one update's state on one backend (rows: the cluster update, sep: the four separate
+    // ops, cpu: the CPU twin)
     struct Side {
       Update up;
       std::vector<SpectralMatrix> mats;
@@ -2313,19 +2312,10 @@ TEST_CASE("gpu.ops.update.sn_cols: the cluster update's power iteration by colum
             [&](const std::vector<std::int64_t>& h) { return gpu.put_typed(h); });
       sd.up.sn_mats = gpu.put_typed(sd.mats);
     };
-    Side cols, rows, sep, hc;
-    std::unique_ptr<Gpu> gc;
-    {
-      const ScopedEnv env("DQN_SN_COLS", "1");  // read when a backend is made
-      gc = std::make_unique<Gpu>();
-    }
-    Gpu gr;  // the default: the row split
-    const std::string dc = gc->rt().describe(), dr = gr.rt().describe();
-    MESSAGE("update paths: " << dc << " / " << dr);
-    REQUIRE_MESSAGE(dc.find("power iteration by columns") != std::string::npos, dc);
+    Side rows, sep, hc;
+    Gpu gr;
+    const std::string dr = gr.rt().describe();
     REQUIRE_MESSAGE(dr.find("update cluster") != std::string::npos, dr);
-    CHECK(dr.find("by columns") == std::string::npos);
-    on(*gc, cols);
     on(gr, rows);
     on(gr, sep);
     std::deque<std::vector<float>> store;  // host buffers; a deque never moves its elements
@@ -2336,13 +2326,11 @@ TEST_CASE("gpu.ops.update.sn_cols: the cluster update's power iteration by colum
           [&](const std::vector<std::int64_t>& h) { store64.push_back(h); return store64.back().data(); });
     hc.up.sn_mats = hc.mats.data();
 
-    gc->ops.update(cols.up);
     gr.ops.update(rows.up);
     gr.ops.budget(sep.up.budget);
     gr.ops.adam(sep.up.adam);
     gr.ops.spectral_norm(sep.up.sn_mats, nsn, max_rows, max_cols, 2.0f, sep.skip);
     gr.ops.target_update(sep.up.target);
-    gc->ok();
     gr.ok();
     Cpu cpu;
     cpu.ops->update(hc.up);
@@ -2351,38 +2339,33 @@ TEST_CASE("gpu.ops.update.sn_cols: the cluster update's power iteration by colum
     auto hv = [](const Real& r, std::int64_t n) { return std::vector<float>(r.as<float>(), r.as<float>() + n); };
     struct Out {
       std::string name;
-      Real col, row, s, h;
+      Real row, s, h;
       std::int64_t n;
       bool summed;  // from the power iteration (sums in another order)
     };
     std::vector<Out> outs = {
-        {"params", cols.up.adam.params, rows.up.adam.params, sep.up.adam.params, hc.up.adam.params, P, true},
-        {"target", cols.up.target.target, rows.up.target.target, sep.up.target.target, hc.up.target.target, P, true},
-        {"m", cols.up.adam.m, rows.up.adam.m, sep.up.adam.m, hc.up.adam.m, P, false},
-        {"v", cols.up.adam.v, rows.up.adam.v, sep.up.adam.v, hc.up.adam.v, P, false},
-        {"g", cols.up.budget.g, rows.up.budget.g, sep.up.budget.g, hc.up.budget.g, P, false},
-        {"norms", cols.up.budget.norms, rows.up.budget.norms, sep.up.budget.norms, hc.up.budget.norms, H, false},
-        {"clips", cols.up.budget.clips, rows.up.budget.clips, sep.up.budget.clips, hc.up.budget.clips, H, false},
+        {"params", rows.up.adam.params, sep.up.adam.params, hc.up.adam.params, P, true},
+        {"target", rows.up.target.target, sep.up.target.target, hc.up.target.target, P, true},
+        {"m", rows.up.adam.m, sep.up.adam.m, hc.up.adam.m, P, false},
+        {"v", rows.up.adam.v, sep.up.adam.v, hc.up.adam.v, P, false},
+        {"g", rows.up.budget.g, sep.up.budget.g, hc.up.budget.g, P, false},
+        {"norms", rows.up.budget.norms, sep.up.budget.norms, hc.up.budget.norms, H, false},
+        {"clips", rows.up.budget.clips, sep.up.budget.clips, hc.up.budget.clips, H, false},
     };
     for (int k = 0; k < nsn; ++k)
       outs.push_back({"u of matrix " + std::to_string(k) + " (" + std::to_string(mats[k].rows) + " x " +
                           std::to_string(mats[k].cols) + ")",
-                      cols.u[static_cast<std::size_t>(k)], rows.u[static_cast<std::size_t>(k)],
+                      rows.u[static_cast<std::size_t>(k)],
                       sep.u[static_cast<std::size_t>(k)], hc.u[static_cast<std::size_t>(k)], mats[k].rows, true});
     for (const Out& o : outs) {
-      const auto got = gc->get(o.col, o.n);
-      if (o.summed && !c.bad) {
-        expect_close(got, gr.get(o.row, o.n), kSumOrder, "columns vs rows: " + o.name);
-        expect_close(got, gr.get(o.s, o.n), kSumOrder, "columns vs separate: " + o.name);
-      } else {
-        expect_same_bits(got, gr.get(o.row, o.n), "columns vs rows: " + o.name);
-        expect_same_bits(got, gr.get(o.s, o.n), "columns vs separate: " + o.name);
-      }
+      const auto got = gr.get(o.row, o.n);
+      if (o.summed && !c.bad) expect_close(got, gr.get(o.s, o.n), kSumOrder, "cluster vs separate: " + o.name);
+      else expect_same_bits(got, gr.get(o.s, o.n), "cluster vs separate: " + o.name);
       if (!c.bad || o.name == "norms" || o.name == "clips" || o.name == "g")
-        expect_close(got, hv(o.h, o.n), kReduction, "columns vs cpu: " + o.name);
+        expect_close(got, hv(o.h, o.n), kReduction, "cluster vs cpu: " + o.name);
     }
     // each matrix's elements moved (or, skipped, stayed) and the scaled-down one was not rescaled
-    const auto p_after = gc->get(cols.up.adam.params, P);
+    const auto p_after = gr.get(rows.up.adam.params, P);
     for (int k = 0; k < nsn; ++k) {
       const auto at = static_cast<std::size_t>(offs[static_cast<std::size_t>(k)]);
       const std::size_t n = static_cast<std::size_t>(mats[k].rows) * static_cast<std::size_t>(mats[k].cols);
@@ -2393,72 +2376,10 @@ TEST_CASE("gpu.ops.update.sn_cols: the cluster update's power iteration by colum
       if (c.bad) expect_same_bits(after, before, "skipped: matrix " + std::to_string(k));
       else CHECK_MESSAGE(after != before, "matrix " << k << " unchanged");
     }
-    CHECK(gc->get_typed(cols.skip, 1)[0] == (c.bad ? 1 : 0));
-    CHECK(gc->get_typed(cols.skipped, 1)[0] == (c.bad ? 3 : 2));
-    CHECK(gc->get_typed(cols.t, 1)[0] == (c.bad ? c.t0 : c.t0 + 1));
+    CHECK(gr.get_typed(rows.skip, 1)[0] == (c.bad ? 1 : 0));
+    CHECK(gr.get_typed(rows.skipped, 1)[0] == (c.bad ? 3 : 2));
+    CHECK(gr.get_typed(rows.t, 1)[0] == (c.bad ? c.t0 : c.t0 + 1));
   }
-}
-
-TEST_CASE("gpu.ops.update.plain: the blocks outside the normed matrices (DQN_UPDATE_PLAIN) change no result") {
-  // 1.2 M parameters, most outside the one normed matrix (256 × 256), so that the cluster update's
-  // plain blocks take several tiles each with =wave (one wave beside the normed cluster) and with
-  // =3, and one tile each by default: every output equal bit for bit. Bad values are refused when
-  // the backend is made, with the variable's name and value.
-  constexpr int H = 2, R = 256, C = 256;
-  constexpr std::int64_t P = 1'200'003, off = 500'001;
-  UpdateState st;
-  st.H = H;
-  st.P = P;
-  st.grads = random_vec(static_cast<std::size_t>(H * P), -1, 1, 101);
-  st.fractions = {0.7f, 0.3f};
-  st.losses = {1.0f, 2.0f};
-  st.params = random_vec(static_cast<std::size_t>(P), -1, 1, 102);
-  st.m = random_vec(static_cast<std::size_t>(P), -0.01f, 0.01f, 103);
-  st.v = random_vec(static_cast<std::size_t>(P), 0, 1e-4f, 104);
-  st.lr = {1e-3f};
-  st.target = random_vec(static_cast<std::size_t>(P), -1, 1, 105);
-  const auto u0 = random_vec(R, -0.2f, 0.2f, 106);
-  struct Run {
-    std::vector<float> params, m, v, target, g, u;
-  };
-  auto run = [&](const char* plain) {
-    std::unique_ptr<Gpu> gpu;
-    {
-      const ScopedEnv env("DQN_UPDATE_PLAIN", plain);  // read when a backend is made
-      gpu = std::make_unique<Gpu>(Precision::fp32, std::size_t{96} << 20);
-    }
-    const std::string d = gpu->rt().describe();
-    CHECK_MESSAGE(d.find("update cluster") != std::string::npos, d);
-    CHECK((d.find("one wave") != std::string::npos) == (plain && std::string(plain) == "wave"));
-    std::int32_t* skip = gpu->put_typed(std::vector<std::int32_t>{-1});
-    std::int64_t* skipped = gpu->put_typed(std::vector<std::int64_t>{0});
-    std::int64_t* t = gpu->put_typed(std::vector<std::int64_t>{7});
-    Update up = update_args(st, [&](const std::vector<float>& h) { return gpu->put(h); }, skip, skipped, t);
-    const Real u = gpu->put(u0);
-    const std::vector<SpectralMatrix> mats{{up.adam.params + off, u, R, C}};
-    up.sn_mats = gpu->put_typed(mats);
-    up.sn_count = 1;
-    up.sn_max_rows = R;
-    up.sn_max_cols = C;
-    gpu->ops.update(up);
-    gpu->ok();
-    CHECK(gpu->get_typed(t, 1)[0] == 8);
-    return Run{gpu->get(up.adam.params, P), gpu->get(up.adam.m, P), gpu->get(up.adam.v, P),
-               gpu->get(up.target.target, P), gpu->get(up.budget.g, P), gpu->get(u, R)};
-  };
-  const Run base = run(nullptr);
-  CHECK(base.params != st.params);
-  for (const char* plain : {"wave", "3"}) {
-    INFO("DQN_UPDATE_PLAIN=" << plain);
-    const Run r = run(plain);
-    expect_same_bits(r.params, base.params, "params");
-    expect_same_bits(r.m, base.m, "m");
-    expect_same_bits(r.v, base.v, "v");
-    expect_same_bits(r.target, base.target, "target");
-    expect_same_bits(r.g, base.g, "g");
-    expect_same_bits(r.u, base.u, "u");
-  }
-  expect_switch_refused("DQN_UPDATE_PLAIN", {"0", "-4", "abc", "wave2", "12x"});
 }
 
 namespace {

@@ -152,23 +152,18 @@ bool autotune_from_env() noexcept { return env_on("DQN_GEMM_AUTOTUNE"); }
 /// on the H200 the C51 step measured 123.5 µs with them against 122.9 without).
 bool tune_split_k_from_env() noexcept { return env_set("DQN_GEMM_TUNE_SPLIT_K"); }
 
-/// How the update (budget, Adam, spectral norm, target update) runs, from DQN_FUSED_UPDATE:
-/// unset or cluster → two launches (partial sums; thread-block clusters, one per normed matrix,
-/// and more for the other elements) where the device launches clusters and the normed matrices
-/// are disjoint ranges inside params, else the four ops (until 2026-12-04 only where the normed
-/// matrices held half of params; with all four heads, a fifth normed, it now measures 3.4 µs
-/// faster than the four ops: 276.5 against 279.9 µs, three processes each); 0/off → the four ops
-/// as they are (six launches); split → four launches (partial sums; clips, g, Adam and the target update outside
-/// the normed matrices; the two spectral-norm passes, the second with the normed rows' target
-/// update); 1/on → one cooperative launch (the grid-wide barriers cost more than the kernel
-/// boundaries they replace). The same results every way, but for the cluster update's power
-/// iteration, which sums in another order (update_cluster()).
-enum class UpdateMode { separate, split, cooperative, cluster };
+/// How the update (budget, Adam, spectral norm, target update) runs, from DQN_FUSED_UPDATE: unset
+/// or cluster → two launches (partial sums; thread-block clusters, one per normed matrix, and more
+/// for the other elements) where the device launches clusters and the normed matrices are
+/// disjoint ranges inside params, else the four ops (with all four heads the cluster update
+/// measured 3.4 µs faster than the four ops: 276.5 against 279.9 µs, three processes each);
+/// 0/off → the four ops as they are (six launches). The same results either way, but for the
+/// cluster update's power iteration, which sums in another order (update_cluster()). (One
+/// cooperative launch, =1, and four launches, =split, measured slower in every run through the
+/// seventh and were removed on 2026-12-05; anything but 0/off now means the cluster update.)
+enum class UpdateMode { separate, cluster };
 UpdateMode update_mode_from_env() noexcept {
-  const char* v = std::getenv("DQN_FUSED_UPDATE");
-  if (!v || !*v || std::strcmp(v, "cluster") == 0) return UpdateMode::cluster;
-  if (!env_on("DQN_FUSED_UPDATE")) return UpdateMode::separate;
-  return std::strcmp(v, "split") == 0 ? UpdateMode::split : UpdateMode::cooperative;
+  return std::getenv("DQN_FUSED_UPDATE") && !env_on("DQN_FUSED_UPDATE") ? UpdateMode::separate : UpdateMode::cluster;
 }
 
 /// DQN_LOSS_WARPS: c51_loss's warps a (sample, branch) where its warp kernel runs: unset or 2 →
@@ -318,13 +313,6 @@ class CudaBackend final : public Backend {
         if (!wgrad_kernel_) cudaGetLastError();
         chain_kernel_ = cuda::tile_gemm_chain_prepare() == cudaSuccess;  // and tile_gemm_chain's
         if (!chain_kernel_) cudaGetLastError();
-      }
-      // The fused update (opt-in) needs cooperative launches inside captured graphs: probed here.
-      if (update_mode_ == UpdateMode::cooperative) {
-        const int blocks = cuda::update_grid(props_);
-        update_refused_ = blocks > 0 ? cuda::cooperative_graphs_refusal(blocks)
-                                     : "no block of the update kernel fits an SM";
-        if (update_refused_.empty()) update_blocks_ = blocks;
       }
       if (update_mode_ == UpdateMode::cluster) update_cluster_ = cuda::update_cluster_size(cluster_size_from_env());
       // DQN_UPDATE_CLOCK=1: the cluster update's blocks stamp their phases here (dqn-trace reads them)
@@ -891,18 +879,16 @@ class CudaBackend final : public Backend {
     const Budget& b = u.budget;
     const Adam& a = u.adam;
     const TargetUpdate& t = u.target;
-    // One cooperative kernel when it was probed to work, or the split kernels, when the arguments
-    // have the engine's shape (the split ones also need the normed matrices to be disjoint ranges
-    // inside params); otherwise the four ops, each checking its own arguments.
+    // The cluster update where the arguments have the engine's shape, the normed matrices are
+    // disjoint ranges inside params and fit its shared memory; otherwise the four ops, each
+    // checking its own arguments.
     const bool shaped = b.H >= 1 && b.H <= cuda::update_max_heads() && b.P > 0 && u.sn_count >= 0 &&
                         u.sn_count <= cuda::update_max_matrices() && a.P == b.P && t.P == b.P && a.g.p == b.g.p &&
                         a.skip == b.skip && t.skip == b.skip && t.t == a.t && t.params.p == a.params.p &&
                         t.period >= 0 && (u.sn_count == 0 || (u.sn_mats && u.sn_max_rows > 0 && u.sn_max_cols > 0));
-    const bool fused = shaped && update_blocks_ > 0;
-    const bool split = shaped && !fused && update_mode_ == UpdateMode::split && sn_tidy(u);
-    const bool cluster = shaped && !fused && !split && update_cluster_ > 0 &&
+    const bool cluster = shaped && update_cluster_ > 0 &&
                          cuda::update_cluster_fits(update_cluster_, u.sn_max_rows, u.sn_max_cols) && sn_tidy(u);
-    if (!fused && !split && !cluster) {
+    if (!cluster) {
       budget(b);
       adam(a);
       if (u.sn_count > 0) spectral_norm(u.sn_mats, u.sn_count, u.sn_max_rows, u.sn_max_cols, u.sigma_max, b.skip);
@@ -915,23 +901,17 @@ class CudaBackend final : public Backend {
         !real_ok(b.total_loss, op, "total_loss") || !real_ok(a.params, op, "params") || !real_ok(a.m, op, "m") ||
         !real_ok(a.v, op, "v") || !real_ok(a.lr, op, "lr") || !real_ok(t.target, op, "target"))
       return;
-    void* s = scratch(op, cuda::update_scratch_bytes(b.H, u.sn_count, u.sn_max_rows, u.sn_max_cols));
+    void* s = scratch(op, cuda::update_scratch_bytes(b.H));
     if (!s) return;
     if (planning_) return;
-    if (fused) {
-      DQN_CUDA_OK(op, cuda::update(stream_, u, s, update_blocks_));
-    } else if (cluster) {
-      DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), wave_blocks(), clock_,
-                                           kClockBlocks, &clock_launch_.blocks, update_early_));
-      clock_launch_.cs = update_cluster_;
-      clock_launch_.normed = u.sn_count;
-    } else {
-      DQN_CUDA_OK(op, cuda::update_split(stream_, u, s, 2 * wave_blocks()));
-    }
+    DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), wave_blocks(), clock_,
+                                         kClockBlocks, &clock_launch_.blocks, update_early_));
+    clock_launch_.cs = update_cluster_;
+    clock_launch_.normed = u.sn_count;
   }
 
   /// Whether the update's normed matrices are disjoint ranges inside params, each within the
-  /// bounds (what the split and cluster updates need). The table lives on the device: read once,
+  /// bounds (what the cluster update needs). The table lives on the device: read once,
   /// outside capture (when the engine plans), and remembered for that table with the matrices'
   /// ranges (sn_ranges); during a capture an unseen table counts as not tidy (the separate ops
   /// then run).
@@ -977,11 +957,8 @@ class CudaBackend final : public Backend {
 
   /// How the update runs (for describe()).
   std::string update_path() const {
-    if (update_blocks_ > 0) return "fused (one cooperative kernel)";
     if (update_cluster_ > 0)
       return "cluster (" + std::to_string(update_cluster_) + " blocks a cluster)";
-    if (update_mode_ == UpdateMode::split) return "split (four kernels)";
-    if (update_mode_ == UpdateMode::cooperative) return "as separate kernels (DQN_FUSED_UPDATE=1 refused: " + update_refused_ + ")";
     return "as separate kernels";
   }
 
@@ -1981,8 +1958,6 @@ class CudaBackend final : public Backend {
   TileMode tile_ = tile_mode_from_env();  ///< DQN_TILE_GEMM, read once per backend
   bool autotune_ = autotune_from_env();  ///< DQN_GEMM_AUTOTUNE, read once per backend
   bool tune_split_k_ = tune_split_k_from_env();  ///< DQN_GEMM_TUNE_SPLIT_K, read once per backend
-  int update_blocks_ = 0;                ///< the fused update's grid (0: not fused)
-  std::string update_refused_;           ///< why DQN_FUSED_UPDATE=1 was refused (its probe's failing step)
   int update_cluster_ = 0;               ///< the cluster update's blocks per cluster (0: not used)
   /// DQN_UPDATE_EARLY=1: the cluster update loads its first tile's optimizer state before its
   /// wait; DQN_GEMM_EARLY=1: tile_gemm requests a parameter B's first stages before its wait (in a

@@ -40,21 +40,6 @@ void with_index_type(std::int64_t n, F&& body) {
     body(std::int64_t{});
 }
 
-/// Launches kernel (blocks × kThreads) on s as a cooperative launch (all blocks resident).
-template <class... P, class... A>
-cudaError_t launch_cooperative(void (*kernel)(P...), unsigned blocks, cudaStream_t s, A&&... args) {
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeCooperative;
-  attr.val.cooperative = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(blocks);
-  cfg.blockDim = dim3(kThreads);
-  cfg.stream = s;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
-}
-
 using dev::aligned16;
 using dev::block_sum;
 using dev::grid_start;
@@ -1139,220 +1124,8 @@ __global__ void __launch_bounds__(kThreads) target_update_kernel(float* tgt, con
   }
 }
 
-/// Phase 1 of the fused and split updates for element i: stores g = float(acc) and, when the step
-/// is finite, Adam's m, v and θ from the loaded values; then the target update of θ unless the
-/// element lies in one of the normed ranges [lo, hi) (their rows are updated after the spectral norm).
-struct UpdateElement {
-  float *g, *mom, *var, *theta;
-  AdamCoef adam;
-  bool finite, target_on;
-  TargetRule rule;
-  const std::int64_t *lo, *hi;
-  int nsn;
-  __device__ __forceinline__ void operator()(std::int64_t i, double acc, float mk, float vk, float th0) const {
-    const float gf = static_cast<float>(acc);
-    g[i] = gf;
-    if (!finite) return;
-    const float th = adam_element(gf, mk, vk, th0, adam);
-    mom[i] = mk;
-    var[i] = vk;
-    theta[i] = th;
-    if (!target_on) return;
-    bool normed = false;
-    for (int q = 0; q < nsn; ++q) normed |= i >= lo[q] && i < hi[q];
-    if (!normed) apply_target(rule, i, th);
-  }
-};
-
-/// Stores the normed matrices' element ranges [lo, hi) in params (an empty matrix: [0, 0)) for
-/// this thread's share of them; returns 1 when one of them lies outside params or its bounds.
-__device__ __forceinline__ int load_sn_ranges(const Update& u, const float* theta, std::int64_t* sn_lo,
-                                              std::int64_t* sn_hi) {
-  int bad = 0;
-  for (int k = threadIdx.x; k < u.sn_count; k += blockDim.x) {
-    const SpectralMatrix m = u.sn_mats[k];
-    std::int64_t lo = 0, hi = 0;
-    if (m.rows > 0 && m.cols > 0) {
-      lo = static_cast<const float*>(m.w.p) - theta;
-      hi = lo + static_cast<std::int64_t>(m.rows) * m.cols;
-      if (lo < 0 || hi > u.budget.P || m.rows > u.sn_max_rows || m.cols > u.sn_max_cols) bad = 1;
-    }
-    sn_lo[k] = lo;
-    sn_hi[k] = hi;
-  }
-  return bad;
-}
-
-// --- the fused update -----------------------------------------------------------------------
-
 constexpr int kUpdateMaxHeads = 64;  // clip factors kept in static shared memory
-constexpr int kUpdateMaxSn = 64;     // spectrally normed matrices whose ranges are kept there
-
-/// The fused update's sizes and scratch, fixed by the host.
-struct UpdatePlan {
-  int nchunks = 1;          ///< budget partial sums per head
-  std::int64_t chunk = 0;   ///< elements per partial sum
-  int ncc = 0, rpb = 1, nrb = 0;  ///< spectral norm: column chunks, rows per row block, row blocks
-  double* partial = nullptr;
-  double* vsq = nullptr;
-  double* xp = nullptr;
-};
-
-/// Budget, Adam, spectral norm and the target update in one cooperative launch, phases separated
-/// by grid-wide barriers. Each phase does what its separate kernel does, in the same order and
-/// roundings, so the results are those of budget, adam, spectral_norm and target_update in turn:
-///   0. the sums of squares per (head, chunk); every block reads t;
-///   1. the clip factors (every block, the same order), then per element g = Σ_h c_h g_h, Adam and
-///      the target update of every element outside the spectrally normed matrices; block 0
-///      stores t+1;
-///   2. spectral-norm pass 1 per (matrix, column chunk);
-///   3. pass 2 per (matrix, row block), with the target update of those rows.
-/// Skipped (a head not finite): g = 0 and nothing else changes. If the normed matrices are not
-/// disjoint ranges inside params (the engine's always are), every element's target update waits
-/// for a last barrier instead.
-__global__ void __launch_bounds__(kThreads, 2) update_kernel(Update u, UpdatePlan pl) {
-  dev::pdl_entry();
-  namespace cg = cooperative_groups;
-  cg::grid_group grid = cg::this_grid();
-  __shared__ double sh[32];
-  __shared__ float clip_sh[kUpdateMaxHeads + 4];  // + 4: see budget()
-  __shared__ std::int64_t sn_lo[kUpdateMaxSn], sn_hi[kUpdateMaxSn];
-  __shared__ long long t_sh;
-  __shared__ SnColsShared sn_sm;
-  const Budget& b = u.budget;
-  const std::int64_t P = b.P;
-  const int nsn = u.sn_count;
-  float* theta = static_cast<float*>(u.adam.params.p);
-
-  // --- 0: t, the normed ranges, the partial sums of squares
-  if (threadIdx.x == 0) t_sh = static_cast<long long>(*u.adam.t);
-  int bad = load_sn_ranges(u, theta, sn_lo, sn_hi);
-  __syncthreads();
-  for (int q = threadIdx.x; q < nsn * nsn; q += kThreads) {
-    const int x = q / nsn, y = q - (q / nsn) * nsn;
-    if (x != y && sn_lo[x] < sn_hi[y] && sn_lo[y] < sn_hi[x]) bad = 1;
-  }
-  const bool tidy = __syncthreads_or(bad) == 0;
-  const float* grads = static_cast<const float*>(b.grads.p);
-  for (int w = blockIdx.x; w < b.H * pl.nchunks; w += gridDim.x)
-    budget_partial_item(grads, P, pl.chunk, b.reach, w / pl.nchunks, w % pl.nchunks, pl.nchunks, pl.partial, sh);
-  grid.sync();
-
-  // --- 1: clips, g, Adam, the target update outside the normed matrices
-  const bool finite = budget_clips(b, pl.partial, pl.nchunks, clip_sh, blockIdx.x == 0);
-  const long long t_new = t_sh + 1;  // every block read t before the barrier
-  if (finite && blockIdx.x == 0 && threadIdx.x == 0) *u.adam.t = t_new;
-  const double b1 = u.adam.beta1, b2 = u.adam.beta2, eps = u.adam.eps;
-  const double lr = *static_cast<const float*>(u.adam.lr.p);
-  const double bc1 = bias_correction(b1, static_cast<double>(t_new));
-  const double bc2 = bias_correction(b2, static_cast<double>(t_new));
-  const TargetUpdate& tu = u.target;
-  const bool target_on = finite && (tu.period == 0 || t_new % tu.period == 0);
-  const TargetRule rule{static_cast<float*>(tu.target.p), theta, static_cast<double>(tu.tau), tu.period != 0};
-  float* mom = static_cast<float*>(u.adam.m.p);
-  float* var = static_cast<float*>(u.adam.v.p);
-  const UpdateElement upd{static_cast<float*>(b.g.p), mom, var, theta, adam_coef(b1, b2, eps, lr, bc1, bc2), finite,
-                          target_on && tidy, rule, sn_lo, sn_hi, nsn};
-  for (std::int64_t s = static_cast<std::int64_t>(blockIdx.x) * kBudgetTile; s < P;
-       s += static_cast<std::int64_t>(gridDim.x) * kBudgetTile) {
-    double acc[kBudgetPer];
-    combine_tile(acc, grads, b.H, P, s, clip_sh, finite, b.reach);
-#pragma unroll
-    for (int k = 0; k < kBudgetPer; ++k) {
-      const std::int64_t i = s + k * kThreads + threadIdx.x;
-      if (i < P) upd(i, acc[k], finite ? mom[i] : 0.0f, finite ? var[i] : 0.0f, finite ? theta[i] : 0.0f);
-    }
-  }
-  if (!finite) return;  // the same decision in every block: no one waits at a later barrier
-
-  // --- 2, 3: spectral norm, with the target update of the normed rows
-  if (nsn > 0) {
-    grid.sync();
-    for (int w = blockIdx.x; w < nsn * pl.ncc; w += gridDim.x)
-      sn_cols_item(u.sn_mats, w / pl.ncc, w % pl.ncc, pl.ncc, u.sn_max_rows, u.sn_max_cols, pl.vsq, pl.xp, sn_sm);
-    grid.sync();
-    const TargetRule rows_rule = target_on && tidy ? rule : TargetRule{};
-    for (int w = blockIdx.x; w < nsn * pl.nrb; w += gridDim.x)
-      sn_rows_item(u.sn_mats, w / pl.nrb, w % pl.nrb, u.sn_max_rows, u.sn_max_cols, pl.rpb, pl.ncc, u.sigma_max,
-                   pl.vsq, pl.xp, rows_rule, sh);
-  }
-  if (!target_on || tidy) return;
-  grid.sync();
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < P;
-       i += static_cast<std::int64_t>(gridDim.x) * kThreads)
-    apply_target(rule, i, theta[i]);
-}
-
-// --- the split update: the fused update's phases as four ordinary launches -----------------
-
-/// Elements per thread and tile of the split update's Adam launch (fewer than the budget's: more
-/// blocks, each with less serial double arithmetic).
-constexpr int kSplitPer = 2;
-constexpr std::int64_t kSplitTile = std::int64_t{kThreads} * kSplitPer;
-
-/// The split update's second launch (after budget_partial_kernel): the fused update's phase 1 —
-/// the clip factors (every block, the same order; block 0 stores norms, clips, total loss, skip
-/// and skipped), then per element g = Σ_h c_h g_h, Adam, and the target update of every element
-/// outside the spectrally normed matrices (the caller has checked that they are disjoint ranges
-/// inside params). t advances by adam_kernel's ticket: the last block to arrive stores t+1.
-/// Skipped (a head not finite): g = 0 and nothing else changes.
-__global__ void __launch_bounds__(kThreads) update_adam_kernel(Update u, const double* __restrict__ partial,
-                                                               int nchunks) {
-  dev::pdl_entry();
-  __shared__ float clip_sh[kUpdateMaxHeads + 4];  // + 4: see budget()
-  __shared__ std::int64_t sn_lo[kUpdateMaxSn], sn_hi[kUpdateMaxSn];
-  __shared__ double bc[2];
-  __shared__ long long t_new_sh;
-  const Budget& b = u.budget;
-  const std::int64_t P = b.P;
-  const int nsn = u.sn_count;
-  float* theta = static_cast<float*>(u.adam.params.p);
-  float* g = static_cast<float*>(b.g.p);
-  float* mom = static_cast<float*>(u.adam.m.p);
-  float* var = static_cast<float*>(u.adam.v.p);
-  // The first tile's Adam operands are loaded first: in flight while the clips are summed.
-  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * kSplitTile;
-  float mr[kSplitPer], vr[kSplitPer], pr[kSplitPer];
-  auto load = [&](std::int64_t s) {
-#pragma unroll
-    for (int k = 0; k < kSplitPer; ++k) {
-      const std::int64_t i = s + k * kThreads + threadIdx.x;
-      if (i < P) {
-        mr[k] = mom[i];
-        vr[k] = var[i];
-        pr[k] = theta[i];
-      }
-    }
-  };
-  load(first);
-  load_sn_ranges(u, theta, sn_lo, sn_hi);  // the caller checked that they are tidy
-  const bool finite = budget_clips(b, partial, nchunks, clip_sh, blockIdx.x == 0);  // its barrier publishes sn_lo/hi
-  if (finite && threadIdx.x < 32) {
-    const long long t_new = adam_ticket(u.adam.t, u.adam.beta1, u.adam.beta2, bc);
-    if (threadIdx.x == 0) t_new_sh = t_new;
-  }
-  __syncthreads();
-  const double b1 = u.adam.beta1, b2 = u.adam.beta2, eps = u.adam.eps;
-  const double lr = *static_cast<const float*>(u.adam.lr.p);
-  const double bc1 = finite ? bc[0] : 1.0, bc2 = finite ? bc[1] : 1.0;
-  const TargetUpdate& tu = u.target;
-  const long long t_new = finite ? t_new_sh : 0;
-  const bool target_on = finite && (tu.period == 0 || t_new % tu.period == 0);
-  const TargetRule rule{static_cast<float*>(tu.target.p), theta, static_cast<double>(tu.tau), tu.period != 0};
-  const float* grads = static_cast<const float*>(b.grads.p);
-  const UpdateElement upd{g,   mom,       var,  theta,          adam_coef(b1, b2, eps, lr, bc1, bc2),
-                          finite, target_on, rule, sn_lo, sn_hi, nsn};
-  for (std::int64_t s = first; s < P; s += static_cast<std::int64_t>(gridDim.x) * kSplitTile) {
-    if (s != first) load(s);
-    double acc[kSplitPer];
-    combine_tile<kSplitPer>(acc, grads, b.H, P, s, clip_sh, finite, b.reach);
-#pragma unroll
-    for (int k = 0; k < kSplitPer; ++k) {
-      const std::int64_t i = s + k * kThreads + threadIdx.x;
-      if (i < P) upd(i, acc[k], mr[k], vr[k], pr[k]);
-    }
-  }
-}
+constexpr int kUpdateMaxSn = 64;     // spectrally normed matrices a cluster update takes
 
 // --- the cluster update: the budget's partial sums, then one launch of thread-block clusters --
 
@@ -1723,13 +1496,6 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   clock_stamp(pl, kClockExit);
 }
 
-/// Whether a cooperative kernel launched into a captured graph runs here.
-__global__ void coop_probe_kernel(int* flag) {
-  dev::pdl_entry();
-  cooperative_groups::this_grid().sync();
-  if (blockIdx.x == 0 && threadIdx.x == 0) *flag = 1;
-}
-
 // --- split-k sums ---------------------------------------------------------------------------
 
 /// C[r, c] = Σ_s part[s][r][c] over the slices in order (in double), part compact [S, m, n].
@@ -2073,56 +1839,12 @@ cudaError_t target_update(cudaStream_t s, const TargetUpdate& a, int max_blocks)
   return cudaGetLastError();
 }
 
-std::size_t update_scratch_bytes(int H, int sn_count, int sn_max_rows, int sn_max_cols) {
-  // + 256: the cluster update's step constants after the partial sums (where the spectral norm's
-  // scratch lies in the other paths)
-  return budget_scratch_bytes(H) +
-         std::max<std::size_t>(256, sn_count > 0 ? spectral_norm_scratch_bytes(sn_count, sn_max_rows, sn_max_cols) : 0);
+std::size_t update_scratch_bytes(int H) {
+  return budget_scratch_bytes(H) + 256;  // + 256: the step's constants after the partial sums
 }
 
 int update_max_heads() { return kUpdateMaxHeads; }
 int update_max_matrices() { return kUpdateMaxSn; }
-
-int update_grid(const cudaDeviceProp& props) {
-  int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, update_kernel, kThreads, 0) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return std::min(per_sm, 2) * props.multiProcessorCount;
-}
-
-cudaError_t update(cudaStream_t s, const Update& u, void* scratch, int blocks) {
-  UpdatePlan pl;
-  const BudgetShape bs = budget_shape(u.budget);
-  pl.nchunks = bs.nchunks;
-  pl.chunk = bs.chunk;
-  pl.partial = static_cast<double*>(scratch);
-  if (u.sn_count > 0) {
-    const SnPlan sp = sn_plan(static_cast<char*>(scratch) + budget_scratch_bytes(u.budget.H), u.sn_count,
-                              u.sn_max_rows, u.sn_max_cols);
-    pl.ncc = sp.ncc;
-    pl.rpb = sp.rpb;
-    pl.nrb = sp.nrb;
-    pl.vsq = sp.vsq;
-    pl.xp = sp.xp;
-  }
-  return launch_cooperative(update_kernel, static_cast<unsigned>(blocks), s, u, pl);
-}
-
-cudaError_t update_split(cudaStream_t s, const Update& u, void* scratch, int max_blocks) {
-  const Budget& b = u.budget;
-  auto* partial = static_cast<double*>(scratch);
-  int nchunks = 0;
-  if (cudaError_t e = budget_partials(s, b, partial, nchunks); e != cudaSuccess) return e;
-  const std::int64_t tiles = (b.P + kSplitTile - 1) / kSplitTile;
-  const auto grid = static_cast<unsigned>(std::clamp<std::int64_t>(tiles, 1, std::max(max_blocks, 1)));
-  launch(update_adam_kernel, grid, kThreads, 0, s, u, partial, nchunks);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  if (u.sn_count == 0) return cudaSuccess;
-  return sn_launch(s, u.sn_mats, u.sn_count, u.sn_max_rows, u.sn_max_cols, u.sigma_max, b.skip,
-                   static_cast<char*>(scratch) + budget_scratch_bytes(b.H), u.target);
-}
 
 /// The launch of `blocks` blocks of kThreads in clusters of cs (attr: storage for the attributes
 /// the configuration points to; with pdl, also programmatic stream serialization where enabled).
@@ -2224,44 +1946,6 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, shared, s, attr, true);
   dev::note_pdl_kernel(reinterpret_cast<const void*>(kernel));
   return cudaLaunchKernelEx(&cfg, kernel, u, static_cast<const double*>(partial), nchunks, pl);
-}
-
-std::string cooperative_graphs_refusal(int blocks) {
-  int* flag = nullptr;
-  cudaStream_t st = nullptr;
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  int host = 0;
-  std::string why;
-  // each step in turn; the first that fails is the answer
-  const auto step = [&](const char* what, cudaError_t e) {
-    if (why.empty() && e != cudaSuccess) why = std::string(what) + ": " + cudaGetErrorName(e);
-    return why.empty();
-  };
-  // The flag is cleared on the probe's own stream: a cudaMemset on the legacy stream is not
-  // ordered before work on a non-blocking stream, and on the H200 (2026-12-05) it landed after the
-  // probe kernel's store in 4 to 6 of 7 probes, refusing a launch that had worked.
-  if (step("cudaMalloc", cudaMalloc(&flag, sizeof(int))) &&
-      step("cudaStreamCreate", cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking)) &&
-      step("cudaMemsetAsync", cudaMemsetAsync(flag, 0, sizeof(int), st)) &&
-      step("cudaStreamBeginCapture", cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal))) {
-    const cudaError_t launched =
-        launch_cooperative(coop_probe_kernel, static_cast<unsigned>(std::max(blocks, 1)), st, flag);
-    const cudaError_t ended = cudaStreamEndCapture(st, &graph);
-    if (step("cooperative launch in a capture", launched) && step("cudaStreamEndCapture", ended) &&
-        step("cudaGraphInstantiate", cudaGraphInstantiate(&exec, graph, 0)) &&
-        step("cudaGraphLaunch", cudaGraphLaunch(exec, st)) && step("cudaStreamSynchronize", cudaStreamSynchronize(st)) &&
-        step("cudaMemcpyAsync", cudaMemcpyAsync(&host, flag, sizeof(int), cudaMemcpyDeviceToHost, st)) &&
-        step("cudaStreamSynchronize", cudaStreamSynchronize(st)) && host != 1)
-      why = "the probe kernel did not finish its grid barrier";
-  }
-  if (exec) cudaGraphExecDestroy(exec);
-  if (graph) cudaGraphDestroy(graph);
-  if (st) cudaStreamDestroy(st);
-  if (flag) cudaFree(flag);
-  cudaGetLastError();  // a refused probe is an answer, not the backend's error
-  if (!why.empty()) why += " (" + std::to_string(blocks) + " blocks)";
-  return why;
 }
 
 cudaError_t sum_slices(cudaStream_t s, float* c, int m, int n, int ldc, const float* part, int slices) {

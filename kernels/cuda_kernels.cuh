@@ -84,29 +84,20 @@ cudaError_t spectral_norm(cudaStream_t s, const SpectralMatrix* mats, int count,
                           float sigma_max, const std::int32_t* skip, void* scratch);
 cudaError_t target_update(cudaStream_t s, const TargetUpdate& a, int max_blocks);
 
-/// The fused update (budget, Adam, spectral norm, target update): one cooperative launch of
-/// `blocks` blocks (update_grid's count, all resident at once). Needs H <= update_max_heads(),
-/// sn_count <= update_max_matrices(), and the Update's shared pointers consistent (adam.g is
-/// budget.g, the skips one, target.params/t/P adam's). Scratch: update_scratch_bytes.
-std::size_t update_scratch_bytes(int H, int sn_count, int sn_max_rows, int sn_max_cols);
+/// Scratch of the cluster update below: the budget's partial sums and the step's constants.
+std::size_t update_scratch_bytes(int H);
+/// The most heads and normed matrices the cluster update takes.
 int update_max_heads();
 int update_max_matrices();
-/// Blocks of the fused update on this device (co-resident); 0 when it cannot run.
-int update_grid(const cudaDeviceProp& props);
-cudaError_t update(cudaStream_t s, const Update& u, void* scratch, int blocks);
-/// The same update as four ordinary launches (budget partial sums; clips, g, Adam and the target
-/// update outside the normed matrices; spectral-norm passes 1 and 2, the second with the target
-/// update of the normed rows): the fused update's phases, with the same arithmetic. Needs what
-/// update() needs, and the normed matrices disjoint ranges inside params (the caller checks).
-/// max_blocks bounds the second launch's grid; results do not depend on it.
-cudaError_t update_split(cudaStream_t s, const Update& u, void* scratch, int max_blocks);
-/// The same update as two launches: the budget's partial sums, then thread-block clusters of
+/// The update (budget, Adam, spectral norm, target update) as two launches: the budget's partial sums, then thread-block clusters of
 /// `cs` blocks (update_cluster_size), one per normed matrix (its elements' g and Adam, the power
 /// iteration over distributed shared memory, the scaling and the target update of its rows) and
-/// more for the elements outside the normed matrices (g, Adam, target update). Needs what
-/// update_split() needs, update_cluster_fits(cs, sn_max_rows, sn_max_cols), and `ranges`: each normed
+/// more for the elements outside the normed matrices (g, Adam, target update). Needs H <=
+/// update_max_heads(), sn_count <= update_max_matrices(), the Update's shared pointers consistent
+/// (adam.g is budget.g, the skips one, target.params/t/P adam's), the normed matrices disjoint
+/// ranges inside params, update_cluster_fits(cs, sn_max_rows, sn_max_cols), and `ranges`: each normed
 /// matrix's element range [lo, hi) in params, in table order ([0, 0) for an empty one). Equal to
-/// the other paths bit for bit except the normed matrices, their u and their target rows, whose
+/// the four ops bit for bit except the normed matrices, their u and their target rows, whose
 /// power iteration sums in another order (double sums: the floats may differ in the last bit).
 /// max_blocks bounds the clusters outside the normed matrices; results do not depend on it.
 /// `clock` (null: off): per block kUpdateClockSlots %globaltimer stamps then as many clock64
@@ -122,8 +113,7 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
 /// (before waiting for the kernels before it), the wait over, the clip factors known, its
 /// elements' g and Adam done, the blocks' shares of Wᵀu published over the cluster (normed
 /// blocks), the cluster's sums gathered through distributed shared memory (normed), v normalised
-/// (normed), W v of its rows done (normed; the column variant computes W v before the exchange,
-/// so its v and Wv stamps coincide), σ known (normed), its rows scaled and their target updated
+/// (normed), W v of its rows done (normed), σ known (normed), its rows scaled and their target updated
 /// (normed), leaving.
 enum UpdateClockSlot : int { kClockPlaced, kClockWaited, kClockClips, kClockAdam, kClockWtu, kClockGather, kClockV,
                              kClockWv, kClockSigma, kClockScaled, kClockExit, kUpdateClockSlots };
@@ -133,10 +123,6 @@ int update_cluster_size(int want = 0);
 /// Whether a block of the cluster update holds its shared memory (two doubles per column of the
 /// widest normed matrix, one per row of its share of the tallest) at cluster size cs.
 bool update_cluster_fits(int cs, int max_rows, int max_cols);
-/// Why a cooperative launch of `blocks` blocks captured into a graph does not run on the current
-/// device ("" when it does; probed once: capture, instantiate, launch, check), e.g.
-/// "cudaGraphInstantiate: cudaErrorInvalidValue". Never leaves an error behind.
-std::string cooperative_graphs_refusal(int blocks);
 
 /// One row-major GEMM for tile_gemm: C_z = act(alpha·op(A_z)·op(B_z) + beta·C_in,z + bias_z) for
 /// z < batch (the Gemm of backend.hpp with raw pointers; C_in is read only when beta != 0 and is

@@ -118,9 +118,7 @@ python3 bench/compare.py --dqn $build/tools/dqn --pipeline pipelines/ref.yaml --
   --json-out "$out/compare_full.json" >"$out/compare_full.txt" 2>"$out/compare_full.err" || tail -5 "$out/compare_full.err"
 $build/tools/dqn bench pipelines/ref.yaml --batch 256,1024,4096 --precision fp32,bf16 >"$out/bench_prec.txt" 2>&1
 # Switches against the defaults (the same results, other kernels), B 256, one labelled line each:
-# the update as the four ops (=0) instead of the cluster update (one cooperative kernel, =1, and
-# four kernels, =split, measured slower in every run through the seventh: no longer run here);
-# tall-k GEMMs run whole; autotuning also over
+# the update as the four ops (=0) instead of the cluster update; tall-k GEMMs run whole; autotuning also over
 # cuBLASLt's split-k variants; cuBLASLt for every GEMM (DQN_TILE_GEMM=0); no programmatic dependent launch (DQN_PDL=0)
 # or none for kernels with much shared memory (DQN_PDL=small) or programmatic launch for every kernel even in a wide
 # step (DQN_PDL=1); every graph node at the default priority (DQN_PRIORITY=0);
@@ -161,7 +159,7 @@ grep -o '"device": "[^"]*"' "$out/compare_c51.json" | head -1 | tee -a "$summary
 if [ "$mode" = bench ]; then pack; exit 0; fi
 trace
 
-# compute-sanitizer (time-boxed): the fused update and head ops, and whole steps with all four heads. The
+# compute-sanitizer (time-boxed): the update and head ops, and whole steps with all four heads. The
 # zero-sync test is left out: it subscribes to CUPTI, which the sanitizer holds.
 # racecheck (shared-memory hazards) leaves out gemm_mask: its six GEMM paths (cuBLASLt and bf16
 # among them) took it past the time box, and the mask in tile_gemm's epilogue reads no shared memory.

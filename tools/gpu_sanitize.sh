@@ -51,8 +51,8 @@ run_case() {
   echo "$rc" >"$log.rc"
   echo "$tool $tc: rc=$rc, ${secs} s${summary:+, $summary}"
 }
-# JOBS (default 1): cases at once. The cooperative update's check needs every SM free, so a case
-# matching *update* runs alone, after the others.
+# JOBS (default 1): cases at once. The update's clusters of 16 blocks each need a whole GPC free,
+# so a case matching *update* runs alone, after the others.
 jobs=${JOBS:-1}
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || { echo "gpu_sanitize.sh: JOBS '$jobs' is not a positive whole number" >&2; exit 2; }
 alone=()

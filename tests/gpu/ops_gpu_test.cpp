@@ -2084,8 +2084,8 @@ Update update_args(const UpdateState& st, MakeReal&& real, std::int32_t* skip, s
   return up;
 }
 
-TEST_CASE("gpu.ops.update: the fused update equals budget → adam → spectral norm → target, bit for bit") {
-  // The fused update (one cooperative kernel where the device runs it in a graph) against the
+TEST_CASE("gpu.ops.update: the cluster update equals budget → adam → spectral norm → target, bit for bit") {
+  // The cluster update (DQN_FUSED_UPDATE unset; two launches where the device runs clusters) against the
   // four separate CUDA ops on a copy of the same state (the same kernels' arithmetic: equal
   // bits) and against the CPU twin (float rounding). Cases: finite and a NaN head; Polyak, a hard
   // copy on and off the period; normed matrices inside params (the target update of their rows
@@ -2106,23 +2106,17 @@ TEST_CASE("gpu.ops.update: the fused update equals budget → adam → spectral 
       {"a NaN head skips everything", true, 0, 10, 0},
       {"a NaN head, hard copy on the period", true, 4, 11, 1},
   };
-  // The fused paths: DQN_FUSED_UPDATE=1 (one cooperative kernel, where the device runs it in a
-  // graph), =split (four kernels) and =cluster (two; with a normed matrix outside params, split
-  // and cluster run the separate ops). The cluster update's power iteration adds its double sums
-  // in another order: its normed matrices, their u and their target rows may differ from the
-  // separate ops' in the last bit of a float (kSumOrder), everything else is equal bit for bit.
+  // With a normed matrix outside params the cluster update runs the separate ops. The cluster
+  // update's power iteration adds its double sums in another order: its normed matrices, their u
+  // and their target rows may differ from the separate ops' in the last bit of a float
+  // (kSumOrder), everything else is equal bit for bit.
   constexpr double kSumOrder = 1e-7;
-  for (const char* mode : {"1", "split", "cluster"})
   for (const Case& c : cases) {
-    INFO(c.why << ", DQN_FUSED_UPDATE " << mode);
-    const ScopedEnv env("DQN_FUSED_UPDATE", mode);  // read when a backend is made
+    INFO(c.why);
     Gpu gpu;
     Cpu cpu;
-    MESSAGE("update path: " << gpu.rt().describe());
-    const std::string md = mode;
-    const char* want = md == "1" ? "update fused" : md == "split" ? "update split" : "update cluster";
-    CHECK_MESSAGE(gpu.rt().describe().find(want) != std::string::npos,
-                  "expected '" << want << "': only the separate kernels were compared");
+    CHECK_MESSAGE(gpu.rt().describe().find("update cluster") != std::string::npos,
+                  "expected 'update cluster': only the separate kernels were compared");
     BudgetCase bc(kNaN, c.bad);
     const int H = BudgetCase::H;
     const std::int64_t P = BudgetCase::P;
@@ -2154,7 +2148,7 @@ TEST_CASE("gpu.ops.update: the fused update equals budget → adam → spectral 
       sd.up.sn_max_rows = std::max(r0, r1);
       sd.up.sn_max_cols = std::max(c0, c1);
     };
-    // fused (gpu f), separate ops (gpu s), cpu
+    // cluster update (gpu f), separate ops (gpu s), cpu
     Side f, sp, hc;
     auto on_gpu = [&](const std::vector<float>& h) { return gpu.put(h); };
     std::int32_t* skip_f = gpu.put_typed(std::vector<std::int32_t>{-1});
@@ -2204,14 +2198,14 @@ TEST_CASE("gpu.ops.update: the fused update equals budget → adam → spectral 
     for (const auto& o : outs) {
       const auto got = gpu.get(o.fr, o.n);
       const std::string name = o.name;
-      const bool sum_order = md == "cluster" && c.layout == 0 && !c.bad &&
+      const bool sum_order = c.layout == 0 && !c.bad &&
                              (name == "params" || name == "target" || name == "u0" || name == "u1");
       if (sum_order) expect_close(got, gpu.get(o.sr, o.n), kSumOrder, "cluster vs separate: " + name);
-      else expect_same_bits(got, gpu.get(o.sr, o.n), std::string("fused vs separate: ") + o.name);
+      else expect_same_bits(got, gpu.get(o.sr, o.n), std::string("cluster vs separate: ") + o.name);
       if (c.bad && std::string(o.name) != "norms" && std::string(o.name) != "clips" && std::string(o.name) != "g" &&
           std::string(o.name) != "total loss")
         continue;  // unchanged state is checked bit for bit below
-      expect_close(got, hv(o.hr, o.n), kReduction, std::string("fused vs cpu: ") + o.name);
+      expect_close(got, hv(o.hr, o.n), kReduction, std::string("cluster vs cpu: ") + o.name);
     }
     CHECK(gpu.get_typed(skip_f, 1)[0] == (c.bad ? 1 : 0));
     CHECK(gpu.get_typed(skipped_f, 1)[0] == (c.bad ? 3 : 2));

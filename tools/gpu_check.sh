@@ -122,8 +122,7 @@ $build/tools/dqn bench pipelines/ref.yaml --batch 256,1024,4096 --precision fp32
 # cuBLASLt's split-k variants; cuBLASLt for every GEMM (DQN_TILE_GEMM=0); no programmatic dependent launch (DQN_PDL=0)
 # or none for kernels with much shared memory (DQN_PDL=small) or programmatic launch for every kernel even in a wide
 # step (DQN_PDL=1); every graph node at the default priority (DQN_PRIORITY=0);
-# the block-per-(row, branch) distribution kernels (DQN_WARP_HEAD=0); the target trunk after the online first layer
-# (DQN_TARGET_WAIT=first).
+# the block-per-(row, branch) distribution kernels (DQN_WARP_HEAD=0).
 : >"$out/bench_switches.txt"
 sw() {  # sw LABEL CONFIG BATCHES ENV...
   local label=$1 cfg=$2 batches=$3; shift 3
@@ -145,7 +144,6 @@ for cfg in c51 all; do
   sw "DQN_PDL=1" $cfg 256 DQN_PDL=1
   sw "DQN_PRIORITY=0" $cfg 256 DQN_PRIORITY=0
   sw "DQN_WARP_HEAD=0" $cfg 256 DQN_WARP_HEAD=0
-  sw "DQN_TARGET_WAIT=first" $cfg 256 DQN_TARGET_WAIT=first
 done
 [ -z "${SWITCHES:-}" ] && sw "DQN_GEMM_SPLIT_K=0" all 256,4096 DQN_GEMM_SPLIT_K=0
 {

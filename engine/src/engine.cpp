@@ -357,32 +357,17 @@ void Engine::add_engine_stages_front() {
     tacts.push_back(last ? std::string(buf::target_h2) : "target/a" + std::to_string(i));
   }
   // The online trunk a stage per layer (trunk.forward.<i>), the target's one stage, two roots of
-  // the step's graph that start in no fixed order. DQN_TARGET_WAIT=first makes the target chain
-  // wait for the online first layer (one root: a trace had the target's first two kernels launched
-  // before the online network's first, which started 6.6 µs late), =trunk for the whole online
-  // trunk. Measured over fresh processes on the H200, two roots were faster for C51 (88.98 against
-  // 91.70 µs with first, 94.63 against 97.29 in another call; trunk 101.35): waiting delays the
-  // target chain, which then holds the loss back.
-  // DQN_FUSED_TRUNK=1 (two layers or more): the first two layers in one call (Gemm::chain_b):
-  // trunk.forward.0 writes both activations; no trunk.forward.1 stage.
-  fused_trunk_ = env_switch("DQN_FUSED_TRUNK") && L >= 2;
+  // the step's graph that start in no fixed order. (Making the target chain wait for the online
+  // first layer, one root, measured slower for C51 on the H200, 91.70 against 88.98 µs: waiting
+  // delays the target chain, which then holds the loss back.)
   for (int i = 0; i < L; ++i) {
-    if (i == 1 && fused_trunk_) continue;  // in trunk.forward.0
     std::vector<std::string> reads{i == 0 ? std::string(buf::states2) : acts[std::size_t(i - 1)], "params"};
-    std::vector<std::string> writes{acts[std::size_t(i)]};
-    if (i == 0 && fused_trunk_) writes.push_back(acts[1]);
-    stages_.push_back(Stage{"trunk.forward." + std::to_string(i), "engine", reads, writes,
+    stages_.push_back(Stage{"trunk.forward." + std::to_string(i), "engine", reads, {acts[std::size_t(i)]},
                             [this, i](Backend& be) { trunk_forward_layer(be, i, false); }});
   }
-  std::vector<std::string> treads{buf::states2, "target"};
-  const char* wait = std::getenv("DQN_TARGET_WAIT");
-  const std::string w = wait ? wait : "none";
-  if (w != "first" && w != "trunk" && w != "none")
-    throw std::invalid_argument("DQN_TARGET_WAIT='" + w + "': expected first, trunk or none");
-  if (w != "none") treads.push_back(w == "trunk" ? acts.back() : acts[0]);
-  stages_.push_back(Stage{"target.trunk.forward", "engine", treads, tacts,
+  stages_.push_back(Stage{"target.trunk.forward", "engine", {buf::states2, "target"}, tacts,
                           [this, L](Backend& be) {
-                            for (int i = 0; i < L; i += i == 0 && fused_trunk_ ? 2 : 1) trunk_forward_layer(be, i, true);
+                            for (int i = 0; i < L; ++i) trunk_forward_layer(be, i, true);
                           }});
 }
 
@@ -412,22 +397,11 @@ void Engine::add_engine_stages_back() {
   // layer's mask, d(input); the first layer has none below the top); its bias gradient
   // (trunk.bias.<i>) and weight gradient (trunk.weights.<i>) need only the masked gradient and so
   // run beside the layers below.
-  // DQN_MASK_STAGE=1: the top layer's mask is a stage of its own (trunk.mask.<top>), so the top
-  // layer's bias and weight gradients wait for it alone, not for the d(input) GEMM after it.
-  // DQN_FUSED_WGRAD=1 (two layers or more; implies the mask stage): the first layer's weight and
-  // bias gradients come with its input gradient, in the second layer's trunk.backward
-  // (Gemm::wgrad_x), which then reads the states and writes them; no trunk.bias.0 or
-  // trunk.weights.0 stage.
-  fused_wgrad_ = env_switch("DQN_FUSED_WGRAD") && L >= 2;
-  const bool mask_stage = env_switch("DQN_MASK_STAGE") || fused_wgrad_;
-  top_mask_ = any && all ? TopMask::heads : mask_stage ? TopMask::stage : TopMask::backward;
+  top_mask_ = any && all ? TopMask::heads : TopMask::backward;
   for (int i = L - 1; i >= 0; --i) {
     const std::string li = std::to_string(i);
     const std::string& dz_i = dz[std::size_t(i)];
     const bool top = i == L - 1;
-    if (top && top_mask_ == TopMask::stage)
-      stages_.push_back(Stage{"trunk.mask." + li, "engine", {dz_i, acts[std::size_t(i)]}, {dz_i},
-                              [this, i](Backend& be) { trunk_top_mask(be, i); }});
     const bool mask_here = top && top_mask_ == TopMask::backward;
     if (mask_here || i > 0) {
       std::vector<std::string> reads{dz_i}, writes;
@@ -440,17 +414,9 @@ void Engine::add_engine_stages_back() {
         reads.push_back("params");
         writes.push_back(dz[std::size_t(i - 1)]);
       }
-      if (i == 1 && fused_wgrad_) {
-        reads.push_back(buf::states2);
-        for (const auto& h : head_names_) {
-          writes.push_back("grad/" + h + "/trunk.0.weight");
-          writes.push_back("grad/" + h + "/trunk.0.bias");
-        }
-      }
       stages_.push_back(Stage{"trunk.backward." + li, "engine", reads, writes,
                               [this, i](Backend& be) { trunk_backward_layer(be, i); }});
     }
-    if (i == 0 && fused_wgrad_) continue;  // in trunk.backward.1
     std::vector<std::string> bwrites;
     for (const auto& h : head_names_) bwrites.push_back("grad/" + h + "/trunk." + li + ".bias");
     stages_.push_back(Stage{"trunk.bias." + li, "engine", {dz_i}, bwrites,
@@ -461,7 +427,7 @@ void Engine::add_engine_stages_back() {
                             [this, i](Backend& be) { trunk_weights_layer(be, i); }});
   }
   // Budgets, Adam, spectral norm and the target update: one stage, one op (a backend may fuse it;
-  // the CUDA backend can, as one cooperative kernel, with DQN_FUSED_UPDATE=1).
+  // the CUDA backend does, as thread-block clusters).
   std::vector<std::string> writes{"grad/total", "report/norms", "report/clips", "report/total_loss", "opt/skip",
                                   "report/skipped", "params", "adam.m", "adam.v", buf::step, "target"};
   for (const auto& [p, u] : sn_params_) writes.push_back(u);
@@ -551,8 +517,7 @@ void Engine::bind_engine() {
 }
 
 // h_i = relu(W_i h_{i-1} + b_i); online over states ‖ next_states (2B rows), target over s'.
-// Trunk layer i of the online network (on states2: 2B rows) or of the target (on next_states);
-// with fused_trunk_, layer 0 brings layer 1 in the same call (Gemm::chain_b).
+// Trunk layer i of the online network (on states2: 2B rows) or of the target (on next_states).
 void Engine::trunk_forward_layer(Backend& be, int i, bool target) {
   const int B = spec_.batch;
   const auto& a = target ? trunk_ta_ : trunk_a_;
@@ -564,11 +529,6 @@ void Engine::trunk_forward_layer(Backend& be, int i, bool target) {
   g.lda = g.k; g.b = w[std::size_t(i)]; g.ldb = g.k; g.c = a[std::size_t(i)]; g.ldc = g.n;
   g.weight_operand = 2;
   g.bias = b[std::size_t(i)]; g.act = Act::relu;  // fused epilogue
-  if (i == 0 && fused_trunk_) {
-    g.chain_b = w[1]; g.ldb2 = g.n; g.chain_tb = 1; g.chain_n = net_.trunk[1];
-    g.chain_c = a[1]; g.ldc2 = net_.trunk[1]; g.chain_bias = b[1]; g.chain_act = Act::relu;
-    g.chain_weight_operand = 2;
-  }
   be.gemm(g);
 }
 
@@ -605,8 +565,7 @@ void Engine::upload_budget_reach() {
 }
 
 // Backprop every head's gradient (rows of `states`) through trunk layer i: at the top layer
-// (dtrunk/all: the heads' ∂L_h/∂h_L) its ReLU mask first, unless it is a stage of its own or the
-// heads' (top_mask_); below the first layer, d(input) with the layer below's mask applied (so its
+// (dtrunk/all: the heads' ∂L_h/∂h_L) its ReLU mask first, unless the heads' (top_mask_); below the first layer, d(input) with the layer below's mask applied (so its
 // gradient arrives masked).
 void Engine::trunk_backward_layer(Backend& be, int i) {
   const int B = spec_.batch, H = int(heads_.size());
@@ -620,11 +579,6 @@ void Engine::trunk_backward_layer(Backend& be, int i) {
   gx.a = dz; gx.lda = w; gx.b = trunk_w_[i]; gx.ldb = in_w; gx.c = trunk_dz_[i - 1]; gx.ldc = in_w;
   gx.weight_operand = 2;
   gx.mask = trunk_a_[i - 1]; gx.ldmask = in_w; gx.mask_rows = B;
-  if (i == 1 && fused_wgrad_) {  // layer 0's dW_h = dz0_hᵀ · states and db_h, per head (B rows each)
-    gx.wgrad_x = states2_; gx.ldx = net_.state; gx.x_cols = net_.state; gx.wgrad_rows = B;
-    gx.dw = trunk_gw_[0][0]; gx.lddw = net_.state; gx.stride_dw = reg_.param_count();
-    gx.db = trunk_gb_[0][0]; gx.stride_db = reg_.param_count();
-  }
   be.gemm(gx);
 }
 

@@ -182,15 +182,10 @@ class Engine {
 
   std::int64_t steps_ = 0, captures_ = 0;
   bool captured_ = false;
-  /// DQN_FUSED_WGRAD=1: the first trunk layer's weight and bias gradients in the GEMM of the
-  /// second layer's trunk.backward stage (Gemm::wgrad_x), not stages of their own.
-  bool fused_wgrad_ = false;
-  /// DQN_FUSED_TRUNK=1: the trunk's first two layers in one call (Gemm::chain_b), online and target.
-  bool fused_trunk_ = false;
-  /// Where the top trunk layer's ReLU mask runs: in its trunk.backward stage; a stage of its own
-  /// (DQN_MASK_STAGE=1 or DQN_FUSED_WGRAD=1); or in the heads, when every stage writing a dtrunk
-  /// says it is masked (buf:: the "dtrunk/<h>/masked" marker), none of the engine's.
-  enum class TopMask { backward, stage, heads };
+  /// Where the top trunk layer's ReLU mask runs: in its trunk.backward stage, or in the heads, when
+  /// every stage writing a dtrunk says it is masked (buf:: the "dtrunk/<h>/masked" marker), none
+  /// of the engine's.
+  enum class TopMask { backward, heads };
   TopMask top_mask_ = TopMask::backward;
   LanePlan lanes_;  ///< where the captured step's stages run (empty: not captured)
 };

@@ -174,14 +174,11 @@ TEST_CASE("gpu.step.matches_cpu") {
   // bits in the GEMM operands (≈5e-4 per product) and bf16 7 bits (≈4e-3), and Adam's
   // normalised update turns small gradient differences into lr-sized parameter differences, so
   // those get looser bounds.
-  // tf32 runs five times: with the default kernels (GEMMs on cuBLASLt or tile_gemm, as tuned),
-  // cuBLASLt only (DQN_TILE_GEMM=0), tile_gemm always (=1), the first trunk layer's gradients in
-  // tile_gemm_wgrad (DQN_FUSED_WGRAD=1)
-  // and the trunk's two layers in tile_gemm_chain (DQN_FUSED_TRUNK=1); the CPU engine keeps its
-  // stages (the same numbers, heads_test). fp32 with the loss one warp a (sample, branch)
-  // (DQN_LOSS_WARPS=1; two by default); tf32
-  // with the trunk's top mask in the head's GEMM and the fused first-layer gradients
-  // (DQN_HEAD_MASK=1, DQN_FUSED_WGRAD=1).
+  // tf32 runs four times: with the default kernels (GEMMs on cuBLASLt or tile_gemm, as tuned),
+  // cuBLASLt only (DQN_TILE_GEMM=0), tile_gemm always (=1) and the trunk's top mask in the
+  // head's GEMM (DQN_HEAD_MASK=1; the CPU engine keeps its stages: the same numbers,
+  // heads_test); fp32 also with the loss one warp a (sample, branch) (DQN_LOSS_WARPS=1; two by
+  // default).
   struct Case {
     const char* precision;
     double params, loss;
@@ -192,19 +189,16 @@ TEST_CASE("gpu.step.matches_cpu") {
       {"tf32", 5e-3, 5e-3, {}},
       {"tf32", 5e-3, 5e-3, {{"DQN_TILE_GEMM", "0"}}},
       {"tf32", 5e-3, 5e-3, {{"DQN_TILE_GEMM", "1"}}},
-      {"tf32", 5e-3, 5e-3, {{"DQN_FUSED_WGRAD", "1"}}},
       {"bf16", 3e-2, 3e-2, {}},
-      {"bf16", 3e-2, 3e-2, {{"DQN_FUSED_WGRAD", "1"}}},
-      {"tf32", 5e-3, 5e-3, {{"DQN_FUSED_TRUNK", "1"}}},
       {"fp32", 2e-4, 1e-4, {{"DQN_LOSS_WARPS", "1"}}},
-      {"tf32", 5e-3, 5e-3, {{"DQN_FUSED_WGRAD", "1"}, {"DQN_HEAD_MASK", "1"}}},
+      {"tf32", 5e-3, 5e-3, {{"DQN_HEAD_MASK", "1"}}},
   };
   for (const Case& c : cases) {
     std::string named;
     for (const auto& [name, value] : c.switches) named += std::string(", ") + name + "=" + value;
     INFO("precision " << std::string(c.precision) << named);
     const PipelineSpec spec = parse(pipeline(c.precision));
-    // read when the backend (the engine: DQN_FUSED_WGRAD) is made; the CPU engine gets none
+    // read when the backend (the heads: DQN_HEAD_MASK) is made; the CPU engine gets none
     std::unique_ptr<Engine> gpu;
     {
       std::deque<EnvOverride> env;
@@ -240,11 +234,10 @@ TEST_CASE("gpu.step.matches_cpu") {
 }
 
 TEST_CASE("gpu.step.replay_equals_uncaptured") {
-  // tf32 also with every switch below at once (tile_gemm_wgrad's clusters add in a fixed order;
-  // tile_gemm_chain's blocks each recompute their rows of the first layer; the column power
-  // iteration adds in rank order; the loss's one warp, the default being two)
+  // tf32 also with every switch below at once (the distribution a warp per action everywhere;
+  // the loss's one warp, the default being two; the projection a stage of its own; the trunk's
+  // top mask in the head's GEMM)
   const std::pair<const char*, const char*> switches[] = {
-      {"DQN_FUSED_WGRAD", "1"}, {"DQN_FUSED_TRUNK", "1"},
       {"DQN_WARP_HEAD", "action"}, {"DQN_LOSS_WARPS", "1"}, {"DQN_C51_PROJECT", "1"}, {"DQN_HEAD_MASK", "1"}};
   for (const auto& [p, fused] : {std::pair<const char*, bool>{"fp32", false}, {"tf32", false}, {"tf32", true},
                                  {"bf16", false}}) {

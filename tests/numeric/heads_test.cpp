@@ -565,91 +565,6 @@ void each_switch_case(F&& f) {
 }
 }  // namespace
 
-TEST_CASE("heads.fused_wgrad: the first layer's gradients in the second layer's backward, the same step bit for bit") {
-  // DQN_MASK_STAGE=1 (read when the engine is built): the top layer's mask is a stage of its own
-  // (trunk.mask.1), which the top layer's bias and weight gradients wait for instead of the
-  // d(input) GEMM. DQN_FUSED_WGRAD=1 implies it, and trunk.backward.1 also writes layer 0's dW and
-  // db (Gemm::wgrad_x): the stages trunk.weights.0 and trunk.bias.0 are gone. Anything but 0 or 1
-  // is refused.
-  struct Variant {
-    const char* env;
-    bool fused;
-  };
-  for (const SwitchCase& sc : kSwitchCases) {
-    CAPTURE(sc.aux);
-    CAPTURE(sc.trunk);
-    const PipelineSpec spec = switch_pipeline(sc);
-    for (const Variant v : {Variant{"DQN_MASK_STAGE", false}, Variant{"DQN_FUSED_WGRAD", true}})
-      for (const bool f64 : {true, false}) {
-        CAPTURE(v.env);
-        CAPTURE(f64);
-        auto plain = make(spec, f64);
-        setenv(v.env, "1", 1);
-        auto other = make(spec, f64);
-        unsetenv(v.env);
-        const std::string ep = plain->explain(), eo = other->explain();
-        const std::string top_mask = "trunk.mask." + std::to_string(spec.network.trunk.size() - 1);
-        CHECK(ep.find(top_mask) == std::string::npos);
-        CHECK(eo.find(top_mask) != std::string::npos);
-        CHECK(ep.find("trunk.weights.0") != std::string::npos);
-        CHECK((eo.find("trunk.weights.0") == std::string::npos) == v.fused);
-        CHECK((eo.find("trunk.bias.0") == std::string::npos) == v.fused);
-        for (int i = 0; i < 5; ++i) {
-          plain->step();
-          other->step();
-        }
-        CHECK(plain->host_buffer("params") == other->host_buffer("params"));
-        CHECK(plain->host_buffer("grad/all") == other->host_buffer("grad/all"));
-        CHECK(plain->host_buffer("adam.v") == other->host_buffer("adam.v"));
-        const StepReport rp = plain->read_report(), ro = other->read_report();
-        CHECK(rp.grad_norms == ro.grad_norms);
-        CHECK(rp.losses == ro.losses);
-      }
-  }
-  const PipelineSpec spec = parse(tiny_pipeline(""));
-  for (const char* env : {"DQN_FUSED_WGRAD", "DQN_MASK_STAGE"}) {
-    setenv(env, "yes", 1);
-    CHECK_THROWS_WITH_AS(make(spec, true), (std::string(env) + "='yes': expected 0 or 1").c_str(), std::invalid_argument);
-    unsetenv(env);
-  }
-}
-
-TEST_CASE("heads.fused_trunk: the trunk's first two layers in one call, the same step bit for bit") {
-  // DQN_FUSED_TRUNK=1 (read when the engine is built): trunk.forward.0 computes layers 0 and 1
-  // (Gemm::chain_b) for the online network and target.trunk.forward likewise; no trunk.forward.1
-  // stage. Anything but 0 or 1 is refused.
-  each_switch_case([](const SwitchCase&, const PipelineSpec& spec, bool f64) {
-    auto plain = make(spec, f64);
-    setenv("DQN_FUSED_TRUNK", "1", 1);
-    auto fused = make(spec, f64);
-    setenv("DQN_FUSED_WGRAD", "1", 1);  // both at once
-    auto both = make(spec, f64);
-    unsetenv("DQN_FUSED_TRUNK");
-    unsetenv("DQN_FUSED_WGRAD");
-    const std::string ep = plain->explain(), ef = fused->explain();
-    CHECK(ep.find("trunk.forward.1") != std::string::npos);
-    CHECK(ef.find("trunk.forward.1") == std::string::npos);
-    // trunk.forward.0 writes both layers' activations (the second is h2 with two layers)
-    CHECK(ef.find(spec.network.trunk.size() == 2 ? "writes: trunk/a0, trunk/h2\n" : "writes: trunk/a0, trunk/a1\n") !=
-          std::string::npos);
-    for (int i = 0; i < 5; ++i) {
-      plain->step();
-      fused->step();
-      both->step();
-    }
-    for (const char* b : {"params", "target", "grad/all", "adam.v", "trunk/a0", "target/h2"}) {
-      INFO(std::string(b));
-      CHECK(plain->host_buffer(b) == fused->host_buffer(b));
-      CHECK(plain->host_buffer(b) == both->host_buffer(b));
-    }
-    CHECK(plain->read_report().losses == fused->read_report().losses);
-  });
-  setenv("DQN_FUSED_TRUNK", "2", 1);
-  CHECK_THROWS_WITH_AS(make(parse(tiny_pipeline("")), true), "DQN_FUSED_TRUNK='2': expected 0 or 1",
-                       std::invalid_argument);
-  unsetenv("DQN_FUSED_TRUNK");
-}
-
 TEST_CASE("heads.c51_project: the projected target a stage of its own, the same step bit for bit") {
   // DQN_C51_PROJECT=1 (read when the c51 head declares its stages): c51.project computes m
   // (C51Loss part 1) and c51.loss the rest from it (part 2); the heads that read m (the ensemble)
@@ -691,38 +606,31 @@ TEST_CASE("heads.c51_project: the projected target a stage of its own, the same 
 TEST_CASE("heads.head_mask: the trunk's top ReLU mask in the C51 head's GEMM, the same step bit for bit") {
   // DQN_HEAD_MASK=1 (read when the c51 head declares its stages): c51.backward masks its dtrunk by
   // trunk/h2 and declares dtrunk/c51/masked. Alone it is every head that writes a dtrunk, so the
-  // engine's top mask goes (trunk.backward.<top> no longer reads trunk/h2; with DQN_FUSED_WGRAD no
-  // trunk.mask stage); beside the other heads, which do not declare it, the engine keeps it.
+  // engine's top mask goes (trunk.backward.<top> no longer reads trunk/h2); beside the other
+  // heads, which do not declare it, the engine keeps it.
   each_switch_case([](const SwitchCase& sc, const PipelineSpec& spec, bool f64) {
     const std::string top = std::to_string(spec.network.trunk.size() - 1);
-    for (const char* wgrad : {static_cast<const char*>(nullptr), "1"}) {
-      CAPTURE(wgrad ? wgrad : "unset");
-      if (wgrad) setenv("DQN_FUSED_WGRAD", wgrad, 1);
-      auto plain = make(spec, f64);
-      setenv("DQN_HEAD_MASK", "1", 1);
-      auto masked = make(spec, f64);
-      unsetenv("DQN_HEAD_MASK");
-      unsetenv("DQN_FUSED_WGRAD");
-      const std::string em = masked->explain();
-      const bool alone = sc.aux.empty();
-      // the engine's top mask: in the top layer's trunk.backward stage (which then reads trunk/h2)
-      // or a stage of its own
-      const auto at = em.find("trunk.backward." + top + "  <engine>");
-      REQUIRE(at != std::string::npos);
-      const bool backward_reads_h2 = em.substr(at, em.find("writes:", at) - at).find("trunk/h2") != std::string::npos;
-      const bool mask_stage = em.find("trunk.mask." + top) != std::string::npos;
-      CHECK((backward_reads_h2 || mask_stage) == !alone);
-      CHECK(em.find("dtrunk/c51/masked") != std::string::npos);
-      for (int i = 0; i < 5; ++i) {
-        plain->step();
-        masked->step();
-      }
-      for (const char* b : {"params", "target", "grad/all", "adam.v", "dtrunk/all"}) {
-        INFO(std::string(b));
-        CHECK(plain->host_buffer(b) == masked->host_buffer(b));
-      }
-      CHECK(plain->read_report().grad_norms == masked->read_report().grad_norms);
+    auto plain = make(spec, f64);
+    setenv("DQN_HEAD_MASK", "1", 1);
+    auto masked = make(spec, f64);
+    unsetenv("DQN_HEAD_MASK");
+    const std::string em = masked->explain();
+    const bool alone = sc.aux.empty();
+    // the engine's top mask: in the top layer's trunk.backward stage (which then reads trunk/h2)
+    const auto at = em.find("trunk.backward." + top + "  <engine>");
+    REQUIRE(at != std::string::npos);
+    const bool backward_reads_h2 = em.substr(at, em.find("writes:", at) - at).find("trunk/h2") != std::string::npos;
+    CHECK(backward_reads_h2 == !alone);
+    CHECK(em.find("dtrunk/c51/masked") != std::string::npos);
+    for (int i = 0; i < 5; ++i) {
+      plain->step();
+      masked->step();
     }
+    for (const char* b : {"params", "target", "grad/all", "adam.v", "dtrunk/all"}) {
+      INFO(std::string(b));
+      CHECK(plain->host_buffer(b) == masked->host_buffer(b));
+    }
+    CHECK(plain->read_report().grad_norms == masked->read_report().grad_norms);
   });
   check_refused("DQN_HEAD_MASK", "2");
 }

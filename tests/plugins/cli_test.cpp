@@ -433,20 +433,10 @@ TEST_CASE("cli.step.explain") {
   // Each stage names what it waits for when stages run side by side: the loss both chains.
   CHECK(has(r.out, "c51.loss  <c51>"));
   CHECK(has(r.out, "       waits:  c51.forward, c51.target\n"));
-  // the two trunk forwards wait for nothing (DQN_TARGET_WAIT unset: two roots)
+  // the two trunk forwards wait for nothing: the step's two roots
   CHECK(has(r.out, "trunk.forward.0  <engine>\n       reads:  batch/states2, params\n"));
   CHECK(has(r.out, "target.trunk.forward  <engine>\n       reads:  batch/states2, target\n"));
   CHECK(has(r.out, "       waits:  -\n"));
-  // DQN_TARGET_WAIT: the target chain after the online first layer (one root) or the whole trunk;
-  // anything else is refused with the value and what is expected
-  for (const auto& [value, read] : {std::pair<std::string, std::string>{"first", "trunk/a0"}, {"trunk", "trunk/h2"}}) {
-    const Run w = dqn_run("step " + quote(c51_yaml()) + " " + kSmall + " --explain", "DQN_TARGET_WAIT=" + value);
-    REQUIRE(w.rc == 0);
-    CHECK(has(w.out, "target.trunk.forward  <engine>\n       reads:  batch/states2, target, " + read + "\n"));
-  }
-  const Run bad = dqn_run("step " + quote(c51_yaml()) + " " + kSmall + " --explain", "DQN_TARGET_WAIT=later");
-  CHECK(bad.rc != 0);
-  CHECK(has(bad.out, "DQN_TARGET_WAIT='later': expected first, trunk or none"));
   CHECK(has(r.out, "registry:\narena: "));
   CHECK(has(r.out, "c51.loss  <c51>"));
   // With spectral norm the update stage reads the matrix table and writes every power-iteration

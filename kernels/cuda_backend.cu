@@ -816,7 +816,7 @@ class CudaBackend final : public Backend {
     }
     void* s = scratch(op, cuda::c51_xent_scratch_bytes(a.B * a.members));
     if (!s) return;
-    DQN_CUDA_OK(op, cuda::c51_xent(stream_, a, s, xent_last_block_ ? counter() : nullptr, !xent_dlogits_));
+    DQN_CUDA_OK(op, cuda::c51_xent(stream_, a, s));
   }
 
   // --- optimisation -------------------------------------------------------------------------
@@ -1118,7 +1118,7 @@ class CudaBackend final : public Backend {
     // actions/a_star live on the device: an out-of-range index poisons that sample's dq and loss.
     void* s = scratch(op, cuda::quantile_huber_scratch_bytes(a.B));
     if (!s) return;
-    DQN_CUDA_OK(op, cuda::quantile_huber(stream_, a, s, xent_last_block_ ? counter() : nullptr));
+    DQN_CUDA_OK(op, cuda::quantile_huber(stream_, a, s));
   }
 
   // --- fused head ops (ABI 3) ---------------------------------------------------------------
@@ -1974,12 +1974,6 @@ class CudaBackend final : public Backend {
   DistPerAction dist_per_action_ = dist_per_action_from_env();
   bool wgrad_kernel_ = false;            ///< tile_gemm_wgrad runs here (tf32, clusters launch)
   bool chain_kernel_ = false;            ///< tile_gemm_chain runs here (tf32)
-  /// DQN_XENT_LAST_BLOCK=1: c51_xent's and quantile_huber's batch mean in their last block, not a
-  /// kernel of its own after them (one kernel less on the all-heads path; not yet measured).
-  bool xent_last_block_ = env_set("DQN_XENT_LAST_BLOCK");
-  /// DQN_XENT_DLOGITS=0: c51_xent with the fused dueling backward leaves dlogits unwritten (its
-  /// scratch by C51Xent's contract; the ensemble reads only dv and dadv). Read when made.
-  bool xent_dlogits_ = env_on("DQN_XENT_DLOGITS");
   static constexpr int kClockBlocks = 4096;  ///< blocks of the cluster update that stamp (DQN_UPDATE_CLOCK)
   static constexpr std::size_t kClockBytes = std::size_t{kClockBlocks} * 2 * cuda::kUpdateClockSlots * sizeof(std::uint64_t);
   std::uint64_t* clock_ = nullptr;       ///< their stamps [kClockBlocks][2·kUpdateClockSlots], or null

@@ -283,10 +283,9 @@ __device__ void weighted_mean(float* loss, const double* weighted, int B, float 
 
 /// One block per sample, one warp per branch: per-branch cross-entropy (warp sums), the
 /// gradient of every (action, atom) of the branch, then the sample's loss from the branches in
-/// order. The weighted per-sample loss goes to scratch for the fixed-order mean: with a counter
-/// in the last block to finish (weighted_mean), else in c51_xent_reduce_kernel after.
-template <bool dlogits>
-__global__ void c51_xent_kernel(C51Xent a, double* weighted, unsigned* counter) {
+/// order. The weighted per-sample loss goes to scratch for the fixed-order mean in
+/// c51_xent_reduce_kernel after.
+__global__ void c51_xent_kernel(C51Xent a, double* weighted) {
   dev::pdl_entry();
   extern __shared__ double xent_d[];  // [D], then with dv the taken actions' rows g [D][Z] (float)
   float* g_rows = reinterpret_cast<float*>(xent_d + a.D);
@@ -310,8 +309,7 @@ __global__ void c51_xent_kernel(C51Xent a, double* weighted, unsigned* counter) 
                                (static_cast<std::int64_t>(member) * a.B * D + bd) * ldd
                          : nullptr;
     if (taken < 0 || taken >= A) {  // out of range: poison this branch instead of reading OOB
-      if constexpr (dlogits)
-        for (int k = lane; k < A * Z; k += 32) DL[rows0 + k] = NAN;
+      for (int k = lane; k < A * Z; k += 32) DL[rows0 + k] = NAN;
       if (dadv) {
         for (int k = lane; k < A * Z; k += 32) dadv[k] = NAN;
         for (int q = A * Z + lane; q < ldd; q += 32) dadv[q] = 0.0f;  // the padding, as on every row
@@ -330,8 +328,6 @@ __global__ void c51_xent_kernel(C51Xent a, double* weighted, unsigned* counter) 
     xent = warp_sum(xent);  // also orders every lane's reads of logp before the writes below
     m_sum = warp_sum(m_sum);
     for (int act = 0; act < A; ++act) {
-      if constexpr (!dlogits)
-        if (act != taken) continue;  // (without dlogits only the taken row has work)
       const std::int64_t row = rows0 + static_cast<std::int64_t>(act) * Z;
       for (int i = lane; i < Z; i += 32) {
         if (act != taken) {
@@ -339,7 +335,7 @@ __global__ void c51_xent_kernel(C51Xent a, double* weighted, unsigned* counter) 
         } else {
           const double p = exp(static_cast<double>(LP[row + i]));
           const float g = static_cast<float>(grad_scale * (p * m_sum - static_cast<double>(m[i])));
-          if constexpr (dlogits) DL[row + i] = g;
+          DL[row + i] = g;
           if (dadv) {  // dueling_backward's arithmetic on a row that is g at `taken`, 0 elsewhere
             g_rows[d * Z + i] = g;
             const double mean = static_cast<double>(g) / A;
@@ -368,10 +364,6 @@ __global__ void c51_xent_kernel(C51Xent a, double* weighted, unsigned* counter) 
     sample /= D;
     if (a.loss_per_sample.p) static_cast<float*>(a.loss_per_sample.p)[blockIdx.x] = static_cast<float>(sample);
     weighted[blockIdx.x] = static_cast<double>(wb) * sample;
-  }
-  if (counter && a.loss.p && dev::last_block(counter)) {  // the mean here, not in a kernel of its own
-    __shared__ double sh[32];
-    weighted_mean(static_cast<float*>(a.loss.p), weighted, a.B, a.scale, a.accumulate, a.members, sh);
   }
 }
 
@@ -543,7 +535,7 @@ __global__ void hadamard_backward_kernel(float* dphi, float* dh2, const float* d
 
 /// One block per sample; threads over the (d, i) pairs, each summing over the N' targets in order;
 /// the sample's loss from the pairs in order by thread 0, to scratch for the fixed-order reduction.
-__global__ void quantile_huber_kernel(QuantileHuber a, double* weighted, unsigned* counter) {
+__global__ void quantile_huber_kernel(QuantileHuber a, double* weighted) {
   dev::pdl_entry();
   extern __shared__ double pair_loss[];  // [D·N]
   const int b = blockIdx.x, N = a.N, Nt = a.Nt, D = a.D, A = a.A;
@@ -586,10 +578,6 @@ __global__ void quantile_huber_kernel(QuantileHuber a, double* weighted, unsigne
     sample /= D;
     if (a.loss_per_sample.p) static_cast<float*>(a.loss_per_sample.p)[b] = static_cast<float>(sample);
     weighted[b] = static_cast<double>(wb) * sample;
-  }
-  if (counter && dev::last_block(counter)) {  // the mean here, not in a kernel of its own
-    __shared__ double sh[32];
-    weighted_mean(static_cast<float*>(a.loss.p), weighted, a.B, 1.0f, false, 1, sh);
   }
 }
 
@@ -1699,17 +1687,14 @@ cudaError_t c51_project(cudaStream_t s, const C51Project& a) {
 
 std::size_t c51_xent_scratch_bytes(int B) { return round_up(static_cast<std::size_t>(B) * sizeof(double), 256); }
 
-cudaError_t c51_xent(cudaStream_t s, const C51Xent& a, void* scratch, unsigned* counter, bool skip_dlogits) {
+cudaError_t c51_xent(cudaStream_t s, const C51Xent& a, void* scratch) {
   auto* weighted = static_cast<double*>(scratch);
   const int warps = std::min(a.D, 8);
   const std::size_t shared = static_cast<std::size_t>(a.D) * sizeof(double) +
                              (a.dv ? static_cast<std::size_t>(a.D) * a.Z * sizeof(float) : 0);
-  if (skip_dlogits && a.dv)
-    launch(c51_xent_kernel<false>, a.B * a.members, 32 * warps, shared, s, a, weighted, counter);
-  else
-    launch(c51_xent_kernel<true>, a.B * a.members, 32 * warps, shared, s, a, weighted, counter);
+  launch(c51_xent_kernel, a.B * a.members, 32 * warps, shared, s, a, weighted);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  if (a.loss && !counter)
+  if (a.loss)
     launch(c51_xent_reduce_kernel, 1, kThreads, 0, s, a.loss.as<float>(), weighted, a.B, a.scale, a.accumulate,
            a.members);
   return cudaGetLastError();
@@ -1775,11 +1760,11 @@ std::size_t quantile_huber_shared_bytes(int D, int N) {
   return static_cast<std::size_t>(D) * static_cast<std::size_t>(N) * sizeof(double);
 }
 
-cudaError_t quantile_huber(cudaStream_t s, const QuantileHuber& a, void* scratch, unsigned* counter) {
+cudaError_t quantile_huber(cudaStream_t s, const QuantileHuber& a, void* scratch) {
   auto* weighted = static_cast<double*>(scratch);
-  launch(quantile_huber_kernel, a.B, 128, quantile_huber_shared_bytes(a.D, a.N), s, a, weighted, counter);
+  launch(quantile_huber_kernel, a.B, 128, quantile_huber_shared_bytes(a.D, a.N), s, a, weighted);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  if (!counter) launch(c51_xent_reduce_kernel, 1, kThreads, 0, s, a.loss.as<float>(), weighted, a.B, 1.0f, false, 1);
+  launch(c51_xent_reduce_kernel, 1, kThreads, 0, s, a.loss.as<float>(), weighted, a.B, 1.0f, false, 1);
   return cudaGetLastError();
 }
 

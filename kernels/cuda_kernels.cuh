@@ -42,13 +42,8 @@ cudaError_t c51_project(cudaStream_t s, const C51Project& a);
 
 /// Scratch c51_xent needs: one double per sample (weighted per-sample losses).
 std::size_t c51_xent_scratch_bytes(int B);
-/// `counter` (a lane's "last block done" counter, see dev::last_block) not null: the batch mean
-/// in the last block of the per-sample kernel; null: in a one-block kernel after it. The same
-/// arithmetic in another thread count (the double sum may round differently in its last bit).
-/// skip_dlogits (DQN_XENT_DLOGITS=0) with a.dv set: dlogits is not written (the op's scratch then,
-/// C51Xent::dlogits), only the taken action's row of each branch computed.
-cudaError_t c51_xent(cudaStream_t s, const C51Xent& a, void* scratch, unsigned* counter = nullptr,
-                     bool skip_dlogits = false);
+/// The batch mean in a one-block kernel after the per-sample kernel.
+cudaError_t c51_xent(cudaStream_t s, const C51Xent& a, void* scratch);
 
 /// Scratch cql_penalty needs: one double per (sample, branch).
 std::size_t cql_penalty_scratch_bytes(int B, int D);
@@ -65,8 +60,8 @@ cudaError_t hadamard_backward(cudaStream_t s, float* dphi, float* dh2, const flo
 /// Scratch quantile_huber needs (one double per sample) and its dynamic shared memory (D·N doubles).
 std::size_t quantile_huber_scratch_bytes(int B);
 std::size_t quantile_huber_shared_bytes(int D, int N);
-/// `counter`: as c51_xent's.
-cudaError_t quantile_huber(cudaStream_t s, const QuantileHuber& a, void* scratch, unsigned* counter = nullptr);
+/// The batch mean as c51_xent's.
+cudaError_t quantile_huber(cudaStream_t s, const QuantileHuber& a, void* scratch);
 
 /// Scratch budget needs: one partial sum of squares per (head, chunk), at most 512 chunks a head.
 std::size_t budget_scratch_bytes(int H);

@@ -1047,12 +1047,9 @@ TEST_CASE("gpu.ops.c51_xent: per-sample loss, weighted mean, gradient; = and +="
   for (std::size_t i = 0; i < m.size(); ++i) m[i] = std::exp(mlog[i]);
   auto actions = random_ints(static_cast<std::size_t>(B) * D, 0, A - 1, 19);
   auto w = random_vec(B, 0.5f, 1.5f, 20);
-  for (const char* last_block : {static_cast<const char*>(nullptr), "1"})  // DQN_XENT_LAST_BLOCK: the mean's kernel
   for (const bool accumulate : {false, true}) {
     for (const bool per_sample : {true, false}) {
-      INFO("accumulate " << accumulate << ", per-sample output " << per_sample << ", DQN_XENT_LAST_BLOCK "
-                         << (last_block ? last_block : "unset"));
-      const ScopedEnv env("DQN_XENT_LAST_BLOCK", last_block);
+      INFO("accumulate " << accumulate << ", per-sample output " << per_sample);
       Gpu gpu;
       Cpu cpu;
       C51Xent x;
@@ -1126,28 +1123,6 @@ TEST_CASE("gpu.ops.c51_xent.dueling: the fused dueling backward (dv, padded dadv
   std::size_t zeros = 0;
   for (std::size_t i = 0; i < na; ++i) zeros += i % ldd >= static_cast<std::size_t>(A * Z) && got[i] == 0.0f;
   CHECK(zeros == static_cast<std::size_t>(K) * B * D * (ldd - A * Z));
-  {
-    // DQN_XENT_DLOGITS=0 (read when a backend is made): dlogits left unwritten (the op's scratch
-    // with dv set), everything else bit for bit as above
-    std::unique_ptr<Gpu> skip;
-    {
-      const ScopedEnv env("DQN_XENT_DLOGITS", "0");
-      skip = std::make_unique<Gpu>();
-    }
-    C51Xent xs = x;
-    xs.loss = skip->put(std::vector<float>{kNaN});
-    xs.dlogits = skip->poisoned(static_cast<std::int64_t>(n));
-    xs.logp = skip->put(lp); xs.actions = skip->put_typed(actions); xs.m = skip->put(m); xs.weights = skip->put(w);
-    xs.dv = skip->poisoned(static_cast<std::int64_t>(nv)); xs.dadv = skip->poisoned(static_cast<std::int64_t>(na));
-    skip->ops.c51_xent(xs);
-    skip->ok();
-    expect_same_bits(skip->get(xs.loss, 1), gpu.get(xd.loss, 1), "DQN_XENT_DLOGITS=0: loss");
-    expect_same_bits(skip->get(xs.dv, static_cast<std::int64_t>(nv)), gpu.get(xd.dv, static_cast<std::int64_t>(nv)),
-                     "DQN_XENT_DLOGITS=0: dv");
-    expect_same_bits(skip->get(xs.dadv, static_cast<std::int64_t>(na)), got, "DQN_XENT_DLOGITS=0: dadv");
-    const auto untouched = skip->get(xs.dlogits, static_cast<std::int64_t>(n));
-    CHECK(std::all_of(untouched.begin(), untouched.end(), [](float v) { return std::isnan(v); }));
-  }
 
   // An action out of range (the CPU refuses it with an error): that branch's rows are NaN in every
   // member, its padding zero like every other row's, and the other branches are as before.

@@ -234,7 +234,7 @@ struct C51Xent {
   /// A, Z) after the call would give them (dadv's padding zeroed); member k's dv and dadv are
   /// member 0's + k·B rows (k·B·lddv and k·B·D·ld_or(lddadv, A·Z) elements). With dv set,
   /// dlogits is the op's scratch: its contents after the call are unspecified (a backend may
-  /// leave it unwritten; the CUDA one does with DQN_XENT_DLOGITS=0).
+  /// leave it unwritten).
   Real dv;
   Real dadv;
   int lddv = 0, lddadv = 0;

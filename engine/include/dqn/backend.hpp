@@ -434,7 +434,8 @@ struct HeadBackward {
 /// Everything after the gradients, in the spec's order ("Gradient budgets", then "Optimizer,
 /// spectral norm, target"): exactly budget(budget); adam(adam); spectral_norm(sn_mats, sn_count,
 /// …, budget.skip) when sn_count > 0; target_update(target). A backend may fuse it (the CUDA
-/// backend can, opt-in: one cooperative launch, or four); the results are those of the four ops.
+/// backend does: partial sums, then thread-block clusters); the results are those of the four ops
+/// (up to the summation order of a fused power iteration).
 struct Update {
   Budget budget;
   Adam adam;                            ///< adam.g is budget.g; adam.skip is budget.skip

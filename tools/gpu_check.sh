@@ -86,7 +86,8 @@ if [ "$mode" != bench ]; then
     $build/tools/dqn step pipelines/ref.yaml $extra --backend cuda --random-batch 1 --steps 1 --out /tmp/explain.st \
       --explain 2>&1 | grep -o '^captured: [^:]*' | tee -a "$summary"
   done
-  # what a kernel boundary, a grid or cluster barrier and a flag hand-off cost here (dqn-latency)
+  # what a kernel boundary, a grid or cluster barrier, a flag hand-off and a load cost here, and how far
+  # apart a replayed graph starts its independent chains (dqn-latency)
   [ -x $build/tools/dqn-latency ] && { timeout 180 $build/tools/dqn-latency 2>&1 | tee -a "$summary"; }
 fi
 if [ "$mode" = quick ]; then pack; exit 0; fi

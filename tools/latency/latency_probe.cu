@@ -3,7 +3,9 @@
 // MFLOP each (docs/performance.md): what a kernel boundary costs in a replayed graph (with and
 // without programmatic dependent launch), against a grid-wide barrier of one cooperative kernel,
 // a thread-block cluster barrier, a hand-off through a flag in global memory from one SM to the
-// next, and a load from L2 and from device memory. Each figure: CUDA events around many
+// next, a load from L2 and from device memory, and how far apart a replayed graph starts its
+// independent chains (the step's lanes: with all four heads the online trunk, where the critical
+// path begins, started 9.3 µs into the step, behind the other roots). Each figure: CUDA events around many
 // repetitions after a warm-up, the median of five runs, per repetition (barriers and hand-offs:
 // the difference between many and none, so the launch itself drops out). n/a (JSON: -1): that
 // measurement could not run here.
@@ -238,6 +240,73 @@ double chase_ns(cudaStream_t s, std::size_t bytes, unsigned* sink, bool warm) {
   return ns;
 }
 
+/// Thread 0 of block 0 stamps %globaltimer into t[slot] (slot >= 0); every thread then spins
+/// until `ns` nanoseconds have passed since it started (a stage's few µs of work).
+__global__ void root_kernel(unsigned long long* t, int slot, unsigned ns) {
+  unsigned long long t0, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  if (slot >= 0 && blockIdx.x == 0 && threadIdx.x == 0) t[slot] = t0;
+  do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  while (now - t0 < ns);
+}
+
+/// When a replayed graph starts its independent chains: `roots` chains of `len` kernels (`blocks`
+/// blocks of 128 threads, 2 µs each), each captured on a stream of its own in turn and joined at
+/// the end; with `kickoff` an empty one-block kernel first that every chain waits for (one root).
+/// Per replay the start of each chain's first kernel; medians over the replays of the first
+/// captured chain's start after the earliest chain's and of the latest start after the earliest.
+struct RootSkew {
+  double first_us = -1.0, spread_us = -1.0;
+};
+RootSkew root_skew(cudaStream_t s, int roots, int len, int blocks, bool kickoff, unsigned long long* t) {
+  std::vector<cudaStream_t> lanes(static_cast<std::size_t>(roots));
+  std::vector<cudaEvent_t> joins(static_cast<std::size_t>(roots));
+  cudaEvent_t fork;
+  check(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), "cudaEventCreate");
+  for (int r = 0; r < roots; ++r) {
+    check(cudaStreamCreateWithFlags(&lanes[std::size_t(r)], cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaEventCreateWithFlags(&joins[std::size_t(r)], cudaEventDisableTiming), "cudaEventCreate");
+  }
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
+  if (kickoff) root_kernel<<<1, 32, 0, s>>>(t, -1, 0);
+  check(cudaEventRecord(fork, s), "cudaEventRecord");
+  for (int r = 0; r < roots; ++r) {
+    cudaStream_t l = lanes[std::size_t(r)];
+    check(cudaStreamWaitEvent(l, fork, 0), "cudaStreamWaitEvent");
+    for (int k = 0; k < len; ++k) root_kernel<<<blocks, 128, 0, l>>>(t, k == 0 ? r : -1, 2000);
+    check(cudaEventRecord(joins[std::size_t(r)], l), "cudaEventRecord");
+    check(cudaStreamWaitEvent(s, joins[std::size_t(r)], 0), "cudaStreamWaitEvent");
+  }
+  check(cudaStreamEndCapture(s, &graph), "end capture");
+  check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  check(cudaGraphUpload(exec, s), "upload");
+  std::vector<double> first, spread;
+  std::vector<unsigned long long> h(static_cast<std::size_t>(roots));
+  for (int rep = 0; rep < 210; ++rep) {
+    check(cudaGraphLaunch(exec, s), "graph launch");
+    check(cudaMemcpyAsync(h.data(), t, h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost, s), "cudaMemcpy");
+    check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    if (rep < 10) continue;  // warm-up
+    const auto [lo, hi] = std::minmax_element(h.begin(), h.end());
+    first.push_back(static_cast<double>(h[0] - *lo) * 1e-3);
+    spread.push_back(static_cast<double>(*hi - *lo) * 1e-3);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  for (int r = 0; r < roots; ++r) {
+    cudaStreamDestroy(lanes[std::size_t(r)]);
+    cudaEventDestroy(joins[std::size_t(r)]);
+  }
+  cudaEventDestroy(fork);
+  auto median = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  return RootSkew{median(first), median(spread)};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -279,6 +348,16 @@ int main(int argc, char** argv) {
   rows.emplace_back("flag hand-off to the next SM (us)", flag_hop_us(s, sms, flags));
   rows.emplace_back("dependent load, 4 MiB (L2) (ns)", chase_ns(s, std::size_t{4} << 20, flags, true));
   rows.emplace_back("dependent load, 256 MiB (device memory) (ns)", chase_ns(s, std::size_t{256} << 20, flags, false));
+  unsigned long long* stamps = nullptr;
+  check(cudaMalloc(&stamps, sizeof(unsigned long long) * 16), "cudaMalloc");
+  for (const bool kickoff : {false, true})
+    for (const int roots : {2, 6, 16}) {
+      const RootSkew k = root_skew(s, roots, 3, sms, kickoff, stamps);
+      const std::string what = "graph of " + std::to_string(roots) + " chains" + (kickoff ? " after a kickoff" : " (roots)");
+      rows.emplace_back(what + ": first captured starts after the earliest (us)", k.first_us);
+      rows.emplace_back(what + ": latest start after the earliest (us)", k.spread_us);
+    }
+  cudaFree(stamps);
 
   if (json) {
     std::printf("{\"device\": \"%s\", \"sms\": %d, \"rows\": [", p.name, sms);

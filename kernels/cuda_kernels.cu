@@ -974,19 +974,14 @@ struct TargetRule {
   bool copy = false;
 };
 
-__device__ __forceinline__ void apply_target(const TargetRule& t, std::int64_t i, float src) {
-  t.tgt[i] = t.copy ? src : polyak(t.tau, t.tgt[i], src);
-}
-
 /// Spectral norm pass 2, grid (row blocks, matrices): every block of a matrix computes
 /// ‖v‖ = max(√Σ vsq, 1e-12), x_r = (Σ_chunks xp[r]) / ‖v‖ for all rows and σ = ‖x‖ (the same
 /// fixed order in every block, so all agree), then writes u ← x/max(σ, 1e-12) for its rows and,
 /// when σ > σ_max, scales its rows of W by σ_max/σ. max(·, 1e-12) as the CPU's std::max (NaN stays).
-/// Pass 2's work for matrix mi, row block rb (block-uniform). With t.tgt, also the target update
-/// of the block's rows of W (the matrix lies inside params, so its elements are params' too).
+/// Pass 2's work for matrix mi, row block rb (block-uniform).
 __device__ void sn_rows_item(const SpectralMatrix* mats, int mi, int rb, int max_rows, int max_cols,
                              int rows_per_block, int ncc, float sigma_max, const double* vsq, const double* xp,
-                             const TargetRule& t, double* sh) {
+                             double* sh) {
   const SpectralMatrix s = mats[mi];
   const int rows = s.rows, cols = s.cols;
   if (rows <= 0 || cols <= 0) return;
@@ -1024,31 +1019,20 @@ __device__ void sn_rows_item(const SpectralMatrix* mats, int mi, int rb, int max
   if (sigma > static_cast<double>(sigma_max)) {
     const double factor = static_cast<double>(sigma_max) / sigma;
 #pragma unroll 4
-    for (std::int64_t i = static_cast<std::int64_t>(r0) * cols + threadIdx.x; i < end; i += kThreads) {
-      const float w = static_cast<float>(static_cast<double>(W[i]) * factor);
-      W[i] = w;
-      if (t.tgt) apply_target(t, (W - t.params) + i, w);
-    }
-  } else if (t.tgt) {
     for (std::int64_t i = static_cast<std::int64_t>(r0) * cols + threadIdx.x; i < end; i += kThreads)
-      apply_target(t, (W - t.params) + i, W[i]);
+      W[i] = static_cast<float>(static_cast<double>(W[i]) * factor);
   }
 }
 
-/// Pass 2 as one launch. With tu.target set (the split update), also the target update of the
-/// normed rows when the target updates this step (t is the new step count by then).
+/// Pass 2 as one launch.
 __global__ void __launch_bounds__(kThreads) sn_rows_kernel(const SpectralMatrix* mats, int max_rows, int max_cols,
                                                            int rows_per_block, int ncc, float sigma_max,
                                                            const std::int32_t* skip, const double* vsq,
-                                                           const double* xp, TargetUpdate tu) {
+                                                           const double* xp) {
   dev::pdl_entry();
   if (*skip) return;
   __shared__ double sh[32];
-  const bool target_on = tu.target.p && (tu.period == 0 || *tu.t % tu.period == 0);
-  const TargetRule rule = target_on ? TargetRule{static_cast<float*>(tu.target.p), static_cast<const float*>(tu.params.p),
-                                                 static_cast<double>(tu.tau), tu.period != 0}
-                                    : TargetRule{};
-  sn_rows_item(mats, blockIdx.y, blockIdx.x, max_rows, max_cols, rows_per_block, ncc, sigma_max, vsq, xp, rule, sh);
+  sn_rows_item(mats, blockIdx.y, blockIdx.x, max_rows, max_cols, rows_per_block, ncc, sigma_max, vsq, xp, sh);
 }
 
 /// The spectral norm's scratch (laid out as spectral_norm_scratch_bytes counts it) and grids.
@@ -1069,18 +1053,6 @@ SnPlan sn_plan(void* scratch, int count, int max_rows, int max_cols) {
   p.vsq = static_cast<double*>(scratch);
   p.xp = reinterpret_cast<double*>(static_cast<char*>(scratch) + round_up(cells * sizeof(double), 256));
   return p;
-}
-
-/// Both passes of the spectral norm, after `skip` says whether the step stands; `tu`: see
-/// sn_rows_kernel (target.p null: no target update).
-cudaError_t sn_launch(cudaStream_t s, const SpectralMatrix* mats, int count, int max_rows, int max_cols,
-                      float sigma_max, const std::int32_t* skip, void* scratch, const TargetUpdate& tu) {
-  const SnPlan p = sn_plan(scratch, count, max_rows, max_cols);
-  launch(sn_cols_kernel, dim3(p.ncc, count), kThreads, 0, s, mats, max_rows, max_cols, skip, p.vsq, p.xp);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  launch(sn_rows_kernel, dim3(p.nrb, count), kThreads, 0, s, mats, max_rows, max_cols, p.rpb, p.ncc, sigma_max, skip,
-         p.vsq, p.xp, tu);
-  return cudaGetLastError();
 }
 
 /// Polyak (period 0) or, when *t % period == 0, a hard copy; one wave, grid-stride.
@@ -1210,7 +1182,7 @@ __device__ __forceinline__ void cluster_combine(const ClusterStep& x, std::int64
 }
 
 /// The loaded tile: g = Σ_h c_h g_h (double, heads in order, as combine_tile), Adam (adam_element)
-/// and, with target, the target update (apply_target's arithmetic; r.tg loaded for Polyak).
+/// and, with target, the target update (a copy, or Polyak from r.tg).
 __device__ __forceinline__ void cluster_store(const ClusterStep& x, std::int64_t s, std::int64_t hi, bool target,
                                               ClusterTile& r) {
   double acc[kClusterPer];
@@ -1814,7 +1786,12 @@ std::size_t spectral_norm_scratch_bytes(int count, int max_rows, int max_cols) {
 
 cudaError_t spectral_norm(cudaStream_t s, const SpectralMatrix* mats, int count, int max_rows, int max_cols,
                           float sigma_max, const std::int32_t* skip, void* scratch) {
-  return sn_launch(s, mats, count, max_rows, max_cols, sigma_max, skip, scratch, TargetUpdate{});
+  const SnPlan p = sn_plan(scratch, count, max_rows, max_cols);
+  launch(sn_cols_kernel, dim3(p.ncc, count), kThreads, 0, s, mats, max_rows, max_cols, skip, p.vsq, p.xp);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  launch(sn_rows_kernel, dim3(p.nrb, count), kThreads, 0, s, mats, max_rows, max_cols, p.rpb, p.ncc, sigma_max, skip,
+         p.vsq, p.xp);
+  return cudaGetLastError();
 }
 
 cudaError_t target_update(cudaStream_t s, const TargetUpdate& a, int max_blocks) {

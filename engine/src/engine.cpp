@@ -569,8 +569,9 @@ void Engine::upload_budget_reach() {
 }
 
 // Backprop every head's gradient (rows of `states`) through trunk layer i: at the top layer
-// (dtrunk/all: the heads' ∂L_h/∂h_L) its ReLU mask first, unless the heads' (top_mask_); below the first layer, d(input) with the layer below's mask applied (so its
-// gradient arrives masked).
+// (dtrunk/all: the heads' ∂L_h/∂h_L) its ReLU mask first, unless the heads apply it (top_mask_);
+// below the first layer, d(input) with the layer below's mask applied (so its gradient arrives
+// masked).
 void Engine::trunk_backward_layer(Backend& be, int i) {
   const int B = spec_.batch, H = int(heads_.size());
   const int w = net_.trunk[i];

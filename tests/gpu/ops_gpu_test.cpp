@@ -2251,7 +2251,7 @@ TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward m
     INFO(c.why);
     auto g = grads;
     if (c.bad) g[static_cast<std::size_t>(P + 4321)] = kNaN;
-    // Side: one update's state on one backend (rows: the cluster update, sep: the four separate
+    // Side: one update's state on one backend (cl: the cluster update, sep: the four separate
     // ops, cpu: the CPU twin)
     struct Side {
       Update up;
@@ -2281,11 +2281,11 @@ TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward m
             [&](const std::vector<std::int64_t>& h) { return gpu.put_typed(h); });
       sd.up.sn_mats = gpu.put_typed(sd.mats);
     };
-    Side rows, sep, hc;
+    Side cl, sep, hc;
     Gpu gr;
     const std::string dr = gr.rt().describe();
     REQUIRE_MESSAGE(dr.find("update cluster") != std::string::npos, dr);
-    on(gr, rows);
+    on(gr, cl);
     on(gr, sep);
     std::deque<std::vector<float>> store;  // host buffers; a deque never moves its elements
     std::deque<std::vector<std::int32_t>> store32;
@@ -2295,7 +2295,7 @@ TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward m
           [&](const std::vector<std::int64_t>& h) { store64.push_back(h); return store64.back().data(); });
     hc.up.sn_mats = hc.mats.data();
 
-    gr.ops.update(rows.up);
+    gr.ops.update(cl.up);
     gr.ops.budget(sep.up.budget);
     gr.ops.adam(sep.up.adam);
     gr.ops.spectral_norm(sep.up.sn_mats, nsn, max_rows, max_cols, 2.0f, sep.skip);
@@ -2308,33 +2308,33 @@ TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward m
     auto hv = [](const Real& r, std::int64_t n) { return std::vector<float>(r.as<float>(), r.as<float>() + n); };
     struct Out {
       std::string name;
-      Real row, s, h;
+      Real cl, s, h;
       std::int64_t n;
       bool summed;  // from the power iteration (sums in another order)
     };
     std::vector<Out> outs = {
-        {"params", rows.up.adam.params, sep.up.adam.params, hc.up.adam.params, P, true},
-        {"target", rows.up.target.target, sep.up.target.target, hc.up.target.target, P, true},
-        {"m", rows.up.adam.m, sep.up.adam.m, hc.up.adam.m, P, false},
-        {"v", rows.up.adam.v, sep.up.adam.v, hc.up.adam.v, P, false},
-        {"g", rows.up.budget.g, sep.up.budget.g, hc.up.budget.g, P, false},
-        {"norms", rows.up.budget.norms, sep.up.budget.norms, hc.up.budget.norms, H, false},
-        {"clips", rows.up.budget.clips, sep.up.budget.clips, hc.up.budget.clips, H, false},
+        {"params", cl.up.adam.params, sep.up.adam.params, hc.up.adam.params, P, true},
+        {"target", cl.up.target.target, sep.up.target.target, hc.up.target.target, P, true},
+        {"m", cl.up.adam.m, sep.up.adam.m, hc.up.adam.m, P, false},
+        {"v", cl.up.adam.v, sep.up.adam.v, hc.up.adam.v, P, false},
+        {"g", cl.up.budget.g, sep.up.budget.g, hc.up.budget.g, P, false},
+        {"norms", cl.up.budget.norms, sep.up.budget.norms, hc.up.budget.norms, H, false},
+        {"clips", cl.up.budget.clips, sep.up.budget.clips, hc.up.budget.clips, H, false},
     };
     for (int k = 0; k < nsn; ++k)
       outs.push_back({"u of matrix " + std::to_string(k) + " (" + std::to_string(mats[k].rows) + " x " +
                           std::to_string(mats[k].cols) + ")",
-                      rows.u[static_cast<std::size_t>(k)],
+                      cl.u[static_cast<std::size_t>(k)],
                       sep.u[static_cast<std::size_t>(k)], hc.u[static_cast<std::size_t>(k)], mats[k].rows, true});
     for (const Out& o : outs) {
-      const auto got = gr.get(o.row, o.n);
+      const auto got = gr.get(o.cl, o.n);
       if (o.summed && !c.bad) expect_close(got, gr.get(o.s, o.n), kSumOrder, "cluster vs separate: " + o.name);
       else expect_same_bits(got, gr.get(o.s, o.n), "cluster vs separate: " + o.name);
       if (!c.bad || o.name == "norms" || o.name == "clips" || o.name == "g")
         expect_close(got, hv(o.h, o.n), kReduction, "cluster vs cpu: " + o.name);
     }
     // each matrix's elements moved (or, skipped, stayed) and the scaled-down one was not rescaled
-    const auto p_after = gr.get(rows.up.adam.params, P);
+    const auto p_after = gr.get(cl.up.adam.params, P);
     for (int k = 0; k < nsn; ++k) {
       const auto at = static_cast<std::size_t>(offs[static_cast<std::size_t>(k)]);
       const std::size_t n = static_cast<std::size_t>(mats[k].rows) * static_cast<std::size_t>(mats[k].cols);
@@ -2345,9 +2345,9 @@ TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward m
       if (c.bad) expect_same_bits(after, before, "skipped: matrix " + std::to_string(k));
       else CHECK_MESSAGE(after != before, "matrix " << k << " unchanged");
     }
-    CHECK(gr.get_typed(rows.skip, 1)[0] == (c.bad ? 1 : 0));
-    CHECK(gr.get_typed(rows.skipped, 1)[0] == (c.bad ? 3 : 2));
-    CHECK(gr.get_typed(rows.t, 1)[0] == (c.bad ? c.t0 : c.t0 + 1));
+    CHECK(gr.get_typed(cl.skip, 1)[0] == (c.bad ? 1 : 0));
+    CHECK(gr.get_typed(cl.skipped, 1)[0] == (c.bad ? 3 : 2));
+    CHECK(gr.get_typed(cl.t, 1)[0] == (c.bad ? c.t0 : c.t0 + 1));
   }
 }
 

@@ -2201,12 +2201,14 @@ TEST_CASE("gpu.ops.update: the cluster update equals budget → adam → spectra
 }
 
 TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward matrix shapes against the separate ops and the CPU") {
-  // Normed matrices of the step's shapes and awkward ones inside one params: two tiles a block
-  // (256 × 256, 200 × 250), one (128 × 256, 255 × 128, 256 × 64), blocks with no row (37 × 53
-  // and 1 × 9: fewer rows than a cluster's blocks), three tiles a block (300 × 256). One is
-  // scaled down so that σ < σ_max (not rescaled); the others are rescaled. Two heads, the second
-  // clipped. The cluster's power iteration sums in another order: params, target and u within
-  // kSumOrder of the separate ops; m, v, g, norms and clips equal bit for bit.
+  // Normed matrices of the step's shapes and awkward ones inside one params. A block takes
+  // ceil(300 / cluster size) rows of each (the tallest, 300 × 256, sets it: 19 at 16 blocks a
+  // cluster), so its share is three tiles of 2,048 elements (the 256- and 250-column matrices),
+  // two (128 columns), one (64, 53) or a part of one (1 × 9), and most of the small matrices'
+  // blocks hold no row (37 × 53 fills two of 16). One is scaled down so that σ < σ_max (not
+  // rescaled); the others are rescaled. Two heads, the second clipped. The cluster's power
+  // iteration sums in another order: params, target and u within kSumOrder of the separate ops;
+  // m, v, g, norms and clips equal bit for bit.
   struct Mat {
     int rows, cols;
     float scale;

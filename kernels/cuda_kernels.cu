@@ -965,15 +965,6 @@ __global__ void __launch_bounds__(kThreads) sn_cols_kernel(const SpectralMatrix*
   sn_cols_item(mats, blockIdx.y, blockIdx.x, gridDim.x, max_rows, max_cols, vsq, xp, sm);
 }
 
-/// The target update of one element after the step's last write of params (Polyak when
-/// period == 0, else a copy; the caller decides whether a hard copy happens at all).
-struct TargetRule {
-  float* tgt = nullptr;  ///< null: no target update here
-  const float* params = nullptr;
-  double tau = 0.0;
-  bool copy = false;
-};
-
 /// Spectral norm pass 2, grid (row blocks, matrices): every block of a matrix computes
 /// ‖v‖ = max(√Σ vsq, 1e-12), x_r = (Σ_chunks xp[r]) / ‖v‖ for all rows and σ = ‖x‖ (the same
 /// fixed order in every block, so all agree), then writes u ← x/max(σ, 1e-12) for its rows and,
@@ -1088,6 +1079,14 @@ constexpr int kUpdateMaxHeads = 64;  // clip factors kept in static shared memor
 constexpr int kUpdateMaxSn = 64;     // spectrally normed matrices a cluster update takes
 
 // --- the cluster update: the budget's partial sums, then one launch of thread-block clusters --
+
+/// The target update of one element after the step's last write of params (Polyak when
+/// period == 0, else a copy; the caller decides whether a hard copy happens at all).
+struct TargetRule {
+  float* tgt = nullptr;  ///< null: no target update here
+  double tau = 0.0;
+  bool copy = false;
+};
 
 /// What every element of the cluster update needs (the step's constants, read once per block).
 struct ClusterStep {
@@ -1283,7 +1282,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
                 b.H,
                 AdamCoef{},
                 false,
-                TargetRule{static_cast<float*>(tu.target.p), theta, static_cast<double>(tu.tau), tu.period != 0},
+                TargetRule{static_cast<float*>(tu.target.p), static_cast<double>(tu.tau), tu.period != 0},
                 b.reach};
   const bool every = tu.period == 0;  // Polyak: the target's old values are needed (every step)
   // This block's elements: a normed matrix's rows, or tiles of the ranges outside them.

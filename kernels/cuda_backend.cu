@@ -1650,6 +1650,7 @@ class CudaBackend final : public Backend {
     cuda::TileGemm t = tg;
     t.b_early = tg.b_early && capturing_ && gemm_early_;
     t.epi_early = gemm_early_;
+    t.ldmatrix = tile_ldmatrix_;
     if (DQN_CUDA_OK("gemm", cuda::tile_gemm(stream_, t, config)) && t.mask) masked_in_kernel_ = true;
   }
 
@@ -1732,6 +1733,7 @@ class CudaBackend final : public Backend {
     t.c = d;
     t.b_early = tg.b_early && gemm_early_;  // as in the step (a timing graph writes no parameter)
     t.epi_early = gemm_early_;
+    t.ldmatrix = tile_ldmatrix_;  // as in the step
     const bool works = cuda::tile_gemm(stream_, t, cfg) == cudaSuccess;  // also the warm-up
     if (!works) {
       cudaGetLastError();
@@ -1965,6 +1967,10 @@ class CudaBackend final : public Backend {
   /// without one). Read per backend; the same results either way.
   bool update_early_ = env_set("DQN_UPDATE_EARLY");
   bool gemm_early_ = env_set("DQN_GEMM_EARLY");
+  /// DQN_TILE_LDMATRIX=1: tile_gemm's k loop reads the fragments of its k-contiguous operands by
+  /// ldmatrix (TileGemm::ldmatrix; the same bits). Off unless set until measured on a GPU
+  /// (written 2026-12-05, eighteenth session, on a machine without one). Read per backend.
+  bool tile_ldmatrix_ = env_set("DQN_TILE_LDMATRIX");
   /// c51_loss two warps a (sample, branch) where the warp kernel runs and D ≤ 8 (unset or
   /// DQN_LOSS_WARPS=2; =1: one warp; read when the backend is made, anything else refused).
   bool loss_pair_ = loss_pair_from_env();

@@ -146,6 +146,10 @@ struct TileGemm {
   /// The epilogue's operands (mask, bias, C for beta) loaded once the k loop's first copies are
   /// issued, not after the multiplies (the 16x32 and 32x32 shapes; DQN_GEMM_EARLY=1).
   bool epi_early = false;
+  /// The k loop reads the fragments of A (not transposed) and B (transposed) from shared memory
+  /// by ldmatrix, one instruction for what takes two or four shared loads (DQN_TILE_LDMATRIX=1;
+  /// the same bits).
+  bool ldmatrix = false;
 };
 /// The tile shapes of tile_gemm (block tiles 16×32, 32×32 and 64×64 of C).
 inline constexpr int kTileGemmConfigs = 3;

@@ -119,7 +119,24 @@ __device__ __forceinline__ void copy_rows_async(Dst dst, const float* src, int l
 struct NoLoads {
   __device__ void operator()() const {}
 };
-template <int BM, int BN, int WM, int WN, int S, bool TA, bool TB, class AfterCopies = NoLoads>
+/// ldmatrix (four 8 × 8 matrices of 16-bit elements, read as 8 rows of four 32-bit words each):
+/// lane l gives the address of row l % 8 of matrix l / 8 (16 bytes, 16-byte aligned) and gets
+/// word l % 4 of row l / 4 of each matrix in r[0..3]. For a tile stored with k contiguous, that
+/// is an mma.m16n8k8 tf32 fragment: the same words as four separate shared loads, one
+/// instruction. (x2: two matrices, addresses from lanes 0..15.)
+__device__ __forceinline__ void ldsm_x4(std::uint32_t (&r)[4], const float* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(dev::smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x2(std::uint32_t (&r)[2], const float* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(dev::smem_addr(p)));
+}
+__device__ __forceinline__ std::uint32_t tf32_bits(std::uint32_t w) { return to_tf32(__uint_as_float(w)); }
+
+template <int BM, int BN, int WM, int WN, int S, bool TA, bool TB, bool LDM = false, class AfterCopies = NoLoads>
 __device__ __forceinline__ void tile_mainloop(float (&acc)[WM / 16][WN / 8][4], float* smem, const float* A, int lda,
                                               const float* B, int ldb, int m0, int n0, int m, int n, int k,
                                               bool vec_a, bool vec_b, bool b_then_wait = false,
@@ -150,6 +167,13 @@ __device__ __forceinline__ void tile_mainloop(float (&acc)[WM / 16][WN / 8][4], 
 
   const int wm = warp / (BN / WN), wn = warp % (BN / WN);
   const int gq = lane >> 2, tq = lane & 3;  // the mma fragment's group and thread-in-group
+  // LDM: the fragments of an operand stored with k contiguous (A not transposed, B transposed) by
+  // ldmatrix. The lane's row address within a stage, for k8 = 0 and the warp's first mma tile:
+  // A's matrices 0..3 are rows +0 / +8 at k +0, then rows +0 / +8 at k +4 (a0..a3); B's are the
+  // n-tile's rows at k +0 and +4 (b0, b1), then the next n-tile's (x4: two n-tiles a load).
+  constexpr bool kLdmA = LDM && !TA, kLdmB = LDM && TB;
+  [[maybe_unused]] const int a_lane = (wm * WM + (lane & 7) + ((lane >> 3) & 1) * 8) * LA + (lane >> 4) * 4;
+  [[maybe_unused]] const int b_lane = (wn * WN + ((lane >> 4) & (NT > 1 ? 1 : 0)) * 8 + (lane & 7)) * LB + ((lane >> 3) & 1) * 4;
 
   if (b_then_wait) {
     for (int s = 0; s < S - 1 && s < KT; ++s) load_b(s, s);
@@ -178,14 +202,19 @@ __device__ __forceinline__ void tile_mainloop(float (&acc)[WM / 16][WN / 8][4], 
       std::uint32_t af[MT][4], bf[NT][2];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        const int r = wm * WM + mt * 16 + gq;
-        if constexpr (TA) {
+        if constexpr (kLdmA) {
+          ldsm_x4(af[mt], As + a_lane + mt * 16 * LA + k8);
+#pragma unroll
+          for (int q = 0; q < 4; ++q) af[mt][q] = tf32_bits(af[mt][q]);
+        } else if constexpr (TA) {
+          const int r = wm * WM + mt * 16 + gq;
           const float* p = As + (k8 + tq) * LA + r;
           af[mt][0] = to_tf32(p[0]);
           af[mt][1] = to_tf32(p[8]);
           af[mt][2] = to_tf32(p[4 * LA]);
           af[mt][3] = to_tf32(p[4 * LA + 8]);
         } else {
+          const int r = wm * WM + mt * 16 + gq;
           const float* p = As + r * LA + k8 + tq;
           af[mt][0] = to_tf32(p[0]);
           af[mt][1] = to_tf32(p[8 * LA]);
@@ -193,17 +222,35 @@ __device__ __forceinline__ void tile_mainloop(float (&acc)[WM / 16][WN / 8][4], 
           af[mt][3] = to_tf32(p[8 * LA + 4]);
         }
       }
+      if constexpr (kLdmB) {
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const int c = wn * WN + nt * 8 + gq;
-        if constexpr (TB) {
-          const float* p = Bs + c * LB + k8 + tq;
-          bf[nt][0] = to_tf32(p[0]);
-          bf[nt][1] = to_tf32(p[4]);
-        } else {
-          const float* p = Bs + (k8 + tq) * LB + c;
-          bf[nt][0] = to_tf32(p[0]);
-          bf[nt][1] = to_tf32(p[4 * LB]);
+        for (int nt = 0; nt + 1 < NT; nt += 2) {
+          std::uint32_t w[4];
+          ldsm_x4(w, Bs + b_lane + nt * 8 * LB + k8);
+          bf[nt][0] = tf32_bits(w[0]);
+          bf[nt][1] = tf32_bits(w[1]);
+          bf[nt + 1][0] = tf32_bits(w[2]);
+          bf[nt + 1][1] = tf32_bits(w[3]);
+        }
+        if constexpr (NT % 2 != 0) {
+          std::uint32_t w[2];
+          ldsm_x2(w, Bs + b_lane + (NT - 1) * 8 * LB + k8);
+          bf[NT - 1][0] = tf32_bits(w[0]);
+          bf[NT - 1][1] = tf32_bits(w[1]);
+        }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const int c = wn * WN + nt * 8 + gq;
+          if constexpr (TB) {
+            const float* p = Bs + c * LB + k8 + tq;
+            bf[nt][0] = to_tf32(p[0]);
+            bf[nt][1] = to_tf32(p[4]);
+          } else {
+            const float* p = Bs + (k8 + tq) * LB + c;
+            bf[nt][0] = to_tf32(p[0]);
+            bf[nt][1] = to_tf32(p[4 * LB]);
+          }
         }
       }
 #pragma unroll
@@ -216,8 +263,9 @@ __device__ __forceinline__ void tile_mainloop(float (&acc)[WM / 16][WN / 8][4], 
 }
 
 /// Block tile BM × BN, warp tile WM × WN (four warps), S stages of kBK along k. TA/TB: A is
-/// stored [k, m] / B is stored [n, k] (the Gemm's ta/tb).
-template <int BM, int BN, int WM, int WN, int S, bool TA, bool TB>
+/// stored [k, m] / B is stored [n, k] (the Gemm's ta/tb). LDM: the k-contiguous operands'
+/// fragments by ldmatrix (TileGemm::ldmatrix; the same bits).
+template <int BM, int BN, int WM, int WN, int S, bool TA, bool TB, bool LDM>
 __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool vec_a, bool vec_b) {
   if (!g.b_early) dev::pdl_entry();  // else in the k loop's prologue, after B's first copies
   constexpr int MT = WM / 16, NT = WN / 8;
@@ -271,8 +319,8 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool ve
         }
     }
   };
-  tile_mainloop<BM, BN, WM, WN, S, TA, TB>(acc, tg_shared, A, g.lda, B, g.ldb, m0, n0, m, n, g.k, vec_a, vec_b,
-                                           g.b_early, load_epilogue);
+  tile_mainloop<BM, BN, WM, WN, S, TA, TB, LDM>(acc, tg_shared, A, g.lda, B, g.ldb, m0, n0, m, n, g.k, vec_a, vec_b,
+                                                g.b_early, load_epilogue);
 
   // Epilogue: C = act(alpha·AB + beta·C + bias), C read only when beta != 0 (as bias_act after
   // the GEMM: the bias is added to the rounded alpha·AB + beta·C).
@@ -560,26 +608,31 @@ struct Config {
 constexpr Config kConfigs[kTileGemmConfigs] = {
     {16, 32, 16, 8, 8, "16x32"}, {32, 32, 16, 16, 8, "32x32"}, {64, 64, 32, 32, 6, "64x64"}};
 
-template <int C, bool TA, bool TB>
+/// The kernel of shape C on layout (TA, TB), with ldmatrix where LDM and the layout has a
+/// k-contiguous operand (A not transposed or B transposed; else the same kernel without).
+template <int C, bool TA, bool TB, bool LDM>
 struct Kernel {
   static constexpr Config c = kConfigs[C];
   static constexpr int bytes = c.stages * TileShape<c.bm, c.bn, TA, TB>::stage_floats * 4;
-  static constexpr auto fn = tile_gemm_kernel<c.bm, c.bn, c.wm, c.wn, c.stages, TA, TB>;
+  static constexpr auto fn = tile_gemm_kernel<c.bm, c.bn, c.wm, c.wn, c.stages, TA, TB, LDM && (!TA || TB)>;
 };
 
-template <int C, bool TA, bool TB>
+template <int C, bool TA, bool TB, bool LDM>
 cudaError_t prepare_one() {
-  return cudaFuncSetAttribute(Kernel<C, TA, TB>::fn, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel<C, TA, TB>::bytes);
+  using K = Kernel<C, TA, TB, LDM>;
+  return cudaFuncSetAttribute(K::fn, cudaFuncAttributeMaxDynamicSharedMemorySize, K::bytes);
 }
 template <int C>
 cudaError_t prepare_config() {
-  for (cudaError_t e : {prepare_one<C, false, false>(), prepare_one<C, false, true>(), prepare_one<C, true, false>(),
-                        prepare_one<C, true, true>()})
+  for (cudaError_t e : {prepare_one<C, false, false, false>(), prepare_one<C, false, true, false>(),
+                        prepare_one<C, true, false, false>(), prepare_one<C, true, true, false>(),
+                        prepare_one<C, false, false, true>(), prepare_one<C, false, true, true>(),
+                        prepare_one<C, true, true, true>()})
     if (e != cudaSuccess) return e;
   return cudaSuccess;
 }
 
-template <int C, bool TA, bool TB>
+template <int C, bool TA, bool TB, bool LDM>
 cudaError_t launch_one(cudaStream_t s, const TileGemm& g) {
   const dim3 grid((g.m + kConfigs[C].bm - 1) / kConfigs[C].bm, (g.n + kConfigs[C].bn - 1) / kConfigs[C].bn,
                   g.batch * g.batch2);
@@ -587,14 +640,19 @@ cudaError_t launch_one(cudaStream_t s, const TileGemm& g) {
   const auto aligned = [](const float* p, int ld, std::int64_t stride, std::int64_t stride2) {
     return dev::aligned16(p) && ld % 4 == 0 && stride % 4 == 0 && stride2 % 4 == 0;
   };
-  launch(Kernel<C, TA, TB>::fn, grid, kThreads, Kernel<C, TA, TB>::bytes, s, g,
-         aligned(g.a, g.lda, g.stride_a, g.stride2_a), aligned(g.b, g.ldb, g.stride_b, g.stride2_b));
+  using K = Kernel<C, TA, TB, LDM>;
+  launch(K::fn, grid, kThreads, K::bytes, s, g, aligned(g.a, g.lda, g.stride_a, g.stride2_a),
+         aligned(g.b, g.ldb, g.stride_b, g.stride2_b));
   return cudaGetLastError();
+}
+template <int C, bool LDM>
+cudaError_t launch_layout(cudaStream_t s, const TileGemm& g) {
+  if (g.ta) return g.tb ? launch_one<C, true, true, LDM>(s, g) : launch_one<C, true, false, false>(s, g);
+  return g.tb ? launch_one<C, false, true, LDM>(s, g) : launch_one<C, false, false, LDM>(s, g);
 }
 template <int C>
 cudaError_t launch_config(cudaStream_t s, const TileGemm& g) {
-  if (g.ta) return g.tb ? launch_one<C, true, true>(s, g) : launch_one<C, true, false>(s, g);
-  return g.tb ? launch_one<C, false, true>(s, g) : launch_one<C, false, false>(s, g);
+  return g.ldmatrix ? launch_layout<C, true>(s, g) : launch_layout<C, false>(s, g);
 }
 
 }  // namespace

@@ -103,6 +103,12 @@ struct ScopedEnv {
   ScopedEnv& operator=(const ScopedEnv&) = delete;
 };
 
+/// "1" where `variant` names the switch `name`, else null (unset): a ScopedEnv value that turns
+/// on one switch of a list at a time.
+const char* on_if(const char* variant, const char* name) {
+  return variant && std::strcmp(variant, name) == 0 ? "1" : nullptr;
+}
+
 /// A CUDA runtime for one test, with one arena bump-allocated into the test's buffers.
 /// The GEMM paths each layout runs through: fp32, tf32 on cuBLASLt only, tf32 on each tile shape
 /// of the tile_gemm kernel (DQN_TILE_GEMM, read when the backend is made), bf16.
@@ -328,12 +334,14 @@ TEST_CASE("gpu.ops.gemm_mask: the ReLU backward in the GEMM (tile_gemm's epilogu
       {"tall k (split, the mask after the slices' sum)", true, 37, 53, 5000, 1, 0, 0.0f, false},
       {"k = 0: the mask on beta·C", false, 37, 53, 0, 1, 0, 0.5f, false},
   };
-  // Each path also with DQN_GEMM_EARLY=1 (tile_gemm loads the mask, bias and C during its k loop):
-  // the same bits as without.
+  // Each path also with DQN_GEMM_EARLY=1 (tile_gemm loads the mask, bias and C during its k loop)
+  // and with DQN_TILE_LDMATRIX=1 (its k-contiguous fragments by ldmatrix): the same bits as without.
   std::map<std::string, std::vector<float>> plain;
   for (const GemmPath& prec : kGemmPaths)
-  for (const char* early : {static_cast<const char*>(nullptr), "1"}) {
-    const ScopedEnv tile("DQN_TILE_GEMM", prec.tile_env), pre("DQN_GEMM_EARLY", early);
+  for (const char* variant : {static_cast<const char*>(nullptr), "DQN_GEMM_EARLY", "DQN_TILE_LDMATRIX"}) {
+    const ScopedEnv tile("DQN_TILE_GEMM", prec.tile_env);
+    const ScopedEnv pre("DQN_GEMM_EARLY", on_if(variant, "DQN_GEMM_EARLY"));
+    const ScopedEnv ldm("DQN_TILE_LDMATRIX", on_if(variant, "DQN_TILE_LDMATRIX"));
     Gpu gpu(prec.p);
     Cpu cpu;
     std::uint32_t seed = 700;  // the same operands on every path
@@ -370,7 +378,7 @@ TEST_CASE("gpu.ops.gemm_mask: the ReLU backward in the GEMM (tile_gemm's epilogu
       cpu.ok();
       const auto got = gpu.get(gd.c, static_cast<std::int64_t>(nc));
       expect_close(got, Cc, prec.tol, what);
-      if (early) expect_same_bits(got, plain.at(what), what + " (DQN_GEMM_EARLY=1)");
+      if (variant) expect_same_bits(got, plain.at(what), what + " (" + variant + "=1)");
       else plain[what] = got;
       std::size_t zeros = 0;  // the mask did something: exact zeros where it is <= 0
       for (int b = 0; b < c.batch; ++b)
@@ -757,12 +765,16 @@ TEST_CASE("gpu.ops.tile_gemm: each tile shape, layout and copy width; ragged edg
   // edge, k over ten 32-wide stages (more than the eight in flight), and the epilogue's
   // alpha, beta·C, bias and ReLU. The rerun is bit-identical.
   // Each shape also with DQN_GEMM_EARLY=1 (16x32 and 32x32 load the bias and C during their k
-  // loop): the same bits as without.
+  // loop) and with DQN_TILE_LDMATRIX=1 (the fragments of A, untransposed, and B, transposed, by
+  // ldmatrix: in both layouts' k loops, two of the four layouts' A and B each): the same bits as
+  // without.
   std::map<std::string, std::vector<float>> plain;
   for (const char* shape : {"16x32", "32x32", "64x64"})
-  for (const char* early : {static_cast<const char*>(nullptr), "1"}) {
-    std::uint32_t seed = 4000 + 100 * static_cast<std::uint32_t>(shape[0] - '0');  // the same operands both ways
-    const ScopedEnv tile("DQN_TILE_GEMM", shape), pre("DQN_GEMM_EARLY", early);
+  for (const char* variant : {static_cast<const char*>(nullptr), "DQN_GEMM_EARLY", "DQN_TILE_LDMATRIX"}) {
+    std::uint32_t seed = 4000 + 100 * static_cast<std::uint32_t>(shape[0] - '0');  // the same operands every way
+    const ScopedEnv tile("DQN_TILE_GEMM", shape);
+    const ScopedEnv pre("DQN_GEMM_EARLY", on_if(variant, "DQN_GEMM_EARLY"));
+    const ScopedEnv ldm("DQN_TILE_LDMATRIX", on_if(variant, "DQN_TILE_LDMATRIX"));
     Gpu gpu(Precision::tf32);
     Cpu cpu;
     for (int layout = 0; layout < 4; ++layout)
@@ -808,7 +820,7 @@ TEST_CASE("gpu.ops.tile_gemm: each tile shape, layout and copy width; ragged edg
         cpu.ops->gemm(gc);
         cpu.ok();
         expect_close(first, Cc, kTf32Gemm, what);
-        if (early) expect_same_bits(first, plain.at(what), what + " (DQN_GEMM_EARLY=1)");
+        if (variant) expect_same_bits(first, plain.at(what), what + " (" + variant + "=1)");
         else plain[what] = first;
         gpu.set(gd.c, C0);
         gpu.ops.gemm(gd);

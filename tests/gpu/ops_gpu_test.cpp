@@ -194,6 +194,13 @@ class Gpu {
   std::size_t cap_ = 0, used_ = 0;
 };
 
+/// A Gpu made while the backend switch `name` is `value` (null: unset), which it reads when made;
+/// the variable is unset again afterwards.
+std::unique_ptr<Gpu> gpu_with(const char* name, const char* value, Precision p) {
+  const ScopedEnv env(name, value);
+  return std::make_unique<Gpu>(p);
+}
+
 struct Cpu {
   std::unique_ptr<Backend> ops = make_cpu_backend(false);
   void ok() { REQUIRE_MESSAGE(ops->status() == 0, ops->message()); }
@@ -1199,11 +1206,7 @@ TEST_CASE("gpu.ops.dueling_dist: combine + log-softmax + Q + argmax in one pass,
                  << (prec == Precision::fp32 ? " (double math)" : " (float math)") << " adv padding " << pad);
     const double tol_e = prec == Precision::fp32 ? kElementwise : kFloatMath;
     const double tol_r = prec == Precision::fp32 ? kReduction : kFloatMath;
-    std::unique_ptr<Gpu> made;
-    {
-      const ScopedEnv env("DQN_WARP_HEAD", "row");  // read when a backend is made
-      made = std::make_unique<Gpu>(prec);
-    }
+    const std::unique_ptr<Gpu> made = gpu_with("DQN_WARP_HEAD", "row", prec);
     Gpu& gpu = *made;
     Cpu cpu;
     const int ldv = sh.Z + 3;
@@ -1231,11 +1234,7 @@ TEST_CASE("gpu.ops.dueling_dist: combine + log-softmax + Q + argmax in one pass,
       // a warp per action where the warp kernel runs, the same bits as a warp per (row, branch);
       // elsewhere the same kernels
       INFO("DQN_WARP_HEAD=" << (mode ? mode : "unset"));
-      std::unique_ptr<Gpu> per_action;
-      {
-        const ScopedEnv env("DQN_WARP_HEAD", mode);
-        per_action = std::make_unique<Gpu>(prec);
-      }
+      const std::unique_ptr<Gpu> per_action = gpu_with("DQN_WARP_HEAD", mode, prec);
       DuelingDist aa = a;
       aa.logp = per_action->poisoned(static_cast<std::int64_t>(n));
       aa.q = sh.q ? per_action->poisoned(static_cast<std::int64_t>(nq)) : Real{};
@@ -1447,11 +1446,7 @@ TEST_CASE("gpu.ops.c51_loss: fused target distribution, projection, cross-entrop
               << (prec == Precision::fp32 ? " (double math)" : " (float math)") << " adv padding " << pad
               << " DQN_LOSS_WARPS " << (pair ? pair : "unset"));
     const double tol = prec == Precision::fp32 ? kReduction : kFloatMath;
-    std::unique_ptr<Gpu> made;
-    {
-      const ScopedEnv env("DQN_LOSS_WARPS", pair);  // read when a backend is made
-      made = std::make_unique<Gpu>(prec);
-    }
+    const std::unique_ptr<Gpu> made = gpu_with("DQN_LOSS_WARPS", pair, prec);
     Gpu& gpu = *made;
     Cpu cpu;
     const int B = sh.B, D = sh.D, A = sh.A, Z = sh.Z, ld = Z + 2;
@@ -1529,6 +1524,126 @@ TEST_CASE("gpu.ops.c51_loss: fused target distribution, projection, cross-entrop
                      "c51_loss parts: dadv");
   }
   expect_switch_refused("DQN_LOSS_WARPS", {"0", "3", "two", "2x"});
+}
+
+TEST_CASE("gpu.ops.c51_dist_loss: C51Loss::online (the distribution in the loss's kernel) against dueling_dist then c51_loss, bit for bit, and the CPU") {
+  // The fused kernel (a block per sample, a warp per (branch, action) over both of its rows) where
+  // the warp kernels take the shapes and D·A <= 16: shapes 1, 2 and 4 (two warps a branch for the
+  // loss, as c51_loss; DQN_LOSS_WARPS=1: one), shape 3 only with DQN_LOSS_WARPS=1 (one action: no
+  // second warp for the loss's pair); beyond (shape 5: D·A 18; shape 6: Z 101) the op runs
+  // dueling_dist first. Either way the same bits as the two ops on the GPU (logp, q, a*, m, the
+  // losses, dv, dadv) and the CPU within the tolerance.
+  const struct {
+    int B, D, A, Z;
+  } shapes[] = {{37, 3, 5, 51}, {5, 4, 4, 21}, {9, 2, 1, 13}, {6, 2, 8, 64}, {7, 3, 6, 17}, {4, 2, 3, 101}};
+  for (const char* pair : {static_cast<const char*>(nullptr), "1"})
+  for (const Precision prec : {Precision::fp32, Precision::tf32})
+  for (const auto& sh : shapes) {
+    INFO("B " << sh.B << " D " << sh.D << " A " << sh.A << " Z " << sh.Z
+              << (prec == Precision::fp32 ? " (double math)" : " (float math)") << " DQN_LOSS_WARPS "
+              << (pair ? pair : "unset"));
+    const double tol = prec == Precision::fp32 ? kReduction : kFloatMath;
+    const std::unique_ptr<Gpu> made = gpu_with("DQN_LOSS_WARPS", pair, prec);
+    Gpu& gpu = *made;
+    Cpu cpu;
+    const int B = sh.B, D = sh.D, A = sh.A, Z = sh.Z, ld = Z + 3, lda = A * Z + 2;
+    const std::size_t nl = static_cast<std::size_t>(2 * B) * D * A * Z, nq = static_cast<std::size_t>(2 * B) * D * A;
+    const std::size_t nb = static_cast<std::size_t>(B) * D * A * Z, na = static_cast<std::size_t>(B) * D * lda;
+    auto v = random_vec(static_cast<std::size_t>(2 * B) * ld, -2, 2, 61);
+    auto adv = random_vec(static_cast<std::size_t>(2 * B) * D * lda, -3, 3, 62);
+    auto tv = random_vec(static_cast<std::size_t>(B) * ld, -2, 2, 63);
+    auto tadv = random_vec(na, -3, 3, 64);
+    auto actions = random_ints(static_cast<std::size_t>(B) * D, 0, A - 1, 65);
+    auto rewards = random_vec(B, -3, 3, 66);
+    auto dones = random_vec(B, 0, 1, 67);
+    for (float& d : dones) d = d < 0.3f ? 1.0f : 0.0f;
+    auto w = random_vec(B, 0.5f, 1.5f, 68);
+    const std::vector<std::int32_t> no_star(static_cast<std::size_t>(B) * D, -1);
+    // one side's buffers on the GPU: the distribution's outputs poisoned
+    struct Side {
+      DuelingDist dist;
+      C51Loss loss;
+    };
+    auto side = [&]() {
+      Side x;
+      x.dist.logp = gpu.poisoned(static_cast<std::int64_t>(nl));
+      x.dist.q = gpu.poisoned(static_cast<std::int64_t>(nq));
+      x.dist.v = gpu.put(v);
+      x.dist.ldv = ld;
+      x.dist.adv = gpu.put(adv);
+      x.dist.ldadv = lda;
+      x.dist.a_star = gpu.put_typed(no_star);
+      x.dist.star_from = B;
+      x.dist.rows = 2 * B;
+      x.dist.D = D; x.dist.A = A; x.dist.Z = Z;
+      C51Loss& l = x.loss;
+      l.m = gpu.poisoned(static_cast<std::int64_t>(B) * D * Z);
+      l.loss_per_sample = gpu.poisoned(B);
+      l.loss = gpu.poisoned(1);
+      l.dv = gpu.poisoned(static_cast<std::int64_t>(B) * ld);
+      l.lddv = ld;
+      l.dadv = gpu.poisoned(static_cast<std::int64_t>(na));
+      l.lddadv = lda;
+      l.logp = x.dist.logp;
+      l.actions = gpu.put_typed(actions);
+      l.weights = gpu.put(w);
+      l.tv = gpu.put(tv);
+      l.ldtv = ld;
+      l.tadv = gpu.put(tadv);
+      l.ldtadv = lda;
+      l.a_star = x.dist.a_star;
+      l.rewards = gpu.put(rewards);
+      l.dones = gpu.put(dones);
+      l.work_logp = gpu.poisoned(static_cast<std::int64_t>(nb));
+      l.work_dlogits = gpu.poisoned(static_cast<std::int64_t>(nb));
+      l.B = B; l.D = D; l.A = A; l.Z = Z; l.gamma_n = 0.97f;
+      return x;
+    };
+    Side fused = side(), plain = side();
+    fused.loss.online = &fused.dist;
+    for (int rep = 0; rep < 2; ++rep) {  // the last-block counter must be back at 0 for the next launch
+      gpu.ops.c51_loss(fused.loss);
+      gpu.ok();
+    }
+    gpu.ops.dueling_dist(plain.dist);
+    gpu.ops.c51_loss(plain.loss);
+    gpu.ok();
+    const auto same = [&](Real x, Real y, std::size_t n, const char* what) {
+      expect_same_bits(gpu.get(x, static_cast<std::int64_t>(n)), gpu.get(y, static_cast<std::int64_t>(n)), what);
+    };
+    same(fused.dist.logp, plain.dist.logp, nl, "logp");
+    same(fused.dist.q, plain.dist.q, nq, "q");
+    expect_same_bits(gpu.get_typed(fused.dist.a_star, no_star.size()), gpu.get_typed(plain.dist.a_star, no_star.size()),
+                     "a_star");
+    same(fused.loss.m, plain.loss.m, static_cast<std::size_t>(B) * D * Z, "m");
+    same(fused.loss.loss_per_sample, plain.loss.loss_per_sample, B, "loss per sample");
+    same(fused.loss.loss, plain.loss.loss, 1, "loss");
+    same(fused.loss.dv, plain.loss.dv, static_cast<std::size_t>(B) * ld, "dv");
+    same(fused.loss.dadv, plain.loss.dadv, na, "dadv");
+    // the CPU: dueling_dist then c51_loss through the same fused call
+    std::vector<float> logp(nl, kNaN), q(nq, kNaN), m(static_cast<std::size_t>(B) * D * Z, kNaN), lps(B, kNaN),
+        loss(1, kNaN), dv(static_cast<std::size_t>(B) * ld, kNaN), dadv(na, kNaN), wl(nb, kNaN), wd(nb, kNaN);
+    std::vector<std::int32_t> star = no_star;
+    DuelingDist dc = fused.dist;
+    dc.logp = host(logp); dc.q = host(q); dc.v = host(v); dc.adv = host(adv); dc.a_star = star.data();
+    C51Loss lc = fused.loss;
+    lc.m = host(m); lc.loss_per_sample = host(lps); lc.loss = host(loss); lc.dv = host(dv); lc.dadv = host(dadv);
+    lc.logp = dc.logp; lc.actions = actions.data(); lc.weights = host(w); lc.tv = host(tv); lc.tadv = host(tadv);
+    lc.a_star = star.data(); lc.rewards = host(rewards); lc.dones = host(dones); lc.work_logp = host(wl);
+    lc.work_dlogits = host(wd); lc.online = &dc;
+    cpu.ops->c51_loss(lc);
+    cpu.ok();
+    expect_close(gpu.get(fused.dist.logp, static_cast<std::int64_t>(nl)), logp, tol, "c51_dist_loss logp");
+    expect_close(gpu.get(fused.dist.q, static_cast<std::int64_t>(nq)), q, tol, "c51_dist_loss q");
+    expect_close(gpu.get(fused.loss.m, static_cast<std::int64_t>(m.size())), m, tol, "c51_dist_loss m");
+    expect_close(gpu.get(fused.loss.loss, 1), loss, tol, "c51_dist_loss loss");
+    expect_close(gpu.get(fused.loss.dadv, static_cast<std::int64_t>(na)), dadv, tol, "c51_dist_loss dadv");
+    // a* may differ from the CPU's only where two actions' Q tie within the tolerance: count
+    std::size_t star_diff = 0;
+    const auto gs = gpu.get_typed(fused.dist.a_star, star.size());
+    for (std::size_t i = 0; i < star.size(); ++i) star_diff += gs[i] != star[i];
+    CHECK_MESSAGE(star_diff == 0, star_diff << " a* differ from the CPU's");
+  }
 }
 
 TEST_CASE("gpu.ops.relu_bias_grad: masks and column sums for several heads sharing the activation") {

@@ -583,6 +583,34 @@ TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY, DQN_GEMM_EARLY, DQN_
   }
 }
 
+TEST_CASE("gpu.step.dist_loss: DQN_C51_DIST_LOSS=1 (the online distribution in the C51 loss's kernel) changes no result") {
+  // The C51 head's forward stops at its value and advantage layers and its loss computes the
+  // distribution (C51Loss::online): in tf32 on the GPU one kernel for what was dueling_dist's and
+  // c51_loss's, so the graph has one node fewer. 20 replayed steps give the same bits as without,
+  // C51 alone and with all three auxiliary heads (IQN's a* and CQL's q and logp now come from
+  // the loss stage).
+  std::vector<std::string> auxes{""};
+  if (const auto all = aux_heads({"iqn", "ensemble", "cql"})) auxes.push_back(*all);
+  for (const std::string& aux : auxes) {
+    INFO(std::string(aux.empty() ? "C51 alone" : "all four heads"));
+    const PipelineSpec spec = parse(pipeline("tf32", "", aux));
+    std::unique_ptr<Engine> plain;
+    {
+      const EnvOverride off("DQN_C51_DIST_LOSS", "0");
+      plain = make(spec, BackendKind::cuda);
+    }
+    const EnvOverride on("DQN_C51_DIST_LOSS", "1");
+    auto fused = make(spec, BackendKind::cuda);
+    for (int i = 0; i < 20; ++i) {
+      plain->step();
+      fused->step();
+    }
+    check_same_bits(*plain, *fused, {"params", "target", "adam.m", "adam.v", "report/td_error", "report/losses",
+                                     "c51/logp", "c51/q", "target/a_star", "target/m"});
+    CHECK(fused->runtime().graph_nodes() + 1 == plain->runtime().graph_nodes());  // dueling_dist's node
+  }
+}
+
 TEST_CASE("gpu.step.update_clock: DQN_UPDATE_CLOCK=1 stamps the cluster update's phases in order and changes no result") {
   // The stamps dqn-trace reads (Runtime::update_clock): per block %globaltimer then clock64 at
   // placed, waited, clips, Adam, Wᵀu, gather, v, W v, σ, scaled, exit; a normed matrix's blocks reach them all in

@@ -6,10 +6,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu_backend.hpp"
@@ -1166,6 +1168,84 @@ TEST_CASE("ops.c51_xent.dueling: the fused dueling backward equals c51_xent then
     CHECK(dl1.bytes() == dl2.bytes());
     CHECK(dv1.bytes() == dv2.bytes());
     CHECK(da1.bytes() == da2.bytes());
+  }
+}
+
+TEST_CASE("ops.c51_loss.online: the distribution first, bit for bit dueling_dist then c51_loss; a mismatch refused") {
+  // C51Loss::online: the op computes the online distribution over states ‖ next_states (logp, q,
+  // a* of the next states) before the loss; the CPU twin is dueling_dist then c51_loss.
+  Backends be;
+  Rng rng(23);
+  const int B = 3, D = 2, A = 3, Z = 5, ldv = Z + 1, ldadv = A * Z + 2;
+  const std::vector<std::int32_t> actions{0, 2, 1, 1, 2, 0};
+  const Vd v = rng.vec(std::size_t(2 * B) * ldv, -2, 2), adv = rng.vec(std::size_t(2 * B) * D * ldadv, -2, 2);
+  const Vd tv = rng.vec(std::size_t(B) * ldv, -2, 2), tadv = rng.vec(std::size_t(B) * D * ldadv, -2, 2);
+  const Vd w = rng.vec(B, 0.5, 1.5), rewards = rng.vec(B, -2, 2), dones{0.0, 1.0, 0.0};
+  const std::size_t nl = std::size_t(2 * B) * D * A * Z, nq = std::size_t(2 * B) * D * A, nb = std::size_t(B) * D * A * Z;
+  for (Backend* b : {be.f64.get(), be.f32.get()}) {
+    CAPTURE(b->name());
+    const std::uint32_t es = b->real_size();
+    Vec vv(es, v), av(es, adv), tvv(es, tv), tav(es, tadv), wv(es, w), rv(es, rewards), dn(es, dones);
+    struct Out {
+      Vec logp, q, m, td, loss, dv, dadv, wl, wd;
+      std::vector<std::int32_t> star;
+      Out(std::uint32_t es, std::size_t nl, std::size_t nq, std::size_t nb, int B, int D, int Z, int ldv, int ldadv)
+          : logp(es, nl, 7.0), q(es, nq, 7.0), m(es, std::size_t(B) * D * Z), td(es, B), loss(es, 1),
+            dv(es, std::size_t(B) * ldv), dadv(es, std::size_t(B) * D * ldadv), wl(es, nb), wd(es, nb),
+            star(std::size_t(B) * D, -1) {}
+    };
+    Out one(es, nl, nq, nb, B, D, Z, ldv, ldadv), two(es, nl, nq, nb, B, D, Z, ldv, ldadv);
+    auto dist_of = [&](Out& o) {
+      dqn::DuelingDist d;
+      d.logp = o.logp.r(), d.q = o.q.r(), d.v = vv.r(), d.ldv = ldv, d.adv = av.r(), d.ldadv = ldadv;
+      d.a_star = o.star.data(), d.star_from = B, d.rows = 2 * B, d.D = D, d.A = A, d.Z = Z;
+      return d;
+    };
+    auto loss_of = [&](Out& o) {
+      dqn::C51Loss x;
+      x.m = o.m.r(), x.loss_per_sample = o.td.r(), x.loss = o.loss.r(), x.dv = o.dv.r(), x.lddv = ldv;
+      x.dadv = o.dadv.r(), x.lddadv = ldadv, x.logp = o.logp.r(), x.actions = actions.data(), x.weights = wv.r();
+      x.tv = tvv.r(), x.ldtv = ldv, x.tadv = tav.r(), x.ldtadv = ldadv, x.a_star = o.star.data();
+      x.rewards = rv.r(), x.dones = dn.r(), x.work_logp = o.wl.r(), x.work_dlogits = o.wd.r();
+      x.B = B, x.D = D, x.A = A, x.Z = Z, x.gamma_n = 0.9f;
+      return x;
+    };
+    const dqn::DuelingDist d1 = dist_of(one);
+    dqn::C51Loss x1 = loss_of(one);
+    x1.online = &d1;
+    b->c51_loss(x1);
+    const dqn::DuelingDist d2 = dist_of(two);
+    b->dueling_dist(d2);
+    b->c51_loss(loss_of(two));
+    REQUIRE(b->status() == 0);
+    CHECK(one.logp.bytes() == two.logp.bytes());
+    CHECK(one.q.bytes() == two.q.bytes());
+    CHECK(one.star == two.star);
+    CHECK(one.star != std::vector<std::int32_t>(std::size_t(B) * D, -1));
+    for (auto [p, q] : {std::pair{&one.m, &two.m}, {&one.td, &two.td}, {&one.loss, &two.loss}, {&one.dv, &two.dv},
+                        {&one.dadv, &two.dadv}})
+      CHECK(p->bytes() == q->bytes());
+    // an online distribution that is not the loss's is refused, with the reason
+    const std::pair<const char*, std::function<void(dqn::DuelingDist&, dqn::C51Loss&)>> bad[] = {
+        {"online needs part 0", [](dqn::DuelingDist&, dqn::C51Loss& x) { x.part = 1; }},
+        {"online needs rows 2B and star_from B", [](dqn::DuelingDist& d, dqn::C51Loss&) { d.star_from = 0; }},
+        {"online's D, A, Z, v_min and v_max must be the loss's", [](dqn::DuelingDist& d, dqn::C51Loss&) { d.A = 2; }},
+        {"online needs q and a_star", [](dqn::DuelingDist& d, dqn::C51Loss&) { d.q = Real{nullptr, d.q.esize}; }},
+        {"online's logp and a_star must be the loss's",
+         [&](dqn::DuelingDist& d, dqn::C51Loss&) { d.logp = two.logp.r(); }},
+    };
+    for (const auto& [why, spoil] : bad) {
+      CAPTURE(why);
+      Backends fresh;
+      Backend* f = es == 8 ? fresh.f64.get() : fresh.f32.get();
+      dqn::DuelingDist d = dist_of(one);
+      dqn::C51Loss x = loss_of(one);
+      spoil(d, x);
+      x.online = &d;
+      f->c51_loss(x);
+      CHECK(f->status() != 0);
+      CHECK(std::string(f->message()).find(why) != std::string::npos);
+    }
   }
 }
 

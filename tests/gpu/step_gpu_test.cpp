@@ -178,7 +178,8 @@ TEST_CASE("gpu.step.matches_cpu") {
   // cuBLASLt only (DQN_TILE_GEMM=0), tile_gemm always (=1) and the trunk's top mask in the
   // head's GEMM (DQN_HEAD_MASK=1; the CPU engine keeps its stages: the same numbers,
   // heads_test); fp32 also with the loss one warp a (sample, branch) (DQN_LOSS_WARPS=1; two by
-  // default).
+  // default); fp32 and tf32 also with the online distribution in the loss's kernel
+  // (DQN_C51_DIST_LOSS=1).
   struct Case {
     const char* precision;
     double params, loss;
@@ -192,6 +193,8 @@ TEST_CASE("gpu.step.matches_cpu") {
       {"bf16", 3e-2, 3e-2, {}},
       {"fp32", 2e-4, 1e-4, {{"DQN_LOSS_WARPS", "1"}}},
       {"tf32", 5e-3, 5e-3, {{"DQN_HEAD_MASK", "1"}}},
+      {"fp32", 2e-4, 1e-4, {{"DQN_C51_DIST_LOSS", "1"}}},
+      {"tf32", 5e-3, 5e-3, {{"DQN_C51_DIST_LOSS", "1"}}},
   };
   for (const Case& c : cases) {
     std::string named;
@@ -235,10 +238,14 @@ TEST_CASE("gpu.step.matches_cpu") {
 
 TEST_CASE("gpu.step.replay_equals_uncaptured") {
   // tf32 also with every switch below at once (the distribution a warp per action everywhere;
-  // the loss's one warp, the default being two; the projection a stage of its own; the trunk's
-  // top mask in the head's GEMM)
-  const std::pair<const char*, const char*> switches[] = {
-      {"DQN_WARP_HEAD", "action"}, {"DQN_LOSS_WARPS", "1"}, {"DQN_C51_PROJECT", "1"}, {"DQN_HEAD_MASK", "1"}};
+  // the loss's one warp, the default being two; the projection a stage of its own, so not the
+  // distribution in the loss, which a run under STEP_SWITCHES may have set; the trunk's top mask
+  // in the head's GEMM)
+  const std::pair<const char*, const char*> switches[] = {{"DQN_WARP_HEAD", "action"},
+                                                          {"DQN_LOSS_WARPS", "1"},
+                                                          {"DQN_C51_PROJECT", "1"},
+                                                          {"DQN_C51_DIST_LOSS", "0"},
+                                                          {"DQN_HEAD_MASK", "1"}};
   for (const auto& [p, fused] : {std::pair<const char*, bool>{"fp32", false}, {"tf32", false}, {"tf32", true},
                                  {"bf16", false}}) {
     INFO("precision " << std::string(p) << (fused ? ", with the switches" : ""));

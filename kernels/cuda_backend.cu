@@ -205,8 +205,9 @@ int cluster_size_from_env() noexcept {
 /// Whether tf32 GEMMs may run on tile_gemm (the tensor-core kernel for small shapes), from
 /// DQN_TILE_GEMM: unset → autotuning times its tile shapes against the cuBLASLt algorithm it chose
 /// and keeps the fastest (with DQN_GEMM_AUTOTUNE=0: cuBLASLt); 0/off → cuBLASLt only; 1/on →
-/// tile_gemm always, the fastest tile shape (the first without autotuning); 16x32, 32x32 or 64x64
-/// → tile_gemm always, that shape (for tests and comparisons). Other precisions: cuBLASLt.
+/// tile_gemm always, the fastest tile shape (the first without autotuning; the split-k shape only
+/// with DQN_TILE_SPLITK=1); 16x32, 32x32, 64x64 or 32x32k2 → tile_gemm always, that shape (for
+/// tests and comparisons). Other precisions: cuBLASLt.
 struct TileMode {
   bool on = true;      ///< tile_gemm may run
   bool forced = false; ///< tile_gemm runs whenever it fits (never cuBLASLt)
@@ -1639,7 +1640,7 @@ class CudaBackend final : public Backend {
       if (fresh && !tile_.forced) {
         std::lock_guard<std::mutex> lock(tuned_mutex());
         const auto& shared = tuned_tiles();
-        if (auto s = shared.find(TuneKey{device_, static_cast<int>(precision_), tkey}); s != shared.end())
+        if (auto s = shared.find(tile_key(tkey)); s != shared.end())
           it->second = s->second;
       }
       return &it->second;
@@ -1652,7 +1653,7 @@ class CudaBackend final : public Backend {
     if (tile_.forced) return;  // a forced choice is this backend's own
     try {
       std::lock_guard<std::mutex> lock(tuned_mutex());
-      tuned_tiles().emplace(TuneKey{device_, static_cast<int>(precision_), tkey}, choice);
+      tuned_tiles().emplace(tile_key(tkey), choice);
     } catch (...) {
       // not shared with later engines; this one keeps its choice
     }
@@ -1683,7 +1684,7 @@ class CudaBackend final : public Backend {
       if (cuda::tile_gemm_fits(tg, tile_.config)) choice = tile_.config;
     } else {
       for (int cfg = 0; cfg < cuda::kTileGemmConfigs && choice < 0; ++cfg)
-        if (cuda::tile_gemm_fits(tg, cfg)) choice = cfg;  // the first that fits
+        if (tile_shape_on(cfg) && cuda::tile_gemm_fits(tg, cfg)) choice = cfg;  // the first that fits
       float* d = choice >= 0 && autotune_ && !capturing_ ? tune_buffer(tile_extent(tg)) : nullptr;
       if (d && tune_events()) choice = fastest_tile(tg, c, d, INFINITY, choice);
     }
@@ -1725,11 +1726,21 @@ class CudaBackend final : public Backend {
     return choice;
   }
 
+  /// The key of a tile choice among the process's: the problem, and which shapes were candidates
+  /// (a backend with DQN_TILE_SPLITK=1 has one more, so it keeps its own choices).
+  TuneKey tile_key(const LtKey& tkey) const noexcept {
+    return TuneKey{device_, 2 * static_cast<int>(precision_) + (tile_splitk_ ? 1 : 0), tkey};
+  }
+
+  /// Whether autotuning (or DQN_TILE_GEMM=1) may pick tile shape `cfg`: the split-k shape only
+  /// with DQN_TILE_SPLITK=1 (DQN_TILE_GEMM=32x32k2 names it in any case).
+  bool tile_shape_on(int cfg) const noexcept { return cfg != cuda::kTileSplitK || tile_splitk_; }
+
   /// Times every tile shape that fits; one replaces the incumbent `choice` (timed at `best` ms,
   /// +inf: none yet) only when faster by more than kTuneMargin. kTileLt after a sticky error.
   int fastest_tile(const cuda::TileGemm& tg, const float* c, float* d, float best, int choice) noexcept {
     for (int cfg = 0; cfg < cuda::kTileGemmConfigs; ++cfg) {
-      if (!cuda::tile_gemm_fits(tg, cfg)) continue;
+      if (!tile_shape_on(cfg) || !cuda::tile_gemm_fits(tg, cfg)) continue;
       const float ms = time_tile(tg, cfg, c, d);
       if (status_ != 0) return kTileLt;
       if (ms < best * (1.0f - kTuneMargin)) {
@@ -1992,6 +2003,10 @@ class CudaBackend final : public Backend {
   /// ldmatrix (TileGemm::ldmatrix; the same bits). Off unless set until measured on a GPU
   /// (written 2026-12-05, eighteenth session, on a machine without one). Read per backend.
   bool tile_ldmatrix_ = env_set("DQN_TILE_LDMATRIX");
+  /// DQN_TILE_SPLITK=1: autotuning also times tile_gemm's 32x32k2 shape (each block tile's k steps
+  /// split over two groups of four warps, their sums added in the block: half of each warp's chain
+  /// of multiplies). Off unless set until measured on a GPU (written in the same session).
+  bool tile_splitk_ = env_set("DQN_TILE_SPLITK");
   /// c51_loss two warps a (sample, branch) where the warp kernel runs and D ≤ 8 (unset or
   /// DQN_LOSS_WARPS=2; =1: one warp; read when the backend is made, anything else refused).
   bool loss_pair_ = loss_pair_from_env();

@@ -52,15 +52,15 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const std::uint32_t (&a)
 /// Copies one operand's tile of a stage: `rows` × `cols` in shared memory (row stride ld_s),
 /// `cols` the contiguous dimension, from global rows r0.. (row stride ld) and columns c0..,
 /// bounded by row_end and col_end (zero-filled beyond). vec: 16-byte copies (ld a multiple of 4
-/// and the base 16-byte aligned); else 4-byte ones.
-template <int ROWS, int COLS>
+/// and the base 16-byte aligned); else 4-byte ones. NT: the block's threads, which share the copy.
+template <int ROWS, int COLS, int NT = kThreads>
 __device__ __forceinline__ void copy_tile(float* dst, int ld_s, const float* src, int ld, int r0, int c0, int row_end,
                                           int col_end, bool vec) {
-  constexpr int kChunks = ROWS * COLS / 4, kPerThread = kChunks / kThreads;
-  static_assert(kChunks % kThreads == 0, "whole chunks per thread");
+  constexpr int kChunks = ROWS * COLS / 4, kPerThread = kChunks / NT;
+  static_assert(kChunks % NT == 0, "whole chunks per thread");
 #pragma unroll
   for (int q = 0; q < kPerThread; ++q) {
-    const int c = threadIdx.x + q * kThreads;
+    const int c = threadIdx.x + q * NT;
     const int r = c / (COLS / 4), col = (c % (COLS / 4)) * 4;
     const int gr = r0 + r, gc = c0 + col;
     float* d = dst + r * ld_s + col;
@@ -105,17 +105,7 @@ __device__ __forceinline__ void copy_rows_async(Dst dst, const float* src, int l
   }
 }
 
-/// The k loop of a BM × BN tile of C at (m0, n0): acc += op(A) op(B) over the whole k, warp tile
-/// WM × WN (four warps), S stages of kBK in flight in `smem`; rows of A at or past m and columns of
-/// B at or past n read as zeros. Returns with no copy in flight (the caller's own cp.async groups,
-/// committed before, included) and with the stage buffers possibly still being read by other
-/// warps (a barrier must come before `smem` is written again). TA/TB: A is stored [k, m] / B is
-/// stored [n, k] (the Gemm's ta/tb). b_then_wait: the caller has not passed pdl_entry(); the first
-/// stages' copies of B (a parameter, which no kernel of the step writes) are issued, then
-/// pdl_entry(), then those of A (one more cp.async group, which the waits below allow for: at
-/// stage kt they need groups up to kt + 1 done either way). after_copies() runs once the first
-/// stages' copies are issued (after the wait either way): loads of the caller's that may then
-/// overlap the multiplies.
+/// tile_mainloop's after_copies when the caller has none.
 struct NoLoads {
   __device__ void operator()() const {}
 };
@@ -136,29 +126,46 @@ __device__ __forceinline__ void ldsm_x2(std::uint32_t (&r)[2], const float* p) {
 }
 __device__ __forceinline__ std::uint32_t tf32_bits(std::uint32_t w) { return to_tf32(__uint_as_float(w)); }
 
-template <int BM, int BN, int WM, int WN, int S, bool TA, bool TB, bool LDM = false, class AfterCopies = NoLoads>
+/// The k loop of a BM × BN tile of C at (m0, n0): acc += op(A) op(B) over the whole k, warp tile
+/// WM × WN (four warps; KS > 1: KS groups of four, group q taking the k8 steps q, q + KS, … of
+/// each stage into its own acc, which the caller adds), S stages of kBK in flight in `smem`;
+/// rows of A at or past m and columns of B at or past n read as zeros. Returns with no copy in flight (the caller's own cp.async groups,
+/// committed before, included) and with the stage buffers possibly still being read by other
+/// warps (a barrier must come before `smem` is written again). TA/TB: A is stored [k, m] / B is
+/// stored [n, k] (the Gemm's ta/tb). b_then_wait: the caller has not passed pdl_entry(); the first
+/// stages' copies of B (a parameter, which no kernel of the step writes) are issued, then
+/// pdl_entry(), then those of A (one more cp.async group, which the waits below allow for: at
+/// stage kt they need groups up to kt + 1 done either way). after_copies() runs once the first
+/// stages' copies are issued (after the wait either way): loads of the caller's that may then
+/// overlap the multiplies. LDM: the fragments of A (not transposed) and B (transposed) by
+/// ldmatrix (the same values).
+template <int BM, int BN, int WM, int WN, int S, bool TA, bool TB, bool LDM = false, int KS = 1,
+          class AfterCopies = NoLoads>
 __device__ __forceinline__ void tile_mainloop(float (&acc)[WM / 16][WN / 8][4], float* smem, const float* A, int lda,
                                               const float* B, int ldb, int m0, int n0, int m, int n, int k,
                                               bool vec_a, bool vec_b, bool b_then_wait = false,
                                               AfterCopies after_copies = {}) {
-  static_assert((BM / WM) * (BN / WN) == kThreads / 32, "four warps per block");
+  static_assert((BM / WM) * (BN / WN) == kThreads / 32, "four warp tiles per block tile");
   static_assert(WM % 16 == 0 && WN % 8 == 0, "whole mma tiles per warp");
+  static_assert(KS == 1 || KS == 2 || KS == 4, "the k split divides a stage's four k8 steps");
   using Shape = TileShape<BM, BN, TA, TB>;
-  constexpr int MT = WM / 16, NT = WN / 8, LA = Shape::lda_s, LB = Shape::ldb_s;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  constexpr int MT = WM / 16, NT = WN / 8, LA = Shape::lda_s, LB = Shape::ldb_s, NTH = kThreads * KS;
+  // the warp's tile of C (KS > 1: the same four tiles in every k group) and its k group
+  const int lane = threadIdx.x & 31, warp = KS > 1 ? (threadIdx.x >> 5) & 3 : threadIdx.x >> 5;
+  [[maybe_unused]] const int kg = static_cast<int>(threadIdx.x) / kThreads;
   const int KT = (k + kBK - 1) / kBK;
 
   auto load_a = [&](int kt, int slot) {
     float* As = smem + slot * Shape::stage_floats;
     const int k0 = kt * kBK;
-    if constexpr (TA) copy_tile<kBK, BM>(As, LA, A, lda, k0, m0, k, m, vec_a);
-    else copy_tile<BM, kBK>(As, LA, A, lda, m0, k0, m, k, vec_a);
+    if constexpr (TA) copy_tile<kBK, BM, NTH>(As, LA, A, lda, k0, m0, k, m, vec_a);
+    else copy_tile<BM, kBK, NTH>(As, LA, A, lda, m0, k0, m, k, vec_a);
   };
   auto load_b = [&](int kt, int slot) {
     float* Bs = smem + slot * Shape::stage_floats + Shape::a_floats;
     const int k0 = kt * kBK;
-    if constexpr (TB) copy_tile<BN, kBK>(Bs, LB, B, ldb, n0, k0, n, k, vec_b);
-    else copy_tile<kBK, BN>(Bs, LB, B, ldb, k0, n0, k, n, vec_b);
+    if constexpr (TB) copy_tile<BN, kBK, NTH>(Bs, LB, B, ldb, n0, k0, n, k, vec_b);
+    else copy_tile<kBK, BN, NTH>(Bs, LB, B, ldb, k0, n0, k, n, vec_b);
   };
   auto load_stage = [&](int kt, int slot) {
     load_a(kt, slot);
@@ -199,6 +206,7 @@ __device__ __forceinline__ void tile_mainloop(float (&acc)[WM / 16][WN / 8][4], 
     const float* Bs = As + Shape::a_floats;
 #pragma unroll
     for (int k8 = 0; k8 < kBK; k8 += 8) {
+      if (KS > 1 && (k8 / 8) % KS != kg) continue;  // (warp-uniform) another k group's step
       std::uint32_t af[MT][4], bf[NT][2];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
@@ -264,13 +272,17 @@ __device__ __forceinline__ void tile_mainloop(float (&acc)[WM / 16][WN / 8][4], 
 
 /// Block tile BM × BN, warp tile WM × WN (four warps), S stages of kBK along k. TA/TB: A is
 /// stored [k, m] / B is stored [n, k] (the Gemm's ta/tb). LDM: the k-contiguous operands'
-/// fragments by ldmatrix (TileGemm::ldmatrix; the same bits).
-template <int BM, int BN, int WM, int WN, int S, bool TA, bool TB, bool LDM>
-__global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool vec_a, bool vec_b) {
+/// fragments by ldmatrix (TileGemm::ldmatrix; the same bits). KS > 1: KS groups of four warps,
+/// group q taking the k8 steps q, q + KS, … of every stage into an accumulator of its own (a
+/// KS-th of each warp's chain of multiplies); the groups' sums are added in group order through
+/// shared memory and group 0 runs the epilogue. Deterministic; not the bits of KS = 1.
+template <int BM, int BN, int WM, int WN, int S, bool TA, bool TB, bool LDM, int KS = 1>
+__global__ void __launch_bounds__(kThreads * KS) tile_gemm_kernel(TileGemm g, bool vec_a, bool vec_b) {
   if (!g.b_early) dev::pdl_entry();  // else in the k loop's prologue, after B's first copies
   constexpr int MT = WM / 16, NT = WN / 8;
   extern __shared__ __align__(16) float tg_shared[];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31, warp = KS > 1 ? (threadIdx.x >> 5) & 3 : threadIdx.x >> 5;
+  [[maybe_unused]] const int kg = static_cast<int>(threadIdx.x) / kThreads;  // KS > 1: the k group
   const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
   const int z = static_cast<int>(blockIdx.z) / g.batch2, z2 = static_cast<int>(blockIdx.z) - z * g.batch2;
   const float* A = g.a + z * g.stride_a + z2 * g.stride2_a;
@@ -296,7 +308,7 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool ve
   const bool pre = kPre && g.epi_early;
   const auto load_epilogue = [&] {
     if constexpr (kPre) {
-      if (!pre) return;
+      if (!pre || (KS > 1 && kg != 0)) return;  // (only group 0 runs the epilogue)
 #pragma unroll
       for (int nt = 0; nt < PN; ++nt)
 #pragma unroll
@@ -319,8 +331,36 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileGemm g, bool ve
         }
     }
   };
-  tile_mainloop<BM, BN, WM, WN, S, TA, TB, LDM>(acc, tg_shared, A, g.lda, B, g.ldb, m0, n0, m, n, g.k, vec_a, vec_b,
-                                                g.b_early, load_epilogue);
+  tile_mainloop<BM, BN, WM, WN, S, TA, TB, LDM, KS>(acc, tg_shared, A, g.lda, B, g.ldb, m0, n0, m, n, g.k, vec_a,
+                                                    vec_b, g.b_early, load_epilogue);
+  if constexpr (KS > 1) {
+    // the groups' sums into group 0's accumulators, groups in order: group q > 0 stores its own
+    // in the (finished) stage buffers, a lane's values side by side per warp tile
+    constexpr int kAcc = MT * NT * 4;
+    static_assert((KS - 1) * 4 * 32 * kAcc <= S * TileShape<BM, BN, TA, TB>::stage_floats, "room in the stages");
+    __syncthreads();  // every warp is done reading the stages
+    if (kg > 0) {
+      float* red = tg_shared + ((kg - 1) * 4 + warp) * 32 * kAcc + lane;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) red[((mt * NT + nt) * 4 + q) * 32] = acc[mt][nt][q];
+    }
+    __syncthreads();
+    if (kg > 0) return;  // (no barrier follows)
+#pragma unroll
+    for (int gq2 = 1; gq2 < KS; ++gq2) {
+      const float* other = tg_shared + ((gq2 - 1) * 4 + warp) * 32 * kAcc + lane;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) acc[mt][nt][q] += other[((mt * NT + nt) * 4 + q) * 32];
+    }
+  }
 
   // Epilogue: C = act(alpha·AB + beta·C + bias), C read only when beta != 0 (as bias_act after
   // the GEMM: the bias is added to the rounded alpha·AB + beta·C).
@@ -600,13 +640,15 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_chain_kernel(TileGemm g, T
   }
 }
 
-/// The tile shapes: block tile, warp tile (four warps), stages in flight, name.
+/// The tile shapes: block tile, warp tile (four warp tiles), stages in flight, k groups (KS), name.
 struct Config {
-  int bm, bn, wm, wn, stages;
+  int bm, bn, wm, wn, stages, ks;
   const char* name;
 };
-constexpr Config kConfigs[kTileGemmConfigs] = {
-    {16, 32, 16, 8, 8, "16x32"}, {32, 32, 16, 16, 8, "32x32"}, {64, 64, 32, 32, 6, "64x64"}};
+constexpr Config kConfigs[kTileGemmConfigs] = {{16, 32, 16, 8, 8, 1, "16x32"},
+                                               {32, 32, 16, 16, 8, 1, "32x32"},
+                                               {64, 64, 32, 32, 6, 1, "64x64"},
+                                               {32, 32, 16, 16, 8, 2, "32x32k2"}};
 
 /// The kernel of shape C on layout (TA, TB), with ldmatrix where LDM and the layout has a
 /// k-contiguous operand (A not transposed or B transposed; else the same kernel without).
@@ -614,7 +656,7 @@ template <int C, bool TA, bool TB, bool LDM>
 struct Kernel {
   static constexpr Config c = kConfigs[C];
   static constexpr int bytes = c.stages * TileShape<c.bm, c.bn, TA, TB>::stage_floats * 4;
-  static constexpr auto fn = tile_gemm_kernel<c.bm, c.bn, c.wm, c.wn, c.stages, TA, TB, LDM && (!TA || TB)>;
+  static constexpr auto fn = tile_gemm_kernel<c.bm, c.bn, c.wm, c.wn, c.stages, TA, TB, LDM && (!TA || TB), c.ks>;
 };
 
 template <int C, bool TA, bool TB, bool LDM>
@@ -641,7 +683,7 @@ cudaError_t launch_one(cudaStream_t s, const TileGemm& g) {
     return dev::aligned16(p) && ld % 4 == 0 && stride % 4 == 0 && stride2 % 4 == 0;
   };
   using K = Kernel<C, TA, TB, LDM>;
-  launch(K::fn, grid, kThreads, K::bytes, s, g, aligned(g.a, g.lda, g.stride_a, g.stride2_a),
+  launch(K::fn, grid, kThreads * kConfigs[C].ks, K::bytes, s, g, aligned(g.a, g.lda, g.stride_a, g.stride2_a),
          aligned(g.b, g.ldb, g.stride_b, g.stride2_b));
   return cudaGetLastError();
 }
@@ -669,7 +711,7 @@ bool tile_gemm_fits(const TileGemm& g, int config) {
 }
 
 cudaError_t tile_gemm_prepare() {
-  for (cudaError_t e : {prepare_config<0>(), prepare_config<1>(), prepare_config<2>()})
+  for (cudaError_t e : {prepare_config<0>(), prepare_config<1>(), prepare_config<2>(), prepare_config<3>()})
     if (e != cudaSuccess) return e;
   return cudaSuccess;
 }
@@ -679,7 +721,8 @@ cudaError_t tile_gemm(cudaStream_t s, const TileGemm& g, int config) {
   switch (config) {
     case 0: return launch_config<0>(s, g);
     case 1: return launch_config<1>(s, g);
-    default: return launch_config<2>(s, g);
+    case 2: return launch_config<2>(s, g);
+    default: return launch_config<3>(s, g);
   }
 }
 

@@ -179,7 +179,8 @@ TEST_CASE("gpu.step.matches_cpu") {
   // head's GEMM (DQN_HEAD_MASK=1; the CPU engine keeps its stages: the same numbers,
   // heads_test); fp32 also with the loss one warp a (sample, branch) (DQN_LOSS_WARPS=1; two by
   // default); fp32 and tf32 also with the online distribution in the loss's kernel
-  // (DQN_C51_DIST_LOSS=1).
+  // (DQN_C51_DIST_LOSS=1); tf32 also with tile_gemm's split-k shape wherever it fits
+  // (DQN_TILE_GEMM=32x32k2).
   struct Case {
     const char* precision;
     double params, loss;
@@ -195,6 +196,7 @@ TEST_CASE("gpu.step.matches_cpu") {
       {"tf32", 5e-3, 5e-3, {{"DQN_HEAD_MASK", "1"}}},
       {"fp32", 2e-4, 1e-4, {{"DQN_C51_DIST_LOSS", "1"}}},
       {"tf32", 5e-3, 5e-3, {{"DQN_C51_DIST_LOSS", "1"}}},
+      {"tf32", 5e-3, 5e-3, {{"DQN_TILE_GEMM", "32x32k2"}}},
   };
   for (const Case& c : cases) {
     std::string named;

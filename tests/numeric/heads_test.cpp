@@ -550,6 +550,13 @@ void check_refused(const char* env, const char* value) {
   }
   unsetenv(env);
 }
+/// An engine built while the 0/1 switch `env` is 1 (read when the engine is built); unset after.
+std::unique_ptr<Engine> make_switched(const char* env, const PipelineSpec& spec, bool f64) {
+  setenv(env, "1", 1);
+  auto e = make(spec, f64);
+  unsetenv(env);
+  return e;
+}
 /// f(case, its pipeline, f64) for every switch case on both CPU precisions (captured for messages).
 template <class F>
 void each_switch_case(F&& f) {
@@ -571,9 +578,7 @@ TEST_CASE("heads.target_first: the target trunk's stage declared first, the same
   // for anything it did not wait for before. Anything but 0 or 1 is refused.
   each_switch_case([](const SwitchCase&, const PipelineSpec& spec, bool f64) {
     auto plain = make(spec, f64);
-    setenv("DQN_TARGET_FIRST", "1", 1);
-    auto first = make(spec, f64);
-    unsetenv("DQN_TARGET_FIRST");
+    auto first = make_switched("DQN_TARGET_FIRST", spec, f64);
     const std::string ep = plain->explain(), ef = first->explain();
     CHECK(ep.find("  1. trunk.forward.0  <engine>") != std::string::npos);
     CHECK(ef.find("  1. target.trunk.forward  <engine>") != std::string::npos);
@@ -607,9 +612,7 @@ TEST_CASE("heads.c51_project: the projected target a stage of its own, the same 
   // wait for c51.project. Anything but 0 or 1 is refused with the variable, its value and why.
   each_switch_case([](const SwitchCase& sc, const PipelineSpec& spec, bool f64) {
     auto plain = make(spec, f64);
-    setenv("DQN_C51_PROJECT", "1", 1);
-    auto split = make(spec, f64);
-    unsetenv("DQN_C51_PROJECT");
+    auto split = make_switched("DQN_C51_PROJECT", spec, f64);
     const std::string ep = plain->explain(), es = split->explain();
     CHECK(ep.find("c51.project") == std::string::npos);
     CHECK(es.find("c51.project") != std::string::npos);
@@ -647,9 +650,7 @@ TEST_CASE("heads.c51_dist_loss: the online distribution in the C51 loss stage, t
   // anything but 0 or 1 too.
   each_switch_case([](const SwitchCase& sc, const PipelineSpec& spec, bool f64) {
     auto plain = make(spec, f64);
-    setenv("DQN_C51_DIST_LOSS", "1", 1);
-    auto fused = make(spec, f64);
-    unsetenv("DQN_C51_DIST_LOSS");
+    auto fused = make_switched("DQN_C51_DIST_LOSS", spec, f64);
     // what a stage writes / reads, from explain()
     const auto part = [](const std::string& e, const std::string& stage, const char* what) {
       const auto at = e.find(stage + "  <c51>");
@@ -709,9 +710,7 @@ TEST_CASE("heads.head_mask: the trunk's top ReLU mask in the C51 head's GEMM, th
   each_switch_case([](const SwitchCase& sc, const PipelineSpec& spec, bool f64) {
     const std::string top = std::to_string(spec.network.trunk.size() - 1);
     auto plain = make(spec, f64);
-    setenv("DQN_HEAD_MASK", "1", 1);
-    auto masked = make(spec, f64);
-    unsetenv("DQN_HEAD_MASK");
+    auto masked = make_switched("DQN_HEAD_MASK", spec, f64);
     const std::string em = masked->explain();
     const bool alone = sc.aux.empty();
     // the engine's top mask: in the top layer's trunk.backward stage (which then reads trunk/h2)

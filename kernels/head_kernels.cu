@@ -584,11 +584,11 @@ __device__ __forceinline__ R group_combine(R v, int grp, int wg, Op op) {
 
 /// The branch d of sample b by its GW warps (wg: the warp's rank among them), up to the shared
 /// gradient row G [D][Z] and cross-entropy xent_d [D] (c51_loss_warp_kernel's, whose shared
-/// layout `shared` is): the target's log-probabilities at a* (star: a*, or null to load it from
-/// a.a_star), the projection, the cross-entropy and the dueling backward into dadv. lp_taken
+/// layout `shared` is): the target's log-probabilities at a* (star_in: a*, or null to load it
+/// from a.a_star), the projection, the cross-entropy and the dueling backward into dadv. lp_taken
 /// null: the online log-probabilities of every action are loaded from a.logp (the taken one
 /// selected after, so that no load waits for the action); else they are those of the taken
-/// action at lp_taken [Z] (shared memory), the same values. wb: the sample's importance weight,
+/// action at lp_taken [Z] (shared memory), the same values. wb_out: the sample's importance weight,
 /// as loaded here (the caller's c51_sample_end needs it).
 template <typename T, int GW, int PART>
 __device__ __forceinline__ void c51_branch_loss(const C51Loss& a, double dz_d, double* shared, int b, int d, int wg,
@@ -767,7 +767,8 @@ __global__ void __launch_bounds__(32 * kDistLossMaxWarps, 2)
   const T v_min = static_cast<T>(o.v_min), dz = static_cast<T>(dz_d);
   const bool keep = act == a.actions[b * D + d];  // row b's values of the taken action
   if (act < GW) {  // the loss's target rows into L1 now: c51_branch_loss loads them after the barrier
-    const float* tadv = static_cast<const float*>(a.tadv.p) + static_cast<std::int64_t>(b * D + d) * ld_or(a.ldtadv, A * Z);
+    const float* tadv =
+        static_cast<const float*>(a.tadv.p) + static_cast<std::int64_t>(b * D + d) * ld_or(a.ldtadv, A * Z);
     const float* tv = static_cast<const float*>(a.tv.p) + static_cast<std::int64_t>(b) * a.ldtv;
     // a line a lane (every 32nd element, and the last: the rows need not start on a line)
     for (int i = 32 * (lane + 32 * act); i < A * Z + 32; i += 32 * 32 * GW) dev::prefetch_l1(tadv + min(i, A * Z - 1));

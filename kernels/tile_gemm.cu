@@ -126,19 +126,19 @@ __device__ __forceinline__ void ldsm_x2(std::uint32_t (&r)[2], const float* p) {
 }
 __device__ __forceinline__ std::uint32_t tf32_bits(std::uint32_t w) { return to_tf32(__uint_as_float(w)); }
 
-/// The k loop of a BM × BN tile of C at (m0, n0): acc += op(A) op(B) over the whole k, warp tile
-/// WM × WN (four warps; KS > 1: KS groups of four, group q taking the k8 steps q, q + KS, … of
-/// each stage into its own acc, which the caller adds), S stages of kBK in flight in `smem`;
-/// rows of A at or past m and columns of B at or past n read as zeros. Returns with no copy in flight (the caller's own cp.async groups,
-/// committed before, included) and with the stage buffers possibly still being read by other
-/// warps (a barrier must come before `smem` is written again). TA/TB: A is stored [k, m] / B is
-/// stored [n, k] (the Gemm's ta/tb). b_then_wait: the caller has not passed pdl_entry(); the first
-/// stages' copies of B (a parameter, which no kernel of the step writes) are issued, then
-/// pdl_entry(), then those of A (one more cp.async group, which the waits below allow for: at
-/// stage kt they need groups up to kt + 1 done either way). after_copies() runs once the first
-/// stages' copies are issued (after the wait either way): loads of the caller's that may then
-/// overlap the multiplies. LDM: the fragments of A (not transposed) and B (transposed) by
-/// ldmatrix (the same values).
+/// The k loop of a BM × BN tile of C at (m0, n0): acc += op(A) op(B) over the whole k, warp
+/// tile WM × WN (four warps; KS > 1: KS groups of four, group q taking the k8 steps q, q + KS, …
+/// of each stage into its own acc, which the caller adds), S stages of kBK in flight in `smem`; rows of A
+/// at or past m and columns of B at or past n read as zeros. Returns with no copy in flight (the
+/// caller's own cp.async groups, committed before, included) and with the stage buffers possibly
+/// still being read by other warps (a barrier must come before `smem` is written again). TA/TB: A
+/// is stored [k, m] / B is stored [n, k] (the Gemm's ta/tb). b_then_wait: the caller has not passed
+/// pdl_entry(); the first stages' copies of B (a parameter, which no kernel of the step writes) are
+/// issued, then pdl_entry(), then those of A (one more cp.async group, which the waits below allow
+/// for: at stage kt they need groups up to kt + 1 done either way). after_copies() runs once the
+/// first stages' copies are issued (after the wait either way): loads of the caller's that may then
+/// overlap the multiplies. LDM: the fragments of A (not transposed) and B (transposed) by ldmatrix
+/// (the same values).
 template <int BM, int BN, int WM, int WN, int S, bool TA, bool TB, bool LDM = false, int KS = 1,
           class AfterCopies = NoLoads>
 __device__ __forceinline__ void tile_mainloop(float (&acc)[WM / 16][WN / 8][4], float* smem, const float* A, int lda,
@@ -180,7 +180,8 @@ __device__ __forceinline__ void tile_mainloop(float (&acc)[WM / 16][WN / 8][4], 
   // n-tile's rows at k +0 and +4 (b0, b1), then the next n-tile's (x4: two n-tiles a load).
   constexpr bool kLdmA = LDM && !TA, kLdmB = LDM && TB;
   [[maybe_unused]] const int a_lane = (wm * WM + (lane & 7) + ((lane >> 3) & 1) * 8) * LA + (lane >> 4) * 4;
-  [[maybe_unused]] const int b_lane = (wn * WN + ((lane >> 4) & (NT > 1 ? 1 : 0)) * 8 + (lane & 7)) * LB + ((lane >> 3) & 1) * 4;
+  [[maybe_unused]] const int b_lane =
+      (wn * WN + ((lane >> 4) & (NT > 1 ? 1 : 0)) * 8 + (lane & 7)) * LB + ((lane >> 3) & 1) * 4;
 
   if (b_then_wait) {
     for (int s = 0; s < S - 1 && s < KT; ++s) load_b(s, s);

@@ -166,7 +166,7 @@ class C51Head final : public Head {
   void run(std::int32_t tag, Backend& be) noexcept override {
     const int B = B_, D = d_.D, A = d_.A, Z = d_.Z;
     switch (tag) {
-      case kForward: {  // online head on states ‖ next_states; a* = argmax of the next states' Q
+      case kForward: {  // online head on states ‖ next_states; a* = argmax of the next states' Q (or in kLoss)
         bdq::Acts a = act_;
         if (dist_loss_) a.logp = Real{};  // up to the value and advantage layers: the loss does the rest
         bdq::forward(be, d_, online_, h2_, 2 * B, a);

@@ -1181,7 +1181,8 @@ TEST_CASE("ops.c51_loss.online: the distribution first, bit for bit dueling_dist
   const Vd v = rng.vec(std::size_t(2 * B) * ldv, -2, 2), adv = rng.vec(std::size_t(2 * B) * D * ldadv, -2, 2);
   const Vd tv = rng.vec(std::size_t(B) * ldv, -2, 2), tadv = rng.vec(std::size_t(B) * D * ldadv, -2, 2);
   const Vd w = rng.vec(B, 0.5, 1.5), rewards = rng.vec(B, -2, 2), dones{0.0, 1.0, 0.0};
-  const std::size_t nl = std::size_t(2 * B) * D * A * Z, nq = std::size_t(2 * B) * D * A, nb = std::size_t(B) * D * A * Z;
+  const std::size_t nl = std::size_t(2 * B) * D * A * Z, nq = std::size_t(2 * B) * D * A;
+  const std::size_t nb = std::size_t(B) * D * A * Z;
   for (Backend* b : {be.f64.get(), be.f32.get()}) {
     CAPTURE(b->name());
     const std::uint32_t es = b->real_size();

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <string>
@@ -550,6 +551,17 @@ void check_refused(const char* env, const char* value) {
   }
   unsetenv(env);
 }
+/// Five steps of both engines, then each named buffer compared byte for byte.
+void step_both_and_compare(Engine& a, Engine& b, std::initializer_list<const char*> buffers) {
+  for (int i = 0; i < 5; ++i) {
+    a.step();
+    b.step();
+  }
+  for (const char* name : buffers) {
+    INFO(std::string(name));
+    CHECK(a.host_buffer(name) == b.host_buffer(name));
+  }
+}
 /// An engine built while the 0/1 switch `env` is 1 (read when the engine is built); unset after.
 std::unique_ptr<Engine> make_switched(const char* env, const PipelineSpec& spec, bool f64) {
   setenv(env, "1", 1);
@@ -590,14 +602,7 @@ TEST_CASE("heads.target_first: the target trunk's stage declared first, the same
       return w;
     };
     CHECK(waits(*plain) == waits(*first));
-    for (int i = 0; i < 5; ++i) {
-      plain->step();
-      first->step();
-    }
-    for (const char* b : {"params", "target", "grad/all", "adam.v", "target/h2", "report/td_error"}) {
-      INFO(std::string(b));
-      CHECK(plain->host_buffer(b) == first->host_buffer(b));
-    }
+    step_both_and_compare(*plain, *first, {"params", "target", "grad/all", "adam.v", "target/h2", "report/td_error"});
     CHECK(plain->read_report().losses == first->read_report().losses);
   });
   setenv("DQN_TARGET_FIRST", "yes", 1);
@@ -627,14 +632,7 @@ TEST_CASE("heads.c51_project: the projected target a stage of its own, the same 
       CHECK(waits_project);
       CHECK(!waits_loss);
     }
-    for (int i = 0; i < 5; ++i) {
-      plain->step();
-      split->step();
-    }
-    for (const char* b : {"params", "target", "grad/all", "adam.v", "target/m", "report/td_error"}) {
-      INFO(std::string(b));
-      CHECK(plain->host_buffer(b) == split->host_buffer(b));
-    }
+    step_both_and_compare(*plain, *split, {"params", "target", "grad/all", "adam.v", "target/m", "report/td_error"});
     const StepReport rp = plain->read_report(), rs = split->read_report();
     CHECK(rp.losses == rs.losses);
     CHECK(rp.grad_norms == rs.grad_norms);
@@ -675,15 +673,8 @@ TEST_CASE("heads.c51_dist_loss: the online distribution in the C51 loss stage, t
         }
       CHECK(readers == 2);
     }
-    for (int i = 0; i < 5; ++i) {
-      plain->step();
-      fused->step();
-    }
-    for (const char* b : {"params", "target", "grad/all", "adam.v", "target/m", "target/a_star", "c51/logp", "c51/q",
-                          "report/td_error"}) {
-      INFO(std::string(b));
-      CHECK(plain->host_buffer(b) == fused->host_buffer(b));
-    }
+    step_both_and_compare(*plain, *fused, {"params", "target", "grad/all", "adam.v", "target/m", "target/a_star",
+                                           "c51/logp", "c51/q", "report/td_error"});
     const StepReport rp = plain->read_report(), rf = fused->read_report();
     CHECK(rp.losses == rf.losses);
     CHECK(rp.grad_norms == rf.grad_norms);
@@ -719,14 +710,7 @@ TEST_CASE("heads.head_mask: the trunk's top ReLU mask in the C51 head's GEMM, th
     const bool backward_reads_h2 = em.substr(at, em.find("writes:", at) - at).find("trunk/h2") != std::string::npos;
     CHECK(backward_reads_h2 == !alone);
     CHECK(em.find("dtrunk/c51/masked") != std::string::npos);
-    for (int i = 0; i < 5; ++i) {
-      plain->step();
-      masked->step();
-    }
-    for (const char* b : {"params", "target", "grad/all", "adam.v", "dtrunk/all"}) {
-      INFO(std::string(b));
-      CHECK(plain->host_buffer(b) == masked->host_buffer(b));
-    }
+    step_both_and_compare(*plain, *masked, {"params", "target", "grad/all", "adam.v", "dtrunk/all"});
     CHECK(plain->read_report().grad_norms == masked->read_report().grad_norms);
   });
   check_refused("DQN_HEAD_MASK", "2");

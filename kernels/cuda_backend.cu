@@ -205,9 +205,9 @@ int cluster_size_from_env() noexcept {
 /// Whether tf32 GEMMs may run on tile_gemm (the tensor-core kernel for small shapes), from
 /// DQN_TILE_GEMM: unset → autotuning times its tile shapes against the cuBLASLt algorithm it chose
 /// and keeps the fastest (with DQN_GEMM_AUTOTUNE=0: cuBLASLt); 0/off → cuBLASLt only; 1/on →
-/// tile_gemm always, the fastest tile shape (the first without autotuning; the split-k shape only
-/// with DQN_TILE_SPLITK=1); 16x32, 32x32, 64x64 or 32x32k2 → tile_gemm always, that shape (for
-/// tests and comparisons). Other precisions: cuBLASLt.
+/// tile_gemm always, the fastest tile shape (the first without autotuning; the split-k shapes only
+/// with DQN_TILE_SPLITK=1); 16x32, 32x32, 64x64, 32x32k2 or 32x32k4 → tile_gemm always, that shape
+/// (for tests and comparisons). Other precisions: cuBLASLt.
 struct TileMode {
   bool on = true;      ///< tile_gemm may run
   bool forced = false; ///< tile_gemm runs whenever it fits (never cuBLASLt)
@@ -1732,9 +1732,9 @@ class CudaBackend final : public Backend {
     return TuneKey{device_, 2 * static_cast<int>(precision_) + (tile_splitk_ ? 1 : 0), tkey};
   }
 
-  /// Whether autotuning (or DQN_TILE_GEMM=1) may pick tile shape `cfg`: the split-k shape only
-  /// with DQN_TILE_SPLITK=1 (DQN_TILE_GEMM=32x32k2 names it in any case).
-  bool tile_shape_on(int cfg) const noexcept { return cfg != cuda::kTileSplitK || tile_splitk_; }
+  /// Whether autotuning (or DQN_TILE_GEMM=1) may pick tile shape `cfg`: the split-k shapes only
+  /// with DQN_TILE_SPLITK=1 (DQN_TILE_GEMM=32x32k2 or 32x32k4 names one in any case).
+  bool tile_shape_on(int cfg) const noexcept { return cfg < cuda::kTileSplitK || tile_splitk_; }
 
   /// Times every tile shape that fits; one replaces the incumbent `choice` (timed at `best` ms,
   /// +inf: none yet) only when faster by more than kTuneMargin. kTileLt after a sticky error.
@@ -2003,9 +2003,10 @@ class CudaBackend final : public Backend {
   /// ldmatrix (TileGemm::ldmatrix; the same bits). Off unless set until measured on a GPU
   /// (written 2026-12-05, eighteenth session, on a machine without one). Read per backend.
   bool tile_ldmatrix_ = env_set("DQN_TILE_LDMATRIX");
-  /// DQN_TILE_SPLITK=1: autotuning also times tile_gemm's 32x32k2 shape (each block tile's k steps
-  /// split over two groups of four warps, their sums added in the block: half of each warp's chain
-  /// of multiplies). Off unless set until measured on a GPU (written in the same session).
+  /// DQN_TILE_SPLITK=1: autotuning also times tile_gemm's 32x32k2 and 32x32k4 shapes (each block
+  /// tile's k steps split over two or four groups of four warps, their sums added in the block: a
+  /// half or a quarter of each warp's chain of multiplies). Off unless set until measured on a GPU
+  /// (written in the same session).
   bool tile_splitk_ = env_set("DQN_TILE_SPLITK");
   /// c51_loss two warps a (sample, branch) where the warp kernel runs and D ≤ 8 (unset or
   /// DQN_LOSS_WARPS=2; =1: one warp; read when the backend is made, anything else refused).

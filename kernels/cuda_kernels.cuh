@@ -151,9 +151,9 @@ struct TileGemm {
   /// the same bits).
   bool ldmatrix = false;
 };
-/// The tile shapes of tile_gemm (block tiles 16×32, 32×32 and 64×64 of C, and 32×32 with the k
-/// steps split over two groups of four warps, "32x32k2": kTileSplitK).
-inline constexpr int kTileGemmConfigs = 4;
+/// The tile shapes of tile_gemm (block tiles 16×32, 32×32 and 64×64 of C, and from kTileSplitK
+/// on 32×32 with the k steps split over two or four groups of four warps, "32x32k2", "32x32k4").
+inline constexpr int kTileGemmConfigs = 5;
 inline constexpr int kTileSplitK = 3;
 const char* tile_gemm_name(int config);
 /// Whether `config` can run `g` (k > 0, batch and tile counts within the grid's limits).

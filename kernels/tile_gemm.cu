@@ -56,11 +56,12 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const std::uint32_t (&a)
 template <int ROWS, int COLS, int NT = kThreads>
 __device__ __forceinline__ void copy_tile(float* dst, int ld_s, const float* src, int ld, int r0, int c0, int row_end,
                                           int col_end, bool vec) {
-  constexpr int kChunks = ROWS * COLS / 4, kPerThread = kChunks / NT;
-  static_assert(kChunks % NT == 0, "whole chunks per thread");
+  constexpr int kChunks = ROWS * COLS / 4, kPerThread = (kChunks + NT - 1) / NT;
+  static_assert(kChunks % NT == 0 || kChunks < NT, "whole chunks per thread, or at most one");
 #pragma unroll
   for (int q = 0; q < kPerThread; ++q) {
     const int c = threadIdx.x + q * NT;
+    if (kChunks < NT && c >= kChunks) break;  // (more threads than chunks: the others copy)
     const int r = c / (COLS / 4), col = (c % (COLS / 4)) * 4;
     const int gr = r0 + r, gc = c0 + col;
     float* d = dst + r * ld_s + col;
@@ -649,7 +650,8 @@ struct Config {
 constexpr Config kConfigs[kTileGemmConfigs] = {{16, 32, 16, 8, 8, 1, "16x32"},
                                                {32, 32, 16, 16, 8, 1, "32x32"},
                                                {64, 64, 32, 32, 6, 1, "64x64"},
-                                               {32, 32, 16, 16, 8, 2, "32x32k2"}};
+                                               {32, 32, 16, 16, 8, 2, "32x32k2"},
+                                               {32, 32, 16, 16, 8, 4, "32x32k4"}};
 
 /// The kernel of shape C on layout (TA, TB), with ldmatrix where LDM and the layout has a
 /// k-contiguous operand (A not transposed or B transposed; else the same kernel without).
@@ -712,7 +714,8 @@ bool tile_gemm_fits(const TileGemm& g, int config) {
 }
 
 cudaError_t tile_gemm_prepare() {
-  for (cudaError_t e : {prepare_config<0>(), prepare_config<1>(), prepare_config<2>(), prepare_config<3>()})
+  for (cudaError_t e :
+       {prepare_config<0>(), prepare_config<1>(), prepare_config<2>(), prepare_config<3>(), prepare_config<4>()})
     if (e != cudaSuccess) return e;
   return cudaSuccess;
 }
@@ -723,7 +726,8 @@ cudaError_t tile_gemm(cudaStream_t s, const TileGemm& g, int config) {
     case 0: return launch_config<0>(s, g);
     case 1: return launch_config<1>(s, g);
     case 2: return launch_config<2>(s, g);
-    default: return launch_config<3>(s, g);
+    case 3: return launch_config<3>(s, g);
+    default: return launch_config<4>(s, g);
   }
 }
 

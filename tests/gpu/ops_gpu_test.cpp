@@ -124,6 +124,7 @@ constexpr GemmPath kGemmPaths[] = {{Precision::fp32, "fp32", kFp32Gemm, nullptr}
                                    {Precision::tf32, "tf32 tile 32x32", kTf32Gemm, "32x32"},
                                    {Precision::tf32, "tf32 tile 64x64", kTf32Gemm, "64x64"},
                                    {Precision::tf32, "tf32 tile 32x32k2", kTf32Gemm, "32x32k2"},
+                                   {Precision::tf32, "tf32 tile 32x32k4", kTf32Gemm, "32x32k4"},
                                    {Precision::bf16, "bf16", kBf16Gemm, nullptr}};
 
 /// The three precisions with their GEMM tolerance (the ops whose tf32 path has a kernel of its own
@@ -768,8 +769,9 @@ TEST_CASE("gpu.ops.gemm_epilogue: fused bias/ReLU (and its fallbacks) against th
 }
 
 TEST_CASE("gpu.ops.tile_gemm: each tile shape, layout and copy width; ragged edges, a k longer than the pipeline") {
-  // Small enough for racecheck and memcheck: every shape of tile_gemm (the split-k 32x32k2, whose
-  // two warp groups add their sums through shared memory, among them) on the four layouts, with
+  // Small enough for racecheck and memcheck: every shape of tile_gemm (the split-k 32x32k2 and
+  // 32x32k4, whose warp groups add their sums through shared memory, among them: k4's 512 threads
+  // outnumber a stage's copies) on the four layouts, with
   // operands 16-byte aligned (16-byte copies) and not (4-byte copies), m, n and k off every tile
   // edge, k over ten 32-wide stages (more than the eight in flight), and the epilogue's
   // alpha, beta·C, bias and ReLU. The rerun is bit-identical.
@@ -778,7 +780,7 @@ TEST_CASE("gpu.ops.tile_gemm: each tile shape, layout and copy width; ragged edg
   // ldmatrix: in both layouts' k loops, two of the four layouts' A and B each): the same bits as
   // without.
   std::map<std::string, std::vector<float>> plain;
-  for (const char* shape : {"16x32", "32x32", "64x64", "32x32k2"})
+  for (const char* shape : {"16x32", "32x32", "64x64", "32x32k2", "32x32k4"})
   for (const char* variant : {static_cast<const char*>(nullptr), "DQN_GEMM_EARLY", "DQN_TILE_LDMATRIX"}) {
     std::uint32_t seed = 4000 + 100 * static_cast<std::uint32_t>(shape[0] - '0');  // the same operands every way
     const ScopedEnv tile("DQN_TILE_GEMM", shape);

@@ -795,7 +795,7 @@ __global__ void __launch_bounds__(32 * kDistLossMaxWarps, 2)
   }
   __syncthreads();  // qs and lp_s complete
   // 2. a* of the branch (as dueling_dist_action_kernel's thread 0), then its loss
-  float wb = 0.0f;
+  float wb = 0.0f;  // (c51_sample_end reads it in thread 0 only, which a loss warp holds)
   if (act < GW) {
     int best = 0;
     float qbest = qs[d * A];
@@ -806,8 +806,6 @@ __global__ void __launch_bounds__(32 * kDistLossMaxWarps, 2)
       }
     if (act == 0 && lane == 0) o.a_star[b * D + d] = best;
     c51_branch_loss<T, GW, 0>(a, dz_d, clw_shared, b, d, act, &best, lp_s + d * Z, wb);
-  } else {
-    wb = static_cast<const float*>(a.weights.p)[b];
   }
   __syncthreads();
   c51_sample_end(a, b, reinterpret_cast<const float*>(clw_shared + D), clw_shared, wb, weighted, counter, red);
@@ -944,8 +942,8 @@ cudaError_t c51_loss_part(cudaStream_t s, const C51Loss& a, double* w, unsigned*
 }
 }  // namespace
 
-std::size_t c51_dist_loss_shared_bytes(int D, int Z) {
-  return c51_loss_warp_shared_bytes(D, Z, sizeof(double)) + static_cast<std::size_t>(D) * Z * sizeof(float);
+std::size_t c51_dist_loss_shared_bytes(int D, int Z, std::size_t t_size) {
+  return c51_loss_warp_shared_bytes(D, Z, t_size) + static_cast<std::size_t>(D) * Z * sizeof(float);
 }
 
 bool c51_dist_loss_fits(int D, int A, int Z, bool pair) {
@@ -960,8 +958,7 @@ cudaError_t c51_dist_loss(cudaStream_t s, const C51Loss& a, void* scratch, unsig
   auto* w = static_cast<double*>(scratch);
   const double dz = support_step(a.v_min, a.v_max, a.Z);
   const int threads = 32 * dist_loss_warps(a.D, a.A);
-  const std::size_t shmem = c51_loss_warp_shared_bytes(a.D, a.Z, double_math ? sizeof(double) : sizeof(float)) +
-                            static_cast<std::size_t>(a.D) * a.Z * sizeof(float);
+  const std::size_t shmem = c51_dist_loss_shared_bytes(a.D, a.Z, double_math ? sizeof(double) : sizeof(float));
   // two warps a branch where c51_loss takes them (c51_loss_part)
   if (pair && a.D <= kLossPairMax) {
     if (double_math)

@@ -1128,29 +1128,19 @@ class CudaBackend final : public Backend {
   /// the CPU twin does, and in float in tf32 and bf16 ones (see head_kernels.cu).
   bool double_math() const noexcept { return precision_ == Precision::fp32; }
 
-  /// dueling_dist's checks: whether it has work to launch (false: none, or after recording a
-  /// failure of `op`).
-  bool dist_work(const DuelingDist& a, const char* op) noexcept {
-    const auto refuse = [&](const char* why) {
-      fail(op, why);
-      return false;
-    };
-    if (a.rows < 0 || a.D < 0 || a.A <= 0 || a.Z <= 0) return refuse("need rows, D >= 0, A, Z >= 1");
-    if (a.star_from < 0 || a.star_from > a.rows) return refuse("star_from outside [0, rows]");
-    if (a.a_star && !a.q) return refuse("a_star needs q");
-    if (a.rows == 0 || a.D == 0) return false;
-    if (a.ldv < a.Z) return refuse("ldv smaller than Z");
-    if (ld_or(a.ldadv, a.A * a.Z) < a.A * a.Z) return refuse("ldadv smaller than A·Z");
-    if (!real_ok(a.logp, op, "logp") || !real_ok(a.v, op, "v") || !real_ok(a.adv, op, "adv")) return false;
-    if (a.q && !real_ok(a.q, op, "q")) return false;
-    if (cuda::dueling_dist_shared_bytes(a.Z, a.A) > 48 * 1024) return refuse("Z too large for shared memory");
-    if (std::int64_t(a.rows) * a.D > 0x7fffffff) return refuse("rows·D too large");
-    return true;
-  }
-
   void dueling_dist(const DuelingDist& a) noexcept override {
     constexpr const char* op = "dueling_dist";
-    if (!dist_work(a, op) || planning_) return;
+    if (a.rows < 0 || a.D < 0 || a.A <= 0 || a.Z <= 0) return fail(op, "need rows, D >= 0, A, Z >= 1");
+    if (a.star_from < 0 || a.star_from > a.rows) return fail(op, "star_from outside [0, rows]");
+    if (a.a_star && !a.q) return fail(op, "a_star needs q");
+    if (a.rows == 0 || a.D == 0) return;
+    if (a.ldv < a.Z) return fail(op, "ldv smaller than Z");
+    if (ld_or(a.ldadv, a.A * a.Z) < a.A * a.Z) return fail(op, "ldadv smaller than A·Z");
+    if (!real_ok(a.logp, op, "logp") || !real_ok(a.v, op, "v") || !real_ok(a.adv, op, "adv")) return;
+    if (a.q && !real_ok(a.q, op, "q")) return;
+    if (cuda::dueling_dist_shared_bytes(a.Z, a.A) > 48 * 1024) return fail(op, "Z too large for shared memory");
+    if (std::int64_t(a.rows) * a.D > 0x7fffffff) return fail(op, "rows·D too large");
+    if (planning_) return;
     const bool per_action = dist_per_action_ == DistPerAction::always ||
                             (dist_per_action_ == DistPerAction::small &&
                              static_cast<std::int64_t>(a.rows) * a.D <= kDistPerActionPairs);
@@ -1243,21 +1233,10 @@ class CudaBackend final : public Backend {
       return;
     if (a.loss_per_sample && !real_ok(a.loss_per_sample, op, "loss_per_sample")) return;
     if (cuda::c51_loss_shared_bytes(a.D, a.A, a.Z) > 48 * 1024) return fail(op, "D·Z too large for shared memory");
-    if (const char* why = c51_online_mismatch(a)) return fail(op, why);
-    // online: its distribution in the loss's kernel where the warp kernels take the shapes, else
-    // dueling_dist first (the same bits either way)
-    const bool fused = a.online && cuda::c51_dist_loss_fits(a.D, a.A, a.Z, loss_pair_) &&
-                       cuda::c51_dist_loss_shared_bytes(a.D, a.Z) <= 48 * 1024;
-    if (a.online && !fused) dueling_dist(*a.online);
-    if (a.online && fused && !dist_work(*a.online, op)) return;
-    if (status_ != 0) return;
     // a_star/actions live on the device: an out-of-range index poisons that branch with NaN.
     void* s = scratch(op, cuda::c51_loss_scratch_bytes(a.B));
     if (!s) return;
-    if (fused)
-      DQN_CUDA_OK(op, cuda::c51_dist_loss(stream_, a, s, counter(), double_math(), loss_pair_));
-    else
-      DQN_CUDA_OK(op, cuda::c51_loss(stream_, a, s, counter(), double_math(), loss_pair_));
+    DQN_CUDA_OK(op, cuda::c51_loss(stream_, a, s, counter(), double_math(), loss_pair_));
   }
 
 

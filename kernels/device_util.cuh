@@ -103,10 +103,6 @@ __device__ __forceinline__ std::uint32_t to_tf32(float x) {
   return r;
 }
 
-/// Asks for the 128-byte line at p (a valid global address) in the SM's L1, without waiting: a
-/// later load of it finds it there.
-__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
-
 /// Whether p lies on a 16-byte boundary (float4 loads, 16-byte cp.async).
 __host__ __device__ inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 

@@ -485,36 +485,6 @@ __global__ void __launch_bounds__(32 * kDistWarpsPerBlock) dueling_dist_warp_ker
                Q, star);
 }
 
-/// One action's log-probabilities of a (row, branch) whose values a warp holds as load_dist_warp
-/// leaves them (x, vv): the dueling logits (the mean advantage of each atom, then this action's
-/// logits rounded to float, as dist_warp), their log-softmax into lp [Z] (and into keep [Z] where
-/// not null) and, with q, the lane's share of the expected value Σ z_i p_i (else 0; the caller
-/// sums it over the warp). The same arithmetic as dist_warp's for that action.
-template <typename T>
-__device__ __forceinline__ T action_dist(const float (&x)[kWarpMaxA][kWarpAtoms], const float (&vv)[kWarpAtoms], int A,
-                                         int act, int Z, T v_min, T dz, float* lp, float* keep, bool q) {
-  const int lane = threadIdx.x & 31;
-  float lg[kWarpAtoms];
-  const float mx = warp_max(action_logits<T>(x, vv, A, act, Z, true, lg));
-  T sum = 0;
-#pragma unroll
-  for (int k = 0; k < kWarpAtoms; ++k)
-    if (lane + 32 * k < Z) sum += exp_t(static_cast<T>(lg[k]) - mx);
-  sum = warp_sum_t(sum);
-  const T lse = static_cast<T>(mx) + log_t(sum);
-  T qa = 0;
-#pragma unroll
-  for (int k = 0; k < kWarpAtoms; ++k) {
-    const int i = lane + 32 * k;
-    if (i >= Z) continue;
-    const float l = static_cast<float>(static_cast<T>(lg[k]) - lse);
-    lp[i] = l;
-    if (keep) keep[i] = l;
-    if (q) qa += (v_min + i * dz) * exp_t(static_cast<T>(l));
-  }
-  return qa;
-}
-
 /// dueling_dist with a warp per (row, branch, action) and a block per (row, branch) (32·A threads,
 /// DQN_WARP_HEAD=action): each warp loads its row's v and every action's advantages (the mean
 /// needs them all), then computes its own action's log-probabilities and expected value as
@@ -534,7 +504,24 @@ __global__ void __launch_bounds__(32 * kWarpMaxA) dueling_dist_action_kernel(Due
   const T v_min = static_cast<T>(a.v_min), dz = static_cast<T>(dz_d);
   float vv[kWarpAtoms], x[kWarpMaxA][kWarpAtoms];
   load_dist_warp(v, adv, A, Z, vv, x);
-  T qa = action_dist<T>(x, vv, A, me, Z, v_min, dz, lp, nullptr, Q != nullptr);
+  // the mean advantage of each atom, then this action's logits rounded to float (as dist_warp)
+  float lg[kWarpAtoms];
+  const float mx = warp_max(action_logits<T>(x, vv, A, me, Z, true, lg));
+  T sum = 0;
+#pragma unroll
+  for (int k = 0; k < kWarpAtoms; ++k)
+    if (lane + 32 * k < Z) sum += exp_t(static_cast<T>(lg[k]) - mx);
+  sum = warp_sum_t(sum);
+  const T lse = static_cast<T>(mx) + log_t(sum);
+  T qa = 0;
+#pragma unroll
+  for (int k = 0; k < kWarpAtoms; ++k) {
+    const int i = lane + 32 * k;
+    if (i >= Z) continue;
+    const float l = static_cast<float>(static_cast<T>(lg[k]) - lse);
+    lp[i] = l;
+    if (Q) qa += (v_min + i * dz) * exp_t(static_cast<T>(l));
+  }
   if (!Q) return;
   qa = warp_sum_t(qa);
   if (lane == 0) {
@@ -558,7 +545,7 @@ __global__ void __launch_bounds__(32 * kWarpMaxA) dueling_dist_action_kernel(Due
 /// c51_loss with a warp per (sample, branch) and a block per sample (32·D threads, D ≤
 /// kLossMaxWarps). Shared: the branches' cross-entropies [D] (double), gradient rows G [D][Z]
 /// (float), and per warp the target probabilities p and projected support tz [Z] each (T).
-__host__ __device__ inline std::size_t c51_loss_warp_shared_bytes(int D, int Z, std::size_t t_size) {
+std::size_t c51_loss_warp_shared_bytes(int D, int Z, std::size_t t_size) {
   return static_cast<std::size_t>(D) * sizeof(double) + (static_cast<std::size_t>(D) * Z + 1) / 2 * sizeof(double) +
          static_cast<std::size_t>(D) * 2 * Z * t_size;
 }
@@ -582,32 +569,33 @@ __device__ __forceinline__ R group_combine(R v, int grp, int wg, Op op) {
   }
 }
 
-/// The branch d of sample b by its GW warps (wg: the warp's rank among them), up to the shared
-/// gradient row G [D][Z] and cross-entropy xent_d [D] (c51_loss_warp_kernel's, whose shared
-/// layout `shared` is): the target's log-probabilities at a* (star_in: a*, or null to load it
-/// from a.a_star), the projection, the cross-entropy and the dueling backward into dadv. lp_taken
-/// null: the online log-probabilities of every action are loaded from a.logp (the taken one
-/// selected after, so that no load waits for the action); else they are those of the taken
-/// action at lp_taken [Z] (shared memory), the same values. wb_out: the sample's importance weight,
-/// as loaded here (the caller's c51_sample_end needs it).
-template <typename T, int GW, int PART>
-__device__ __forceinline__ void c51_branch_loss(const C51Loss& a, double dz_d, double* shared, int b, int d, int wg,
-                                                const int* star_in, const float* lp_taken, float& wb_out) {
+/// c51_loss with GW warps per (sample, branch) and a block per sample (32·GW·D threads; GW 1: a
+/// warp per branch, D ≤ kLossMaxWarps; GW 2 (DQN_LOSS_WARPS=2): two, each holding one of the two
+/// atoms a lane of one warp holds, D ≤ kLossPairMax), their sums added warp by warp (GW 2: not
+/// the bits of GW 1). PART (C51Loss::part): 0 the whole op, 1 the projection m alone, 2 the rest
+/// from m (the same bits as 0 together). Shared: the branches' cross-entropies [D] (double),
+/// gradient rows G [D][Z] (float), and per branch the target probabilities p and projected
+/// support tz [Z] each (T).
+template <typename T, int GW, int PART = 0>
+__global__ void __launch_bounds__(32 * kLossMaxWarps)
+    c51_loss_warp_kernel(C51Loss a, double dz_d, double* weighted, unsigned* counter) {
   static_assert(kWarpAtoms % GW == 0, "whole atoms per lane");
   constexpr int KA = kWarpAtoms / GW;  // atoms a lane holds: i = lane + 32·(GW·k + wg)
-  const int lane = threadIdx.x & 31;
+  dev::pdl_entry();
+  extern __shared__ double clw_shared[];
+  __shared__ double red[32];
+  const int lane = threadIdx.x & 31, d = (threadIdx.x >> 5) / GW, wg = (threadIdx.x >> 5) % GW;
   const int i0 = lane + 32 * wg;  // the lane's first atom
   constexpr int istep = 32 * GW;
-  const int D = a.D, A = a.A, Z = a.Z;
-  double* xent_d = shared;                               // [D]
+  const int b = blockIdx.x, D = a.D, A = a.A, Z = a.Z;
+  double* xent_d = clw_shared;                           // [D]
   float* G = reinterpret_cast<float*>(xent_d + D);       // [D][Z]
   T* p = reinterpret_cast<T*>(xent_d + D + (static_cast<std::int64_t>(D) * Z + 1) / 2) + 2 * d * Z;  // [Z]
   T* tz = p + Z;                                         // [Z]
   const int bd = b * D + d;
-  const int star = PART != 2 ? (star_in ? *star_in : a.a_star[bd]) : 0, taken = PART != 1 ? a.actions[bd] : 0;
+  const int star = PART != 2 ? a.a_star[bd] : 0, taken = PART != 1 ? a.actions[bd] : 0;
   const bool star_ok = star >= 0 && star < A, taken_ok = taken >= 0 && taken < A;
   const float wb = PART != 1 ? static_cast<const float*>(a.weights.p)[b] : 0.0f;
-  wb_out = wb;
   const T v_min = a.v_min, v_max = a.v_max, dz = static_cast<T>(dz_d);
   const T grad_scale = static_cast<T>(static_cast<double>(wb) / (static_cast<double>(a.B) * D));
   const T discount =
@@ -629,17 +617,12 @@ __device__ __forceinline__ void c51_branch_loss(const C51Loss& a, double dz_d, d
 #pragma unroll
     for (int act = 0; act < kWarpMaxA; ++act) {
       tx[act][k] = PART != 2 && in && act < A ? tadv[act * Z + i] : 0.0f;
-      lpa[act][k] = PART != 1 && in && act < A && !lp_taken ? lp[act * Z + i] : 0.0f;
+      lpa[act][k] = PART != 1 && in && act < A ? lp[act * Z + i] : 0.0f;
     }
   }
 #pragma unroll
   for (int k = 0; k < KA; ++k) {
     lpv[k] = 0.0f;
-    if (lp_taken) {
-      const int i = i0 + istep * k;
-      if (PART != 1 && i < Z && taken >= 0 && taken < A) lpv[k] = lp_taken[i];
-      continue;
-    }
 #pragma unroll
     for (int act = 0; act < kWarpMaxA; ++act)
       if (act == taken) lpv[k] = lpa[act][k];
@@ -712,103 +695,8 @@ __device__ __forceinline__ void c51_branch_loss(const C51Loss& a, double dz_d, d
   }
   for (int q = A * Z + i0; q < ld_or(a.lddadv, A * Z); q += istep) dadv[q] = 0.0f;  // the padding (as dueling_backward)
   if (i0 == 0) xent_d[d] = taken_ok ? static_cast<double>(xs) : NAN;
-}
-
-/// c51_loss with GW warps per (sample, branch) and a block per sample (32·GW·D threads; GW 1: a
-/// warp per branch, D ≤ kLossMaxWarps; GW 2 (DQN_LOSS_WARPS=2): two, each holding one of the two
-/// atoms a lane of one warp holds, D ≤ kLossPairMax), their sums added warp by warp (GW 2: not
-/// the bits of GW 1). PART (C51Loss::part): 0 the whole op, 1 the projection m alone, 2 the rest
-/// from m (the same bits as 0 together). Shared: the branches' cross-entropies [D] (double),
-/// gradient rows G [D][Z] (float), and per branch the target probabilities p and projected
-/// support tz [Z] each (T).
-template <typename T, int GW, int PART = 0>
-__global__ void __launch_bounds__(32 * kLossMaxWarps)
-    c51_loss_warp_kernel(C51Loss a, double dz_d, double* weighted, unsigned* counter) {
-  dev::pdl_entry();
-  extern __shared__ double clw_shared[];
-  __shared__ double red[32];
-  const int d = (threadIdx.x >> 5) / GW, wg = (threadIdx.x >> 5) % GW;
-  const int b = blockIdx.x;
-  float wb;
-  c51_branch_loss<T, GW, PART>(a, dz_d, clw_shared, b, d, wg, nullptr, nullptr, wb);
-  if constexpr (PART == 1) return;
   __syncthreads();
-  c51_sample_end(a, b, reinterpret_cast<const float*>(clw_shared + a.D), clw_shared, wb, weighted, counter, red);
-}
-
-/// The warps of c51_dist_loss_kernel: a warp per (branch, action); two blocks an SM (a block per
-/// sample: B ≤ 264 in one wave on the H200's 132 SMs).
-constexpr int kDistLossMaxWarps = 16;
-__host__ __device__ inline int dist_loss_warps(int D, int A) { return D * A; }
-
-/// dueling_dist of the online head's rows B + b (next states) and b (states) and c51_loss of
-/// sample b in one block (C51Loss::online, part 0; GW as c51_loss_warp_kernel's). Warp (d, act)
-/// computes the action's log-probabilities and Q of branch d at both rows, each as
-/// dueling_dist_action_kernel does (the same bits; every load of both rows issued at once), and
-/// writes them to the distribution's logp and q; at row b the taken action's log-probabilities
-/// also go to shared memory (lp_s [D][Z], after c51_loss_warp_kernel's layout), at row B + b the
-/// Q to qs. After a barrier each branch's a* is the argmax of qs (ties to the lowest index, as
-/// that kernel), stored by the branch's first warp, and warps (d, wg < GW) run the loss of
-/// c51_loss_warp_kernel<T, GW> with it (c51_branch_loss); then every warp meets in
-/// c51_sample_end. The same bits as dueling_dist then c51_loss, in one launch; the loss warps
-/// prefetch the target's rows the loss reads into L1 before the distribution's work.
-template <typename T, int GW>
-__global__ void __launch_bounds__(32 * kDistLossMaxWarps, 2)
-    c51_dist_loss_kernel(C51Loss a, DuelingDist o, double dz_d, double* weighted, unsigned* counter) {
-  dev::pdl_entry();
-  extern __shared__ double clw_shared[];
-  __shared__ double red[32];
-  __shared__ float qs[kDistLossMaxWarps];  // [D][A]: the next state's Q
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  const int b = blockIdx.x, B = a.B, D = a.D, A = a.A, Z = a.Z;
-  const int d = w / A, act = w - d * A;
-  float* lp_s = reinterpret_cast<float*>(reinterpret_cast<char*>(clw_shared) +
-                                         c51_loss_warp_shared_bytes(D, Z, sizeof(T)));  // [D][Z]
-  const T v_min = static_cast<T>(o.v_min), dz = static_cast<T>(dz_d);
-  const bool keep = act == a.actions[b * D + d];  // row b's values of the taken action
-  if (act < GW) {  // the loss's target rows into L1 now: c51_branch_loss loads them after the barrier
-    const float* tadv =
-        static_cast<const float*>(a.tadv.p) + static_cast<std::int64_t>(b * D + d) * ld_or(a.ldtadv, A * Z);
-    const float* tv = static_cast<const float*>(a.tv.p) + static_cast<std::int64_t>(b) * a.ldtv;
-    // a line a lane (every 32nd element, and the last: the rows need not start on a line)
-    for (int i = 32 * (lane + 32 * act); i < A * Z + 32; i += 32 * 32 * GW) dev::prefetch_l1(tadv + min(i, A * Z - 1));
-    for (int i = 32 * (lane + 32 * act); i < Z + 32; i += 32 * 32 * GW) dev::prefetch_l1(tv + min(i, Z - 1));
-  }
-  // 1. the action's distribution at rows B + b (sel 1) and b (sel 0), as dueling_dist_action_kernel
-  float vv[2][kWarpAtoms], x[2][kWarpMaxA][kWarpAtoms];
-#pragma unroll
-  for (int sel = 0; sel < 2; ++sel) {
-    const std::int64_t r = sel ? B + b : b, rd = r * D + d;
-    load_dist_warp(static_cast<const float*>(o.v.p) + r * o.ldv,
-                   static_cast<const float*>(o.adv.p) + rd * ld_or(o.ldadv, A * Z), A, Z, vv[sel], x[sel]);
-  }
-#pragma unroll
-  for (int sel = 1; sel >= 0; --sel) {
-    const std::int64_t r = sel ? B + b : b, rd = r * D + d;
-    float* lp = static_cast<float*>(o.logp.p) + (rd * A + act) * Z;
-    const T qa = warp_sum_t(
-        action_dist<T>(x[sel], vv[sel], A, act, Z, v_min, dz, lp, sel == 0 && keep ? lp_s + d * Z : nullptr, true));
-    if (lane == 0) {
-      static_cast<float*>(o.q.p)[rd * A + act] = static_cast<float>(qa);
-      if (sel) qs[d * A + act] = static_cast<float>(qa);
-    }
-  }
-  __syncthreads();  // qs and lp_s complete
-  // 2. a* of the branch (as dueling_dist_action_kernel's thread 0), then its loss
-  float wb = 0.0f;  // (c51_sample_end reads it in thread 0 only, which a loss warp holds)
-  if (act < GW) {
-    int best = 0;
-    float qbest = qs[d * A];
-    for (int c = 1; c < A; ++c)
-      if (qs[d * A + c] > qbest) {  // strict: ties keep the lowest index
-        qbest = qs[d * A + c];
-        best = c;
-      }
-    if (act == 0 && lane == 0) o.a_star[b * D + d] = best;
-    c51_branch_loss<T, GW, 0>(a, dz_d, clw_shared, b, d, act, &best, lp_s + d * Z, wb);
-  }
-  __syncthreads();
-  c51_sample_end(a, b, reinterpret_cast<const float*>(clw_shared + D), clw_shared, wb, weighted, counter, red);
+  c51_sample_end(a, b, G, xent_d, wb, weighted, counter, red);
 }
 
 constexpr int kColTile = 32, kRowThreads = 32, kRowUnroll = 4;
@@ -941,37 +829,6 @@ cudaError_t c51_loss_part(cudaStream_t s, const C51Loss& a, double* w, unsigned*
   return cudaGetLastError();
 }
 }  // namespace
-
-std::size_t c51_dist_loss_shared_bytes(int D, int Z, std::size_t t_size) {
-  return c51_loss_warp_shared_bytes(D, Z, t_size) + static_cast<std::size_t>(D) * Z * sizeof(float);
-}
-
-bool c51_dist_loss_fits(int D, int A, int Z, bool pair) {
-  // (with two warps a branch the loss's two warps are the branch's first two action warps)
-  const bool pair_used = pair && D <= kLossPairMax;
-  return c51_warp(D, A, Z) && dist_loss_warps(D, A) <= kDistLossMaxWarps && (!pair_used || A >= 2);
-}
-
-cudaError_t c51_dist_loss(cudaStream_t s, const C51Loss& a, void* scratch, unsigned* counter, bool double_math,
-                          bool pair) {
-  if (!a.online || !c51_dist_loss_fits(a.D, a.A, a.Z, pair)) return cudaErrorInvalidValue;
-  auto* w = static_cast<double*>(scratch);
-  const double dz = support_step(a.v_min, a.v_max, a.Z);
-  const int threads = 32 * dist_loss_warps(a.D, a.A);
-  const std::size_t shmem = c51_dist_loss_shared_bytes(a.D, a.Z, double_math ? sizeof(double) : sizeof(float));
-  // two warps a branch where c51_loss takes them (c51_loss_part)
-  if (pair && a.D <= kLossPairMax) {
-    if (double_math)
-      launch(c51_dist_loss_kernel<double, 2>, a.B, threads, shmem, s, a, *a.online, dz, w, counter);
-    else
-      launch(c51_dist_loss_kernel<float, 2>, a.B, threads, shmem, s, a, *a.online, dz, w, counter);
-  } else if (double_math) {
-    launch(c51_dist_loss_kernel<double, 1>, a.B, threads, shmem, s, a, *a.online, dz, w, counter);
-  } else {
-    launch(c51_dist_loss_kernel<float, 1>, a.B, threads, shmem, s, a, *a.online, dz, w, counter);
-  }
-  return cudaGetLastError();
-}
 
 cudaError_t c51_loss(cudaStream_t s, const C51Loss& a, void* scratch, unsigned* counter, bool double_math, bool pair) {
   auto* w = static_cast<double*>(scratch);

@@ -32,16 +32,6 @@ std::size_t c51_loss_shared_bytes(int D, int A, int Z);
 cudaError_t c51_loss(cudaStream_t s, const C51Loss& a, void* scratch, unsigned* counter, bool double_math,
                      bool pair = false);
 
-/// c51_loss with its online distribution (C51Loss::online, checked by the caller) in the same
-/// kernel, a block per sample: the same bits as dueling_dist then c51_loss (with the warp
-/// kernels, which it needs, and pair as c51_loss's: c51_dist_loss_fits). Its dynamic shared
-/// memory for t_size-byte math (double by default: the most it takes), and scratch and counter
-/// as c51_loss's; cudaErrorInvalidValue where it does not fit.
-std::size_t c51_dist_loss_shared_bytes(int D, int Z, std::size_t t_size = sizeof(double));
-bool c51_dist_loss_fits(int D, int A, int Z, bool pair);
-cudaError_t c51_dist_loss(cudaStream_t s, const C51Loss& a, void* scratch, unsigned* counter, bool double_math,
-                          bool pair = false);
-
 /// relu_backward + bias_grad for `heads` gradients sharing the activation y (grid: tiles × heads);
 /// db null: the masks alone (element-parallel).
 cudaError_t relu_bias_grad(cudaStream_t s, float* dy, const float* y, float* db, int rows, int cols, int ld,

@@ -24,7 +24,7 @@ logs=${LOGS:-${OUT:-out}}
 mkdir -p "$logs"
 [ -x "$build/tests/test_gpu_ops" ] || { echo "gpu_sanitize.sh: no $build/tests/test_gpu_ops (build first)" >&2; exit 2; }
 if [ $# -eq 0 ]; then
-  set -- '*update*' '*c51_loss*' '*c51_dist_loss*' '*c51_xent*' '*dueling_dist*' '*relu_bias_grad*' '*head_backward*' '*head_forward*' \
+  set -- '*update*' '*c51_loss*' '*c51_xent*' '*dueling_dist*' '*relu_bias_grad*' '*head_backward*' '*head_forward*' \
     '*gemm_wgrad*' '*gemm_chain*' '*tile_gemm*'
 elif [ "$1" = all ] && [ $# -eq 1 ]; then
   # every case of gpu.ops: its name up to its colon and then any text (doctest's -tc splits at

@@ -829,12 +829,7 @@ class CpuBackend final : public Backend {
     constexpr const char* op = "c51_loss";
     if (a.B < 0 || a.D < 0 || a.A <= 0 || a.Z < 2) return fail(op, "need B, D >= 0, A >= 1, Z >= 2");
     if (a.part < 0 || a.part > 2) return fail(op, "part must be 0 (all), 1 (the projection) or 2 (the rest)");
-    if (const char* why = c51_online_mismatch(a)) return fail(op, why);
     if (!real_ok(a.work_logp, op, "work_logp") || !real_ok(a.work_dlogits, op, "work_dlogits")) return;
-    if (a.online) {
-      dueling_dist(*a.online);
-      if (status_ != 0) return;
-    }
     if (a.B > 0 && a.D > 0 && a.part != 2) {
       combine(a.work_logp, a.tv, a.ldtv, a.tadv, ld_or(a.ldtadv, a.A * a.Z), a.B, a.D, a.A, a.Z);
       log_softmax(a.work_logp, a.work_logp, a.B * a.D * a.A, a.Z);

@@ -5,7 +5,6 @@
  */
 #include <cstdio>
 #include <exception>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -26,10 +25,7 @@ enum Tag : std::int32_t {
 // declares dtrunk/<h>/masked, so that the engine, when every head does, leaves its own top mask
 // out. DQN_C51_PROJECT=1: the projected target m a stage of its own (c51.project, C51Loss part 1),
 // which the loss (part 2) and the heads that read m (the ensemble) wait for, instead of the whole
-// loss. DQN_C51_DIST_LOSS=1: the online distribution (logp, q, a*) computed by the loss stage
-// (C51Loss::online: one kernel with the loss on CUDA) instead of at the end of the forward stage;
-// the same values, the forward stage ends at the value and advantage layers. Not with
-// DQN_C51_PROJECT=1 (its projection needs a* before the loss).
+// loss.
 
 class C51Head final : public Head {
  public:
@@ -62,27 +58,12 @@ class C51Head final : public Head {
       // forward: the online head on states ‖ next_states, with a* of the next states (double DQN);
       // target: the target head's value and advantage layers at s' (runs beside the forward);
       // loss: the target distribution at a*, projection, cross-entropy and dueling backward, fused.
-      // With dist_loss_ the online distribution and a* move from the forward to the loss.
-      project_ = env_switch("DQN_C51_PROJECT");
-      dist_loss_ = env_switch("DQN_C51_DIST_LOSS");
-      if (dist_loss_ && project_)
-        throw std::invalid_argument("c51: DQN_C51_DIST_LOSS=1 and DQN_C51_PROJECT=1 exclude each other (the "
-                                    "projection stage needs a*, which the fused loss computes); set one of them");
-      const std::vector<std::string> dist = {b("logp"), b("q"), buf::a_star};  // the online distribution
-      std::vector<std::string> fwd_writes = {b("hidden"), b("v"), b("adv")};
-      if (!dist_loss_) fwd_writes.insert(fwd_writes.end(), dist.begin(), dist.end());
-      rc = rc ? rc : stage(ctx, kForward, "forward", {buf::h2, "params"}, fwd_writes);
+      rc = rc ? rc : stage(ctx, kForward, "forward", {buf::h2, "params"},
+                           {b("hidden"), b("v"), b("adv"), b("logp"), b("q"), buf::a_star});
       rc = rc ? rc : stage(ctx, kTarget, "target", {buf::target_h2, "target"},
                            {b("target.hidden"), b("target.v"), b("target.adv")});
-      if (dist_loss_) {
-        std::vector<std::string> writes = {loss, buf::td_error, buf::target_m, b("dv"), b("dadv"), b("work.logp"),
-                                           b("work.dlogits")};
-        writes.insert(writes.end(), dist.begin(), dist.end());
-        rc = rc ? rc : stage(ctx, kLoss, "loss",
-                             {b("v"), b("adv"), b("target.v"), b("target.adv"), buf::actions, buf::is_weights,
-                              buf::rewards, buf::dones},
-                             writes);
-      } else if (project_) {  // m first (what the ensemble reads), then the loss from it
+      project_ = env_switch("DQN_C51_PROJECT");
+      if (project_) {  // m first (what the ensemble reads), then the loss from it
         rc = rc ? rc : stage(ctx, kProject, "project",
                              {b("target.v"), b("target.adv"), buf::a_star, buf::rewards, buf::dones},
                              {buf::target_m, b("work.logp")});
@@ -144,10 +125,6 @@ class C51Head final : public Head {
       dtrunk_ = r.real(("dtrunk/" + name_).c_str());
       act_.a_star = a_star_;
       act_.star_from = B_;
-      dist_ = DuelingDist{};  // the online distribution, as bdq::forward's dueling_dist computes it
-      dist_.logp = act_.logp; dist_.q = act_.q; dist_.v = act_.v; dist_.ldv = d_.ldz(); dist_.adv = act_.adv;
-      dist_.ldadv = d_.ldaz(); dist_.a_star = a_star_; dist_.star_from = B_; dist_.rows = 2 * B_;
-      dist_.D = d_.D; dist_.A = d_.A; dist_.Z = d_.Z; dist_.v_min = d_.v_min; dist_.v_max = d_.v_max;
       const bool ok = online_.w1 && target_.w1 && grad_.w1 && act_.hidden && tact_.hidden && back_.dv && work_logp_ &&
                       work_dlogits_ &&
                       h2_ && target_h2_ && actions_ && rewards_ && dones_ && weights_ && a_star_ && m_ && td_ &&
@@ -166,12 +143,9 @@ class C51Head final : public Head {
   void run(std::int32_t tag, Backend& be) noexcept override {
     const int B = B_, D = d_.D, A = d_.A, Z = d_.Z;
     switch (tag) {
-      case kForward: {  // online head on states ‖ next_states; a* = argmax of the next states' Q (or in kLoss)
-        bdq::Acts a = act_;
-        if (dist_loss_) a.logp = Real{};  // up to the value and advantage layers: the loss does the rest
-        bdq::forward(be, d_, online_, h2_, 2 * B, a);
+      case kForward:  // online head on states ‖ next_states; a* = argmax of the next states' Q
+        bdq::forward(be, d_, online_, h2_, 2 * B, act_);
         break;
-      }
       case kTarget:  // the target head at s' up to its value and advantage layers
         bdq::forward(be, d_, target_, target_h2_, B, tact_);
         break;
@@ -185,7 +159,6 @@ class C51Head final : public Head {
         x.work_logp = work_logp_; x.work_dlogits = work_dlogits_;
         x.B = B; x.D = D; x.A = A; x.Z = Z; x.gamma_n = gamma_n_; x.v_min = d_.v_min; x.v_max = d_.v_max;
         x.part = !project_ ? 0 : tag == kProject ? 1 : 2;
-        if (dist_loss_) x.online = &dist_;
         be.c51_loss(x);
         break;
       }
@@ -224,8 +197,6 @@ class C51Head final : public Head {
   std::string error_;
   bool project_ = false;  ///< DQN_C51_PROJECT=1: c51.project (part 1), then c51.loss (part 2)
   bool mask_dtrunk_ = false;  ///< DQN_HEAD_MASK=1: dtrunk written masked by the top ReLU
-  bool dist_loss_ = false;    ///< DQN_C51_DIST_LOSS=1: the online distribution in the loss (C51Loss::online)
-  DuelingDist dist_{};        ///< the online distribution over states ‖ next_states (bind)
   bdq::Params online_{}, target_{}, grad_{};
   bdq::Acts act_{}, tact_{};
   bdq::BackScratch back_{};

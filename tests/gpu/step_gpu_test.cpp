@@ -178,9 +178,7 @@ TEST_CASE("gpu.step.matches_cpu") {
   // cuBLASLt only (DQN_TILE_GEMM=0), tile_gemm always (=1) and the trunk's top mask in the
   // head's GEMM (DQN_HEAD_MASK=1; the CPU engine keeps its stages: the same numbers,
   // heads_test); fp32 also with the loss one warp a (sample, branch) (DQN_LOSS_WARPS=1; two by
-  // default); fp32 and tf32 also with the online distribution in the loss's kernel
-  // (DQN_C51_DIST_LOSS=1); tf32 also with tile_gemm's split-k shape wherever it fits
-  // (DQN_TILE_GEMM=32x32k2).
+  // default); tf32 also with tile_gemm's split-k shape wherever it fits (DQN_TILE_GEMM=32x32k2).
   struct Case {
     const char* precision;
     double params, loss;
@@ -194,8 +192,6 @@ TEST_CASE("gpu.step.matches_cpu") {
       {"bf16", 3e-2, 3e-2, {}},
       {"fp32", 2e-4, 1e-4, {{"DQN_LOSS_WARPS", "1"}}},
       {"tf32", 5e-3, 5e-3, {{"DQN_HEAD_MASK", "1"}}},
-      {"fp32", 2e-4, 1e-4, {{"DQN_C51_DIST_LOSS", "1"}}},
-      {"tf32", 5e-3, 5e-3, {{"DQN_C51_DIST_LOSS", "1"}}},
       {"tf32", 5e-3, 5e-3, {{"DQN_TILE_GEMM", "32x32k2"}}},
   };
   for (const Case& c : cases) {
@@ -240,14 +236,10 @@ TEST_CASE("gpu.step.matches_cpu") {
 
 TEST_CASE("gpu.step.replay_equals_uncaptured") {
   // tf32 also with every switch below at once (the distribution a warp per action everywhere;
-  // the loss's one warp, the default being two; the projection a stage of its own, so not the
-  // distribution in the loss, which a run under STEP_SWITCHES may have set; the trunk's top mask
-  // in the head's GEMM)
-  const std::pair<const char*, const char*> switches[] = {{"DQN_WARP_HEAD", "action"},
-                                                          {"DQN_LOSS_WARPS", "1"},
-                                                          {"DQN_C51_PROJECT", "1"},
-                                                          {"DQN_C51_DIST_LOSS", "0"},
-                                                          {"DQN_HEAD_MASK", "1"}};
+  // the loss's one warp, the default being two; the projection a stage of its own; the trunk's
+  // top mask in the head's GEMM)
+  const std::pair<const char*, const char*> switches[] = {
+      {"DQN_WARP_HEAD", "action"}, {"DQN_LOSS_WARPS", "1"}, {"DQN_C51_PROJECT", "1"}, {"DQN_HEAD_MASK", "1"}};
   for (const auto& [p, fused] : {std::pair<const char*, bool>{"fp32", false}, {"tf32", false}, {"tf32", true},
                                  {"bf16", false}}) {
     INFO("precision " << std::string(p) << (fused ? ", with the switches" : ""));
@@ -589,34 +581,6 @@ TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY, DQN_GEMM_EARLY, DQN_
     CHECK(de.find(" KiB hot range for ") != std::string::npos);
     CHECK(de.find("one root") != std::string::npos);
     CHECK(late->runtime().graph_nodes() + 1 == early->runtime().graph_nodes());  // the kickoff
-  }
-}
-
-TEST_CASE("gpu.step.dist_loss: DQN_C51_DIST_LOSS=1 (the online distribution in the C51 loss's kernel) changes no result") {
-  // The C51 head's forward stops at its value and advantage layers and its loss computes the
-  // distribution (C51Loss::online): in tf32 on the GPU one kernel for what was dueling_dist's and
-  // c51_loss's, so the graph has one node fewer. 20 replayed steps give the same bits as without,
-  // C51 alone and with all three auxiliary heads (IQN's a* and CQL's q and logp now come from
-  // the loss stage).
-  std::vector<std::string> auxes{""};
-  if (const auto all = aux_heads({"iqn", "ensemble", "cql"})) auxes.push_back(*all);
-  for (const std::string& aux : auxes) {
-    INFO(std::string(aux.empty() ? "C51 alone" : "all four heads"));
-    const PipelineSpec spec = parse(pipeline("tf32", "", aux));
-    std::unique_ptr<Engine> plain;
-    {
-      const EnvOverride off("DQN_C51_DIST_LOSS", "0");
-      plain = make(spec, BackendKind::cuda);
-    }
-    const EnvOverride on("DQN_C51_DIST_LOSS", "1");
-    auto fused = make(spec, BackendKind::cuda);
-    for (int i = 0; i < 20; ++i) {
-      plain->step();
-      fused->step();
-    }
-    check_same_bits(*plain, *fused, {"params", "target", "adam.m", "adam.v", "report/td_error", "report/losses",
-                                     "c51/logp", "c51/q", "target/a_star", "target/m"});
-    CHECK(fused->runtime().graph_nodes() + 1 == plain->runtime().graph_nodes());  // dueling_dist's node
   }
 }
 

@@ -640,59 +640,6 @@ TEST_CASE("heads.c51_project: the projected target a stage of its own, the same 
   check_refused("DQN_C51_PROJECT", "yes");
 }
 
-TEST_CASE("heads.c51_dist_loss: the online distribution in the C51 loss stage, the same step bit for bit") {
-  // DQN_C51_DIST_LOSS=1 (read when the c51 head declares its stages): c51.forward stops at the
-  // value and advantage layers and c51.loss computes the online distribution (logp, q, a*) first
-  // (C51Loss::online); the heads that read them (IQN a*, CQL q and logp) wait for c51.loss. The
-  // same values on every buffer, bit for bit. With DQN_C51_PROJECT=1 it is refused, saying why;
-  // anything but 0 or 1 too.
-  each_switch_case([](const SwitchCase& sc, const PipelineSpec& spec, bool f64) {
-    auto plain = make(spec, f64);
-    auto fused = make_switched("DQN_C51_DIST_LOSS", spec, f64);
-    // what a stage writes / reads, from explain()
-    const auto part = [](const std::string& e, const std::string& stage, const char* what) {
-      const auto at = e.find(stage + "  <c51>");
-      REQUIRE(at != std::string::npos);
-      const auto line = e.find(what, at);
-      REQUIRE(line != std::string::npos);
-      return e.substr(line, e.find('\n', line) - line);
-    };
-    const std::string ep = plain->explain(), ef = fused->explain();
-    CHECK(part(ep, "c51.forward", "writes:").find("target/a_star") != std::string::npos);
-    CHECK(part(ef, "c51.forward", "writes:").find("target/a_star") == std::string::npos);
-    CHECK(part(ef, "c51.forward", "writes:").find("c51/logp") == std::string::npos);
-    CHECK(part(ef, "c51.loss", "writes:").find("c51/logp, c51/q, target/a_star") != std::string::npos);
-    CHECK(part(ef, "c51.loss", "reads:").find("c51/v, c51/adv") != std::string::npos);
-    if (!sc.aux.empty()) {  // IQN's and CQL's losses read a* / q from the loss stage now
-      int readers = 0;
-      for (const auto& [stage, waits] : fused->stage_waits())
-        if (stage == "iqn.loss" || stage == "cql.loss") {
-          INFO(stage);
-          CHECK(std::find(waits.begin(), waits.end(), "c51.loss") != waits.end());
-          ++readers;
-        }
-      CHECK(readers == 2);
-    }
-    step_both_and_compare(*plain, *fused, {"params", "target", "grad/all", "adam.v", "target/m", "target/a_star",
-                                           "c51/logp", "c51/q", "report/td_error"});
-    const StepReport rp = plain->read_report(), rf = fused->read_report();
-    CHECK(rp.losses == rf.losses);
-    CHECK(rp.grad_norms == rf.grad_norms);
-  });
-  check_refused("DQN_C51_DIST_LOSS", "yes");
-  setenv("DQN_C51_DIST_LOSS", "1", 1);
-  setenv("DQN_C51_PROJECT", "1", 1);
-  try {
-    make(parse(tiny_pipeline("")), true);
-    FAIL("DQN_C51_DIST_LOSS=1 with DQN_C51_PROJECT=1 was accepted");
-  } catch (const std::exception& e) {
-    CHECK(std::string(e.what()).find("DQN_C51_DIST_LOSS=1 and DQN_C51_PROJECT=1 exclude each other") !=
-          std::string::npos);
-  }
-  unsetenv("DQN_C51_PROJECT");
-  unsetenv("DQN_C51_DIST_LOSS");
-}
-
 TEST_CASE("heads.head_mask: the trunk's top ReLU mask in the C51 head's GEMM, the same step bit for bit") {
   // DQN_HEAD_MASK=1 (read when the c51 head declares its stages): c51.backward masks its dtrunk by
   // trunk/h2 and declares dtrunk/c51/masked. Alone it is every head that writes a dtrunk, so the

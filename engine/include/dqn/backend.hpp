@@ -384,28 +384,7 @@ struct C51Loss {
   /// a_star, rewards and dones unused). Part 1 then part 2 give what the whole op gives, bit for
   /// bit (the projected target can then come before the loss: other heads read it).
   std::int32_t part = 0;
-  // --- appended in ABI 12 ---
-  /// Not null: the online head's distribution over states ‖ next_states, which the op computes
-  /// first, exactly as dueling_dist(*online) would (rows 2B, star_from B, q and a_star set; its
-  /// logp and a_star are this op's logp and a_star, and D, A, Z, v_min, v_max the same), then the
-  /// loss from it. A backend may fuse the two (on CUDA one kernel per sample, where the shapes
-  /// allow: the same bits as the two ops). Only with part 0.
-  const DuelingDist* online = nullptr;
 };
-
-/// Why `a.online` (when set) does not describe the distribution a's loss reads, or null: both
-/// backends refuse such a call with this reason.
-inline const char* c51_online_mismatch(const C51Loss& a) noexcept {
-  if (!a.online) return nullptr;
-  const DuelingDist& o = *a.online;
-  if (a.part != 0) return "online needs part 0";
-  if (o.rows != 2 * a.B || o.star_from != a.B) return "online needs rows 2B and star_from B";
-  if (o.D != a.D || o.A != a.A || o.Z != a.Z || o.v_min != a.v_min || o.v_max != a.v_max)
-    return "online's D, A, Z, v_min and v_max must be the loss's";
-  if (!o.q || !o.a_star) return "online needs q and a_star";
-  if (o.logp.p != a.logp.p || o.a_star != a.a_star) return "online's logp and a_star must be the loss's";
-  return nullptr;
-}
 
 /// The distributional dueling branching head's forward over `rows` rows (spec "Network"):
 ///   hidden = relu(x · W1ᵀ + b1)                 [rows, (1+D)·Hh]  (value, then the D branches)

@@ -5,11 +5,13 @@
 // a thread-block cluster barrier, a hand-off through a flag in global memory from one SM to the
 // next, a load from L2 and from device memory, and how far apart a replayed graph starts its
 // independent chains (the step's lanes: with all four heads the online trunk, where the critical
-// path begins, started 9.3 µs into the step, behind the other roots). Each figure: CUDA events around many
+// path begins, started 9.3 µs into the step, behind the other roots; also with the replays queued
+// back to back, as the step is replayed, and the first chain on the capturing stream, as the
+// engine captures its lane 0). Each figure: CUDA events around many
 // repetitions after a warm-up, the median of five runs, per repetition (barriers and hand-offs:
 // the difference between many and none, so the launch itself drops out). n/a (JSON: -1): that
 // measurement could not run here.
-// Usage: dqn-latency [--json]
+// Usage: dqn-latency [--json] [--roots]   (--roots: only the graph-root rows)
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
@@ -307,13 +309,127 @@ RootSkew root_skew(cudaStream_t s, int roots, int len, int blocks, bool kickoff,
   return RootSkew{median(first), median(spread)};
 }
 
+/// The root chains' start in replays queued back to back, as `dqn bench` and training replay the
+/// step (root_skew synchronises after each replay, so its graph starts on an idle GPU): `roots`
+/// chains of three kernels as root_skew's; with `origin` the first chain on the capturing stream
+/// itself, as the engine captures its lane 0 (the online trunk), the others on streams of their
+/// own; with `pdl` every kernel launched with programmatic stream serialization (as the step's
+/// kernels are) and waiting for its predecessor (griddepcontrol.wait); with `kickoff` the empty
+/// kernel first. A last kernel on the capturing stream stamps the replay's end and counts the
+/// replay (the stamps' row). Medians over the replays after the first ten: the first captured
+/// chain's start after the earliest, the latest start after the earliest, and the earliest start
+/// after the previous replay's end.
+__global__ void queued_kernel(unsigned long long* t, const unsigned* count, int stride, int slot, unsigned ns,
+                              bool pdl) {
+  if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+  unsigned long long t0, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  if (slot >= 0 && blockIdx.x == 0 && threadIdx.x == 0) t[static_cast<std::size_t>(*count) * stride + slot] = t0;
+  do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  while (now - t0 < ns);
+}
+
+__global__ void queued_tail_kernel(unsigned long long* t, unsigned* count, int stride, int slot, bool pdl) {
+  if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+  unsigned long long now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  t[static_cast<std::size_t>(*count) * stride + slot] = now;
+  *count += 1;
+}
+
+struct QueuedSkew {
+  double first_us = -1.0, spread_us = -1.0, gap_us = -1.0;
+};
+QueuedSkew queued_skew(cudaStream_t s, int roots, int blocks, bool origin, bool pdl, bool kickoff) {
+  constexpr int kReps = 210, kLen = 3;
+  const int stride = roots + 1;  // the chains' first stamps, then the replay's end
+  unsigned long long* t = nullptr;
+  unsigned* count = nullptr;
+  check(cudaMalloc(&t, sizeof(unsigned long long) * kReps * static_cast<std::size_t>(stride)), "cudaMalloc");
+  check(cudaMalloc(&count, sizeof(unsigned)), "cudaMalloc");
+  std::vector<cudaStream_t> lanes(static_cast<std::size_t>(roots));
+  std::vector<cudaEvent_t> joins(static_cast<std::size_t>(roots));
+  cudaEvent_t fork;
+  check(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), "cudaEventCreate");
+  for (int r = 0; r < roots; ++r) {
+    check(cudaStreamCreateWithFlags(&lanes[std::size_t(r)], cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaEventCreateWithFlags(&joins[std::size_t(r)], cudaEventDisableTiming), "cudaEventCreate");
+  }
+  auto launch = [&](cudaStream_t st, auto kernel, unsigned grid, auto... args) {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(128);
+    cfg.stream = st;
+    cfg.attrs = &attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    check(cudaLaunchKernelEx(&cfg, kernel, args...), "queued launch");
+  };
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
+  if (kickoff) launch(s, queued_kernel, 1u, t, static_cast<const unsigned*>(count), stride, -1, 0u, pdl);
+  check(cudaEventRecord(fork, s), "cudaEventRecord");
+  for (int r = 0; r < roots; ++r) {
+    cudaStream_t l = origin && r == 0 ? s : lanes[std::size_t(r)];
+    if (l != s) check(cudaStreamWaitEvent(l, fork, 0), "cudaStreamWaitEvent");
+    for (int k = 0; k < kLen; ++k)
+      launch(l, queued_kernel, static_cast<unsigned>(blocks), t, static_cast<const unsigned*>(count), stride,
+             k == 0 ? r : -1, 2000u, pdl);
+    if (l != s) {
+      check(cudaEventRecord(joins[std::size_t(r)], l), "cudaEventRecord");
+      check(cudaStreamWaitEvent(s, joins[std::size_t(r)], 0), "cudaStreamWaitEvent");
+    }
+  }
+  launch(s, queued_tail_kernel, 1u, t, count, stride, roots, pdl);
+  check(cudaStreamEndCapture(s, &graph), "end capture");
+  check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  check(cudaGraphUpload(exec, s), "upload");
+  check(cudaMemsetAsync(count, 0, sizeof(unsigned), s), "cudaMemset");
+  for (int rep = 0; rep < kReps; ++rep) check(cudaGraphLaunch(exec, s), "graph launch");
+  std::vector<unsigned long long> h(static_cast<std::size_t>(kReps) * stride);
+  check(cudaMemcpyAsync(h.data(), t, h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost, s), "cudaMemcpy");
+  check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+  std::vector<double> first, spread, gap;
+  for (int rep = 10; rep < kReps; ++rep) {
+    const unsigned long long* row = h.data() + static_cast<std::size_t>(rep) * stride;
+    const auto [lo, hi] = std::minmax_element(row, row + roots);
+    first.push_back(static_cast<double>(row[0] - *lo) * 1e-3);
+    spread.push_back(static_cast<double>(*hi - *lo) * 1e-3);
+    const unsigned long long last_end = h[static_cast<std::size_t>(rep - 1) * stride + roots];
+    gap.push_back((static_cast<double>(*lo) - static_cast<double>(last_end)) * 1e-3);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  for (int r = 0; r < roots; ++r) {
+    cudaStreamDestroy(lanes[std::size_t(r)]);
+    cudaEventDestroy(joins[std::size_t(r)]);
+  }
+  cudaEventDestroy(fork);
+  cudaFree(t);
+  cudaFree(count);
+  auto median = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  return QueuedSkew{median(first), median(spread), median(gap)};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool json = argc > 1 && std::strcmp(argv[1], "--json") == 0;
-  if (argc > 1 && !json) {
-    std::fprintf(stderr, "usage: dqn-latency [--json]\n");
-    return 2;
+  bool json = false, roots_only = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--json") == 0) {
+      json = true;
+    } else if (std::strcmp(argv[i], "--roots") == 0) {
+      roots_only = true;
+    } else {
+      std::fprintf(stderr, "dqn-latency: unknown argument '%s'\nusage: dqn-latency [--json] [--roots]\n", argv[i]);
+      return 2;
+    }
   }
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -334,20 +450,23 @@ int main(int argc, char** argv) {
   check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&max_coop, barrier_kernel<false>, 128, 0), "occupancy");
 
   std::vector<std::pair<std::string, double>> rows;
-  for (const int blocks : {1, sms, 2 * sms})
-    for (const bool pdl : {false, true})
-      rows.emplace_back("kernel boundary in a graph, " + std::to_string(blocks) + " blocks" + (pdl ? ", PDL" : "") +
-                            " (us)",
-                        chain_us(s, x, blocks, pdl));
-  for (const int blocks : {sms, 2 * sms})
-    if (blocks <= max_coop * sms)
-      rows.emplace_back("grid barrier, " + std::to_string(blocks) + " blocks (us)", grid_barrier_us(s, blocks, x));
-  for (const int cs : {2, 8, 16})
-    rows.emplace_back("cluster barrier, clusters of " + std::to_string(cs) + " (us)",
-                      cluster_barrier_us(s, cs, std::max(1, sms / cs), x));
-  rows.emplace_back("flag hand-off to the next SM (us)", flag_hop_us(s, sms, flags));
-  rows.emplace_back("dependent load, 4 MiB (L2) (ns)", chase_ns(s, std::size_t{4} << 20, flags, true));
-  rows.emplace_back("dependent load, 256 MiB (device memory) (ns)", chase_ns(s, std::size_t{256} << 20, flags, false));
+  if (!roots_only) {  // --roots: only the graph-root rows below
+    for (const int blocks : {1, sms, 2 * sms})
+      for (const bool pdl : {false, true})
+        rows.emplace_back("kernel boundary in a graph, " + std::to_string(blocks) + " blocks" + (pdl ? ", PDL" : "") +
+                              " (us)",
+                          chain_us(s, x, blocks, pdl));
+    for (const int blocks : {sms, 2 * sms})
+      if (blocks <= max_coop * sms)
+        rows.emplace_back("grid barrier, " + std::to_string(blocks) + " blocks (us)", grid_barrier_us(s, blocks, x));
+    for (const int cs : {2, 8, 16})
+      rows.emplace_back("cluster barrier, clusters of " + std::to_string(cs) + " (us)",
+                        cluster_barrier_us(s, cs, std::max(1, sms / cs), x));
+    rows.emplace_back("flag hand-off to the next SM (us)", flag_hop_us(s, sms, flags));
+    rows.emplace_back("dependent load, 4 MiB (L2) (ns)", chase_ns(s, std::size_t{4} << 20, flags, true));
+    rows.emplace_back("dependent load, 256 MiB (device memory) (ns)",
+                      chase_ns(s, std::size_t{256} << 20, flags, false));
+  }
   unsigned long long* stamps = nullptr;
   check(cudaMalloc(&stamps, sizeof(unsigned long long) * 16), "cudaMalloc");
   for (const bool kickoff : {false, true})
@@ -358,6 +477,17 @@ int main(int argc, char** argv) {
       rows.emplace_back(what + ": latest start after the earliest (us)", k.spread_us);
     }
   cudaFree(stamps);
+  for (const int roots : {2, 6})
+    for (const int mode : {0, 1, 2, 3}) {  // as root_skew's; the first chain on the capturing stream; + PDL; + kickoff
+      const bool origin = mode >= 1, pdl = mode >= 2, kickoff = mode == 3;
+      const QueuedSkew q = queued_skew(s, roots, sms, origin, pdl, kickoff);
+      const std::string what = "queued replays, " + std::to_string(roots) + " chains" +
+                               (origin ? ", the first on the capturing stream" : "") + (pdl ? ", PDL" : "") +
+                               (kickoff ? ", after a kickoff" : "");
+      rows.emplace_back(what + ": first captured starts after the earliest (us)", q.first_us);
+      rows.emplace_back(what + ": latest start after the earliest (us)", q.spread_us);
+      rows.emplace_back(what + ": earliest start after the last replay's end (us)", q.gap_us);
+    }
 
   if (json) {
     std::printf("{\"device\": \"%s\", \"sms\": %d, \"rows\": [", p.name, sms);

@@ -1607,7 +1607,6 @@ class CudaBackend final : public Backend {
     t.ldmask = g.ldmask;
     t.mask_rows = g.mask_rows > 0 ? g.mask_rows : g.m;
     t.stride_mask = batched && g.mask ? g.stride_mask : 0;
-    t.b_early = g.weight_operand == 2;  // run_tile keeps it only while capturing (DQN_GEMM_EARLY)
     return t;
   }
 
@@ -1645,12 +1644,7 @@ class CudaBackend final : public Backend {
     if (!planning_) run_tile(tg, config);
   }
   void run_tile(const cuda::TileGemm& tg, int config) noexcept {
-    // B before the wait only in a captured step: there no kernel before the update writes a
-    // parameter, and the previous replay has ended; run uncaptured, the kernel before may be the
-    // last step's update.
     cuda::TileGemm t = tg;
-    t.b_early = tg.b_early && capturing_ && gemm_early_;
-    t.epi_early = gemm_early_;
     t.ldmatrix = tile_ldmatrix_;
     if (DQN_CUDA_OK("gemm", cuda::tile_gemm(stream_, t, config)) && t.mask) masked_in_kernel_ = true;
   }
@@ -1742,8 +1736,6 @@ class CudaBackend final : public Backend {
     cuda::TileGemm t = tg;
     t.c_in = c;  // beta·C from the caller's C, D to the private buffer
     t.c = d;
-    t.b_early = tg.b_early && gemm_early_;  // as in the step (a timing graph writes no parameter)
-    t.epi_early = gemm_early_;
     t.ldmatrix = tile_ldmatrix_;  // as in the step
     const bool works = cuda::tile_gemm(stream_, t, cfg) == cudaSuccess;  // also the warm-up
     if (!works) {
@@ -1973,11 +1965,9 @@ class CudaBackend final : public Backend {
   bool tune_split_k_ = tune_split_k_from_env();  ///< DQN_GEMM_TUNE_SPLIT_K, read once per backend
   int update_cluster_ = 0;               ///< the cluster update's blocks per cluster (0: not used)
   /// DQN_UPDATE_EARLY=1: the cluster update loads its first tile's optimizer state before its
-  /// wait; DQN_GEMM_EARLY=1: tile_gemm requests a parameter B's first stages before its wait (in a
-  /// captured step). Off unless set until measured on a GPU (written 2026-12-05 on a machine
-  /// without one). Read per backend; the same results either way.
+  /// wait. Off unless set until measured on a GPU (written 2026-12-05 on a machine without one).
+  /// Read per backend; the same results either way.
   bool update_early_ = env_set("DQN_UPDATE_EARLY");
-  bool gemm_early_ = env_set("DQN_GEMM_EARLY");
   /// DQN_TILE_LDMATRIX=1: tile_gemm's k loop reads the fragments of its k-contiguous operands by
   /// ldmatrix (TileGemm::ldmatrix; the same bits). Off unless set until measured on a GPU
   /// (written 2026-12-05, eighteenth session, on a machine without one). Read per backend.
@@ -2058,11 +2048,6 @@ class CudaRuntime final : public Runtime {
 
   Backend& ops() noexcept override { return backend_; }
 
-  void hot_range(const void* base, std::size_t bytes) override {
-    hot_base_ = base;
-    hot_bytes_ = bytes;
-  }
-
   void* alloc_arena(std::size_t bytes) override {
     if (arena_) throw std::runtime_error("cuda: alloc_arena called twice (the arena is allocated once, at freeze)");
     bytes = std::max<std::size_t>(round_up(bytes, 256), 256);
@@ -2100,12 +2085,6 @@ class CudaRuntime final : public Runtime {
     capturing_ = true;
     backend_.set_capturing(true);
     cuda::dev::set_noting(true);
-    // DQN_ONE_ROOT=1 (off unless set until measured): an empty kernel first, which every lane's
-    // first stage then waits for (through fork_), so the graph has one root. With all four heads
-    // the step's first ~8 µs run one kernel, the online trunk (the critical path's start)
-    // placed 9.3 µs in (the eleventh run's trace): if the graph's many roots are what delays it,
-    // one root removes that; it costs the kickoff's boundary (0.5-0.8 µs, dqn-latency).
-    if (one_root_) DQN_CUDA_THROW(cuda::kickoff(backend_.stream()));
     // The other lanes join the capture by waiting on this event (on their first stage).
     DQN_CUDA_THROW(cudaEventRecord(fork_, backend_.stream()));
     for (auto& j : joined_) j = false;
@@ -2178,7 +2157,6 @@ class CudaRuntime final : public Runtime {
     }
     if (priority_) prioritize(graph);
     std::vector<Edge> joins = joins_ ? programmatic_joins(graph) : std::vector<Edge>{};
-    if (persist_) persist_l2(graph);
     // Re-capture cheaply: update the instantiated graph in place when the topology allows.
     if (exec_) {
       cudaGraphExecUpdateResultInfo info{};
@@ -2314,10 +2292,6 @@ class CudaRuntime final : public Runtime {
     if (graph_)
       text += ", " + std::to_string(joins_made_) + " programmatic join(s) in the graph" +
               (joins_ ? "" : " (DQN_PDL_JOINS off)");
-    if (one_root_) text += ", one root (DQN_ONE_ROOT=1)";
-    if (persist_)
-      text += ", L2 persisting " + std::to_string(persisted_ >> 10) + " KiB of a " + std::to_string(hot_bytes_ >> 10) +
-              " KiB hot range for " + std::to_string(persisted_nodes_) + " kernel node(s) (DQN_L2_PERSIST=1)";
     return text;
   }
 
@@ -2350,11 +2324,6 @@ class CudaRuntime final : public Runtime {
     stage_events_.clear();
     if (fork_) cudaEventDestroy(fork_);
     fork_ = nullptr;
-    if (persisted_ > 0) {  // the device-wide carve-out this runtime asked for, and its lines, given back
-      if (cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 0) != cudaSuccess) cudaGetLastError();
-      if (cudaCtxResetPersistingL2Cache() != cudaSuccess) cudaGetLastError();
-      persisted_ = 0;
-    }
     if (arena_) cudaFree(arena_);
     exec_ = nullptr;
     graph_ = nullptr;
@@ -2436,42 +2405,6 @@ class CudaRuntime final : public Runtime {
     }
     return changed;
   }
-  /// DQN_L2_PERSIST=1 (off unless set until measured on a GPU): the hot range (Runtime::hot_range:
-  /// parameters, target, Adam's moments; 5.2 MB for the C51 ref, about 22 MB with all four heads)
-  /// as an access-policy window on every kernel node: its lines persist in a carve-out of L2 (as
-  /// large as the range, at most what the device allows), the rest of the step's traffic streams
-  /// past them, so the update's reads and the GEMMs' weights come from L2 even where the step
-  /// touches more than L2 holds. Sets persisted_ (the carve-out's bytes; release() gives it back)
-  /// and persisted_nodes_. Nothing where the device has no carve-out.
-  void persist_l2(cudaGraph_t graph) noexcept {
-    persisted_nodes_ = 0;
-    const cudaDeviceProp& p = backend_.props();
-    if (!hot_base_ || hot_bytes_ == 0 || p.persistingL2CacheMaxSize <= 0 || p.accessPolicyMaxWindowSize <= 0) return;
-    const std::size_t carve = std::min<std::size_t>(static_cast<std::size_t>(p.persistingL2CacheMaxSize), hot_bytes_);
-    if (cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, carve) != cudaSuccess) {
-      cudaGetLastError();
-      return;
-    }
-    persisted_ = carve;
-    const std::size_t window = std::min<std::size_t>(hot_bytes_, static_cast<std::size_t>(p.accessPolicyMaxWindowSize));
-    cudaLaunchAttributeValue v{};
-    v.accessPolicyWindow.base_ptr = const_cast<void*>(hot_base_);
-    v.accessPolicyWindow.num_bytes = window;
-    // where the window is larger than the carve-out, only that share of it persists (no thrashing)
-    v.accessPolicyWindow.hitRatio = std::min(1.0f, static_cast<float>(carve) / static_cast<float>(window));
-    v.accessPolicyWindow.hitProp = cudaAccessPropertyPersisting;
-    v.accessPolicyWindow.missProp = cudaAccessPropertyStreaming;
-    std::vector<cudaGraphNode_t> nodes;
-    if (!graph_node_list(graph, nodes)) return;
-    for (cudaGraphNode_t n : nodes) {
-      if (node_type(n) != cudaGraphNodeTypeKernel) continue;
-      if (cudaGraphKernelNodeSetAttribute(n, cudaLaunchAttributeAccessPolicyWindow, &v) != cudaSuccess)
-        cudaGetLastError();
-      else
-        ++persisted_nodes_;
-    }
-  }
-
   /// The edges programmatic_joins changed, plain again. False if one could not be restored.
   static bool restore_joins(cudaGraph_t graph, const std::vector<Edge>& joins) noexcept {
     bool ok = true;
@@ -2609,12 +2542,6 @@ class CudaRuntime final : public Runtime {
   bool priority_ = priority_from_env();        ///< DQN_PRIORITY (read once per runtime)
   bool joins_ = joins_from_env();              ///< DQN_PDL_JOINS (read once per runtime)
   bool wide_ = false;                          ///< this capture's width (capture_width)
-  bool persist_ = env_set("DQN_L2_PERSIST");   ///< read once per runtime
-  bool one_root_ = env_set("DQN_ONE_ROOT");    ///< read once per runtime
-  const void* hot_base_ = nullptr;             ///< Runtime::hot_range
-  std::size_t hot_bytes_ = 0;
-  std::size_t persisted_ = 0;                  ///< the L2 carve-out asked for (persist_l2)
-  std::size_t persisted_nodes_ = 0;            ///< kernel nodes with the window
   std::size_t joins_made_ = 0;                 ///< programmatic joins in graph_
 };
 

@@ -1917,14 +1917,6 @@ cudaError_t sum_slices(cudaStream_t s, float* c, int m, int n, int ldc, const fl
   return cudaGetLastError();
 }
 
-/// The kickoff (one_root): a block that only lets the kernels after it be placed.
-__global__ void kickoff_kernel() { dev::pdl_entry(); }
-
-cudaError_t kickoff(cudaStream_t s) {
-  launch(kickoff_kernel, 1, 32, 0, s);
-  return cudaGetLastError();
-}
-
 cudaError_t fill(cudaStream_t s, float* x, float value, std::int64_t n) {
   launch(fill_kernel, blocks_for(n), kThreads, 0, s, x, value, n);
   return cudaGetLastError();

@@ -139,13 +139,6 @@ struct TileGemm {
   /// Gemm::batch2: grid z runs over batch × batch2 entries, entry (i, j) at i·stride + j·stride2.
   int batch2 = 1;
   std::int64_t stride2_a = 0, stride2_b = 0, stride2_c = 0, stride2_bias = 0, stride2_mask = 0;
-  /// B is a parameter that no kernel of the step writes (Gemm::weight_operand 2, in a captured
-  /// step): its first k-slices are requested before the kernel's griddepcontrol.wait, while the
-  /// kernel it waits for finishes (tile_gemm only; the same results).
-  bool b_early = false;
-  /// The epilogue's operands (mask, bias, C for beta) loaded once the k loop's first copies are
-  /// issued, not after the multiplies (the 16x32 and 32x32 shapes; DQN_GEMM_EARLY=1).
-  bool epi_early = false;
   /// The k loop reads the fragments of A (not transposed) and B (transposed) from shared memory
   /// by ldmatrix, one instruction for what takes two or four shared loads (DQN_TILE_LDMATRIX=1;
   /// the same bits).
@@ -213,8 +206,6 @@ cudaError_t tile_gemm_chain(cudaStream_t s, const TileGemm& g, const TileChain& 
 /// summed in order in double.
 cudaError_t sum_slices(cudaStream_t s, float* c, int m, int n, int ldc, const float* part, int slices);
 cudaError_t fill(cudaStream_t s, float* x, float value, std::int64_t n);
-/// An empty kernel of one block (captured first with DQN_ONE_ROOT=1: the graph's only root).
-cudaError_t kickoff(cudaStream_t s);
 cudaError_t axpy(cudaStream_t s, float* y, const float* x, float alpha, std::int64_t n);
 cudaError_t uniform(cudaStream_t s, const Uniform& a);
 

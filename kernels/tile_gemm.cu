@@ -106,10 +106,6 @@ __device__ __forceinline__ void copy_rows_async(Dst dst, const float* src, int l
   }
 }
 
-/// tile_mainloop's after_copies when the caller has none.
-struct NoLoads {
-  __device__ void operator()() const {}
-};
 /// ldmatrix (four 8 × 8 matrices of 16-bit elements, read as 8 rows of four 32-bit words each):
 /// lane l gives the address of row l % 8 of matrix l / 8 (16 bytes, 16-byte aligned) and gets
 /// word l % 4 of row l / 4 of each matrix in r[0..3]. For a tile stored with k contiguous, that
@@ -133,19 +129,12 @@ __device__ __forceinline__ std::uint32_t tf32_bits(std::uint32_t w) { return to_
 /// at or past m and columns of B at or past n read as zeros. Returns with no copy in flight (the
 /// caller's own cp.async groups, committed before, included) and with the stage buffers possibly
 /// still being read by other warps (a barrier must come before `smem` is written again). TA/TB: A
-/// is stored [k, m] / B is stored [n, k] (the Gemm's ta/tb). b_then_wait: the caller has not passed
-/// pdl_entry(); the first stages' copies of B (a parameter, which no kernel of the step writes) are
-/// issued, then pdl_entry(), then those of A (one more cp.async group, which the waits below allow
-/// for: at stage kt they need groups up to kt + 1 done either way). after_copies() runs once the
-/// first stages' copies are issued (after the wait either way): loads of the caller's that may then
-/// overlap the multiplies. LDM: the fragments of A (not transposed) and B (transposed) by ldmatrix
-/// (the same values).
-template <int BM, int BN, int WM, int WN, int S, bool TA, bool TB, bool LDM = false, int KS = 1,
-          class AfterCopies = NoLoads>
+/// is stored [k, m] / B is stored [n, k] (the Gemm's ta/tb). LDM: the fragments of A (not
+/// transposed) and B (transposed) by ldmatrix (the same values).
+template <int BM, int BN, int WM, int WN, int S, bool TA, bool TB, bool LDM = false, int KS = 1>
 __device__ __forceinline__ void tile_mainloop(float (&acc)[WM / 16][WN / 8][4], float* smem, const float* A, int lda,
                                               const float* B, int ldb, int m0, int n0, int m, int n, int k,
-                                              bool vec_a, bool vec_b, bool b_then_wait = false,
-                                              AfterCopies after_copies = {}) {
+                                              bool vec_a, bool vec_b) {
   static_assert((BM / WM) * (BN / WN) == kThreads / 32, "four warp tiles per block tile");
   static_assert(WM % 16 == 0 && WN % 8 == 0, "whole mma tiles per warp");
   static_assert(KS == 1 || KS == 2 || KS == 4, "the k split divides a stage's four k8 steps");
@@ -156,21 +145,14 @@ __device__ __forceinline__ void tile_mainloop(float (&acc)[WM / 16][WN / 8][4], 
   [[maybe_unused]] const int kg = static_cast<int>(threadIdx.x) / kThreads;
   const int KT = (k + kBK - 1) / kBK;
 
-  auto load_a = [&](int kt, int slot) {
+  auto load_stage = [&](int kt, int slot) {
     float* As = smem + slot * Shape::stage_floats;
+    float* Bs = As + Shape::a_floats;
     const int k0 = kt * kBK;
     if constexpr (TA) copy_tile<kBK, BM, NTH>(As, LA, A, lda, k0, m0, k, m, vec_a);
     else copy_tile<BM, kBK, NTH>(As, LA, A, lda, m0, k0, m, k, vec_a);
-  };
-  auto load_b = [&](int kt, int slot) {
-    float* Bs = smem + slot * Shape::stage_floats + Shape::a_floats;
-    const int k0 = kt * kBK;
     if constexpr (TB) copy_tile<BN, kBK, NTH>(Bs, LB, B, ldb, n0, k0, n, k, vec_b);
     else copy_tile<kBK, BN, NTH>(Bs, LB, B, ldb, k0, n0, k, n, vec_b);
-  };
-  auto load_stage = [&](int kt, int slot) {
-    load_a(kt, slot);
-    load_b(kt, slot);
   };
 
   const int wm = warp / (BN / WN), wn = warp % (BN / WN);
@@ -184,21 +166,10 @@ __device__ __forceinline__ void tile_mainloop(float (&acc)[WM / 16][WN / 8][4], 
   [[maybe_unused]] const int b_lane =
       (wn * WN + ((lane >> 4) & (NT > 1 ? 1 : 0)) * 8 + (lane & 7)) * LB + ((lane >> 3) & 1) * 4;
 
-  if (b_then_wait) {
-    for (int s = 0; s < S - 1 && s < KT; ++s) load_b(s, s);
-    cp_async_commit();
-    dev::pdl_entry();
-    for (int s = 0; s < S - 1; ++s) {
-      if (s < KT) load_a(s, s);
-      cp_async_commit();
-    }
-  } else {
-    for (int s = 0; s < S - 1; ++s) {
-      if (s < KT) load_stage(s, s);
-      cp_async_commit();  // empty groups keep the count uniform
-    }
+  for (int s = 0; s < S - 1; ++s) {
+    if (s < KT) load_stage(s, s);
+    cp_async_commit();  // empty groups keep the count uniform
   }
-  after_copies();
   for (int kt = 0; kt < KT; ++kt) {
     cp_async_wait<S - 2>();
     __syncthreads();  // stage kt is visible to all; every warp is done with the slot reloaded below
@@ -280,7 +251,7 @@ __device__ __forceinline__ void tile_mainloop(float (&acc)[WM / 16][WN / 8][4], 
 /// shared memory and group 0 runs the epilogue. Deterministic; not the bits of KS = 1.
 template <int BM, int BN, int WM, int WN, int S, bool TA, bool TB, bool LDM, int KS = 1>
 __global__ void __launch_bounds__(kThreads * KS) tile_gemm_kernel(TileGemm g, bool vec_a, bool vec_b) {
-  if (!g.b_early) dev::pdl_entry();  // else in the k loop's prologue, after B's first copies
+  dev::pdl_entry();
   constexpr int MT = WM / 16, NT = WN / 8;
   extern __shared__ __align__(16) float tg_shared[];
   const int lane = threadIdx.x & 31, warp = KS > 1 ? (threadIdx.x >> 5) & 3 : threadIdx.x >> 5;
@@ -300,41 +271,8 @@ __global__ void __launch_bounds__(kThreads * KS) tile_gemm_kernel(TileGemm g, bo
   // The fragment's element (mt, h, nt, e): row r(mt, h) (rows gq and gq + 8), column c(nt, e).
   const auto row = [&](int mt, int h) { return m0 + wm * WM + mt * 16 + gq + h * 8; };
   const auto col = [&](int nt, int e) { return n0 + wn * WN + nt * 8 + 2 * tq + e; };
-  // g.epi_early and a warp tile of at most two mma tiles (16x32, 32x32: a few registers): the
-  // epilogue's operands (mask, bias, C for beta) are loaded once the k loop's first copies are
-  // issued, so that they arrive during the multiplies instead of after them. The same values
-  // either way (out-of-range elements are never used).
-  constexpr bool kPre = MT * NT <= 2;
-  constexpr int PM = kPre ? MT : 1, PN = kPre ? NT : 1;
-  float pm[PM][2][PN][2], pb[PN][2], pc[PM][2][PN][2];
-  const bool pre = kPre && g.epi_early;
-  const auto load_epilogue = [&] {
-    if constexpr (kPre) {
-      if (!pre || (KS > 1 && kg != 0)) return;  // (only group 0 runs the epilogue)
-#pragma unroll
-      for (int nt = 0; nt < PN; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) pb[nt][e] = bias && col(nt, e) < n ? bias[col(nt, e)] : 0.0f;
-#pragma unroll
-      for (int mt = 0; mt < PM; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = row(mt, h);
-          const float* mrow = mask && r < m ? mask + static_cast<std::int64_t>(r % g.mask_rows) * g.ldmask : nullptr;
-#pragma unroll
-          for (int nt = 0; nt < PN; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int c = col(nt, e);
-              const bool ok = r < m && c < n;
-              pm[mt][h][nt][e] = mrow && ok ? mrow[c] : 1.0f;
-              pc[mt][h][nt][e] = g.beta != 0.0f && ok ? Cin[static_cast<std::int64_t>(r) * g.ldc + c] : 0.0f;
-            }
-        }
-    }
-  };
   tile_mainloop<BM, BN, WM, WN, S, TA, TB, LDM, KS>(acc, tg_shared, A, g.lda, B, g.ldb, m0, n0, m, n, g.k, vec_a,
-                                                    vec_b, g.b_early, load_epilogue);
+                                                    vec_b);
   if constexpr (KS > 1) {
     // the groups' sums into group 0's accumulators, groups in order: group q > 0 stores its own
     // in the (finished) stage buffers, a lane's values side by side per warp tile
@@ -373,7 +311,7 @@ __global__ void __launch_bounds__(kThreads * KS) tile_gemm_kernel(TileGemm g, bo
       const int r = row(mt, h);
       if (r >= m) continue;
       // the mask's row: one modulo per row, not per element
-      const float* mrow = mask && !pre ? mask + static_cast<std::int64_t>(r % g.mask_rows) * g.ldmask : nullptr;
+      const float* mrow = mask ? mask + static_cast<std::int64_t>(r % g.mask_rows) * g.ldmask : nullptr;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -383,11 +321,10 @@ __global__ void __launch_bounds__(kThreads * KS) tile_gemm_kernel(TileGemm g, bo
           if (c >= n) continue;
           const std::int64_t at = static_cast<std::int64_t>(r) * g.ldc + c;
           float v = g.alpha * acc[mt][nt][q];
-          const int pmt = kPre ? mt : 0, pnt = kPre ? nt : 0;  // (pre implies kPre)
-          if (g.beta != 0.0f) v += g.beta * (pre ? pc[pmt][h][pnt][e] : Cin[at]);
-          if (bias) v += pre ? pb[pnt][e] : bias[c];
+          if (g.beta != 0.0f) v += g.beta * Cin[at];
+          if (bias) v += bias[c];
           if (g.relu) v = v > 0.0f ? v : 0.0f;
-          if (mask && (pre ? pm[pmt][h][pnt][e] : mrow[c]) <= 0.0f) v = 0.0f;
+          if (mask && mrow[c] <= 0.0f) v = 0.0f;
           C[at] = v;
         }
     }

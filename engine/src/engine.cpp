@@ -233,15 +233,6 @@ void Engine::build(const PluginLoader& plugins) {
   reg_.declare("budget/reach", DType::i64, {H * kBudgetReach * 2}, BufferKind::optimizer, "engine");
 
   reg_.freeze(*rt_);
-  {  // the span of the buffers the update reads and writes in full every step
-    std::size_t lo = ~std::size_t{0}, hi = 0;
-    for (const char* name : {"params", "target", "adam.m", "adam.v"})
-      if (const auto* b = reg_.find(name)) {
-        lo = std::min(lo, b->offset_bytes);
-        hi = std::max(hi, b->offset_bytes + b->bytes);
-      }
-    if (hi > lo) rt_->hot_range(reg_.base() + lo, hi - lo);
-  }
   bind_engine();
   for (std::size_t h = 0; h < heads_.size(); ++h) {
     HeadResolver r(*this, h);
@@ -359,20 +350,18 @@ void Engine::add_engine_stages_front() {
   // The online trunk a stage per layer (trunk.forward.<i>), the target's one stage, two roots of
   // the step's graph that start in no fixed order. (Making the target chain wait for the online
   // first layer, one root, measured slower for C51 on the H200, 91.70 against 88.98 µs: waiting
-  // delays the target chain, which then holds the loss back.) The traces had the target's root
-  // start first although the online trunk is declared (and captured) first: DQN_TARGET_FIRST=1
-  // declares the target's stage first instead (the same stages and results; off until measured).
-  const Stage target{"target.trunk.forward", "engine", {buf::states2, "target"}, tacts, [this, L](Backend& be) {
-                       for (int i = 0; i < L; ++i) trunk_forward_layer(be, i, true);
-                     }};
-  const bool target_first = env_switch("DQN_TARGET_FIRST");
-  if (target_first) stages_.push_back(target);
+  // delays the target chain, which then holds the loss back; declaring the target's stage first,
+  // so that it is captured first, measured slower too: 91.09-93.13 against 86.17-86.59 µs on an
+  // H100, 2026-12-05.)
   for (int i = 0; i < L; ++i) {
     std::vector<std::string> reads{i == 0 ? std::string(buf::states2) : acts[std::size_t(i - 1)], "params"};
     stages_.push_back(Stage{"trunk.forward." + std::to_string(i), "engine", reads, {acts[std::size_t(i)]},
                             [this, i](Backend& be) { trunk_forward_layer(be, i, false); }});
   }
-  if (!target_first) stages_.push_back(target);
+  stages_.push_back(Stage{"target.trunk.forward", "engine", {buf::states2, "target"}, tacts,
+                          [this, L](Backend& be) {
+                            for (int i = 0; i < L; ++i) trunk_forward_layer(be, i, true);
+                          }});
 }
 
 void Engine::add_engine_stages_back() {

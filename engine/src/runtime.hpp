@@ -23,9 +23,6 @@ class Runtime {
   virtual Backend& ops() noexcept = 0;
   /// One allocation for the whole arena (called once, at freeze). Aligned to 256 bytes.
   virtual void* alloc_arena(std::size_t bytes) = 0;
-  /// The part of the arena every step reads and writes in full (parameters, target, Adam's
-  /// moments), after freeze: CUDA may keep it in L2 (DQN_L2_PERSIST=1). Nothing by default.
-  virtual void hot_range(const void* /*base*/, std::size_t /*bytes*/) {}
   /// Dry run: while planning, ops record what scratch they need and do no work; plan_end()
   /// allocates it (once). The engine plans the whole step before the first run or capture.
   virtual void plan_begin() {}

@@ -343,13 +343,12 @@ TEST_CASE("gpu.ops.gemm_mask: the ReLU backward in the GEMM (tile_gemm's epilogu
       {"tall k (split, the mask after the slices' sum)", true, 37, 53, 5000, 1, 0, 0.0f, false},
       {"k = 0: the mask on beta·C", false, 37, 53, 0, 1, 0, 0.5f, false},
   };
-  // Each path also with DQN_GEMM_EARLY=1 (tile_gemm loads the mask, bias and C during its k loop)
-  // and with DQN_TILE_LDMATRIX=1 (its k-contiguous fragments by ldmatrix): the same bits as without.
+  // Each path also with DQN_TILE_LDMATRIX=1 (tile_gemm's k-contiguous fragments by ldmatrix): the
+  // same bits as without.
   std::map<std::string, std::vector<float>> plain;
   for (const GemmPath& prec : kGemmPaths)
-  for (const char* variant : {static_cast<const char*>(nullptr), "DQN_GEMM_EARLY", "DQN_TILE_LDMATRIX"}) {
+  for (const char* variant : {static_cast<const char*>(nullptr), "DQN_TILE_LDMATRIX"}) {
     const ScopedEnv tile("DQN_TILE_GEMM", prec.tile_env);
-    const ScopedEnv pre("DQN_GEMM_EARLY", on_if(variant, "DQN_GEMM_EARLY"));
     const ScopedEnv ldm("DQN_TILE_LDMATRIX", on_if(variant, "DQN_TILE_LDMATRIX"));
     Gpu gpu(prec.p);
     Cpu cpu;
@@ -775,16 +774,14 @@ TEST_CASE("gpu.ops.tile_gemm: each tile shape, layout and copy width; ragged edg
   // operands 16-byte aligned (16-byte copies) and not (4-byte copies), m, n and k off every tile
   // edge, k over ten 32-wide stages (more than the eight in flight), and the epilogue's
   // alpha, beta·C, bias and ReLU. The rerun is bit-identical.
-  // Each shape also with DQN_GEMM_EARLY=1 (16x32 and the 32x32 shapes load the bias and C during
-  // their k loop) and with DQN_TILE_LDMATRIX=1 (the fragments of A, untransposed, and B, transposed, by
-  // ldmatrix: in both layouts' k loops, two of the four layouts' A and B each): the same bits as
+  // Each shape also with DQN_TILE_LDMATRIX=1 (the fragments of A, untransposed, and B, transposed,
+  // by ldmatrix: in both layouts' k loops, two of the four layouts' A and B each): the same bits as
   // without.
   std::map<std::string, std::vector<float>> plain;
   for (const char* shape : {"16x32", "32x32", "64x64", "32x32k2", "32x32k4"})
-  for (const char* variant : {static_cast<const char*>(nullptr), "DQN_GEMM_EARLY", "DQN_TILE_LDMATRIX"}) {
+  for (const char* variant : {static_cast<const char*>(nullptr), "DQN_TILE_LDMATRIX"}) {
     std::uint32_t seed = 4000 + 100 * static_cast<std::uint32_t>(shape[0] - '0');  // the same operands every way
     const ScopedEnv tile("DQN_TILE_GEMM", shape);
-    const ScopedEnv pre("DQN_GEMM_EARLY", on_if(variant, "DQN_GEMM_EARLY"));
     const ScopedEnv ldm("DQN_TILE_LDMATRIX", on_if(variant, "DQN_TILE_LDMATRIX"));
     Gpu gpu(Precision::tf32);
     Cpu cpu;

@@ -534,17 +534,14 @@ TEST_CASE("gpu.step.aux_heads_match_cpu") {
   }
 }
 
-TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY, DQN_GEMM_EARLY, DQN_L2_PERSIST, DQN_ONE_ROOT, DQN_TARGET_FIRST and DQN_TILE_LDMATRIX change no result") {
+TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY and DQN_TILE_LDMATRIX change no result") {
   // Programmatic joins (the runtime's rewrite of a join's plain edges between two kernels into
-  // programmatic ones), the cluster update's optimizer state loaded before its wait, tile_gemm's
-  // parameter operand requested before its wait and its epilogue's operands during its k loop,
-  // the hot range persisting in L2, an empty kernel as the graph's one root, the target trunk
-  // captured first and tile_gemm's fragments by ldmatrix change when kernels are placed, how and
-  // when loads are issued and what L2 keeps, never what they compute: 20 replayed steps with all
-  // seven off (the default) give the same bits as with all seven on, C51
-  // alone and with all three auxiliary heads (more lanes, more joins); the GEMM choices are the
-  // process's, so both engines run the same kernels. describe() says how many joins were made,
-  // how much of the hot range persists and that the graph has one root (one node more).
+  // programmatic ones), the cluster update's optimizer state loaded before its wait and
+  // tile_gemm's fragments by ldmatrix change when kernels are placed and how loads are issued,
+  // never what they compute: 20 replayed steps with all three off (the default) give the same
+  // bits as with all three on, C51 alone and with all three auxiliary heads (more lanes, more
+  // joins); the GEMM choices are the process's, so both engines run the same kernels. describe()
+  // says how many joins were made.
   std::vector<std::string> auxes{""};
   if (const auto all = aux_heads({"iqn", "ensemble", "cql"})) auxes.push_back(*all);
   for (const std::string& aux : auxes) {
@@ -552,12 +549,10 @@ TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY, DQN_GEMM_EARLY, DQN_
     const PipelineSpec spec = parse(pipeline("tf32", "", aux));
     std::unique_ptr<Engine> late;
     {
-      const EnvOverride j("DQN_PDL_JOINS", "0"), u("DQN_UPDATE_EARLY", "0"), g("DQN_GEMM_EARLY", "0"),
-          l("DQN_L2_PERSIST", "0"), o("DQN_ONE_ROOT", "0"), t("DQN_TARGET_FIRST", "0"), m("DQN_TILE_LDMATRIX", "0");
+      const EnvOverride j("DQN_PDL_JOINS", "0"), u("DQN_UPDATE_EARLY", "0"), m("DQN_TILE_LDMATRIX", "0");
       late = make(spec, BackendKind::cuda);
     }
-    const EnvOverride j("DQN_PDL_JOINS", "1"), u("DQN_UPDATE_EARLY", "1"), g("DQN_GEMM_EARLY", "1"),
-        l("DQN_L2_PERSIST", "1"), o("DQN_ONE_ROOT", "1"), t("DQN_TARGET_FIRST", "1"), m("DQN_TILE_LDMATRIX", "1");
+    const EnvOverride j("DQN_PDL_JOINS", "1"), u("DQN_UPDATE_EARLY", "1"), m("DQN_TILE_LDMATRIX", "1");
     auto early = make(spec, BackendKind::cuda);
     for (int i = 0; i < 20; ++i) {
       late->step();
@@ -577,10 +572,7 @@ TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY, DQN_GEMM_EARLY, DQN_
     // (none is no failure: a driver whose stream capture already made the joins programmatic, or
     // one that refused them, leaves none to make; dqn-trace shows which edges are programmatic)
     MESSAGE("programmatic joins made: " << joins);
-    CHECK(dl.find("L2 persisting") == std::string::npos);
-    CHECK(de.find(" KiB hot range for ") != std::string::npos);
-    CHECK(de.find("one root") != std::string::npos);
-    CHECK(late->runtime().graph_nodes() + 1 == early->runtime().graph_nodes());  // the kickoff
+    CHECK(late->runtime().graph_nodes() == early->runtime().graph_nodes());
   }
 }
 

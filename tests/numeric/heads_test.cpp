@@ -584,33 +584,6 @@ void each_switch_case(F&& f) {
 }
 }  // namespace
 
-TEST_CASE("heads.target_first: the target trunk's stage declared first, the same step bit for bit") {
-  // DQN_TARGET_FIRST=1 (read when the engine is built): target.trunk.forward is the first stage
-  // (declared, scheduled and captured first), the online trunk's stages after it; nothing waits
-  // for anything it did not wait for before. Anything but 0 or 1 is refused.
-  each_switch_case([](const SwitchCase&, const PipelineSpec& spec, bool f64) {
-    auto plain = make(spec, f64);
-    auto first = make_switched("DQN_TARGET_FIRST", spec, f64);
-    const std::string ep = plain->explain(), ef = first->explain();
-    CHECK(ep.find("  1. trunk.forward.0  <engine>") != std::string::npos);
-    CHECK(ef.find("  1. target.trunk.forward  <engine>") != std::string::npos);
-    CHECK(ef.find("  2. trunk.forward.0  <engine>") != std::string::npos);
-    auto waits = [](Engine& e) {  // per stage what it waits for, in name order
-      auto w = e.stage_waits();
-      for (auto& [stage, on] : w) std::sort(on.begin(), on.end());
-      std::sort(w.begin(), w.end());
-      return w;
-    };
-    CHECK(waits(*plain) == waits(*first));
-    step_both_and_compare(*plain, *first, {"params", "target", "grad/all", "adam.v", "target/h2", "report/td_error"});
-    CHECK(plain->read_report().losses == first->read_report().losses);
-  });
-  setenv("DQN_TARGET_FIRST", "yes", 1);
-  CHECK_THROWS_WITH_AS(make(parse(tiny_pipeline("")), true), "DQN_TARGET_FIRST='yes': expected 0 or 1",
-                       std::invalid_argument);
-  unsetenv("DQN_TARGET_FIRST");
-}
-
 TEST_CASE("heads.c51_project: the projected target a stage of its own, the same step bit for bit") {
   // DQN_C51_PROJECT=1 (read when the c51 head declares its stages): c51.project computes m
   // (C51Loss part 1) and c51.loss the rest from it (part 2); the heads that read m (the ensemble)

@@ -252,6 +252,35 @@ __global__ void root_kernel(unsigned long long* t, int slot, unsigned ns) {
   while (now - t0 < ns);
 }
 
+/// The streams a captured graph's chains run on: per chain a stream and the event that joins it
+/// back, and the fork event the chains wait for (destroyed with it).
+struct ChainLanes {
+  std::vector<cudaStream_t> lanes;
+  std::vector<cudaEvent_t> joins;
+  cudaEvent_t fork = nullptr;
+  explicit ChainLanes(int n) : lanes(static_cast<std::size_t>(n)), joins(static_cast<std::size_t>(n)) {
+    check(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), "cudaEventCreate");
+    for (std::size_t r = 0; r < lanes.size(); ++r) {
+      check(cudaStreamCreateWithFlags(&lanes[r], cudaStreamNonBlocking), "cudaStreamCreate");
+      check(cudaEventCreateWithFlags(&joins[r], cudaEventDisableTiming), "cudaEventCreate");
+    }
+  }
+  ~ChainLanes() {
+    for (std::size_t r = 0; r < lanes.size(); ++r) {
+      cudaStreamDestroy(lanes[r]);
+      cudaEventDestroy(joins[r]);
+    }
+    cudaEventDestroy(fork);
+  }
+  ChainLanes(const ChainLanes&) = delete;
+  ChainLanes& operator=(const ChainLanes&) = delete;
+};
+
+double median_of(std::vector<double>& v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 /// When a replayed graph starts its independent chains: `roots` chains of `len` kernels (`blocks`
 /// blocks of 128 threads, 2 µs each), each captured on a stream of its own in turn and joined at
 /// the end; with `kickoff` an empty one-block kernel first that every chain waits for (one root).
@@ -261,25 +290,18 @@ struct RootSkew {
   double first_us = -1.0, spread_us = -1.0;
 };
 RootSkew root_skew(cudaStream_t s, int roots, int len, int blocks, bool kickoff, unsigned long long* t) {
-  std::vector<cudaStream_t> lanes(static_cast<std::size_t>(roots));
-  std::vector<cudaEvent_t> joins(static_cast<std::size_t>(roots));
-  cudaEvent_t fork;
-  check(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), "cudaEventCreate");
-  for (int r = 0; r < roots; ++r) {
-    check(cudaStreamCreateWithFlags(&lanes[std::size_t(r)], cudaStreamNonBlocking), "cudaStreamCreate");
-    check(cudaEventCreateWithFlags(&joins[std::size_t(r)], cudaEventDisableTiming), "cudaEventCreate");
-  }
+  const ChainLanes c(roots);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
   if (kickoff) root_kernel<<<1, 32, 0, s>>>(t, -1, 0);
-  check(cudaEventRecord(fork, s), "cudaEventRecord");
+  check(cudaEventRecord(c.fork, s), "cudaEventRecord");
   for (int r = 0; r < roots; ++r) {
-    cudaStream_t l = lanes[std::size_t(r)];
-    check(cudaStreamWaitEvent(l, fork, 0), "cudaStreamWaitEvent");
+    cudaStream_t l = c.lanes[std::size_t(r)];
+    check(cudaStreamWaitEvent(l, c.fork, 0), "cudaStreamWaitEvent");
     for (int k = 0; k < len; ++k) root_kernel<<<blocks, 128, 0, l>>>(t, k == 0 ? r : -1, 2000);
-    check(cudaEventRecord(joins[std::size_t(r)], l), "cudaEventRecord");
-    check(cudaStreamWaitEvent(s, joins[std::size_t(r)], 0), "cudaStreamWaitEvent");
+    check(cudaEventRecord(c.joins[std::size_t(r)], l), "cudaEventRecord");
+    check(cudaStreamWaitEvent(s, c.joins[std::size_t(r)], 0), "cudaStreamWaitEvent");
   }
   check(cudaStreamEndCapture(s, &graph), "end capture");
   check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
@@ -297,16 +319,7 @@ RootSkew root_skew(cudaStream_t s, int roots, int len, int blocks, bool kickoff,
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  for (int r = 0; r < roots; ++r) {
-    cudaStreamDestroy(lanes[std::size_t(r)]);
-    cudaEventDestroy(joins[std::size_t(r)]);
-  }
-  cudaEventDestroy(fork);
-  auto median = [](std::vector<double>& v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
-  return RootSkew{median(first), median(spread)};
+  return RootSkew{median_of(first), median_of(spread)};
 }
 
 /// The root chains' start in replays queued back to back, as `dqn bench` and training replay the
@@ -347,14 +360,7 @@ QueuedSkew queued_skew(cudaStream_t s, int roots, int blocks, bool origin, bool 
   unsigned* count = nullptr;
   check(cudaMalloc(&t, sizeof(unsigned long long) * kReps * static_cast<std::size_t>(stride)), "cudaMalloc");
   check(cudaMalloc(&count, sizeof(unsigned)), "cudaMalloc");
-  std::vector<cudaStream_t> lanes(static_cast<std::size_t>(roots));
-  std::vector<cudaEvent_t> joins(static_cast<std::size_t>(roots));
-  cudaEvent_t fork;
-  check(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), "cudaEventCreate");
-  for (int r = 0; r < roots; ++r) {
-    check(cudaStreamCreateWithFlags(&lanes[std::size_t(r)], cudaStreamNonBlocking), "cudaStreamCreate");
-    check(cudaEventCreateWithFlags(&joins[std::size_t(r)], cudaEventDisableTiming), "cudaEventCreate");
-  }
+  const ChainLanes c(roots);
   auto launch = [&](cudaStream_t st, auto kernel, unsigned grid, auto... args) {
     cudaLaunchAttribute attr{};
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -371,16 +377,16 @@ QueuedSkew queued_skew(cudaStream_t s, int roots, int blocks, bool origin, bool 
   cudaGraphExec_t exec;
   check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
   if (kickoff) launch(s, queued_kernel, 1u, t, static_cast<const unsigned*>(count), stride, -1, 0u, pdl);
-  check(cudaEventRecord(fork, s), "cudaEventRecord");
+  check(cudaEventRecord(c.fork, s), "cudaEventRecord");
   for (int r = 0; r < roots; ++r) {
-    cudaStream_t l = origin && r == 0 ? s : lanes[std::size_t(r)];
-    if (l != s) check(cudaStreamWaitEvent(l, fork, 0), "cudaStreamWaitEvent");
+    cudaStream_t l = origin && r == 0 ? s : c.lanes[std::size_t(r)];
+    if (l != s) check(cudaStreamWaitEvent(l, c.fork, 0), "cudaStreamWaitEvent");
     for (int k = 0; k < kLen; ++k)
       launch(l, queued_kernel, static_cast<unsigned>(blocks), t, static_cast<const unsigned*>(count), stride,
              k == 0 ? r : -1, 2000u, pdl);
     if (l != s) {
-      check(cudaEventRecord(joins[std::size_t(r)], l), "cudaEventRecord");
-      check(cudaStreamWaitEvent(s, joins[std::size_t(r)], 0), "cudaStreamWaitEvent");
+      check(cudaEventRecord(c.joins[std::size_t(r)], l), "cudaEventRecord");
+      check(cudaStreamWaitEvent(s, c.joins[std::size_t(r)], 0), "cudaStreamWaitEvent");
     }
   }
   launch(s, queued_tail_kernel, 1u, t, count, stride, roots, pdl);
@@ -403,18 +409,9 @@ QueuedSkew queued_skew(cudaStream_t s, int roots, int blocks, bool origin, bool 
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  for (int r = 0; r < roots; ++r) {
-    cudaStreamDestroy(lanes[std::size_t(r)]);
-    cudaEventDestroy(joins[std::size_t(r)]);
-  }
-  cudaEventDestroy(fork);
   cudaFree(t);
   cudaFree(count);
-  auto median = [](std::vector<double>& v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
-  return QueuedSkew{median(first), median(spread), median(gap)};
+  return QueuedSkew{median_of(first), median_of(spread), median_of(gap)};
 }
 
 }  // namespace

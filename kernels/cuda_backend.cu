@@ -1965,17 +1965,17 @@ class CudaBackend final : public Backend {
   bool tune_split_k_ = tune_split_k_from_env();  ///< DQN_GEMM_TUNE_SPLIT_K, read once per backend
   int update_cluster_ = 0;               ///< the cluster update's blocks per cluster (0: not used)
   /// DQN_UPDATE_EARLY=1: the cluster update loads its first tile's optimizer state before its
-  /// wait. Off unless set until measured on a GPU (written 2026-12-05 on a machine without one).
-  /// Read per backend; the same results either way.
+  /// wait. Off unless set: within the noise on an H100 (2026-12-05, docs/performance.md). Read
+  /// per backend; the same results either way.
   bool update_early_ = env_set("DQN_UPDATE_EARLY");
   /// DQN_TILE_LDMATRIX=1: tile_gemm's k loop reads the fragments of its k-contiguous operands by
-  /// ldmatrix (TileGemm::ldmatrix; the same bits). Off unless set until measured on a GPU
-  /// (written 2026-12-05, eighteenth session, on a machine without one). Read per backend.
+  /// ldmatrix (TileGemm::ldmatrix; the same bits). Off unless set: within the noise on an H100
+  /// (2026-12-05). Read per backend.
   bool tile_ldmatrix_ = env_set("DQN_TILE_LDMATRIX");
   /// DQN_TILE_SPLITK=1: autotuning also times tile_gemm's 32x32k2 and 32x32k4 shapes (each block
   /// tile's k steps split over two or four groups of four warps, their sums added in the block: a
-  /// half or a quarter of each warp's chain of multiplies). Off unless set until measured on a GPU
-  /// (written in the same session).
+  /// half or a quarter of each warp's chain of multiplies). Off unless set: within the noise on
+  /// an H100 (2026-12-05).
   bool tile_splitk_ = env_set("DQN_TILE_SPLITK");
   /// c51_loss two warps a (sample, branch) where the warp kernel runs and D ≤ 8 (unset or
   /// DQN_LOSS_WARPS=2; =1: one warp; read when the backend is made, anything else refused).
@@ -2342,11 +2342,11 @@ class CudaRuntime final : public Runtime {
   struct Edge {
     cudaGraphNode_t from, to;
   };
-  /// Programmatic joins (DQN_PDL_JOINS=1; off unless set until measured on a GPU): a kernel launched with the programmatic
-  /// attribute is placed early only after the one kernel before it in its stream; a stage that
-  /// waits for another lane's stage (a join) was captured with plain edges, so its first kernel
-  /// was placed only after both had finished (about 1 µs after, where an early placement waits
-  /// 0.5–0.7). Here every plain edge between two kernels into a kernel that begins with
+  /// Programmatic joins (DQN_PDL_JOINS=1; off unless set: within the noise on an H100, 2026-12-05):
+  /// a kernel launched with the programmatic attribute is placed early only after the one kernel
+  /// before it in its stream; a stage that waits for another lane's stage (a join) was captured
+  /// with plain edges, so its first kernel was placed only after both had finished (about 1 µs
+  /// after, where an early placement waits 0.5–0.7). Here every plain edge between two kernels into a kernel that begins with
   /// pdl_entry() (dev::is_pdl_kernel) and would take the attribute (dev::pdl_for_width, as
   /// captured) becomes programmatic: the kernel is placed once every kernel it waits for has
   /// passed its own wait, and its griddepcontrol.wait then waits for their completion and their

@@ -7,7 +7,7 @@
 #        tools/gpu_profile.sh source REGEX [batch] [key=value ...]
 #   source: the full ncu section set for the kernels whose names match REGEX (one replayed step of
 #   ref, C51 unless overrides follow), the details page and the per-line source counters (stall
-#   samples per CUDA source line) as text and gzipped CSV. NCU_CACHE (default all: flushed before
+#   samples per SASS instruction, alone and under their CUDA lines) as gzipped CSV. NCU_CACHE (default all: flushed before
 #   each kernel) and NCU_CLOCK (default base: locked clocks) as ncu's --cache-control and
 #   --clock-control (none and none: as in a replay).
 set -uo pipefail
@@ -33,6 +33,9 @@ if [ "${1:-}" = source ]; then
   ncu -i "$rep.ncu-rep" --page details >"$out/ncu_details.txt" 2>&1
   ncu -i "$rep.ncu-rep" --page source --csv --print-source cuda 2>&1 | gzip >"$out/ncu_source_cuda.csv.gz"
   ncu -i "$rep.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip >"$out/ncu_source_sass.csv.gz"
+  # each SASS instruction under its CUDA line (the cuda page alone came back without metrics on
+  # 2026-12-05: the sass page has them, but no line numbers)
+  ncu -i "$rep.ncu-rep" --page source --csv --print-source cuda,sass 2>&1 | gzip >"$out/ncu_source_cuda_sass.csv.gz"
   exit 0
 fi
 b=${1:-256}

@@ -829,12 +829,24 @@ __device__ __forceinline__ AdamCoef adam_coef(double b1, double b2, double eps, 
 /// differ by float rounding, about 1e-7 relative): m and v in place; returns the new θ. Each
 /// operation is rounded explicitly, so every kernel that uses it computes the same bits. A double
 /// chain here (two divisions and a square root per element) set the length of the update kernels.
+/// The square root and the division are IEEE's (__fsqrt_rn, __fdiv_rn), whose fast paths do not
+/// take a zero: a zero operand goes through a slow-path subroutine, a call per lane, and the
+/// warp waits for it. Parameters whose gradient has been zero so far (dead units, padding rows)
+/// have v = m = 0; the nineteenth session's profile had a third of the update's warps in those
+/// calls for every element. So a zero gets its result by select: sqrt(±0) = ±0, and ±0 / d = ±0
+/// for d > 0 (d = sqrt(v̂) + ε, +inf included), the values the IEEE operations give; the
+/// operations themselves get 1 there, so that they stay on their fast paths. The same bits.
 __device__ __forceinline__ float adam_element(float g, float& m, float& v, float theta, const AdamCoef& c) {
   const float mi = __fmaf_rn(c.b1, m, __fmul_rn(c.c1, g));
   const float vi = __fmaf_rn(c.b2, v, __fmul_rn(__fmul_rn(c.c2, g), g));
   m = mi;
   v = vi;
-  return __fsub_rn(theta, __fdiv_rn(__fmul_rn(c.step, mi), __fadd_rn(__fsqrt_rn(__fmul_rn(vi, c.inv_bc2)), c.eps)));
+  const float vh = __fmul_rn(vi, c.inv_bc2);
+  const bool v_zero = vh == 0.0f;
+  const float den = __fadd_rn(v_zero ? vh : __fsqrt_rn(v_zero ? 1.0f : vh), c.eps);
+  const float num = __fmul_rn(c.step, mi);
+  const bool n_zero = num == 0.0f && den > 0.0f;
+  return __fsub_rn(theta, n_zero ? num : __fdiv_rn(n_zero ? 1.0f : num, den));
 }
 
 /// The Polyak step of one target element: old + τ (src − old), in float (one rounding each).

@@ -3,9 +3,12 @@
 # the benchmark against the PyTorch peer (C51 alone and all four heads), the kernel switches, and
 # compute-sanitizer on the update, head and loss ops and on whole steps. Logs and JSON go to
 # ${OUT:-out}/; a short summary is printed last.
-# Usage: tools/gpu_check.sh [quick|bench|fast]   quick: build, tests, step; bench: build and benchmarks
-# only; fast: build, tests, step, then the two comparisons at B 256 and the replayed steps' kernel
-# timelines (dqn-trace) (for iterating on kernels: about half the device time of a full run).
+# Usage: tools/gpu_check.sh [quick|bench|fast|verify]   quick: build, tests, step; bench: build and
+# benchmarks only; fast: build, tests, step, then the two comparisons at B 256 and the replayed
+# steps' kernel timelines (dqn-trace) (for iterating on kernels: about half the device time of a
+# full run); verify: build, the gpu suite alone, step, the C51 timeline with the update's phases,
+# the C51 comparison at B 256 against the graph peer (what a change to the default kernels needs
+# first, in about 150 s).
 # Environment: SWITCHES="DQN_X=a ..." runs only those switch rows; STEP_SWITCHES="DQN_X=a ..." runs
 # the gpu.step binary once more under each (every case with that switch; DQN_X=a,DQN_Y=b sets
 # both for one run); SANITIZE_OPS /
@@ -50,8 +53,9 @@ export DQN_PLUGIN_PATH=$PWD/$build/plugins
 
 if [ "$mode" != bench ]; then
   t1=$(date +%s)
-  meson test -C $build --no-rebuild --print-errorlogs --num-processes 8 --suite gpu --suite unit --suite numeric \
-    --suite plugins >"$out/test.log" 2>&1
+  suites=(--suite gpu --suite unit --suite numeric --suite plugins)
+  [ "$mode" = verify ] && suites=(--suite gpu)  # (the others run in CI too)
+  meson test -C $build --no-rebuild --print-errorlogs --num-processes 8 "${suites[@]}" >"$out/test.log" 2>&1
   grep -E "^ *[0-9]+/[0-9]+ " "$out/test.log" | tee -a "$summary"
   note "tests: $(( $(date +%s) - t1 )) s"
   cp $build/meson-logs/testlog.txt "$out/testlog.txt" 2>/dev/null
@@ -80,6 +84,18 @@ if [ "$mode" != bench ]; then
     >"$out/step.log" 2>&1 && python3 tools/st_check.py /tmp/o.safetensors \
     --expect trunk.0.weight,target.trunk.0.weight,adam.m.trunk.0.weight,adam.v.trunk.0.weight,adam.step,c51.branch.2.1.weight,loss.c51,grad_norm.c51,clip.c51,loss.total,td_error,skipped_steps \
     >"$out/st_check.log" 2>&1; note "cuda dqn step + st_check rc=$?"
+  if [ "$mode" = verify ]; then
+    # the C51 step's kernel timeline and the update's phases (DQN_UPDATE_CLOCK=1)
+    DQN_UPDATE_CLOCK=1 $build/tools/dqn-trace pipelines/ref.yaml --batch 256 --precision tf32 >"$out/trace_c51.txt" 2>&1
+    head -3 "$out/trace_c51.txt" | tee -a "$summary"
+    sed -n '/^update clock/,$p' "$out/trace_c51.txt" >>"$summary"
+    python3 bench/compare.py --dqn $build/tools/dqn --pipeline pipelines/ref.yaml --batch 256 --precision tf32 \
+      --peer-modes graph --json-out "$out/compare_c51.json" 2>"$out/compare_c51.err" | tee -a "$summary" ||
+      tail -5 "$out/compare_c51.err"
+    note "total: $(( $(date +%s) - t0 )) s"
+    pack
+    exit 0
+  fi
   # The captured graphs: nodes, lanes, and stages queued behind one they do not need (want 0).
   for extra in "" "heads.1.enabled=true heads.2.enabled=true heads.3.enabled=true"; do
     # shellcheck disable=SC2086

@@ -507,6 +507,7 @@ class CudaBackend final : public Backend {
     LtKey tkey = key;
     if (precision_ == Precision::tf32 && tile_.on) {
       tg = tile_args(g);
+      tg.ldmatrix = tile_ldmatrix_;  // (the same bits either way; timed as it will run)
       tkey.epilogue = (g.bias ? 1 : 0) | (g.act == Act::relu ? 2 : 0) | (g.mask ? 4 : 0);
       tkey.stride_bias = g.bias && batched ? g.stride_bias : 0;
       if (g2) {  // entry 0 of a batch2 call: one launch for every entry
@@ -1644,9 +1645,7 @@ class CudaBackend final : public Backend {
     if (!planning_) run_tile(tg, config);
   }
   void run_tile(const cuda::TileGemm& tg, int config) noexcept {
-    cuda::TileGemm t = tg;
-    t.ldmatrix = tile_ldmatrix_;
-    if (DQN_CUDA_OK("gemm", cuda::tile_gemm(stream_, t, config)) && t.mask) masked_in_kernel_ = true;
+    if (DQN_CUDA_OK("gemm", cuda::tile_gemm(stream_, tg, config)) && tg.mask) masked_in_kernel_ = true;
   }
 
   /// DQN_TILE_GEMM=1 or a shape: the named shape, or the fastest that fits (timed, outside
@@ -1736,7 +1735,6 @@ class CudaBackend final : public Backend {
     cuda::TileGemm t = tg;
     t.c_in = c;  // beta·C from the caller's C, D to the private buffer
     t.c = d;
-    t.ldmatrix = tile_ldmatrix_;  // as in the step
     const bool works = cuda::tile_gemm(stream_, t, cfg) == cudaSuccess;  // also the warm-up
     if (!works) {
       cudaGetLastError();
@@ -2346,11 +2344,11 @@ class CudaRuntime final : public Runtime {
   /// a kernel launched with the programmatic attribute is placed early only after the one kernel
   /// before it in its stream; a stage that waits for another lane's stage (a join) was captured
   /// with plain edges, so its first kernel was placed only after both had finished (about 1 µs
-  /// after, where an early placement waits 0.5–0.7). Here every plain edge between two kernels into a kernel that begins with
-  /// pdl_entry() (dev::is_pdl_kernel) and would take the attribute (dev::pdl_for_width, as
-  /// captured) becomes programmatic: the kernel is placed once every kernel it waits for has
-  /// passed its own wait, and its griddepcontrol.wait then waits for their completion and their
-  /// writes, as the plain edge did. Returns the edges changed (restore_joins undoes them).
+  /// after, where an early placement waits 0.5–0.7). Here every plain edge between two kernels
+  /// into a kernel that begins with pdl_entry() (dev::is_pdl_kernel) and would take the attribute
+  /// (dev::pdl_for_width, as captured) becomes programmatic: the kernel is placed once every
+  /// kernel it waits for has passed its own wait, and its griddepcontrol.wait then waits for their
+  /// completion and their writes, as the plain edge did. Returns the edges changed (restore_joins undoes them).
   static bool joins_from_env() noexcept { return env_set("DQN_PDL_JOINS"); }
   /// An edge that triggers when every block of its kernel has passed launch_dependents (or ended).
   static cudaGraphEdgeData programmatic_edge() noexcept {

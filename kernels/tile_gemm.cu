@@ -125,8 +125,8 @@ __device__ __forceinline__ std::uint32_t tf32_bits(std::uint32_t w) { return to_
 
 /// The k loop of a BM × BN tile of C at (m0, n0): acc += op(A) op(B) over the whole k, warp
 /// tile WM × WN (four warps; KS > 1: KS groups of four, group q taking the k8 steps q, q + KS, …
-/// of each stage into its own acc, which the caller adds), S stages of kBK in flight in `smem`; rows of A
-/// at or past m and columns of B at or past n read as zeros. Returns with no copy in flight (the
+/// of each stage into its own acc, which the caller adds), S stages of kBK in flight in `smem`;
+/// rows of A at or past m and columns of B at or past n read as zeros. Returns with no copy in flight (the
 /// caller's own cp.async groups, committed before, included) and with the stage buffers possibly
 /// still being read by other warps (a barrier must come before `smem` is written again). TA/TB: A
 /// is stored [k, m] / B is stored [n, k] (the Gemm's ta/tb). LDM: the fragments of A (not
@@ -604,12 +604,17 @@ cudaError_t prepare_one() {
   using K = Kernel<C, TA, TB, LDM>;
   return cudaFuncSetAttribute(K::fn, cudaFuncAttributeMaxDynamicSharedMemorySize, K::bytes);
 }
+template <int C, bool LDM>
+cudaError_t prepare_layouts() {
+  for (cudaError_t e : {prepare_one<C, false, false, LDM>(), prepare_one<C, false, true, LDM>(),
+                        prepare_one<C, true, false, LDM>(), prepare_one<C, true, true, LDM>()})
+    if (e != cudaSuccess) return e;
+  return cudaSuccess;
+}
 template <int C>
 cudaError_t prepare_config() {
-  for (cudaError_t e : {prepare_one<C, false, false, false>(), prepare_one<C, false, true, false>(),
-                        prepare_one<C, true, false, false>(), prepare_one<C, true, true, false>(),
-                        prepare_one<C, false, false, true>(), prepare_one<C, false, true, true>(),
-                        prepare_one<C, true, true, true>()})
+  // (with LDM, the layout without a k-contiguous operand is the same kernel: Kernel folds it)
+  for (cudaError_t e : {prepare_layouts<C, false>(), prepare_layouts<C, true>()})
     if (e != cudaSuccess) return e;
   return cudaSuccess;
 }
@@ -629,7 +634,7 @@ cudaError_t launch_one(cudaStream_t s, const TileGemm& g) {
 }
 template <int C, bool LDM>
 cudaError_t launch_layout(cudaStream_t s, const TileGemm& g) {
-  if (g.ta) return g.tb ? launch_one<C, true, true, LDM>(s, g) : launch_one<C, true, false, false>(s, g);
+  if (g.ta) return g.tb ? launch_one<C, true, true, LDM>(s, g) : launch_one<C, true, false, LDM>(s, g);
   return g.tb ? launch_one<C, false, true, LDM>(s, g) : launch_one<C, false, false, LDM>(s, g);
 }
 template <int C>

@@ -103,12 +103,6 @@ struct ScopedEnv {
   ScopedEnv& operator=(const ScopedEnv&) = delete;
 };
 
-/// "1" where `variant` names the switch `name`, else null (unset): a ScopedEnv value that turns
-/// on one switch of a list at a time.
-const char* on_if(const char* variant, const char* name) {
-  return variant && std::strcmp(variant, name) == 0 ? "1" : nullptr;
-}
-
 /// A CUDA runtime for one test, with one arena bump-allocated into the test's buffers.
 /// The GEMM paths each layout runs through: fp32, tf32 on cuBLASLt only, tf32 on each tile shape
 /// of the tile_gemm kernel (DQN_TILE_GEMM, read when the backend is made), bf16.
@@ -347,9 +341,8 @@ TEST_CASE("gpu.ops.gemm_mask: the ReLU backward in the GEMM (tile_gemm's epilogu
   // same bits as without.
   std::map<std::string, std::vector<float>> plain;
   for (const GemmPath& prec : kGemmPaths)
-  for (const char* variant : {static_cast<const char*>(nullptr), "DQN_TILE_LDMATRIX"}) {
-    const ScopedEnv tile("DQN_TILE_GEMM", prec.tile_env);
-    const ScopedEnv ldm("DQN_TILE_LDMATRIX", on_if(variant, "DQN_TILE_LDMATRIX"));
+  for (const char* ldm : {static_cast<const char*>(nullptr), "1"}) {
+    const ScopedEnv tile("DQN_TILE_GEMM", prec.tile_env), ldm_env("DQN_TILE_LDMATRIX", ldm);
     Gpu gpu(prec.p);
     Cpu cpu;
     std::uint32_t seed = 700;  // the same operands on every path
@@ -386,7 +379,7 @@ TEST_CASE("gpu.ops.gemm_mask: the ReLU backward in the GEMM (tile_gemm's epilogu
       cpu.ok();
       const auto got = gpu.get(gd.c, static_cast<std::int64_t>(nc));
       expect_close(got, Cc, prec.tol, what);
-      if (variant) expect_same_bits(got, plain.at(what), what + " (" + variant + "=1)");
+      if (ldm) expect_same_bits(got, plain.at(what), what + " (DQN_TILE_LDMATRIX=1)");
       else plain[what] = got;
       std::size_t zeros = 0;  // the mask did something: exact zeros where it is <= 0
       for (int b = 0; b < c.batch; ++b)
@@ -779,10 +772,9 @@ TEST_CASE("gpu.ops.tile_gemm: each tile shape, layout and copy width; ragged edg
   // without.
   std::map<std::string, std::vector<float>> plain;
   for (const char* shape : {"16x32", "32x32", "64x64", "32x32k2", "32x32k4"})
-  for (const char* variant : {static_cast<const char*>(nullptr), "DQN_TILE_LDMATRIX"}) {
-    std::uint32_t seed = 4000 + 100 * static_cast<std::uint32_t>(shape[0] - '0');  // the same operands every way
-    const ScopedEnv tile("DQN_TILE_GEMM", shape);
-    const ScopedEnv ldm("DQN_TILE_LDMATRIX", on_if(variant, "DQN_TILE_LDMATRIX"));
+  for (const char* ldm : {static_cast<const char*>(nullptr), "1"}) {
+    std::uint32_t seed = 4000 + 100 * static_cast<std::uint32_t>(shape[0] - '0');  // the same operands both ways
+    const ScopedEnv tile("DQN_TILE_GEMM", shape), ldm_env("DQN_TILE_LDMATRIX", ldm);
     Gpu gpu(Precision::tf32);
     Cpu cpu;
     for (int layout = 0; layout < 4; ++layout)
@@ -828,7 +820,7 @@ TEST_CASE("gpu.ops.tile_gemm: each tile shape, layout and copy width; ragged edg
         cpu.ops->gemm(gc);
         cpu.ok();
         expect_close(first, Cc, kTf32Gemm, what);
-        if (variant) expect_same_bits(first, plain.at(what), what + " (" + variant + "=1)");
+        if (ldm) expect_same_bits(first, plain.at(what), what + " (DQN_TILE_LDMATRIX=1)");
         else plain[what] = first;
         gpu.set(gd.c, C0);
         gpu.ops.gemm(gd);

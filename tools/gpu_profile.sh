@@ -7,9 +7,9 @@
 #        tools/gpu_profile.sh source REGEX [batch] [key=value ...]
 #   source: the full ncu section set for the kernels whose names match REGEX (one replayed step of
 #   ref, C51 unless overrides follow), the details page and the per-line source counters (stall
-#   samples per SASS instruction, alone and under their CUDA lines) as gzipped CSV. NCU_CACHE (default all: flushed before
-#   each kernel) and NCU_CLOCK (default base: locked clocks) as ncu's --cache-control and
-#   --clock-control (none and none: as in a replay).
+#   samples per SASS instruction, alone and under their CUDA lines) as gzipped CSV. NCU_CACHE
+#   (default all: flushed before each kernel) and NCU_CLOCK (default base: locked clocks) as ncu's
+#   --cache-control and --clock-control (none and none: as in a replay).
 set -uo pipefail
 out=${OUT:-out}; mkdir -p "$out"
 export PATH=/usr/local/cuda/bin:$PATH

@@ -242,14 +242,19 @@ double chase_ns(cudaStream_t s, std::size_t bytes, unsigned* sink, bool warm) {
   return ns;
 }
 
-/// Thread 0 of block 0 stamps %globaltimer into t[slot] (slot >= 0); every thread then spins
-/// until `ns` nanoseconds have passed since it started (a stage's few µs of work).
-__global__ void root_kernel(unsigned long long* t, int slot, unsigned ns) {
+/// Thread 0 of block 0 stamps %globaltimer into *at (not null); every thread then spins until
+/// `ns` nanoseconds have passed since it started (a stage's few µs of work).
+__device__ void stamp_and_spin(unsigned long long* at, unsigned ns) {
   unsigned long long t0, now;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  if (slot >= 0 && blockIdx.x == 0 && threadIdx.x == 0) t[slot] = t0;
+  if (at && blockIdx.x == 0 && threadIdx.x == 0) *at = t0;
   do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
   while (now - t0 < ns);
+}
+
+/// stamp_and_spin into t[slot] (slot < 0: no stamp).
+__global__ void root_kernel(unsigned long long* t, int slot, unsigned ns) {
+  stamp_and_spin(slot >= 0 ? t + slot : nullptr, ns);
 }
 
 /// The streams a captured graph's chains run on: per chain a stream and the event that joins it
@@ -335,11 +340,7 @@ RootSkew root_skew(cudaStream_t s, int roots, int len, int blocks, bool kickoff,
 __global__ void queued_kernel(unsigned long long* t, const unsigned* count, int stride, int slot, unsigned ns,
                               bool pdl) {
   if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
-  unsigned long long t0, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  if (slot >= 0 && blockIdx.x == 0 && threadIdx.x == 0) t[static_cast<std::size_t>(*count) * stride + slot] = t0;
-  do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  while (now - t0 < ns);
+  stamp_and_spin(slot >= 0 ? t + static_cast<std::size_t>(*count) * stride + slot : nullptr, ns);
 }
 
 __global__ void queued_tail_kernel(unsigned long long* t, unsigned* count, int stride, int slot, bool pdl) {

@@ -193,6 +193,18 @@ DistPerAction dist_per_action_from_env() noexcept {
   return DistPerAction::small;
 }
 
+/// DQN_TILE_LDMATRIX: unset (or empty) → autotuning times each tile shape with and without
+/// ldmatrix and keeps the faster (without autotuning: without); 0/off → never; anything else →
+/// always. ldmatrix for every tile GEMM measured −1.2 µs for the C51 step and +2.0 with all four
+/// heads on the H200 (2026-12-05, three processes each: 86.2 against 87.4, 250.6 against 248.6),
+/// +0.2 and +4.7 on an H100 (one process): faster for some problems, slower for others.
+enum class LdmMode { timed = 0, off = 1, on = 2 };
+LdmMode ldm_mode_from_env() noexcept {
+  const char* v = std::getenv("DQN_TILE_LDMATRIX");
+  if (!v || !*v) return LdmMode::timed;
+  return env_on("DQN_TILE_LDMATRIX") ? LdmMode::on : LdmMode::off;
+}
+
 /// DQN_UPDATE_CLUSTER=8 or 16: the cluster update's blocks per cluster (default: 16 where the
 /// device schedules such clusters, else 8).
 int cluster_size_from_env() noexcept {
@@ -507,7 +519,6 @@ class CudaBackend final : public Backend {
     LtKey tkey = key;
     if (precision_ == Precision::tf32 && tile_.on) {
       tg = tile_args(g);
-      tg.ldmatrix = tile_ldmatrix_;  // (the same bits either way; timed as it will run)
       tkey.epilogue = (g.bias ? 1 : 0) | (g.act == Act::relu ? 2 : 0) | (g.mask ? 4 : 0);
       tkey.stride_bias = g.bias && batched ? g.stride_bias : 0;
       if (g2) {  // entry 0 of a batch2 call: one launch for every entry
@@ -1579,6 +1590,10 @@ class CudaBackend final : public Backend {
   // --- tile_gemm -------------------------------------------------------------------------------
 
   static constexpr int kTileUndecided = -2, kTileLt = -1;
+  /// A tile choice >= 0 is a shape (< kTileGemmConfigs), + kTileLdm where its k loop reads the
+  /// fragments by ldmatrix (TileGemm::ldmatrix: the same bits, timed as another candidate).
+  static constexpr int kTileLdm = 64;
+  static_assert(cuda::kTileGemmConfigs <= kTileLdm, "a shape index below kTileLdm");
 
   static cuda::TileGemm tile_args(const Gemm& g) noexcept {
     cuda::TileGemm t;
@@ -1640,23 +1655,27 @@ class CudaBackend final : public Backend {
 
   /// tile_gemm shape `config` runs tg (while planning: nothing runs); a batch2 call's entries are
   /// all in that launch (the shape was chosen for tg with them: tile_gemm_fits holds).
-  void tile_chosen(const cuda::TileGemm& tg, int config) noexcept {
+  void tile_chosen(const cuda::TileGemm& tg, int choice) noexcept {
     if (tg.batch2 > 1) ran_batch2_ = true;
-    if (!planning_) run_tile(tg, config);
+    if (!planning_) run_tile(tg, choice);
   }
-  void run_tile(const cuda::TileGemm& tg, int config) noexcept {
-    if (DQN_CUDA_OK("gemm", cuda::tile_gemm(stream_, tg, config)) && tg.mask) masked_in_kernel_ = true;
+  /// Runs tile choice `choice` (a shape, + kTileLdm for its ldmatrix kernel).
+  void run_tile(const cuda::TileGemm& tg, int choice) noexcept {
+    cuda::TileGemm t = tg;
+    t.ldmatrix = choice >= kTileLdm;
+    if (DQN_CUDA_OK("gemm", cuda::tile_gemm(stream_, t, choice % kTileLdm)) && tg.mask) masked_in_kernel_ = true;
   }
 
   /// DQN_TILE_GEMM=1 or a shape: the named shape, or the fastest that fits (timed, outside
   /// capture with autotuning on; else the first); cuBLASLt only when no shape fits.
   int forced_tile(const LtKey& tkey, const cuda::TileGemm& tg, const float* c) noexcept {
     int choice = kTileLt;
+    const int ldm = tile_ldm_ == LdmMode::on ? kTileLdm : 0;  // untimed: ldmatrix only when forced
     if (tile_.config >= 0) {
-      if (cuda::tile_gemm_fits(tg, tile_.config)) choice = tile_.config;
+      if (cuda::tile_gemm_fits(tg, tile_.config)) choice = tile_.config + ldm;
     } else {
       for (int cfg = 0; cfg < cuda::kTileGemmConfigs && choice < 0; ++cfg)
-        if (tile_shape_on(cfg) && cuda::tile_gemm_fits(tg, cfg)) choice = cfg;  // the first that fits
+        if (tile_shape_on(cfg) && cuda::tile_gemm_fits(tg, cfg)) choice = cfg + ldm;  // the first that fits
       float* d = choice >= 0 && autotune_ && !capturing_ ? tune_buffer(tile_extent(tg)) : nullptr;
       if (d && tune_events()) choice = fastest_tile(tg, c, d, INFINITY, choice);
     }
@@ -1699,25 +1718,31 @@ class CudaBackend final : public Backend {
   }
 
   /// The key of a tile choice among the process's: the problem, and which shapes were candidates
-  /// (a backend with DQN_TILE_SPLITK=1 has one more, so it keeps its own choices).
+  /// (a backend with DQN_TILE_SPLITK=1 has one more, and DQN_TILE_LDMATRIX set to 0 or 1 half or
+  /// only the ldmatrix kernels, so each keeps its own choices).
   TuneKey tile_key(const LtKey& tkey) const noexcept {
-    return TuneKey{device_, 2 * static_cast<int>(precision_) + (tile_splitk_ ? 1 : 0), tkey};
+    const int candidates = 3 * (tile_splitk_ ? 1 : 0) + static_cast<int>(tile_ldm_);
+    return TuneKey{device_, 6 * static_cast<int>(precision_) + candidates, tkey};
   }
 
   /// Whether autotuning (or DQN_TILE_GEMM=1) may pick tile shape `cfg`: the split-k shapes only
   /// with DQN_TILE_SPLITK=1 (DQN_TILE_GEMM=32x32k2 or 32x32k4 names one in any case).
   bool tile_shape_on(int cfg) const noexcept { return cfg < cuda::kTileSplitK || tile_splitk_; }
 
-  /// Times every tile shape that fits; one replaces the incumbent `choice` (timed at `best` ms,
-  /// +inf: none yet) only when faster by more than kTuneMargin. kTileLt after a sticky error.
+  /// Times every tile shape that fits, each with and without ldmatrix (DQN_TILE_LDMATRIX unset;
+  /// =0 / =1: only without / with); one replaces the incumbent `choice` (timed at `best` ms, +inf:
+  /// none yet) only when faster by more than kTuneMargin. kTileLt after a sticky error.
   int fastest_tile(const cuda::TileGemm& tg, const float* c, float* d, float best, int choice) noexcept {
     for (int cfg = 0; cfg < cuda::kTileGemmConfigs; ++cfg) {
       if (!tile_shape_on(cfg) || !cuda::tile_gemm_fits(tg, cfg)) continue;
-      const float ms = time_tile(tg, cfg, c, d);
-      if (status_ != 0) return kTileLt;
-      if (ms < best * (1.0f - kTuneMargin)) {
-        best = ms;
-        choice = cfg;
+      for (const int ldm : {0, kTileLdm}) {
+        if ((ldm != 0 && tile_ldm_ == LdmMode::off) || (ldm == 0 && tile_ldm_ == LdmMode::on)) continue;
+        const float ms = time_tile(tg, cfg + ldm, c, d);
+        if (status_ != 0) return kTileLt;
+        if (ms < best * (1.0f - kTuneMargin)) {
+          best = ms;
+          choice = cfg + ldm;
+        }
       }
     }
     return choice;
@@ -1731,10 +1756,12 @@ class CudaBackend final : public Backend {
     return static_cast<std::size_t>(extent) * 4;
   }
 
-  float time_tile(const cuda::TileGemm& tg, int cfg, const float* c, float* d) noexcept {
+  float time_tile(const cuda::TileGemm& tg, int choice, const float* c, float* d) noexcept {
     cuda::TileGemm t = tg;
     t.c_in = c;  // beta·C from the caller's C, D to the private buffer
     t.c = d;
+    t.ldmatrix = choice >= kTileLdm;
+    const int cfg = choice % kTileLdm;
     const bool works = cuda::tile_gemm(stream_, t, cfg) == cudaSuccess;  // also the warm-up
     if (!works) {
       cudaGetLastError();
@@ -1962,14 +1989,15 @@ class CudaBackend final : public Backend {
   bool autotune_ = autotune_from_env();  ///< DQN_GEMM_AUTOTUNE, read once per backend
   bool tune_split_k_ = tune_split_k_from_env();  ///< DQN_GEMM_TUNE_SPLIT_K, read once per backend
   int update_cluster_ = 0;               ///< the cluster update's blocks per cluster (0: not used)
-  /// DQN_UPDATE_EARLY=1: the cluster update loads its first tile's optimizer state before its
-  /// wait. Off unless set: within the noise on an H100 (2026-12-05, docs/performance.md). Read
-  /// per backend; the same results either way.
-  bool update_early_ = env_set("DQN_UPDATE_EARLY");
-  /// DQN_TILE_LDMATRIX=1: tile_gemm's k loop reads the fragments of its k-contiguous operands by
-  /// ldmatrix (TileGemm::ldmatrix; the same bits). Off unless set: within the noise on an H100
-  /// (2026-12-05). Read per backend.
-  bool tile_ldmatrix_ = env_set("DQN_TILE_LDMATRIX");
+  /// DQN_UPDATE_EARLY (on unless 0/off): the cluster update loads its first tile's optimizer
+  /// state before its wait. Faster or equal in every measurement: on the H200 (2026-12-05, three
+  /// processes each) 86.5-87.2 µs against 86.9-88.0 for the C51 step and 247.8-248.1 against
+  /// 248.6-253.1 with all four heads; on an H100 86.1 / 257.6 against 86.2 / 258.3 (one each).
+  /// Read per backend; the same results either way.
+  bool update_early_ = env_on("DQN_UPDATE_EARLY");
+  /// DQN_TILE_LDMATRIX: whether tile_gemm's k loop reads the fragments of its k-contiguous
+  /// operands by ldmatrix (TileGemm::ldmatrix; the same bits). Read per backend.
+  LdmMode tile_ldm_ = ldm_mode_from_env();
   /// DQN_TILE_SPLITK=1: autotuning also times tile_gemm's 32x32k2 and 32x32k4 shapes (each block
   /// tile's k steps split over two or four groups of four warps, their sums added in the block: a
   /// half or a quarter of each warp's chain of multiplies). Off unless set: within the noise on

@@ -1226,7 +1226,7 @@ struct ClusterPlan {
   const double* step = nullptr;  ///< {1 − β1^t, 1 − β2^t, t} from budget_partial_kernel
   std::uint64_t* clock = nullptr;  ///< update_cluster's clock (null: off)
   int clock_blocks = 0;
-  bool early = false;  ///< the first tile's optimizer state loaded before the wait (DQN_UPDATE_EARLY=1)
+  bool early = false;  ///< the first tile's optimizer state loaded before the wait (DQN_UPDATE_EARLY)
   std::int64_t seg_lo[kClusterMaxSegs] = {}, seg_hi[kClusterMaxSegs] = {};
   std::int64_t seg_tile0[kClusterMaxSegs + 1] = {};  ///< first tile of each range; [nseg]: all tiles
 };

@@ -97,7 +97,7 @@ int update_max_matrices();
 /// max_blocks bounds the clusters outside the normed matrices; results do not depend on it.
 /// `clock` (null: off): per block kUpdateClockSlots %globaltimer stamps then as many clock64
 /// ones (UpdateClockSlot), for blocks below clock_blocks; the launch's block count in *blocks.
-/// early (DQN_UPDATE_EARLY=1): each block's first tile of m, v, θ and the target is loaded before
+/// early (DQN_UPDATE_EARLY, on unless 0/off): each block's first tile of m, v, θ and the target is loaded before
 /// the kernel's griddepcontrol.wait, while the partial sums finish, and a normed block of one tile
 /// keeps it in registers for its scaling and target update (the same results).
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
@@ -140,8 +140,8 @@ struct TileGemm {
   int batch2 = 1;
   std::int64_t stride2_a = 0, stride2_b = 0, stride2_c = 0, stride2_bias = 0, stride2_mask = 0;
   /// The k loop reads the fragments of A (not transposed) and B (transposed) from shared memory
-  /// by ldmatrix, one instruction for what takes two or four shared loads (DQN_TILE_LDMATRIX=1;
-  /// the same bits).
+  /// by ldmatrix, one instruction for what takes two or four shared loads (DQN_TILE_LDMATRIX:
+  /// timed against the plain loads by autotuning unless set; the same bits).
   bool ldmatrix = false;
 };
 /// The tile shapes of tile_gemm (block tiles 16×32, 32×32 and 64×64 of C, and from kTileSplitK

@@ -337,11 +337,11 @@ TEST_CASE("gpu.ops.gemm_mask: the ReLU backward in the GEMM (tile_gemm's epilogu
       {"tall k (split, the mask after the slices' sum)", true, 37, 53, 5000, 1, 0, 0.0f, false},
       {"k = 0: the mask on beta·C", false, 37, 53, 0, 1, 0, 0.5f, false},
   };
-  // Each path also with DQN_TILE_LDMATRIX=1 (tile_gemm's k-contiguous fragments by ldmatrix): the
-  // same bits as without.
+  // Each path with DQN_TILE_LDMATRIX=0 and =1 (tile_gemm's k-contiguous fragments by ldmatrix;
+  // unset, autotuning picks either per problem): the same bits both ways.
   std::map<std::string, std::vector<float>> plain;
   for (const GemmPath& prec : kGemmPaths)
-  for (const char* ldm : {static_cast<const char*>(nullptr), "1"}) {
+  for (const char* ldm : {"0", "1"}) {
     const ScopedEnv tile("DQN_TILE_GEMM", prec.tile_env), ldm_env("DQN_TILE_LDMATRIX", ldm);
     Gpu gpu(prec.p);
     Cpu cpu;
@@ -379,7 +379,7 @@ TEST_CASE("gpu.ops.gemm_mask: the ReLU backward in the GEMM (tile_gemm's epilogu
       cpu.ok();
       const auto got = gpu.get(gd.c, static_cast<std::int64_t>(nc));
       expect_close(got, Cc, prec.tol, what);
-      if (ldm) expect_same_bits(got, plain.at(what), what + " (DQN_TILE_LDMATRIX=1)");
+      if (*ldm == '1') expect_same_bits(got, plain.at(what), what + " (DQN_TILE_LDMATRIX=1)");
       else plain[what] = got;
       std::size_t zeros = 0;  // the mask did something: exact zeros where it is <= 0
       for (int b = 0; b < c.batch; ++b)
@@ -767,12 +767,12 @@ TEST_CASE("gpu.ops.tile_gemm: each tile shape, layout and copy width; ragged edg
   // operands 16-byte aligned (16-byte copies) and not (4-byte copies), m, n and k off every tile
   // edge, k over ten 32-wide stages (more than the eight in flight), and the epilogue's
   // alpha, beta·C, bias and ReLU. The rerun is bit-identical.
-  // Each shape also with DQN_TILE_LDMATRIX=1 (the fragments of A, untransposed, and B, transposed,
-  // by ldmatrix: in both layouts' k loops, two of the four layouts' A and B each): the same bits as
-  // without.
+  // Each shape with DQN_TILE_LDMATRIX=0 and =1 (=1: the fragments of A, untransposed, and B,
+  // transposed, by ldmatrix: in both layouts' k loops, two of the four layouts' A and B each): the
+  // same bits both ways.
   std::map<std::string, std::vector<float>> plain;
   for (const char* shape : {"16x32", "32x32", "64x64", "32x32k2", "32x32k4"})
-  for (const char* ldm : {static_cast<const char*>(nullptr), "1"}) {
+  for (const char* ldm : {"0", "1"}) {
     std::uint32_t seed = 4000 + 100 * static_cast<std::uint32_t>(shape[0] - '0');  // the same operands both ways
     const ScopedEnv tile("DQN_TILE_GEMM", shape), ldm_env("DQN_TILE_LDMATRIX", ldm);
     Gpu gpu(Precision::tf32);
@@ -820,7 +820,7 @@ TEST_CASE("gpu.ops.tile_gemm: each tile shape, layout and copy width; ragged edg
         cpu.ops->gemm(gc);
         cpu.ok();
         expect_close(first, Cc, kTf32Gemm, what);
-        if (ldm) expect_same_bits(first, plain.at(what), what + " (DQN_TILE_LDMATRIX=1)");
+        if (*ldm == '1') expect_same_bits(first, plain.at(what), what + " (DQN_TILE_LDMATRIX=1)");
         else plain[what] = first;
         gpu.set(gd.c, C0);
         gpu.ops.gemm(gd);

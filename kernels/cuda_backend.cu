@@ -1659,11 +1659,14 @@ class CudaBackend final : public Backend {
     if (tg.batch2 > 1) ran_batch2_ = true;
     if (!planning_) run_tile(tg, choice);
   }
-  /// Runs tile choice `choice` (a shape, + kTileLdm for its ldmatrix kernel).
   void run_tile(const cuda::TileGemm& tg, int choice) noexcept {
+    if (DQN_CUDA_OK("gemm", launch_tile(tg, choice)) && tg.mask) masked_in_kernel_ = true;
+  }
+  /// Launches tile choice `choice` (a shape, + kTileLdm for its ldmatrix kernel) of tg.
+  cudaError_t launch_tile(const cuda::TileGemm& tg, int choice) noexcept {
     cuda::TileGemm t = tg;
     t.ldmatrix = choice >= kTileLdm;
-    if (DQN_CUDA_OK("gemm", cuda::tile_gemm(stream_, t, choice % kTileLdm)) && tg.mask) masked_in_kernel_ = true;
+    return cuda::tile_gemm(stream_, t, choice % kTileLdm);
   }
 
   /// DQN_TILE_GEMM=1 or a shape: the named shape, or the fastest that fits (timed, outside
@@ -1760,14 +1763,12 @@ class CudaBackend final : public Backend {
     cuda::TileGemm t = tg;
     t.c_in = c;  // beta·C from the caller's C, D to the private buffer
     t.c = d;
-    t.ldmatrix = choice >= kTileLdm;
-    const int cfg = choice % kTileLdm;
-    const bool works = cuda::tile_gemm(stream_, t, cfg) == cudaSuccess;  // also the warm-up
+    const bool works = launch_tile(t, choice) == cudaSuccess;  // also the warm-up
     if (!works) {
       cudaGetLastError();
       return INFINITY;
     }
-    return time_graph([&] { return cuda::tile_gemm(stream_, t, cfg) == cudaSuccess; });
+    return time_graph([&] { return launch_tile(t, choice) == cudaSuccess; });
   }
 
   /// The unfused epilogue: C_i = act(C_i + bias_i) with the bias_act kernel, one launch when the

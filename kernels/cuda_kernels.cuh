@@ -97,9 +97,9 @@ int update_max_matrices();
 /// max_blocks bounds the clusters outside the normed matrices; results do not depend on it.
 /// `clock` (null: off): per block kUpdateClockSlots %globaltimer stamps then as many clock64
 /// ones (UpdateClockSlot), for blocks below clock_blocks; the launch's block count in *blocks.
-/// early (DQN_UPDATE_EARLY, on unless 0/off): each block's first tile of m, v, θ and the target is loaded before
-/// the kernel's griddepcontrol.wait, while the partial sums finish, and a normed block of one tile
-/// keeps it in registers for its scaling and target update (the same results).
+/// early (DQN_UPDATE_EARLY, on unless 0/off): each block's first tile of m, v, θ and the target is
+/// loaded before the kernel's griddepcontrol.wait, while the partial sums finish, and a normed
+/// block of one tile keeps it in registers for its scaling and target update (the same results).
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
                            std::uint64_t* clock = nullptr, int clock_blocks = 0, int* blocks = nullptr,

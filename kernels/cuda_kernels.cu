@@ -1221,7 +1221,7 @@ constexpr int kClusterMaxSegs = kUpdateMaxSn + 1;
 struct ClusterPlan {
   int nsn = 0;   ///< normed matrices (one cluster each)
   int nseg = 0;  ///< ranges of params outside every normed matrix
-  int rpc = 1;   ///< rows per block of a normed matrix (max_rows over the cluster size, rounded up)
+  int rpc = 1;   ///< the most rows a block of a normed matrix holds (max_rows over the cluster size, rounded up)
   int max_cols = 1;
   const double* step = nullptr;  ///< {1 − β1^t, 1 − β2^t, t} from budget_partial_kernel
   std::uint64_t* clock = nullptr;  ///< update_cluster's clock (null: off)
@@ -1313,8 +1313,11 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
     sm = u.sn_mats[cid];
     rows = max(sm.rows, 0);
     cols = max(sm.cols, 0);
-    r0 = min(rows, rank * pl.rpc);
-    r1 = min(rows, r0 + pl.rpc);
+    // this matrix's rows evenly over its cluster (at most pl.rpc, the tallest matrix's share): a
+    // 128-row matrix gives each block half the rows a 256-row one does, not two tiles to half of them
+    const int share = (rows + CS - 1) / CS;
+    r0 = min(rows, rank * share);
+    r1 = min(rows, r0 + share);
     off = static_cast<float*>(sm.w.p) - theta;
     lo = off + static_cast<std::int64_t>(r0) * cols;
     hi = off + static_cast<std::int64_t>(r1) * cols;

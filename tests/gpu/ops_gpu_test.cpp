@@ -2202,10 +2202,11 @@ TEST_CASE("gpu.ops.update: the cluster update equals budget → adam → spectra
 
 TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward matrix shapes against the separate ops and the CPU") {
   // Normed matrices of the step's shapes and awkward ones inside one params. A block takes
-  // ceil(300 / cluster size) rows of each (the tallest, 300 × 256, sets it: 19 at 16 blocks a
-  // cluster), so its share is three tiles of 2,048 elements (the 256- and 250-column matrices),
-  // two (128 columns), one (64, 53) or a part of one (1 × 9), and most of the small matrices'
-  // blocks hold no row (37 × 53 fills two of 16). One is scaled down so that σ < σ_max (not
+  // ceil(rows / cluster size) rows of its matrix (at 16 blocks a cluster: 19 of 300 × 256, 16 of
+  // 256 × 256, 13 of 200 × 250, 8 of 128 × 256, 3 of 37 × 53), so its share is three tiles of
+  // 2,048 elements (300 × 256), two (256 × 256, 200 × 250), one (128 × 256, 255 × 128) or a part
+  // of one (256 × 64, 51 × 128, 37 × 53, 1 × 9), and some blocks hold no row (37 × 53 fills 13 of
+  // 16, 1 × 9 one). One is scaled down so that σ < σ_max (not
   // rescaled); the others are rescaled. Two heads, the second clipped. The cluster's power
   // iteration sums in another order: params, target and u within kSumOrder of the separate ops;
   // m, v, g, norms and clips equal bit for bit.

@@ -1673,7 +1673,7 @@ class CudaBackend final : public Backend {
   /// capture with autotuning on; else the first); cuBLASLt only when no shape fits.
   int forced_tile(const LtKey& tkey, const cuda::TileGemm& tg, const float* c) noexcept {
     int choice = kTileLt;
-    const int ldm = tile_ldm_ == LdmMode::on ? kTileLdm : 0;  // untimed: ldmatrix only when forced
+    const int ldm = ldm_candidate(0) ? 0 : kTileLdm;  // untimed: plain loads unless ldmatrix is forced
     if (tile_.config >= 0) {
       if (cuda::tile_gemm_fits(tg, tile_.config)) choice = tile_.config + ldm;
     } else {
@@ -1731,6 +1731,10 @@ class CudaBackend final : public Backend {
   /// Whether autotuning (or DQN_TILE_GEMM=1) may pick tile shape `cfg`: the split-k shapes only
   /// with DQN_TILE_SPLITK=1 (DQN_TILE_GEMM=32x32k2 or 32x32k4 names one in any case).
   bool tile_shape_on(int cfg) const noexcept { return cfg < cuda::kTileSplitK || tile_splitk_; }
+  /// Whether the plain loads (ldm 0) or ldmatrix (kTileLdm) are a candidate (DQN_TILE_LDMATRIX).
+  bool ldm_candidate(int ldm) const noexcept {
+    return ldm == 0 ? tile_ldm_ != LdmMode::on : tile_ldm_ != LdmMode::off;
+  }
 
   /// Times every tile shape that fits, each with and without ldmatrix (DQN_TILE_LDMATRIX unset;
   /// =0 / =1: only without / with); one replaces the incumbent `choice` (timed at `best` ms, +inf:
@@ -1739,7 +1743,9 @@ class CudaBackend final : public Backend {
     for (int cfg = 0; cfg < cuda::kTileGemmConfigs; ++cfg) {
       if (!tile_shape_on(cfg) || !cuda::tile_gemm_fits(tg, cfg)) continue;
       for (const int ldm : {0, kTileLdm}) {
-        if ((ldm != 0 && tile_ldm_ == LdmMode::off) || (ldm == 0 && tile_ldm_ == LdmMode::on)) continue;
+        if (!ldm_candidate(ldm)) continue;
+        // a layout without a k-contiguous operand runs the same kernel with ldmatrix: timed once
+        if (ldm != 0 && ldm_candidate(0) && !cuda::tile_gemm_ldmatrix_layout(tg.ta, tg.tb)) continue;
         const float ms = time_tile(tg, cfg + ldm, c, d);
         if (status_ != 0) return kTileLt;
         if (ms < best * (1.0f - kTuneMargin)) {
@@ -2377,7 +2383,8 @@ class CudaRuntime final : public Runtime {
   /// into a kernel that begins with pdl_entry() (dev::is_pdl_kernel) and would take the attribute
   /// (dev::pdl_for_width, as captured) becomes programmatic: the kernel is placed once every
   /// kernel it waits for has passed its own wait, and its griddepcontrol.wait then waits for their
-  /// completion and their writes, as the plain edge did. Returns the edges changed (restore_joins undoes them).
+  /// completion and their writes, as the plain edge did. Returns the edges changed
+  /// (restore_joins undoes them).
   static bool joins_from_env() noexcept { return env_set("DQN_PDL_JOINS"); }
   /// An edge that triggers when every block of its kernel has passed launch_dependents (or ended).
   static cudaGraphEdgeData programmatic_edge() noexcept {

@@ -1221,7 +1221,7 @@ constexpr int kClusterMaxSegs = kUpdateMaxSn + 1;
 struct ClusterPlan {
   int nsn = 0;   ///< normed matrices (one cluster each)
   int nseg = 0;  ///< ranges of params outside every normed matrix
-  int rpc = 1;   ///< the most rows a block of a normed matrix holds (max_rows over the cluster size, rounded up)
+  int rpc = 1;   ///< the most rows a block of a normed matrix holds (max_rows / cluster size, up)
   int max_cols = 1;
   const double* step = nullptr;  ///< {1 − β1^t, 1 − β2^t, t} from budget_partial_kernel
   std::uint64_t* clock = nullptr;  ///< update_cluster's clock (null: off)

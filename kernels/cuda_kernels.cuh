@@ -141,9 +141,13 @@ struct TileGemm {
   std::int64_t stride2_a = 0, stride2_b = 0, stride2_c = 0, stride2_bias = 0, stride2_mask = 0;
   /// The k loop reads the fragments of A (not transposed) and B (transposed) from shared memory
   /// by ldmatrix, one instruction for what takes two or four shared loads (DQN_TILE_LDMATRIX:
-  /// timed against the plain loads by autotuning unless set; the same bits).
+  /// timed against the plain loads by autotuning unless set; the same bits). Nothing changes on
+  /// a layout without such an operand (tile_gemm_ldmatrix_layout).
   bool ldmatrix = false;
 };
+/// Whether layout (ta, tb) has a k-contiguous operand for ldmatrix (A not transposed or B
+/// transposed): else TileGemm::ldmatrix runs the same kernel as without.
+constexpr bool tile_gemm_ldmatrix_layout(bool ta, bool tb) { return !ta || tb; }
 /// The tile shapes of tile_gemm (block tiles 16×32, 32×32 and 64×64 of C, and from kTileSplitK
 /// on 32×32 with the k steps split over two or four groups of four warps, "32x32k2", "32x32k4").
 inline constexpr int kTileGemmConfigs = 5;

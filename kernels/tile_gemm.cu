@@ -126,11 +126,11 @@ __device__ __forceinline__ std::uint32_t tf32_bits(std::uint32_t w) { return to_
 /// The k loop of a BM × BN tile of C at (m0, n0): acc += op(A) op(B) over the whole k, warp
 /// tile WM × WN (four warps; KS > 1: KS groups of four, group q taking the k8 steps q, q + KS, …
 /// of each stage into its own acc, which the caller adds), S stages of kBK in flight in `smem`;
-/// rows of A at or past m and columns of B at or past n read as zeros. Returns with no copy in flight (the
-/// caller's own cp.async groups, committed before, included) and with the stage buffers possibly
-/// still being read by other warps (a barrier must come before `smem` is written again). TA/TB: A
-/// is stored [k, m] / B is stored [n, k] (the Gemm's ta/tb). LDM: the fragments of A (not
-/// transposed) and B (transposed) by ldmatrix (the same values).
+/// rows of A at or past m and columns of B at or past n read as zeros. Returns with no copy in
+/// flight (the caller's own cp.async groups, committed before, included) and with the stage
+/// buffers possibly still being read by other warps (a barrier must come before `smem` is written
+/// again). TA/TB: A is stored [k, m] / B is stored [n, k] (the Gemm's ta/tb). LDM: the fragments
+/// of A (not transposed) and B (transposed) by ldmatrix (the same values).
 template <int BM, int BN, int WM, int WN, int S, bool TA, bool TB, bool LDM = false, int KS = 1>
 __device__ __forceinline__ void tile_mainloop(float (&acc)[WM / 16][WN / 8][4], float* smem, const float* A, int lda,
                                               const float* B, int ldb, int m0, int n0, int m, int n, int k,
@@ -596,7 +596,8 @@ template <int C, bool TA, bool TB, bool LDM>
 struct Kernel {
   static constexpr Config c = kConfigs[C];
   static constexpr int bytes = c.stages * TileShape<c.bm, c.bn, TA, TB>::stage_floats * 4;
-  static constexpr auto fn = tile_gemm_kernel<c.bm, c.bn, c.wm, c.wn, c.stages, TA, TB, LDM && (!TA || TB), c.ks>;
+  static constexpr auto fn =
+      tile_gemm_kernel<c.bm, c.bn, c.wm, c.wn, c.stages, TA, TB, LDM && tile_gemm_ldmatrix_layout(TA, TB), c.ks>;
 };
 
 template <int C, bool TA, bool TB, bool LDM>

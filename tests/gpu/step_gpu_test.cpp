@@ -538,9 +538,9 @@ TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY and DQN_TILE_LDMATRIX
   // Programmatic joins (the runtime's rewrite of a join's plain edges between two kernels into
   // programmatic ones), the cluster update's optimizer state loaded before its wait and
   // tile_gemm's fragments by ldmatrix change when kernels are placed and how loads are issued,
-  // never what they compute: 20 replayed steps with all three off (the default) give the same
-  // bits as with all three on, C51 alone and with all three auxiliary heads (more lanes, more
-  // joins); the GEMM choices are the process's, so both engines run the same kernels. describe()
+  // never what they compute: 20 replayed steps with all three off give the same bits as with all
+  // three on (the defaults lie between: DQN_UPDATE_EARLY on, DQN_PDL_JOINS off, DQN_TILE_LDMATRIX
+  // timed per GEMM), C51 alone and with all three auxiliary heads (more lanes, more joins); the GEMM choices are the process's, so both engines run the same kernels. describe()
   // says how many joins were made.
   std::vector<std::string> auxes{""};
   if (const auto all = aux_heads({"iqn", "ensemble", "cql"})) auxes.push_back(*all);

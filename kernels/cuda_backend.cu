@@ -918,7 +918,7 @@ class CudaBackend final : public Backend {
     if (!s) return;
     if (planning_) return;
     DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), wave_blocks(), clock_,
-                                         kClockBlocks, &clock_launch_.blocks, update_early_));
+                                         kClockBlocks, &clock_launch_.blocks, update_early_, update_stage_));
     clock_launch_.cs = update_cluster_;
     clock_launch_.normed = u.sn_count;
   }
@@ -971,7 +971,8 @@ class CudaBackend final : public Backend {
   /// How the update runs (for describe()).
   std::string update_path() const {
     if (update_cluster_ > 0)
-      return "cluster (" + std::to_string(update_cluster_) + " blocks a cluster)";
+      return "cluster (" + std::to_string(update_cluster_) + " blocks a cluster" +
+             (update_stage_ ? ", second tiles staged, Wᵀu from registers" : "") + ")";
     return "as separate kernels";
   }
 
@@ -2002,6 +2003,10 @@ class CudaBackend final : public Backend {
   /// 248.6-253.1 with all four heads; on an H100 86.1 / 257.6 against 86.2 / 258.3 (one each).
   /// Read per backend; the same results either way.
   bool update_early_ = env_on("DQN_UPDATE_EARLY");
+  /// DQN_UPDATE_STAGE=1: the cluster update stages a normed block's second tile in shared memory
+  /// and sums Wᵀu from registers (cuda::update_cluster's stage; the same results). Off unless
+  /// set: not yet measured. Read per backend.
+  bool update_stage_ = env_set("DQN_UPDATE_STAGE");
   /// DQN_TILE_LDMATRIX: whether tile_gemm's k loop reads the fragments of its k-contiguous
   /// operands by ldmatrix (TileGemm::ldmatrix; the same bits). Read per backend.
   LdmMode tile_ldm_ = ldm_mode_from_env();

@@ -1227,6 +1227,12 @@ struct ClusterPlan {
   std::uint64_t* clock = nullptr;  ///< update_cluster's clock (null: off)
   int clock_blocks = 0;
   bool early = false;  ///< the first tile's optimizer state loaded before the wait (DQN_UPDATE_EARLY)
+  /// DQN_UPDATE_STAGE: with early, a normed block's second tile of m, v and θ copied into shared
+  /// memory before the wait and its first heads' gradients after it (cp.async), read from there
+  /// by its Adam; and where a row of a normed matrix is one row of a tile (cols == kThreads), each
+  /// thread's Σ of W[r, c] u[r] over the block's rows (Wᵀu) from the new θ in its registers.
+  bool stage = false;
+  int stage_at = 0;  ///< where the staging area starts in the dynamic shared memory (doubles)
   std::int64_t seg_lo[kClusterMaxSegs] = {}, seg_hi[kClusterMaxSegs] = {};
   std::int64_t seg_tile0[kClusterMaxSegs + 1] = {};  ///< first tile of each range; [nseg]: all tiles
 };
@@ -1237,6 +1243,64 @@ struct ClusterPlan {
 constexpr std::size_t kClusterMaxShared = 40 * 1024;  // with the static shared memory, under the default 48 KiB
 std::size_t cluster_update_shared(int max_cols, int rpc) {
   return (2 * static_cast<std::size_t>(max_cols) + static_cast<std::size_t>(rpc) + 2) * sizeof(double);
+}
+/// The staging area after it (ClusterPlan::stage): u of the block's rows [rpc], rounded up to
+/// 16 bytes, then m, v, θ and the first heads' gradients of a tile [kClusterStaged][kClusterTile].
+constexpr int kClusterStaged = 3 + kClusterEarlyHeads;
+__host__ __device__ inline std::size_t cluster_stage_u(int rpc) { return (static_cast<std::size_t>(rpc) + 3) / 4 * 4; }  // floats
+std::size_t cluster_stage_shared(int rpc) {
+  return (cluster_stage_u(rpc) + static_cast<std::size_t>(kClusterStaged) * kClusterTile) * sizeof(float);
+}
+/// The most dynamic shared memory the cluster update asks for (its function attribute).
+constexpr std::size_t kClusterMaxDynamic = kClusterMaxShared + 48 * 1024;
+
+/// Copies (cp.async, one group) m, v and θ of the tile's elements i = s + k·kThreads + threadIdx.x
+/// < hi into st[0..2][k·kThreads + threadIdx.x] (zeros past hi), each thread its own elements.
+/// Only this kernel writes them: the copies may start before the kernel's griddepcontrol.wait.
+__device__ __forceinline__ void cluster_stage_state(const ClusterStep& x, std::int64_t s, std::int64_t hi, float* st) {
+#pragma unroll
+  for (int k = 0; k < kClusterPer; ++k) {
+    const std::int64_t i = s + k * kThreads + threadIdx.x;
+    const bool ok = i < hi;
+    const int at = k * kThreads + threadIdx.x;
+    dev::cp_async4(st + at, ok ? x.mom + i : x.mom, ok);
+    dev::cp_async4(st + kClusterTile + at, ok ? x.var + i : x.var, ok);
+    dev::cp_async4(st + 2 * kClusterTile + at, ok ? x.theta + i : x.theta, ok);
+  }
+  dev::cp_async_commit();
+}
+
+/// The same tile's first heads' gradients into st[3..] (one more group; after the wait): zeros
+/// where cluster_load_grads has them (a head past H or whose reach misses the tile, i ≥ hi).
+__device__ __forceinline__ void cluster_stage_grads(const ClusterStep& x, std::int64_t s, std::int64_t hi, float* st) {
+#pragma unroll
+  for (int h = 0; h < kClusterEarlyHeads; ++h) {
+    const bool meets = h < x.H && reach_meets(x.reach, h, s, hi);
+#pragma unroll
+    for (int k = 0; k < kClusterPer; ++k) {
+      const std::int64_t i = s + k * kThreads + threadIdx.x;
+      const bool ok = meets && i < hi;
+      dev::cp_async4(st + (3 + h) * kClusterTile + k * kThreads + threadIdx.x,
+                     ok ? x.grads + static_cast<std::int64_t>(h) * x.P + i : x.grads, ok);
+    }
+  }
+  dev::cp_async_commit();
+}
+
+/// The staged tile into r, as cluster_load(x, s, hi, false, r) would load it (each thread reads
+/// back what its own copies wrote, after waiting for them).
+__device__ __forceinline__ void cluster_unstage(const float* st, ClusterTile& r) {
+  dev::cp_async_wait<0>();
+#pragma unroll
+  for (int k = 0; k < kClusterPer; ++k) {
+    const int at = k * kThreads + threadIdx.x;
+    r.m[k] = st[at];
+    r.v[k] = st[kClusterTile + at];
+    r.th[k] = st[2 * kClusterTile + at];
+    r.tg[k] = 0.0f;
+#pragma unroll
+    for (int h = 0; h < kClusterEarlyHeads; ++h) r.gr[h][k] = st[(3 + h) * kClusterTile + at];
+  }
 }
 
 /// Thread 0 stamps slot `slot` of its block (UpdateClockSlot): %globaltimer, and clock64 in the
@@ -1333,7 +1397,18 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   // early and a normed block of one tile: the tile stays in registers from Adam to the scaling
   // and target update after the power iteration (its old target loaded here too, for Polyak)
   const bool keep = early && normed && hi - lo <= kClusterTile;
+  // pl.stage (with early): a normed block's second tile staged in shared memory, its copies
+  // started here; and where a matrix row is a tile row, Wᵀu's share summed from registers during
+  // Adam (u of the block's rows into shared memory first: only this kernel writes u)
+  const bool staged = pl.stage && early && normed && hi - lo > kClusterTile;
+  const bool colreg = pl.stage && normed && cols == kThreads;
+  float* ush = reinterpret_cast<float*>(cu_shared + pl.stage_at);
+  float* stg = ush + cluster_stage_u(pl.rpc);
+  float* uv = normed ? static_cast<float*>(sm.u.p) : nullptr;
   if (early) cluster_load_state(x, lo, min(hi, lo + kClusterTile), every && (!normed || keep), reg);
+  if (staged) cluster_stage_state(x, lo + kClusterTile, min(hi, lo + 2 * kClusterTile), stg);
+  if (colreg)
+    for (int r = r0 + static_cast<int>(threadIdx.x); r < r1; r += kThreads) ush[r - r0] = uv[r];
   dev::pdl_entry();
   clock_stamp(pl, kClockWaited);
   const double bc1 = pl.step[0], bc2 = pl.step[1];
@@ -1343,6 +1418,8 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   } else {
     cluster_load(x, lo, min(hi, lo + kClusterTile), every && !normed, reg);
   }
+  if (staged) cluster_stage_grads(x, lo + kClusterTile, min(hi, lo + 2 * kClusterTile), stg);
+  // (budget_clips' barriers publish ush)
   const bool finite = budget_clips(b, partial, nchunks, clip_sh, blockIdx.x == 0);
   clock_stamp(pl, kClockClips);
   if (finite && blockIdx.x == 0 && threadIdx.x == 0) *u.adam.t = t_new;
@@ -1370,12 +1447,26 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   }
   cg::cluster_group cluster = cg::this_cluster();
   float* W = static_cast<float*>(sm.w.p);
-  float* uv = static_cast<float*>(sm.u.p);
+  // colreg: Σ over the block's rows of W[r, c] u[r] for c = threadIdx.x, from each tile's new θ
+  // (rows in order, as the loop below adds them: the same sum)
+  double wtu = 0.0;
+  const auto wtu_tile = [&](std::int64_t s) {
+    if (!colreg) return;
+    const int rb = static_cast<int>((s - lo) / kThreads);  // the tile's first row, from r0
+#pragma unroll
+    for (int k = 0; k < kClusterPer; ++k)
+      if (s + k * kThreads + threadIdx.x < hi) wtu += static_cast<double>(reg.th[k]) * static_cast<double>(ush[rb + k]);
+  };
   // the block's rows: g and Adam (their target update follows the spectral norm)
   cluster_store(x, lo, min(hi, lo + kClusterTile), false, reg);
+  wtu_tile(lo);
   for (std::int64_t s = lo + kClusterTile; s < hi; s += kClusterTile) {
-    cluster_load(x, s, min(hi, s + kClusterTile), false, reg);
+    if (staged && s == lo + kClusterTile)
+      cluster_unstage(stg, reg);
+    else
+      cluster_load(x, s, min(hi, s + kClusterTile), false, reg);
     cluster_store(x, s, min(hi, s + kClusterTile), false, reg);
+    wtu_tile(s);
   }
   clock_stamp(pl, kClockAdam);
   if (!finite || rows == 0 || cols == 0) {  // the same in every block of the cluster
@@ -1386,13 +1477,17 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   double* vv = part + pl.max_cols;   // [max_cols]: v
   double* xr = vv + pl.max_cols;     // [rpc]
   double* xsq = xr + pl.rpc;         // [1]
-  __syncthreads();                   // this block's rows of W are written
-  for (int c = threadIdx.x; c < cols; c += kThreads) {
-    double acc = 0.0;
+  if (colreg) {
+    part[threadIdx.x] = wtu;  // (the cluster barrier below also orders this block's writes of W)
+  } else {
+    __syncthreads();  // this block's rows of W are written
+    for (int c = threadIdx.x; c < cols; c += kThreads) {
+      double acc = 0.0;
 #pragma unroll 8
-    for (int r = r0; r < r1; ++r)
-      acc += static_cast<double>(W[static_cast<std::int64_t>(r) * cols + c]) * static_cast<double>(uv[r]);
-    part[c] = acc;
+      for (int r = r0; r < r1; ++r)
+        acc += static_cast<double>(W[static_cast<std::int64_t>(r) * cols + c]) * static_cast<double>(uv[r]);
+      part[c] = acc;
+    }
   }
   cluster.sync();
   clock_stamp(pl, kClockWtu);
@@ -1851,6 +1946,11 @@ int update_cluster_size(int want) {
   // 16 blocks per cluster where the device schedules them (a non-portable size), else 8.
   cudaFuncSetAttribute(update_cluster_kernel<16>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   cudaGetLastError();
+  // room for the staging area (DQN_UPDATE_STAGE) past the default 48 KiB
+  for (const void* k : {reinterpret_cast<const void*>(update_cluster_kernel<16>),
+                        reinterpret_cast<const void*>(update_cluster_kernel<8>)})
+    cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kClusterMaxDynamic));
+  cudaGetLastError();
   for (int cs : {16, 8}) {
     if (want != 0 && cs != want) continue;
     cudaLaunchAttribute attr[2]{};
@@ -1874,7 +1974,7 @@ bool update_cluster_fits(int cs, int max_rows, int max_cols) {
 
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
-                           std::uint64_t* clock, int clock_blocks, int* launched, bool early) {
+                           std::uint64_t* clock, int clock_blocks, int* launched, bool early, bool stage) {
   const Budget& b = u.budget;
   if ((cs != 8 && cs != 16) || u.sn_count > kUpdateMaxSn || !update_cluster_fits(cs, u.sn_max_rows, u.sn_max_cols) ||
       static_cast<int>(ranges.size()) != u.sn_count)
@@ -1902,7 +2002,9 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   }
   add(at, b.P);
   const std::int64_t tiles = pl.seg_tile0[pl.nseg];
-  const std::size_t shared = cluster_update_shared(pl.max_cols, pl.rpc);
+  pl.stage = stage;
+  pl.stage_at = static_cast<int>(cluster_update_shared(pl.max_cols, pl.rpc) / sizeof(double));
+  const std::size_t shared = cluster_update_shared(pl.max_cols, pl.rpc) + (stage ? cluster_stage_shared(pl.rpc) : 0);
   void (*const kernel)(Update, const double*, int, ClusterPlan) =
       cs == 16 ? update_cluster_kernel<16> : update_cluster_kernel<8>;
   const std::int64_t plain = std::min<std::int64_t>(tiles, std::max(max_blocks, cs));

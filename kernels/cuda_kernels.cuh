@@ -100,10 +100,14 @@ int update_max_matrices();
 /// early (DQN_UPDATE_EARLY, on unless 0/off): each block's first tile of m, v, θ and the target is
 /// loaded before the kernel's griddepcontrol.wait, while the partial sums finish, and a normed
 /// block of one tile keeps it in registers for its scaling and target update (the same results).
+/// stage (DQN_UPDATE_STAGE=1): with early, a normed block's second tile of m, v and θ is copied
+/// into shared memory before the wait (its first heads' gradients after it), and where a normed
+/// matrix's row is as long as a block is wide each thread sums its column's share of Wᵀu during
+/// Adam from the new θ in its registers instead of reading W back (the same results).
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
                            std::uint64_t* clock = nullptr, int clock_blocks = 0, int* blocks = nullptr,
-                           bool early = false);
+                           bool early = false, bool stage = false);
 /// The moments the cluster update's blocks stamp (DQN_UPDATE_CLOCK=1, read by dqn-trace): placed
 /// (before waiting for the kernels before it), the wait over, the clip factors known, its
 /// elements' g and Adam done, the blocks' shares of Wᵀu published over the cluster (normed

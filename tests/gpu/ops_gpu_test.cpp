@@ -2304,6 +2304,33 @@ TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward m
     gr.ops.spectral_norm(sep.up.sn_mats, nsn, max_rows, max_cols, 2.0f, sep.skip);
     gr.ops.target_update(sep.up.target);
     gr.ok();
+    // DQN_UPDATE_STAGE=1 (the second tile of the 256 × 256, 200 × 250 and 300 × 256 blocks staged
+    // in shared memory, the third loaded as before; Wᵀu from registers for the three of 256
+    // columns) on the same state: the same bits as the default everywhere
+    {
+      Side stg;
+      const auto gs = gpu_with("DQN_UPDATE_STAGE", "1", Precision::fp32);
+      const std::string ds = gs->rt().describe();
+      CHECK_MESSAGE(ds.find("second tiles staged") != std::string::npos, ds);
+      on(*gs, stg);
+      gs->ops.update(stg.up);
+      gs->ok();
+      const struct {
+        const char* name;
+        Real a, b;
+        std::int64_t n;
+      } same[] = {{"params", stg.up.adam.params, cl.up.adam.params, P}, {"target", stg.up.target.target, cl.up.target.target, P},
+                  {"m", stg.up.adam.m, cl.up.adam.m, P},           {"v", stg.up.adam.v, cl.up.adam.v, P},
+                  {"g", stg.up.budget.g, cl.up.budget.g, P},       {"norms", stg.up.budget.norms, cl.up.budget.norms, H}};
+      for (const auto& o : same)
+        expect_same_bits(gs->get(o.a, o.n), gr.get(o.b, o.n), std::string("staged vs default: ") + o.name);
+      for (int k = 0; k < nsn; ++k)
+        expect_same_bits(gs->get(stg.u[static_cast<std::size_t>(k)], mats[k].rows),
+                         gr.get(cl.u[static_cast<std::size_t>(k)], mats[k].rows),
+                         "staged vs default: u of matrix " + std::to_string(k));
+      CHECK(gs->get_typed(stg.t, 1)[0] == gr.get_typed(cl.t, 1)[0]);
+      CHECK(gs->get_typed(stg.skipped, 1)[0] == gr.get_typed(cl.skipped, 1)[0]);
+    }
     Cpu cpu;
     cpu.ops->update(hc.up);
     cpu.ok();

@@ -918,7 +918,8 @@ class CudaBackend final : public Backend {
     if (!s) return;
     if (planning_) return;
     DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), wave_blocks(), clock_,
-                                         kClockBlocks, &clock_launch_.blocks, update_early_, update_stage_));
+                                         kClockBlocks, &clock_launch_.blocks, update_early_, update_stage_,
+                                         update_partials_ ? counter() : nullptr));
     clock_launch_.cs = update_cluster_;
     clock_launch_.normed = u.sn_count;
   }
@@ -972,7 +973,8 @@ class CudaBackend final : public Backend {
   std::string update_path() const {
     if (update_cluster_ > 0)
       return "cluster (" + std::to_string(update_cluster_) + " blocks a cluster" +
-             (update_stage_ ? ", second tiles staged, Wᵀu from registers" : "") + ")";
+             (update_stage_ ? ", second tiles staged, Wᵀu from registers" : "") +
+             (update_partials_ ? ", partial sums inside where the grid fits" : "") + ")";
     return "as separate kernels";
   }
 
@@ -2007,6 +2009,11 @@ class CudaBackend final : public Backend {
   /// and sums Wᵀu from registers (cuda::update_cluster's stage; the same results). Off unless
   /// set: not yet measured. Read per backend.
   bool update_stage_ = env_set("DQN_UPDATE_STAGE");
+  /// DQN_UPDATE_PARTIALS=1: the cluster update sums the budget's partial sums itself, with a grid
+  /// barrier on the lane's counter slot (word 0, as the last-block handshakes: 0 between kernels;
+  /// word 1 its generation), where its grid fits the device at once; one launch fewer (the same
+  /// results). Off unless set: not yet measured. Read per backend.
+  bool update_partials_ = env_set("DQN_UPDATE_PARTIALS");
   /// DQN_TILE_LDMATRIX: whether tile_gemm's k loop reads the fragments of its k-contiguous
   /// operands by ldmatrix (TileGemm::ldmatrix; the same bits). Read per backend.
   LdmMode tile_ldm_ = ldm_mode_from_env();

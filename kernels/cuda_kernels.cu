@@ -684,7 +684,7 @@ __global__ void __launch_bounds__(kThreads) budget_partial_kernel(const float* _
 /// the same fixed order in every block, so all blocks agree) into clip_sh [H]; returns whether
 /// every head is finite (the same in every thread). The writer block also stores norms, clips,
 /// the total loss, skip and skipped.
-__device__ bool budget_clips(const Budget& a, const double* __restrict__ partial, int nchunks, float* clip_sh,
+__device__ bool budget_clips(const Budget& a, const double* partial, int nchunks, float* clip_sh,
                              bool writer) {
   const int H = a.H;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
@@ -696,7 +696,8 @@ __device__ bool budget_clips(const Budget& a, const double* __restrict__ partial
     const double* ph = partial + static_cast<std::int64_t>(h) * nchunks;
     double x[kPer];
 #pragma unroll
-    for (int q = 0; q < kPer; ++q) x[q] = lane + 32 * q < nchunks ? ph[lane + 32 * q] : 0.0;
+    // (__ldcg: from L2, where the cluster update's own blocks may have written them this launch)
+    for (int q = 0; q < kPer; ++q) x[q] = lane + 32 * q < nchunks ? __ldcg(ph + lane + 32 * q) : 0.0;
     double sq = 0.0;  // + 0.0 past nchunks changes nothing (the sum starts at +0 and stays >= 0)
 #pragma unroll
     for (int q = 0; q < kPer; ++q) sq += x[q];
@@ -1233,6 +1234,13 @@ struct ClusterPlan {
   /// thread's Σ of W[r, c] u[r] over the block's rows (Wᵀu) from the new θ in its registers.
   bool stage = false;
   int stage_at = 0;  ///< where the staging area starts in the dynamic shared memory (doubles)
+  /// DQN_UPDATE_PARTIALS: budget_partial_kernel's items (head, chunk) summed by this kernel's
+  /// blocks into the partial sums, then a grid barrier on bar (the whole grid resident: the host
+  /// checks), instead of a launch before this one; t and the bias corrections from Adam's t
+  /// here (step unused). The same sums, so the same bits.
+  bool partials = false;
+  std::int64_t chunk = 0;  ///< elements per partial-sum chunk (budget_shape)
+  unsigned* bar = nullptr;
   std::int64_t seg_lo[kClusterMaxSegs] = {}, seg_hi[kClusterMaxSegs] = {};
   std::int64_t seg_tile0[kClusterMaxSegs + 1] = {};  ///< first tile of each range; [nseg]: all tiles
 };
@@ -1338,8 +1346,8 @@ __device__ __forceinline__ double rank_sum(const cooperative_groups::cluster_gro
 /// matrices. Needs the normed matrices disjoint ranges inside params within the bounds (the caller
 /// checks). Skipped: g = 0, nothing else changes.
 template <int CS>
-__global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, const double* __restrict__ partial,
-                                                                     int nchunks, ClusterPlan pl) {
+__global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, const double* partial, int nchunks,
+                                                                     ClusterPlan pl) {
   clock_stamp(pl, kClockPlaced);  // (the clock is no buffer of the kernels this one waits for)
   namespace cg = cooperative_groups;
   extern __shared__ double cu_shared[];
@@ -1409,16 +1417,35 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   if (staged) cluster_stage_state(x, lo + kClusterTile, min(hi, lo + 2 * kClusterTile), stg);
   if (colreg)
     for (int r = r0 + static_cast<int>(threadIdx.x); r < r1; r += kThreads) ush[r - r0] = uv[r];
+  // pl.partials: the step's t + 1 and the bias corrections from t (only this kernel writes t: its
+  // block 0, after the grid barrier below), as budget_partial_kernel computes them
+  double bc1 = 0.0, bc2 = 0.0, t1 = 0.0;
+  if (pl.partials) {
+    t1 = static_cast<double>(static_cast<std::int64_t>(*u.adam.t & static_cast<std::int64_t>(kTicket - 1)) + 1);
+    bc1 = bias_correction(u.adam.beta1, t1);
+    bc2 = bias_correction(u.adam.beta2, t1);
+  }
   dev::pdl_entry();
   clock_stamp(pl, kClockWaited);
-  const double bc1 = pl.step[0], bc2 = pl.step[1];
-  const auto t_new = static_cast<long long>(pl.step[2]);
+  if (!pl.partials) {
+    bc1 = pl.step[0];
+    bc2 = pl.step[1];
+    t1 = pl.step[2];
+  }
+  const auto t_new = static_cast<long long>(t1);
   if (early) {
     cluster_load_grads(x, lo, min(hi, lo + kClusterTile), reg);
   } else {
     cluster_load(x, lo, min(hi, lo + kClusterTile), every && !normed, reg);
   }
   if (staged) cluster_stage_grads(x, lo + kClusterTile, min(hi, lo + 2 * kClusterTile), stg);
+  if (pl.partials) {  // budget_partial_kernel's items over this grid, then every block waits for all
+    const int items = b.H * nchunks;
+    for (int q = static_cast<int>(blockIdx.x); q < items; q += static_cast<int>(gridDim.x))
+      budget_partial_item(x.grads, b.P, pl.chunk, b.reach, q / nchunks, q % nchunks, nchunks,
+                          const_cast<double*>(partial), sh);
+    dev::grid_sync(pl.bar);
+  }
   // (budget_clips' barriers publish ush)
   const bool finite = budget_clips(b, partial, nchunks, clip_sh, blockIdx.x == 0);
   clock_stamp(pl, kClockClips);
@@ -1974,7 +2001,8 @@ bool update_cluster_fits(int cs, int max_rows, int max_cols) {
 
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
-                           std::uint64_t* clock, int clock_blocks, int* launched, bool early, bool stage) {
+                           std::uint64_t* clock, int clock_blocks, int* launched, bool early, bool stage,
+                           unsigned* bar) {
   const Budget& b = u.budget;
   if ((cs != 8 && cs != 16) || u.sn_count > kUpdateMaxSn || !update_cluster_fits(cs, u.sn_max_rows, u.sn_max_cols) ||
       static_cast<int>(ranges.size()) != u.sn_count)
@@ -2013,15 +2041,31 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   auto* step = reinterpret_cast<double*>(static_cast<char*>(scratch) + budget_scratch_bytes(b.H));
   pl.step = step;
   int nchunks = 0;
-  if (cudaError_t e = budget_partials(s, b, partial, nchunks, &u.adam, step); e != cudaSuccess) return e;
   cudaLaunchAttribute attr[2]{};
   const auto blocks = static_cast<unsigned>(static_cast<std::int64_t>(pl.nsn) * cs + plain_blocks);
+  const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, shared, s, attr, true);
+  // bar (DQN_UPDATE_PARTIALS): the partial sums in this kernel where its grid has a block for each
+  // of them and is resident at once (its grid barrier needs every block placed), else before it
+  if (bar && blocks > 0) {
+    const BudgetShape bs = budget_shape(b);
+    int clusters = 0;
+    if (static_cast<std::int64_t>(b.H) * bs.nchunks <= blocks &&
+        cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess &&
+        static_cast<std::int64_t>(clusters) * cs >= blocks) {
+      pl.partials = true;
+      pl.chunk = bs.chunk;
+      pl.bar = bar;
+      nchunks = bs.nchunks;
+    }
+    cudaGetLastError();
+  }
+  if (!pl.partials)
+    if (cudaError_t e = budget_partials(s, b, partial, nchunks, &u.adam, step); e != cudaSuccess) return e;
   if (launched) *launched = static_cast<int>(blocks);
   if (blocks == 0) return cudaSuccess;
   pl.clock = clock;
   pl.clock_blocks = clock ? clock_blocks : 0;
   pl.early = early;
-  const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, shared, s, attr, true);
   dev::note_pdl_kernel(reinterpret_cast<const void*>(kernel));
   return cudaLaunchKernelEx(&cfg, kernel, u, static_cast<const double*>(partial), nchunks, pl);
 }

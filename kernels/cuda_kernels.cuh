@@ -104,10 +104,14 @@ int update_max_matrices();
 /// into shared memory before the wait (its first heads' gradients after it), and where a normed
 /// matrix's row is as long as a block is wide each thread sums its column's share of Wᵀu during
 /// Adam from the new θ in its registers instead of reading W back (the same results).
+/// bar (DQN_UPDATE_PARTIALS=1; two words, the first 0 between kernels, as dev::grid_sync keeps
+/// them): the budget's partial sums computed by this kernel's blocks, then a
+/// grid barrier, instead of a launch before it — where the grid has a block for each (head,
+/// chunk) and fits the device at once; else as without (the same results either way).
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
                            std::uint64_t* clock = nullptr, int clock_blocks = 0, int* blocks = nullptr,
-                           bool early = false, bool stage = false);
+                           bool early = false, bool stage = false, unsigned* bar = nullptr);
 /// The moments the cluster update's blocks stamp (DQN_UPDATE_CLOCK=1, read by dqn-trace): placed
 /// (before waiting for the kernels before it), the wait over, the clip factors known, its
 /// elements' g and Adam done, the blocks' shares of Wᵀu published over the cluster (normed

@@ -2149,6 +2149,48 @@ TEST_CASE("gpu.ops.update: the cluster update equals budget → adam → spectra
     if (nsn) gpu.ops.spectral_norm(sp.up.sn_mats, nsn, sp.up.sn_max_rows, sp.up.sn_max_cols, 2.0f, skip_s);
     gpu.ops.target_update(sp.up.target);
     gpu.ok();
+    // DQN_UPDATE_PARTIALS=1 with DQN_UPDATE_STAGE=1 (15 partial sums, 48 blocks: summed inside
+    // the cluster update, behind its grid barrier), twice (the barrier's words as the first
+    // launch left them) on the same state: the same bits as the default cluster update
+    {
+      std::unique_ptr<Gpu> gq;
+      {
+        const ScopedEnv pe("DQN_UPDATE_PARTIALS", "1"), se("DQN_UPDATE_STAGE", "1");
+        gq = std::make_unique<Gpu>();
+      }
+      CHECK_MESSAGE(gq->rt().describe().find("partial sums inside") != std::string::npos, gq->rt().describe());
+      for (int round = 0; round < 2; ++round) {
+        INFO("partial sums inside, launch " << round + 1);
+        Side q;
+        std::int32_t* skip_q = gq->put_typed(std::vector<std::int32_t>{-1});
+        std::int64_t* skipped_q = gq->put_typed(std::vector<std::int64_t>{2});
+        std::int64_t* t_q = gq->put_typed(std::vector<std::int64_t>{c.t0});
+        build(q, [&](const std::vector<float>& h) { return gq->put(h); }, skip_q, skipped_q, t_q);
+        q.up.sn_mats = nsn ? gq->put_typed(q.mats) : nullptr;
+        gq->ops.update(q.up);
+        gq->ok();
+        const struct {
+          const char* name;
+          Real a, b;
+          std::int64_t n;
+        } same[] = {{"params", q.up.adam.params, f.up.adam.params, P},
+                    {"m", q.up.adam.m, f.up.adam.m, P},
+                    {"v", q.up.adam.v, f.up.adam.v, P},
+                    {"target", q.up.target.target, f.up.target.target, P},
+                    {"g", q.up.budget.g, f.up.budget.g, P},
+                    {"norms", q.up.budget.norms, f.up.budget.norms, H},
+                    {"clips", q.up.budget.clips, f.up.budget.clips, H},
+                    {"total loss", q.up.budget.total_loss, f.up.budget.total_loss, 1},
+                    {"u0", q.u0, f.u0, r0},
+                    {"u1", q.u1, f.u1, r1},
+                    {"outside matrix", q.outside, f.outside, static_cast<std::int64_t>(r1) * c1}};
+        for (const auto& o : same)
+          expect_same_bits(gq->get(o.a, o.n), gpu.get(o.b, o.n), std::string("partials inside vs default: ") + o.name);
+        CHECK(gq->get_typed(skip_q, 1)[0] == gpu.get_typed(skip_f, 1)[0]);
+        CHECK(gq->get_typed(skipped_q, 1)[0] == gpu.get_typed(skipped_f, 1)[0]);
+        CHECK(gq->get_typed(t_q, 1)[0] == gpu.get_typed(t_f, 1)[0]);
+      }
+    }
     cpu.ops->update(hc.up);
     cpu.ok();
 

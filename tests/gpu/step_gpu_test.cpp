@@ -580,6 +580,46 @@ TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY, DQN_UPDATE_STAGE and
   }
 }
 
+TEST_CASE("gpu.step.partials: DQN_UPDATE_PARTIALS=1 (the budget's partial sums inside the cluster update) changes no result") {
+  // The cluster update sums the budget's (head, chunk) partial sums itself and waits at a grid
+  // barrier where its grid has a block for each and fits the device at once (the C51 step: one
+  // head, 161 chunks, 176 blocks), instead of budget_partial_kernel before it: the same sums, so
+  // 20 replayed steps give the same bits, with one graph node fewer. With all four heads the
+  // items outnumber the blocks and the launch before it stays (the same graph).
+  std::vector<std::string> auxes{""};
+  if (const auto all = aux_heads({"iqn", "ensemble", "cql"})) auxes.push_back(*all);
+  for (const std::string& aux : auxes) {
+    INFO(std::string(aux.empty() ? "C51 alone" : "all four heads"));
+    const PipelineSpec spec = parse(pipeline("tf32", "", aux));
+    std::unique_ptr<Engine> before;
+    {
+      const EnvOverride p("DQN_UPDATE_PARTIALS", "0");
+      before = make(spec, BackendKind::cuda);
+    }
+    const EnvOverride p("DQN_UPDATE_PARTIALS", "1");
+    auto inside = make(spec, BackendKind::cuda);
+    const std::string d = inside->runtime().describe();
+    INFO(d);
+    if (d.find("update cluster") == std::string::npos) {
+      MESSAGE("the cluster update does not run on this device: nothing to compare");
+      return;
+    }
+    CHECK(d.find("partial sums inside") != std::string::npos);
+    for (int i = 0; i < 20; ++i) {
+      before->step();
+      inside->step();
+    }
+    check_same_bits(*before, *inside,
+                    {"params", "target", "adam.m", "adam.v", "report/td_error", "report/losses", "report/norms",
+                     "report/clips"});
+    CHECK(inside->read_report().adam_step == before->read_report().adam_step);
+    if (aux.empty())
+      CHECK(inside->runtime().graph_nodes() + 1 == before->runtime().graph_nodes());
+    else
+      CHECK(inside->runtime().graph_nodes() == before->runtime().graph_nodes());
+  }
+}
+
 TEST_CASE("gpu.step.update_clock: DQN_UPDATE_CLOCK=1 stamps the cluster update's phases in order and changes no result") {
   // The stamps dqn-trace reads (Runtime::update_clock): per block %globaltimer then clock64 at
   // placed, waited, clips, Adam, Wᵀu, gather, v, W v, σ, scaled, exit; a normed matrix's blocks reach them all in

@@ -919,7 +919,7 @@ class CudaBackend final : public Backend {
     if (planning_) return;
     DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), wave_blocks(), clock_,
                                          kClockBlocks, &clock_launch_.blocks, update_early_, update_stage_,
-                                         update_partials_ ? counter() : nullptr));
+                                         update_partials_ ? counter() : nullptr, update_gather_));
     clock_launch_.cs = update_cluster_;
     clock_launch_.normed = u.sn_count;
   }
@@ -974,7 +974,8 @@ class CudaBackend final : public Backend {
     if (update_cluster_ > 0)
       return "cluster (" + std::to_string(update_cluster_) + " blocks a cluster" +
              (update_stage_ ? ", second tiles staged, Wᵀu from registers" : "") +
-             (update_partials_ ? ", partial sums inside where the grid fits" : "") + ")";
+             (update_partials_ ? ", partial sums inside where the grid fits" : "") +
+             (update_gather_ ? ", Wᵀu gathered by shares" : "") + ")";
     return "as separate kernels";
   }
 
@@ -2014,6 +2015,10 @@ class CudaBackend final : public Backend {
   /// word 1 its generation), where its grid fits the device at once; one launch fewer (the same
   /// results). Off unless set: not yet measured. Read per backend.
   bool update_partials_ = env_set("DQN_UPDATE_PARTIALS");
+  /// DQN_UPDATE_GATHER=1: the cluster update's Wᵀu sums split over the cluster's blocks and
+  /// gathered (one remote load a column instead of one per block), σ's sum by one warp; the same
+  /// results. Off unless set: not yet measured. Read per backend.
+  bool update_gather_ = env_set("DQN_UPDATE_GATHER");
   /// DQN_TILE_LDMATRIX: whether tile_gemm's k loop reads the fragments of its k-contiguous
   /// operands by ldmatrix (TileGemm::ldmatrix; the same bits). Read per backend.
   LdmMode tile_ldm_ = ldm_mode_from_env();

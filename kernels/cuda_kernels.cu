@@ -1239,6 +1239,10 @@ struct ClusterPlan {
   /// checks), instead of a launch before this one; t and the bias corrections from Adam's t
   /// here (step unused). The same sums, so the same bits.
   bool partials = false;
+  /// DQN_UPDATE_GATHER: the cluster's Wᵀu sums split over its blocks (each adds its share of the
+  /// columns over the ranks, then every block reads the shares from their owners: one remote load
+  /// a column where it made CS) and σ's rank sum by one warp. The same sums, so the same bits.
+  bool gather = false;
   std::int64_t chunk = 0;  ///< elements per partial-sum chunk (budget_shape)
   unsigned* bar = nullptr;
   std::int64_t seg_lo[kClusterMaxSegs] = {}, seg_hi[kClusterMaxSegs] = {};
@@ -1520,15 +1524,32 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   clock_stamp(pl, kClockWtu);
   // Wᵀu: the blocks' sums in rank order, the same in every block
   double vsq = 0.0;
-  for (int c = threadIdx.x; c < cols; c += kThreads) {
-    const double w = rank_sum<CS>(cluster, part, c);
-    vv[c] = w;
-    vsq += w * w;
+  double* v = vv;  // v = Wᵀu / ‖Wᵀu‖ (in part with pl.gather)
+  if (pl.gather) {
+    // each block sums its share of the columns over the ranks (in rank order) into its vv, then
+    // every block reads the shares from their owners into its part (whose sums every block has
+    // read before the barrier): the same sums, 1 remote load a column instead of CS
+    const int per = (cols + CS - 1) / CS, c0 = rank * per, c1 = min(cols, c0 + per);
+    for (int c = c0 + static_cast<int>(threadIdx.x); c < c1; c += kThreads) vv[c] = rank_sum<CS>(cluster, part, c);
+    cluster.sync();
+    for (int c = threadIdx.x; c < cols; c += kThreads) {
+      const int owner = c / per;
+      const double w = owner == rank ? vv[c] : cluster.map_shared_rank(vv, owner)[c];
+      part[c] = w;
+      vsq += w * w;
+    }
+    v = part;
+  } else {
+    for (int c = threadIdx.x; c < cols; c += kThreads) {
+      const double w = rank_sum<CS>(cluster, part, c);
+      vv[c] = w;
+      vsq += w * w;
+    }
   }
   clock_stamp(pl, kClockGather);  // (thread 0's share of the gather)
-  const double vn = sqrt(block_sum(vsq, sh));  // its barriers also publish vv
+  const double vn = sqrt(block_sum(vsq, sh));  // its barriers also publish v
   const double vnorm = vn < 1e-12 ? 1e-12 : vn;
-  for (int c = threadIdx.x; c < cols; c += kThreads) vv[c] /= vnorm;
+  for (int c = threadIdx.x; c < cols; c += kThreads) v[c] /= vnorm;
   __syncthreads();
   clock_stamp(pl, kClockV);
   // x = W v for this block's rows: a warp per row, lanes along the row
@@ -1537,7 +1558,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
     double xs = 0.0;
     const float* wr = W + static_cast<std::int64_t>(r) * cols;
 #pragma unroll 8
-    for (int c = lane; c < cols; c += 32) xs += static_cast<double>(wr[c]) * vv[c];
+    for (int c = lane; c < cols; c += 32) xs += static_cast<double>(wr[c]) * v[c];
     xs = warp_sum(xs);
     if (lane == 0) xr[r - r0] = xs;
   }
@@ -1551,7 +1572,21 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   }
   cluster.sync();
   clock_stamp(pl, kClockSigma);
-  const double sigma = sqrt(rank_sum<CS>(cluster, xsq, 0));
+  double sigma2;
+  if (pl.gather) {  // the ranks' Σ x² by one warp, added in rank order as rank_sum does
+    if (warp == 0) {
+      const double q = lane < CS ? *cluster.map_shared_rank(xsq, lane) : 0.0;
+      double sum = 0.0;
+#pragma unroll
+      for (int k = 0; k < CS; ++k) sum += __shfl_sync(0xffffffffu, q, k);
+      if (lane == 0) sh[0] = sum;
+    }
+    __syncthreads();
+    sigma2 = sh[0];
+  } else {
+    sigma2 = rank_sum<CS>(cluster, xsq, 0);
+  }
+  const double sigma = sqrt(sigma2);
   const double unorm = sigma < 1e-12 ? 1e-12 : sigma;
   for (int r = r0 + threadIdx.x; r < r1; r += kThreads) uv[r] = static_cast<float>(xr[r - r0] / unorm);
   // the block's rows: scaled when σ > σ_max, then their target update (loads first, per tile)
@@ -2002,7 +2037,7 @@ bool update_cluster_fits(int cs, int max_rows, int max_cols) {
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
                            std::uint64_t* clock, int clock_blocks, int* launched, bool early, bool stage,
-                           unsigned* bar) {
+                           unsigned* bar, bool gather) {
   const Budget& b = u.budget;
   if ((cs != 8 && cs != 16) || u.sn_count > kUpdateMaxSn || !update_cluster_fits(cs, u.sn_max_rows, u.sn_max_cols) ||
       static_cast<int>(ranges.size()) != u.sn_count)
@@ -2031,6 +2066,7 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   add(at, b.P);
   const std::int64_t tiles = pl.seg_tile0[pl.nseg];
   pl.stage = stage;
+  pl.gather = gather;
   pl.stage_at = static_cast<int>(cluster_update_shared(pl.max_cols, pl.rpc) / sizeof(double));
   const std::size_t shared = cluster_update_shared(pl.max_cols, pl.rpc) + (stage ? cluster_stage_shared(pl.rpc) : 0);
   void (*const kernel)(Update, const double*, int, ClusterPlan) =

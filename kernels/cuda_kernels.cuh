@@ -108,10 +108,14 @@ int update_max_matrices();
 /// them): the budget's partial sums computed by this kernel's blocks, then a
 /// grid barrier, instead of a launch before it — where the grid has a block for each (head,
 /// chunk) and fits the device at once; else as without (the same results either way).
+/// gather (DQN_UPDATE_GATHER=1): a normed matrix's Wᵀu sums split over its cluster (each block
+/// adds its share of the columns over the blocks in rank order, then reads the other shares from
+/// their owners: one remote load a column instead of one from every block) and σ's sum over the
+/// blocks by one warp (the same sums in the same order: the same results).
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
                            std::uint64_t* clock = nullptr, int clock_blocks = 0, int* blocks = nullptr,
-                           bool early = false, bool stage = false, unsigned* bar = nullptr);
+                           bool early = false, bool stage = false, unsigned* bar = nullptr, bool gather = false);
 /// The moments the cluster update's blocks stamp (DQN_UPDATE_CLOCK=1, read by dqn-trace): placed
 /// (before waiting for the kernels before it), the wait over, the clip factors known, its
 /// elements' g and Adam done, the blocks' shares of Wᵀu published over the cluster (normed

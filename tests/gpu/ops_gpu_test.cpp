@@ -2149,13 +2149,14 @@ TEST_CASE("gpu.ops.update: the cluster update equals budget → adam → spectra
     if (nsn) gpu.ops.spectral_norm(sp.up.sn_mats, nsn, sp.up.sn_max_rows, sp.up.sn_max_cols, 2.0f, skip_s);
     gpu.ops.target_update(sp.up.target);
     gpu.ok();
-    // DQN_UPDATE_PARTIALS=1 with DQN_UPDATE_STAGE=1 (15 partial sums, 48 blocks: summed inside
-    // the cluster update, behind its grid barrier), twice (the barrier's words as the first
-    // launch left them) on the same state: the same bits as the default cluster update
+    // DQN_UPDATE_PARTIALS=1 with DQN_UPDATE_STAGE=1 and DQN_UPDATE_GATHER=1 (15 partial sums, 48
+    // blocks: summed inside the cluster update, behind its grid barrier), twice (the barrier's
+    // words as the first launch left them) on the same state: the same bits as the default
+    // cluster update
     {
       std::unique_ptr<Gpu> gq;
       {
-        const ScopedEnv pe("DQN_UPDATE_PARTIALS", "1"), se("DQN_UPDATE_STAGE", "1");
+        const ScopedEnv pe("DQN_UPDATE_PARTIALS", "1"), se("DQN_UPDATE_STAGE", "1"), ge("DQN_UPDATE_GATHER", "1");
         gq = std::make_unique<Gpu>();
       }
       CHECK_MESSAGE(gq->rt().describe().find("partial sums inside") != std::string::npos, gq->rt().describe());
@@ -2348,12 +2349,19 @@ TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward m
     gr.ok();
     // DQN_UPDATE_STAGE=1 (the second tile of the 256 × 256, 200 × 250 and 300 × 256 blocks staged
     // in shared memory, the third loaded as before; Wᵀu from registers for the three of 256
-    // columns) on the same state: the same bits as the default everywhere
+    // columns) with DQN_UPDATE_GATHER=1 (Wᵀu summed in shares of ceil(cols / 16) columns: 1 of
+    // the 1 × 9 matrix's, 4 of 37 × 53, 16 of 250 and 256, so some blocks own none) on the same
+    // state: the same bits as the default everywhere
     {
       Side stg;
-      const auto gs = gpu_with("DQN_UPDATE_STAGE", "1", Precision::fp32);
+      std::unique_ptr<Gpu> gs;
+      {
+        const ScopedEnv se("DQN_UPDATE_STAGE", "1"), ge("DQN_UPDATE_GATHER", "1");
+        gs = std::make_unique<Gpu>();
+      }
       const std::string ds = gs->rt().describe();
       CHECK_MESSAGE(ds.find("second tiles staged") != std::string::npos, ds);
+      CHECK_MESSAGE(ds.find("gathered by shares") != std::string::npos, ds);
       on(*gs, stg);
       gs->ops.update(stg.up);
       gs->ok();

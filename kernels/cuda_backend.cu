@@ -151,6 +151,11 @@ bool autotune_from_env() noexcept { return env_on("DQN_GEMM_AUTOTUNE"); }
 /// DQN_GEMM_TUNE_SPLIT_K=1 lets autotuning also time cuBLASLt split-k variants (off unless set:
 /// on the H200 the C51 step measured 123.5 µs with them against 122.9 without).
 bool tune_split_k_from_env() noexcept { return env_set("DQN_GEMM_TUNE_SPLIT_K"); }
+/// DQN_UPDATE_STAGE: unset → fit, 0/off → off, anything else → on.
+cuda::StageMode stage_mode_from_env() noexcept {
+  if (!std::getenv("DQN_UPDATE_STAGE")) return cuda::StageMode::fit;
+  return env_on("DQN_UPDATE_STAGE") ? cuda::StageMode::on : cuda::StageMode::off;
+}
 
 /// How the update (budget, Adam, spectral norm, target update) runs, from DQN_FUSED_UPDATE: unset
 /// or cluster → two launches (partial sums; thread-block clusters, one per normed matrix, and more
@@ -919,7 +924,7 @@ class CudaBackend final : public Backend {
     if (planning_) return;
     DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), wave_blocks(), clock_,
                                          kClockBlocks, &clock_launch_.blocks, update_early_, update_stage_,
-                                         update_partials_ ? counter() : nullptr, update_gather_));
+                                         update_gather_, &update_staged_));
     clock_launch_.cs = update_cluster_;
     clock_launch_.normed = u.sn_count;
   }
@@ -973,8 +978,11 @@ class CudaBackend final : public Backend {
   std::string update_path() const {
     if (update_cluster_ > 0)
       return "cluster (" + std::to_string(update_cluster_) + " blocks a cluster" +
-             (update_stage_ ? ", second tiles staged, Wᵀu from registers" : "") +
-             (update_partials_ ? ", partial sums inside where the grid fits" : "") +
+             (update_stage_ == cuda::StageMode::on    ? ", second tiles staged, Wᵀu from registers"
+              : update_stage_ == cuda::StageMode::fit
+                  ? std::string(", second tiles staged where the grid fits (last launch ") +
+                        (update_staged_ ? "staged)" : "not staged)")
+                  : "") +
              (update_gather_ ? ", Wᵀu gathered by shares" : "") + ")";
     return "as separate kernels";
   }
@@ -2006,19 +2014,19 @@ class CudaBackend final : public Backend {
   /// 248.6-253.1 with all four heads; on an H100 86.1 / 257.6 against 86.2 / 258.3 (one each).
   /// Read per backend; the same results either way.
   bool update_early_ = env_on("DQN_UPDATE_EARLY");
-  /// DQN_UPDATE_STAGE=1: the cluster update stages a normed block's second tile in shared memory
-  /// and sums Wᵀu from registers (cuda::update_cluster's stage; the same results). Off unless
-  /// set: not yet measured. Read per backend.
-  bool update_stage_ = env_set("DQN_UPDATE_STAGE");
-  /// DQN_UPDATE_PARTIALS=1: the cluster update sums the budget's partial sums itself, with a grid
-  /// barrier on the lane's counter slot (word 0, as the last-block handshakes: 0 between kernels;
-  /// word 1 its generation), where its grid fits the device at once; one launch fewer (the same
-  /// results). Off unless set: not yet measured. Read per backend.
-  bool update_partials_ = env_set("DQN_UPDATE_PARTIALS");
-  /// DQN_UPDATE_GATHER=1: the cluster update's Wᵀu sums split over the cluster's blocks and
-  /// gathered (one remote load a column instead of one per block), σ's sum by one warp; the same
-  /// results. Off unless set: not yet measured. Read per backend.
-  bool update_gather_ = env_set("DQN_UPDATE_GATHER");
+  /// DQN_UPDATE_STAGE: the cluster update stages a normed block's second tile in shared memory
+  /// and sums Wᵀu from registers (cuda::update_cluster's stage; the same results): unset where
+  /// its grid with the staging area is resident at once (the C51 step, not the four heads'), 1
+  /// always, 0/off never. With DQN_UPDATE_GATHER on an H100 (2026-12-05, three processes each):
+  /// C51 86.0-86.3 µs against 87.3-87.8 for neither; with all four heads 255.1-256.8 against
+  /// 252.9-254.8. Read per backend.
+  cuda::StageMode update_stage_ = stage_mode_from_env();
+  bool update_staged_ = false;  ///< whether the last cluster update launched staged
+  /// DQN_UPDATE_GATHER (on unless 0/off): the cluster update's Wᵀu sums split over the cluster's
+  /// blocks and gathered (one remote load a column instead of one per block), σ's sum by one
+  /// warp; the same results. On an H100 (2026-12-05, three processes each): C51 86.6-87.0 µs
+  /// against 87.3-87.8 off, all four heads within their spread. Read per backend.
+  bool update_gather_ = env_on("DQN_UPDATE_GATHER");
   /// DQN_TILE_LDMATRIX: whether tile_gemm's k loop reads the fragments of its k-contiguous
   /// operands by ldmatrix (TileGemm::ldmatrix; the same bits). Read per backend.
   LdmMode tile_ldm_ = ldm_mode_from_env();

@@ -684,7 +684,7 @@ __global__ void __launch_bounds__(kThreads) budget_partial_kernel(const float* _
 /// the same fixed order in every block, so all blocks agree) into clip_sh [H]; returns whether
 /// every head is finite (the same in every thread). The writer block also stores norms, clips,
 /// the total loss, skip and skipped.
-__device__ bool budget_clips(const Budget& a, const double* partial, int nchunks, float* clip_sh,
+__device__ bool budget_clips(const Budget& a, const double* __restrict__ partial, int nchunks, float* clip_sh,
                              bool writer) {
   const int H = a.H;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
@@ -696,8 +696,7 @@ __device__ bool budget_clips(const Budget& a, const double* partial, int nchunks
     const double* ph = partial + static_cast<std::int64_t>(h) * nchunks;
     double x[kPer];
 #pragma unroll
-    // (__ldcg: from L2, where the cluster update's own blocks may have written them this launch)
-    for (int q = 0; q < kPer; ++q) x[q] = lane + 32 * q < nchunks ? __ldcg(ph + lane + 32 * q) : 0.0;
+    for (int q = 0; q < kPer; ++q) x[q] = lane + 32 * q < nchunks ? ph[lane + 32 * q] : 0.0;
     double sq = 0.0;  // + 0.0 past nchunks changes nothing (the sum starts at +0 and stays >= 0)
 #pragma unroll
     for (int q = 0; q < kPer; ++q) sq += x[q];
@@ -1234,17 +1233,10 @@ struct ClusterPlan {
   /// thread's Σ of W[r, c] u[r] over the block's rows (Wᵀu) from the new θ in its registers.
   bool stage = false;
   int stage_at = 0;  ///< where the staging area starts in the dynamic shared memory (doubles)
-  /// DQN_UPDATE_PARTIALS: budget_partial_kernel's items (head, chunk) summed by this kernel's
-  /// blocks into the partial sums, then a grid barrier on bar (the whole grid resident: the host
-  /// checks), instead of a launch before this one; t and the bias corrections from Adam's t
-  /// here (step unused). The same sums, so the same bits.
-  bool partials = false;
   /// DQN_UPDATE_GATHER: the cluster's Wᵀu sums split over its blocks (each adds its share of the
   /// columns over the ranks, then every block reads the shares from their owners: one remote load
   /// a column where it made CS) and σ's rank sum by one warp. The same sums, so the same bits.
   bool gather = false;
-  std::int64_t chunk = 0;  ///< elements per partial-sum chunk (budget_shape)
-  unsigned* bar = nullptr;
   std::int64_t seg_lo[kClusterMaxSegs] = {}, seg_hi[kClusterMaxSegs] = {};
   std::int64_t seg_tile0[kClusterMaxSegs + 1] = {};  ///< first tile of each range; [nseg]: all tiles
 };
@@ -1350,8 +1342,8 @@ __device__ __forceinline__ double rank_sum(const cooperative_groups::cluster_gro
 /// matrices. Needs the normed matrices disjoint ranges inside params within the bounds (the caller
 /// checks). Skipped: g = 0, nothing else changes.
 template <int CS>
-__global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, const double* partial, int nchunks,
-                                                                     ClusterPlan pl) {
+__global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, const double* __restrict__ partial,
+                                                                     int nchunks, ClusterPlan pl) {
   clock_stamp(pl, kClockPlaced);  // (the clock is no buffer of the kernels this one waits for)
   namespace cg = cooperative_groups;
   extern __shared__ double cu_shared[];
@@ -1421,35 +1413,16 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   if (staged) cluster_stage_state(x, lo + kClusterTile, min(hi, lo + 2 * kClusterTile), stg);
   if (colreg)
     for (int r = r0 + static_cast<int>(threadIdx.x); r < r1; r += kThreads) ush[r - r0] = uv[r];
-  // pl.partials: the step's t + 1 and the bias corrections from t (only this kernel writes t: its
-  // block 0, after the grid barrier below), as budget_partial_kernel computes them
-  double bc1 = 0.0, bc2 = 0.0, t1 = 0.0;
-  if (pl.partials) {
-    t1 = static_cast<double>(static_cast<std::int64_t>(*u.adam.t & static_cast<std::int64_t>(kTicket - 1)) + 1);
-    bc1 = bias_correction(u.adam.beta1, t1);
-    bc2 = bias_correction(u.adam.beta2, t1);
-  }
   dev::pdl_entry();
   clock_stamp(pl, kClockWaited);
-  if (!pl.partials) {
-    bc1 = pl.step[0];
-    bc2 = pl.step[1];
-    t1 = pl.step[2];
-  }
-  const auto t_new = static_cast<long long>(t1);
+  const double bc1 = pl.step[0], bc2 = pl.step[1];
+  const auto t_new = static_cast<long long>(pl.step[2]);
   if (early) {
     cluster_load_grads(x, lo, min(hi, lo + kClusterTile), reg);
   } else {
     cluster_load(x, lo, min(hi, lo + kClusterTile), every && !normed, reg);
   }
   if (staged) cluster_stage_grads(x, lo + kClusterTile, min(hi, lo + 2 * kClusterTile), stg);
-  if (pl.partials) {  // budget_partial_kernel's items over this grid, then every block waits for all
-    const int items = b.H * nchunks;
-    for (int q = static_cast<int>(blockIdx.x); q < items; q += static_cast<int>(gridDim.x))
-      budget_partial_item(x.grads, b.P, pl.chunk, b.reach, q / nchunks, q % nchunks, nchunks,
-                          const_cast<double*>(partial), sh);
-    dev::grid_sync(pl.bar);
-  }
   // (budget_clips' barriers publish ush)
   const bool finite = budget_clips(b, partial, nchunks, clip_sh, blockIdx.x == 0);
   clock_stamp(pl, kClockClips);
@@ -2036,8 +2009,8 @@ bool update_cluster_fits(int cs, int max_rows, int max_cols) {
 
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
-                           std::uint64_t* clock, int clock_blocks, int* launched, bool early, bool stage,
-                           unsigned* bar, bool gather) {
+                           std::uint64_t* clock, int clock_blocks, int* launched, bool early, StageMode stage,
+                           bool gather, bool* staged_out) {
   const Budget& b = u.budget;
   if ((cs != 8 && cs != 16) || u.sn_count > kUpdateMaxSn || !update_cluster_fits(cs, u.sn_max_rows, u.sn_max_cols) ||
       static_cast<int>(ranges.size()) != u.sn_count)
@@ -2065,43 +2038,40 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   }
   add(at, b.P);
   const std::int64_t tiles = pl.seg_tile0[pl.nseg];
-  pl.stage = stage;
   pl.gather = gather;
   pl.stage_at = static_cast<int>(cluster_update_shared(pl.max_cols, pl.rpc) / sizeof(double));
-  const std::size_t shared = cluster_update_shared(pl.max_cols, pl.rpc) + (stage ? cluster_stage_shared(pl.rpc) : 0);
   void (*const kernel)(Update, const double*, int, ClusterPlan) =
       cs == 16 ? update_cluster_kernel<16> : update_cluster_kernel<8>;
   const std::int64_t plain = std::min<std::int64_t>(tiles, std::max(max_blocks, cs));
   const std::int64_t plain_blocks = (plain + cs - 1) / cs * cs;
+  const auto blocks = static_cast<unsigned>(static_cast<std::int64_t>(pl.nsn) * cs + plain_blocks);
+  cudaLaunchAttribute attr[2]{};
+  // StageMode::fit: the staging area where the grid, with it, is resident at once (the C51 step:
+  // 176 blocks; measured 1.2 µs faster there with gather, on an H100; not with the four heads'
+  // 690 blocks, whose plain blocks run in waves: there it measured 1-2 µs slower)
+  bool staged = stage == StageMode::on;
+  if (stage == StageMode::fit && blocks > 0) {
+    const cudaLaunchConfig_t probe =
+        cluster_config(cs, blocks, cluster_update_shared(pl.max_cols, pl.rpc) + cluster_stage_shared(pl.rpc), s, attr);
+    int clusters = 0;
+    staged = cudaOccupancyMaxActiveClusters(&clusters, kernel, &probe) == cudaSuccess &&
+             static_cast<std::int64_t>(clusters) * cs >= blocks;
+    cudaGetLastError();
+  }
+  pl.stage = staged;
+  const std::size_t shared = cluster_update_shared(pl.max_cols, pl.rpc) + (staged ? cluster_stage_shared(pl.rpc) : 0);
   auto* partial = static_cast<double*>(scratch);
   auto* step = reinterpret_cast<double*>(static_cast<char*>(scratch) + budget_scratch_bytes(b.H));
   pl.step = step;
   int nchunks = 0;
-  cudaLaunchAttribute attr[2]{};
-  const auto blocks = static_cast<unsigned>(static_cast<std::int64_t>(pl.nsn) * cs + plain_blocks);
-  const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, shared, s, attr, true);
-  // bar (DQN_UPDATE_PARTIALS): the partial sums in this kernel where its grid has a block for each
-  // of them and is resident at once (its grid barrier needs every block placed), else before it
-  if (bar && blocks > 0) {
-    const BudgetShape bs = budget_shape(b);
-    int clusters = 0;
-    if (static_cast<std::int64_t>(b.H) * bs.nchunks <= blocks &&
-        cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess &&
-        static_cast<std::int64_t>(clusters) * cs >= blocks) {
-      pl.partials = true;
-      pl.chunk = bs.chunk;
-      pl.bar = bar;
-      nchunks = bs.nchunks;
-    }
-    cudaGetLastError();
-  }
-  if (!pl.partials)
-    if (cudaError_t e = budget_partials(s, b, partial, nchunks, &u.adam, step); e != cudaSuccess) return e;
+  if (cudaError_t e = budget_partials(s, b, partial, nchunks, &u.adam, step); e != cudaSuccess) return e;
   if (launched) *launched = static_cast<int>(blocks);
+  if (staged_out) *staged_out = staged;
   if (blocks == 0) return cudaSuccess;
   pl.clock = clock;
   pl.clock_blocks = clock ? clock_blocks : 0;
   pl.early = early;
+  const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, shared, s, attr, true);
   dev::note_pdl_kernel(reinterpret_cast<const void*>(kernel));
   return cudaLaunchKernelEx(&cfg, kernel, u, static_cast<const double*>(partial), nchunks, pl);
 }

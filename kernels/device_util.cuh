@@ -169,32 +169,4 @@ __device__ inline bool last_block(unsigned* counter) {
   return is_last;
 }
 
-/// A barrier over the whole grid (every block must be resident at once: the caller checks that
-/// the grid fits the device), with bar[0] the arrivals (0 between uses: the last block to arrive
-/// resets it) and bar[1] a generation that only grows. Every block's writes before it are visible
-/// to every block after it. A block that waits past about a second traps (a launch that breaks
-/// the residency promise fails instead of hanging).
-__device__ inline void grid_sync(unsigned* bar) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    volatile unsigned* gen = bar + 1;
-    const unsigned g = *gen;  // before arriving: it cannot move until this block has arrived
-    __threadfence();
-    if (atomicAdd(bar, 1u) == gridDim.x * gridDim.y * gridDim.z - 1) {
-      atomicExch(bar, 0u);
-      __threadfence();
-      atomicAdd(bar + 1, 1u);
-    } else {
-      std::uint64_t t0, t;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-      while (*gen == g) {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        if (t - t0 > 1000000000ull) __trap();
-      }
-    }
-    __threadfence();
-  }
-  __syncthreads();
-}
-
 }  // namespace dqn::cuda::dev

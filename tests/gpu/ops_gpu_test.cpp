@@ -2149,19 +2149,19 @@ TEST_CASE("gpu.ops.update: the cluster update equals budget → adam → spectra
     if (nsn) gpu.ops.spectral_norm(sp.up.sn_mats, nsn, sp.up.sn_max_rows, sp.up.sn_max_cols, 2.0f, skip_s);
     gpu.ops.target_update(sp.up.target);
     gpu.ok();
-    // DQN_UPDATE_PARTIALS=1 with DQN_UPDATE_STAGE=1 and DQN_UPDATE_GATHER=1 (15 partial sums, 48
-    // blocks: summed inside the cluster update, behind its grid barrier), twice (the barrier's
-    // words as the first launch left them) on the same state: the same bits as the default
+    // DQN_UPDATE_STAGE=1 and DQN_UPDATE_GATHER=0 (the default's other side: the default gathers,
+    // and stages where the grid fits), twice on the same state: the same bits as the default
     // cluster update
     {
       std::unique_ptr<Gpu> gq;
       {
-        const ScopedEnv pe("DQN_UPDATE_PARTIALS", "1"), se("DQN_UPDATE_STAGE", "1"), ge("DQN_UPDATE_GATHER", "1");
+        const ScopedEnv se("DQN_UPDATE_STAGE", "1"), ge("DQN_UPDATE_GATHER", "0");
         gq = std::make_unique<Gpu>();
       }
-      CHECK_MESSAGE(gq->rt().describe().find("partial sums inside") != std::string::npos, gq->rt().describe());
+      CHECK_MESSAGE(gq->rt().describe().find("second tiles staged, ") != std::string::npos, gq->rt().describe());
+      CHECK_MESSAGE(gq->rt().describe().find("gathered") == std::string::npos, gq->rt().describe());
       for (int round = 0; round < 2; ++round) {
-        INFO("partial sums inside, launch " << round + 1);
+        INFO("staged, not gathered, launch " << round + 1);
         Side q;
         std::int32_t* skip_q = gq->put_typed(std::vector<std::int32_t>{-1});
         std::int64_t* skipped_q = gq->put_typed(std::vector<std::int64_t>{2});
@@ -2186,7 +2186,7 @@ TEST_CASE("gpu.ops.update: the cluster update equals budget → adam → spectra
                     {"u1", q.u1, f.u1, r1},
                     {"outside matrix", q.outside, f.outside, static_cast<std::int64_t>(r1) * c1}};
         for (const auto& o : same)
-          expect_same_bits(gq->get(o.a, o.n), gpu.get(o.b, o.n), std::string("partials inside vs default: ") + o.name);
+          expect_same_bits(gq->get(o.a, o.n), gpu.get(o.b, o.n), std::string("staged vs default: ") + o.name);
         CHECK(gq->get_typed(skip_q, 1)[0] == gpu.get_typed(skip_f, 1)[0]);
         CHECK(gq->get_typed(skipped_q, 1)[0] == gpu.get_typed(skipped_f, 1)[0]);
         CHECK(gq->get_typed(t_q, 1)[0] == gpu.get_typed(t_f, 1)[0]);
@@ -2347,21 +2347,24 @@ TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward m
     gr.ops.spectral_norm(sep.up.sn_mats, nsn, max_rows, max_cols, 2.0f, sep.skip);
     gr.ops.target_update(sep.up.target);
     gr.ok();
-    // DQN_UPDATE_STAGE=1 (the second tile of the 256 × 256, 200 × 250 and 300 × 256 blocks staged
-    // in shared memory, the third loaded as before; Wᵀu from registers for the three of 256
-    // columns) with DQN_UPDATE_GATHER=1 (Wᵀu summed in shares of ceil(cols / 16) columns: 1 of
-    // the 1 × 9 matrix's, 4 of 37 × 53, 16 of 250 and 256, so some blocks own none) on the same
-    // state: the same bits as the default everywhere
+    // The defaults (DQN_UPDATE_GATHER on: Wᵀu summed in shares of ceil(cols / 16) columns, 1 of
+    // the 1 × 9 matrix's, 4 of 37 × 53, 16 of 250 and 256, so some blocks own none; and
+    // DQN_UPDATE_STAGE unset, staging where the grid fits, as these 160 blocks do: the second
+    // tile of the 256 × 256, 200 × 250 and 300 × 256 blocks in shared memory, the third loaded as
+    // before, Wᵀu from registers for the three of 256 columns) against both off on the same
+    // state: the same bits everywhere
     {
       Side stg;
       std::unique_ptr<Gpu> gs;
       {
-        const ScopedEnv se("DQN_UPDATE_STAGE", "1"), ge("DQN_UPDATE_GATHER", "1");
+        const ScopedEnv se("DQN_UPDATE_STAGE", "0"), ge("DQN_UPDATE_GATHER", "0");
         gs = std::make_unique<Gpu>();
       }
-      const std::string ds = gs->rt().describe();
-      CHECK_MESSAGE(ds.find("second tiles staged") != std::string::npos, ds);
-      CHECK_MESSAGE(ds.find("gathered by shares") != std::string::npos, ds);
+      const std::string ds = gs->rt().describe(), dd = gr.rt().describe();
+      CHECK_MESSAGE(ds.find("staged") == std::string::npos, ds);
+      CHECK_MESSAGE(ds.find("gathered") == std::string::npos, ds);
+      if (!std::getenv("DQN_UPDATE_STAGE")) CHECK_MESSAGE(dd.find("(last launch staged)") != std::string::npos, dd);
+      if (!std::getenv("DQN_UPDATE_GATHER")) CHECK_MESSAGE(dd.find("gathered by shares") != std::string::npos, dd);
       on(*gs, stg);
       gs->ops.update(stg.up);
       gs->ok();
@@ -2373,11 +2376,11 @@ TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward m
                   {"m", stg.up.adam.m, cl.up.adam.m, P},           {"v", stg.up.adam.v, cl.up.adam.v, P},
                   {"g", stg.up.budget.g, cl.up.budget.g, P},       {"norms", stg.up.budget.norms, cl.up.budget.norms, H}};
       for (const auto& o : same)
-        expect_same_bits(gs->get(o.a, o.n), gr.get(o.b, o.n), std::string("staged vs default: ") + o.name);
+        expect_same_bits(gs->get(o.a, o.n), gr.get(o.b, o.n), std::string("neither vs default: ") + o.name);
       for (int k = 0; k < nsn; ++k)
         expect_same_bits(gs->get(stg.u[static_cast<std::size_t>(k)], mats[k].rows),
                          gr.get(cl.u[static_cast<std::size_t>(k)], mats[k].rows),
-                         "staged vs default: u of matrix " + std::to_string(k));
+                         "neither vs default: u of matrix " + std::to_string(k));
       CHECK(gs->get_typed(stg.t, 1)[0] == gr.get_typed(cl.t, 1)[0]);
       CHECK(gs->get_typed(stg.skipped, 1)[0] == gr.get_typed(cl.skipped, 1)[0]);
     }

@@ -580,43 +580,40 @@ TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY, _STAGE, _GATHER and 
   }
 }
 
-TEST_CASE("gpu.step.partials: DQN_UPDATE_PARTIALS=1 (the budget's partial sums inside the cluster update) changes no result") {
-  // The cluster update sums the budget's (head, chunk) partial sums itself and waits at a grid
-  // barrier where its grid has a block for each and fits the device at once (the C51 step: one
-  // head, 161 chunks, 176 blocks), instead of budget_partial_kernel before it: the same sums, so
-  // 20 replayed steps give the same bits, with one graph node fewer. With all four heads the
-  // items outnumber the blocks and the launch before it stays (the same graph).
+TEST_CASE("gpu.step.stage_fit: DQN_UPDATE_STAGE unset stages the cluster update where its grid fits, with the same results") {
+  // Unset, the cluster update stages its normed blocks' second tiles in shared memory where its
+  // grid with the staging area is resident at once (the reference C51 step: 176 blocks), else
+  // not (the four heads' 690): 20 replayed steps give the same bits as never staging (0), C51
+  // alone and with all four heads, and the same graph. describe() says which the last launch did.
   std::vector<std::string> auxes{""};
   if (const auto all = aux_heads({"iqn", "ensemble", "cql"})) auxes.push_back(*all);
   for (const std::string& aux : auxes) {
     INFO(std::string(aux.empty() ? "C51 alone" : "all four heads"));
     const PipelineSpec spec = parse(pipeline("tf32", "", aux));
-    std::unique_ptr<Engine> before;
+    std::unique_ptr<Engine> never;
     {
-      const EnvOverride p("DQN_UPDATE_PARTIALS", "0");
-      before = make(spec, BackendKind::cuda);
+      const EnvOverride st("DQN_UPDATE_STAGE", "0");
+      never = make(spec, BackendKind::cuda);
     }
-    const EnvOverride p("DQN_UPDATE_PARTIALS", "1");
-    auto inside = make(spec, BackendKind::cuda);
-    const std::string d = inside->runtime().describe();
+    const EnvOverride st("DQN_UPDATE_STAGE", nullptr);  // (put back as it was after the case)
+    unsetenv("DQN_UPDATE_STAGE");
+    auto fit = make(spec, BackendKind::cuda);
+    for (int i = 0; i < 20; ++i) {
+      never->step();
+      fit->step();
+    }
+    const std::string d = fit->runtime().describe();
     INFO(d);
     if (d.find("update cluster") == std::string::npos) {
       MESSAGE("the cluster update does not run on this device: nothing to compare");
       return;
     }
-    CHECK(d.find("partial sums inside") != std::string::npos);
-    for (int i = 0; i < 20; ++i) {
-      before->step();
-      inside->step();
-    }
-    check_same_bits(*before, *inside,
-                    {"params", "target", "adam.m", "adam.v", "report/td_error", "report/losses", "report/norms",
-                     "report/clips"});
-    CHECK(inside->read_report().adam_step == before->read_report().adam_step);
-    if (aux.empty())
-      CHECK(inside->runtime().graph_nodes() + 1 == before->runtime().graph_nodes());
-    else
-      CHECK(inside->runtime().graph_nodes() == before->runtime().graph_nodes());
+    CHECK(d.find("second tiles staged where the grid fits (last launch ") != std::string::npos);
+    MESSAGE(d.substr(d.find("update cluster")));
+    check_same_bits(*never, *fit, {"params", "target", "adam.m", "adam.v", "report/td_error", "report/losses",
+                                   "report/norms", "report/clips"});
+    CHECK(fit->read_report().adam_step == never->read_report().adam_step);
+    CHECK(fit->runtime().graph_nodes() == never->runtime().graph_nodes());
   }
 }
 

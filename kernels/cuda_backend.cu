@@ -151,10 +151,10 @@ bool autotune_from_env() noexcept { return env_on("DQN_GEMM_AUTOTUNE"); }
 /// DQN_GEMM_TUNE_SPLIT_K=1 lets autotuning also time cuBLASLt split-k variants (off unless set:
 /// on the H200 the C51 step measured 123.5 µs with them against 122.9 without).
 bool tune_split_k_from_env() noexcept { return env_set("DQN_GEMM_TUNE_SPLIT_K"); }
-/// DQN_UPDATE_STAGE: unset → fit, 0/off → off, anything else → on.
-cuda::StageMode stage_mode_from_env() noexcept {
-  if (!std::getenv("DQN_UPDATE_STAGE")) return cuda::StageMode::fit;
-  return env_on("DQN_UPDATE_STAGE") ? cuda::StageMode::on : cuda::StageMode::off;
+/// DQN_UPDATE_STAGE, DQN_UPDATE_GATHER: unset → fit, 0/off → off, anything else → on.
+cuda::FitMode fit_mode_from_env(const char* name) noexcept {
+  if (!std::getenv(name)) return cuda::FitMode::fit;
+  return env_on(name) ? cuda::FitMode::on : cuda::FitMode::off;
 }
 
 /// How the update (budget, Adam, spectral norm, target update) runs, from DQN_FUSED_UPDATE: unset
@@ -924,7 +924,7 @@ class CudaBackend final : public Backend {
     if (planning_) return;
     DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), wave_blocks(), clock_,
                                          kClockBlocks, &clock_launch_.blocks, update_early_, update_stage_,
-                                         update_gather_, &update_staged_));
+                                         update_gather_, &update_choices_));
     clock_launch_.cs = update_cluster_;
     clock_launch_.normed = u.sn_count;
   }
@@ -974,16 +974,19 @@ class CudaBackend final : public Backend {
   const void* workspace_base() const noexcept { return workspace_base_; }
   const void* scratch_base() const noexcept { return scratch_base_; }
 
+  /// ", what" (on), ", what where the grid fits (last launch: yes|no)" (fit) or nothing (off).
+  static std::string fit_text(cuda::FitMode m, bool last, const char* what) {
+    if (m == cuda::FitMode::off) return "";
+    if (m == cuda::FitMode::on) return std::string(", ") + what;
+    return std::string(", ") + what + " where the grid fits (last launch: " + (last ? "yes)" : "no)");
+  }
+
   /// How the update runs (for describe()).
   std::string update_path() const {
     if (update_cluster_ > 0)
       return "cluster (" + std::to_string(update_cluster_) + " blocks a cluster" +
-             (update_stage_ == cuda::StageMode::on    ? ", second tiles staged, Wᵀu from registers"
-              : update_stage_ == cuda::StageMode::fit
-                  ? std::string(", second tiles staged where the grid fits (last launch ") +
-                        (update_staged_ ? "staged)" : "not staged)")
-                  : "") +
-             (update_gather_ ? ", Wᵀu gathered by shares" : "") + ")";
+             fit_text(update_stage_, update_choices_.staged, "second tiles staged") +
+             fit_text(update_gather_, update_choices_.gathered, "Wᵀu gathered by shares") + ")";
     return "as separate kernels";
   }
 
@@ -2015,18 +2018,15 @@ class CudaBackend final : public Backend {
   /// Read per backend; the same results either way.
   bool update_early_ = env_on("DQN_UPDATE_EARLY");
   /// DQN_UPDATE_STAGE: the cluster update stages a normed block's second tile in shared memory
-  /// and sums Wᵀu from registers (cuda::update_cluster's stage; the same results): unset where
-  /// its grid with the staging area is resident at once (the C51 step, not the four heads'), 1
-  /// always, 0/off never. With DQN_UPDATE_GATHER on an H100 (2026-12-05, three processes each):
-  /// C51 86.0-86.3 µs against 87.3-87.8 for neither; with all four heads 255.1-256.8 against
-  /// 252.9-254.8. Read per backend.
-  cuda::StageMode update_stage_ = stage_mode_from_env();
-  bool update_staged_ = false;  ///< whether the last cluster update launched staged
-  /// DQN_UPDATE_GATHER (on unless 0/off): the cluster update's Wᵀu sums split over the cluster's
-  /// blocks and gathered (one remote load a column instead of one per block), σ's sum by one
-  /// warp; the same results. On an H100 (2026-12-05, three processes each): C51 86.6-87.0 µs
-  /// against 87.3-87.8 off, all four heads within their spread. Read per backend.
-  bool update_gather_ = env_on("DQN_UPDATE_GATHER");
+  /// and sums Wᵀu from registers; DQN_UPDATE_GATHER: it sums Wᵀu in column shares over the
+  /// cluster and gathers them, σ's sum by one warp (cuda::update_cluster's stage and gather; the
+  /// same results either way). Unset: where its grid is resident at once (the C51 step, not the
+  /// four heads'); 1 always, 0/off never. On an H100 (2026-12-05, three processes each): C51
+  /// 85.5-85.9 µs with both against 86.7-86.9 with neither; with all four heads gathering alone
+  /// 255.2-255.7 against 252.9-255.2 with neither, both 255.1-256.8. Read per backend.
+  cuda::FitMode update_stage_ = fit_mode_from_env("DQN_UPDATE_STAGE");
+  cuda::FitMode update_gather_ = fit_mode_from_env("DQN_UPDATE_GATHER");
+  cuda::UpdateChoices update_choices_;  ///< what the last cluster update launch did
   /// DQN_TILE_LDMATRIX: whether tile_gemm's k loop reads the fragments of its k-contiguous
   /// operands by ldmatrix (TileGemm::ldmatrix; the same bits). Read per backend.
   LdmMode tile_ldm_ = ldm_mode_from_env();

@@ -2009,8 +2009,8 @@ bool update_cluster_fits(int cs, int max_rows, int max_cols) {
 
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
-                           std::uint64_t* clock, int clock_blocks, int* launched, bool early, StageMode stage,
-                           bool gather, bool* staged_out) {
+                           std::uint64_t* clock, int clock_blocks, int* launched, bool early, FitMode stage,
+                           FitMode gather, UpdateChoices* choices) {
   const Budget& b = u.budget;
   if ((cs != 8 && cs != 16) || u.sn_count > kUpdateMaxSn || !update_cluster_fits(cs, u.sn_max_rows, u.sn_max_cols) ||
       static_cast<int>(ranges.size()) != u.sn_count)
@@ -2038,7 +2038,6 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   }
   add(at, b.P);
   const std::int64_t tiles = pl.seg_tile0[pl.nseg];
-  pl.gather = gather;
   pl.stage_at = static_cast<int>(cluster_update_shared(pl.max_cols, pl.rpc) / sizeof(double));
   void (*const kernel)(Update, const double*, int, ClusterPlan) =
       cs == 16 ? update_cluster_kernel<16> : update_cluster_kernel<8>;
@@ -2046,27 +2045,32 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   const std::int64_t plain_blocks = (plain + cs - 1) / cs * cs;
   const auto blocks = static_cast<unsigned>(static_cast<std::int64_t>(pl.nsn) * cs + plain_blocks);
   cudaLaunchAttribute attr[2]{};
-  // StageMode::fit: the staging area where the grid, with it, is resident at once (the C51 step:
-  // 176 blocks; measured 1.2 µs faster there with gather, on an H100; not with the four heads'
-  // 690 blocks, whose plain blocks run in waves: there it measured 1-2 µs slower)
-  bool staged = stage == StageMode::on;
-  if (stage == StageMode::fit && blocks > 0) {
-    const cudaLaunchConfig_t probe =
-        cluster_config(cs, blocks, cluster_update_shared(pl.max_cols, pl.rpc) + cluster_stage_shared(pl.rpc), s, attr);
+  // FitMode::fit: on where the grid is resident at once (the C51 step: 176 blocks, with the
+  // staging area too; measured 1.2 µs faster there with both, on an H100), not where its plain
+  // blocks run in waves (the four heads' 690 blocks: both 1-2 µs slower there, gathering alone
+  // about 1.5)
+  const std::size_t base = cluster_update_shared(pl.max_cols, pl.rpc);
+  const auto fits = [&](std::size_t shared) {
+    const cudaLaunchConfig_t probe = cluster_config(cs, blocks, shared, s, attr);
     int clusters = 0;
-    staged = cudaOccupancyMaxActiveClusters(&clusters, kernel, &probe) == cudaSuccess &&
-             static_cast<std::int64_t>(clusters) * cs >= blocks;
+    const bool ok = cudaOccupancyMaxActiveClusters(&clusters, kernel, &probe) == cudaSuccess &&
+                    static_cast<std::int64_t>(clusters) * cs >= blocks;
     cudaGetLastError();
-  }
+    return ok;
+  };
+  const bool staged =
+      stage == FitMode::on || (stage == FitMode::fit && blocks > 0 && fits(base + cluster_stage_shared(pl.rpc)));
+  const std::size_t shared = base + (staged ? cluster_stage_shared(pl.rpc) : 0);
+  const bool gathered = gather == FitMode::on || (gather == FitMode::fit && blocks > 0 && fits(shared));
   pl.stage = staged;
-  const std::size_t shared = cluster_update_shared(pl.max_cols, pl.rpc) + (staged ? cluster_stage_shared(pl.rpc) : 0);
+  pl.gather = gathered;
   auto* partial = static_cast<double*>(scratch);
   auto* step = reinterpret_cast<double*>(static_cast<char*>(scratch) + budget_scratch_bytes(b.H));
   pl.step = step;
   int nchunks = 0;
   if (cudaError_t e = budget_partials(s, b, partial, nchunks, &u.adam, step); e != cudaSuccess) return e;
   if (launched) *launched = static_cast<int>(blocks);
-  if (staged_out) *staged_out = staged;
+  if (choices) *choices = {staged, gathered};
   if (blocks == 0) return cudaSuccess;
   pl.clock = clock;
   pl.clock_blocks = clock ? clock_blocks : 0;

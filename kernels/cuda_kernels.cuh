@@ -103,18 +103,22 @@ int update_max_matrices();
 /// stage (DQN_UPDATE_STAGE): with early, a normed block's second tile of m, v and θ is copied
 /// into shared memory before the wait (its first heads' gradients after it), and where a normed
 /// matrix's row is as long as a block is wide each thread sums its column's share of Wᵀu during
-/// Adam from the new θ in its registers instead of reading W back (the same results); on, off, or
-/// fit: on where the grid with the staging area is resident at once (*staged says which ran).
-/// gather (DQN_UPDATE_GATHER, on unless 0/off): a normed matrix's Wᵀu sums split over its cluster
-/// (each block adds its share of the columns over the blocks in rank order, then reads the other
-/// shares from their owners: one remote load a column instead of one from every block) and σ's
-/// sum over the blocks by one warp (the same sums in the same order: the same results).
-enum class StageMode { off, on, fit };
+/// Adam from the new θ in its registers instead of reading W back (the same results).
+/// gather (DQN_UPDATE_GATHER): a normed matrix's Wᵀu sums split over its cluster (each block adds
+/// its share of the columns over the blocks in rank order, then reads the other shares from
+/// their owners: one remote load a column instead of one from every block) and σ's sum over the
+/// blocks by one warp (the same sums in the same order: the same results).
+/// Each on, off, or fit: on where the grid (with the staging area, if staged) is resident at
+/// once. *choices (if not null) says what the launch did.
+enum class FitMode { off, on, fit };
+struct UpdateChoices {
+  bool staged = false, gathered = false;
+};
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
                            std::uint64_t* clock = nullptr, int clock_blocks = 0, int* blocks = nullptr,
-                           bool early = false, StageMode stage = StageMode::off, bool gather = false,
-                           bool* staged = nullptr);
+                           bool early = false, FitMode stage = FitMode::off, FitMode gather = FitMode::off,
+                           UpdateChoices* choices = nullptr);
 /// The moments the cluster update's blocks stamp (DQN_UPDATE_CLOCK=1, read by dqn-trace): placed
 /// (before waiting for the kernels before it), the wait over, the clip factors known, its
 /// elements' g and Adam done, the blocks' shares of Wᵀu published over the cluster (normed

@@ -2149,16 +2149,15 @@ TEST_CASE("gpu.ops.update: the cluster update equals budget → adam → spectra
     if (nsn) gpu.ops.spectral_norm(sp.up.sn_mats, nsn, sp.up.sn_max_rows, sp.up.sn_max_cols, 2.0f, skip_s);
     gpu.ops.target_update(sp.up.target);
     gpu.ok();
-    // DQN_UPDATE_STAGE=1 and DQN_UPDATE_GATHER=0 (the default's other side: the default gathers,
-    // and stages where the grid fits), twice on the same state: the same bits as the default
-    // cluster update
+    // DQN_UPDATE_STAGE=1 and DQN_UPDATE_GATHER=0 (the default does both where the grid fits, as
+    // these 48 blocks do), twice on the same state: the same bits as the default cluster update
     {
       std::unique_ptr<Gpu> gq;
       {
         const ScopedEnv se("DQN_UPDATE_STAGE", "1"), ge("DQN_UPDATE_GATHER", "0");
         gq = std::make_unique<Gpu>();
       }
-      CHECK_MESSAGE(gq->rt().describe().find("second tiles staged, ") != std::string::npos, gq->rt().describe());
+      CHECK_MESSAGE(gq->rt().describe().find(", second tiles staged)") != std::string::npos, gq->rt().describe());
       CHECK_MESSAGE(gq->rt().describe().find("gathered") == std::string::npos, gq->rt().describe());
       for (int round = 0; round < 2; ++round) {
         INFO("staged, not gathered, launch " << round + 1);
@@ -2347,9 +2346,9 @@ TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward m
     gr.ops.spectral_norm(sep.up.sn_mats, nsn, max_rows, max_cols, 2.0f, sep.skip);
     gr.ops.target_update(sep.up.target);
     gr.ok();
-    // The defaults (DQN_UPDATE_GATHER on: Wᵀu summed in shares of ceil(cols / 16) columns, 1 of
-    // the 1 × 9 matrix's, 4 of 37 × 53, 16 of 250 and 256, so some blocks own none; and
-    // DQN_UPDATE_STAGE unset, staging where the grid fits, as these 160 blocks do: the second
+    // The defaults (DQN_UPDATE_GATHER and DQN_UPDATE_STAGE unset: both where the grid fits, as
+    // these 160 blocks do; Wᵀu summed in shares of ceil(cols / 16) columns, 1 of the 1 × 9
+    // matrix's, 4 of 37 × 53, 16 of 250 and 256, so some blocks own none; the second
     // tile of the 256 × 256, 200 × 250 and 300 × 256 blocks in shared memory, the third loaded as
     // before, Wᵀu from registers for the three of 256 columns) against both off on the same
     // state: the same bits everywhere
@@ -2363,8 +2362,10 @@ TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward m
       const std::string ds = gs->rt().describe(), dd = gr.rt().describe();
       CHECK_MESSAGE(ds.find("staged") == std::string::npos, ds);
       CHECK_MESSAGE(ds.find("gathered") == std::string::npos, ds);
-      if (!std::getenv("DQN_UPDATE_STAGE")) CHECK_MESSAGE(dd.find("(last launch staged)") != std::string::npos, dd);
-      if (!std::getenv("DQN_UPDATE_GATHER")) CHECK_MESSAGE(dd.find("gathered by shares") != std::string::npos, dd);
+      if (!std::getenv("DQN_UPDATE_STAGE"))
+        CHECK_MESSAGE(dd.find("staged where the grid fits (last launch: yes)") != std::string::npos, dd);
+      if (!std::getenv("DQN_UPDATE_GATHER"))
+        CHECK_MESSAGE(dd.find("shares where the grid fits (last launch: yes)") != std::string::npos, dd);
       on(*gs, stg);
       gs->ops.update(stg.up);
       gs->ok();

@@ -540,10 +540,11 @@ TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY, _STAGE, _GATHER and 
   // tiles staged in shared memory with Wᵀu summed from registers, its Wᵀu gathered by shares,
   // and tile_gemm's fragments by ldmatrix change when kernels are placed and how loads are
   // issued, never what they compute: 20 replayed steps with all five off give the same bits as
-  // with all five on (the defaults lie between: DQN_UPDATE_EARLY on, DQN_PDL_JOINS,
-  // DQN_UPDATE_STAGE and DQN_UPDATE_GATHER off, DQN_TILE_LDMATRIX timed per GEMM), C51 alone and
-  // with all three auxiliary heads (more lanes, more joins); the GEMM choices are the process's,
-  // so both engines run the same kernels. describe() says how many joins were made.
+  // with all five on (the defaults lie between: DQN_UPDATE_EARLY on, DQN_PDL_JOINS off,
+  // DQN_UPDATE_STAGE and DQN_UPDATE_GATHER where the grid fits, DQN_TILE_LDMATRIX timed per
+  // GEMM), C51 alone and with all three auxiliary heads (more lanes, more joins); the GEMM
+  // choices are the process's, so both engines run the same kernels. describe() says how many
+  // joins were made.
   std::vector<std::string> auxes{""};
   if (const auto all = aux_heads({"iqn", "ensemble", "cql"})) auxes.push_back(*all);
   for (const std::string& aux : auxes) {
@@ -580,11 +581,11 @@ TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY, _STAGE, _GATHER and 
   }
 }
 
-TEST_CASE("gpu.step.stage_fit: DQN_UPDATE_STAGE unset stages the cluster update where its grid fits, with the same results") {
-  // Unset, the cluster update stages its normed blocks' second tiles in shared memory where its
-  // grid with the staging area is resident at once (the reference C51 step: 176 blocks), else
-  // not (the four heads' 690): 20 replayed steps give the same bits as never staging (0), C51
-  // alone and with all four heads, and the same graph. describe() says which the last launch did.
+TEST_CASE("gpu.step.fit: DQN_UPDATE_STAGE and DQN_UPDATE_GATHER unset act where the update's grid fits, with the same results") {
+  // Unset, the cluster update stages its normed blocks' second tiles in shared memory and gathers
+  // Wᵀu by shares where its grid is resident at once (the reference C51 step: 176 blocks), else
+  // neither (the four heads' 690): 20 replayed steps give the same bits as never (0), C51 alone
+  // and with all four heads, and the same graph. describe() says what the last launch did.
   std::vector<std::string> auxes{""};
   if (const auto all = aux_heads({"iqn", "ensemble", "cql"})) auxes.push_back(*all);
   for (const std::string& aux : auxes) {
@@ -592,11 +593,12 @@ TEST_CASE("gpu.step.stage_fit: DQN_UPDATE_STAGE unset stages the cluster update 
     const PipelineSpec spec = parse(pipeline("tf32", "", aux));
     std::unique_ptr<Engine> never;
     {
-      const EnvOverride st("DQN_UPDATE_STAGE", "0");
+      const EnvOverride st("DQN_UPDATE_STAGE", "0"), ga("DQN_UPDATE_GATHER", "0");
       never = make(spec, BackendKind::cuda);
     }
-    const EnvOverride st("DQN_UPDATE_STAGE", nullptr);  // (put back as it was after the case)
+    const EnvOverride st("DQN_UPDATE_STAGE", nullptr), ga("DQN_UPDATE_GATHER", nullptr);  // (put back after)
     unsetenv("DQN_UPDATE_STAGE");
+    unsetenv("DQN_UPDATE_GATHER");
     auto fit = make(spec, BackendKind::cuda);
     for (int i = 0; i < 20; ++i) {
       never->step();
@@ -608,7 +610,8 @@ TEST_CASE("gpu.step.stage_fit: DQN_UPDATE_STAGE unset stages the cluster update 
       MESSAGE("the cluster update does not run on this device: nothing to compare");
       return;
     }
-    CHECK(d.find("second tiles staged where the grid fits (last launch ") != std::string::npos);
+    CHECK(d.find("second tiles staged where the grid fits (last launch: ") != std::string::npos);
+    CHECK(d.find("gathered by shares where the grid fits (last launch: ") != std::string::npos);
     MESSAGE(d.substr(d.find("update cluster")));
     check_same_bits(*never, *fit, {"params", "target", "adam.m", "adam.v", "report/td_error", "report/losses",
                                    "report/norms", "report/clips"});

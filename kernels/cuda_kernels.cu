@@ -1251,7 +1251,9 @@ std::size_t cluster_update_shared(int max_cols, int rpc) {
 /// The staging area after it (ClusterPlan::stage): u of the block's rows [rpc], rounded up to
 /// 16 bytes, then m, v, θ and the first heads' gradients of a tile [kClusterStaged][kClusterTile].
 constexpr int kClusterStaged = 3 + kClusterEarlyHeads;
-__host__ __device__ inline std::size_t cluster_stage_u(int rpc) { return (static_cast<std::size_t>(rpc) + 3) / 4 * 4; }  // floats
+__host__ __device__ inline std::size_t cluster_stage_u(int rpc) {  // floats
+  return (static_cast<std::size_t>(rpc) + 3) / 4 * 4;
+}
 std::size_t cluster_stage_shared(int rpc) {
   return (cluster_stage_u(rpc) + static_cast<std::size_t>(kClusterStaged) * kClusterTile) * sizeof(float);
 }
@@ -1459,7 +1461,8 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
     const int rb = static_cast<int>((s - lo) / kThreads);  // the tile's first row, from r0
 #pragma unroll
     for (int k = 0; k < kClusterPer; ++k)
-      if (s + k * kThreads + threadIdx.x < hi) wtu += static_cast<double>(reg.th[k]) * static_cast<double>(ush[rb + k]);
+      if (s + k * kThreads + threadIdx.x < hi)
+        wtu += static_cast<double>(reg.th[k]) * static_cast<double>(ush[rb + k]);
   };
   // the block's rows: g and Adam (their target update follows the spectral norm)
   cluster_store(x, lo, min(hi, lo + kClusterTile), false, reg);
@@ -1503,7 +1506,8 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
     // every block reads the shares from their owners into its part (whose sums every block has
     // read before the barrier): the same sums, 1 remote load a column instead of CS
     const int per = (cols + CS - 1) / CS, c0 = rank * per, c1 = min(cols, c0 + per);
-    for (int c = c0 + static_cast<int>(threadIdx.x); c < c1; c += kThreads) vv[c] = rank_sum<CS>(cluster, part, c);
+    for (int c = c0 + static_cast<int>(threadIdx.x); c < c1; c += kThreads)
+      vv[c] = rank_sum<CS>(cluster, part, c);
     cluster.sync();
     for (int c = threadIdx.x; c < cols; c += kThreads) {
       const int owner = c / per;
@@ -1971,6 +1975,20 @@ cudaLaunchConfig_t cluster_config(int cs, unsigned blocks, std::size_t shared, c
   return cfg;
 }
 
+/// How many clusters of cs blocks of the cluster update the device holds at once with `shared`
+/// bytes of dynamic shared memory a block (0 where it cannot say).
+int active_clusters(int cs, unsigned blocks, std::size_t shared) {
+  cudaLaunchAttribute attr[2]{};
+  const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, shared, nullptr, attr);
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, cs == 16 ? update_cluster_kernel<16> : update_cluster_kernel<8>,
+                                     &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return clusters;
+}
+
 int update_cluster_size(int want) {
   int dev = 0, ok = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&ok, cudaDevAttrClusterLaunch, dev) != cudaSuccess ||
@@ -1988,16 +2006,8 @@ int update_cluster_size(int want) {
   cudaGetLastError();
   for (int cs : {16, 8}) {
     if (want != 0 && cs != want) continue;
-    cudaLaunchAttribute attr[2]{};
     // one cluster, with the shared memory of a typical large case (33 KiB)
-    const cudaLaunchConfig_t cfg =
-        cluster_config(cs, static_cast<unsigned>(cs), cluster_update_shared(2048, 64), nullptr, attr);
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, cs == 16 ? update_cluster_kernel<16> : update_cluster_kernel<8>,
-                                       &cfg) == cudaSuccess &&
-        clusters > 0)
-      return cs;
-    cudaGetLastError();
+    if (active_clusters(cs, static_cast<unsigned>(cs), cluster_update_shared(2048, 64)) > 0) return cs;
   }
   return 0;
 }
@@ -2038,25 +2048,19 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   }
   add(at, b.P);
   const std::int64_t tiles = pl.seg_tile0[pl.nseg];
-  pl.stage_at = static_cast<int>(cluster_update_shared(pl.max_cols, pl.rpc) / sizeof(double));
   void (*const kernel)(Update, const double*, int, ClusterPlan) =
       cs == 16 ? update_cluster_kernel<16> : update_cluster_kernel<8>;
   const std::int64_t plain = std::min<std::int64_t>(tiles, std::max(max_blocks, cs));
   const std::int64_t plain_blocks = (plain + cs - 1) / cs * cs;
   const auto blocks = static_cast<unsigned>(static_cast<std::int64_t>(pl.nsn) * cs + plain_blocks);
-  cudaLaunchAttribute attr[2]{};
   // FitMode::fit: on where the grid is resident at once (the C51 step: 176 blocks, with the
   // staging area too; measured 1.2 µs faster there with both, on an H100), not where its plain
   // blocks run in waves (the four heads' 690 blocks: both 1-2 µs slower there, gathering alone
   // about 1.5)
   const std::size_t base = cluster_update_shared(pl.max_cols, pl.rpc);
+  pl.stage_at = static_cast<int>(base / sizeof(double));
   const auto fits = [&](std::size_t shared) {
-    const cudaLaunchConfig_t probe = cluster_config(cs, blocks, shared, s, attr);
-    int clusters = 0;
-    const bool ok = cudaOccupancyMaxActiveClusters(&clusters, kernel, &probe) == cudaSuccess &&
-                    static_cast<std::int64_t>(clusters) * cs >= blocks;
-    cudaGetLastError();
-    return ok;
+    return static_cast<std::int64_t>(active_clusters(cs, blocks, shared)) * cs >= blocks;
   };
   const bool staged =
       stage == FitMode::on || (stage == FitMode::fit && blocks > 0 && fits(base + cluster_stage_shared(pl.rpc)));
@@ -2075,6 +2079,7 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   pl.clock = clock;
   pl.clock_blocks = clock ? clock_blocks : 0;
   pl.early = early;
+  cudaLaunchAttribute attr[2]{};
   const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, shared, s, attr, true);
   dev::note_pdl_kernel(reinterpret_cast<const void*>(kernel));
   return cudaLaunchKernelEx(&cfg, kernel, u, static_cast<const double*>(partial), nchunks, pl);

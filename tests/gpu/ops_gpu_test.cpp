@@ -2373,9 +2373,12 @@ TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward m
         const char* name;
         Real a, b;
         std::int64_t n;
-      } same[] = {{"params", stg.up.adam.params, cl.up.adam.params, P}, {"target", stg.up.target.target, cl.up.target.target, P},
-                  {"m", stg.up.adam.m, cl.up.adam.m, P},           {"v", stg.up.adam.v, cl.up.adam.v, P},
-                  {"g", stg.up.budget.g, cl.up.budget.g, P},       {"norms", stg.up.budget.norms, cl.up.budget.norms, H}};
+      } same[] = {{"params", stg.up.adam.params, cl.up.adam.params, P},
+                  {"target", stg.up.target.target, cl.up.target.target, P},
+                  {"m", stg.up.adam.m, cl.up.adam.m, P},
+                  {"v", stg.up.adam.v, cl.up.adam.v, P},
+                  {"g", stg.up.budget.g, cl.up.budget.g, P},
+                  {"norms", stg.up.budget.norms, cl.up.budget.norms, H}};
       for (const auto& o : same)
         expect_same_bits(gs->get(o.a, o.n), gr.get(o.b, o.n), std::string("neither vs default: ") + o.name);
       for (int k = 0; k < nsn; ++k)

@@ -581,7 +581,7 @@ TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY, _STAGE, _GATHER and 
   }
 }
 
-TEST_CASE("gpu.step.fit: DQN_UPDATE_STAGE and DQN_UPDATE_GATHER unset act where the update's grid fits, with the same results") {
+TEST_CASE("gpu.step.fit: DQN_UPDATE_STAGE and _GATHER unset act where the update's grid fits, with the same results") {
   // Unset, the cluster update stages its normed blocks' second tiles in shared memory and gathers
   // Wᵀu by shares where its grid is resident at once (the reference C51 step: 176 blocks), else
   // neither (the four heads' 690): 20 replayed steps give the same bits as never (0), C51 alone

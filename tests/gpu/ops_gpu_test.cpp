@@ -190,6 +190,18 @@ class Gpu {
   std::size_t cap_ = 0, used_ = 0;
 };
 
+/// One buffer of n reals on each of two runtimes, for expect_same_reals.
+struct RealPair {
+  const char* name;
+  Real a, b;
+  std::int64_t n;
+};
+
+/// Every pair's a on ga and b on gb equal bit for bit ("what: name" in a failure).
+void expect_same_reals(Gpu& ga, Gpu& gb, const std::string& what, const std::vector<RealPair>& pairs) {
+  for (const RealPair& p : pairs) expect_same_bits(ga.get(p.a, p.n), gb.get(p.b, p.n), what + ": " + p.name);
+}
+
 /// A Gpu made while the backend switch `name` is `value` (null: unset), which it reads when made;
 /// the variable is unset again afterwards.
 std::unique_ptr<Gpu> gpu_with(const char* name, const char* value, Precision p) {
@@ -2020,6 +2032,15 @@ struct UpdateState {
   std::int64_t period = 0;
 };
 
+/// The state two updates write, a's and b's buffer side by side (for expect_same_reals): params,
+/// m, v, target, g and the norms.
+std::vector<RealPair> update_pairs(const Update& a, const Update& b) {
+  const std::int64_t P = a.budget.P;
+  return {{"params", a.adam.params, b.adam.params, P},       {"m", a.adam.m, b.adam.m, P},
+          {"v", a.adam.v, b.adam.v, P},                      {"target", a.target.target, b.target.target, P},
+          {"g", a.budget.g, b.budget.g, P},                  {"norms", a.budget.norms, b.budget.norms, a.budget.H}};
+}
+
 /// An Update (no normed matrices yet) over `st`, every buffer made by real(host vector); the outputs
 /// (norms, clips, g, total loss) NaN-poisoned; skip, skipped and t given.
 template <class MakeReal>
@@ -2169,23 +2190,13 @@ TEST_CASE("gpu.ops.update: the cluster update equals budget → adam → spectra
         q.up.sn_mats = nsn ? gq->put_typed(q.mats) : nullptr;
         gq->ops.update(q.up);
         gq->ok();
-        const struct {
-          const char* name;
-          Real a, b;
-          std::int64_t n;
-        } same[] = {{"params", q.up.adam.params, f.up.adam.params, P},
-                    {"m", q.up.adam.m, f.up.adam.m, P},
-                    {"v", q.up.adam.v, f.up.adam.v, P},
-                    {"target", q.up.target.target, f.up.target.target, P},
-                    {"g", q.up.budget.g, f.up.budget.g, P},
-                    {"norms", q.up.budget.norms, f.up.budget.norms, H},
-                    {"clips", q.up.budget.clips, f.up.budget.clips, H},
-                    {"total loss", q.up.budget.total_loss, f.up.budget.total_loss, 1},
-                    {"u0", q.u0, f.u0, r0},
-                    {"u1", q.u1, f.u1, r1},
-                    {"outside matrix", q.outside, f.outside, static_cast<std::int64_t>(r1) * c1}};
-        for (const auto& o : same)
-          expect_same_bits(gq->get(o.a, o.n), gpu.get(o.b, o.n), std::string("staged vs default: ") + o.name);
+        auto pairs = update_pairs(q.up, f.up);
+        pairs.insert(pairs.end(), {{"clips", q.up.budget.clips, f.up.budget.clips, H},
+                                   {"total loss", q.up.budget.total_loss, f.up.budget.total_loss, 1},
+                                   {"u0", q.u0, f.u0, r0},
+                                   {"u1", q.u1, f.u1, r1},
+                                   {"outside matrix", q.outside, f.outside, static_cast<std::int64_t>(r1) * c1}});
+        expect_same_reals(*gq, gpu, "staged vs default", pairs);
         CHECK(gq->get_typed(skip_q, 1)[0] == gpu.get_typed(skip_f, 1)[0]);
         CHECK(gq->get_typed(skipped_q, 1)[0] == gpu.get_typed(skipped_f, 1)[0]);
         CHECK(gq->get_typed(t_q, 1)[0] == gpu.get_typed(t_f, 1)[0]);
@@ -2369,22 +2380,10 @@ TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward m
       on(*gs, stg);
       gs->ops.update(stg.up);
       gs->ok();
-      const struct {
-        const char* name;
-        Real a, b;
-        std::int64_t n;
-      } same[] = {{"params", stg.up.adam.params, cl.up.adam.params, P},
-                  {"target", stg.up.target.target, cl.up.target.target, P},
-                  {"m", stg.up.adam.m, cl.up.adam.m, P},
-                  {"v", stg.up.adam.v, cl.up.adam.v, P},
-                  {"g", stg.up.budget.g, cl.up.budget.g, P},
-                  {"norms", stg.up.budget.norms, cl.up.budget.norms, H}};
-      for (const auto& o : same)
-        expect_same_bits(gs->get(o.a, o.n), gr.get(o.b, o.n), std::string("neither vs default: ") + o.name);
+      expect_same_reals(*gs, gr, "neither vs default", update_pairs(stg.up, cl.up));
       for (int k = 0; k < nsn; ++k)
-        expect_same_bits(gs->get(stg.u[static_cast<std::size_t>(k)], mats[k].rows),
-                         gr.get(cl.u[static_cast<std::size_t>(k)], mats[k].rows),
-                         "neither vs default: u of matrix " + std::to_string(k));
+        expect_same_reals(*gs, gr, "neither vs default, matrix " + std::to_string(k),
+                          {{"u", stg.u[static_cast<std::size_t>(k)], cl.u[static_cast<std::size_t>(k)], mats[k].rows}});
       CHECK(gs->get_typed(stg.t, 1)[0] == gr.get_typed(cl.t, 1)[0]);
       CHECK(gs->get_typed(stg.skipped, 1)[0] == gr.get_typed(cl.skipped, 1)[0]);
     }

@@ -140,6 +140,13 @@ using cuda::env_on;
 
 /// A switch that is off unless set (to anything env_on takes for on).
 bool env_set(const char* name) noexcept { return std::getenv(name) && env_on(name); }
+/// A three-way switch: `unset` where `name` is unset or empty, else `on` (env_on) or `off`.
+template <class Mode>
+Mode mode_from_env(const char* name, Mode unset, Mode on, Mode off) noexcept {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return unset;
+  return env_on(name) ? on : off;
+}
 /// Whether the variable is set to exactly `value`.
 bool env_is(const char* name, const char* value) noexcept {
   const char* v = std::getenv(name);
@@ -151,10 +158,9 @@ bool autotune_from_env() noexcept { return env_on("DQN_GEMM_AUTOTUNE"); }
 /// DQN_GEMM_TUNE_SPLIT_K=1 lets autotuning also time cuBLASLt split-k variants (off unless set:
 /// on the H200 the C51 step measured 123.5 µs with them against 122.9 without).
 bool tune_split_k_from_env() noexcept { return env_set("DQN_GEMM_TUNE_SPLIT_K"); }
-/// DQN_UPDATE_STAGE, DQN_UPDATE_GATHER: unset → fit, 0/off → off, anything else → on.
+/// DQN_UPDATE_STAGE, DQN_UPDATE_GATHER: unset (or empty) → fit, 0/off → off, anything else → on.
 cuda::FitMode fit_mode_from_env(const char* name) noexcept {
-  if (!std::getenv(name)) return cuda::FitMode::fit;
-  return env_on(name) ? cuda::FitMode::on : cuda::FitMode::off;
+  return mode_from_env(name, cuda::FitMode::fit, cuda::FitMode::on, cuda::FitMode::off);
 }
 
 /// How the update (budget, Adam, spectral norm, target update) runs, from DQN_FUSED_UPDATE: unset
@@ -205,9 +211,7 @@ DistPerAction dist_per_action_from_env() noexcept {
 /// +0.2 and +4.7 on an H100 (one process): faster for some problems, slower for others.
 enum class LdmMode { timed = 0, off = 1, on = 2 };
 LdmMode ldm_mode_from_env() noexcept {
-  const char* v = std::getenv("DQN_TILE_LDMATRIX");
-  if (!v || !*v) return LdmMode::timed;
-  return env_on("DQN_TILE_LDMATRIX") ? LdmMode::on : LdmMode::off;
+  return mode_from_env("DQN_TILE_LDMATRIX", LdmMode::timed, LdmMode::on, LdmMode::off);
 }
 
 /// DQN_UPDATE_CLUSTER=8 or 16: the cluster update's blocks per cluster (default: 16 where the

@@ -2217,11 +2217,8 @@ class CudaRuntime final : public Runtime {
       cudaGraphDestroy(graph);
       throw std::runtime_error(std::string("cuda: an op failed during capture, graph discarded: ") + backend_.message());
     }
-    Chains chains;
-    const bool chained = (priority_ || slack_ > 0) && kernel_chains(graph, chains);
-    if (chained && priority_) prioritize(chains);
+    if (priority_) prioritize(graph);
     std::vector<Edge> joins = joins_ ? programmatic_joins(graph) : std::vector<Edge>{};
-    plain_made_ = chained && slack_ > 0 ? plain_off_chain(graph, chains, joins) : 0;
     // Re-capture cheaply: update the instantiated graph in place when the topology allows.
     if (exec_) {
       cudaGraphExecUpdateResultInfo info{};
@@ -2356,10 +2353,7 @@ class CudaRuntime final : public Runtime {
     std::string text = buf;
     if (graph_)
       text += ", " + std::to_string(joins_made_) + " programmatic join(s) in the graph" +
-              (joins_ ? "" : " (DQN_PDL_JOINS off)") +
-              (slack_ > 0 ? ", " + std::to_string(plain_made_) + " programmatic edge(s) made plain " +
-                                std::to_string(slack_) + "+ kernels off the longest chain (DQN_PDL_SLACK)"
-                          : std::string());
+              (joins_ ? "" : " (DQN_PDL_JOINS off)");
     return text;
   }
 
@@ -2487,121 +2481,46 @@ class CudaRuntime final : public Runtime {
     }
     return ok;
   }
-  /// Per node of a graph: whether it is a kernel, and the longest chains of kernels from a root to
-  /// it (depth) and from it to a sink (rank), each counting the node itself where it is a kernel;
-  /// top: the longest chain of the graph (at least 1).
-  struct Chains {
+  void prioritize(cudaGraph_t graph) noexcept {
     std::vector<cudaGraphNode_t> nodes;
     std::vector<std::vector<int>> deps;
-    std::vector<int> kernel, depth, rank;
-    int top = 1;
-    /// Kernels fewer than the longest chain on the longest chain through node i.
-    int slack(std::size_t i) const noexcept { return top - (depth[i] + rank[i] - kernel[i]); }
-  };
-  /// Chains of `graph` (list scheduling's levels). False on an error (cleared).
-  static bool kernel_chains(cudaGraph_t graph, Chains& c) {
-    if (!graph_edges(graph, c.nodes, c.deps)) return false;
-    const std::size_t n = c.nodes.size();
+    int least = 0, greatest = 0;
+    if (!graph_edges(graph, nodes, deps) || cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess) {
+      cudaGetLastError();
+      return;
+    }
+    const std::size_t n = nodes.size();
     std::vector<std::vector<std::size_t>> succ(n);
-    std::vector<int> indeg(n, 0);
-    c.kernel.assign(n, 0);
+    std::vector<int> indeg(n, 0), kernel(n, 0);
     for (std::size_t i = 0; i < n; ++i) {
-      c.kernel[i] = node_type(c.nodes[i]) == cudaGraphNodeTypeKernel;
-      for (int d : c.deps[i]) {
+      kernel[i] = node_type(nodes[i]) == cudaGraphNodeTypeKernel;
+      for (int d : deps[i]) {
         succ[std::size_t(d)].push_back(i);
         ++indeg[i];
       }
     }
-    // a topological order (Kahn), the depths from the roots on and the ranks from the sinks back
+    // a topological order (Kahn), then the ranks from the sinks back
     std::vector<std::size_t> order;
     for (std::size_t i = 0; i < n; ++i)
       if (indeg[i] == 0) order.push_back(i);
     for (std::size_t q = 0; q < order.size(); ++q)
       for (std::size_t j : succ[order[q]])
         if (--indeg[j] == 0) order.push_back(j);
-    c.depth.assign(n, 0);
-    c.rank.assign(n, 0);
-    for (std::size_t i : order) {
-      int d = 0;
-      for (int p : c.deps[i]) d = std::max(d, c.depth[std::size_t(p)]);
-      c.depth[i] = d + c.kernel[i];
-    }
-    c.top = 1;
+    std::vector<int> rank(n, 0);
+    int top = 1;
     for (auto it = order.rbegin(); it != order.rend(); ++it) {
       int r = 0;
-      for (std::size_t j : succ[*it]) r = std::max(r, c.rank[j]);
-      c.rank[*it] = r + c.kernel[*it];
-      c.top = std::max(c.top, c.rank[*it]);
-    }
-    return true;
-  }
-  void prioritize(const Chains& c) noexcept {
-    int least = 0, greatest = 0;
-    if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess) {
-      cudaGetLastError();
-      return;
+      for (std::size_t j : succ[*it]) r = std::max(r, rank[j]);
+      rank[*it] = r + kernel[*it];
+      top = std::max(top, rank[*it]);
     }
     const int levels = least - greatest;  // e.g. 0 (least) … −5 (greatest): 6 levels
-    for (std::size_t i = 0; i < c.nodes.size(); ++i) {
-      if (!c.kernel[i]) continue;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!kernel[i]) continue;
       cudaLaunchAttributeValue v{};
-      v.priority = least - static_cast<int>(std::lround(static_cast<double>(levels) * c.rank[i] / c.top));
-      if (cudaGraphKernelNodeSetAttribute(c.nodes[i], cudaLaunchAttributePriority, &v) != cudaSuccess)
-        cudaGetLastError();
+      v.priority = least - static_cast<int>(std::lround(static_cast<double>(levels) * rank[i] / top));
+      if (cudaGraphKernelNodeSetAttribute(nodes[i], cudaLaunchAttributePriority, &v) != cudaSuccess) cudaGetLastError();
     }
-  }
-
-  /// DQN_PDL_SLACK=s (off unless set to a count ≥ 1; under measurement): a kernel launched with
-  /// the programmatic attribute is placed as soon as the kernel before it has started, and its
-  /// blocks then wait on their SMs, holding registers and shared memory, until that kernel ends.
-  /// Off the step's longest chain that placement gains nothing and can keep a kernel of the chain
-  /// from its SMs (the C51 step's trace: the output layers' weight gradients placed early, the
-  /// k = 512 backward GEMM after them started 3 µs after its input was ready). Here every
-  /// programmatic edge into a kernel whose longest chain is s or more kernels shorter than the
-  /// step's becomes plain: that kernel is placed when its inputs are done. Same results; only
-  /// when kernels are placed. Returns how many edges were changed.
-  static int slack_from_env() noexcept {
-    const char* v = std::getenv("DQN_PDL_SLACK");
-    if (!v || !*v || !env_on("DQN_PDL_SLACK")) return 0;
-    const int s = std::atoi(v);
-    return s >= 1 ? s : 1;
-  }
-  /// (A join made programmatic into such a kernel is plain again and leaves `joins`.)
-  std::size_t plain_off_chain(cudaGraph_t graph, const Chains& c, std::vector<Edge>& joins) noexcept {
-    std::size_t changed = 0;
-    const cudaGraphEdgeData plain{};
-    for (std::size_t i = 0; i < c.nodes.size(); ++i) {
-      if (!c.kernel[i] || c.slack(i) < slack_) continue;
-      cudaGraphNode_t to = c.nodes[i];
-      std::size_t nd = 0;
-      if (cudaGraphNodeGetDependencies(to, nullptr, nullptr, &nd) != cudaSuccess || nd == 0) {
-        cudaGetLastError();
-        continue;
-      }
-      std::vector<cudaGraphNode_t> from(nd);
-      std::vector<cudaGraphEdgeData> data(nd);
-      if (cudaGraphNodeGetDependencies(to, from.data(), data.data(), &nd) != cudaSuccess) {
-        cudaGetLastError();
-        continue;
-      }
-      for (std::size_t k = 0; k < nd; ++k) {
-        if (data[k].type != cudaGraphDependencyTypeProgrammatic) continue;
-        if (cudaGraphRemoveDependencies(graph, &from[k], &to, &data[k], 1) != cudaSuccess) {
-          cudaGetLastError();
-          continue;
-        }
-        if (cudaGraphAddDependencies(graph, &from[k], &to, &plain, 1) != cudaSuccess) {
-          cudaGetLastError();
-          if (cudaGraphAddDependencies(graph, &from[k], &to, &data[k], 1) != cudaSuccess) cudaGetLastError();
-          continue;
-        }
-        ++changed;
-        joins.erase(std::remove_if(joins.begin(), joins.end(),
-                                   [&](const Edge& e) { return e.from == from[k] && e.to == to; }),
-                    joins.end());
-      }
-    }
-    return changed;
   }
 
   /// A graph's nodes (in the graph's order) and, per node, the indices of those it depends on
@@ -2687,8 +2606,6 @@ class CudaRuntime final : public Runtime {
   bool joins_ = joins_from_env();              ///< DQN_PDL_JOINS (read once per runtime)
   bool wide_ = false;                          ///< this capture's width (capture_width)
   std::size_t joins_made_ = 0;                 ///< programmatic joins in graph_
-  int slack_ = slack_from_env();               ///< DQN_PDL_SLACK (read once per runtime; 0: off)
-  std::size_t plain_made_ = 0;                 ///< programmatic edges made plain in graph_
 };
 
 }  // namespace

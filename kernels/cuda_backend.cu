@@ -928,7 +928,7 @@ class CudaBackend final : public Backend {
     if (planning_) return;
     DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), wave_blocks(), clock_,
                                          kClockBlocks, &clock_launch_.blocks, update_early_, update_stage_,
-                                         update_gather_, &update_choices_, update_keep_));
+                                         update_gather_, &update_choices_));
     clock_launch_.cs = update_cluster_;
     clock_launch_.normed = u.sn_count;
   }
@@ -990,8 +990,7 @@ class CudaBackend final : public Backend {
     if (update_cluster_ > 0)
       return "cluster (" + std::to_string(update_cluster_) + " blocks a cluster" +
              fit_text(update_stage_, update_choices_.staged, "second tiles staged") +
-             fit_text(update_gather_, update_choices_.gathered, "Wᵀu gathered by shares") +
-             fit_text(update_keep_, update_choices_.kept, "rows of W kept in shared memory") + ")";
+             fit_text(update_gather_, update_choices_.gathered, "Wᵀu gathered by shares") + ")";
     return "as separate kernels";
   }
 
@@ -2031,9 +2030,6 @@ class CudaBackend final : public Backend {
   /// 255.2-255.7 against 252.9-255.2 with neither, both 255.1-256.8. Read per backend.
   cuda::FitMode update_stage_ = fit_mode_from_env("DQN_UPDATE_STAGE");
   cuda::FitMode update_gather_ = fit_mode_from_env("DQN_UPDATE_GATHER");
-  /// DQN_UPDATE_KEEP: unset → off (under measurement), 0/off → off, anything else → on.
-  cuda::FitMode update_keep_ = mode_from_env("DQN_UPDATE_KEEP", cuda::FitMode::off, cuda::FitMode::on,
-                                             cuda::FitMode::off);
   cuda::UpdateChoices update_choices_;  ///< what the last cluster update launch did
   /// DQN_TILE_LDMATRIX: whether tile_gemm's k loop reads the fragments of its k-contiguous
   /// operands by ldmatrix (TileGemm::ldmatrix; the same bits). Read per backend.

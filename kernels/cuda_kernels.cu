@@ -1237,13 +1237,6 @@ struct ClusterPlan {
   /// columns over the ranks, then every block reads the shares from their owners: one remote load
   /// a column where it made CS) and σ's rank sum by one warp. The same sums, so the same bits.
   bool gather = false;
-  /// DQN_UPDATE_KEEP: a normed block's rows of the new θ kept in shared memory after Adam (and,
-  /// with Polyak, its rows of the old target copied there by cp.async at the start) for the
-  /// power iteration's reads of W and the scaling and target update, which read them back from
-  /// memory otherwise (the same values: the same bits).
-  bool keep = false;
-  int keep_at = 0;           ///< where the kept rows start in the dynamic shared memory (floats)
-  std::int64_t keep_n = 0;   ///< floats a block's rows take (rpc · max_cols); the target's after θ's
   std::int64_t seg_lo[kClusterMaxSegs] = {}, seg_hi[kClusterMaxSegs] = {};
   std::int64_t seg_tile0[kClusterMaxSegs + 1] = {};  ///< first tile of each range; [nseg]: all tiles
 };
@@ -1265,9 +1258,7 @@ std::size_t cluster_stage_shared(int rpc) {
   return (cluster_stage_u(rpc) + static_cast<std::size_t>(kClusterStaged) * kClusterTile) * sizeof(float);
 }
 /// The most dynamic shared memory the cluster update asks for (its function attribute).
-/// (the base, the staging area and the kept rows: 40 + 48 + 64 KiB; two blocks an SM still fit
-/// the 227 KiB an SM has where a case asks for less, which the fit test checks)
-constexpr std::size_t kClusterMaxDynamic = kClusterMaxShared + 48 * 1024 + 64 * 1024;
+constexpr std::size_t kClusterMaxDynamic = kClusterMaxShared + 48 * 1024;
 
 /// Copies (cp.async, one group) m, v and θ of the tile's elements i = s + k·kThreads + threadIdx.x
 /// < hi into st[0..2][k·kThreads + threadIdx.x] (zeros past hi), each thread its own elements.
@@ -1420,15 +1411,6 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   float* ush = reinterpret_cast<float*>(cu_shared + pl.stage_at);
   float* stg = ush + cluster_stage_u(pl.rpc);
   float* uv = normed ? static_cast<float*>(sm.u.p) : nullptr;
-  // pl.keep: the block's rows of the new θ in wsh, of the old target in tsh (Polyak, more than
-  // one tile: one tile keeps its target in registers), each thread its own elements
-  const bool kept = pl.keep && normed;
-  float* wsh = reinterpret_cast<float*>(cu_shared) + pl.keep_at;
-  float* tsh = wsh + pl.keep_n;
-  if (kept && every && !keep) {
-    for (std::int64_t j = threadIdx.x; j < hi - lo; j += kThreads) dev::cp_async4(tsh + j, x.rule.tgt + lo + j, true);
-    dev::cp_async_commit();
-  }
   if (early) cluster_load_state(x, lo, min(hi, lo + kClusterTile), every && (!normed || keep), reg);
   if (staged) cluster_stage_state(x, lo + kClusterTile, min(hi, lo + 2 * kClusterTile), stg);
   if (colreg)
@@ -1482,17 +1464,9 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
       if (s + k * kThreads + threadIdx.x < hi)
         wtu += static_cast<double>(reg.th[k]) * static_cast<double>(ush[rb + k]);
   };
-  // kept: the tile's new θ into wsh
-  const auto keep_tile = [&](std::int64_t s) {
-    if (!kept) return;
-#pragma unroll
-    for (int k = 0; k < kClusterPer; ++k)
-      if (s + k * kThreads + threadIdx.x < hi) wsh[s - lo + k * kThreads + threadIdx.x] = reg.th[k];
-  };
   // the block's rows: g and Adam (their target update follows the spectral norm)
   cluster_store(x, lo, min(hi, lo + kClusterTile), false, reg);
   wtu_tile(lo);
-  keep_tile(lo);
   for (std::int64_t s = lo + kClusterTile; s < hi; s += kClusterTile) {
     if (staged && s == lo + kClusterTile)
       cluster_unstage(stg, reg);
@@ -1500,11 +1474,9 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
       cluster_load(x, s, min(hi, s + kClusterTile), false, reg);
     cluster_store(x, s, min(hi, s + kClusterTile), false, reg);
     wtu_tile(s);
-    keep_tile(s);
   }
   clock_stamp(pl, kClockAdam);
   if (!finite || rows == 0 || cols == 0) {  // the same in every block of the cluster
-    if (kept && every && !keep) dev::cp_async_wait<0>();  // (no copy outlives the block)
     clock_stamp(pl, kClockExit);
     return;
   }
@@ -1512,8 +1484,6 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   double* vv = part + pl.max_cols;   // [max_cols]: v
   double* xr = vv + pl.max_cols;     // [rpc]
   double* xsq = xr + pl.rpc;         // [1]
-  // the block's rows of W (row r at wb + (r − r0)·cols): kept in shared memory, or as written
-  const float* wb = kept ? wsh : W + static_cast<std::int64_t>(r0) * cols;
   if (colreg) {
     part[threadIdx.x] = wtu;  // (the cluster barrier below also orders this block's writes of W)
   } else {
@@ -1522,7 +1492,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
       double acc = 0.0;
 #pragma unroll 8
       for (int r = r0; r < r1; ++r)
-        acc += static_cast<double>(wb[static_cast<std::int64_t>(r - r0) * cols + c]) * static_cast<double>(uv[r]);
+        acc += static_cast<double>(W[static_cast<std::int64_t>(r) * cols + c]) * static_cast<double>(uv[r]);
       part[c] = acc;
     }
   }
@@ -1563,7 +1533,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int r = r0 + warp; r < r1; r += kThreads / 32) {
     double xs = 0.0;
-    const float* wr = wb + static_cast<std::int64_t>(r - r0) * cols;
+    const float* wr = W + static_cast<std::int64_t>(r) * cols;
 #pragma unroll 8
     for (int c = lane; c < cols; c += 32) xs += static_cast<double>(wr[c]) * v[c];
     xs = warp_sum(xs);
@@ -1601,7 +1571,6 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   const double factor = scale ? static_cast<double>(u.sigma_max) / sigma : 1.0;
   if (scale || target_on) {
     const bool polyak_on = target_on && !x.rule.copy;
-    if (kept && every && !keep) dev::cp_async_wait<0>();  // this thread's copies of the target
     for (std::int64_t s = lo; s < hi; s += kClusterTile) {
       float wr[kClusterPer], tr[kClusterPer];
 #pragma unroll
@@ -1612,9 +1581,6 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
         if (keep) {  // the new θ and the old target, kept since Adam (the same values as in memory)
           wr[k] = reg.th[k];
           tr[k] = reg.tg[k];
-        } else if (kept) {  // the same, from shared memory
-          wr[k] = wsh[i - lo];
-          if (polyak_on) tr[k] = tsh[i - lo];
         } else {
           wr[k] = theta[i];
           if (polyak_on) tr[k] = x.rule.tgt[i];
@@ -2054,7 +2020,7 @@ bool update_cluster_fits(int cs, int max_rows, int max_cols) {
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
                            std::uint64_t* clock, int clock_blocks, int* launched, bool early, FitMode stage,
-                           FitMode gather, UpdateChoices* choices, FitMode keep) {
+                           FitMode gather, UpdateChoices* choices) {
   const Budget& b = u.budget;
   if ((cs != 8 && cs != 16) || u.sn_count > kUpdateMaxSn || !update_cluster_fits(cs, u.sn_max_rows, u.sn_max_cols) ||
       static_cast<int>(ranges.size()) != u.sn_count)
@@ -2098,26 +2064,17 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   };
   const bool staged =
       stage == FitMode::on || (stage == FitMode::fit && blocks > 0 && fits(base + cluster_stage_shared(pl.rpc)));
-  std::size_t shared = base + (staged ? cluster_stage_shared(pl.rpc) : 0);
+  const std::size_t shared = base + (staged ? cluster_stage_shared(pl.rpc) : 0);
   const bool gathered = gather == FitMode::on || (gather == FitMode::fit && blocks > 0 && fits(shared));
-  // the kept rows after the rest (θ's and the target's: twice rpc · max_cols floats), where they
-  // fit under the function's shared-memory attribute
-  pl.keep_n = static_cast<std::int64_t>(pl.rpc) * pl.max_cols;
-  const std::size_t keep_bytes = 2 * static_cast<std::size_t>(pl.keep_n) * sizeof(float);
-  const bool kept = pl.nsn > 0 && shared + keep_bytes <= kClusterMaxDynamic &&
-                    (keep == FitMode::on || (keep == FitMode::fit && blocks > 0 && fits(shared + keep_bytes)));
-  pl.keep_at = static_cast<int>(shared / sizeof(float));
-  if (kept) shared += keep_bytes;
   pl.stage = staged;
   pl.gather = gathered;
-  pl.keep = kept;
   auto* partial = static_cast<double*>(scratch);
   auto* step = reinterpret_cast<double*>(static_cast<char*>(scratch) + budget_scratch_bytes(b.H));
   pl.step = step;
   int nchunks = 0;
   if (cudaError_t e = budget_partials(s, b, partial, nchunks, &u.adam, step); e != cudaSuccess) return e;
   if (launched) *launched = static_cast<int>(blocks);
-  if (choices) *choices = {staged, gathered, kept};
+  if (choices) *choices = {staged, gathered};
   if (blocks == 0) return cudaSuccess;
   pl.clock = clock;
   pl.clock_blocks = clock ? clock_blocks : 0;

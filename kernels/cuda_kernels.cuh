@@ -108,20 +108,17 @@ int update_max_matrices();
 /// its share of the columns over the blocks in rank order, then reads the other shares from
 /// their owners: one remote load a column instead of one from every block) and σ's sum over the
 /// blocks by one warp (the same sums in the same order: the same results).
-/// keep (DQN_UPDATE_KEEP): a normed block's rows of the new θ kept in shared memory after Adam,
-/// and with Polyak its rows of the old target copied there at the start, for the power
-/// iteration's reads of W and the scaling and target update (the same values: the same results).
-/// Each on, off, or fit: on where the grid (with the staging area, if staged, and the kept rows)
-/// is resident at once. *choices (if not null) says what the launch did.
+/// Each on, off, or fit: on where the grid (with the staging area, if staged) is resident at
+/// once. *choices (if not null) says what the launch did.
 enum class FitMode { off, on, fit };
 struct UpdateChoices {
-  bool staged = false, gathered = false, kept = false;
+  bool staged = false, gathered = false;
 };
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
                            std::uint64_t* clock = nullptr, int clock_blocks = 0, int* blocks = nullptr,
                            bool early = false, FitMode stage = FitMode::off, FitMode gather = FitMode::off,
-                           UpdateChoices* choices = nullptr, FitMode keep = FitMode::off);
+                           UpdateChoices* choices = nullptr);
 /// The moments the cluster update's blocks stamp (DQN_UPDATE_CLOCK=1, read by dqn-trace): placed
 /// (before waiting for the kernels before it), the wait over, the clip factors known, its
 /// elements' g and Adam done, the blocks' shares of Wᵀu published over the cluster (normed

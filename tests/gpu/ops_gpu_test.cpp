@@ -2387,28 +2387,6 @@ TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward m
       CHECK(gs->get_typed(stg.t, 1)[0] == gr.get_typed(cl.t, 1)[0]);
       CHECK(gs->get_typed(stg.skipped, 1)[0] == gr.get_typed(cl.skipped, 1)[0]);
     }
-    // DQN_UPDATE_KEEP=1 (a normed block's rows of the new θ, and with Polyak of the old target,
-    // in shared memory for the power iteration and the scaling: 19 × 256 floats each at most
-    // here) against the default on the same state: the same bits everywhere
-    {
-      Side kp;
-      std::unique_ptr<Gpu> gk;
-      {
-        const ScopedEnv ke("DQN_UPDATE_KEEP", "1");
-        gk = std::make_unique<Gpu>();
-      }
-      on(*gk, kp);
-      gk->ops.update(kp.up);
-      gk->ok();
-      const std::string dk = gk->rt().describe();
-      CHECK_MESSAGE(dk.find(", rows of W kept in shared memory") != std::string::npos, dk);
-      expect_same_reals(*gk, gr, "kept vs default", update_pairs(kp.up, cl.up));
-      for (int k = 0; k < nsn; ++k)
-        expect_same_reals(*gk, gr, "kept vs default, matrix " + std::to_string(k),
-                          {{"u", kp.u[static_cast<std::size_t>(k)], cl.u[static_cast<std::size_t>(k)], mats[k].rows}});
-      CHECK(gk->get_typed(kp.t, 1)[0] == gr.get_typed(cl.t, 1)[0]);
-      CHECK(gk->get_typed(kp.skipped, 1)[0] == gr.get_typed(cl.skipped, 1)[0]);
-    }
     Cpu cpu;
     cpu.ops->update(hc.up);
     cpu.ok();

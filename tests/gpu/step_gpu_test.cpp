@@ -534,15 +534,13 @@ TEST_CASE("gpu.step.aux_heads_match_cpu") {
   }
 }
 
-TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY, _STAGE, _GATHER, _KEEP and DQN_TILE_LDMATRIX change no "
-          "result") {
+TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY, _STAGE, _GATHER and DQN_TILE_LDMATRIX change no result") {
   // Programmatic joins (the runtime's rewrite of a join's plain edges between two kernels into
   // programmatic ones), the cluster update's optimizer state loaded before its wait, its second
   // tiles staged in shared memory with Wᵀu summed from registers, its Wᵀu gathered by shares,
-  // its rows of W kept in shared memory, and tile_gemm's fragments by ldmatrix change when
-  // kernels are placed and how loads are issued, never what they compute: 20 replayed steps with
-  // all six off give the same bits as with all six on (the defaults lie between: DQN_UPDATE_EARLY
-  // on, DQN_PDL_JOINS and DQN_UPDATE_KEEP off,
+  // and tile_gemm's fragments by ldmatrix change when kernels are placed and how loads are
+  // issued, never what they compute: 20 replayed steps with all five off give the same bits as
+  // with all five on (the defaults lie between: DQN_UPDATE_EARLY on, DQN_PDL_JOINS off,
   // DQN_UPDATE_STAGE and DQN_UPDATE_GATHER where the grid fits, DQN_TILE_LDMATRIX timed per
   // GEMM), C51 alone and with all three auxiliary heads (more lanes, more joins); the GEMM
   // choices are the process's, so both engines run the same kernels. describe() says how many
@@ -555,11 +553,11 @@ TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY, _STAGE, _GATHER, _KE
     std::unique_ptr<Engine> late;
     {
       const EnvOverride j("DQN_PDL_JOINS", "0"), u("DQN_UPDATE_EARLY", "0"), m("DQN_TILE_LDMATRIX", "0"),
-          st("DQN_UPDATE_STAGE", "0"), ga("DQN_UPDATE_GATHER", "0"), kp("DQN_UPDATE_KEEP", "0");
+          st("DQN_UPDATE_STAGE", "0"), ga("DQN_UPDATE_GATHER", "0");
       late = make(spec, BackendKind::cuda);
     }
     const EnvOverride j("DQN_PDL_JOINS", "1"), u("DQN_UPDATE_EARLY", "1"), m("DQN_TILE_LDMATRIX", "1"),
-        st("DQN_UPDATE_STAGE", "1"), ga("DQN_UPDATE_GATHER", "1"), kp("DQN_UPDATE_KEEP", "1");
+        st("DQN_UPDATE_STAGE", "1"), ga("DQN_UPDATE_GATHER", "1");
     auto early = make(spec, BackendKind::cuda);
     for (int i = 0; i < 20; ++i) {
       late->step();

@@ -17,7 +17,7 @@ namespace {
 using namespace dqn;
 
 enum Tag : std::int32_t {
-  kForward = 0, kTarget = 1, kLoss = 2, kBackward = 3, kWeights = 4, kWeightsOut = 5, kProject = 6, kMean = 7
+  kForward = 0, kTarget = 1, kLoss = 2, kBackward = 3, kWeights = 4, kWeightsOut = 5, kProject = 6
 };
 
 // Switches read when the head declares its stages (env_switch): DQN_HEAD_MASK=1: its ∂L/∂h2
@@ -68,17 +68,14 @@ class C51Head final : public Head {
                              {b("target.v"), b("target.adv"), buf::a_star, buf::rewards, buf::dones},
                              {buf::target_m, b("work.logp")});
         rc = rc ? rc : stage(ctx, kLoss, "loss", {b("logp"), buf::target_m, buf::actions, buf::is_weights},
-                             {buf::td_error, b("dv"), b("dadv"), b("work.dlogits")});
+                             {loss, buf::td_error, b("dv"), b("dadv"), b("work.dlogits")});
       } else {
         rc = rc ? rc : stage(ctx, kLoss, "loss",
                              {b("logp"), b("target.v"), b("target.adv"), buf::a_star, buf::actions, buf::is_weights,
                               buf::rewards, buf::dones},
-                             {buf::td_error, buf::target_m, b("dv"), b("dadv"), b("work.logp"), b("work.dlogits")});
+                             {loss, buf::td_error, buf::target_m, b("dv"), b("dadv"), b("work.logp"),
+                              b("work.dlogits")});
       }
-      // loss.mean: the head's loss, the weighted mean of the per-sample losses, in a stage of its
-      // own: the backward waits for the loss's kernels, not for the sum over the batch (the loss
-      // kernel then ends without a last block summing it: 1.65 µs off the C51 step on an H100)
-      rc = rc ? rc : stage(ctx, kMean, "loss.mean", {buf::td_error, buf::is_weights}, {loss});
       // weights.out: the output layers' gradients, from dv and dadv alone (beside the backward);
       // backward: the input side (on to the trunk); weights: the hidden layers' gradients, beside
       // the trunk's backward. Each writes the gradients of its own tensors.
@@ -154,8 +151,8 @@ class C51Head final : public Head {
         break;
       case kProject:
       case kLoss: {
-        C51Loss x;  // (no loss: loss.mean's)
-        x.m = m_; x.loss_per_sample = td_; x.dv = back_.dv; x.lddv = d_.ldz(); x.dadv = back_.dadv;
+        C51Loss x;
+        x.m = m_; x.loss_per_sample = td_; x.loss = loss_; x.dv = back_.dv; x.lddv = d_.ldz(); x.dadv = back_.dadv;
         x.logp = act_.logp; x.actions = actions_; x.weights = weights_; x.tv = tact_.v; x.ldtv = d_.ldz();
         x.tadv = tact_.adv; x.ldtadv = d_.ldaz(); x.lddadv = d_.ldaz();
         x.a_star = a_star_; x.rewards = rewards_; x.dones = dones_;
@@ -165,9 +162,6 @@ class C51Head final : public Head {
         be.c51_loss(x);
         break;
       }
-      case kMean:
-        be.weighted_mean(loss_, td_, weights_, B);
-        break;
       case kBackward:
         bdq::backward_inputs(be, d_, online_, B, act_, back_, dtrunk_, 0.0f, mask_dtrunk_ ? h2_ : Real{});
         break;

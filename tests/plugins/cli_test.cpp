@@ -409,13 +409,11 @@ TEST_CASE("cli.step.explain") {
   }
   // The online and the target chains are independent until the loss (they run side by side on
   // the GPU); from the loss on, the output layers' gradients, the input side with the trunk's
-  // layers and the weight gradients of each form branches that meet at the update; the loss's
-  // batch mean is a branch of its own.
+  // layers and the weight gradients of each form branches that meet at the update.
   const std::vector<std::pair<std::string, std::string>> before = {
       {"trunk.forward.0", "trunk.forward.1"}, {"trunk.forward.1", "c51.forward"},
       {"target.trunk.forward", "c51.target"}, {"c51.forward", "c51.loss"},
       {"c51.target", "c51.loss"}, {"c51.loss", "c51.weights.out"}, {"c51.loss", "c51.backward"},
-      {"c51.loss", "c51.loss.mean"}, {"c51.loss.mean", "update"},
       {"c51.backward", "c51.weights"}, {"c51.backward", "trunk.backward.1"},
       {"trunk.backward.1", "trunk.weights.1"}, {"trunk.backward.1", "trunk.weights.0"},
       {"trunk.backward.1", "trunk.bias.1"}, {"trunk.backward.1", "trunk.bias.0"},
@@ -427,19 +425,11 @@ TEST_CASE("cli.step.explain") {
     CHECK_MESSAGE(it != order.end(), n);
     return it - order.begin();
   };
-  CHECK(order.size() == 16);
+  CHECK(order.size() == 15);
   // the first layer's gradient arrives masked from the layer above's GEMM: no stage of its own
   CHECK(std::find(order.begin(), order.end(), "trunk.backward.0") == order.end());
   for (const auto& [a, b] : before) CHECK_MESSAGE(pos(a) < pos(b), a << " before " << b);
-  CHECK(has(r.out, "stages in order (16):"));
-  // one stage waits for the batch mean (the update, which reads the losses), not the backward
-  {
-    std::istringstream in(r.out);
-    int waiting = 0;
-    for (std::string line; std::getline(in, line);)
-      if (line.rfind("       waits:", 0) == 0 && has(line, "c51.loss.mean")) ++waiting;
-    CHECK(waiting == 1);
-  }
+  CHECK(has(r.out, "stages in order (15):"));
   // Each stage names what it waits for when stages run side by side: the loss both chains.
   CHECK(has(r.out, "c51.loss  <c51>"));
   CHECK(has(r.out, "       waits:  c51.forward, c51.target\n"));
@@ -453,7 +443,7 @@ TEST_CASE("cli.step.explain") {
   // vector (budgets, Adam, spectral norm and the target update are one op).
   const Run sn = dqn_run("step " + quote(c51_yaml()) + " " + kSmall + " spectral_norm.enabled=true --explain");
   REQUIRE(sn.rc == 0);
-  CHECK(has(sn.out, "  16. update  <engine>"));
+  CHECK(has(sn.out, "  15. update  <engine>"));
   CHECK(has(sn.out, "sn.u.trunk.0.weight"));
   CHECK(has(sn.out, "sn/table"));
 }

@@ -1027,6 +1027,14 @@ class CudaBackend final : public Backend {
     DQN_CUDA_OK(op, cuda::axpy(stream_, y.as<float>(), x.as<const float>(), alpha, n));
   }
 
+  void weighted_mean(Real out, Real x, Real w, std::int64_t n) noexcept override {
+    constexpr const char* op = "weighted_mean";
+    if (n < 0) return fail(op, "negative size");
+    if (!real_ok(out, op, "out") || (n > 0 && (!real_ok(x, op, "x") || !real_ok(w, op, "w"))) || planning_) return;
+    DQN_CUDA_OK(op, cuda::weighted_mean(stream_, out.as<float>(), n > 0 ? x.as<const float>() : nullptr,
+                                        n > 0 ? w.as<const float>() : nullptr, n));
+  }
+
   void uniform(const Uniform& a) noexcept override {
     constexpr const char* op = "uniform";
     if (a.n < 0) return fail(op, "negative size");
@@ -1249,9 +1257,9 @@ class CudaBackend final : public Backend {
     if (a.B < 0 || a.D <= 0 || a.A <= 0 || a.Z < 2) return fail(op, "need B >= 0, D, A >= 1, Z >= 2");
     if (!(a.v_max > a.v_min)) return fail(op, "v_max must exceed v_min");
     if (a.part < 0 || a.part > 2) return fail(op, "part must be 0 (all), 1 (the projection) or 2 (the rest)");
-    if (!real_ok(a.loss, op, "loss")) return;
+    if (a.loss && !real_ok(a.loss, op, "loss")) return;
     if (a.B == 0) {
-      if (a.part != 1 && !planning_) DQN_CUDA_OK(op, cuda::fill(stream_, a.loss.as<float>(), 0.0f, 1));
+      if (a.loss && a.part != 1 && !planning_) DQN_CUDA_OK(op, cuda::fill(stream_, a.loss.as<float>(), 0.0f, 1));
       return;
     }
     if (!a.actions || !a.a_star) return fail(op, "null actions/a_star");
@@ -1267,7 +1275,8 @@ class CudaBackend final : public Backend {
     // a_star/actions live on the device: an out-of-range index poisons that branch with NaN.
     void* s = scratch(op, cuda::c51_loss_scratch_bytes(a.B));
     if (!s) return;
-    DQN_CUDA_OK(op, cuda::c51_loss(stream_, a, s, counter(), double_math(), loss_pair_));
+    // no loss: the blocks end after their samples, with no last block summing the batch
+    DQN_CUDA_OK(op, cuda::c51_loss(stream_, a, s, a.loss ? counter() : nullptr, double_math(), loss_pair_));
   }
 
 

@@ -183,7 +183,8 @@ __device__ __forceinline__ T project_atom(const T* p, const T* tz, int Z, T zi, 
 /// The end of a sample's block in both c51 loss kernels, after its branches' gradient rows G
 /// [D][Z] and cross-entropies xent_d [D] are in shared memory (and a barrier): dv[b,:] = Σ_d
 /// g[d,:] (branches in order), the sample's loss from the branches in order, and in the last
-/// block the weighted mean over the batch (fixed order). `G` may be float or T.
+/// block the weighted mean over the batch (fixed order; with counter null, not: a.loss is null).
+/// `G` may be float or T.
 template <typename GT>
 __device__ __forceinline__ void c51_sample_end(const C51Loss& a, int b, const GT* G, const double* xent_d, float wb,
                                                double* weighted, unsigned* counter, double* red) {
@@ -201,6 +202,7 @@ __device__ __forceinline__ void c51_sample_end(const C51Loss& a, int b, const GT
     if (a.loss_per_sample.p) static_cast<float*>(a.loss_per_sample.p)[b] = static_cast<float>(sample);
     weighted[b] = static_cast<double>(wb) * sample;
   }
+  if (!counter) return;  // no loss asked for (C51Loss::loss null): no batch sum
   if (!dev::last_block(counter)) return;
   double acc = 0.0;
   for (int k = threadIdx.x; k < a.B; k += blockDim.x) acc += __ldcg(weighted + k);

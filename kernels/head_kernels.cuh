@@ -24,7 +24,8 @@ cudaError_t dueling_dist(cudaStream_t s, const DuelingDist& a, bool double_math,
 /// Scratch c51_loss needs (one double per sample) and its dynamic shared memory.
 std::size_t c51_loss_scratch_bytes(int B);
 std::size_t c51_loss_shared_bytes(int D, int A, int Z);
-/// `counter`: a device word that is 0 and that no concurrently running kernel uses.
+/// `counter`: a device word that is 0 and that no concurrently running kernel uses; null where
+/// a.loss is (no last block sums the batch).
 /// double_math: as dueling_dist's.
 /// pair (the backend's default; DQN_LOSS_WARPS=1 turns it off): where the warp kernel runs and D ≤ 8, two warps a (sample, branch),
 /// each with one of the two atoms a lane holds (the sums over atoms add the two warps' partial

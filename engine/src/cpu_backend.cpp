@@ -572,6 +572,17 @@ class CpuBackend final : public Backend {
       Y[i] = static_cast<T>(static_cast<double>(alpha) * static_cast<double>(X[i]) + static_cast<double>(Y[i]));
   }
 
+  void weighted_mean(Real out, Real x, Real w, std::int64_t n) noexcept override {
+    constexpr const char* op = "weighted_mean";
+    if (n < 0) return fail(op, "negative size");
+    if (!real_ok(out, op, "out") || (n > 0 && (!real_ok(x, op, "x") || !real_ok(w, op, "w")))) return;
+    const T* X = n > 0 ? x.as<T>() : nullptr;
+    const T* W = n > 0 ? w.as<T>() : nullptr;
+    double total = 0.0;
+    for (std::int64_t i = 0; i < n; ++i) total += static_cast<double>(W[i]) * static_cast<double>(X[i]);
+    out.as<T>()[0] = static_cast<T>(n > 0 ? total / static_cast<double>(n) : 0.0);
+  }
+
   void uniform(const Uniform& a) noexcept override {
     if (a.n < 0) return fail("uniform", "negative size");
     if (a.n == 0 || !real_ok(a.out, "uniform", "out")) return;

@@ -1527,8 +1527,70 @@ TEST_CASE("gpu.ops.c51_loss: fused target distribution, projection, cross-entrop
                      "c51_loss parts: dv");
     expect_same_bits(gpu.get(ap.dadv, static_cast<std::int64_t>(na)), gpu.get(ad.dadv, static_cast<std::int64_t>(na)),
                      "c51_loss parts: dadv");
+    // without the loss (C51Loss::loss null: no last block sums the batch) the same bits
+    // everywhere else; the loss then by weighted_mean from the per-sample losses and the weights,
+    // as the CPU twin's, and close to the fused one (which weights each sample before rounding it)
+    C51Loss an = ad;
+    an.loss = Real{};
+    an.m = gpu.poisoned(static_cast<std::int64_t>(B) * D * Z);
+    an.loss_per_sample = gpu.poisoned(B);
+    an.dv = gpu.put(std::vector<float>(static_cast<std::size_t>(B) * ld, kNaN));
+    an.dadv = gpu.poisoned(static_cast<std::int64_t>(na));
+    gpu.ops.c51_loss(an);
+    gpu.ok();
+    expect_same_bits(gpu.get(an.m, static_cast<std::int64_t>(m.size())), gpu.get(ad.m, static_cast<std::int64_t>(m.size())),
+                     "c51_loss without loss: m");
+    expect_same_bits(gpu.get(an.loss_per_sample, B), gpu.get(ad.loss_per_sample, B), "c51_loss without loss: per sample");
+    expect_same_bits(gpu.get(an.dv, static_cast<std::int64_t>(dv.size())), gpu.get(ad.dv, static_cast<std::int64_t>(dv.size())),
+                     "c51_loss without loss: dv");
+    expect_same_bits(gpu.get(an.dadv, static_cast<std::int64_t>(na)), gpu.get(ad.dadv, static_cast<std::int64_t>(na)),
+                     "c51_loss without loss: dadv");
+    const Real mean = gpu.poisoned(1);
+    gpu.ops.weighted_mean(mean, an.loss_per_sample, ad.weights, B);
+    gpu.ok();
+    std::vector<float> mean_cpu(1, kNaN);
+    cpu.ops->weighted_mean(host(mean_cpu), host(lps), host(w), B);
+    cpu.ok();
+    expect_close(gpu.get(mean, 1), mean_cpu, tol, "weighted_mean of the per-sample losses against the CPU's");
+    expect_close(gpu.get(mean, 1), gpu.get(ad.loss, 1), kReduction, "weighted_mean against the fused loss");
+    // and the fused loss again after it (its last-block counter untouched by the launch without)
+    const Real again = gpu.poisoned(1);
+    C51Loss aa = ad;
+    aa.loss = again;
+    gpu.ops.c51_loss(aa);
+    gpu.ok();
+    expect_same_bits(gpu.get(again, 1), gpu.get(ad.loss, 1), "c51_loss after one without loss: loss");
   }
   expect_switch_refused("DQN_LOSS_WARPS", {"0", "3", "two", "2x"});
+}
+
+TEST_CASE("gpu.ops.weighted_mean: (1/n) Σ w·x against the CPU twin, awkward sizes") {
+  Gpu gpu;
+  Cpu cpu;
+  for (const int n : {0, 1, 37, 256, 1000, 5003}) {
+    INFO("n " << n);
+    const auto x = random_vec(static_cast<std::size_t>(n), -4, 9, 61);
+    const auto w = random_vec(static_cast<std::size_t>(n), 0.1f, 2, 62);
+    const Real out = gpu.poisoned(1);
+    const Real xd = n > 0 ? gpu.put(x) : Real{}, wd = n > 0 ? gpu.put(w) : Real{};
+    gpu.ops.weighted_mean(out, xd, wd, n);
+    gpu.ok();
+    std::vector<float> ref(1, kNaN);
+    auto xc = x, wc = w;
+    cpu.ops->weighted_mean(host(ref), n > 0 ? host(xc) : Real{}, n > 0 ? host(wc) : Real{}, n);
+    cpu.ok();
+    double exact = 0.0;
+    for (int i = 0; i < n; ++i) exact += static_cast<double>(w[static_cast<std::size_t>(i)]) * x[static_cast<std::size_t>(i)];
+    exact = n > 0 ? exact / n : 0.0;
+    CHECK(ref[0] == doctest::Approx(exact).epsilon(1e-6));
+    expect_close(gpu.get(out, 1), ref, kReduction, "weighted_mean");
+    if (n == 0) CHECK(gpu.get(out, 1)[0] == 0.0f);
+  }
+  // a negative size is refused, with the op's name and the reason
+  Gpu bad;
+  bad.ops.weighted_mean(bad.poisoned(1), Real{}, Real{}, -1);
+  CHECK(bad.ops.status() != 0);
+  CHECK(std::string(bad.ops.message()).find("weighted_mean: negative size") != std::string::npos);
 }
 
 TEST_CASE("gpu.ops.relu_bias_grad: masks and column sums for several heads sharing the activation") {

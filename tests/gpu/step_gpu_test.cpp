@@ -620,6 +620,41 @@ TEST_CASE("gpu.step.fit: DQN_UPDATE_STAGE and _GATHER unset act where the update
   }
 }
 
+TEST_CASE("gpu.step.mean: DQN_C51_MEAN=1 (the C51 loss's batch mean a stage of its own) changes only the loss's rounding") {
+  // With the switch the C51 loss kernels end without summing the batch, and c51.loss.mean takes
+  // the head's loss from the per-sample losses (td_error) and the importance weights
+  // (weighted_mean). No gradient depends on the loss's value: 20 replayed steps give the same
+  // parameters, moments, target, td_error, norms and clip factors to the bit, the losses within
+  // float rounding (each sample's loss is rounded to float before it is weighted), and one graph
+  // node more. C51 alone and with all four heads.
+  std::vector<std::string> auxes{""};
+  if (const auto all = aux_heads({"iqn", "ensemble", "cql"})) auxes.push_back(*all);
+  for (const std::string& aux : auxes) {
+    INFO(std::string(aux.empty() ? "C51 alone" : "all four heads"));
+    const PipelineSpec spec = parse(pipeline("tf32", "", aux));
+    std::unique_ptr<Engine> fused;
+    {
+      const EnvOverride m("DQN_C51_MEAN", "0");
+      fused = make(spec, BackendKind::cuda);
+    }
+    const EnvOverride m("DQN_C51_MEAN", "1");
+    auto own = make(spec, BackendKind::cuda);
+    for (int i = 0; i < 20; ++i) {
+      fused->step();
+      own->step();
+    }
+    check_same_bits(*fused, *own, {"params", "target", "adam.m", "adam.v", "report/td_error", "report/norms",
+                                   "report/clips"});
+    const auto lf = fused->host_buffer("report/losses"), lo = own->host_buffer("report/losses");
+    REQUIRE(lf.size() == lo.size());
+    for (std::size_t h = 0; h < lf.size(); ++h) {
+      INFO("head " << h << ": " << lf[h] << " fused, " << lo[h] << " by its own stage");
+      CHECK(near(lf[h], lo[h], 1e-6));
+    }
+    CHECK(own->runtime().graph_nodes() == fused->runtime().graph_nodes() + 1);
+  }
+}
+
 TEST_CASE("gpu.step.update_clock: DQN_UPDATE_CLOCK=1 stamps the cluster update's phases in order and changes no result") {
   // The stamps dqn-trace reads (Runtime::update_clock): per block %globaltimer then clock64 at
   // placed, waited, clips, Adam, Wᵀu, gather, v, W v, σ, scaled, exit; a normed matrix's blocks reach them all in

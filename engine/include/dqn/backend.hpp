@@ -362,7 +362,9 @@ DQN_HOST_DEVICE constexpr int ld_or(int ld, int compact) { return ld != 0 ? ld :
 struct C51Loss {
   Real m;                         ///< out [B,D,Z]
   Real loss_per_sample;           ///< out [B] (may be null)
-  Real loss;                      ///< out [1]
+  /// out [1] (null: not computed (ABI 14): the head takes it from loss_per_sample and the weights
+  /// by weighted_mean, in a stage of its own, and the loss's kernels end without the batch's sum)
+  Real loss;
   Real dv;                        ///< out [B, lddv]
   int lddv = 0;
   Real dadv;                      ///< out [B,D,lddadv] (A·Z of each (sample, branch), then zero padding)
@@ -594,6 +596,11 @@ class Backend {
 
   /// Defaults to the composition below (the CPU reference); the CUDA backend runs its GEMMs side by side.
   virtual void head_backward_inputs(const HeadBackward& a) noexcept { head_backward_inputs_composed(a); }
+
+  // --- appended in ABI 14 (a loss's batch mean apart from it); never reorder what is above ---
+  /// out[0] = (1/n) Σ_i w[i]·x[i], summed in double in a fixed order (n = 0: 0). A head's loss
+  /// from its per-sample losses and the importance weights (C51Loss with loss null).
+  virtual void weighted_mean(Real out, Real x, Real w, std::int64_t n) noexcept = 0;
 
   /// head_backward_inputs as the ops it is made of: two GEMMs, each masked by the hidden
   /// activations of its columns (relu_backward in the GEMM, Gemm::mask).

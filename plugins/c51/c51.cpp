@@ -164,7 +164,8 @@ class C51Head final : public Head {
       case kProject:
       case kLoss: {
         C51Loss x;
-        x.m = m_; x.loss_per_sample = td_; x.loss = mean_stage_ ? Real{} : loss_; x.dv = back_.dv; x.lddv = d_.ldz(); x.dadv = back_.dadv;
+        x.m = m_; x.loss_per_sample = td_; x.loss = mean_stage_ ? Real{} : loss_;  // (else loss.mean's)
+        x.dv = back_.dv; x.lddv = d_.ldz(); x.dadv = back_.dadv;
         x.logp = act_.logp; x.actions = actions_; x.weights = weights_; x.tv = tact_.v; x.ldtv = d_.ldz();
         x.tadv = tact_.adv; x.ldtadv = d_.ldaz(); x.lddadv = d_.ldaz();
         x.a_star = a_star_; x.rewards = rewards_; x.dones = dones_;

@@ -1515,18 +1515,21 @@ TEST_CASE("gpu.ops.c51_loss: fused target distribution, projection, cross-entrop
     ap.part = 1;
     gpu.ops.c51_loss(ap);
     gpu.ok();
+    // the same bits in two results of the op (k elements from the device)
+    const std::int64_t nm = static_cast<std::int64_t>(m.size()), ndv = static_cast<std::int64_t>(dv.size()),
+                       nadv = static_cast<std::int64_t>(na);
+    auto same = [&](const Real& x, const Real& y, std::int64_t k, const std::string& what) {
+      expect_same_bits(gpu.get(x, k), gpu.get(y, k), what);
+    };
     CHECK_MESSAGE(std::isnan(gpu.get(ap.loss, 1)[0]), "part 1 wrote the loss");
-    expect_same_bits(gpu.get(ap.m, static_cast<std::int64_t>(m.size())), gpu.get(ad.m, static_cast<std::int64_t>(m.size())),
-                     "c51_loss part 1: m");
+    same(ap.m, ad.m, nm, "c51_loss part 1: m");
     ap.part = 2;
     gpu.ops.c51_loss(ap);
     gpu.ok();
-    expect_same_bits(gpu.get(ap.loss_per_sample, B), gpu.get(ad.loss_per_sample, B), "c51_loss parts: per sample");
-    expect_same_bits(gpu.get(ap.loss, 1), gpu.get(ad.loss, 1), "c51_loss parts: loss");
-    expect_same_bits(gpu.get(ap.dv, static_cast<std::int64_t>(dv.size())), gpu.get(ad.dv, static_cast<std::int64_t>(dv.size())),
-                     "c51_loss parts: dv");
-    expect_same_bits(gpu.get(ap.dadv, static_cast<std::int64_t>(na)), gpu.get(ad.dadv, static_cast<std::int64_t>(na)),
-                     "c51_loss parts: dadv");
+    same(ap.loss_per_sample, ad.loss_per_sample, B, "c51_loss parts: per sample");
+    same(ap.loss, ad.loss, 1, "c51_loss parts: loss");
+    same(ap.dv, ad.dv, ndv, "c51_loss parts: dv");
+    same(ap.dadv, ad.dadv, nadv, "c51_loss parts: dadv");
     // without the loss (C51Loss::loss null: no last block sums the batch) the same bits
     // everywhere else; the loss then by weighted_mean from the per-sample losses and the weights,
     // as the CPU twin's, and close to the fused one (which weights each sample before rounding it)
@@ -1535,16 +1538,13 @@ TEST_CASE("gpu.ops.c51_loss: fused target distribution, projection, cross-entrop
     an.m = gpu.poisoned(static_cast<std::int64_t>(B) * D * Z);
     an.loss_per_sample = gpu.poisoned(B);
     an.dv = gpu.put(std::vector<float>(static_cast<std::size_t>(B) * ld, kNaN));
-    an.dadv = gpu.poisoned(static_cast<std::int64_t>(na));
+    an.dadv = gpu.poisoned(nadv);
     gpu.ops.c51_loss(an);
     gpu.ok();
-    expect_same_bits(gpu.get(an.m, static_cast<std::int64_t>(m.size())), gpu.get(ad.m, static_cast<std::int64_t>(m.size())),
-                     "c51_loss without loss: m");
-    expect_same_bits(gpu.get(an.loss_per_sample, B), gpu.get(ad.loss_per_sample, B), "c51_loss without loss: per sample");
-    expect_same_bits(gpu.get(an.dv, static_cast<std::int64_t>(dv.size())), gpu.get(ad.dv, static_cast<std::int64_t>(dv.size())),
-                     "c51_loss without loss: dv");
-    expect_same_bits(gpu.get(an.dadv, static_cast<std::int64_t>(na)), gpu.get(ad.dadv, static_cast<std::int64_t>(na)),
-                     "c51_loss without loss: dadv");
+    same(an.m, ad.m, nm, "c51_loss without loss: m");
+    same(an.loss_per_sample, ad.loss_per_sample, B, "c51_loss without loss: per sample");
+    same(an.dv, ad.dv, ndv, "c51_loss without loss: dv");
+    same(an.dadv, ad.dadv, nadv, "c51_loss without loss: dadv");
     const Real mean = gpu.poisoned(1);
     gpu.ops.weighted_mean(mean, an.loss_per_sample, ad.weights, B);
     gpu.ok();
@@ -1559,7 +1559,7 @@ TEST_CASE("gpu.ops.c51_loss: fused target distribution, projection, cross-entrop
     aa.loss = again;
     gpu.ops.c51_loss(aa);
     gpu.ok();
-    expect_same_bits(gpu.get(again, 1), gpu.get(ad.loss, 1), "c51_loss after one without loss: loss");
+    same(again, ad.loss, 1, "c51_loss after one without loss: loss");
   }
   expect_switch_refused("DQN_LOSS_WARPS", {"0", "3", "two", "2x"});
 }
@@ -1580,7 +1580,7 @@ TEST_CASE("gpu.ops.weighted_mean: (1/n) Σ w·x against the CPU twin, awkward si
     cpu.ops->weighted_mean(host(ref), n > 0 ? host(xc) : Real{}, n > 0 ? host(wc) : Real{}, n);
     cpu.ok();
     double exact = 0.0;
-    for (int i = 0; i < n; ++i) exact += static_cast<double>(w[static_cast<std::size_t>(i)]) * x[static_cast<std::size_t>(i)];
+    for (std::size_t i = 0; i < x.size(); ++i) exact += static_cast<double>(w[i]) * x[i];
     exact = n > 0 ? exact / n : 0.0;
     CHECK(ref[0] == doctest::Approx(exact).epsilon(1e-6));
     expect_close(gpu.get(out, 1), ref, kReduction, "weighted_mean");

@@ -25,7 +25,7 @@ enum Tag : std::int32_t {
 // declares dtrunk/<h>/masked, so that the engine, when every head does, leaves its own top mask
 // out. DQN_C51_PROJECT=1: the projected target m a stage of its own (c51.project, C51Loss part 1),
 // which the loss (part 2) and the heads that read m (the ensemble) wait for, instead of the whole
-// loss. DQN_C51_MEAN=1: the loss's batch mean a stage of its own (c51.loss.mean, below).
+// loss. DQN_C51_MEAN (on unless 0): the loss's batch mean a stage of its own (c51.loss.mean, below).
 
 class C51Head final : public Head {
  public:
@@ -63,7 +63,7 @@ class C51Head final : public Head {
       rc = rc ? rc : stage(ctx, kTarget, "target", {buf::target_h2, "target"},
                            {b("target.hidden"), b("target.v"), b("target.adv")});
       project_ = env_switch("DQN_C51_PROJECT");
-      mean_stage_ = env_switch("DQN_C51_MEAN");
+      mean_stage_ = env_switch("DQN_C51_MEAN", true);
       // the loss stage's outputs; the head's loss among them unless loss.mean computes it
       auto with_loss = [&](std::vector<std::string> w) {
         if (!mean_stage_) w.insert(w.begin(), loss);
@@ -99,11 +99,12 @@ class C51Head final : public Head {
         rc = rc ? rc : stage(ctx, kBackward, "backward", {b("dv"), b("dadv"), b("hidden"), "params"},
                              {b("dhidden"), dtrunk});
       rc = rc ? rc : stage(ctx, kWeights, "weights", {b("dhidden"), buf::h2}, grads(0));
-      // DQN_C51_MEAN=1: loss.mean, the head's loss as the weighted mean of the per-sample losses
-      // in a stage of its own (declared last: the other stages keep their lanes), which only the
-      // update waits for; the loss kernel then ends without the last block that sums the batch
-      // (left out, an H100 measured the C51 step 1.65 µs faster; as a stage declared right after
-      // the loss, with the mean's kernel placed early behind it, no faster: b35f56d)
+      // loss.mean (the default; DQN_C51_MEAN=0 leaves it in the loss kernel): the head's loss as the
+      // weighted mean of the per-sample losses in a stage of its own (declared last: the other
+      // stages keep their lanes), which only the update waits for; the loss kernel then ends
+      // without the last block that sums the batch (an H100 measured the C51 step 2.4 µs faster,
+      // 83.75 against 86.16 in an A/B; as a stage declared right after the loss, with the mean's
+      // kernel placed early behind it, no faster: b35f56d)
       if (mean_stage_) rc = rc ? rc : stage(ctx, kMean, "loss.mean", {buf::td_error, buf::is_weights}, {loss});
       return keep(ctx, rc);
     } catch (const std::exception& e) {
@@ -212,7 +213,7 @@ class C51Head final : public Head {
   float gamma_n_;
   std::string error_;
   bool project_ = false;  ///< DQN_C51_PROJECT=1: c51.project (part 1), then c51.loss (part 2)
-  bool mean_stage_ = false;  ///< DQN_C51_MEAN=1: c51.loss.mean (weighted_mean), the loss without its mean
+  bool mean_stage_ = true;  ///< c51.loss.mean (weighted_mean), the loss without its mean (DQN_C51_MEAN=0: off)
   bool mask_dtrunk_ = false;  ///< DQN_HEAD_MASK=1: dtrunk written masked by the top ReLU
   bdq::Params online_{}, target_{}, grad_{};
   bdq::Acts act_{}, tact_{};

@@ -620,9 +620,9 @@ TEST_CASE("gpu.step.fit: DQN_UPDATE_STAGE and _GATHER unset act where the update
   }
 }
 
-TEST_CASE("gpu.step.mean: DQN_C51_MEAN=1 (the C51 loss's batch mean a stage of its own) changes only the loss's "
-          "rounding") {
-  // With the switch the C51 loss kernels end without summing the batch, and c51.loss.mean takes
+TEST_CASE("gpu.step.mean: the C51 loss's batch mean a stage of its own (the default; DQN_C51_MEAN=0 keeps it in "
+          "the loss) changes only the loss's rounding") {
+  // By default the C51 loss kernels end without summing the batch, and c51.loss.mean takes
   // the head's loss from the per-sample losses (td_error) and the importance weights
   // (weighted_mean). No gradient depends on the loss's value: 20 replayed steps give the same
   // parameters, moments, target, td_error, norms and clip factors to the bit, the losses within

@@ -417,6 +417,7 @@ TEST_CASE("cli.step.explain") {
       {"c51.backward", "c51.weights"}, {"c51.backward", "trunk.backward.1"},
       {"trunk.backward.1", "trunk.weights.1"}, {"trunk.backward.1", "trunk.weights.0"},
       {"trunk.backward.1", "trunk.bias.1"}, {"trunk.backward.1", "trunk.bias.0"},
+      {"c51.loss", "c51.loss.mean"}, {"c51.loss.mean", "update"},
       {"c51.weights.out", "update"}, {"c51.weights", "update"},
       {"trunk.weights.1", "update"}, {"trunk.weights.0", "update"}, {"trunk.bias.1", "update"},
       {"trunk.bias.0", "update"}};
@@ -425,11 +426,11 @@ TEST_CASE("cli.step.explain") {
     CHECK_MESSAGE(it != order.end(), n);
     return it - order.begin();
   };
-  CHECK(order.size() == 15);
+  CHECK(order.size() == 16);
   // the first layer's gradient arrives masked from the layer above's GEMM: no stage of its own
   CHECK(std::find(order.begin(), order.end(), "trunk.backward.0") == order.end());
   for (const auto& [a, b] : before) CHECK_MESSAGE(pos(a) < pos(b), a << " before " << b);
-  CHECK(has(r.out, "stages in order (15):"));
+  CHECK(has(r.out, "stages in order (16):"));
   // Each stage names what it waits for when stages run side by side: the loss both chains.
   CHECK(has(r.out, "c51.loss  <c51>"));
   CHECK(has(r.out, "       waits:  c51.forward, c51.target\n"));
@@ -443,23 +444,24 @@ TEST_CASE("cli.step.explain") {
   // vector (budgets, Adam, spectral norm and the target update are one op).
   const Run sn = dqn_run("step " + quote(c51_yaml()) + " " + kSmall + " spectral_norm.enabled=true --explain");
   REQUIRE(sn.rc == 0);
-  CHECK(has(sn.out, "  15. update  <engine>"));
+  CHECK(has(sn.out, "  16. update  <engine>"));
   CHECK(has(sn.out, "sn.u.trunk.0.weight"));
   CHECK(has(sn.out, "sn/table"));
-  // DQN_C51_MEAN=1: the loss's batch mean a stage of its own after the loss, declared last, which
-  // only the update waits for; the reported loss the same within float rounding (each sample's
-  // loss is rounded before it is weighted)
-  const Run mean = dqn_run("step " + quote(c51_yaml()) + " " + kSmall + " --explain", "DQN_C51_MEAN=1");
-  REQUIRE(mean.rc == 0);
-  CHECK(has(mean.out, "stages in order (16):"));
-  CHECK(has(mean.out, "c51.loss.mean  <c51>\n       reads:  report/td_error, batch/is_weights\n"));
+  // The loss's batch mean a stage of its own after the loss (the default; DQN_C51_MEAN=0 keeps
+  // it in the loss), declared last, which only the update waits for; the reported loss the same
+  // within float rounding either way (each sample's loss is rounded before it is weighted)
+  CHECK(has(r.out, "c51.loss.mean  <c51>\n       reads:  report/td_error, batch/is_weights\n"));
   {
-    std::istringstream in(mean.out);
+    std::istringstream lines(r.out);
     int waiting = 0;
-    for (std::string line; std::getline(in, line);)
-      if (line.rfind("       waits:", 0) == 0 && has(line, "c51.loss.mean")) ++waiting;
+    for (std::string l; std::getline(lines, l);)
+      if (l.rfind("       waits:", 0) == 0 && has(l, "c51.loss.mean")) ++waiting;
     CHECK(waiting == 1);
   }
+  const Run fused = dqn_run("step " + quote(c51_yaml()) + " " + kSmall + " --explain", "DQN_C51_MEAN=0");
+  REQUIRE(fused.rc == 0);
+  CHECK(has(fused.out, "stages in order (15):"));
+  CHECK_FALSE(has(fused.out, "c51.loss.mean"));
   auto loss_of = [](const std::string& out) {
     const auto at = out.find("total loss ");
     REQUIRE(at != std::string::npos);
@@ -467,8 +469,8 @@ TEST_CASE("cli.step.explain") {
   };
   TempDir tmp;
   const std::string steps = " --random-batch 7 --steps 3 --out " + quote((tmp.dir / "s.st").string());
-  const Run plain = dqn_run("step " + quote(c51_yaml()) + " " + kSmall + steps);
-  const Run own = dqn_run("step " + quote(c51_yaml()) + " " + kSmall + steps, "DQN_C51_MEAN=1");
+  const Run plain = dqn_run("step " + quote(c51_yaml()) + " " + kSmall + steps, "DQN_C51_MEAN=0");
+  const Run own = dqn_run("step " + quote(c51_yaml()) + " " + kSmall + steps);
   REQUIRE(plain.rc == 0);
   REQUIRE(own.rc == 0);
   CHECK(loss_of(own.out) == doctest::Approx(loss_of(plain.out)).epsilon(1e-5));

@@ -105,12 +105,12 @@ class Head {
 };
 
 /// A 0/1 switch from the environment, read when the step is built (the engine's and the heads'
-/// DQN_* switches): unset or "0" off, "1" on; anything else throws std::invalid_argument naming
-/// the variable, the value and what it takes (a head calls it inside declare's try, as every
-/// throwing call there).
-inline bool env_switch(const char* name) {
+/// DQN_* switches): "0" off, "1" on, unset `fallback` (off unless said); anything else throws
+/// std::invalid_argument naming the variable, the value and what it takes (a head calls it inside
+/// declare's try, as every throwing call there).
+inline bool env_switch(const char* name, bool fallback = false) {
   const char* v = std::getenv(name);
-  const std::string s = v ? v : "0";
+  const std::string s = v ? v : (fallback ? "1" : "0");
   if (s != "0" && s != "1") throw std::invalid_argument(std::string(name) + "='" + s + "': expected 0 or 1");
   return s == "1";
 }

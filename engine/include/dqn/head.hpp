@@ -110,7 +110,8 @@ class Head {
 /// declare's try, as every throwing call there).
 inline bool env_switch(const char* name, bool fallback = false) {
   const char* v = std::getenv(name);
-  const std::string s = v ? v : (fallback ? "1" : "0");
+  if (!v) return fallback;
+  const std::string s = v;
   if (s != "0" && s != "1") throw std::invalid_argument(std::string(name) + "='" + s + "': expected 0 or 1");
   return s == "1";
 }

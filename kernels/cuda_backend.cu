@@ -158,7 +158,7 @@ bool autotune_from_env() noexcept { return env_on("DQN_GEMM_AUTOTUNE"); }
 /// DQN_GEMM_TUNE_SPLIT_K=1 lets autotuning also time cuBLASLt split-k variants (off unless set:
 /// on the H200 the C51 step measured 123.5 µs with them against 122.9 without).
 bool tune_split_k_from_env() noexcept { return env_set("DQN_GEMM_TUNE_SPLIT_K"); }
-/// DQN_UPDATE_STAGE, DQN_UPDATE_GATHER: unset (or empty) → fit, 0/off → off, anything else → on.
+/// DQN_UPDATE_STAGE, DQN_UPDATE_GATHER, DQN_UPDATE_KEEPW, DQN_UPDATE_PUSH: unset (or empty) → fit, 0/off → off, anything else → on.
 cuda::FitMode fit_mode_from_env(const char* name) noexcept {
   return mode_from_env(name, cuda::FitMode::fit, cuda::FitMode::on, cuda::FitMode::off);
 }
@@ -928,7 +928,7 @@ class CudaBackend final : public Backend {
     if (planning_) return;
     DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), wave_blocks(), clock_,
                                          kClockBlocks, &clock_launch_.blocks, update_early_, update_stage_,
-                                         update_gather_, &update_choices_));
+                                         update_gather_, update_keepw_, update_push_, &update_choices_));
     clock_launch_.cs = update_cluster_;
     clock_launch_.normed = u.sn_count;
   }
@@ -990,7 +990,9 @@ class CudaBackend final : public Backend {
     if (update_cluster_ > 0)
       return "cluster (" + std::to_string(update_cluster_) + " blocks a cluster" +
              fit_text(update_stage_, update_choices_.staged, "second tiles staged") +
-             fit_text(update_gather_, update_choices_.gathered, "Wᵀu gathered by shares") + ")";
+             fit_text(update_gather_, update_choices_.gathered, "Wᵀu gathered by shares") +
+             fit_text(update_keepw_, update_choices_.kept, "normed rows kept in shared memory") +
+             fit_text(update_push_, update_choices_.pushed, "sums pushed to every block") + ")";
     return "as separate kernels";
   }
 
@@ -2039,6 +2041,15 @@ class CudaBackend final : public Backend {
   /// 255.2-255.7 against 252.9-255.2 with neither, both 255.1-256.8. Read per backend.
   cuda::FitMode update_stage_ = fit_mode_from_env("DQN_UPDATE_STAGE");
   cuda::FitMode update_gather_ = fit_mode_from_env("DQN_UPDATE_GATHER");
+  /// DQN_UPDATE_KEEPW (cuda::update_cluster's keepw; with the staging area): a normed block keeps
+  /// its rows of the new θ (and a two-tile block its rows' old target) in shared memory for the
+  /// power iteration and the scaling and target update instead of reading params back. Unset:
+  /// where the grid is resident at once with them; 1 always (where staged), 0/off never.
+  cuda::FitMode update_keepw_ = fit_mode_from_env("DQN_UPDATE_KEEPW");
+  /// DQN_UPDATE_PUSH (cuda::update_cluster's push): the power iteration's cluster sums stored
+  /// into every block's slots instead of loaded from each other (replaces gathering). Unset: where
+  /// the grid is resident at once with them; 1 always, 0/off never.
+  cuda::FitMode update_push_ = fit_mode_from_env("DQN_UPDATE_PUSH");
   cuda::UpdateChoices update_choices_;  ///< what the last cluster update launch did
   /// DQN_TILE_LDMATRIX: whether tile_gemm's k loop reads the fragments of its k-contiguous
   /// operands by ldmatrix (TileGemm::ldmatrix; the same bits). Read per backend.

@@ -1237,6 +1237,19 @@ struct ClusterPlan {
   /// columns over the ranks, then every block reads the shares from their owners: one remote load
   /// a column where it made CS) and σ's rank sum by one warp. The same sums, so the same bits.
   bool gather = false;
+  /// DQN_UPDATE_KEEPW (with stage): a normed block's rows of the new θ kept in shared memory from
+  /// Adam on (written beside the stores to params), read back by Wᵀu (where it is not summed from
+  /// registers), W v and the scaling and target update instead of params; and, for Polyak, the old
+  /// target of a block of more than one tile copied into shared memory before the wait. The same
+  /// values in the same order: the same bits.
+  bool keepw = false;
+  /// DQN_UPDATE_PUSH: each block stores its Wᵀu sums and its Σ x² into every block of the cluster
+  /// (a slot per rank in each) instead of the blocks reading them from each other, so that every
+  /// block adds the slots in rank order from its own shared memory: no remote load, one cluster
+  /// barrier fewer than gathering and none before leaving (the last remote access is a store
+  /// before the last barrier). The same sums in the same order: the same bits.
+  bool push = false;
+  int push_at = 0;  ///< where the slots start in the dynamic shared memory (doubles)
   std::int64_t seg_lo[kClusterMaxSegs] = {}, seg_hi[kClusterMaxSegs] = {};
   std::int64_t seg_tile0[kClusterMaxSegs + 1] = {};  ///< first tile of each range; [nseg]: all tiles
 };
@@ -1248,7 +1261,11 @@ constexpr std::size_t kClusterMaxShared = 40 * 1024;  // with the static shared 
 std::size_t cluster_update_shared(int max_cols, int rpc) {
   return (2 * static_cast<std::size_t>(max_cols) + static_cast<std::size_t>(rpc) + 2) * sizeof(double);
 }
-/// The staging area after it (ClusterPlan::stage): u of the block's rows [rpc], rounded up to
+/// The push slots after it (ClusterPlan::push): Wᵀu sums [cs][max_cols] and Σ x² [cs].
+std::size_t cluster_push_shared(int cs, int max_cols) {
+  return static_cast<std::size_t>(cs) * (static_cast<std::size_t>(max_cols) + 1) * sizeof(double);
+}
+/// The staging area after those (ClusterPlan::stage): u of the block's rows [rpc], rounded up to
 /// 16 bytes, then m, v, θ and the first heads' gradients of a tile [kClusterStaged][kClusterTile].
 constexpr int kClusterStaged = 3 + kClusterEarlyHeads;
 __host__ __device__ inline std::size_t cluster_stage_u(int rpc) {  // floats
@@ -1257,8 +1274,17 @@ __host__ __device__ inline std::size_t cluster_stage_u(int rpc) {  // floats
 std::size_t cluster_stage_shared(int rpc) {
   return (cluster_stage_u(rpc) + static_cast<std::size_t>(kClusterStaged) * kClusterTile) * sizeof(float);
 }
+/// The kept rows after that (ClusterPlan::keepw): the new θ of a block's rows [rpc · max_cols],
+/// rounded up to 16 bytes, then their old target as many.
+__host__ __device__ inline std::size_t cluster_keep_rows(int rpc, int max_cols) {  // floats
+  return (static_cast<std::size_t>(rpc) * static_cast<std::size_t>(max_cols) + 3) / 4 * 4;
+}
+std::size_t cluster_keep_shared(int rpc, int max_cols) { return 2 * cluster_keep_rows(rpc, max_cols) * sizeof(float); }
+/// The most the kept rows may take (the C51 step's 16 rows of 256 columns take 32 KiB).
+constexpr std::size_t kClusterMaxKeep = 64 * 1024;
 /// The most dynamic shared memory the cluster update asks for (its function attribute).
-constexpr std::size_t kClusterMaxDynamic = kClusterMaxShared + 48 * 1024;
+constexpr std::size_t kClusterMaxPush = 40 * 1024;  // the slots' most (16 ranks of 256 columns: 32.1 KiB)
+constexpr std::size_t kClusterMaxDynamic = kClusterMaxShared + 48 * 1024 + kClusterMaxKeep + kClusterMaxPush;
 
 /// Copies (cp.async, one group) m, v and θ of the tile's elements i = s + k·kThreads + threadIdx.x
 /// < hi into st[0..2][k·kThreads + threadIdx.x] (zeros past hi), each thread its own elements.
@@ -1408,13 +1434,30 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   // Adam (u of the block's rows into shared memory first: only this kernel writes u)
   const bool staged = pl.stage && early && normed && hi - lo > kClusterTile;
   const bool colreg = pl.stage && normed && cols == kThreads;
+  // pl.keepw (with stage): the block's rows of the new θ in wsh from Adam on; a block that does not
+  // keep its one tile in registers copies its rows' old target into tsh now (Polyak; each thread
+  // its own elements, as the tail reads them)
+  const bool kept = pl.keepw && pl.stage && normed;
+  const bool tstaged = kept && every && !keep;
   float* ush = reinterpret_cast<float*>(cu_shared + pl.stage_at);
   float* stg = ush + cluster_stage_u(pl.rpc);
+  float* wsh = stg + kClusterStaged * kClusterTile;
+  float* tsh = wsh + cluster_keep_rows(pl.rpc, pl.max_cols);
   float* uv = normed ? static_cast<float*>(sm.u.p) : nullptr;
   if (early) cluster_load_state(x, lo, min(hi, lo + kClusterTile), every && (!normed || keep), reg);
   if (staged) cluster_stage_state(x, lo + kClusterTile, min(hi, lo + 2 * kClusterTile), stg);
-  if (colreg)
+  if (tstaged) {
+    for (std::int64_t i = lo + threadIdx.x; i < hi; i += kThreads) dev::cp_async4(tsh + (i - lo), x.rule.tgt + i, true);
+    dev::cp_async_commit();
+  }
+  if (colreg || kept)
     for (int r = r0 + static_cast<int>(threadIdx.x); r < r1; r += kThreads) ush[r - r0] = uv[r];
+  // push: an arrival now, awaited before the first store into another block's shared memory (every
+  // block of the cluster has started by then)
+  const bool push = pl.push && normed;
+  double* pw = cu_shared + pl.push_at;  // [CS][max_cols]: the ranks' Wᵀu sums
+  double* px = pw + static_cast<std::int64_t>(CS) * pl.max_cols;  // [CS]: their Σ x²
+  if (push) asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
   dev::pdl_entry();
   clock_stamp(pl, kClockWaited);
   const double bc1 = pl.step[0], bc2 = pl.step[1];
@@ -1464,9 +1507,19 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
       if (s + k * kThreads + threadIdx.x < hi)
         wtu += static_cast<double>(reg.th[k]) * static_cast<double>(ush[rb + k]);
   };
+  // kept: the tile's new θ into wsh (each thread its own elements; read after a barrier)
+  const auto keep_tile = [&](std::int64_t s) {
+    if (!kept) return;
+#pragma unroll
+    for (int k = 0; k < kClusterPer; ++k) {
+      const std::int64_t i = s + k * kThreads + threadIdx.x;
+      if (i < hi) wsh[i - lo] = reg.th[k];
+    }
+  };
   // the block's rows: g and Adam (their target update follows the spectral norm)
   cluster_store(x, lo, min(hi, lo + kClusterTile), false, reg);
   wtu_tile(lo);
+  keep_tile(lo);
   for (std::int64_t s = lo + kClusterTile; s < hi; s += kClusterTile) {
     if (staged && s == lo + kClusterTile)
       cluster_unstage(stg, reg);
@@ -1474,9 +1527,12 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
       cluster_load(x, s, min(hi, s + kClusterTile), false, reg);
     cluster_store(x, s, min(hi, s + kClusterTile), false, reg);
     wtu_tile(s);
+    keep_tile(s);
   }
   clock_stamp(pl, kClockAdam);
   if (!finite || rows == 0 || cols == 0) {  // the same in every block of the cluster
+    if (tstaged) dev::cp_async_wait<0>();  // (no copy outlives the block)
+    if (push) asm volatile("barrier.cluster.wait;\n" ::: "memory");  // (its arrival's phase closed)
     clock_stamp(pl, kClockExit);
     return;
   }
@@ -1484,16 +1540,34 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   double* vv = part + pl.max_cols;   // [max_cols]: v
   double* xr = vv + pl.max_cols;     // [rpc]
   double* xsq = xr + pl.rpc;         // [1]
+  // push: the column's sum into slot `rank` of every block's pw
+  const auto push_col = [&](int c, double w) {
+#pragma unroll
+    for (int k = 0; k < CS; ++k) cluster.map_shared_rank(pw, k)[rank * pl.max_cols + c] = w;
+  };
+  if (push) asm volatile("barrier.cluster.wait;\n" ::: "memory");
   if (colreg) {
-    part[threadIdx.x] = wtu;  // (the cluster barrier below also orders this block's writes of W)
+    if (push)
+      push_col(static_cast<int>(threadIdx.x), wtu);
+    else
+      part[threadIdx.x] = wtu;  // (the cluster barrier below also orders this block's writes of W)
   } else {
-    __syncthreads();  // this block's rows of W are written
+    __syncthreads();  // this block's rows of W are written (and kept)
     for (int c = threadIdx.x; c < cols; c += kThreads) {
       double acc = 0.0;
+      if (kept) {  // the same floats from shared memory, added in the same order
 #pragma unroll 8
-      for (int r = r0; r < r1; ++r)
-        acc += static_cast<double>(W[static_cast<std::int64_t>(r) * cols + c]) * static_cast<double>(uv[r]);
-      part[c] = acc;
+        for (int r = 0; r < r1 - r0; ++r)
+          acc += static_cast<double>(wsh[static_cast<std::int64_t>(r) * cols + c]) * static_cast<double>(ush[r]);
+      } else {
+#pragma unroll 8
+        for (int r = r0; r < r1; ++r)
+          acc += static_cast<double>(W[static_cast<std::int64_t>(r) * cols + c]) * static_cast<double>(uv[r]);
+      }
+      if (push)
+        push_col(c, acc);
+      else
+        part[c] = acc;
     }
   }
   cluster.sync();
@@ -1501,7 +1575,15 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   // Wᵀu: the blocks' sums in rank order, the same in every block
   double vsq = 0.0;
   double* v = vv;  // v = Wᵀu / ‖Wᵀu‖ (in part with pl.gather)
-  if (pl.gather) {
+  if (push) {  // the ranks' sums from this block's slots, in rank order (as rank_sum adds them)
+    for (int c = threadIdx.x; c < cols; c += kThreads) {
+      double w = 0.0;
+#pragma unroll
+      for (int k = 0; k < CS; ++k) w += pw[k * pl.max_cols + c];
+      vv[c] = w;
+      vsq += w * w;
+    }
+  } else if (pl.gather) {
     // each block sums its share of the columns over the ranks (in rank order) into its vv, then
     // every block reads the shares from their owners into its part (whose sums every block has
     // read before the barrier): the same sums, 1 remote load a column instead of CS
@@ -1533,7 +1615,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int r = r0 + warp; r < r1; r += kThreads / 32) {
     double xs = 0.0;
-    const float* wr = W + static_cast<std::int64_t>(r) * cols;
+    const float* wr = kept ? wsh + static_cast<std::int64_t>(r - r0) * cols : W + static_cast<std::int64_t>(r) * cols;
 #pragma unroll 8
     for (int c = lane; c < cols; c += 32) xs += static_cast<double>(wr[c]) * v[c];
     xs = warp_sum(xs);
@@ -1545,12 +1627,21 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
     double sq = 0.0;
     for (int r = lane; r < r1 - r0; r += 32) sq += xr[r] * xr[r];
     sq = warp_sum(sq);
-    if (lane == 0) *xsq = sq;
+    if (push) {  // lane 0's sum (the lanes' may differ in the last bit) into slot `rank` of each block
+      const double s0 = __shfl_sync(0xffffffffu, sq, 0);
+      if (lane < CS) *cluster.map_shared_rank(px + rank, lane) = s0;
+    } else if (lane == 0) {
+      *xsq = sq;
+    }
   }
   cluster.sync();
   clock_stamp(pl, kClockSigma);
   double sigma2;
-  if (pl.gather) {  // the ranks' Σ x² by one warp, added in rank order as rank_sum does
+  if (push) {
+    sigma2 = 0.0;
+#pragma unroll
+    for (int k = 0; k < CS; ++k) sigma2 += px[k];
+  } else if (pl.gather) {  // the ranks' Σ x² by one warp, added in rank order as rank_sum does
     if (warp == 0) {
       const double q = lane < CS ? *cluster.map_shared_rank(xsq, lane) : 0.0;
       double sum = 0.0;
@@ -1571,6 +1662,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   const double factor = scale ? static_cast<double>(u.sigma_max) / sigma : 1.0;
   if (scale || target_on) {
     const bool polyak_on = target_on && !x.rule.copy;
+    if (tstaged) dev::cp_async_wait<0>();  // this thread's copies of its elements' target
     for (std::int64_t s = lo; s < hi; s += kClusterTile) {
       float wr[kClusterPer], tr[kClusterPer];
 #pragma unroll
@@ -1581,6 +1673,9 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
         if (keep) {  // the new θ and the old target, kept since Adam (the same values as in memory)
           wr[k] = reg.th[k];
           tr[k] = reg.tg[k];
+        } else if (kept) {  // the same, from shared memory
+          wr[k] = wsh[i - lo];
+          if (polyak_on) tr[k] = tsh[i - lo];
         } else {
           wr[k] = theta[i];
           if (polyak_on) tr[k] = x.rule.tgt[i];
@@ -1600,7 +1695,8 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
     }
   }
   clock_stamp(pl, kClockScaled);
-  cluster.sync();  // no block leaves while another may still read its shared memory
+  // no block leaves while another may still read its shared memory (push: none reads another's)
+  if (!push) cluster.sync();
   clock_stamp(pl, kClockExit);
 }
 
@@ -2011,10 +2107,14 @@ int update_cluster_size(int want) {
   // 16 blocks per cluster where the device schedules them (a non-portable size), else 8.
   cudaFuncSetAttribute(update_cluster_kernel<16>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   cudaGetLastError();
-  // room for the staging area (DQN_UPDATE_STAGE) past the default 48 KiB
+  // room for the staging area, the kept rows and the push slots past the default 48 KiB
   for (const void* k : {reinterpret_cast<const void*>(update_cluster_kernel<16>),
-                        reinterpret_cast<const void*>(update_cluster_kernel<8>)})
+                        reinterpret_cast<const void*>(update_cluster_kernel<8>)}) {
     cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kClusterMaxDynamic));
+    // the most shared memory an SM gives (the kept rows and push slots: two blocks of 111 KiB);
+    // the update streams its operands once, so the smaller L1 costs it nothing
+    cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  }
   cudaGetLastError();
   for (int cs : {16, 8}) {
     if (want != 0 && cs != want) continue;
@@ -2032,7 +2132,7 @@ bool update_cluster_fits(int cs, int max_rows, int max_cols) {
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
                            std::uint64_t* clock, int clock_blocks, int* launched, bool early, FitMode stage,
-                           FitMode gather, UpdateChoices* choices) {
+                           FitMode gather, FitMode keepw, FitMode push, UpdateChoices* choices) {
   const Budget& b = u.budget;
   if ((cs != 8 && cs != 16) || u.sn_count > kUpdateMaxSn || !update_cluster_fits(cs, u.sn_max_rows, u.sn_max_cols) ||
       static_cast<int>(ranges.size()) != u.sn_count)
@@ -2069,24 +2169,41 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   // staging area too; measured 1.2 µs faster there with both, on an H100), not where its plain
   // blocks run in waves (the four heads' 690 blocks: both 1-2 µs slower there, gathering alone
   // about 1.5)
-  const std::size_t base = cluster_update_shared(pl.max_cols, pl.rpc);
-  pl.stage_at = static_cast<int>(base / sizeof(double));
+  std::size_t base = cluster_update_shared(pl.max_cols, pl.rpc);
+  // the push slots, where they take at most kClusterMaxPush and the grid stays resident with them
+  // and the staging area (and, fit, the kept rows): decided below, laid out here
+  const std::size_t push_bytes = cluster_push_shared(cs, pl.max_cols);
+  pl.push_at = static_cast<int>(base / sizeof(double));
   const auto fits = [&](std::size_t shared) {
     return static_cast<std::int64_t>(active_clusters(cs, blocks, shared)) * cs >= blocks;
   };
-  const bool staged =
-      stage == FitMode::on || (stage == FitMode::fit && blocks > 0 && fits(base + cluster_stage_shared(pl.rpc)));
-  const std::size_t shared = base + (staged ? cluster_stage_shared(pl.rpc) : 0);
-  const bool gathered = gather == FitMode::on || (gather == FitMode::fit && blocks > 0 && fits(shared));
+  const std::size_t stage_bytes = cluster_stage_shared(pl.rpc), keep_bytes = cluster_keep_shared(pl.rpc, pl.max_cols);
+  const bool pushed =
+      push_bytes <= kClusterMaxPush &&
+      (push == FitMode::on ||
+       (push == FitMode::fit && blocks > 0 && fits(base + push_bytes + stage_bytes + keep_bytes)));
+  if (pushed) base += push_bytes;
+  pl.stage_at = static_cast<int>(base / sizeof(double));
+  const bool staged = stage == FitMode::on || (stage == FitMode::fit && blocks > 0 && fits(base + stage_bytes));
+  std::size_t shared = base + (staged ? stage_bytes : 0);
+  // the kept rows: with the staging area, where they take at most kClusterMaxKeep (and, fit, where
+  // the grid stays resident with them)
+  const bool kept = staged && keep_bytes <= kClusterMaxKeep &&
+                    (keepw == FitMode::on || (keepw == FitMode::fit && blocks > 0 && fits(shared + keep_bytes)));
+  if (kept) shared += keep_bytes;
+  const bool gathered =
+      !pushed && (gather == FitMode::on || (gather == FitMode::fit && blocks > 0 && fits(shared)));
+  pl.push = pushed;
   pl.stage = staged;
   pl.gather = gathered;
+  pl.keepw = kept;
   auto* partial = static_cast<double*>(scratch);
   auto* step = reinterpret_cast<double*>(static_cast<char*>(scratch) + budget_scratch_bytes(b.H));
   pl.step = step;
   int nchunks = 0;
   if (cudaError_t e = budget_partials(s, b, partial, nchunks, &u.adam, step); e != cudaSuccess) return e;
   if (launched) *launched = static_cast<int>(blocks);
-  if (choices) *choices = {staged, gathered};
+  if (choices) *choices = {staged, gathered, kept, pushed};
   if (blocks == 0) return cudaSuccess;
   pl.clock = clock;
   pl.clock_blocks = clock ? clock_blocks : 0;

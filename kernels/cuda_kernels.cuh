@@ -108,16 +108,27 @@ int update_max_matrices();
 /// its share of the columns over the blocks in rank order, then reads the other shares from
 /// their owners: one remote load a column instead of one from every block) and σ's sum over the
 /// blocks by one warp (the same sums in the same order: the same results).
-/// Each on, off, or fit: on where the grid (with the staging area, if staged) is resident at
-/// once. *choices (if not null) says what the launch did.
+/// keepw (DQN_UPDATE_KEEPW, with stage): a normed block's rows of the new θ kept in shared memory
+/// from Adam on and read from there by the power iteration and the scaling and target update
+/// (where a row is shorter than a block is wide, Wᵀu sums them from there in the order it sums
+/// params), and a block of more than one tile copies its rows' old target (Polyak) into shared
+/// memory before the wait; where the kept rows take at most 64 KiB (the same results).
+/// push (DQN_UPDATE_PUSH): each block of a normed matrix's cluster stores its Wᵀu sums and its
+/// Σ x² into a slot of every block's shared memory, and every block adds the slots in rank order
+/// from its own (no remote loads; one cluster barrier fewer than gather, which it replaces, and
+/// none before leaving); where the slots take at most 40 KiB (the same results).
+/// Each on, off, or fit: on where the grid (with the staging area, if staged, and the kept rows,
+/// if kept) is resident at once (push: with all three). *choices (if not null) says what the
+/// launch did.
 enum class FitMode { off, on, fit };
 struct UpdateChoices {
-  bool staged = false, gathered = false;
+  bool staged = false, gathered = false, kept = false, pushed = false;
 };
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
                            std::uint64_t* clock = nullptr, int clock_blocks = 0, int* blocks = nullptr,
                            bool early = false, FitMode stage = FitMode::off, FitMode gather = FitMode::off,
+                           FitMode keepw = FitMode::off, FitMode push = FitMode::off,
                            UpdateChoices* choices = nullptr);
 /// The moments the cluster update's blocks stamp (DQN_UPDATE_CLOCK=1, read by dqn-trace): placed
 /// (before waiting for the kernels before it), the wait over, the clip factors known, its

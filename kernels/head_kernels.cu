@@ -200,7 +200,7 @@ __device__ __forceinline__ void c51_sample_end(const C51Loss& a, int b, const GT
     for (int d = 0; d < D; ++d) sample += xent_d[d];
     sample /= D;
     if (a.loss_per_sample.p) static_cast<float*>(a.loss_per_sample.p)[b] = static_cast<float>(sample);
-    weighted[b] = static_cast<double>(wb) * sample;
+    if (counter) weighted[b] = static_cast<double>(wb) * sample;  // (read only by the batch sum below)
   }
   if (!counter) return;  // no loss asked for (C51Loss::loss null): no batch sum
   if (!dev::last_block(counter)) return;

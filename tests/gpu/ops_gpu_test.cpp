@@ -2232,18 +2232,28 @@ TEST_CASE("gpu.ops.update: the cluster update equals budget → adam → spectra
     if (nsn) gpu.ops.spectral_norm(sp.up.sn_mats, nsn, sp.up.sn_max_rows, sp.up.sn_max_cols, 2.0f, skip_s);
     gpu.ops.target_update(sp.up.target);
     gpu.ok();
-    // DQN_UPDATE_STAGE=1 and DQN_UPDATE_GATHER=0 (the default does both where the grid fits, as
-    // these 48 blocks do), twice on the same state: the same bits as the default cluster update
-    {
+    // DQN_UPDATE_STAGE=1, DQN_UPDATE_GATHER=0 and DQN_UPDATE_PUSH=0, with the normed rows kept in
+    // shared memory (DQN_UPDATE_KEEPW=1) and without; and gathering instead of pushing (the default
+    // stages, keeps and pushes where the grid fits, as these 48 blocks do), each twice on the same
+    // state: the same bits as the default cluster update
+    if (c.layout == 0)
+      CHECK_MESSAGE(gpu.rt().describe().find("pushed to every block where the grid fits (last launch: yes)") !=
+                        std::string::npos,
+                    gpu.rt().describe());
+    const struct {
+      const char *keepw, *gather, *expect;
+    } variants[] = {{"0", "0", ", second tiles staged)"},
+                    {"1", "0", ", second tiles staged, normed rows kept in shared memory)"},
+                    {"1", "1", ", second tiles staged, Wᵀu gathered by shares, normed rows kept in shared memory)"}};
+    for (const auto& vr : variants) {
       std::unique_ptr<Gpu> gq;
       {
-        const ScopedEnv se("DQN_UPDATE_STAGE", "1"), ge("DQN_UPDATE_GATHER", "0");
+        const ScopedEnv se("DQN_UPDATE_STAGE", "1"), ge("DQN_UPDATE_GATHER", vr.gather),
+            ke("DQN_UPDATE_KEEPW", vr.keepw), pe("DQN_UPDATE_PUSH", "0");
         gq = std::make_unique<Gpu>();
       }
-      CHECK_MESSAGE(gq->rt().describe().find(", second tiles staged)") != std::string::npos, gq->rt().describe());
-      CHECK_MESSAGE(gq->rt().describe().find("gathered") == std::string::npos, gq->rt().describe());
       for (int round = 0; round < 2; ++round) {
-        INFO("staged, not gathered, launch " << round + 1);
+        INFO("staged, gathered " << vr.gather << ", rows kept " << vr.keepw << ", launch " << round + 1);
         Side q;
         std::int32_t* skip_q = gq->put_typed(std::vector<std::int32_t>{-1});
         std::int64_t* skipped_q = gq->put_typed(std::vector<std::int64_t>{2});
@@ -2252,6 +2262,7 @@ TEST_CASE("gpu.ops.update: the cluster update equals budget → adam → spectra
         q.up.sn_mats = nsn ? gq->put_typed(q.mats) : nullptr;
         gq->ops.update(q.up);
         gq->ok();
+        CHECK_MESSAGE(gq->rt().describe().find(vr.expect) != std::string::npos, gq->rt().describe());
         auto pairs = update_pairs(q.up, f.up);
         pairs.insert(pairs.end(), {{"clips", q.up.budget.clips, f.up.budget.clips, H},
                                    {"total loss", q.up.budget.total_loss, f.up.budget.total_loss, 1},
@@ -2423,28 +2434,55 @@ TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward m
     // these 160 blocks do; Wᵀu summed in shares of ceil(cols / 16) columns, 1 of the 1 × 9
     // matrix's, 4 of 37 × 53, 16 of 250 and 256, so some blocks own none; the second
     // tile of the 256 × 256, 200 × 250 and 300 × 256 blocks in shared memory, the third loaded as
-    // before, Wᵀu from registers for the three of 256 columns) against both off on the same
-    // state: the same bits everywhere
+    // before, Wᵀu from registers for the three of 256 columns; with DQN_UPDATE_KEEPW unset too,
+    // every normed block's rows of the new θ in shared memory, read back from there by Wᵀu for
+    // the columns of the other six, by W v and the scaling, and the old target of the two- and
+    // three-tile blocks copied there before the wait; the push slots do not fit beside them here:
+    // 117 KiB a block) against all off, against the slots pushed (DQN_UPDATE_PUSH=1: each
+    // block's Wᵀu sums and Σ x² stored into every block, the grid in more than one wave) and
+    // against gathering without the kept rows, on the same state: the same bits everywhere
     {
+      const std::string dd = gr.rt().describe();
+      if (!std::getenv("DQN_UPDATE_STAGE"))
+        CHECK_MESSAGE(dd.find("staged where the grid fits (last launch: yes)") != std::string::npos, dd);
+      if (!std::getenv("DQN_UPDATE_GATHER") && !std::getenv("DQN_UPDATE_PUSH"))
+        CHECK_MESSAGE(dd.find("shares where the grid fits (last launch: yes)") != std::string::npos, dd);
+      if (!std::getenv("DQN_UPDATE_STAGE") && !std::getenv("DQN_UPDATE_KEEPW"))
+        CHECK_MESSAGE(dd.find("kept in shared memory where the grid fits (last launch: yes)") != std::string::npos, dd);
+      if (!std::getenv("DQN_UPDATE_PUSH"))
+        CHECK_MESSAGE(dd.find("pushed to every block where the grid fits (last launch: no)") != std::string::npos, dd);
+    }
+    struct Variant {
+      const char *why, *stage, *gather, *keepw, *push;
+      const char* expect;  // in describe(), or "" for none of "staged", "gathered", "kept", "pushed"
+    };
+    const Variant variants[] = {
+        {"none", "0", "0", "0", "0", ""},
+        {"pushed", nullptr, "0", nullptr, "1", ", sums pushed to every block)"},
+        {"gathered, not kept", "1", "1", "0", "0", ", second tiles staged, Wᵀu gathered by shares)"},
+    };
+    for (const Variant& vr : variants) {
+      INFO("variant: " << vr.why);
       Side stg;
       std::unique_ptr<Gpu> gs;
       {
-        const ScopedEnv se("DQN_UPDATE_STAGE", "0"), ge("DQN_UPDATE_GATHER", "0");
+        const ScopedEnv se("DQN_UPDATE_STAGE", vr.stage), ge("DQN_UPDATE_GATHER", vr.gather),
+            ke("DQN_UPDATE_KEEPW", vr.keepw), pe("DQN_UPDATE_PUSH", vr.push);
         gs = std::make_unique<Gpu>();
       }
-      const std::string ds = gs->rt().describe(), dd = gr.rt().describe();
-      CHECK_MESSAGE(ds.find("staged") == std::string::npos, ds);
-      CHECK_MESSAGE(ds.find("gathered") == std::string::npos, ds);
-      if (!std::getenv("DQN_UPDATE_STAGE"))
-        CHECK_MESSAGE(dd.find("staged where the grid fits (last launch: yes)") != std::string::npos, dd);
-      if (!std::getenv("DQN_UPDATE_GATHER"))
-        CHECK_MESSAGE(dd.find("shares where the grid fits (last launch: yes)") != std::string::npos, dd);
       on(*gs, stg);
       gs->ops.update(stg.up);
       gs->ok();
-      expect_same_reals(*gs, gr, "neither vs default", update_pairs(stg.up, cl.up));
+      const std::string ds = gs->rt().describe();
+      if (*vr.expect) {
+        CHECK_MESSAGE(ds.find(vr.expect) != std::string::npos, ds);
+      } else {
+        for (const char* w : {"staged", "gathered", "kept", "pushed"}) CHECK_MESSAGE(ds.find(w) == std::string::npos, ds);
+      }
+      const std::string what = std::string(vr.why) + " vs default";
+      expect_same_reals(*gs, gr, what, update_pairs(stg.up, cl.up));
       for (int k = 0; k < nsn; ++k)
-        expect_same_reals(*gs, gr, "neither vs default, matrix " + std::to_string(k),
+        expect_same_reals(*gs, gr, what + ", matrix " + std::to_string(k),
                           {{"u", stg.u[static_cast<std::size_t>(k)], cl.u[static_cast<std::size_t>(k)], mats[k].rows}});
       CHECK(gs->get_typed(stg.t, 1)[0] == gr.get_typed(cl.t, 1)[0]);
       CHECK(gs->get_typed(stg.skipped, 1)[0] == gr.get_typed(cl.skipped, 1)[0]);

@@ -534,17 +534,19 @@ TEST_CASE("gpu.step.aux_heads_match_cpu") {
   }
 }
 
-TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY, _STAGE, _GATHER and DQN_TILE_LDMATRIX change no result") {
+TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY, _STAGE, _GATHER, _KEEPW, _PUSH and DQN_TILE_LDMATRIX "
+          "change no result") {
   // Programmatic joins (the runtime's rewrite of a join's plain edges between two kernels into
   // programmatic ones), the cluster update's optimizer state loaded before its wait, its second
-  // tiles staged in shared memory with Wᵀu summed from registers, its Wᵀu gathered by shares,
-  // and tile_gemm's fragments by ldmatrix change when kernels are placed and how loads are
-  // issued, never what they compute: 20 replayed steps with all five off give the same bits as
-  // with all five on (the defaults lie between: DQN_UPDATE_EARLY on, DQN_PDL_JOINS off,
-  // DQN_UPDATE_STAGE and DQN_UPDATE_GATHER where the grid fits, DQN_TILE_LDMATRIX timed per
-  // GEMM), C51 alone and with all three auxiliary heads (more lanes, more joins); the GEMM
-  // choices are the process's, so both engines run the same kernels. describe() says how many
-  // joins were made.
+  // tiles staged in shared memory with Wᵀu summed from registers, its Wᵀu gathered by shares
+  // (pushed to every block instead, with DQN_UPDATE_PUSH=1, which the "on" engine sets too), its
+  // normed rows kept in shared memory, and tile_gemm's fragments by ldmatrix change when kernels
+  // are placed and how loads are issued, never what they compute: 20 replayed steps with all off
+  // give the same bits as with all on (the defaults lie between: DQN_UPDATE_EARLY on,
+  // DQN_PDL_JOINS off, DQN_UPDATE_STAGE, _GATHER, _KEEPW and _PUSH where the grid fits,
+  // DQN_TILE_LDMATRIX timed per GEMM), C51 alone and with all three auxiliary heads (more lanes,
+  // more joins); the GEMM choices are the process's, so both engines run the same kernels.
+  // describe() says how many joins were made.
   std::vector<std::string> auxes{""};
   if (const auto all = aux_heads({"iqn", "ensemble", "cql"})) auxes.push_back(*all);
   for (const std::string& aux : auxes) {
@@ -553,11 +555,13 @@ TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY, _STAGE, _GATHER and 
     std::unique_ptr<Engine> late;
     {
       const EnvOverride j("DQN_PDL_JOINS", "0"), u("DQN_UPDATE_EARLY", "0"), m("DQN_TILE_LDMATRIX", "0"),
-          st("DQN_UPDATE_STAGE", "0"), ga("DQN_UPDATE_GATHER", "0");
+          st("DQN_UPDATE_STAGE", "0"), ga("DQN_UPDATE_GATHER", "0"), kw("DQN_UPDATE_KEEPW", "0"),
+          pu("DQN_UPDATE_PUSH", "0");
       late = make(spec, BackendKind::cuda);
     }
     const EnvOverride j("DQN_PDL_JOINS", "1"), u("DQN_UPDATE_EARLY", "1"), m("DQN_TILE_LDMATRIX", "1"),
-        st("DQN_UPDATE_STAGE", "1"), ga("DQN_UPDATE_GATHER", "1");
+        st("DQN_UPDATE_STAGE", "1"), ga("DQN_UPDATE_GATHER", "1"), kw("DQN_UPDATE_KEEPW", "1"),
+        pu("DQN_UPDATE_PUSH", "1");
     auto early = make(spec, BackendKind::cuda);
     for (int i = 0; i < 20; ++i) {
       late->step();
@@ -581,11 +585,14 @@ TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY, _STAGE, _GATHER and 
   }
 }
 
-TEST_CASE("gpu.step.fit: DQN_UPDATE_STAGE and _GATHER unset act where the update's grid fits, with the same results") {
-  // Unset, the cluster update stages its normed blocks' second tiles in shared memory and gathers
-  // Wᵀu by shares where its grid is resident at once (the reference C51 step: 176 blocks), else
-  // neither (the four heads' 690): 20 replayed steps give the same bits as never (0), C51 alone
-  // and with all four heads, and the same graph. describe() says what the last launch did.
+TEST_CASE("gpu.step.fit: DQN_UPDATE_STAGE, _GATHER, _KEEPW and _PUSH unset act where the update's grid fits, with "
+          "the same results") {
+  // Unset, the cluster update stages its normed blocks' second tiles in shared memory, keeps their
+  // rows there and pushes its power iteration's sums to every block (or gathers Wᵀu by shares,
+  // where the slots do not fit) where its grid is resident at once (the reference C51 step: 176
+  // blocks), else none of them (the four heads' 690): 20 replayed steps give the same bits as
+  // never (0), C51 alone and with all four heads, and the same graph. describe() says what the
+  // last launch did.
   std::vector<std::string> auxes{""};
   if (const auto all = aux_heads({"iqn", "ensemble", "cql"})) auxes.push_back(*all);
   for (const std::string& aux : auxes) {
@@ -593,12 +600,14 @@ TEST_CASE("gpu.step.fit: DQN_UPDATE_STAGE and _GATHER unset act where the update
     const PipelineSpec spec = parse(pipeline("tf32", "", aux));
     std::unique_ptr<Engine> never;
     {
-      const EnvOverride st("DQN_UPDATE_STAGE", "0"), ga("DQN_UPDATE_GATHER", "0");
+      const EnvOverride st("DQN_UPDATE_STAGE", "0"), ga("DQN_UPDATE_GATHER", "0"), kw("DQN_UPDATE_KEEPW", "0"),
+          pu("DQN_UPDATE_PUSH", "0");
       never = make(spec, BackendKind::cuda);
     }
-    const EnvOverride st("DQN_UPDATE_STAGE", nullptr), ga("DQN_UPDATE_GATHER", nullptr);  // (put back after)
-    unsetenv("DQN_UPDATE_STAGE");
-    unsetenv("DQN_UPDATE_GATHER");
+    const EnvOverride st("DQN_UPDATE_STAGE", nullptr), ga("DQN_UPDATE_GATHER", nullptr),
+        kw("DQN_UPDATE_KEEPW", nullptr), pu("DQN_UPDATE_PUSH", nullptr);  // (put back after)
+    for (const char* name : {"DQN_UPDATE_STAGE", "DQN_UPDATE_GATHER", "DQN_UPDATE_KEEPW", "DQN_UPDATE_PUSH"})
+      unsetenv(name);
     auto fit = make(spec, BackendKind::cuda);
     for (int i = 0; i < 20; ++i) {
       never->step();
@@ -612,6 +621,13 @@ TEST_CASE("gpu.step.fit: DQN_UPDATE_STAGE and _GATHER unset act where the update
     }
     CHECK(d.find("second tiles staged where the grid fits (last launch: ") != std::string::npos);
     CHECK(d.find("gathered by shares where the grid fits (last launch: ") != std::string::npos);
+    CHECK(d.find("normed rows kept in shared memory where the grid fits (last launch: ") != std::string::npos);
+    CHECK(d.find("sums pushed to every block where the grid fits (last launch: ") != std::string::npos);
+    if (aux.empty()) {  // the reference C51 step's 176 blocks stay resident with all of it
+      CHECK(d.find("staged where the grid fits (last launch: yes)") != std::string::npos);
+      CHECK(d.find("kept in shared memory where the grid fits (last launch: yes)") != std::string::npos);
+      CHECK(d.find("pushed to every block where the grid fits (last launch: yes)") != std::string::npos);
+    }
     MESSAGE(d.substr(d.find("update cluster")));
     check_same_bits(*never, *fit, {"params", "target", "adam.m", "adam.v", "report/td_error", "report/losses",
                                    "report/norms", "report/clips"});

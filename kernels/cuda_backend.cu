@@ -928,7 +928,8 @@ class CudaBackend final : public Backend {
     if (planning_) return;
     DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), wave_blocks(), clock_,
                                          kClockBlocks, &clock_launch_.blocks, update_early_, update_stage_,
-                                         update_gather_, update_keepw_, update_push_, &update_choices_));
+                                         update_gather_, update_keepw_, update_push_, update_one_,
+                                         &update_choices_));
     clock_launch_.cs = update_cluster_;
     clock_launch_.normed = u.sn_count;
   }
@@ -992,7 +993,8 @@ class CudaBackend final : public Backend {
              fit_text(update_stage_, update_choices_.staged, "second tiles staged") +
              fit_text(update_gather_, update_choices_.gathered, "Wᵀu gathered by shares") +
              fit_text(update_keepw_, update_choices_.kept, "normed rows kept in shared memory") +
-             fit_text(update_push_, update_choices_.pushed, "sums pushed to every block") + ")";
+             fit_text(update_push_, update_choices_.pushed, "sums pushed to every block") +
+             (update_choices_.one ? ", one head's g in float" : "") + ")";
     return "as separate kernels";
   }
 
@@ -2050,6 +2052,11 @@ class CudaBackend final : public Backend {
   /// into every block's slots instead of loaded from each other (replaces gathering). Unset: where
   /// the grid is resident at once with them; 1 always, 0/off never.
   cuda::FitMode update_push_ = fit_mode_from_env("DQN_UPDATE_PUSH");
+  /// DQN_UPDATE_ONEHEAD (on unless 0/off): with one head the update's g = c·g₀ in float, the bits
+  /// of the double sum without its conversions. On an H100 (2026-12-05, three processes each):
+  /// C51 83.89, 84.23, 84.36 µs against 84.44, 84.42, 84.55 off (trunk.1's Adam phase 0.2 µs
+  /// shorter in the update's clock). Read per backend.
+  bool update_one_ = env_on("DQN_UPDATE_ONEHEAD");
   cuda::UpdateChoices update_choices_;  ///< what the last cluster update launch did
   /// DQN_TILE_LDMATRIX: whether tile_gemm's k loop reads the fragments of its k-contiguous
   /// operands by ldmatrix (TileGemm::ldmatrix; the same bits). Read per backend.

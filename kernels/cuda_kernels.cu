@@ -1111,6 +1111,10 @@ struct ClusterStep {
   bool finite;
   TargetRule rule;  ///< tgt null: no target update
   const std::int64_t* reach;  ///< Budget::reach (null: every head reaches everything)
+  /// One head (H = 1; ClusterPlan::one): g = c·g₀ + 0 in float, the bits of the double sum
+  /// 0.0 + c·g₀ rounded to float (a product of two floats is exact in double, so both round it
+  /// once; + 0 turns −0 into +0 as the double sum does), without its conversions.
+  bool one = false;
 };
 
 constexpr int kClusterPer = 8;        // elements per thread and tile: a tile is one round of loads
@@ -1198,12 +1202,14 @@ __device__ __forceinline__ void cluster_store(const ClusterStep& x, std::int64_t
                                               ClusterTile& r) {
   double acc[kClusterPer];
   const auto at = [&](int k) { return s + k * kThreads + threadIdx.x; };
-  cluster_combine(x, s, hi, r, [&](int k) { return at(k) < hi; }, at, acc);
+  if (!x.one) cluster_combine(x, s, hi, r, [&](int k) { return at(k) < hi; }, at, acc);
 #pragma unroll
   for (int k = 0; k < kClusterPer; ++k) {
     const std::int64_t i = s + k * kThreads + threadIdx.x;
     if (i >= hi) continue;
-    const float gf = static_cast<float>(acc[k]);
+    const float gf = !x.one      ? static_cast<float>(acc[k])
+                     : x.finite ? __fadd_rn(__fmul_rn(x.clip_sh[0], r.gr[0][k]), 0.0f)
+                                : 0.0f;
     x.g[i] = gf;
     if (!x.finite) continue;
     const float th = adam_element(gf, r.m[k], r.v[k], r.th[k], x.adam);
@@ -1250,6 +1256,8 @@ struct ClusterPlan {
   /// before the last barrier). The same sums in the same order: the same bits.
   bool push = false;
   int push_at = 0;  ///< where the slots start in the dynamic shared memory (doubles)
+  /// DQN_UPDATE_ONEHEAD: with one head, g in float (ClusterStep::one; the same bits).
+  bool one = false;
   std::int64_t seg_lo[kClusterMaxSegs] = {}, seg_hi[kClusterMaxSegs] = {};
   std::int64_t seg_tile0[kClusterMaxSegs + 1] = {};  ///< first tile of each range; [nseg]: all tiles
 };
@@ -1391,7 +1399,8 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
                 AdamCoef{},
                 false,
                 TargetRule{static_cast<float*>(tu.target.p), static_cast<double>(tu.tau), tu.period != 0},
-                b.reach};
+                b.reach,
+                pl.one && b.H == 1};
   const bool every = tu.period == 0;  // Polyak: the target's old values are needed (every step)
   // This block's elements: a normed matrix's rows, or tiles of the ranges outside them.
   const int cid = static_cast<int>(blockIdx.x) / CS;
@@ -2132,7 +2141,7 @@ bool update_cluster_fits(int cs, int max_rows, int max_cols) {
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
                            std::uint64_t* clock, int clock_blocks, int* launched, bool early, FitMode stage,
-                           FitMode gather, FitMode keepw, FitMode push, UpdateChoices* choices) {
+                           FitMode gather, FitMode keepw, FitMode push, bool one, UpdateChoices* choices) {
   const Budget& b = u.budget;
   if ((cs != 8 && cs != 16) || u.sn_count > kUpdateMaxSn || !update_cluster_fits(cs, u.sn_max_rows, u.sn_max_cols) ||
       static_cast<int>(ranges.size()) != u.sn_count)
@@ -2194,6 +2203,7 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   const bool gathered =
       !pushed && (gather == FitMode::on || (gather == FitMode::fit && blocks > 0 && fits(shared)));
   pl.push = pushed;
+  pl.one = one;
   pl.stage = staged;
   pl.gather = gathered;
   pl.keepw = kept;
@@ -2203,7 +2213,7 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   int nchunks = 0;
   if (cudaError_t e = budget_partials(s, b, partial, nchunks, &u.adam, step); e != cudaSuccess) return e;
   if (launched) *launched = static_cast<int>(blocks);
-  if (choices) *choices = {staged, gathered, kept, pushed};
+  if (choices) *choices = {staged, gathered, kept, pushed, one && b.H == 1};
   if (blocks == 0) return cudaSuccess;
   pl.clock = clock;
   pl.clock_blocks = clock ? clock_blocks : 0;

@@ -117,18 +117,20 @@ int update_max_matrices();
 /// Σ x² into a slot of every block's shared memory, and every block adds the slots in rank order
 /// from its own (no remote loads; one cluster barrier fewer than gather, which it replaces, and
 /// none before leaving); where the slots take at most 40 KiB (the same results).
+/// one (DQN_UPDATE_ONEHEAD): with one head, g = c·g₀ in float arithmetic, whose bits are those
+/// of the double sum (the same results).
 /// Each on, off, or fit: on where the grid (with the staging area, if staged, and the kept rows,
 /// if kept) is resident at once (push: with all three). *choices (if not null) says what the
 /// launch did.
 enum class FitMode { off, on, fit };
 struct UpdateChoices {
-  bool staged = false, gathered = false, kept = false, pushed = false;
+  bool staged = false, gathered = false, kept = false, pushed = false, one = false;
 };
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
                            std::uint64_t* clock = nullptr, int clock_blocks = 0, int* blocks = nullptr,
                            bool early = false, FitMode stage = FitMode::off, FitMode gather = FitMode::off,
-                           FitMode keepw = FitMode::off, FitMode push = FitMode::off,
+                           FitMode keepw = FitMode::off, FitMode push = FitMode::off, bool one = false,
                            UpdateChoices* choices = nullptr);
 /// The moments the cluster update's blocks stamp (DQN_UPDATE_CLOCK=1, read by dqn-trace): placed
 /// (before waiting for the kernels before it), the wait over, the clip factors known, its

@@ -929,7 +929,7 @@ class CudaBackend final : public Backend {
     DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), wave_blocks(), clock_,
                                          kClockBlocks, &clock_launch_.blocks, update_early_, update_stage_,
                                          update_gather_, update_keepw_, update_push_, update_one_,
-                                         &update_choices_));
+                                         update_defer_, &update_choices_));
     clock_launch_.cs = update_cluster_;
     clock_launch_.normed = u.sn_count;
   }
@@ -994,7 +994,8 @@ class CudaBackend final : public Backend {
              fit_text(update_gather_, update_choices_.gathered, "Wᵀu gathered by shares") +
              fit_text(update_keepw_, update_choices_.kept, "normed rows kept in shared memory") +
              fit_text(update_push_, update_choices_.pushed, "sums pushed to every block") +
-             (update_choices_.one ? ", one head's g in float" : "") + ")";
+             (update_choices_.one ? ", one head's g in float" : "") +
+             (update_defer_ ? ", normed θ stored once" : "") + ")";
     return "as separate kernels";
   }
 
@@ -2057,6 +2058,9 @@ class CudaBackend final : public Backend {
   /// C51 83.89, 84.23, 84.36 µs against 84.44, 84.42, 84.55 off (trunk.1's Adam phase 0.2 µs
   /// shorter in the update's clock). Read per backend.
   bool update_one_ = env_on("DQN_UPDATE_ONEHEAD");
+  /// DQN_UPDATE_DEFER_THETA (on unless 0/off): a normed block holding its rows' new θ stores it
+  /// once, after the power iteration (the same results).
+  bool update_defer_ = env_on("DQN_UPDATE_DEFER_THETA");
   cuda::UpdateChoices update_choices_;  ///< what the last cluster update launch did
   /// DQN_TILE_LDMATRIX: whether tile_gemm's k loop reads the fragments of its k-contiguous
   /// operands by ldmatrix (TileGemm::ldmatrix; the same bits). Read per backend.

@@ -1197,9 +1197,10 @@ __device__ __forceinline__ void cluster_combine(const ClusterStep& x, std::int64
 }
 
 /// The loaded tile: g = Σ_h c_h g_h (double, heads in order, as combine_tile), Adam (adam_element)
-/// and, with target, the target update (a copy, or Polyak from r.tg).
+/// and, with target, the target update (a copy, or Polyak from r.tg). store_theta false: the new θ
+/// only in r.th (a caller that stores it later).
 __device__ __forceinline__ void cluster_store(const ClusterStep& x, std::int64_t s, std::int64_t hi, bool target,
-                                              ClusterTile& r) {
+                                              ClusterTile& r, bool store_theta = true) {
   double acc[kClusterPer];
   const auto at = [&](int k) { return s + k * kThreads + threadIdx.x; };
   if (!x.one) cluster_combine(x, s, hi, r, [&](int k) { return at(k) < hi; }, at, acc);
@@ -1215,7 +1216,7 @@ __device__ __forceinline__ void cluster_store(const ClusterStep& x, std::int64_t
     const float th = adam_element(gf, r.m[k], r.v[k], r.th[k], x.adam);
     x.mom[i] = r.m[k];
     x.var[i] = r.v[k];
-    x.theta[i] = th;
+    if (store_theta) x.theta[i] = th;
     r.th[k] = th;  // the new θ, for a caller that keeps the tile (the cluster update's early path)
     if (target) x.rule.tgt[i] = x.rule.copy ? th : polyak(x.rule.tau, r.tg[k], th);
   }
@@ -1258,6 +1259,10 @@ struct ClusterPlan {
   int push_at = 0;  ///< where the slots start in the dynamic shared memory (doubles)
   /// DQN_UPDATE_ONEHEAD: with one head, g in float (ClusterStep::one; the same bits).
   bool one = false;
+  /// DQN_UPDATE_DEFER_THETA: a normed block that holds its rows' new θ (one tile in registers, or
+  /// the kept rows) stores it once, after the power iteration (scaled where σ > σ_max), instead
+  /// of beside Adam and again when scaled. The same final values.
+  bool defer = false;
   std::int64_t seg_lo[kClusterMaxSegs] = {}, seg_hi[kClusterMaxSegs] = {};
   std::int64_t seg_tile0[kClusterMaxSegs + 1] = {};  ///< first tile of each range; [nseg]: all tiles
 };
@@ -1525,8 +1530,9 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
       if (i < hi) wsh[i - lo] = reg.th[k];
     }
   };
-  // the block's rows: g and Adam (their target update follows the spectral norm)
-  cluster_store(x, lo, min(hi, lo + kClusterTile), false, reg);
+  // the block's rows: g and Adam (their target update follows the spectral norm; defer: their θ too)
+  const bool defer = pl.defer && (keep || kept);
+  cluster_store(x, lo, min(hi, lo + kClusterTile), false, reg, !defer);
   wtu_tile(lo);
   keep_tile(lo);
   for (std::int64_t s = lo + kClusterTile; s < hi; s += kClusterTile) {
@@ -1534,7 +1540,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
       cluster_unstage(stg, reg);
     else
       cluster_load(x, s, min(hi, s + kClusterTile), false, reg);
-    cluster_store(x, s, min(hi, s + kClusterTile), false, reg);
+    cluster_store(x, s, min(hi, s + kClusterTile), false, reg, !defer);
     wtu_tile(s);
     keep_tile(s);
   }
@@ -1669,7 +1675,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   // the block's rows: scaled when σ > σ_max, then their target update (loads first, per tile)
   const bool scale = sigma > static_cast<double>(u.sigma_max);
   const double factor = scale ? static_cast<double>(u.sigma_max) / sigma : 1.0;
-  if (scale || target_on) {
+  if (scale || target_on || defer) {
     const bool polyak_on = target_on && !x.rule.copy;
     if (tstaged) dev::cp_async_wait<0>();  // this thread's copies of its elements' target
     for (std::int64_t s = lo; s < hi; s += kClusterTile) {
@@ -1695,10 +1701,8 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
         const std::int64_t i = s + k * kThreads + threadIdx.x;
         if (i >= hi) continue;
         float w = wr[k];
-        if (scale) {
-          w = static_cast<float>(static_cast<double>(w) * factor);
-          theta[i] = w;
-        }
+        if (scale) w = static_cast<float>(static_cast<double>(w) * factor);
+        if (scale || defer) theta[i] = w;
         if (target_on) x.rule.tgt[i] = x.rule.copy ? w : polyak(x.rule.tau, tr[k], w);
       }
     }
@@ -2141,7 +2145,8 @@ bool update_cluster_fits(int cs, int max_rows, int max_cols) {
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
                            std::uint64_t* clock, int clock_blocks, int* launched, bool early, FitMode stage,
-                           FitMode gather, FitMode keepw, FitMode push, bool one, UpdateChoices* choices) {
+                           FitMode gather, FitMode keepw, FitMode push, bool one, bool defer,
+                           UpdateChoices* choices) {
   const Budget& b = u.budget;
   if ((cs != 8 && cs != 16) || u.sn_count > kUpdateMaxSn || !update_cluster_fits(cs, u.sn_max_rows, u.sn_max_cols) ||
       static_cast<int>(ranges.size()) != u.sn_count)
@@ -2204,6 +2209,7 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
       !pushed && (gather == FitMode::on || (gather == FitMode::fit && blocks > 0 && fits(shared)));
   pl.push = pushed;
   pl.one = one;
+  pl.defer = defer;
   pl.stage = staged;
   pl.gather = gathered;
   pl.keepw = kept;

@@ -2234,8 +2234,9 @@ TEST_CASE("gpu.ops.update: the cluster update equals budget → adam → spectra
     gpu.ok();
     // DQN_UPDATE_STAGE=1, DQN_UPDATE_GATHER=0 and DQN_UPDATE_PUSH=0, with the normed rows kept in
     // shared memory (DQN_UPDATE_KEEPW=1) and without; and gathering instead of pushing (the default
-    // stages, keeps and pushes where the grid fits, as these 48 blocks do), each twice on the same
-    // state: the same bits as the default cluster update
+    // stages, keeps and pushes where the grid fits, as these 48 blocks do), each with the normed
+    // θ stored beside Adam (DQN_UPDATE_DEFER_THETA=0; the default stores it once, after the power
+    // iteration) and twice on the same state: the same bits as the default cluster update
     if (c.layout == 0)
       CHECK_MESSAGE(gpu.rt().describe().find("pushed to every block where the grid fits (last launch: yes)") !=
                         std::string::npos,
@@ -2249,7 +2250,7 @@ TEST_CASE("gpu.ops.update: the cluster update equals budget → adam → spectra
       std::unique_ptr<Gpu> gq;
       {
         const ScopedEnv se("DQN_UPDATE_STAGE", "1"), ge("DQN_UPDATE_GATHER", vr.gather),
-            ke("DQN_UPDATE_KEEPW", vr.keepw), pe("DQN_UPDATE_PUSH", "0");
+            ke("DQN_UPDATE_KEEPW", vr.keepw), pe("DQN_UPDATE_PUSH", "0"), de("DQN_UPDATE_DEFER_THETA", "0");
         gq = std::make_unique<Gpu>();
       }
       for (int round = 0; round < 2; ++round) {
@@ -2440,7 +2441,9 @@ TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward m
     // three-tile blocks copied there before the wait; the push slots do not fit beside them here:
     // 117 KiB a block) against all off, against the slots pushed (DQN_UPDATE_PUSH=1: each
     // block's Wᵀu sums and Σ x² stored into every block, the grid in more than one wave) and
-    // against gathering without the kept rows, on the same state: the same bits everywhere
+    // against gathering without the kept rows, each with the normed θ stored beside Adam
+    // (DQN_UPDATE_DEFER_THETA=0; the default stores it once after the power iteration where it
+    // holds the rows), on the same state: the same bits everywhere
     {
       const std::string dd = gr.rt().describe();
       if (!std::getenv("DQN_UPDATE_STAGE"))
@@ -2467,7 +2470,7 @@ TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward m
       std::unique_ptr<Gpu> gs;
       {
         const ScopedEnv se("DQN_UPDATE_STAGE", vr.stage), ge("DQN_UPDATE_GATHER", vr.gather),
-            ke("DQN_UPDATE_KEEPW", vr.keepw), pe("DQN_UPDATE_PUSH", vr.push);
+            ke("DQN_UPDATE_KEEPW", vr.keepw), pe("DQN_UPDATE_PUSH", vr.push), de("DQN_UPDATE_DEFER_THETA", "0");
         gs = std::make_unique<Gpu>();
       }
       on(*gs, stg);

@@ -929,7 +929,7 @@ class CudaBackend final : public Backend {
     DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), wave_blocks(), clock_,
                                          kClockBlocks, &clock_launch_.blocks, update_early_, update_stage_,
                                          update_gather_, update_keepw_, update_push_, update_one_,
-                                         update_defer_, &update_choices_));
+                                         update_defer_, update_one_loop_, &update_choices_));
     clock_launch_.cs = update_cluster_;
     clock_launch_.normed = u.sn_count;
   }
@@ -995,7 +995,8 @@ class CudaBackend final : public Backend {
              fit_text(update_keepw_, update_choices_.kept, "normed rows kept in shared memory") +
              fit_text(update_push_, update_choices_.pushed, "sums pushed to every block") +
              (update_choices_.one ? ", one head's g in float" : "") +
-             (update_defer_ ? ", normed θ stored once" : "") + ")";
+             (update_defer_ ? ", normed θ stored once" : "") + (update_one_loop_ ? ", tiles in one loop" : "") +
+             ")";
     return "as separate kernels";
   }
 
@@ -2061,6 +2062,9 @@ class CudaBackend final : public Backend {
   /// DQN_UPDATE_DEFER_THETA (on unless 0/off): a normed block holding its rows' new θ stores it
   /// once, after the power iteration (the same results).
   bool update_defer_ = env_on("DQN_UPDATE_DEFER_THETA");
+  /// DQN_UPDATE_ONELOOP=1 (off unless set; not yet measured): the cluster update's tiles in one
+  /// loop, one inlined copy of a tile's work (cuda::update_cluster's one_loop; the same results).
+  bool update_one_loop_ = env_set("DQN_UPDATE_ONELOOP");
   cuda::UpdateChoices update_choices_;  ///< what the last cluster update launch did
   /// DQN_TILE_LDMATRIX: whether tile_gemm's k loop reads the fragments of its k-contiguous
   /// operands by ldmatrix (TileGemm::ldmatrix; the same bits). Read per backend.

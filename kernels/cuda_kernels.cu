@@ -1382,7 +1382,10 @@ __device__ __forceinline__ double rank_sum(const cooperative_groups::cluster_gro
 /// target update. The other clusters do g, Adam and the target update outside the normed
 /// matrices. Needs the normed matrices disjoint ranges inside params within the bounds (the caller
 /// checks). Skipped: g = 0, nothing else changes.
-template <int CS>
+/// OneLoop (DQN_UPDATE_ONELOOP=1): a block's tiles in one loop, so that one inlined copy of the
+/// tile's g, Adam and stores serves them all (the first tile, already loaded, skips the load);
+/// else the first tile before the loop, as measured so far. The same operations in the same order.
+template <int CS, bool OneLoop>
 __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, const double* __restrict__ partial,
                                                                      int nchunks, ClusterPlan pl) {
   clock_stamp(pl, kClockPlaced);  // (the clock is no buffer of the kernels this one waits for)
@@ -1496,13 +1499,18 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
       clock_stamp(pl, kClockExit);
       return;
     }
-    cluster_store(x, lo, min(hi, lo + kClusterTile), target_on, reg);
-    for (tile += nblocks; tile < tiles; tile += nblocks) {
+    // the block's tiles (the first loaded already); !OneLoop: the first its own inlined copy
+    std::int64_t s = lo, e = min(hi, lo + kClusterTile);
+    if constexpr (!OneLoop) cluster_store(x, s, e, target_on, reg);
+    for (;;) {
+      if constexpr (OneLoop) cluster_store(x, s, e, target_on, reg);
+      tile += nblocks;
+      if (tile >= tiles) break;
       while (pl.seg_tile0[q + 1] <= tile) ++q;
-      const std::int64_t s = pl.seg_lo[q] + (tile - pl.seg_tile0[q]) * kClusterTile;
-      const std::int64_t e = min(pl.seg_hi[q], s + kClusterTile);
+      s = pl.seg_lo[q] + (tile - pl.seg_tile0[q]) * kClusterTile;
+      e = min(pl.seg_hi[q], s + kClusterTile);
       cluster_load(x, s, e, every && target_on, reg);
-      cluster_store(x, s, e, target_on, reg);
+      if constexpr (!OneLoop) cluster_store(x, s, e, target_on, reg);
     }
     clock_stamp(pl, kClockAdam);
     clock_stamp(pl, kClockExit);
@@ -1532,18 +1540,21 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   };
   // the block's rows: g and Adam (their target update follows the spectral norm; defer: their θ too)
   const bool defer = pl.defer && (keep || kept);
-  cluster_store(x, lo, min(hi, lo + kClusterTile), false, reg, !defer);
-  wtu_tile(lo);
-  keep_tile(lo);
-  for (std::int64_t s = lo + kClusterTile; s < hi; s += kClusterTile) {
-    if (staged && s == lo + kClusterTile)
-      cluster_unstage(stg, reg);
-    else
-      cluster_load(x, s, min(hi, s + kClusterTile), false, reg);
+  // a tile (the first loaded already, the second staged where staged); !OneLoop: the first tile
+  // its own inlined copy before the loop
+  const auto tile_step = [&](std::int64_t s, bool first) {
+    if (!first) {
+      if (staged && s == lo + kClusterTile)
+        cluster_unstage(stg, reg);
+      else
+        cluster_load(x, s, min(hi, s + kClusterTile), false, reg);
+    }
     cluster_store(x, s, min(hi, s + kClusterTile), false, reg, !defer);
     wtu_tile(s);
     keep_tile(s);
-  }
+  };
+  if constexpr (!OneLoop) tile_step(lo, true);
+  for (std::int64_t s = OneLoop ? lo : lo + kClusterTile; s < hi; s += kClusterTile) tile_step(s, OneLoop && s == lo);
   clock_stamp(pl, kClockAdam);
   if (!finite || rows == 0 || cols == 0) {  // the same in every block of the cluster
     if (tstaged) dev::cp_async_wait<0>();  // (no copy outlives the block)
@@ -2096,14 +2107,21 @@ cudaLaunchConfig_t cluster_config(int cs, unsigned blocks, std::size_t shared, c
   return cfg;
 }
 
+/// The cluster update's instantiation for cs (16, else 8) blocks a cluster, its tiles in one loop
+/// or not (DQN_UPDATE_ONELOOP).
+using UpdateKernel = void (*)(Update, const double*, int, ClusterPlan);
+UpdateKernel update_kernel(int cs, bool one_loop) {
+  if (cs == 16) return one_loop ? update_cluster_kernel<16, true> : update_cluster_kernel<16, false>;
+  return one_loop ? update_cluster_kernel<8, true> : update_cluster_kernel<8, false>;
+}
+
 /// How many clusters of cs blocks of the cluster update the device holds at once with `shared`
 /// bytes of dynamic shared memory a block (0 where it cannot say).
-int active_clusters(int cs, unsigned blocks, std::size_t shared) {
+int active_clusters(int cs, unsigned blocks, std::size_t shared, bool one_loop = false) {
   cudaLaunchAttribute attr[2]{};
   const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, shared, nullptr, attr);
   int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, cs == 16 ? update_cluster_kernel<16> : update_cluster_kernel<8>,
-                                     &cfg) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&clusters, update_kernel(cs, one_loop), &cfg) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
@@ -2118,11 +2136,12 @@ int update_cluster_size(int want) {
     return 0;
   }
   // 16 blocks per cluster where the device schedules them (a non-portable size), else 8.
-  cudaFuncSetAttribute(update_cluster_kernel<16>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  for (bool one_loop : {false, true})
+    cudaFuncSetAttribute(update_kernel(16, one_loop), cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   cudaGetLastError();
   // room for the staging area, the kept rows and the push slots past the default 48 KiB
-  for (const void* k : {reinterpret_cast<const void*>(update_cluster_kernel<16>),
-                        reinterpret_cast<const void*>(update_cluster_kernel<8>)}) {
+  for (const UpdateKernel k :
+       {update_kernel(16, false), update_kernel(16, true), update_kernel(8, false), update_kernel(8, true)}) {
     cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kClusterMaxDynamic));
     // the most shared memory an SM gives (the kept rows and push slots: two blocks of 111 KiB);
     // the update streams its operands once, so the smaller L1 costs it nothing
@@ -2145,7 +2164,7 @@ bool update_cluster_fits(int cs, int max_rows, int max_cols) {
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
                            std::uint64_t* clock, int clock_blocks, int* launched, bool early, FitMode stage,
-                           FitMode gather, FitMode keepw, FitMode push, bool one, bool defer,
+                           FitMode gather, FitMode keepw, FitMode push, bool one, bool defer, bool one_loop,
                            UpdateChoices* choices) {
   const Budget& b = u.budget;
   if ((cs != 8 && cs != 16) || u.sn_count > kUpdateMaxSn || !update_cluster_fits(cs, u.sn_max_rows, u.sn_max_cols) ||
@@ -2174,8 +2193,7 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   }
   add(at, b.P);
   const std::int64_t tiles = pl.seg_tile0[pl.nseg];
-  void (*const kernel)(Update, const double*, int, ClusterPlan) =
-      cs == 16 ? update_cluster_kernel<16> : update_cluster_kernel<8>;
+  const UpdateKernel kernel = update_kernel(cs, one_loop);
   const std::int64_t plain = std::min<std::int64_t>(tiles, std::max(max_blocks, cs));
   const std::int64_t plain_blocks = (plain + cs - 1) / cs * cs;
   const auto blocks = static_cast<unsigned>(static_cast<std::int64_t>(pl.nsn) * cs + plain_blocks);
@@ -2189,7 +2207,7 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   const std::size_t push_bytes = cluster_push_shared(cs, pl.max_cols);
   pl.push_at = static_cast<int>(base / sizeof(double));
   const auto fits = [&](std::size_t shared) {
-    return static_cast<std::int64_t>(active_clusters(cs, blocks, shared)) * cs >= blocks;
+    return static_cast<std::int64_t>(active_clusters(cs, blocks, shared, one_loop)) * cs >= blocks;
   };
   const std::size_t stage_bytes = cluster_stage_shared(pl.rpc), keep_bytes = cluster_keep_shared(pl.rpc, pl.max_cols);
   const bool pushed =

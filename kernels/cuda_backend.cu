@@ -158,9 +158,49 @@ bool autotune_from_env() noexcept { return env_on("DQN_GEMM_AUTOTUNE"); }
 /// DQN_GEMM_TUNE_SPLIT_K=1 lets autotuning also time cuBLASLt split-k variants (off unless set:
 /// on the H200 the C51 step measured 123.5 µs with them against 122.9 without).
 bool tune_split_k_from_env() noexcept { return env_set("DQN_GEMM_TUNE_SPLIT_K"); }
-/// DQN_UPDATE_STAGE, DQN_UPDATE_GATHER, DQN_UPDATE_KEEPW, DQN_UPDATE_PUSH: unset (or empty) → fit, 0/off → off, anything else → on.
+/// DQN_UPDATE_STAGE, _GATHER, _KEEPW, _PUSH: unset (or empty) → fit, 0/off → off, anything else
+/// → on.
 cuda::FitMode fit_mode_from_env(const char* name) noexcept {
   return mode_from_env(name, cuda::FitMode::fit, cuda::FitMode::on, cuda::FitMode::off);
+}
+/// The cluster update's options from the environment (cuda::UpdateOptions; the same results in
+/// every way), read per backend:
+/// - DQN_UPDATE_EARLY (on unless 0/off): the first tile's optimizer state loaded before the wait.
+///   Faster or equal in every measurement: on the H200 (2026-12-05, three processes each)
+///   86.5-87.2 µs against 86.9-88.0 for the C51 step and 247.8-248.1 against 248.6-253.1 with all
+///   four heads; on an H100 86.1 / 257.6 against 86.2 / 258.3 (one each).
+/// - DQN_UPDATE_STAGE: a normed block's second tile staged in shared memory, Wᵀu summed from
+///   registers; DQN_UPDATE_GATHER: Wᵀu summed in column shares over the cluster and gathered, σ's
+///   sum by one warp. Unset: where the grid is resident at once (the C51 step, not the four
+///   heads'); 1 always, 0/off never. On an H100 (2026-12-05, three processes each): C51 85.5-85.9
+///   µs with both against 86.7-86.9 with neither; with all four heads gathering alone 255.2-255.7
+///   against 252.9-255.2 with neither, both 255.1-256.8.
+/// - DQN_UPDATE_KEEPW (with the staging area): a normed block keeps its rows of the new θ (and a
+///   two-tile block its rows' old target) in shared memory for the power iteration and the
+///   scaling and target update; DQN_UPDATE_PUSH: the power iteration's cluster sums stored into
+///   every block's slots instead of loaded from each other (replaces gathering). Unset: where the
+///   grid is resident at once with them; 1 always, 0/off never. On an H100 (2026-12-05, three
+///   processes each): C51 82.94-84.06 µs with both against 84.03-85.89 with keeping alone and
+///   84.41-86.33 with neither.
+/// - DQN_UPDATE_ONEHEAD (on unless 0/off): with one head g = c·g₀ in float, the bits of the
+///   double sum without its conversions. On an H100: C51 83.89, 84.23, 84.36 µs against 84.44,
+///   84.42, 84.55 off (trunk.1's Adam phase 0.2 µs shorter in the update's clock).
+/// - DQN_UPDATE_DEFER_THETA (on unless 0/off): a normed block holding its rows' new θ stores it
+///   once, after the power iteration. On an H100: C51 82.82, 82.91, 82.90 µs against 82.96, 83.62,
+///   83.05 off.
+/// - DQN_UPDATE_ONELOOP=1 (off unless set; not yet measured): the tiles in one loop, one inlined
+///   copy of a tile's work.
+cuda::UpdateOptions update_options_from_env() noexcept {
+  cuda::UpdateOptions o;
+  o.early = env_on("DQN_UPDATE_EARLY");
+  o.stage = fit_mode_from_env("DQN_UPDATE_STAGE");
+  o.gather = fit_mode_from_env("DQN_UPDATE_GATHER");
+  o.keepw = fit_mode_from_env("DQN_UPDATE_KEEPW");
+  o.push = fit_mode_from_env("DQN_UPDATE_PUSH");
+  o.one = env_on("DQN_UPDATE_ONEHEAD");
+  o.defer = env_on("DQN_UPDATE_DEFER_THETA");
+  o.one_loop = env_set("DQN_UPDATE_ONELOOP");
+  return o;
 }
 
 /// How the update (budget, Adam, spectral norm, target update) runs, from DQN_FUSED_UPDATE: unset
@@ -927,9 +967,7 @@ class CudaBackend final : public Backend {
     if (!s) return;
     if (planning_) return;
     DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), wave_blocks(), clock_,
-                                         kClockBlocks, &clock_launch_.blocks, update_early_, update_stage_,
-                                         update_gather_, update_keepw_, update_push_, update_one_,
-                                         update_defer_, update_one_loop_, &update_choices_));
+                                         kClockBlocks, &clock_launch_.blocks, update_opt_, &update_choices_));
     clock_launch_.cs = update_cluster_;
     clock_launch_.normed = u.sn_count;
   }
@@ -990,13 +1028,13 @@ class CudaBackend final : public Backend {
   std::string update_path() const {
     if (update_cluster_ > 0)
       return "cluster (" + std::to_string(update_cluster_) + " blocks a cluster" +
-             fit_text(update_stage_, update_choices_.staged, "second tiles staged") +
-             fit_text(update_gather_, update_choices_.gathered, "Wᵀu gathered by shares") +
-             fit_text(update_keepw_, update_choices_.kept, "normed rows kept in shared memory") +
-             fit_text(update_push_, update_choices_.pushed, "sums pushed to every block") +
+             fit_text(update_opt_.stage, update_choices_.staged, "second tiles staged") +
+             fit_text(update_opt_.gather, update_choices_.gathered, "Wᵀu gathered by shares") +
+             fit_text(update_opt_.keepw, update_choices_.kept, "normed rows kept in shared memory") +
+             fit_text(update_opt_.push, update_choices_.pushed, "sums pushed to every block") +
              (update_choices_.one ? ", one head's g in float" : "") +
-             (update_defer_ ? ", normed θ stored once" : "") + (update_one_loop_ ? ", tiles in one loop" : "") +
-             ")";
+             (update_opt_.defer ? ", normed θ stored once" : "") +
+             (update_opt_.one_loop ? ", tiles in one loop" : "") + ")";
     return "as separate kernels";
   }
 
@@ -2030,41 +2068,7 @@ class CudaBackend final : public Backend {
   bool autotune_ = autotune_from_env();  ///< DQN_GEMM_AUTOTUNE, read once per backend
   bool tune_split_k_ = tune_split_k_from_env();  ///< DQN_GEMM_TUNE_SPLIT_K, read once per backend
   int update_cluster_ = 0;               ///< the cluster update's blocks per cluster (0: not used)
-  /// DQN_UPDATE_EARLY (on unless 0/off): the cluster update loads its first tile's optimizer
-  /// state before its wait. Faster or equal in every measurement: on the H200 (2026-12-05, three
-  /// processes each) 86.5-87.2 µs against 86.9-88.0 for the C51 step and 247.8-248.1 against
-  /// 248.6-253.1 with all four heads; on an H100 86.1 / 257.6 against 86.2 / 258.3 (one each).
-  /// Read per backend; the same results either way.
-  bool update_early_ = env_on("DQN_UPDATE_EARLY");
-  /// DQN_UPDATE_STAGE: the cluster update stages a normed block's second tile in shared memory
-  /// and sums Wᵀu from registers; DQN_UPDATE_GATHER: it sums Wᵀu in column shares over the
-  /// cluster and gathers them, σ's sum by one warp (cuda::update_cluster's stage and gather; the
-  /// same results either way). Unset: where its grid is resident at once (the C51 step, not the
-  /// four heads'); 1 always, 0/off never. On an H100 (2026-12-05, three processes each): C51
-  /// 85.5-85.9 µs with both against 86.7-86.9 with neither; with all four heads gathering alone
-  /// 255.2-255.7 against 252.9-255.2 with neither, both 255.1-256.8. Read per backend.
-  cuda::FitMode update_stage_ = fit_mode_from_env("DQN_UPDATE_STAGE");
-  cuda::FitMode update_gather_ = fit_mode_from_env("DQN_UPDATE_GATHER");
-  /// DQN_UPDATE_KEEPW (cuda::update_cluster's keepw; with the staging area): a normed block keeps
-  /// its rows of the new θ (and a two-tile block its rows' old target) in shared memory for the
-  /// power iteration and the scaling and target update instead of reading params back. Unset:
-  /// where the grid is resident at once with them; 1 always (where staged), 0/off never.
-  cuda::FitMode update_keepw_ = fit_mode_from_env("DQN_UPDATE_KEEPW");
-  /// DQN_UPDATE_PUSH (cuda::update_cluster's push): the power iteration's cluster sums stored
-  /// into every block's slots instead of loaded from each other (replaces gathering). Unset: where
-  /// the grid is resident at once with them; 1 always, 0/off never.
-  cuda::FitMode update_push_ = fit_mode_from_env("DQN_UPDATE_PUSH");
-  /// DQN_UPDATE_ONEHEAD (on unless 0/off): with one head the update's g = c·g₀ in float, the bits
-  /// of the double sum without its conversions. On an H100 (2026-12-05, three processes each):
-  /// C51 83.89, 84.23, 84.36 µs against 84.44, 84.42, 84.55 off (trunk.1's Adam phase 0.2 µs
-  /// shorter in the update's clock). Read per backend.
-  bool update_one_ = env_on("DQN_UPDATE_ONEHEAD");
-  /// DQN_UPDATE_DEFER_THETA (on unless 0/off): a normed block holding its rows' new θ stores it
-  /// once, after the power iteration (the same results).
-  bool update_defer_ = env_on("DQN_UPDATE_DEFER_THETA");
-  /// DQN_UPDATE_ONELOOP=1 (off unless set; not yet measured): the cluster update's tiles in one
-  /// loop, one inlined copy of a tile's work (cuda::update_cluster's one_loop; the same results).
-  bool update_one_loop_ = env_set("DQN_UPDATE_ONELOOP");
+  cuda::UpdateOptions update_opt_ = update_options_from_env();  ///< DQN_UPDATE_*, read per backend
   cuda::UpdateChoices update_choices_;  ///< what the last cluster update launch did
   /// DQN_TILE_LDMATRIX: whether tile_gemm's k loop reads the fragments of its k-contiguous
   /// operands by ldmatrix (TileGemm::ldmatrix; the same bits). Read per backend.

@@ -2163,8 +2163,7 @@ bool update_cluster_fits(int cs, int max_rows, int max_cols) {
 
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
-                           std::uint64_t* clock, int clock_blocks, int* launched, bool early, FitMode stage,
-                           FitMode gather, FitMode keepw, FitMode push, bool one, bool defer, bool one_loop,
+                           std::uint64_t* clock, int clock_blocks, int* launched, const UpdateOptions& opt,
                            UpdateChoices* choices) {
   const Budget& b = u.budget;
   if ((cs != 8 && cs != 16) || u.sn_count > kUpdateMaxSn || !update_cluster_fits(cs, u.sn_max_rows, u.sn_max_cols) ||
@@ -2193,7 +2192,7 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   }
   add(at, b.P);
   const std::int64_t tiles = pl.seg_tile0[pl.nseg];
-  const UpdateKernel kernel = update_kernel(cs, one_loop);
+  const UpdateKernel kernel = update_kernel(cs, opt.one_loop);
   const std::int64_t plain = std::min<std::int64_t>(tiles, std::max(max_blocks, cs));
   const std::int64_t plain_blocks = (plain + cs - 1) / cs * cs;
   const auto blocks = static_cast<unsigned>(static_cast<std::int64_t>(pl.nsn) * cs + plain_blocks);
@@ -2207,27 +2206,26 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   const std::size_t push_bytes = cluster_push_shared(cs, pl.max_cols);
   pl.push_at = static_cast<int>(base / sizeof(double));
   const auto fits = [&](std::size_t shared) {
-    return static_cast<std::int64_t>(active_clusters(cs, blocks, shared, one_loop)) * cs >= blocks;
+    return static_cast<std::int64_t>(active_clusters(cs, blocks, shared, opt.one_loop)) * cs >= blocks;
+  };
+  // a FitMode's choice: on, or fit where the grid stays resident with `shared` bytes a block
+  const auto wants = [&](FitMode m, std::size_t shared) {
+    return m == FitMode::on || (m == FitMode::fit && blocks > 0 && fits(shared));
   };
   const std::size_t stage_bytes = cluster_stage_shared(pl.rpc), keep_bytes = cluster_keep_shared(pl.rpc, pl.max_cols);
-  const bool pushed =
-      push_bytes <= kClusterMaxPush &&
-      (push == FitMode::on ||
-       (push == FitMode::fit && blocks > 0 && fits(base + push_bytes + stage_bytes + keep_bytes)));
+  const bool pushed = push_bytes <= kClusterMaxPush && wants(opt.push, base + push_bytes + stage_bytes + keep_bytes);
   if (pushed) base += push_bytes;
   pl.stage_at = static_cast<int>(base / sizeof(double));
-  const bool staged = stage == FitMode::on || (stage == FitMode::fit && blocks > 0 && fits(base + stage_bytes));
+  const bool staged = wants(opt.stage, base + stage_bytes);
   std::size_t shared = base + (staged ? stage_bytes : 0);
   // the kept rows: with the staging area, where they take at most kClusterMaxKeep (and, fit, where
   // the grid stays resident with them)
-  const bool kept = staged && keep_bytes <= kClusterMaxKeep &&
-                    (keepw == FitMode::on || (keepw == FitMode::fit && blocks > 0 && fits(shared + keep_bytes)));
+  const bool kept = staged && keep_bytes <= kClusterMaxKeep && wants(opt.keepw, shared + keep_bytes);
   if (kept) shared += keep_bytes;
-  const bool gathered =
-      !pushed && (gather == FitMode::on || (gather == FitMode::fit && blocks > 0 && fits(shared)));
+  const bool gathered = !pushed && wants(opt.gather, shared);
   pl.push = pushed;
-  pl.one = one;
-  pl.defer = defer;
+  pl.one = opt.one;
+  pl.defer = opt.defer;
   pl.stage = staged;
   pl.gather = gathered;
   pl.keepw = kept;
@@ -2237,11 +2235,11 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   int nchunks = 0;
   if (cudaError_t e = budget_partials(s, b, partial, nchunks, &u.adam, step); e != cudaSuccess) return e;
   if (launched) *launched = static_cast<int>(blocks);
-  if (choices) *choices = {staged, gathered, kept, pushed, one && b.H == 1};
+  if (choices) *choices = {staged, gathered, kept, pushed, opt.one && b.H == 1};
   if (blocks == 0) return cudaSuccess;
   pl.clock = clock;
   pl.clock_blocks = clock ? clock_blocks : 0;
-  pl.early = early;
+  pl.early = opt.early;
   cudaLaunchAttribute attr[2]{};
   const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, shared, s, attr, true);
   dev::note_pdl_kernel(reinterpret_cast<const void*>(kernel));

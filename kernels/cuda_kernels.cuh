@@ -97,6 +97,7 @@ int update_max_matrices();
 /// max_blocks bounds the clusters outside the normed matrices; results do not depend on it.
 /// `clock` (null: off): per block kUpdateClockSlots %globaltimer stamps then as many clock64
 /// ones (UpdateClockSlot), for blocks below clock_blocks; the launch's block count in *blocks.
+/// The ways to run it (UpdateOptions; the same results in every way):
 /// early (DQN_UPDATE_EARLY, on unless 0/off): each block's first tile of m, v, θ and the target is
 /// loaded before the kernel's griddepcontrol.wait, while the partial sums finish, and a normed
 /// block of one tile keeps it in registers for its scaling and target update (the same results).
@@ -125,19 +126,22 @@ int update_max_matrices();
 /// one_loop (DQN_UPDATE_ONELOOP=1): each block's tiles in one loop, one inlined copy of a tile's
 /// work for all of them (a smaller kernel: 5,601 PTX instructions against 6,465), where the first
 /// tile has its own copy otherwise (the same results).
-/// Each on, off, or fit: on where the grid (with the staging area, if staged, and the kept rows,
-/// if kept) is resident at once (push: with all three). *choices (if not null) says what the
-/// launch did.
+/// The FitModes each on, off, or fit: on where the grid (with the staging area, if staged, and the
+/// kept rows, if kept) is resident at once (push: with all three). *choices (if not null) says
+/// what the launch did.
 enum class FitMode { off, on, fit };
+struct UpdateOptions {
+  bool early = false;
+  FitMode stage = FitMode::off, gather = FitMode::off, keepw = FitMode::off, push = FitMode::off;
+  bool one = false, defer = false, one_loop = false;
+};
 struct UpdateChoices {
   bool staged = false, gathered = false, kept = false, pushed = false, one = false;
 };
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
                            const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
                            std::uint64_t* clock = nullptr, int clock_blocks = 0, int* blocks = nullptr,
-                           bool early = false, FitMode stage = FitMode::off, FitMode gather = FitMode::off,
-                           FitMode keepw = FitMode::off, FitMode push = FitMode::off, bool one = false,
-                           bool defer = false, bool one_loop = false, UpdateChoices* choices = nullptr);
+                           const UpdateOptions& opt = {}, UpdateChoices* choices = nullptr);
 /// The moments the cluster update's blocks stamp (DQN_UPDATE_CLOCK=1, read by dqn-trace): placed
 /// (before waiting for the kernels before it), the wait over, the clip factors known, its
 /// elements' g and Adam done, the blocks' shares of Wᵀu published over the cluster (normed

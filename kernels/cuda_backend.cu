@@ -190,6 +190,8 @@ cuda::FitMode fit_mode_from_env(const char* name) noexcept {
 ///   83.05 off.
 /// - DQN_UPDATE_ONELOOP=1 (off unless set; not yet measured): the tiles in one loop, one inlined
 ///   copy of a tile's work.
+/// - DQN_UPDATE_FLAT=1 (off unless set; not yet measured): a tile's g, then its Adam, then its
+///   stores, each a pass over the tile's elements (the same operations per element).
 cuda::UpdateOptions update_options_from_env() noexcept {
   cuda::UpdateOptions o;
   o.early = env_on("DQN_UPDATE_EARLY");
@@ -200,6 +202,7 @@ cuda::UpdateOptions update_options_from_env() noexcept {
   o.one = env_on("DQN_UPDATE_ONEHEAD");
   o.defer = env_on("DQN_UPDATE_DEFER_THETA");
   o.one_loop = env_set("DQN_UPDATE_ONELOOP");
+  o.flat = env_set("DQN_UPDATE_FLAT");
   return o;
 }
 
@@ -1034,7 +1037,8 @@ class CudaBackend final : public Backend {
              fit_text(update_opt_.push, update_choices_.pushed, "sums pushed to every block") +
              (update_choices_.one ? ", one head's g in float" : "") +
              (update_opt_.defer ? ", normed θ stored once" : "") +
-             (update_opt_.one_loop ? ", tiles in one loop" : "") + ")";
+             (update_opt_.one_loop ? ", tiles in one loop" : "") +
+             (update_opt_.flat ? ", flat tiles" : "") + ")";
     return "as separate kernels";
   }
 

@@ -1117,6 +1117,9 @@ struct ClusterStep {
   bool one = false;
 };
 
+/// The cluster update kernel's variants (its template's V): bits, off by default.
+constexpr int kUpdateOneLoop = 1, kUpdateFlat = 2, kUpdateVariants = kUpdateOneLoop | kUpdateFlat;
+
 constexpr int kClusterPer = 8;        // elements per thread and tile: a tile is one round of loads
 constexpr int kClusterEarlyHeads = 2;  // heads whose gradients a tile loads before the clip factors
 constexpr std::int64_t kClusterTile = std::int64_t{kThreads} * kClusterPer;
@@ -1196,11 +1199,50 @@ __device__ __forceinline__ void cluster_combine(const ClusterStep& x, std::int64
   }
 }
 
+/// cluster_store as three passes over the tile (the kernel's Flat, DQN_UPDATE_FLAT=1): every
+/// element's g (one head's clip factor read once), then every element's Adam with no load or
+/// store between them, then the stores. The same operations per element, so the same bits.
+__device__ __forceinline__ void cluster_store_flat(const ClusterStep& x, std::int64_t s, std::int64_t hi, bool target,
+                                                   ClusterTile& r, bool store_theta) {
+  const auto at = [&](int k) { return s + k * kThreads + threadIdx.x; };
+  float gf[kClusterPer];
+  if (x.one) {
+    const float c0 = x.finite ? x.clip_sh[0] : 0.0f;
+#pragma unroll
+    for (int k = 0; k < kClusterPer; ++k) gf[k] = x.finite ? __fadd_rn(__fmul_rn(c0, r.gr[0][k]), 0.0f) : 0.0f;
+  } else {
+    double acc[kClusterPer];
+    cluster_combine(x, s, hi, r, [&](int k) { return at(k) < hi; }, at, acc);
+#pragma unroll
+    for (int k = 0; k < kClusterPer; ++k) gf[k] = static_cast<float>(acc[k]);
+  }
+#pragma unroll
+  for (int k = 0; k < kClusterPer; ++k)
+    if (at(k) < hi) x.g[at(k)] = gf[k];
+  if (!x.finite) return;
+  // past hi every operand is 0 (cluster_load's zeros), and Adam of zeros gives θ = 0, as loaded
+  float th[kClusterPer];
+#pragma unroll
+  for (int k = 0; k < kClusterPer; ++k) th[k] = adam_element(gf[k], r.m[k], r.v[k], r.th[k], x.adam);
+#pragma unroll
+  for (int k = 0; k < kClusterPer; ++k) {
+    const std::int64_t i = at(k);
+    r.th[k] = th[k];
+    if (i >= hi) continue;
+    x.mom[i] = r.m[k];
+    x.var[i] = r.v[k];
+    if (store_theta) x.theta[i] = th[k];
+    if (target) x.rule.tgt[i] = x.rule.copy ? th[k] : polyak(x.rule.tau, r.tg[k], th[k]);
+  }
+}
+
 /// The loaded tile: g = Σ_h c_h g_h (double, heads in order, as combine_tile), Adam (adam_element)
 /// and, with target, the target update (a copy, or Polyak from r.tg). store_theta false: the new θ
-/// only in r.th (a caller that stores it later).
+/// only in r.th (a caller that stores it later). Flat: cluster_store_flat.
+template <bool Flat = false>
 __device__ __forceinline__ void cluster_store(const ClusterStep& x, std::int64_t s, std::int64_t hi, bool target,
                                               ClusterTile& r, bool store_theta = true) {
+  if constexpr (Flat) return cluster_store_flat(x, s, hi, target, r, store_theta);
   double acc[kClusterPer];
   const auto at = [&](int k) { return s + k * kThreads + threadIdx.x; };
   if (!x.one) cluster_combine(x, s, hi, r, [&](int k) { return at(k) < hi; }, at, acc);
@@ -1385,9 +1427,12 @@ __device__ __forceinline__ double rank_sum(const cooperative_groups::cluster_gro
 /// OneLoop (DQN_UPDATE_ONELOOP=1): a block's tiles in one loop, so that one inlined copy of the
 /// tile's g, Adam and stores serves them all (the first tile, already loaded, skips the load);
 /// else the first tile before the loop, as measured so far. The same operations in the same order.
-template <int CS, bool OneLoop>
+/// V: the variant's bits, kUpdateOneLoop (OneLoop) and kUpdateFlat (DQN_UPDATE_FLAT=1: a tile's
+/// g, Adam and stores as three passes, cluster_store_flat).
+template <int CS, int V>
 __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, const double* __restrict__ partial,
                                                                      int nchunks, ClusterPlan pl) {
+  constexpr bool OneLoop = (V & kUpdateOneLoop) != 0, Flat = (V & kUpdateFlat) != 0;
   clock_stamp(pl, kClockPlaced);  // (the clock is no buffer of the kernels this one waits for)
   namespace cg = cooperative_groups;
   extern __shared__ double cu_shared[];
@@ -1501,16 +1546,16 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
     }
     // the block's tiles (the first loaded already); !OneLoop: the first its own inlined copy
     std::int64_t s = lo, e = min(hi, lo + kClusterTile);
-    if constexpr (!OneLoop) cluster_store(x, s, e, target_on, reg);
+    if constexpr (!OneLoop) cluster_store<Flat>(x, s, e, target_on, reg);
     for (;;) {
-      if constexpr (OneLoop) cluster_store(x, s, e, target_on, reg);
+      if constexpr (OneLoop) cluster_store<Flat>(x, s, e, target_on, reg);
       tile += nblocks;
       if (tile >= tiles) break;
       while (pl.seg_tile0[q + 1] <= tile) ++q;
       s = pl.seg_lo[q] + (tile - pl.seg_tile0[q]) * kClusterTile;
       e = min(pl.seg_hi[q], s + kClusterTile);
       cluster_load(x, s, e, every && target_on, reg);
-      if constexpr (!OneLoop) cluster_store(x, s, e, target_on, reg);
+      if constexpr (!OneLoop) cluster_store<Flat>(x, s, e, target_on, reg);
     }
     clock_stamp(pl, kClockAdam);
     clock_stamp(pl, kClockExit);
@@ -1549,7 +1594,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
       else
         cluster_load(x, s, min(hi, s + kClusterTile), false, reg);
     }
-    cluster_store(x, s, min(hi, s + kClusterTile), false, reg, !defer);
+    cluster_store<Flat>(x, s, min(hi, s + kClusterTile), false, reg, !defer);
     wtu_tile(s);
     keep_tile(s);
   };
@@ -2107,21 +2152,28 @@ cudaLaunchConfig_t cluster_config(int cs, unsigned blocks, std::size_t shared, c
   return cfg;
 }
 
-/// The cluster update's instantiation for cs (16, else 8) blocks a cluster, its tiles in one loop
-/// or not (DQN_UPDATE_ONELOOP).
+/// The cluster update's instantiation for cs (16, else 8) blocks a cluster and variant v (its bits:
+/// kUpdateOneLoop, DQN_UPDATE_ONELOOP; kUpdateFlat, DQN_UPDATE_FLAT).
 using UpdateKernel = void (*)(Update, const double*, int, ClusterPlan);
-UpdateKernel update_kernel(int cs, bool one_loop) {
-  if (cs == 16) return one_loop ? update_cluster_kernel<16, true> : update_cluster_kernel<16, false>;
-  return one_loop ? update_cluster_kernel<8, true> : update_cluster_kernel<8, false>;
+template <int CS>
+UpdateKernel update_kernel_cs(int v) {
+  switch (v & kUpdateVariants) {
+    case kUpdateOneLoop: return update_cluster_kernel<CS, kUpdateOneLoop>;
+    case kUpdateFlat: return update_cluster_kernel<CS, kUpdateFlat>;
+    case kUpdateOneLoop | kUpdateFlat: return update_cluster_kernel<CS, kUpdateOneLoop | kUpdateFlat>;
+    default: return update_cluster_kernel<CS, 0>;
+  }
 }
+UpdateKernel update_kernel(int cs, int v) { return cs == 16 ? update_kernel_cs<16>(v) : update_kernel_cs<8>(v); }
+int update_variant(const UpdateOptions& o) { return (o.one_loop ? kUpdateOneLoop : 0) | (o.flat ? kUpdateFlat : 0); }
 
 /// How many clusters of cs blocks of the cluster update the device holds at once with `shared`
 /// bytes of dynamic shared memory a block (0 where it cannot say).
-int active_clusters(int cs, unsigned blocks, std::size_t shared, bool one_loop = false) {
+int active_clusters(int cs, unsigned blocks, std::size_t shared, int v = 0) {
   cudaLaunchAttribute attr[2]{};
   const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, shared, nullptr, attr);
   int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, update_kernel(cs, one_loop), &cfg) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&clusters, update_kernel(cs, v), &cfg) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
@@ -2136,12 +2188,12 @@ int update_cluster_size(int want) {
     return 0;
   }
   // 16 blocks per cluster where the device schedules them (a non-portable size), else 8.
-  for (bool one_loop : {false, true})
-    cudaFuncSetAttribute(update_kernel(16, one_loop), cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  for (int v = 0; v <= kUpdateVariants; ++v)
+    cudaFuncSetAttribute(update_kernel(16, v), cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   cudaGetLastError();
   // room for the staging area, the kept rows and the push slots past the default 48 KiB
-  for (const UpdateKernel k :
-       {update_kernel(16, false), update_kernel(16, true), update_kernel(8, false), update_kernel(8, true)}) {
+  for (int cv = 0; cv < 2 * (kUpdateVariants + 1); ++cv) {
+    const UpdateKernel k = update_kernel(cv <= kUpdateVariants ? 16 : 8, cv % (kUpdateVariants + 1));
     cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kClusterMaxDynamic));
     // the most shared memory an SM gives (the kept rows and push slots: two blocks of 111 KiB);
     // the update streams its operands once, so the smaller L1 costs it nothing
@@ -2192,7 +2244,7 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   }
   add(at, b.P);
   const std::int64_t tiles = pl.seg_tile0[pl.nseg];
-  const UpdateKernel kernel = update_kernel(cs, opt.one_loop);
+  const UpdateKernel kernel = update_kernel(cs, update_variant(opt));
   const std::int64_t plain = std::min<std::int64_t>(tiles, std::max(max_blocks, cs));
   const std::int64_t plain_blocks = (plain + cs - 1) / cs * cs;
   const auto blocks = static_cast<unsigned>(static_cast<std::int64_t>(pl.nsn) * cs + plain_blocks);
@@ -2206,7 +2258,7 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   const std::size_t push_bytes = cluster_push_shared(cs, pl.max_cols);
   pl.push_at = static_cast<int>(base / sizeof(double));
   const auto fits = [&](std::size_t shared) {
-    return static_cast<std::int64_t>(active_clusters(cs, blocks, shared, opt.one_loop)) * cs >= blocks;
+    return static_cast<std::int64_t>(active_clusters(cs, blocks, shared, update_variant(opt))) * cs >= blocks;
   };
   // a FitMode's choice: on, or fit where the grid stays resident with `shared` bytes a block
   const auto wants = [&](FitMode m, std::size_t shared) {

@@ -133,7 +133,7 @@ enum class FitMode { off, on, fit };
 struct UpdateOptions {
   bool early = false;
   FitMode stage = FitMode::off, gather = FitMode::off, keepw = FitMode::off, push = FitMode::off;
-  bool one = false, defer = false, one_loop = false;
+  bool one = false, defer = false, one_loop = false, flat = false;
 };
 struct UpdateChoices {
   bool staged = false, gathered = false, kept = false, pushed = false, one = false;

@@ -2456,16 +2456,18 @@ TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward m
         CHECK_MESSAGE(dd.find("pushed to every block where the grid fits (last launch: no)") != std::string::npos, dd);
     }
     struct Variant {
-      const char *why, *stage, *gather, *keepw, *push, *one_loop;
+      const char *why, *stage, *gather, *keepw, *push, *one_loop, *flat;
       const char* expect;  // in describe(), or "" for none of "staged", "gathered", "kept", "pushed"
     };
     const Variant variants[] = {
-        {"none", "0", "0", "0", "0", nullptr, ""},
-        {"pushed", nullptr, "0", nullptr, "1", nullptr, ", sums pushed to every block)"},
-        {"gathered, not kept", "1", "1", "0", "0", nullptr, ", second tiles staged, Wᵀu gathered by shares)"},
+        {"none", "0", "0", "0", "0", nullptr, nullptr, ""},
+        {"pushed", nullptr, "0", nullptr, "1", nullptr, nullptr, ", sums pushed to every block)"},
+        {"gathered, not kept", "1", "1", "0", "0", nullptr, nullptr, ", second tiles staged, Wᵀu gathered by shares)"},
         // DQN_UPDATE_ONELOOP=1: the 300 × 256 blocks' three tiles, the two-tile and one-tile blocks
         // and the plain blocks' tiles each through one loop
-        {"tiles in one loop", nullptr, nullptr, nullptr, nullptr, "1", ", tiles in one loop)"},
+        {"tiles in one loop", nullptr, nullptr, nullptr, nullptr, "1", nullptr, ", tiles in one loop)"},
+        // DQN_UPDATE_FLAT=1: every tile's g, Adam and stores as three passes
+        {"flat tiles", nullptr, nullptr, nullptr, nullptr, nullptr, "1", ", flat tiles)"},
     };
     for (const Variant& vr : variants) {
       INFO("variant: " << vr.why);
@@ -2474,7 +2476,7 @@ TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward m
       {
         const ScopedEnv se("DQN_UPDATE_STAGE", vr.stage), ge("DQN_UPDATE_GATHER", vr.gather),
             ke("DQN_UPDATE_KEEPW", vr.keepw), pe("DQN_UPDATE_PUSH", vr.push), de("DQN_UPDATE_DEFER_THETA", "0"),
-            le("DQN_UPDATE_ONELOOP", vr.one_loop);
+            le("DQN_UPDATE_ONELOOP", vr.one_loop), fe("DQN_UPDATE_FLAT", vr.flat);
         gs = std::make_unique<Gpu>();
       }
       on(*gs, stg);

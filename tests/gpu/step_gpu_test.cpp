@@ -541,11 +541,12 @@ TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY, _STAGE, _GATHER, _KE
   // tiles staged in shared memory with Wᵀu summed from registers, its Wᵀu gathered by shares
   // (pushed to every block instead, with DQN_UPDATE_PUSH=1, which the "on" engine sets too), its
   // normed rows kept in shared memory, one head's g in float (DQN_UPDATE_ONEHEAD: C51 alone), the
-  // normed θ stored once (DQN_UPDATE_DEFER_THETA), its tiles in one loop (DQN_UPDATE_ONELOOP),
+  // normed θ stored once (DQN_UPDATE_DEFER_THETA), its tiles in one loop (DQN_UPDATE_ONELOOP)
+  // and as three passes each (DQN_UPDATE_FLAT),
   // and tile_gemm's fragments by ldmatrix change when kernels are placed, how loads are issued,
   // how g is rounded, when θ is written and how the code is laid out, never what they compute: 20
   // replayed steps with all off give the same bits as with all on (the defaults lie between:
-  // DQN_UPDATE_EARLY, _ONEHEAD and _DEFER_THETA on, DQN_PDL_JOINS and DQN_UPDATE_ONELOOP off,
+  // DQN_UPDATE_EARLY, _ONEHEAD and _DEFER_THETA on, DQN_PDL_JOINS, DQN_UPDATE_ONELOOP and _FLAT off,
   // DQN_UPDATE_STAGE, _GATHER, _KEEPW and _PUSH where the grid fits, DQN_TILE_LDMATRIX timed per
   // GEMM), C51 alone and with all three auxiliary heads (more lanes, more joins); the GEMM choices
   // are the process's, so both engines run the same kernels. describe() says how many joins were
@@ -560,13 +561,13 @@ TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY, _STAGE, _GATHER, _KE
       const EnvOverride j("DQN_PDL_JOINS", "0"), u("DQN_UPDATE_EARLY", "0"), m("DQN_TILE_LDMATRIX", "0"),
           st("DQN_UPDATE_STAGE", "0"), ga("DQN_UPDATE_GATHER", "0"), kw("DQN_UPDATE_KEEPW", "0"),
           pu("DQN_UPDATE_PUSH", "0"), one("DQN_UPDATE_ONEHEAD", "0"), df("DQN_UPDATE_DEFER_THETA", "0"),
-          ol("DQN_UPDATE_ONELOOP", "0");
+          ol("DQN_UPDATE_ONELOOP", "0"), fl("DQN_UPDATE_FLAT", "0");
       late = make(spec, BackendKind::cuda);
     }
     const EnvOverride j("DQN_PDL_JOINS", "1"), u("DQN_UPDATE_EARLY", "1"), m("DQN_TILE_LDMATRIX", "1"),
         st("DQN_UPDATE_STAGE", "1"), ga("DQN_UPDATE_GATHER", "1"), kw("DQN_UPDATE_KEEPW", "1"),
         pu("DQN_UPDATE_PUSH", "1"), one("DQN_UPDATE_ONEHEAD", "1"), df("DQN_UPDATE_DEFER_THETA", "1"),
-        ol("DQN_UPDATE_ONELOOP", "1");
+        ol("DQN_UPDATE_ONELOOP", "1"), fl("DQN_UPDATE_FLAT", "1");
     auto early = make(spec, BackendKind::cuda);
     for (int i = 0; i < 20; ++i) {
       late->step();

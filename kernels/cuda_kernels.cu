@@ -1117,6 +1117,9 @@ struct ClusterStep {
   bool one = false;
 };
 
+/// ClusterStep::one's g of an element: c·g₀ + 0 in float.
+__device__ __forceinline__ float one_head_g(float c, float g0) { return __fadd_rn(__fmul_rn(c, g0), 0.0f); }
+
 /// The cluster update kernel's variants (its template's V): bits, off by default.
 constexpr int kUpdateOneLoop = 1, kUpdateFlat = 2, kUpdateVariants = kUpdateOneLoop | kUpdateFlat;
 
@@ -1209,7 +1212,7 @@ __device__ __forceinline__ void cluster_store_flat(const ClusterStep& x, std::in
   if (x.one) {
     const float c0 = x.finite ? x.clip_sh[0] : 0.0f;
 #pragma unroll
-    for (int k = 0; k < kClusterPer; ++k) gf[k] = x.finite ? __fadd_rn(__fmul_rn(c0, r.gr[0][k]), 0.0f) : 0.0f;
+    for (int k = 0; k < kClusterPer; ++k) gf[k] = x.finite ? one_head_g(c0, r.gr[0][k]) : 0.0f;
   } else {
     double acc[kClusterPer];
     cluster_combine(x, s, hi, r, [&](int k) { return at(k) < hi; }, at, acc);
@@ -1251,7 +1254,7 @@ __device__ __forceinline__ void cluster_store(const ClusterStep& x, std::int64_t
     const std::int64_t i = s + k * kThreads + threadIdx.x;
     if (i >= hi) continue;
     const float gf = !x.one      ? static_cast<float>(acc[k])
-                     : x.finite ? __fadd_rn(__fmul_rn(x.clip_sh[0], r.gr[0][k]), 0.0f)
+                     : x.finite ? one_head_g(x.clip_sh[0], r.gr[0][k])
                                 : 0.0f;
     x.g[i] = gf;
     if (!x.finite) continue;

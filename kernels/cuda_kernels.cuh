@@ -126,6 +126,8 @@ int update_max_matrices();
 /// one_loop (DQN_UPDATE_ONELOOP=1): each block's tiles in one loop, one inlined copy of a tile's
 /// work for all of them (a smaller kernel: 5,601 PTX instructions against 6,465), where the first
 /// tile has its own copy otherwise (the same results).
+/// flat (DQN_UPDATE_FLAT=1): a tile's g, Adam and stores as three passes over its elements, so that
+/// its Adam is one stretch of arithmetic with no load or store between elements (the same results).
 /// The FitModes each on, off, or fit: on where the grid (with the staging area, if staged, and the
 /// kept rows, if kept) is resident at once (push: with all three). *choices (if not null) says
 /// what the launch did.

@@ -2455,19 +2455,22 @@ TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward m
       if (!std::getenv("DQN_UPDATE_PUSH"))
         CHECK_MESSAGE(dd.find("pushed to every block where the grid fits (last launch: no)") != std::string::npos, dd);
     }
-    struct Variant {
-      const char *why, *stage, *gather, *keepw, *push, *one_loop, *flat;
-      const char* expect;  // in describe(), or "" for none of "staged", "gathered", "kept", "pushed"
+    struct Variant {  // each switch's value (null: unset)
+      const char* why;
+      const char *stage = nullptr, *gather = nullptr, *keepw = nullptr, *push = nullptr, *one_loop = nullptr,
+                 *flat = nullptr;
+      const char* expect = "";  // in describe(), or "" for none of "staged", "gathered", "kept", "pushed"
     };
     const Variant variants[] = {
-        {"none", "0", "0", "0", "0", nullptr, nullptr, ""},
-        {"pushed", nullptr, "0", nullptr, "1", nullptr, nullptr, ", sums pushed to every block)"},
-        {"gathered, not kept", "1", "1", "0", "0", nullptr, nullptr, ", second tiles staged, Wᵀu gathered by shares)"},
+        {.why = "none", .stage = "0", .gather = "0", .keepw = "0", .push = "0"},
+        {.why = "pushed", .gather = "0", .push = "1", .expect = ", sums pushed to every block)"},
+        {.why = "gathered, not kept", .stage = "1", .gather = "1", .keepw = "0", .push = "0",
+         .expect = ", second tiles staged, Wᵀu gathered by shares)"},
         // DQN_UPDATE_ONELOOP=1: the 300 × 256 blocks' three tiles, the two-tile and one-tile blocks
         // and the plain blocks' tiles each through one loop
-        {"tiles in one loop", nullptr, nullptr, nullptr, nullptr, "1", nullptr, ", tiles in one loop)"},
+        {.why = "tiles in one loop", .one_loop = "1", .expect = ", tiles in one loop)"},
         // DQN_UPDATE_FLAT=1: every tile's g, Adam and stores as three passes
-        {"flat tiles", nullptr, nullptr, nullptr, nullptr, nullptr, "1", ", flat tiles)"},
+        {.why = "flat tiles", .flat = "1", .expect = ", flat tiles)"},
     };
     for (const Variant& vr : variants) {
       INFO("variant: " << vr.why);

@@ -11,6 +11,7 @@
 #include <deque>
 #include <initializer_list>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -113,6 +114,12 @@ class EnvOverride {
   const char* name_;
   std::optional<std::string> old_;
 };
+/// One EnvOverride per name, each to `value` (null: left as it is, put back after).
+std::vector<std::unique_ptr<EnvOverride>> env_overrides(std::initializer_list<const char*> names, const char* value) {
+  std::vector<std::unique_ptr<EnvOverride>> o;
+  for (const char* name : names) o.push_back(std::make_unique<EnvOverride>(name, value));
+  return o;
+}
 double rel(const std::vector<double>& a, const std::vector<double>& b) {
   double d = 0, r = 0;
   for (std::size_t i = 0; i < a.size(); ++i) {
@@ -556,18 +563,19 @@ TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY, _STAGE, _GATHER, _KE
   for (const std::string& aux : auxes) {
     INFO(std::string(aux.empty() ? "C51 alone" : "all four heads"));
     const PipelineSpec spec = parse(pipeline("tf32", "", aux));
+    // every switch of this case, all off for `late`, all on for `early`
+    const auto all = [](const char* value) {
+      return env_overrides({"DQN_PDL_JOINS", "DQN_UPDATE_EARLY", "DQN_TILE_LDMATRIX", "DQN_UPDATE_STAGE",
+                            "DQN_UPDATE_GATHER", "DQN_UPDATE_KEEPW", "DQN_UPDATE_PUSH", "DQN_UPDATE_ONEHEAD",
+                            "DQN_UPDATE_DEFER_THETA", "DQN_UPDATE_ONELOOP", "DQN_UPDATE_FLAT"},
+                           value);
+    };
     std::unique_ptr<Engine> late;
     {
-      const EnvOverride j("DQN_PDL_JOINS", "0"), u("DQN_UPDATE_EARLY", "0"), m("DQN_TILE_LDMATRIX", "0"),
-          st("DQN_UPDATE_STAGE", "0"), ga("DQN_UPDATE_GATHER", "0"), kw("DQN_UPDATE_KEEPW", "0"),
-          pu("DQN_UPDATE_PUSH", "0"), one("DQN_UPDATE_ONEHEAD", "0"), df("DQN_UPDATE_DEFER_THETA", "0"),
-          ol("DQN_UPDATE_ONELOOP", "0"), fl("DQN_UPDATE_FLAT", "0");
+      const auto off = all("0");
       late = make(spec, BackendKind::cuda);
     }
-    const EnvOverride j("DQN_PDL_JOINS", "1"), u("DQN_UPDATE_EARLY", "1"), m("DQN_TILE_LDMATRIX", "1"),
-        st("DQN_UPDATE_STAGE", "1"), ga("DQN_UPDATE_GATHER", "1"), kw("DQN_UPDATE_KEEPW", "1"),
-        pu("DQN_UPDATE_PUSH", "1"), one("DQN_UPDATE_ONEHEAD", "1"), df("DQN_UPDATE_DEFER_THETA", "1"),
-        ol("DQN_UPDATE_ONELOOP", "1"), fl("DQN_UPDATE_FLAT", "1");
+    const auto on = all("1");
     auto early = make(spec, BackendKind::cuda);
     for (int i = 0; i < 20; ++i) {
       late->step();
@@ -607,14 +615,14 @@ TEST_CASE("gpu.step.fit: DQN_UPDATE_STAGE, _GATHER, _KEEPW and _PUSH unset act w
     const PipelineSpec spec = parse(pipeline("tf32", "", aux));
     std::unique_ptr<Engine> never;
     {
-      const EnvOverride st("DQN_UPDATE_STAGE", "0"), ga("DQN_UPDATE_GATHER", "0"), kw("DQN_UPDATE_KEEPW", "0"),
-          pu("DQN_UPDATE_PUSH", "0"), one("DQN_UPDATE_ONEHEAD", "0"), df("DQN_UPDATE_DEFER_THETA", "0");
+      const auto off = env_overrides({"DQN_UPDATE_STAGE", "DQN_UPDATE_GATHER", "DQN_UPDATE_KEEPW", "DQN_UPDATE_PUSH",
+                                      "DQN_UPDATE_ONEHEAD", "DQN_UPDATE_DEFER_THETA"},
+                                     "0");
       never = make(spec, BackendKind::cuda);
     }
-    const EnvOverride st("DQN_UPDATE_STAGE", nullptr), ga("DQN_UPDATE_GATHER", nullptr),
-        kw("DQN_UPDATE_KEEPW", nullptr), pu("DQN_UPDATE_PUSH", nullptr);  // (put back after)
-    for (const char* name : {"DQN_UPDATE_STAGE", "DQN_UPDATE_GATHER", "DQN_UPDATE_KEEPW", "DQN_UPDATE_PUSH"})
-      unsetenv(name);
+    const auto fits = {"DQN_UPDATE_STAGE", "DQN_UPDATE_GATHER", "DQN_UPDATE_KEEPW", "DQN_UPDATE_PUSH"};
+    const auto kept = env_overrides(fits, nullptr);  // (put back after)
+    for (const char* name : fits) unsetenv(name);
     auto fit = make(spec, BackendKind::cuda);
     for (int i = 0; i < 20; ++i) {
       never->step();

@@ -185,8 +185,8 @@ cuda::FitMode fit_mode_from_env(const char* name) noexcept {
 /// - DQN_UPDATE_ONEHEAD (on unless 0/off): with one head g = c·g₀ in float, the bits of the
 ///   double sum without its conversions. On an H100: C51 83.89, 84.23, 84.36 µs against 84.44,
 ///   84.42, 84.55 off (trunk.1's Adam phase 0.2 µs shorter in the update's clock).
-/// - DQN_UPDATE_DEFER_THETA (on unless 0/off): a normed block holding its rows' new θ stores it
-///   once, after the power iteration. On an H100: C51 82.82, 82.91, 82.90 µs against 82.96, 83.62,
+/// - DQN_UPDATE_DEFER_THETA (on unless 0/off): a normed block keeping its rows' new θ in shared
+///   memory stores it once, after the power iteration. On an H100: C51 82.82, 82.91, 82.90 µs against 82.96, 83.62,
 ///   83.05 off.
 /// - DQN_UPDATE_ONELOOP=1 (off unless set; not yet measured): the tiles in one loop, one inlined
 ///   copy of a tile's work.
@@ -1036,7 +1036,7 @@ class CudaBackend final : public Backend {
              fit_text(update_opt_.keepw, update_choices_.kept, "normed rows kept in shared memory") +
              fit_text(update_opt_.push, update_choices_.pushed, "sums pushed to every block") +
              (update_choices_.one ? ", one head's g in float" : "") +
-             (update_opt_.defer ? ", normed θ stored once" : "") +
+             (update_opt_.defer && update_choices_.kept ? ", normed θ stored once" : "") +
              (update_opt_.one_loop ? ", tiles in one loop" : "") +
              (update_opt_.flat ? ", flat tiles" : "") + ")";
     return "as separate kernels";

@@ -1304,9 +1304,9 @@ struct ClusterPlan {
   int push_at = 0;  ///< where the slots start in the dynamic shared memory (doubles)
   /// DQN_UPDATE_ONEHEAD: with one head, g in float (ClusterStep::one; the same bits).
   bool one = false;
-  /// DQN_UPDATE_DEFER_THETA: a normed block that holds its rows' new θ (one tile in registers, or
-  /// the kept rows) stores it once, after the power iteration (scaled where σ > σ_max), instead
-  /// of beside Adam and again when scaled. The same final values.
+  /// DQN_UPDATE_DEFER_THETA: a normed block that keeps its rows' new θ in shared memory (keepw)
+  /// stores it once, after the power iteration (scaled where σ > σ_max), instead of beside Adam
+  /// and again when scaled. The same final values.
   bool defer = false;
   std::int64_t seg_lo[kClusterMaxSegs] = {}, seg_hi[kClusterMaxSegs] = {};
   std::int64_t seg_tile0[kClusterMaxSegs + 1] = {};  ///< first tile of each range; [nseg]: all tiles
@@ -1586,8 +1586,12 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
       if (i < hi) wsh[i - lo] = reg.th[k];
     }
   };
-  // the block's rows: g and Adam (their target update follows the spectral norm; defer: their θ too)
-  const bool defer = pl.defer && (keep || kept);
+  // the block's rows: g and Adam (their target update follows the spectral norm; defer: their θ too).
+  // Only with the kept rows: the power iteration reads W v (and, where not summed from registers,
+  // Wᵀu) from them, and from params otherwise, which must then hold the new θ — a block keeping
+  // its one tile in registers without them (the four heads' grid, in waves, keeps no rows) stores
+  // θ beside Adam
+  const bool defer = pl.defer && kept;
   // a tile (the first loaded already, the second staged where staged); !OneLoop: the first tile
   // its own inlined copy before the loop
   const auto tile_step = [&](std::int64_t s, bool first) {

@@ -120,9 +120,10 @@ int update_max_matrices();
 /// none before leaving); where the slots take at most 40 KiB (the same results).
 /// one (DQN_UPDATE_ONEHEAD): with one head, g = c·g₀ in float arithmetic, whose bits are those
 /// of the double sum (the same results).
-/// defer (DQN_UPDATE_DEFER_THETA): a normed block that holds its rows' new θ (one tile kept in
-/// registers, or the kept rows) stores it once after the power iteration, scaled or not, instead
-/// of beside Adam and again where σ > σ_max (the same results).
+/// defer (DQN_UPDATE_DEFER_THETA): a normed block that keeps its rows' new θ in shared memory
+/// (keepw) stores it once after the power iteration, scaled or not, instead of beside Adam and
+/// again where σ > σ_max (the same results; without the kept rows the power iteration reads θ
+/// from params, so it is stored beside Adam there).
 /// one_loop (DQN_UPDATE_ONELOOP=1): each block's tiles in one loop, one inlined copy of a tile's
 /// work for all of them (a smaller kernel: 5,601 PTX instructions against 6,465), where the first
 /// tile has its own copy otherwise (the same results).

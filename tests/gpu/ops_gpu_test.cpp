@@ -2458,13 +2458,20 @@ TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward m
     struct Variant {  // each switch's value (null: unset)
       const char* why;
       const char *stage = nullptr, *gather = nullptr, *keepw = nullptr, *push = nullptr, *one_loop = nullptr,
-                 *flat = nullptr;
+                 *flat = nullptr, *defer = "0";
       const char* expect = "";  // in describe(), or "" for none of "staged", "gathered", "kept", "pushed"
     };
     const Variant variants[] = {
         {.why = "none", .stage = "0", .gather = "0", .keepw = "0", .push = "0"},
         {.why = "pushed", .gather = "0", .push = "1", .expect = ", sums pushed to every block)"},
         {.why = "gathered, not kept", .stage = "1", .gather = "1", .keepw = "0", .push = "0",
+         .expect = ", second tiles staged, Wᵀu gathered by shares)"},
+        // DQN_UPDATE_DEFER_THETA unset (on) without the kept rows (as in the four heads' update,
+        // whose grid runs in waves): the one-tile blocks keep their tile in registers, but the
+        // power iteration reads their rows from params, so θ is stored beside Adam (from fbb2c52
+        // to this variant's commit the store was deferred there too, and W v and Wᵀu read the old
+        // θ); describe() names no deferral
+        {.why = "not kept, θ not deferred", .stage = "1", .gather = "1", .keepw = "0", .push = "0", .defer = nullptr,
          .expect = ", second tiles staged, Wᵀu gathered by shares)"},
         // DQN_UPDATE_ONELOOP=1: the 300 × 256 blocks' three tiles, the two-tile and one-tile blocks
         // and the plain blocks' tiles each through one loop
@@ -2478,7 +2485,7 @@ TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward m
       std::unique_ptr<Gpu> gs;
       {
         const ScopedEnv se("DQN_UPDATE_STAGE", vr.stage), ge("DQN_UPDATE_GATHER", vr.gather),
-            ke("DQN_UPDATE_KEEPW", vr.keepw), pe("DQN_UPDATE_PUSH", vr.push), de("DQN_UPDATE_DEFER_THETA", "0"),
+            ke("DQN_UPDATE_KEEPW", vr.keepw), pe("DQN_UPDATE_PUSH", vr.push), de("DQN_UPDATE_DEFER_THETA", vr.defer),
             le("DQN_UPDATE_ONELOOP", vr.one_loop), fe("DQN_UPDATE_FLAT", vr.flat);
         gs = std::make_unique<Gpu>();
       }

@@ -34,14 +34,16 @@ const PluginLoader& loader() {
   return l;
 }
 
-// Awkward sizes (nothing a multiple of 32) around the ref workload's shape; `aux` is head lines
-// after the C51 primary (aux_heads()).
-std::string pipeline(const std::string& precision, const std::string& extra = "", const std::string& aux = "") {
-  return "name: gpu-test\nseed: 5\nbackend: cuda\nprecision: " + precision + R"(
-network: {state: 37, trunk: [61, 45], head_hidden: 29, branches: 3, actions: 5, atoms: 51, v_min: -10, v_max: 10}
+// Awkward sizes (nothing a multiple of 32) around the ref workload's shape unless `network` and
+// `batch` say otherwise; `aux` is head lines after the C51 primary (aux_heads()).
+constexpr const char* kTestNetwork =
+    "{state: 37, trunk: [61, 45], head_hidden: 29, branches: 3, actions: 5, atoms: 51, v_min: -10, v_max: 10}";
+std::string pipeline(const std::string& precision, const std::string& extra = "", const std::string& aux = "",
+                     const std::string& network = kTestNetwork, int batch = 67) {
+  return "name: gpu-test\nseed: 5\nbackend: cuda\nprecision: " + precision + "\nnetwork: " + network + R"(
 heads:
   - {plugin: c51, role: primary}
-)" + aux + R"(batch: 67
+)" + aux + "batch: " + std::to_string(batch) + R"(
 gamma: 0.99
 spectral_norm: {enabled: true, sigma_max: 2}
 target: {polyak: 0.005}
@@ -620,22 +622,14 @@ TEST_CASE("gpu.step.fit: DQN_UPDATE_STAGE, _GATHER, _KEEPW and _PUSH unset act w
   std::vector<Config> configs{{"C51 alone", pipeline("tf32"), true}};
   if (const auto all = aux_heads({"iqn", "ensemble", "cql"})) {
     configs.push_back({"all four heads", pipeline("tf32", "", *all)});
-    configs.push_back({"all four heads, reference sizes", R"(name: gpu-test-ref
-seed: 5
-backend: cuda
-precision: tf32
-network: {state: 64, trunk: [256, 256], head_hidden: 128, branches: 3, actions: 5, atoms: 51, v_min: -10, v_max: 10}
-heads:
-  - {plugin: c51, role: primary}
-  - {plugin: iqn, role: auxiliary, budget: 0.2, quantiles: 32, target_quantiles: 32, embed: 64}
-  - {plugin: ensemble, role: auxiliary, budget: 0.1, members: 4}
-  - {plugin: cql, role: auxiliary, budget: 0.1, alpha: 1.0}
-batch: 256
-gamma: 0.99
-spectral_norm: {enabled: true, sigma_max: 2}
-target: {polyak: 0.005}
-report_every: 10
-)",
+    configs.push_back({"all four heads, reference sizes",
+                       pipeline("tf32", "",
+                                "  - {plugin: iqn, role: auxiliary, budget: 0.2, quantiles: 32, target_quantiles: 32, "
+                                "embed: 64}\n  - {plugin: ensemble, role: auxiliary, budget: 0.1, members: 4}\n"
+                                "  - {plugin: cql, role: auxiliary, budget: 0.1, alpha: 1.0}\n",
+                                "{state: 64, trunk: [256, 256], head_hidden: 128, branches: 3, actions: 5, atoms: 51, "
+                                "v_min: -10, v_max: 10}",
+                                256),
                        false, true});
   }
   for (const Config& cfg : configs) {

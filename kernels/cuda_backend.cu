@@ -192,6 +192,10 @@ cuda::FitMode fit_mode_from_env(const char* name) noexcept {
 ///   copy of a tile's work.
 /// - DQN_UPDATE_FLAT=1 (off unless set; not yet measured): a tile's g, then its Adam, then its
 ///   stores, each a pass over the tile's elements (the same operations per element).
+/// - DQN_UPDATE_WIDE=1 (off unless set; not yet measured): the normed matrices whose blocks hold
+///   more than one tile (the C51 step's trunk.1, whose Adam over two tiles ends the update) in a
+///   launch of their own beside the main one, on the lane's side slot, in blocks of 512 threads
+///   (one tile a thread; the same bits; one graph node more).
 cuda::UpdateOptions update_options_from_env() noexcept {
   cuda::UpdateOptions o;
   o.early = env_on("DQN_UPDATE_EARLY");
@@ -203,6 +207,7 @@ cuda::UpdateOptions update_options_from_env() noexcept {
   o.defer = env_on("DQN_UPDATE_DEFER_THETA");
   o.one_loop = env_set("DQN_UPDATE_ONELOOP");
   o.flat = env_set("DQN_UPDATE_FLAT");
+  o.wide = env_set("DQN_UPDATE_WIDE");
   return o;
 }
 
@@ -969,8 +974,11 @@ class CudaBackend final : public Backend {
     void* s = scratch(op, cuda::update_scratch_bytes(b.H));
     if (!s) return;
     if (planning_) return;
+    // a split update's side launch (DQN_UPDATE_WIDE=1) on the lane's side slot (its fork and join
+    // are graph edges when captured)
+    const cuda::UpdateSide side{streams_[kMaxLanes + lane_], side_events_[0], side_events_[1]};
     DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), wave_blocks(), clock_,
-                                         kClockBlocks, &clock_launch_.blocks, update_opt_, &update_choices_));
+                                         kClockBlocks, &clock_launch_.blocks, update_opt_, &update_choices_, &side));
     clock_launch_.cs = update_cluster_;
     clock_launch_.normed = u.sn_count;
   }
@@ -994,24 +1002,26 @@ class CudaBackend final : public Backend {
     const auto* params = static_cast<const float*>(u.adam.params.p);
     SnTable tab{sn_key(u), true, {}};
     for (const SpectralMatrix& m : mats) {
-      std::int64_t lo = 0, hi = 0;
+      cuda::SnRange r;
       if (m.rows > 0 && m.cols > 0) {
-        lo = static_cast<const float*>(m.w.p) - params;
-        hi = lo + std::int64_t(m.rows) * m.cols;
-        if (lo < 0 || hi > u.adam.P || m.rows > u.sn_max_rows || m.cols > u.sn_max_cols) tab.tidy = false;
+        r.lo = static_cast<const float*>(m.w.p) - params;
+        r.hi = r.lo + std::int64_t(m.rows) * m.cols;
+        r.rows = m.rows;
+        if (r.lo < 0 || r.hi > u.adam.P || m.rows > u.sn_max_rows || m.cols > u.sn_max_cols) tab.tidy = false;
       }
-      tab.ranges.emplace_back(lo, hi);
+      tab.ranges.push_back(r);
     }
-    auto sorted = tab.ranges;
+    std::vector<std::pair<std::int64_t, std::int64_t>> sorted;
+    for (const cuda::SnRange& r : tab.ranges) sorted.emplace_back(r.lo, r.hi);
     std::sort(sorted.begin(), sorted.end());
     for (std::size_t i = 1; i < sorted.size(); ++i)
       if (sorted[i].first < sorted[i - 1].second && sorted[i - 1].second > sorted[i - 1].first) tab.tidy = false;
     sn_tables_.push_back(std::move(tab));
     return sn_tables_.back().tidy;
   }
-  /// The normed matrices' ranges in params, in table order (after sn_tidy said tidy).
-  const std::vector<std::pair<std::int64_t, std::int64_t>>& sn_ranges(const Update& u) const noexcept {
-    static const std::vector<std::pair<std::int64_t, std::int64_t>> none;
+  /// The normed matrices' ranges in params and rows, in table order (after sn_tidy said tidy).
+  const std::vector<cuda::SnRange>& sn_ranges(const Update& u) const noexcept {
+    static const std::vector<cuda::SnRange> none;
     const SnTable* known = sn_table(u);
     return known ? known->ranges : none;
   }
@@ -1027,6 +1037,13 @@ class CudaBackend final : public Backend {
     return std::string(", ") + what + " where the grid fits (last launch: " + (last ? "yes)" : "no)");
   }
 
+  /// ", N normed matrices in a wide launch beside it" where the last launch was split (or nothing).
+  std::string wide_text() const {
+    const int n = static_cast<int>(update_choices_.clusters.size()) - update_choices_.main_normed;
+    if (!update_opt_.wide) return "";
+    return ", " + std::to_string(n) + " normed matri" + (n == 1 ? "x" : "ces") + " in a wide launch beside it";
+  }
+
   /// How the update runs (for describe()).
   std::string update_path() const {
     if (update_cluster_ > 0)
@@ -1038,7 +1055,7 @@ class CudaBackend final : public Backend {
              (update_choices_.one ? ", one head's g in float" : "") +
              (update_opt_.defer && update_choices_.kept ? ", normed θ stored once" : "") +
              (update_opt_.one_loop ? ", tiles in one loop" : "") +
-             (update_opt_.flat ? ", flat tiles" : "") + ")";
+             (update_opt_.flat ? ", flat tiles" : "") + wide_text() + ")";
     return "as separate kernels";
   }
 
@@ -1350,6 +1367,16 @@ class CudaBackend final : public Backend {
     }
     out.cluster_size = clock_launch_.cs;
     out.normed = clock_launch_.normed;
+    // each block's normed matrix: the main launch's clusters, its other blocks, then the side
+    // launch's clusters (a split update), as update_choices_ says
+    const cuda::UpdateChoices& ch = update_choices_;
+    const int cs = clock_launch_.cs;
+    out.group.assign(static_cast<std::size_t>(n), -1);
+    for (int blk = 0; blk < n; ++blk) {
+      const int cid = blk < ch.main_blocks ? blk / cs : ch.main_normed + (blk - ch.main_blocks) / cs;
+      const bool normed = blk < ch.main_blocks ? cid < ch.main_normed : cid < static_cast<int>(ch.clusters.size());
+      if (normed && cid < static_cast<int>(ch.clusters.size())) out.group[static_cast<std::size_t>(blk)] = ch.clusters[static_cast<std::size_t>(cid)];
+    }
     int clock_khz = 0;
     if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device_) != cudaSuccess) cudaGetLastError();
     out.clock_khz = clock_khz;
@@ -2111,7 +2138,7 @@ class CudaBackend final : public Backend {
   struct SnTable {
     SnKey key;
     bool tidy;
-    std::vector<std::pair<std::int64_t, std::int64_t>> ranges;  ///< per matrix, [0, 0) when empty
+    std::vector<cuda::SnRange> ranges;  ///< per matrix, [0, 0) when empty
   };
   static SnKey sn_key(const Update& u) noexcept {
     return SnKey{u.sn_mats, u.sn_count, u.adam.params.p, u.adam.P, u.sn_max_rows, u.sn_max_cols};

@@ -1121,11 +1121,21 @@ struct ClusterStep {
 __device__ __forceinline__ float one_head_g(float c, float g0) { return __fadd_rn(__fmul_rn(c, g0), 0.0f); }
 
 /// The cluster update kernel's variants (its template's V): bits, off by default.
-constexpr int kUpdateOneLoop = 1, kUpdateFlat = 2, kUpdateVariants = kUpdateOneLoop | kUpdateFlat;
+constexpr int kUpdateOneLoop = 1, kUpdateFlat = 2;
+/// The two launches of a split update (DQN_UPDATE_WIDE=1), bits beside a variant's: the main
+/// launch (kUpdateSplit), whose clusters take the normed matrices ClusterPlan::sn_of names, and
+/// the side launch (kUpdateWide), in blocks of twice the threads, for the matrices whose share
+/// of rows passes one tile of a kThreads block (the C51 step's 256 × 256 trunk.1: two tiles).
+constexpr int kUpdateSplit = 4, kUpdateWide = 8;
+/// The threads of a block of the cluster update's variant v.
+constexpr int update_threads(int v) { return (v & kUpdateWide) != 0 ? 2 * kThreads : kThreads; }
 
 constexpr int kClusterPer = 8;        // elements per thread and tile: a tile is one round of loads
 constexpr int kClusterEarlyHeads = 2;  // heads whose gradients a tile loads before the clip factors
 constexpr std::int64_t kClusterTile = std::int64_t{kThreads} * kClusterPer;
+/// A tile of a block of NT threads (the wide launch's blocks have twice kThreads).
+template <int NT>
+constexpr std::int64_t kTileOf = std::int64_t{NT} * kClusterPer;
 
 /// One tile's operands in registers: m, v, θ, the target (Polyak) and the first heads' gradients.
 struct ClusterTile {
@@ -1133,14 +1143,15 @@ struct ClusterTile {
   float gr[kClusterEarlyHeads][kClusterPer];
 };
 
-/// Loads the optimizer's state of the tile's elements i = s + k·kThreads + threadIdx.x < hi: m, v,
+/// Loads the optimizer's state of the tile's elements i = s + k·NT + threadIdx.x < hi: m, v,
 /// θ and, with polyak, the target. Only this kernel writes them (a step's earlier kernels read θ,
 /// none writes it), so the loads may run before the kernel's griddepcontrol.wait.
+template <int NT = kThreads>
 __device__ __forceinline__ void cluster_load_state(const ClusterStep& x, std::int64_t s, std::int64_t hi, bool polyak,
                                                    ClusterTile& r) {
 #pragma unroll
   for (int k = 0; k < kClusterPer; ++k) {
-    const std::int64_t i = s + k * kThreads + threadIdx.x;
+    const std::int64_t i = s + k * NT + threadIdx.x;
     r.m[k] = r.v[k] = r.th[k] = r.tg[k] = 0.0f;
     if (i < hi) {
       r.m[k] = x.mom[i];
@@ -1153,6 +1164,7 @@ __device__ __forceinline__ void cluster_load_state(const ClusterStep& x, std::in
 
 /// Loads the first heads' gradients of the same elements (written by the kernels before this one:
 /// after the wait).
+template <int NT = kThreads>
 __device__ __forceinline__ void cluster_load_grads(const ClusterStep& x, std::int64_t s, std::int64_t hi,
                                                    ClusterTile& r) {
   // A head whose reach misses the tile has zeros there: not loaded, its term adds +0 (combine_tile).
@@ -1161,19 +1173,20 @@ __device__ __forceinline__ void cluster_load_grads(const ClusterStep& x, std::in
   for (int h = 0; h < kClusterEarlyHeads; ++h) meets[h] = h < x.H && reach_meets(x.reach, h, s, hi);
 #pragma unroll
   for (int k = 0; k < kClusterPer; ++k) {
-    const std::int64_t i = s + k * kThreads + threadIdx.x;
+    const std::int64_t i = s + k * NT + threadIdx.x;
 #pragma unroll
     for (int h = 0; h < kClusterEarlyHeads; ++h)
       r.gr[h][k] = meets[h] && i < hi ? x.grads[static_cast<std::int64_t>(h) * x.P + i] : 0.0f;
   }
 }
 
-/// Loads the tile's elements i = s + k·kThreads + threadIdx.x < hi (nothing here depends on the
+/// Loads the tile's elements i = s + k·NT + threadIdx.x < hi (nothing here depends on the
 /// clip factors or the skip decision, so it can run before them).
+template <int NT = kThreads>
 __device__ __forceinline__ void cluster_load(const ClusterStep& x, std::int64_t s, std::int64_t hi, bool polyak,
                                              ClusterTile& r) {
-  cluster_load_state(x, s, hi, polyak, r);
-  cluster_load_grads(x, s, hi, r);
+  cluster_load_state<NT>(x, s, hi, polyak, r);
+  cluster_load_grads<NT>(x, s, hi, r);
 }
 
 /// acc[k] = Σ_h c_h g_h at the tile's k-th element (double, heads in order, as combine_tile): the
@@ -1205,9 +1218,10 @@ __device__ __forceinline__ void cluster_combine(const ClusterStep& x, std::int64
 /// cluster_store as three passes over the tile (the kernel's Flat, DQN_UPDATE_FLAT=1): every
 /// element's g (one head's clip factor read once), then every element's Adam with no load or
 /// store between them, then the stores. The same operations per element, so the same bits.
+template <int NT = kThreads>
 __device__ __forceinline__ void cluster_store_flat(const ClusterStep& x, std::int64_t s, std::int64_t hi, bool target,
                                                    ClusterTile& r, bool store_theta) {
-  const auto at = [&](int k) { return s + k * kThreads + threadIdx.x; };
+  const auto at = [&](int k) { return s + k * NT + threadIdx.x; };
   float gf[kClusterPer];
   if (x.one) {
     const float c0 = x.finite ? x.clip_sh[0] : 0.0f;
@@ -1242,16 +1256,16 @@ __device__ __forceinline__ void cluster_store_flat(const ClusterStep& x, std::in
 /// The loaded tile: g = Σ_h c_h g_h (double, heads in order, as combine_tile), Adam (adam_element)
 /// and, with target, the target update (a copy, or Polyak from r.tg). store_theta false: the new θ
 /// only in r.th (a caller that stores it later). Flat: cluster_store_flat.
-template <bool Flat = false>
+template <int NT = kThreads, bool Flat = false>
 __device__ __forceinline__ void cluster_store(const ClusterStep& x, std::int64_t s, std::int64_t hi, bool target,
                                               ClusterTile& r, bool store_theta = true) {
-  if constexpr (Flat) return cluster_store_flat(x, s, hi, target, r, store_theta);
+  if constexpr (Flat) return cluster_store_flat<NT>(x, s, hi, target, r, store_theta);
   double acc[kClusterPer];
-  const auto at = [&](int k) { return s + k * kThreads + threadIdx.x; };
+  const auto at = [&](int k) { return s + k * NT + threadIdx.x; };
   if (!x.one) cluster_combine(x, s, hi, r, [&](int k) { return at(k) < hi; }, at, acc);
 #pragma unroll
   for (int k = 0; k < kClusterPer; ++k) {
-    const std::int64_t i = s + k * kThreads + threadIdx.x;
+    const std::int64_t i = s + k * NT + threadIdx.x;
     if (i >= hi) continue;
     const float gf = !x.one      ? static_cast<float>(acc[k])
                      : x.finite ? one_head_g(x.clip_sh[0], r.gr[0][k])
@@ -1310,6 +1324,8 @@ struct ClusterPlan {
   bool defer = false;
   std::int64_t seg_lo[kClusterMaxSegs] = {}, seg_hi[kClusterMaxSegs] = {};
   std::int64_t seg_tile0[kClusterMaxSegs + 1] = {};  ///< first tile of each range; [nseg]: all tiles
+  /// A split update's launches (kUpdateSplit, kUpdateWide): cluster k's matrix in Update::sn_mats.
+  unsigned char sn_of[kUpdateMaxSn] = {};
 };
 
 /// Dynamic shared memory of the cluster update (doubles): Σ over the block's rows of W[r, c] u[r]
@@ -1344,33 +1360,35 @@ constexpr std::size_t kClusterMaxKeep = 64 * 1024;
 constexpr std::size_t kClusterMaxPush = 40 * 1024;  // the slots' most (16 ranks of 256 columns: 32.1 KiB)
 constexpr std::size_t kClusterMaxDynamic = kClusterMaxShared + 48 * 1024 + kClusterMaxKeep + kClusterMaxPush;
 
-/// Copies (cp.async, one group) m, v and θ of the tile's elements i = s + k·kThreads + threadIdx.x
-/// < hi into st[0..2][k·kThreads + threadIdx.x] (zeros past hi), each thread its own elements.
+/// Copies (cp.async, one group) m, v and θ of the tile's elements i = s + k·NT + threadIdx.x
+/// < hi into st[0..2][k·NT + threadIdx.x] (zeros past hi), each thread its own elements.
 /// Only this kernel writes them: the copies may start before the kernel's griddepcontrol.wait.
+template <int NT = kThreads>
 __device__ __forceinline__ void cluster_stage_state(const ClusterStep& x, std::int64_t s, std::int64_t hi, float* st) {
 #pragma unroll
   for (int k = 0; k < kClusterPer; ++k) {
-    const std::int64_t i = s + k * kThreads + threadIdx.x;
+    const std::int64_t i = s + k * NT + threadIdx.x;
     const bool ok = i < hi;
-    const int at = k * kThreads + threadIdx.x;
+    const int at = k * NT + threadIdx.x;
     dev::cp_async4(st + at, ok ? x.mom + i : x.mom, ok);
-    dev::cp_async4(st + kClusterTile + at, ok ? x.var + i : x.var, ok);
-    dev::cp_async4(st + 2 * kClusterTile + at, ok ? x.theta + i : x.theta, ok);
+    dev::cp_async4(st + kTileOf<NT> + at, ok ? x.var + i : x.var, ok);
+    dev::cp_async4(st + 2 * kTileOf<NT> + at, ok ? x.theta + i : x.theta, ok);
   }
   dev::cp_async_commit();
 }
 
 /// The same tile's first heads' gradients into st[3..] (one more group; after the wait): zeros
 /// where cluster_load_grads has them (a head past H or whose reach misses the tile, i ≥ hi).
+template <int NT = kThreads>
 __device__ __forceinline__ void cluster_stage_grads(const ClusterStep& x, std::int64_t s, std::int64_t hi, float* st) {
 #pragma unroll
   for (int h = 0; h < kClusterEarlyHeads; ++h) {
     const bool meets = h < x.H && reach_meets(x.reach, h, s, hi);
 #pragma unroll
     for (int k = 0; k < kClusterPer; ++k) {
-      const std::int64_t i = s + k * kThreads + threadIdx.x;
+      const std::int64_t i = s + k * NT + threadIdx.x;
       const bool ok = meets && i < hi;
-      dev::cp_async4(st + (3 + h) * kClusterTile + k * kThreads + threadIdx.x,
+      dev::cp_async4(st + (3 + h) * kTileOf<NT> + k * NT + threadIdx.x,
                      ok ? x.grads + static_cast<std::int64_t>(h) * x.P + i : x.grads, ok);
     }
   }
@@ -1379,17 +1397,18 @@ __device__ __forceinline__ void cluster_stage_grads(const ClusterStep& x, std::i
 
 /// The staged tile into r, as cluster_load(x, s, hi, false, r) would load it (each thread reads
 /// back what its own copies wrote, after waiting for them).
+template <int NT = kThreads>
 __device__ __forceinline__ void cluster_unstage(const float* st, ClusterTile& r) {
   dev::cp_async_wait<0>();
 #pragma unroll
   for (int k = 0; k < kClusterPer; ++k) {
-    const int at = k * kThreads + threadIdx.x;
+    const int at = k * NT + threadIdx.x;
     r.m[k] = st[at];
-    r.v[k] = st[kClusterTile + at];
-    r.th[k] = st[2 * kClusterTile + at];
+    r.v[k] = st[kTileOf<NT> + at];
+    r.th[k] = st[2 * kTileOf<NT> + at];
     r.tg[k] = 0.0f;
 #pragma unroll
-    for (int h = 0; h < kClusterEarlyHeads; ++h) r.gr[h][k] = st[(3 + h) * kClusterTile + at];
+    for (int h = 0; h < kClusterEarlyHeads; ++h) r.gr[h][k] = st[(3 + h) * kTileOf<NT> + at];
   }
 }
 
@@ -1432,10 +1451,17 @@ __device__ __forceinline__ double rank_sum(const cooperative_groups::cluster_gro
 /// else the first tile before the loop, as measured so far. The same operations in the same order.
 /// V: the variant's bits, kUpdateOneLoop (OneLoop) and kUpdateFlat (DQN_UPDATE_FLAT=1: a tile's
 /// g, Adam and stores as three passes, cluster_store_flat).
+/// kUpdateSplit (the main launch of DQN_UPDATE_WIDE=1): cluster k takes normed matrix pl.sn_of[k];
+/// kUpdateWide (its side launch): the same, in blocks of update_threads(V) = 2·kThreads threads
+/// (a tile of 2·kClusterTile elements), and none of them the writer block. Each element's
+/// operations and each sum's order are those of the default launch: the same bits.
 template <int CS, int V>
-__global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, const double* __restrict__ partial,
-                                                                     int nchunks, ClusterPlan pl) {
+__global__ void __launch_bounds__(update_threads(V), (V & kUpdateWide) ? 1 : 2)
+    update_cluster_kernel(Update u, const double* __restrict__ partial, int nchunks, ClusterPlan pl) {
   constexpr bool OneLoop = (V & kUpdateOneLoop) != 0, Flat = (V & kUpdateFlat) != 0;
+  constexpr bool Wide = (V & kUpdateWide) != 0, Mapped = (V & (kUpdateSplit | kUpdateWide)) != 0;
+  constexpr int NT = update_threads(V);
+  constexpr std::int64_t kTile = kTileOf<NT>;
   clock_stamp(pl, kClockPlaced);  // (the clock is no buffer of the kernels this one waits for)
   namespace cg = cooperative_groups;
   extern __shared__ double cu_shared[];
@@ -1471,7 +1497,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   std::int64_t tile = static_cast<int>(blockIdx.x) - first;
   std::int64_t off = 0;  // a normed matrix's W[0, 0] in params
   if (normed) {
-    sm = u.sn_mats[cid];
+    sm = u.sn_mats[Mapped ? pl.sn_of[cid] : cid];
     rows = max(sm.rows, 0);
     cols = max(sm.cols, 0);
     // this matrix's rows evenly over its cluster (at most pl.rpc, the tallest matrix's share): a
@@ -1484,7 +1510,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
     hi = off + static_cast<std::int64_t>(r1) * cols;
   } else if (tile < tiles) {
     while (pl.seg_tile0[q + 1] <= tile) ++q;
-    lo = pl.seg_lo[q] + (tile - pl.seg_tile0[q]) * kClusterTile;
+    lo = pl.seg_lo[q] + (tile - pl.seg_tile0[q]) * kTile;
     hi = pl.seg_hi[q];
   }
   ClusterTile reg;  // in flight during the clips
@@ -1493,12 +1519,12 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   const bool early = pl.early;
   // early and a normed block of one tile: the tile stays in registers from Adam to the scaling
   // and target update after the power iteration (its old target loaded here too, for Polyak)
-  const bool keep = early && normed && hi - lo <= kClusterTile;
+  const bool keep = early && normed && hi - lo <= kTile;
   // pl.stage (with early): a normed block's second tile staged in shared memory, its copies
   // started here; and where a matrix row is a tile row, Wᵀu's share summed from registers during
   // Adam (u of the block's rows into shared memory first: only this kernel writes u)
-  const bool staged = pl.stage && early && normed && hi - lo > kClusterTile;
-  const bool colreg = pl.stage && normed && cols == kThreads;
+  const bool staged = !Wide && pl.stage && early && normed && hi - lo > kTile;  // (Wide: no staging area)
+  const bool colreg = pl.stage && normed && cols == NT;
   // pl.keepw (with stage): the block's rows of the new θ in wsh from Adam on; a block that does not
   // keep its one tile in registers copies its rows' old target into tsh now (Polyak; each thread
   // its own elements, as the tail reads them)
@@ -1506,17 +1532,17 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   const bool tstaged = kept && every && !keep;
   float* ush = reinterpret_cast<float*>(cu_shared + pl.stage_at);
   float* stg = ush + cluster_stage_u(pl.rpc);
-  float* wsh = stg + kClusterStaged * kClusterTile;
+  float* wsh = stg + (Wide ? 0 : kClusterStaged * kTile);
   float* tsh = wsh + cluster_keep_rows(pl.rpc, pl.max_cols);
   float* uv = normed ? static_cast<float*>(sm.u.p) : nullptr;
-  if (early) cluster_load_state(x, lo, min(hi, lo + kClusterTile), every && (!normed || keep), reg);
-  if (staged) cluster_stage_state(x, lo + kClusterTile, min(hi, lo + 2 * kClusterTile), stg);
+  if (early) cluster_load_state<NT>(x, lo, min(hi, lo + kTile), every && (!normed || keep), reg);
+  if (staged) cluster_stage_state<NT>(x, lo + kTile, min(hi, lo + 2 * kTile), stg);
   if (tstaged) {
-    for (std::int64_t i = lo + threadIdx.x; i < hi; i += kThreads) dev::cp_async4(tsh + (i - lo), x.rule.tgt + i, true);
+    for (std::int64_t i = lo + threadIdx.x; i < hi; i += NT) dev::cp_async4(tsh + (i - lo), x.rule.tgt + i, true);
     dev::cp_async_commit();
   }
   if (colreg || kept)
-    for (int r = r0 + static_cast<int>(threadIdx.x); r < r1; r += kThreads) ush[r - r0] = uv[r];
+    for (int r = r0 + static_cast<int>(threadIdx.x); r < r1; r += NT) ush[r - r0] = uv[r];
   // push: an arrival now, awaited before the first store into another block's shared memory (every
   // block of the cluster has started by then)
   const bool push = pl.push && normed;
@@ -1528,15 +1554,16 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   const double bc1 = pl.step[0], bc2 = pl.step[1];
   const auto t_new = static_cast<long long>(pl.step[2]);
   if (early) {
-    cluster_load_grads(x, lo, min(hi, lo + kClusterTile), reg);
+    cluster_load_grads<NT>(x, lo, min(hi, lo + kTile), reg);
   } else {
-    cluster_load(x, lo, min(hi, lo + kClusterTile), every && !normed, reg);
+    cluster_load<NT>(x, lo, min(hi, lo + kTile), every && !normed, reg);
   }
-  if (staged) cluster_stage_grads(x, lo + kClusterTile, min(hi, lo + 2 * kClusterTile), stg);
+  if (staged) cluster_stage_grads<NT>(x, lo + kTile, min(hi, lo + 2 * kTile), stg);
   // (budget_clips' barriers publish ush)
-  const bool finite = budget_clips(b, partial, nchunks, clip_sh, blockIdx.x == 0);
+  const bool writer = !Wide && blockIdx.x == 0;  // (the main launch's block 0 stores the step's reports)
+  const bool finite = budget_clips(b, partial, nchunks, clip_sh, writer);
   clock_stamp(pl, kClockClips);
-  if (finite && blockIdx.x == 0 && threadIdx.x == 0) *u.adam.t = t_new;
+  if (finite && writer && threadIdx.x == 0) *u.adam.t = t_new;
   x.finite = finite;
   if (finite)
     x.adam = adam_coef(u.adam.beta1, u.adam.beta2, u.adam.eps, *static_cast<const float*>(u.adam.lr.p), bc1, bc2);
@@ -1548,17 +1575,17 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
       return;
     }
     // the block's tiles (the first loaded already); !OneLoop: the first its own inlined copy
-    std::int64_t s = lo, e = min(hi, lo + kClusterTile);
-    if constexpr (!OneLoop) cluster_store<Flat>(x, s, e, target_on, reg);
+    std::int64_t s = lo, e = min(hi, lo + kTile);
+    if constexpr (!OneLoop) cluster_store<NT, Flat>(x, s, e, target_on, reg);
     for (;;) {
-      if constexpr (OneLoop) cluster_store<Flat>(x, s, e, target_on, reg);
+      if constexpr (OneLoop) cluster_store<NT, Flat>(x, s, e, target_on, reg);
       tile += nblocks;
       if (tile >= tiles) break;
       while (pl.seg_tile0[q + 1] <= tile) ++q;
-      s = pl.seg_lo[q] + (tile - pl.seg_tile0[q]) * kClusterTile;
-      e = min(pl.seg_hi[q], s + kClusterTile);
-      cluster_load(x, s, e, every && target_on, reg);
-      if constexpr (!OneLoop) cluster_store<Flat>(x, s, e, target_on, reg);
+      s = pl.seg_lo[q] + (tile - pl.seg_tile0[q]) * kTile;
+      e = min(pl.seg_hi[q], s + kTile);
+      cluster_load<NT>(x, s, e, every && target_on, reg);
+      if constexpr (!OneLoop) cluster_store<NT, Flat>(x, s, e, target_on, reg);
     }
     clock_stamp(pl, kClockAdam);
     clock_stamp(pl, kClockExit);
@@ -1571,10 +1598,10 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   double wtu = 0.0;
   const auto wtu_tile = [&](std::int64_t s) {
     if (!colreg) return;
-    const int rb = static_cast<int>((s - lo) / kThreads);  // the tile's first row, from r0
+    const int rb = static_cast<int>((s - lo) / NT);  // the tile's first row, from r0
 #pragma unroll
     for (int k = 0; k < kClusterPer; ++k)
-      if (s + k * kThreads + threadIdx.x < hi)
+      if (s + k * NT + threadIdx.x < hi)
         wtu += static_cast<double>(reg.th[k]) * static_cast<double>(ush[rb + k]);
   };
   // kept: the tile's new θ into wsh (each thread its own elements; read after a barrier)
@@ -1582,7 +1609,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
     if (!kept) return;
 #pragma unroll
     for (int k = 0; k < kClusterPer; ++k) {
-      const std::int64_t i = s + k * kThreads + threadIdx.x;
+      const std::int64_t i = s + k * NT + threadIdx.x;
       if (i < hi) wsh[i - lo] = reg.th[k];
     }
   };
@@ -1596,17 +1623,17 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   // its own inlined copy before the loop
   const auto tile_step = [&](std::int64_t s, bool first) {
     if (!first) {
-      if (staged && s == lo + kClusterTile)
-        cluster_unstage(stg, reg);
+      if (staged && s == lo + kTile)
+        cluster_unstage<NT>(stg, reg);
       else
-        cluster_load(x, s, min(hi, s + kClusterTile), false, reg);
+        cluster_load<NT>(x, s, min(hi, s + kTile), false, reg);
     }
-    cluster_store<Flat>(x, s, min(hi, s + kClusterTile), false, reg, !defer);
+    cluster_store<NT, Flat>(x, s, min(hi, s + kTile), false, reg, !defer);
     wtu_tile(s);
     keep_tile(s);
   };
   if constexpr (!OneLoop) tile_step(lo, true);
-  for (std::int64_t s = OneLoop ? lo : lo + kClusterTile; s < hi; s += kClusterTile) tile_step(s, OneLoop && s == lo);
+  for (std::int64_t s = OneLoop ? lo : lo + kTile; s < hi; s += kTile) tile_step(s, OneLoop && s == lo);
   clock_stamp(pl, kClockAdam);
   if (!finite || rows == 0 || cols == 0) {  // the same in every block of the cluster
     if (tstaged) dev::cp_async_wait<0>();  // (no copy outlives the block)
@@ -1631,7 +1658,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
       part[threadIdx.x] = wtu;  // (the cluster barrier below also orders this block's writes of W)
   } else {
     __syncthreads();  // this block's rows of W are written (and kept)
-    for (int c = threadIdx.x; c < cols; c += kThreads) {
+    for (int c = threadIdx.x; c < cols; c += NT) {
       double acc = 0.0;
       if (kept) {  // the same floats from shared memory, added in the same order
 #pragma unroll 8
@@ -1654,7 +1681,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   double vsq = 0.0;
   double* v = vv;  // v = Wᵀu / ‖Wᵀu‖ (in part with pl.gather)
   if (push) {  // the ranks' sums from this block's slots, in rank order (as rank_sum adds them)
-    for (int c = threadIdx.x; c < cols; c += kThreads) {
+    for (int c = threadIdx.x; c < cols; c += NT) {
       double w = 0.0;
 #pragma unroll
       for (int k = 0; k < CS; ++k) w += pw[k * pl.max_cols + c];
@@ -1666,10 +1693,10 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
     // every block reads the shares from their owners into its part (whose sums every block has
     // read before the barrier): the same sums, 1 remote load a column instead of CS
     const int per = (cols + CS - 1) / CS, c0 = rank * per, c1 = min(cols, c0 + per);
-    for (int c = c0 + static_cast<int>(threadIdx.x); c < c1; c += kThreads)
+    for (int c = c0 + static_cast<int>(threadIdx.x); c < c1; c += NT)
       vv[c] = rank_sum<CS>(cluster, part, c);
     cluster.sync();
-    for (int c = threadIdx.x; c < cols; c += kThreads) {
+    for (int c = threadIdx.x; c < cols; c += NT) {
       const int owner = c / per;
       const double w = owner == rank ? vv[c] : cluster.map_shared_rank(vv, owner)[c];
       part[c] = w;
@@ -1677,7 +1704,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
     }
     v = part;
   } else {
-    for (int c = threadIdx.x; c < cols; c += kThreads) {
+    for (int c = threadIdx.x; c < cols; c += NT) {
       const double w = rank_sum<CS>(cluster, part, c);
       vv[c] = w;
       vsq += w * w;
@@ -1686,12 +1713,12 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   clock_stamp(pl, kClockGather);  // (thread 0's share of the gather)
   const double vn = sqrt(block_sum(vsq, sh));  // its barriers also publish v
   const double vnorm = vn < 1e-12 ? 1e-12 : vn;
-  for (int c = threadIdx.x; c < cols; c += kThreads) v[c] /= vnorm;
+  for (int c = threadIdx.x; c < cols; c += NT) v[c] /= vnorm;
   __syncthreads();
   clock_stamp(pl, kClockV);
   // x = W v for this block's rows: a warp per row, lanes along the row
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int r = r0 + warp; r < r1; r += kThreads / 32) {
+  for (int r = r0 + warp; r < r1; r += NT / 32) {
     double xs = 0.0;
     const float* wr = kept ? wsh + static_cast<std::int64_t>(r - r0) * cols : W + static_cast<std::int64_t>(r) * cols;
 #pragma unroll 8
@@ -1734,18 +1761,18 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
   }
   const double sigma = sqrt(sigma2);
   const double unorm = sigma < 1e-12 ? 1e-12 : sigma;
-  for (int r = r0 + threadIdx.x; r < r1; r += kThreads) uv[r] = static_cast<float>(xr[r - r0] / unorm);
+  for (int r = r0 + threadIdx.x; r < r1; r += NT) uv[r] = static_cast<float>(xr[r - r0] / unorm);
   // the block's rows: scaled when σ > σ_max, then their target update (loads first, per tile)
   const bool scale = sigma > static_cast<double>(u.sigma_max);
   const double factor = scale ? static_cast<double>(u.sigma_max) / sigma : 1.0;
   if (scale || target_on || defer) {
     const bool polyak_on = target_on && !x.rule.copy;
     if (tstaged) dev::cp_async_wait<0>();  // this thread's copies of its elements' target
-    for (std::int64_t s = lo; s < hi; s += kClusterTile) {
+    for (std::int64_t s = lo; s < hi; s += kTile) {
       float wr[kClusterPer], tr[kClusterPer];
 #pragma unroll
       for (int k = 0; k < kClusterPer; ++k) {
-        const std::int64_t i = s + k * kThreads + threadIdx.x;
+        const std::int64_t i = s + k * NT + threadIdx.x;
         wr[k] = tr[k] = 0.0f;
         if (i >= hi) continue;
         if (keep) {  // the new θ and the old target, kept since Adam (the same values as in memory)
@@ -1761,7 +1788,7 @@ __global__ void __launch_bounds__(kThreads, 2) update_cluster_kernel(Update u, c
       }
 #pragma unroll
       for (int k = 0; k < kClusterPer; ++k) {
-        const std::int64_t i = s + k * kThreads + threadIdx.x;
+        const std::int64_t i = s + k * NT + threadIdx.x;
         if (i >= hi) continue;
         float w = wr[k];
         if (scale) w = static_cast<float>(static_cast<double>(w) * factor);
@@ -2140,10 +2167,11 @@ std::size_t update_scratch_bytes(int H) {
 int update_max_heads() { return kUpdateMaxHeads; }
 int update_max_matrices() { return kUpdateMaxSn; }
 
-/// The launch of `blocks` blocks of kThreads in clusters of cs (attr: storage for the attributes
-/// the configuration points to; with pdl, also programmatic stream serialization where enabled).
+/// The launch of `blocks` blocks of `threads` (kThreads unless given) in clusters of cs (attr:
+/// storage for the attributes the configuration points to; with pdl, also programmatic stream
+/// serialization where enabled).
 cudaLaunchConfig_t cluster_config(int cs, unsigned blocks, std::size_t shared, cudaStream_t s,
-                                  cudaLaunchAttribute (&attr)[2], bool pdl = false) {
+                                  cudaLaunchAttribute (&attr)[2], bool pdl = false, int threads = kThreads) {
   attr[0] = cudaLaunchAttribute{};
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = static_cast<unsigned>(cs);
@@ -2151,7 +2179,7 @@ cudaLaunchConfig_t cluster_config(int cs, unsigned blocks, std::size_t shared, c
   attr[1] = dev::pdl_attribute();
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(blocks);
-  cfg.blockDim = dim3(kThreads);
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
   cfg.dynamicSmemBytes = shared;
   cfg.stream = s;
   cfg.attrs = attr;
@@ -2160,25 +2188,29 @@ cudaLaunchConfig_t cluster_config(int cs, unsigned blocks, std::size_t shared, c
 }
 
 /// The cluster update's instantiation for cs (16, else 8) blocks a cluster and variant v (its bits:
-/// kUpdateOneLoop, DQN_UPDATE_ONELOOP; kUpdateFlat, DQN_UPDATE_FLAT).
+/// kUpdateOneLoop, DQN_UPDATE_ONELOOP; kUpdateFlat, DQN_UPDATE_FLAT; at 16, also kUpdateSplit or
+/// kUpdateWide, DQN_UPDATE_WIDE's two launches: a split update runs at 16 blocks a cluster only).
 using UpdateKernel = void (*)(Update, const double*, int, ClusterPlan);
-template <int CS>
-UpdateKernel update_kernel_cs(int v) {
-  switch (v & kUpdateVariants) {
-    case kUpdateOneLoop: return update_cluster_kernel<CS, kUpdateOneLoop>;
-    case kUpdateFlat: return update_cluster_kernel<CS, kUpdateFlat>;
-    case kUpdateOneLoop | kUpdateFlat: return update_cluster_kernel<CS, kUpdateOneLoop | kUpdateFlat>;
-    default: return update_cluster_kernel<CS, 0>;
-  }
+/// The variants instantiated at cs = 16: every v below it (kUpdateSplit and kUpdateWide never
+/// together), and at 8 those below kUpdateSplit.
+constexpr int kUpdateKernels16 = kUpdateSplit | kUpdateWide, kUpdateKernels8 = kUpdateSplit;
+template <int CS, int... Vs>
+UpdateKernel update_kernel_of(int v, std::integer_sequence<int, Vs...>) {
+  UpdateKernel k = update_cluster_kernel<CS, 0>;
+  ((v == Vs ? (k = update_cluster_kernel<CS, Vs>, 0) : 0), ...);
+  return k;
 }
-UpdateKernel update_kernel(int cs, int v) { return cs == 16 ? update_kernel_cs<16>(v) : update_kernel_cs<8>(v); }
+UpdateKernel update_kernel(int cs, int v) {
+  return cs == 16 ? update_kernel_of<16>(v, std::make_integer_sequence<int, kUpdateKernels16>{})
+                  : update_kernel_of<8>(v, std::make_integer_sequence<int, kUpdateKernels8>{});
+}
 int update_variant(const UpdateOptions& o) { return (o.one_loop ? kUpdateOneLoop : 0) | (o.flat ? kUpdateFlat : 0); }
 
 /// How many clusters of cs blocks of the cluster update the device holds at once with `shared`
 /// bytes of dynamic shared memory a block (0 where it cannot say).
 int active_clusters(int cs, unsigned blocks, std::size_t shared, int v = 0) {
   cudaLaunchAttribute attr[2]{};
-  const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, shared, nullptr, attr);
+  const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, shared, nullptr, attr, false, update_threads(v));
   int clusters = 0;
   if (cudaOccupancyMaxActiveClusters(&clusters, update_kernel(cs, v), &cfg) != cudaSuccess) {
     cudaGetLastError();
@@ -2195,12 +2227,12 @@ int update_cluster_size(int want) {
     return 0;
   }
   // 16 blocks per cluster where the device schedules them (a non-portable size), else 8.
-  for (int v = 0; v <= kUpdateVariants; ++v)
+  for (int v = 0; v < kUpdateKernels16; ++v)
     cudaFuncSetAttribute(update_kernel(16, v), cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   cudaGetLastError();
   // room for the staging area, the kept rows and the push slots past the default 48 KiB
-  for (int cv = 0; cv < 2 * (kUpdateVariants + 1); ++cv) {
-    const UpdateKernel k = update_kernel(cv <= kUpdateVariants ? 16 : 8, cv % (kUpdateVariants + 1));
+  for (int cv = 0; cv < kUpdateKernels16 + kUpdateKernels8; ++cv) {
+    const UpdateKernel k = cv < kUpdateKernels16 ? update_kernel(16, cv) : update_kernel(8, cv - kUpdateKernels16);
     cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kClusterMaxDynamic));
     // the most shared memory an SM gives (the kept rows and push slots: two blocks of 111 KiB);
     // the update streams its operands once, so the smaller L1 costs it nothing
@@ -2220,22 +2252,62 @@ bool update_cluster_fits(int cs, int max_rows, int max_cols) {
   return cluster_update_shared(max_cols, (max_rows + cs - 1) / cs) <= kClusterMaxShared;
 }
 
-cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
-                           const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
-                           std::uint64_t* clock, int clock_blocks, int* launched, const UpdateOptions& opt,
-                           UpdateChoices* choices) {
+namespace {
+/// One launch of the cluster update as planned: its plan, grid and dynamic shared memory.
+struct ClusterLaunch {
+  ClusterPlan pl;
+  unsigned blocks = 0;
+  std::size_t shared = 0;
+  int variant = 0;
+};
+
+/// The normed matrices `idx` (indices into Update::sn_mats) in pl, one cluster each in that order
+/// (mapped: pl.sn_of names them), and the rows and columns their blocks' shared memory is sized for.
+void plan_normed(ClusterPlan& pl, const std::vector<SnRange>& mats, const std::vector<int>& idx, int cs) {
+  pl.nsn = static_cast<int>(idx.size());
+  int rows = 0, cols = 0;
+  for (std::size_t k = 0; k < idx.size(); ++k) {
+    const SnRange& m = mats[static_cast<std::size_t>(idx[k])];
+    pl.sn_of[k] = static_cast<unsigned char>(idx[k]);
+    if (m.rows <= 0 || m.hi <= m.lo) continue;
+    rows = std::max(rows, m.rows);
+    cols = std::max(cols, static_cast<int>((m.hi - m.lo) / m.rows));
+  }
+  pl.max_cols = std::max(cols, 1);
+  pl.rpc = std::max((rows + cs - 1) / cs, 1);
+}
+}  // namespace
+
+cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs, const std::vector<SnRange>& mats,
+                           int max_blocks, std::uint64_t* clock, int clock_blocks, int* launched,
+                           const UpdateOptions& opt, UpdateChoices* choices, const UpdateSide* side) {
   const Budget& b = u.budget;
   if ((cs != 8 && cs != 16) || u.sn_count > kUpdateMaxSn || !update_cluster_fits(cs, u.sn_max_rows, u.sn_max_cols) ||
-      static_cast<int>(ranges.size()) != u.sn_count)
+      static_cast<int>(mats.size()) != u.sn_count)
     return cudaErrorInvalidValue;
-  ClusterPlan pl;
-  pl.nsn = u.sn_count;
-  pl.max_cols = std::max(u.sn_max_cols, 1);
-  pl.rpc = std::max((u.sn_max_rows + cs - 1) / cs, 1);
+  // wide: the matrices whose share of rows passes one tile of a kThreads block go to the side
+  // launch (at 16 blocks a cluster, with a side stream); the others stay in the main one
+  std::vector<int> main_idx, wide_idx;
+  for (int k = 0; k < u.sn_count; ++k) {
+    const SnRange& m = mats[static_cast<std::size_t>(k)];
+    const bool wide = opt.wide && side && side->stream && cs == 16 && m.rows > 0 && m.hi > m.lo &&
+                      static_cast<std::int64_t>((m.rows + cs - 1) / cs) * ((m.hi - m.lo) / m.rows) > kClusterTile;
+    (wide ? wide_idx : main_idx).push_back(k);
+  }
+  const bool split = !wide_idx.empty();
+  ClusterLaunch ml;  // the main launch
+  ClusterPlan& pl = ml.pl;
+  if (split) {
+    plan_normed(pl, mats, main_idx, cs);
+  } else {  // (as before the split existed: the table's bounds, no mapping)
+    pl.nsn = u.sn_count;
+    pl.max_cols = std::max(u.sn_max_cols, 1);
+    pl.rpc = std::max((u.sn_max_rows + cs - 1) / cs, 1);
+  }
   // The ranges of params outside every normed matrix, and their tiles.
   std::vector<std::pair<std::int64_t, std::int64_t>> normed;
-  for (const auto& r : ranges)
-    if (r.second > r.first) normed.push_back(r);
+  for (const SnRange& r : mats)
+    if (r.hi > r.lo) normed.emplace_back(r.lo, r.hi);
   std::sort(normed.begin(), normed.end());
   std::int64_t at = 0;
   auto add = [&](std::int64_t lo, std::int64_t hi) {
@@ -2251,21 +2323,21 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   }
   add(at, b.P);
   const std::int64_t tiles = pl.seg_tile0[pl.nseg];
-  const UpdateKernel kernel = update_kernel(cs, update_variant(opt));
+  ml.variant = update_variant(opt) | (split ? kUpdateSplit : 0);
   const std::int64_t plain = std::min<std::int64_t>(tiles, std::max(max_blocks, cs));
   const std::int64_t plain_blocks = (plain + cs - 1) / cs * cs;
-  const auto blocks = static_cast<unsigned>(static_cast<std::int64_t>(pl.nsn) * cs + plain_blocks);
+  const unsigned blocks = ml.blocks = static_cast<unsigned>(static_cast<std::int64_t>(pl.nsn) * cs + plain_blocks);
   // FitMode::fit: on where the grid is resident at once (the C51 step: 176 blocks, with the
   // staging area too; measured 1.2 µs faster there with both, on an H100), not where its plain
   // blocks run in waves (the four heads' 690 blocks: both 1-2 µs slower there, gathering alone
-  // about 1.5)
+  // about 1.5). A split update decides by its main launch.
   std::size_t base = cluster_update_shared(pl.max_cols, pl.rpc);
   // the push slots, where they take at most kClusterMaxPush and the grid stays resident with them
   // and the staging area (and, fit, the kept rows): decided below, laid out here
   const std::size_t push_bytes = cluster_push_shared(cs, pl.max_cols);
   pl.push_at = static_cast<int>(base / sizeof(double));
   const auto fits = [&](std::size_t shared) {
-    return static_cast<std::int64_t>(active_clusters(cs, blocks, shared, update_variant(opt))) * cs >= blocks;
+    return static_cast<std::int64_t>(active_clusters(cs, blocks, shared, ml.variant)) * cs >= blocks;
   };
   // a FitMode's choice: on, or fit where the grid stays resident with `shared` bytes a block
   const auto wants = [&](FitMode m, std::size_t shared) {
@@ -2281,6 +2353,7 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   // the grid stays resident with them)
   const bool kept = staged && keep_bytes <= kClusterMaxKeep && wants(opt.keepw, shared + keep_bytes);
   if (kept) shared += keep_bytes;
+  ml.shared = shared;
   const bool gathered = !pushed && wants(opt.gather, shared);
   pl.push = pushed;
   pl.one = opt.one;
@@ -2291,18 +2364,69 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   auto* partial = static_cast<double*>(scratch);
   auto* step = reinterpret_cast<double*>(static_cast<char*>(scratch) + budget_scratch_bytes(b.H));
   pl.step = step;
-  int nchunks = 0;
-  if (cudaError_t e = budget_partials(s, b, partial, nchunks, &u.adam, step); e != cudaSuccess) return e;
-  if (launched) *launched = static_cast<int>(blocks);
-  if (choices) *choices = {staged, gathered, kept, pushed, opt.one && b.H == 1};
-  if (blocks == 0) return cudaSuccess;
   pl.clock = clock;
   pl.clock_blocks = clock ? clock_blocks : 0;
   pl.early = opt.early;
-  cudaLaunchAttribute attr[2]{};
-  const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, shared, s, attr, true);
-  dev::note_pdl_kernel(reinterpret_cast<const void*>(kernel));
-  return cudaLaunchKernelEx(&cfg, kernel, u, static_cast<const double*>(partial), nchunks, pl);
+  // The side launch: the main launch's choices, its shared memory laid out for its own matrices
+  // (u of a block's rows where the staging area would be: a wide block holds no second tile)
+  ClusterLaunch wl;
+  if (split) {
+    ClusterPlan& w = wl.pl;
+    w = pl;
+    w.nseg = 0;
+    w.seg_tile0[0] = 0;
+    plan_normed(w, mats, wide_idx, cs);
+    std::size_t wb = cluster_update_shared(w.max_cols, w.rpc);
+    w.push_at = static_cast<int>(wb / sizeof(double));
+    const std::size_t wpush = cluster_push_shared(cs, w.max_cols);
+    w.push = pushed && wpush <= kClusterMaxPush;
+    w.gather = gathered || (pushed && !w.push);
+    if (w.push) wb += wpush;
+    w.stage_at = static_cast<int>(wb / sizeof(double));
+    if (staged) wb += cluster_stage_u(w.rpc) * sizeof(float);
+    const std::size_t wkeep = cluster_keep_shared(w.rpc, w.max_cols);
+    w.keepw = kept && wkeep <= kClusterMaxKeep;
+    if (w.keepw) wb += wkeep;
+    wl.shared = wb;
+    wl.variant = update_variant(opt) | kUpdateWide;
+    wl.blocks = static_cast<unsigned>(w.nsn * cs);
+    // the stamps after the main launch's blocks
+    const int left = clock ? clock_blocks - static_cast<int>(blocks) : 0;
+    w.clock = left > 0 ? clock + static_cast<std::int64_t>(blocks) * 2 * kUpdateClockSlots : nullptr;
+    w.clock_blocks = std::max(left, 0);
+  }
+  int nchunks = 0;
+  if (cudaError_t e = budget_partials(s, b, partial, nchunks, &u.adam, step); e != cudaSuccess) return e;
+  if (launched) *launched = static_cast<int>(blocks + wl.blocks);
+  if (choices) {
+    *choices = {staged, gathered, kept, pushed, opt.one && b.H == 1, {}, pl.nsn, static_cast<int>(blocks)};
+    for (int k = 0; k < pl.nsn; ++k) choices->clusters.push_back(split ? pl.sn_of[k] : k);
+    for (int k : wide_idx) choices->clusters.push_back(k);
+  }
+  if (split) {
+    // forked after the partial sums (the event holds the stream's work so far), launched first,
+    // joined back after the main launch
+    const UpdateKernel wk = update_kernel(cs, wl.variant);
+    cudaLaunchAttribute wattr[2]{};
+    const cudaLaunchConfig_t wcfg = cluster_config(cs, wl.blocks, wl.shared, side->stream, wattr, true, 2 * kThreads);
+    if (cudaError_t e = cudaEventRecord(side->fork, s); e != cudaSuccess) return e;
+    if (cudaError_t e = cudaStreamWaitEvent(side->stream, side->fork, 0); e != cudaSuccess) return e;
+    dev::note_pdl_kernel(reinterpret_cast<const void*>(wk));
+    if (cudaError_t e = cudaLaunchKernelEx(&wcfg, wk, u, static_cast<const double*>(partial), nchunks, wl.pl);
+        e != cudaSuccess)
+      return e;
+    if (cudaError_t e = cudaEventRecord(side->join, side->stream); e != cudaSuccess) return e;
+  }
+  if (blocks > 0) {
+    const UpdateKernel kernel = update_kernel(cs, ml.variant);
+    cudaLaunchAttribute attr[2]{};
+    const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, shared, s, attr, true);
+    dev::note_pdl_kernel(reinterpret_cast<const void*>(kernel));
+    if (cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, u, static_cast<const double*>(partial), nchunks, pl);
+        e != cudaSuccess)
+      return e;
+  }
+  return split ? cudaStreamWaitEvent(s, side->join, 0) : cudaSuccess;
 }
 
 cudaError_t sum_slices(cudaStream_t s, float* c, int m, int n, int ldc, const float* part, int slices) {

@@ -90,8 +90,8 @@ int update_max_matrices();
 /// more for the elements outside the normed matrices (g, Adam, target update). Needs H <=
 /// update_max_heads(), sn_count <= update_max_matrices(), the Update's shared pointers consistent
 /// (adam.g is budget.g, the skips one, target.params/t/P adam's), the normed matrices disjoint
-/// ranges inside params, update_cluster_fits(cs, sn_max_rows, sn_max_cols), and `ranges`: each normed
-/// matrix's element range [lo, hi) in params, in table order ([0, 0) for an empty one). Equal to
+/// ranges inside params, update_cluster_fits(cs, sn_max_rows, sn_max_cols), and `mats`: each normed
+/// matrix's element range [lo, hi) in params and rows, in table order ([0, 0) for an empty one). Equal to
 /// the four ops bit for bit except the normed matrices, their u and their target rows, whose
 /// power iteration sums in another order (double sums: the floats may differ in the last bit).
 /// max_blocks bounds the clusters outside the normed matrices; results do not depend on it.
@@ -129,6 +129,11 @@ int update_max_matrices();
 /// tile has its own copy otherwise (the same results).
 /// flat (DQN_UPDATE_FLAT=1): a tile's g, Adam and stores as three passes over its elements, so that
 /// its Adam is one stretch of arithmetic with no load or store between elements (the same results).
+/// wide (DQN_UPDATE_WIDE=1, with side and at 16 blocks a cluster): the normed matrices whose share
+/// of rows passes one tile of a block (the C51 step's 256 × 256 trunk.1: two tiles a block) go to
+/// a second launch on side->stream, forked after the partial sums and joined after the main
+/// launch, in blocks of twice the threads (one tile a thread), beside the main launch's clusters
+/// (the same results). The update's graph has one kernel node more.
 /// The FitModes each on, off, or fit: on where the grid (with the staging area, if staged, and the
 /// kept rows, if kept) is resident at once (push: with all three). *choices (if not null) says
 /// what the launch did.
@@ -136,15 +141,32 @@ enum class FitMode { off, on, fit };
 struct UpdateOptions {
   bool early = false;
   FitMode stage = FitMode::off, gather = FitMode::off, keepw = FitMode::off, push = FitMode::off;
-  bool one = false, defer = false, one_loop = false, flat = false;
+  bool one = false, defer = false, one_loop = false, flat = false, wide = false;
 };
 struct UpdateChoices {
   bool staged = false, gathered = false, kept = false, pushed = false, one = false;
+  /// The normed matrix (its index in Update::sn_mats) of each cluster, in launch order: the main
+  /// launch's clusters, then the side launch's (wide).
+  std::vector<int> clusters;
+  int main_normed = 0;  ///< how many of them the main launch holds (the rest: the side launch's)
+  int main_blocks = 0;  ///< the main launch's blocks (the side launch's stamp the clock after them)
 };
-cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs,
-                           const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, int max_blocks,
-                           std::uint64_t* clock = nullptr, int clock_blocks = 0, int* blocks = nullptr,
-                           const UpdateOptions& opt = {}, UpdateChoices* choices = nullptr);
+/// A normed matrix of the cluster update as the host knows it: its elements [lo, hi) in params
+/// ([0, 0) when it has none) and its rows.
+struct SnRange {
+  std::int64_t lo = 0, hi = 0;
+  int rows = 0;
+};
+/// Where a split update (UpdateOptions::wide) runs its second launch: a stream, and two events for
+/// the fork from s and the join back into it.
+struct UpdateSide {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+};
+cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs, const std::vector<SnRange>& mats,
+                           int max_blocks, std::uint64_t* clock = nullptr, int clock_blocks = 0, int* blocks = nullptr,
+                           const UpdateOptions& opt = {}, UpdateChoices* choices = nullptr,
+                           const UpdateSide* side = nullptr);
 /// The moments the cluster update's blocks stamp (DQN_UPDATE_CLOCK=1, read by dqn-trace): placed
 /// (before waiting for the kernels before it), the wait over, the clip factors known, its
 /// elements' g and Adam done, the blocks' shares of Wᵀu published over the cluster (normed

@@ -54,12 +54,14 @@ class Runtime {
   /// dqn-trace): per block of its last run, `slots` %globaltimer stamps (ns) then as many clock64
   /// stamps (cycles of its SM) (cuda::UpdateClockSlot: placed, waited, clips, Adam, Wᵀu, gather,
   /// v, W v, σ, scaled, exit; the blocks outside the normed matrices stamp none from Wᵀu to scaled, and a stamp
-  /// not reached in the last run holds an older run's, or 0). Blocks [0, normed·cluster_size) hold the normed
-  /// matrices, cluster_size each in table order; the rest the other parameters. Read after a
+  /// not reached in the last run holds an older run's, or 0). group[b]: the normed matrix (its
+  /// index in the update's table) block b updates, -1 for the blocks of the other parameters (a
+  /// split update's side launch stamps after the main launch's blocks). Read after a
   /// synchronize; empty where nothing was recorded.
   struct UpdateClock {
     int slots = 0, cluster_size = 0, normed = 0, clock_khz = 0;
     std::vector<std::uint64_t> stamps;
+    std::vector<int> group;
   };
   virtual UpdateClock update_clock() const { return {}; }
   /// Lanes a captured step may spread its stages over (CUDA: streams forked from the capturing

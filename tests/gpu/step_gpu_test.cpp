@@ -51,6 +51,19 @@ report_every: 10
 )" + extra;
 }
 
+// pipelines/ref.yaml's sizes (B = 256) and, for ref_pipeline's aux, its auxiliary heads (K = 4,
+// N = N' = 32, E = 64), enabled.
+constexpr const char* kRefAuxHeads =
+    "  - {plugin: iqn, role: auxiliary, budget: 0.2, quantiles: 32, target_quantiles: 32, embed: 64}\n"
+    "  - {plugin: ensemble, role: auxiliary, budget: 0.1, members: 4}\n"
+    "  - {plugin: cql, role: auxiliary, budget: 0.1, alpha: 1.0}\n";
+std::string ref_pipeline(const std::string& aux = "") {
+  return pipeline("tf32", "", aux,
+                  "{state: 64, trunk: [256, 256], head_hidden: 128, branches: 3, actions: 5, atoms: 51, v_min: -10, "
+                  "v_max: 10}",
+                  256);
+}
+
 // The auxiliary heads at small awkward sizes (IQN: N = 7 online and N' = 9 target samples, so a
 // mix-up of the two shows, and E = 13; three ensemble members), 0.1 of the budget each: the
 // primary keeps 0.9 beside one of them and 0.7 beside all three.
@@ -96,6 +109,14 @@ std::unique_ptr<Engine> make(const PipelineSpec& spec, BackendKind b) {
   return e;
 }
 
+/// 20 replayed steps on each of two engines, a step of one then of the other.
+void step_both(Engine& a, Engine& b) {
+  for (int i = 0; i < 20; ++i) {
+    a.step();
+    b.step();
+  }
+}
+
 /// Sets (value not null) an environment variable for one scope and puts back what it was, so a
 /// switch given to the whole binary (DQN_TILE_GEMM=0 test_gpu_step) still holds in the
 /// cases after one that sets its own.
@@ -122,6 +143,22 @@ std::vector<std::unique_ptr<EnvOverride>> env_overrides(std::initializer_list<co
   for (const char* name : names) o.push_back(std::make_unique<EnvOverride>(name, value));
   return o;
 }
+/// Two engines of spec, made with the switch `name` at `off` and at `on` (a backend reads its
+/// switches when it is made), after 20 replayed steps each.
+std::pair<std::unique_ptr<Engine>, std::unique_ptr<Engine>> switch_pair(const PipelineSpec& spec, const char* name,
+                                                                        const char* off, const char* on) {
+  std::unique_ptr<Engine> a, b;
+  {
+    const EnvOverride o(name, off);
+    a = make(spec, BackendKind::cuda);
+  }
+  {
+    const EnvOverride o(name, on);
+    b = make(spec, BackendKind::cuda);
+  }
+  step_both(*a, *b);
+  return {std::move(a), std::move(b)};
+}
 double rel(const std::vector<double>& a, const std::vector<double>& b) {
   double d = 0, r = 0;
   for (std::size_t i = 0; i < a.size(); ++i) {
@@ -133,6 +170,14 @@ double rel(const std::vector<double>& a, const std::vector<double>& b) {
 
 bool bit_equal(const std::vector<double>& a, const std::vector<double>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
+}
+
+/// Whether describe() text d says the cluster update runs (a message where it does not: nothing
+/// to compare on this device).
+bool cluster_update_runs(const std::string& d) {
+  if (d.find("update cluster") != std::string::npos) return true;
+  MESSAGE("the cluster update does not run on this device: nothing to compare");
+  return false;
 }
 
 // Each named buffer the same to the bit in both engines (a check per buffer, named in its message).
@@ -579,10 +624,7 @@ TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY, _STAGE, _GATHER, _KE
     }
     const auto on = all("1");
     auto early = make(spec, BackendKind::cuda);
-    for (int i = 0; i < 20; ++i) {
-      late->step();
-      early->step();
-    }
+    step_both(*late, *early);
     check_same_bits(*late, *early, {"params", "target", "adam.m", "adam.v", "report/td_error", "report/losses"});
     const std::string dl = late->runtime().describe(), de = early->runtime().describe();
     INFO("late: " << dl);
@@ -622,15 +664,7 @@ TEST_CASE("gpu.step.fit: DQN_UPDATE_STAGE, _GATHER, _KEEPW and _PUSH unset act w
   std::vector<Config> configs{{"C51 alone", pipeline("tf32"), true}};
   if (const auto all = aux_heads({"iqn", "ensemble", "cql"})) {
     configs.push_back({"all four heads", pipeline("tf32", "", *all)});
-    configs.push_back({"all four heads, reference sizes",
-                       pipeline("tf32", "",
-                                "  - {plugin: iqn, role: auxiliary, budget: 0.2, quantiles: 32, target_quantiles: 32, "
-                                "embed: 64}\n  - {plugin: ensemble, role: auxiliary, budget: 0.1, members: 4}\n"
-                                "  - {plugin: cql, role: auxiliary, budget: 0.1, alpha: 1.0}\n",
-                                "{state: 64, trunk: [256, 256], head_hidden: 128, branches: 3, actions: 5, atoms: 51, "
-                                "v_min: -10, v_max: 10}",
-                                256),
-                       false, true});
+    configs.push_back({"all four heads, reference sizes", ref_pipeline(kRefAuxHeads), false, true});
   }
   for (const Config& cfg : configs) {
     INFO(cfg.name);
@@ -647,16 +681,10 @@ TEST_CASE("gpu.step.fit: DQN_UPDATE_STAGE, _GATHER, _KEEPW and _PUSH unset act w
     const auto kept = env_overrides(fits, nullptr);  // (put back after)
     for (const char* name : fits) unsetenv(name);
     auto fit = make(spec, BackendKind::cuda);
-    for (int i = 0; i < 20; ++i) {
-      never->step();
-      fit->step();
-    }
+    step_both(*never, *fit);
     const std::string d = fit->runtime().describe();
     INFO(d);
-    if (d.find("update cluster") == std::string::npos) {
-      MESSAGE("the cluster update does not run on this device: nothing to compare");
-      return;
-    }
+    if (!cluster_update_runs(d)) return;
     CHECK(d.find("second tiles staged where the grid fits (last launch: ") != std::string::npos);
     CHECK(d.find("gathered by shares where the grid fits (last launch: ") != std::string::npos);
     CHECK(d.find("normed rows kept in shared memory where the grid fits (last launch: ") != std::string::npos);
@@ -678,6 +706,30 @@ TEST_CASE("gpu.step.fit: DQN_UPDATE_STAGE, _GATHER, _KEEPW and _PUSH unset act w
   }
 }
 
+TEST_CASE("gpu.step.wide: DQN_UPDATE_WIDE=1 runs trunk.1's cluster in a launch of its own, with the same results") {
+  // At the reference sizes the update's blocks of trunk.1 (256 × 256: 16 rows of 256 a block)
+  // hold two tiles of a 256-thread block; with DQN_UPDATE_WIDE=1 its cluster runs in a second
+  // launch of 512-thread blocks (one tile each) on the update's side slot, forked after the
+  // partial sums and joined after the main launch. 20 replayed steps give the same bits as one
+  // launch, with one graph node more; C51 alone (its update's grid resident at once: the kept
+  // rows and pushed sums in both launches) and the four heads (in waves: neither).
+  std::vector<std::pair<const char*, std::string>> configs{{"C51 alone", ref_pipeline()}};
+  if (aux_heads({"iqn", "ensemble", "cql"})) configs.emplace_back("all four heads", ref_pipeline(kRefAuxHeads));
+  for (const auto& [name, text] : configs) {
+    INFO(name);
+    const auto [one, split] = switch_pair(parse(text), "DQN_UPDATE_WIDE", "0", "1");
+    const std::string d = split->runtime().describe();
+    INFO(d);
+    if (!cluster_update_runs(d)) return;
+    CHECK(d.find(", 1 normed matrix in a wide launch beside it)") != std::string::npos);
+    CHECK(one->runtime().describe().find("wide launch") == std::string::npos);
+    check_same_bits(*one, *split, {"params", "target", "adam.m", "adam.v", "report/td_error", "report/losses",
+                                   "report/norms", "report/clips"});
+    CHECK(split->read_report().adam_step == one->read_report().adam_step);
+    CHECK(split->runtime().graph_nodes() == one->runtime().graph_nodes() + 1);
+  }
+}
+
 TEST_CASE("gpu.step.mean: the C51 loss's batch mean a stage of its own (the default; DQN_C51_MEAN=0 keeps it in "
           "the loss) changes only the loss's rounding") {
   // By default the C51 loss kernels end without summing the batch, and c51.loss.mean takes
@@ -690,18 +742,7 @@ TEST_CASE("gpu.step.mean: the C51 loss's batch mean a stage of its own (the defa
   if (const auto all = aux_heads({"iqn", "ensemble", "cql"})) auxes.push_back(*all);
   for (const std::string& aux : auxes) {
     INFO(std::string(aux.empty() ? "C51 alone" : "all four heads"));
-    const PipelineSpec spec = parse(pipeline("tf32", "", aux));
-    std::unique_ptr<Engine> fused;
-    {
-      const EnvOverride m("DQN_C51_MEAN", "0");
-      fused = make(spec, BackendKind::cuda);
-    }
-    const EnvOverride m("DQN_C51_MEAN", "1");
-    auto own = make(spec, BackendKind::cuda);
-    for (int i = 0; i < 20; ++i) {
-      fused->step();
-      own->step();
-    }
+    const auto [fused, own] = switch_pair(parse(pipeline("tf32", "", aux)), "DQN_C51_MEAN", "0", "1");
     check_same_bits(*fused, *own, {"params", "target", "adam.m", "adam.v", "report/td_error", "report/norms",
                                    "report/clips"});
     const auto lf = fused->host_buffer("report/losses"), lo = own->host_buffer("report/losses");

@@ -129,8 +129,14 @@ void print_update_clock(dqn::Engine& e, int steps) {
       return;
     }
     const int S = c.slots, blocks = static_cast<int>(c.stamps.size()) / (2 * S);
-    const int normed_blocks = std::min(blocks, c.normed * c.cluster_size);
-    const int groups = c.normed + (blocks > normed_blocks ? 1 : 0);
+    // groups: the normed matrices in table order, then the other parameters' blocks
+    const auto group_of = [&](int b) {
+      const int g = b < static_cast<int>(c.group.size()) ? c.group[std::size_t(b)] : -1;
+      return g >= 0 && g < c.normed ? g : c.normed;
+    };
+    bool others = false;
+    for (int b = 0; b < blocks; ++b) others = others || group_of(b) == c.normed;
+    const int groups = c.normed + (others ? 1 : 0);
     if (at.empty()) at.assign(std::size_t(groups), std::vector<std::vector<double>>(std::size_t(S)));
     std::uint64_t t0 = ~0ull;
     for (int b = 0; b < blocks; ++b) t0 = std::min(t0, c.stamps[std::size_t(b) * 2 * S]);
@@ -139,7 +145,7 @@ void print_update_clock(dqn::Engine& e, int steps) {
     std::uint64_t last_exit = 0;
     for (int b = 0; b < blocks; ++b) {
       const std::uint64_t* st = &c.stamps[std::size_t(b) * 2 * S];
-      const int g = b < normed_blocks ? b / c.cluster_size : groups - 1;
+      const int g = group_of(b);
       for (int k = 0; k < S; ++k)
         if (st[k] >= st[0])  // reached in this run (older stamps are a previous run's)
           last[std::size_t(g)][std::size_t(k)] = std::max(last[std::size_t(g)][std::size_t(k)], (st[k] - t0) * 1e-3);

@@ -2258,7 +2258,7 @@ bool update_cluster_fits(int cs, int max_rows, int max_cols) {
 }
 
 namespace {
-/// One launch of the cluster update as planned: its plan, grid and dynamic shared memory.
+/// A split update's side launch as planned: its plan, grid, dynamic shared memory and variant.
 struct ClusterLaunch {
   ClusterPlan pl;
   unsigned blocks = 0;
@@ -2267,7 +2267,8 @@ struct ClusterLaunch {
 };
 
 /// The normed matrices `idx` (indices into Update::sn_mats) in pl, one cluster each in that order
-/// (mapped: pl.sn_of names them), and the rows and columns their blocks' shared memory is sized for.
+/// (pl.sn_of names them: read by a split update's launches, the identity otherwise), and the rows
+/// and columns their blocks' shared memory is sized for.
 void plan_normed(ClusterPlan& pl, const std::vector<SnRange>& mats, const std::vector<int>& idx, int cs) {
   pl.nsn = static_cast<int>(idx.size());
   int rows = 0, cols = 0;
@@ -2300,15 +2301,8 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
     (wide ? wide_idx : main_idx).push_back(k);
   }
   const bool split = !wide_idx.empty();
-  ClusterLaunch ml;  // the main launch
-  ClusterPlan& pl = ml.pl;
-  if (split) {
-    plan_normed(pl, mats, main_idx, cs);
-  } else {  // (as before the split existed: the table's bounds, no mapping)
-    pl.nsn = u.sn_count;
-    pl.max_cols = std::max(u.sn_max_cols, 1);
-    pl.rpc = std::max((u.sn_max_rows + cs - 1) / cs, 1);
-  }
+  ClusterPlan pl;  // the main launch's (unsplit: every matrix, in table order)
+  plan_normed(pl, mats, main_idx, cs);
   // The ranges of params outside every normed matrix, and their tiles.
   std::vector<std::pair<std::int64_t, std::int64_t>> normed;
   for (const SnRange& r : mats)
@@ -2328,10 +2322,10 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   }
   add(at, b.P);
   const std::int64_t tiles = pl.seg_tile0[pl.nseg];
-  ml.variant = update_variant(opt) | (split ? kUpdateSplit : 0);
+  const int variant = update_variant(opt) | (split ? kUpdateSplit : 0);
   const std::int64_t plain = std::min<std::int64_t>(tiles, std::max(max_blocks, cs));
   const std::int64_t plain_blocks = (plain + cs - 1) / cs * cs;
-  const unsigned blocks = ml.blocks = static_cast<unsigned>(static_cast<std::int64_t>(pl.nsn) * cs + plain_blocks);
+  const auto blocks = static_cast<unsigned>(static_cast<std::int64_t>(pl.nsn) * cs + plain_blocks);
   // FitMode::fit: on where the grid is resident at once (the C51 step: 176 blocks, with the
   // staging area too; measured 1.2 µs faster there with both, on an H100), not where its plain
   // blocks run in waves (the four heads' 690 blocks: both 1-2 µs slower there, gathering alone
@@ -2342,7 +2336,7 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   const std::size_t push_bytes = cluster_push_shared(cs, pl.max_cols);
   pl.push_at = static_cast<int>(base / sizeof(double));
   const auto fits = [&](std::size_t shared) {
-    return static_cast<std::int64_t>(active_clusters(cs, blocks, shared, ml.variant)) * cs >= blocks;
+    return static_cast<std::int64_t>(active_clusters(cs, blocks, shared, variant)) * cs >= blocks;
   };
   // a FitMode's choice: on, or fit where the grid stays resident with `shared` bytes a block
   const auto wants = [&](FitMode m, std::size_t shared) {
@@ -2358,7 +2352,6 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   // the grid stays resident with them)
   const bool kept = staged && keep_bytes <= kClusterMaxKeep && wants(opt.keepw, shared + keep_bytes);
   if (kept) shared += keep_bytes;
-  ml.shared = shared;
   const bool gathered = !pushed && wants(opt.gather, shared);
   pl.push = pushed;
   pl.one = opt.one;
@@ -2405,7 +2398,7 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   if (launched) *launched = static_cast<int>(blocks + wl.blocks);
   if (choices) {
     *choices = {staged, gathered, kept, pushed, opt.one && b.H == 1, {}, pl.nsn, static_cast<int>(blocks)};
-    for (int k = 0; k < pl.nsn; ++k) choices->clusters.push_back(split ? pl.sn_of[k] : k);
+    for (int k = 0; k < pl.nsn; ++k) choices->clusters.push_back(pl.sn_of[k]);
     for (int k : wide_idx) choices->clusters.push_back(k);
   }
   if (split) {
@@ -2423,7 +2416,7 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
     if (cudaError_t e = cudaEventRecord(side->join, side->stream); e != cudaSuccess) return e;
   }
   if (blocks > 0) {
-    const UpdateKernel kernel = update_kernel(cs, ml.variant);
+    const UpdateKernel kernel = update_kernel(cs, variant);
     cudaLaunchAttribute attr[2]{};
     const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, shared, s, attr, true);
     dev::note_pdl_kernel(reinterpret_cast<const void*>(kernel));

@@ -214,7 +214,9 @@ struct C51Project {
 /// Cross-entropy of online log-probabilities at the taken actions against m, with its gradient.
 struct C51Xent {
   Real loss_per_sample;        ///< out [B]  (1/D) Σ_d −Σ_i m log p      (may alias nothing)
-  Real loss;                   ///< out [1]  (1/B) Σ_b w_b L(b) * scale (added when accumulate)
+  Real loss;                   ///< out [1]  (1/B) Σ_b w_b L(b) * scale (added when accumulate; null:
+                               ///< not computed, as the ensemble's loss.mean stage takes it from
+                               ///< loss_per_sample by weighted_mean_members)
   Real dlogits;                ///< out [B,D,A,Z], overwritten: d(loss)/d(logits)
   Real logp;                   ///< in  [B,D,A,Z] online log-softmax at states
   const std::int32_t* actions; ///< in  [B,D]

@@ -188,14 +188,16 @@ cuda::FitMode fit_mode_from_env(const char* name) noexcept {
 /// - DQN_UPDATE_DEFER_THETA (on unless 0/off): a normed block keeping its rows' new θ in shared
 ///   memory stores it once, after the power iteration. On an H100: C51 82.82, 82.91, 82.90 µs against 82.96, 83.62,
 ///   83.05 off.
-/// - DQN_UPDATE_ONELOOP=1 (off unless set; not yet measured): the tiles in one loop, one inlined
-///   copy of a tile's work.
-/// - DQN_UPDATE_FLAT=1 (off unless set; not yet measured): a tile's g, then its Adam, then its
-///   stores, each a pass over the tile's elements (the same operations per element).
-/// - DQN_UPDATE_WIDE=1 (off unless set; not yet measured): the normed matrices whose blocks hold
-///   more than one tile (the C51 step's trunk.1, whose Adam over two tiles ends the update) in a
-///   launch of their own beside the main one, on the lane's side slot, in blocks of 512 threads
-///   (one tile a thread; the same bits; one graph node more).
+/// - DQN_UPDATE_WIDE: the normed matrices whose blocks hold more than one tile (the C51 step's
+///   trunk.1, whose Adam over two tiles ended the update) in a launch of their own beside the main
+///   one, on the lane's side slot, in blocks of 512 threads (one tile a thread; the same bits; one
+///   graph node more). Unset: where the whole update is resident at once with it (the C51 step,
+///   not the four heads'); 1 always, 0/off never. On an H200 (2026-12-05, three processes each):
+///   C51 84.23, 84.29, 84.19 µs against 85.86, 85.65, 84.93 without; all four heads (with it
+///   always) 255.77, 256.01, 259.03 against 251.77, 248.78, 248.72. (Measured in the same call and
+///   removed: DQN_UPDATE_ONELOOP, one copy of a tile's code, 85.71 / 248.63; DQN_UPDATE_FLAT, a
+///   tile's Adam as one stretch of arithmetic, 84.98 / 253.27, and 84.35 / 257.39 with the wide
+///   launch, no better than the wide launch alone.)
 cuda::UpdateOptions update_options_from_env() noexcept {
   cuda::UpdateOptions o;
   o.early = env_on("DQN_UPDATE_EARLY");
@@ -205,9 +207,7 @@ cuda::UpdateOptions update_options_from_env() noexcept {
   o.push = fit_mode_from_env("DQN_UPDATE_PUSH");
   o.one = env_on("DQN_UPDATE_ONEHEAD");
   o.defer = env_on("DQN_UPDATE_DEFER_THETA");
-  o.one_loop = env_set("DQN_UPDATE_ONELOOP");
-  o.flat = env_set("DQN_UPDATE_FLAT");
-  o.wide = env_set("DQN_UPDATE_WIDE");
+  o.wide = fit_mode_from_env("DQN_UPDATE_WIDE");
   return o;
 }
 
@@ -974,7 +974,7 @@ class CudaBackend final : public Backend {
     void* s = scratch(op, cuda::update_scratch_bytes(b.H));
     if (!s) return;
     if (planning_) return;
-    // a split update's side launch (DQN_UPDATE_WIDE=1) on the lane's side slot (its fork and join
+    // a split update's side launch (DQN_UPDATE_WIDE) on the lane's side slot (its fork and join
     // are graph edges when captured)
     const cuda::UpdateSide side{streams_[kMaxLanes + lane_], side_events_[0], side_events_[1]};
     DQN_CUDA_OK(op, cuda::update_cluster(stream_, u, s, update_cluster_, sn_ranges(u), wave_blocks(), clock_,
@@ -1037,11 +1037,16 @@ class CudaBackend final : public Backend {
     return std::string(", ") + what + " where the grid fits (last launch: " + (last ? "yes)" : "no)");
   }
 
-  /// ", N normed matrices in a wide launch beside it" where the last launch was split (or nothing).
+  /// ", N normed matrices in a wide launch beside it" (DQN_UPDATE_WIDE on), nothing (off),
+  /// or ", a wide launch where the grid fits (last launch: N normed matrices)" (unset: fit).
   std::string wide_text() const {
     const int n = static_cast<int>(update_choices_.clusters.size()) - update_choices_.main_normed;
-    if (!update_opt_.wide) return "";
-    return ", " + std::to_string(n) + " normed matri" + (n == 1 ? "x" : "ces") + " in a wide launch beside it";
+    const std::string mats = std::to_string(n) + " normed matri" + (n == 1 ? "x" : "ces");
+    switch (update_opt_.wide) {
+      case cuda::FitMode::on: return ", " + mats + " in a wide launch beside it";
+      case cuda::FitMode::fit: return ", a wide launch where the grid fits (last launch: " + mats + ")";
+      default: return "";
+    }
   }
 
   /// How the update runs (for describe()).
@@ -1054,8 +1059,7 @@ class CudaBackend final : public Backend {
              fit_text(update_opt_.push, update_choices_.pushed, "sums pushed to every block") +
              (update_choices_.one ? ", one head's g in float" : "") +
              (update_opt_.defer && update_choices_.kept ? ", normed θ stored once" : "") +
-             (update_opt_.one_loop ? ", tiles in one loop" : "") +
-             (update_opt_.flat ? ", flat tiles" : "") + wide_text() + ")";
+             wide_text() + ")";
     return "as separate kernels";
   }
 

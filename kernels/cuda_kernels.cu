@@ -1120,13 +1120,12 @@ struct ClusterStep {
 /// ClusterStep::one's g of an element: c·g₀ + 0 in float.
 __device__ __forceinline__ float one_head_g(float c, float g0) { return __fadd_rn(__fmul_rn(c, g0), 0.0f); }
 
-/// The cluster update kernel's variants (its template's V): bits, off by default.
-constexpr int kUpdateOneLoop = 1, kUpdateFlat = 2;
-/// The two launches of a split update (DQN_UPDATE_WIDE=1), bits beside a variant's: the main
-/// launch (kUpdateSplit), whose clusters take the normed matrices ClusterPlan::sn_of names, and
-/// the side launch (kUpdateWide), in blocks of twice the threads, for the matrices whose share
-/// of rows passes one tile of a kThreads block (the C51 step's 256 × 256 trunk.1: two tiles).
-constexpr int kUpdateSplit = 4, kUpdateWide = 8;
+/// The cluster update kernel's variants (its template's V): the two launches of a split update
+/// (DQN_UPDATE_WIDE): the main launch (kUpdateSplit), whose clusters take the normed matrices
+/// ClusterPlan::sn_of names, and the side launch (kUpdateWide), in blocks of twice the threads,
+/// for the matrices whose share of rows passes one tile of a kThreads block (the C51 step's
+/// 256 × 256 trunk.1: two tiles). 0: the one launch of an unsplit update.
+constexpr int kUpdateSplit = 1, kUpdateWide = 2;
 /// The threads of a block of the cluster update's variant v.
 constexpr int update_threads(int v) { return (v & kUpdateWide) != 0 ? 2 * kThreads : kThreads; }
 
@@ -1215,51 +1214,12 @@ __device__ __forceinline__ void cluster_combine(const ClusterStep& x, std::int64
   }
 }
 
-/// cluster_store as three passes over the tile (the kernel's Flat, DQN_UPDATE_FLAT=1): every
-/// element's g (one head's clip factor read once), then every element's Adam with no load or
-/// store between them, then the stores. The same operations per element, so the same bits.
-template <int NT = kThreads>
-__device__ __forceinline__ void cluster_store_flat(const ClusterStep& x, std::int64_t s, std::int64_t hi, bool target,
-                                                   ClusterTile& r, bool store_theta) {
-  const auto at = [&](int k) { return s + k * NT + threadIdx.x; };
-  float gf[kClusterPer];
-  if (x.one) {
-    const float c0 = x.finite ? x.clip_sh[0] : 0.0f;
-#pragma unroll
-    for (int k = 0; k < kClusterPer; ++k) gf[k] = x.finite ? one_head_g(c0, r.gr[0][k]) : 0.0f;
-  } else {
-    double acc[kClusterPer];
-    cluster_combine(x, s, hi, r, [&](int k) { return at(k) < hi; }, at, acc);
-#pragma unroll
-    for (int k = 0; k < kClusterPer; ++k) gf[k] = static_cast<float>(acc[k]);
-  }
-#pragma unroll
-  for (int k = 0; k < kClusterPer; ++k)
-    if (at(k) < hi) x.g[at(k)] = gf[k];
-  if (!x.finite) return;
-  // past hi every operand is 0 (cluster_load's zeros), and Adam of zeros gives θ = 0, as loaded
-  float th[kClusterPer];
-#pragma unroll
-  for (int k = 0; k < kClusterPer; ++k) th[k] = adam_element(gf[k], r.m[k], r.v[k], r.th[k], x.adam);
-#pragma unroll
-  for (int k = 0; k < kClusterPer; ++k) {
-    const std::int64_t i = at(k);
-    r.th[k] = th[k];
-    if (i >= hi) continue;
-    x.mom[i] = r.m[k];
-    x.var[i] = r.v[k];
-    if (store_theta) x.theta[i] = th[k];
-    if (target) x.rule.tgt[i] = x.rule.copy ? th[k] : polyak(x.rule.tau, r.tg[k], th[k]);
-  }
-}
-
 /// The loaded tile: g = Σ_h c_h g_h (double, heads in order, as combine_tile), Adam (adam_element)
 /// and, with target, the target update (a copy, or Polyak from r.tg). store_theta false: the new θ
-/// only in r.th (a caller that stores it later). Flat: cluster_store_flat.
-template <int NT = kThreads, bool Flat = false>
+/// only in r.th (a caller that stores it later).
+template <int NT = kThreads>
 __device__ __forceinline__ void cluster_store(const ClusterStep& x, std::int64_t s, std::int64_t hi, bool target,
                                               ClusterTile& r, bool store_theta = true) {
-  if constexpr (Flat) return cluster_store_flat<NT>(x, s, hi, target, r, store_theta);
   double acc[kClusterPer];
   const auto at = [&](int k) { return s + k * NT + threadIdx.x; };
   if (!x.one) cluster_combine(x, s, hi, r, [&](int k) { return at(k) < hi; }, at, acc);
@@ -1446,19 +1406,14 @@ __device__ __forceinline__ double rank_sum(const cooperative_groups::cluster_gro
 /// target update. The other clusters do g, Adam and the target update outside the normed
 /// matrices. Needs the normed matrices disjoint ranges inside params within the bounds (the caller
 /// checks). Skipped: g = 0, nothing else changes.
-/// OneLoop (DQN_UPDATE_ONELOOP=1): a block's tiles in one loop, so that one inlined copy of the
-/// tile's g, Adam and stores serves them all (the first tile, already loaded, skips the load);
-/// else the first tile before the loop, as measured so far. The same operations in the same order.
-/// V: the variant's bits, kUpdateOneLoop (OneLoop) and kUpdateFlat (DQN_UPDATE_FLAT=1: a tile's
-/// g, Adam and stores as three passes, cluster_store_flat).
-/// kUpdateSplit (the main launch of DQN_UPDATE_WIDE=1): cluster k takes normed matrix pl.sn_of[k];
+/// V: 0, or a split update's launch (DQN_UPDATE_WIDE): kUpdateSplit (the main launch): cluster k
+/// takes normed matrix pl.sn_of[k];
 /// kUpdateWide (its side launch): the same, in blocks of update_threads(V) = 2·kThreads threads
 /// (a tile of 2·kClusterTile elements), and none of them the writer block. Each element's
 /// operations and each sum's order are those of the default launch: the same bits.
 template <int CS, int V>
 __global__ void __launch_bounds__(update_threads(V), (V & kUpdateWide) ? 1 : 2)
     update_cluster_kernel(Update u, const double* __restrict__ partial, int nchunks, ClusterPlan pl) {
-  constexpr bool OneLoop = (V & kUpdateOneLoop) != 0, Flat = (V & kUpdateFlat) != 0;
   constexpr bool Wide = (V & kUpdateWide) != 0, Mapped = (V & (kUpdateSplit | kUpdateWide)) != 0;
   constexpr int NT = update_threads(V);
   constexpr std::int64_t kTile = kTileOf<NT>;
@@ -1574,18 +1529,17 @@ __global__ void __launch_bounds__(update_threads(V), (V & kUpdateWide) ? 1 : 2)
       clock_stamp(pl, kClockExit);
       return;
     }
-    // the block's tiles (the first loaded already); !OneLoop: the first its own inlined copy
+    // the block's tiles (the first loaded already)
     std::int64_t s = lo, e = min(hi, lo + kTile);
-    if constexpr (!OneLoop) cluster_store<NT, Flat>(x, s, e, target_on, reg);
+    cluster_store<NT>(x, s, e, target_on, reg);
     for (;;) {
-      if constexpr (OneLoop) cluster_store<NT, Flat>(x, s, e, target_on, reg);
       tile += nblocks;
       if (tile >= tiles) break;
       while (pl.seg_tile0[q + 1] <= tile) ++q;
       s = pl.seg_lo[q] + (tile - pl.seg_tile0[q]) * kTile;
       e = min(pl.seg_hi[q], s + kTile);
       cluster_load<NT>(x, s, e, every && target_on, reg);
-      if constexpr (!OneLoop) cluster_store<NT, Flat>(x, s, e, target_on, reg);
+      cluster_store<NT>(x, s, e, target_on, reg);
     }
     clock_stamp(pl, kClockAdam);
     clock_stamp(pl, kClockExit);
@@ -1619,8 +1573,7 @@ __global__ void __launch_bounds__(update_threads(V), (V & kUpdateWide) ? 1 : 2)
   // its one tile in registers without them (the four heads' grid, in waves, keeps no rows) stores
   // θ beside Adam
   const bool defer = pl.defer && kept;
-  // a tile (the first loaded already, the second staged where staged); !OneLoop: the first tile
-  // its own inlined copy before the loop
+  // a tile (the first loaded already, the second staged where staged)
   const auto tile_step = [&](std::int64_t s, bool first) {
     if (!first) {
       if (staged && s == lo + kTile)
@@ -1628,12 +1581,12 @@ __global__ void __launch_bounds__(update_threads(V), (V & kUpdateWide) ? 1 : 2)
       else
         cluster_load<NT>(x, s, min(hi, s + kTile), false, reg);
     }
-    cluster_store<NT, Flat>(x, s, min(hi, s + kTile), false, reg, !defer);
+    cluster_store<NT>(x, s, min(hi, s + kTile), false, reg, !defer);
     wtu_tile(s);
     keep_tile(s);
   };
-  if constexpr (!OneLoop) tile_step(lo, true);
-  for (std::int64_t s = OneLoop ? lo : lo + kTile; s < hi; s += kTile) tile_step(s, OneLoop && s == lo);
+  tile_step(lo, true);
+  for (std::int64_t s = lo + kTile; s < hi; s += kTile) tile_step(s, false);
   clock_stamp(pl, kClockAdam);
   if (!finite || rows == 0 || cols == 0) {  // the same in every block of the cluster
     if (tstaged) dev::cp_async_wait<0>();  // (no copy outlives the block)
@@ -2192,9 +2145,9 @@ cudaLaunchConfig_t cluster_config(int cs, unsigned blocks, std::size_t shared, c
   return cfg;
 }
 
-/// The cluster update's instantiation for cs (16, else 8) blocks a cluster and variant v (its bits:
-/// kUpdateOneLoop, DQN_UPDATE_ONELOOP; kUpdateFlat, DQN_UPDATE_FLAT; at 16, also kUpdateSplit or
-/// kUpdateWide, DQN_UPDATE_WIDE's two launches: a split update runs at 16 blocks a cluster only).
+/// The cluster update's instantiation for cs (16, else 8) blocks a cluster and variant v (0, or at
+/// 16 kUpdateSplit or kUpdateWide, DQN_UPDATE_WIDE's two launches: a split update runs at 16
+/// blocks a cluster only).
 using UpdateKernel = void (*)(Update, const double*, int, ClusterPlan);
 /// The variants instantiated at cs = 16: every v below it (kUpdateSplit and kUpdateWide never
 /// together), and at 8 those below kUpdateSplit.
@@ -2209,7 +2162,6 @@ UpdateKernel update_kernel(int cs, int v) {
   return cs == 16 ? update_kernel_of<16>(v, std::make_integer_sequence<int, kUpdateKernels16>{})
                   : update_kernel_of<8>(v, std::make_integer_sequence<int, kUpdateKernels8>{});
 }
-int update_variant(const UpdateOptions& o) { return (o.one_loop ? kUpdateOneLoop : 0) | (o.flat ? kUpdateFlat : 0); }
 
 /// How many clusters of cs blocks of the cluster update the device holds at once with `shared`
 /// bytes of dynamic shared memory a block (0 where it cannot say).
@@ -2291,18 +2243,7 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   if ((cs != 8 && cs != 16) || u.sn_count > kUpdateMaxSn || !update_cluster_fits(cs, u.sn_max_rows, u.sn_max_cols) ||
       static_cast<int>(mats.size()) != u.sn_count)
     return cudaErrorInvalidValue;
-  // wide: the matrices whose share of rows passes one tile of a kThreads block go to the side
-  // launch (at 16 blocks a cluster, with a side stream); the others stay in the main one
-  std::vector<int> main_idx, wide_idx;
-  for (int k = 0; k < u.sn_count; ++k) {
-    const SnRange& m = mats[static_cast<std::size_t>(k)];
-    const bool wide = opt.wide && side && side->stream && cs == 16 && m.rows > 0 && m.hi > m.lo &&
-                      static_cast<std::int64_t>((m.rows + cs - 1) / cs) * ((m.hi - m.lo) / m.rows) > kClusterTile;
-    (wide ? wide_idx : main_idx).push_back(k);
-  }
-  const bool split = !wide_idx.empty();
   ClusterPlan pl;  // the main launch's (unsplit: every matrix, in table order)
-  plan_normed(pl, mats, main_idx, cs);
   // The ranges of params outside every normed matrix, and their tiles.
   std::vector<std::pair<std::int64_t, std::int64_t>> normed;
   for (const SnRange& r : mats)
@@ -2322,9 +2263,35 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   }
   add(at, b.P);
   const std::int64_t tiles = pl.seg_tile0[pl.nseg];
-  const int variant = update_variant(opt) | (split ? kUpdateSplit : 0);
   const std::int64_t plain = std::min<std::int64_t>(tiles, std::max(max_blocks, cs));
   const std::int64_t plain_blocks = (plain + cs - 1) / cs * cs;
+  // wide: the matrices whose share of rows passes one tile of a kThreads block go to the side
+  // launch (at 16 blocks a cluster, with a side stream); the others stay in the main one. fit:
+  // only where the whole update is resident at once with the most shared memory the main launch
+  // may take, a side launch's block counted as two of the main launch's (it takes an SM): the
+  // C51 step (on an H200 1.4 µs faster with it), not the four heads' update in waves (7 µs slower)
+  std::vector<int> main_idx, wide_idx;
+  for (int k = 0; k < u.sn_count; ++k) {
+    const SnRange& m = mats[static_cast<std::size_t>(k)];
+    const bool wide = opt.wide != FitMode::off && side && side->stream && cs == 16 && m.rows > 0 && m.hi > m.lo &&
+                      static_cast<std::int64_t>((m.rows + cs - 1) / cs) * ((m.hi - m.lo) / m.rows) > kClusterTile;
+    (wide ? wide_idx : main_idx).push_back(k);
+  }
+  if (!wide_idx.empty() && opt.wide == FitMode::fit) {
+    const int mc = std::max(u.sn_max_cols, 1), rpc = std::max((u.sn_max_rows + cs - 1) / cs, 1);
+    const std::size_t most = cluster_update_shared(mc, rpc) + cluster_push_shared(cs, mc) +
+                             cluster_stage_shared(rpc) + cluster_keep_shared(rpc, mc);
+    const std::int64_t need =
+        static_cast<std::int64_t>(u.sn_count + static_cast<int>(wide_idx.size())) * cs + plain_blocks;
+    if (static_cast<std::int64_t>(active_clusters(cs, static_cast<unsigned>(need), most)) * cs < need) {
+      main_idx.clear();
+      for (int k = 0; k < u.sn_count; ++k) main_idx.push_back(k);
+      wide_idx.clear();
+    }
+  }
+  const bool split = !wide_idx.empty();
+  plan_normed(pl, mats, main_idx, cs);
+  const int variant = split ? kUpdateSplit : 0;
   const auto blocks = static_cast<unsigned>(static_cast<std::int64_t>(pl.nsn) * cs + plain_blocks);
   // FitMode::fit: on where the grid is resident at once (the C51 step: 176 blocks, with the
   // staging area too; measured 1.2 µs faster there with both, on an H100), not where its plain
@@ -2386,7 +2353,7 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
     w.keepw = kept && wkeep <= kClusterMaxKeep;
     if (w.keepw) wb += wkeep;
     wl.shared = wb;
-    wl.variant = update_variant(opt) | kUpdateWide;
+    wl.variant = kUpdateWide;
     wl.blocks = static_cast<unsigned>(w.nsn * cs);
     // the stamps after the main launch's blocks
     const int left = clock ? clock_blocks - static_cast<int>(blocks) : 0;

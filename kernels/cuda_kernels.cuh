@@ -124,24 +124,21 @@ int update_max_matrices();
 /// (keepw) stores it once after the power iteration, scaled or not, instead of beside Adam and
 /// again where σ > σ_max (the same results; without the kept rows the power iteration reads θ
 /// from params, so it is stored beside Adam there).
-/// one_loop (DQN_UPDATE_ONELOOP=1): each block's tiles in one loop, one inlined copy of a tile's
-/// work for all of them (a smaller kernel: 5,601 PTX instructions against 6,465), where the first
-/// tile has its own copy otherwise (the same results).
-/// flat (DQN_UPDATE_FLAT=1): a tile's g, Adam and stores as three passes over its elements, so that
-/// its Adam is one stretch of arithmetic with no load or store between elements (the same results).
-/// wide (DQN_UPDATE_WIDE=1, with side and at 16 blocks a cluster): the normed matrices whose share
+/// wide (DQN_UPDATE_WIDE, with side and at 16 blocks a cluster): the normed matrices whose share
 /// of rows passes one tile of a block (the C51 step's 256 × 256 trunk.1: two tiles a block) go to
 /// a second launch on side->stream, forked after the partial sums and joined after the main
 /// launch, in blocks of twice the threads (one tile a thread), beside the main launch's clusters
 /// (the same results). The update's graph has one kernel node more.
 /// The FitModes each on, off, or fit: on where the grid (with the staging area, if staged, and the
-/// kept rows, if kept) is resident at once (push: with all three). *choices (if not null) says
-/// what the launch did.
+/// kept rows, if kept) is resident at once (push: with all three; wide: the whole update with the
+/// most shared memory the main launch may take, each block of the side launch counted twice).
+/// *choices (if not null) says what the launch did.
 enum class FitMode { off, on, fit };
 struct UpdateOptions {
   bool early = false;
   FitMode stage = FitMode::off, gather = FitMode::off, keepw = FitMode::off, push = FitMode::off;
-  bool one = false, defer = false, one_loop = false, flat = false, wide = false;
+  FitMode wide = FitMode::off;
+  bool one = false, defer = false;
 };
 struct UpdateChoices {
   bool staged = false, gathered = false, kept = false, pushed = false, one = false;

@@ -2474,8 +2474,8 @@ TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward m
     }
     struct Variant {  // each switch's value (null: unset)
       const char* why;
-      const char *stage = nullptr, *gather = nullptr, *keepw = nullptr, *push = nullptr, *one_loop = nullptr,
-                 *flat = nullptr, *defer = "0", *wide = nullptr;
+      const char *stage = nullptr, *gather = nullptr, *keepw = nullptr, *push = nullptr, *defer = "0",
+                 *wide = "0";
       const char* expect = "";  // in describe(), or "" for none of "staged", "gathered", "kept", "pushed"
     };
     const Variant variants[] = {
@@ -2490,17 +2490,13 @@ TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward m
         // θ); describe() names no deferral
         {.why = "not kept, θ not deferred", .stage = "1", .gather = "1", .keepw = "0", .push = "0", .defer = nullptr,
          .expect = ", second tiles staged, Wᵀu gathered by shares)"},
-        // DQN_UPDATE_ONELOOP=1: the 300 × 256 blocks' three tiles, the two-tile and one-tile blocks
-        // and the plain blocks' tiles each through one loop
-        {.why = "tiles in one loop", .one_loop = "1", .expect = ", tiles in one loop)"},
-        // DQN_UPDATE_FLAT=1: every tile's g, Adam and stores as three passes
-        {.why = "flat tiles", .flat = "1", .expect = ", flat tiles)"},
         // DQN_UPDATE_WIDE=1: the 256 × 256, 200 × 250 and 300 × 256 matrices (two, two and three
         // tiles a block) in a second launch of 512-thread blocks on the side slot (one tile a
-        // block, two for 300 × 256), the other six in the main launch; alone and with flat tiles
+        // block, two for 300 × 256), the other six in the main launch
         {.why = "wide launch", .wide = "1", .expect = ", 3 normed matrices in a wide launch beside it)"},
-        {.why = "wide launch, flat tiles", .flat = "1", .wide = "1",
-         .expect = ", flat tiles, 3 normed matrices in a wide launch beside it)"},
+        // the wide launch without the kept rows and the staging area
+        {.why = "wide launch, not kept", .stage = "0", .gather = "0", .keepw = "0", .push = "0", .wide = "1",
+         .expect = ", 3 normed matrices in a wide launch beside it)"},
     };
     for (const Variant& vr : variants) {
       INFO("variant: " << vr.why);
@@ -2509,7 +2505,7 @@ TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward m
       {
         const ScopedEnv se("DQN_UPDATE_STAGE", vr.stage), ge("DQN_UPDATE_GATHER", vr.gather),
             ke("DQN_UPDATE_KEEPW", vr.keepw), pe("DQN_UPDATE_PUSH", vr.push), de("DQN_UPDATE_DEFER_THETA", vr.defer),
-            le("DQN_UPDATE_ONELOOP", vr.one_loop), fe("DQN_UPDATE_FLAT", vr.flat), we("DQN_UPDATE_WIDE", vr.wide);
+            we("DQN_UPDATE_WIDE", vr.wide);
         gs = std::make_unique<Gpu>();
       }
       on(*gs, stg);

@@ -617,7 +617,7 @@ TEST_CASE("gpu.step.reference_sizes_match_cpu") {
   for (const Case& c : cases) {
     for (const auto& [name, aux] : heads) {
       if (!aux.empty() && !c.aux) continue;
-      INFO(std::string(c.precision) << ", " << name);
+      INFO((std::string(c.precision) + ", " + name));
       const PipelineSpec spec = parse(ref_pipeline(aux, c.precision));
       auto gpu = make(spec, BackendKind::cuda);
       auto cpu = make(spec, BackendKind::cpu);
@@ -653,16 +653,19 @@ TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY, _STAGE, _GATHER, _KE
   // tiles staged in shared memory with Wᵀu summed from registers, its Wᵀu gathered by shares
   // (pushed to every block instead, with DQN_UPDATE_PUSH=1, which the "on" engine sets too), its
   // normed rows kept in shared memory, one head's g in float (DQN_UPDATE_ONEHEAD: C51 alone), the
-  // normed θ stored once (DQN_UPDATE_DEFER_THETA), its tiles in one loop (DQN_UPDATE_ONELOOP)
-  // and as three passes each (DQN_UPDATE_FLAT),
+  // normed θ stored once (DQN_UPDATE_DEFER_THETA),
   // and tile_gemm's fragments by ldmatrix change when kernels are placed, how loads are issued,
   // how g is rounded, when θ is written and how the code is laid out, never what they compute: 20
   // replayed steps with all off give the same bits as with all on (the defaults lie between:
-  // DQN_UPDATE_EARLY, _ONEHEAD and _DEFER_THETA on, DQN_PDL_JOINS, DQN_UPDATE_ONELOOP and _FLAT off,
+  // DQN_UPDATE_EARLY, _ONEHEAD and _DEFER_THETA on, DQN_PDL_JOINS off,
   // DQN_UPDATE_STAGE, _GATHER, _KEEPW and _PUSH where the grid fits, DQN_TILE_LDMATRIX timed per
-  // GEMM), C51 alone and with all three auxiliary heads (more lanes, more joins); the GEMM choices
-  // are the process's, so both engines run the same kernels. describe() says how many joins were
-  // made.
+  // GEMM), C51 alone and with all three auxiliary heads (more lanes, more joins). Both engines run
+  // every GEMM on tile_gemm's first shape, not autotuned (DQN_TILE_GEMM=1, DQN_GEMM_AUTOTUNE=0):
+  // autotuning keys its choices by the ldmatrix mode, so the two engines could time their way to
+  // different kernels (an H100 did so on 2026-12-05, the bits then differing in every buffer),
+  // and with tile_gemm everywhere the ldmatrix switch reaches every GEMM. describe() says how
+  // many joins were made.
+  const EnvOverride tile("DQN_TILE_GEMM", "1"), untuned("DQN_GEMM_AUTOTUNE", "0");
   std::vector<std::string> auxes{""};
   if (const auto all = aux_heads({"iqn", "ensemble", "cql"})) auxes.push_back(*all);
   for (const std::string& aux : auxes) {
@@ -672,7 +675,7 @@ TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY, _STAGE, _GATHER, _KE
     const auto all = [](const char* value) {
       return env_overrides({"DQN_PDL_JOINS", "DQN_UPDATE_EARLY", "DQN_TILE_LDMATRIX", "DQN_UPDATE_STAGE",
                             "DQN_UPDATE_GATHER", "DQN_UPDATE_KEEPW", "DQN_UPDATE_PUSH", "DQN_UPDATE_ONEHEAD",
-                            "DQN_UPDATE_DEFER_THETA", "DQN_UPDATE_ONELOOP", "DQN_UPDATE_FLAT"},
+                            "DQN_UPDATE_DEFER_THETA"},
                            value);
     };
     std::unique_ptr<Engine> late;
@@ -725,7 +728,7 @@ TEST_CASE("gpu.step.fit: DQN_UPDATE_STAGE, _GATHER, _KEEPW and _PUSH unset act w
     configs.push_back({"all four heads, reference sizes", ref_pipeline(kRefAuxHeads), false, true});
   }
   for (const Config& cfg : configs) {
-    INFO(cfg.name);
+    INFO(std::string(cfg.name));
     const bool c51 = cfg.c51;
     const PipelineSpec spec = parse(cfg.text);
     std::unique_ptr<Engine> never;
@@ -764,18 +767,36 @@ TEST_CASE("gpu.step.fit: DQN_UPDATE_STAGE, _GATHER, _KEEPW and _PUSH unset act w
   }
 }
 
-TEST_CASE("gpu.step.wide: DQN_UPDATE_WIDE=1 runs trunk.1's cluster in a launch of its own, with the same results") {
+TEST_CASE("gpu.step.wide: DQN_UPDATE_WIDE runs trunk.1's cluster in a launch of its own, with the same results") {
   // At the reference sizes the update's blocks of trunk.1 (256 × 256: 16 rows of 256 a block)
   // hold two tiles of a 256-thread block; with DQN_UPDATE_WIDE=1 its cluster runs in a second
   // launch of 512-thread blocks (one tile each) on the update's side slot, forked after the
   // partial sums and joined after the main launch. 20 replayed steps give the same bits as one
   // launch, with one graph node more; C51 alone (its update's grid resident at once: the kept
-  // rows and pushed sums in both launches) and the four heads (in waves: neither).
-  std::vector<std::pair<const char*, std::string>> configs{{"C51 alone", ref_pipeline()}};
-  if (aux_heads({"iqn", "ensemble", "cql"})) configs.emplace_back("all four heads", ref_pipeline(kRefAuxHeads));
-  for (const auto& [name, text] : configs) {
-    INFO(name);
-    const auto [one, split] = switch_pair(parse(text), "DQN_UPDATE_WIDE", "0", "1");
+  // rows and pushed sums in both launches) and the four heads (in waves: neither). Unset, the
+  // switch splits where the whole update is resident at once with it: the C51 step, not the four
+  // heads' (their grid in waves, which the side launch's SMs would slow).
+  struct Config {
+    const char* name;
+    std::string text;
+    const char* by_default;  // describe()'s words, the switch unset
+  };
+  std::vector<Config> configs{{"C51 alone", ref_pipeline(), "(last launch: 1 normed matrix)"}};
+  if (aux_heads({"iqn", "ensemble", "cql"}))
+    configs.push_back({"all four heads", ref_pipeline(kRefAuxHeads), "(last launch: 0 normed matrices)"});
+  for (const Config& c : configs) {
+    INFO(std::string(c.name));
+    const PipelineSpec spec = parse(c.text);
+    {
+      const EnvOverride unset("DQN_UPDATE_WIDE", nullptr);
+      unsetenv("DQN_UPDATE_WIDE");
+      auto plain = make(spec, BackendKind::cuda);
+      plain->step();
+      const std::string dd = plain->runtime().describe();
+      INFO(dd);
+      CHECK(dd.find(std::string(", a wide launch where the grid fits ") + c.by_default) != std::string::npos);
+    }
+    const auto [one, split] = switch_pair(spec, "DQN_UPDATE_WIDE", "0", "1");
     const std::string d = split->runtime().describe();
     INFO(d);
     if (!cluster_update_runs(d)) return;
@@ -797,19 +818,22 @@ TEST_CASE("gpu.step.mean: a loss's batch mean a stage of its own (C51's by defau
   // (weighted_mean_members). No gradient depends on a loss's value: 20 replayed steps give the
   // same parameters, moments, target, td_error, norms and clip factors to the bit, the losses
   // within float rounding (each sample's loss is rounded to float before it is weighted), and
-  // one graph node more. C51 alone and with all four heads (the ensemble's switch: those).
+  // one graph node more for C51's (its loss kernel summed the batch in its last block; the mean
+  // is a kernel more) and as many for the ensemble's (c51_xent's reduce kernel becomes the
+  // mean's). C51 alone and with all four heads (the ensemble's switch: those).
   struct Config {
     const char* name;
     std::string aux;
     const char* env;
+    int more_nodes;
   };
-  std::vector<Config> configs{{"C51 alone", "", "DQN_C51_MEAN"}};
+  std::vector<Config> configs{{"C51 alone", "", "DQN_C51_MEAN", 1}};
   if (const auto all = aux_heads({"iqn", "ensemble", "cql"})) {
-    configs.push_back({"all four heads", *all, "DQN_C51_MEAN"});
-    configs.push_back({"all four heads, the ensemble's mean", *all, "DQN_ENSEMBLE_MEAN"});
+    configs.push_back({"all four heads", *all, "DQN_C51_MEAN", 1});
+    configs.push_back({"all four heads, the ensemble's mean", *all, "DQN_ENSEMBLE_MEAN", 0});
   }
   for (const Config& c : configs) {
-    INFO(c.name);
+    INFO(std::string(c.name));
     const auto [fused, own] = switch_pair(parse(pipeline("tf32", "", c.aux)), c.env, "0", "1");
     check_same_bits(*fused, *own, {"params", "target", "adam.m", "adam.v", "report/td_error", "report/norms",
                                    "report/clips"});
@@ -819,7 +843,7 @@ TEST_CASE("gpu.step.mean: a loss's batch mean a stage of its own (C51's by defau
       INFO("head " << h << ": " << lf[h] << " fused, " << lo[h] << " by its own stage");
       CHECK(near(lf[h], lo[h], 1e-6));
     }
-    CHECK(own->runtime().graph_nodes() == fused->runtime().graph_nodes() + 1);
+    CHECK(own->runtime().graph_nodes() == fused->runtime().graph_nodes() + c.more_nodes);
   }
 }
 

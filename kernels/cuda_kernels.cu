@@ -1131,10 +1131,10 @@ constexpr int update_threads(int v) { return (v & kUpdateWide) != 0 ? 2 * kThrea
 
 constexpr int kClusterPer = 8;        // elements per thread and tile: a tile is one round of loads
 constexpr int kClusterEarlyHeads = 2;  // heads whose gradients a tile loads before the clip factors
-constexpr std::int64_t kClusterTile = std::int64_t{kThreads} * kClusterPer;
 /// A tile of a block of NT threads (the wide launch's blocks have twice kThreads).
 template <int NT>
 constexpr std::int64_t kTileOf = std::int64_t{NT} * kClusterPer;
+constexpr std::int64_t kClusterTile = kTileOf<kThreads>;
 
 /// One tile's operands in registers: m, v, θ, the target (Polyak) and the first heads' gradients.
 struct ClusterTile {
@@ -1314,6 +1314,12 @@ __host__ __device__ inline std::size_t cluster_keep_rows(int rpc, int max_cols) 
   return (static_cast<std::size_t>(rpc) * static_cast<std::size_t>(max_cols) + 3) / 4 * 4;
 }
 std::size_t cluster_keep_shared(int rpc, int max_cols) { return 2 * cluster_keep_rows(rpc, max_cols) * sizeof(float); }
+/// The most dynamic shared memory a launch of these bounds takes: every area above (cs blocks a
+/// cluster; without the push slots where they do not fit, the launch takes less).
+std::size_t cluster_most_shared(int cs, int max_cols, int rpc) {
+  return cluster_update_shared(max_cols, rpc) + cluster_push_shared(cs, max_cols) + cluster_stage_shared(rpc) +
+         cluster_keep_shared(rpc, max_cols);
+}
 /// The most the kept rows may take (the C51 step's 16 rows of 256 columns take 32 KiB).
 constexpr std::size_t kClusterMaxKeep = 64 * 1024;
 /// The most dynamic shared memory the cluster update asks for (its function attribute).
@@ -2279,8 +2285,7 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   }
   if (!wide_idx.empty() && opt.wide == FitMode::fit) {
     const int mc = std::max(u.sn_max_cols, 1), rpc = std::max((u.sn_max_rows + cs - 1) / cs, 1);
-    const std::size_t most = cluster_update_shared(mc, rpc) + cluster_push_shared(cs, mc) +
-                             cluster_stage_shared(rpc) + cluster_keep_shared(rpc, mc);
+    const std::size_t most = cluster_most_shared(cs, mc, rpc);
     const std::int64_t need =
         static_cast<std::int64_t>(u.sn_count + static_cast<int>(wide_idx.size())) * cs + plain_blocks;
     if (static_cast<std::int64_t>(active_clusters(cs, static_cast<unsigned>(need), most)) * cs < need) {
@@ -2310,7 +2315,7 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
     return m == FitMode::on || (m == FitMode::fit && blocks > 0 && fits(shared));
   };
   const std::size_t stage_bytes = cluster_stage_shared(pl.rpc), keep_bytes = cluster_keep_shared(pl.rpc, pl.max_cols);
-  const bool pushed = push_bytes <= kClusterMaxPush && wants(opt.push, base + push_bytes + stage_bytes + keep_bytes);
+  const bool pushed = push_bytes <= kClusterMaxPush && wants(opt.push, cluster_most_shared(cs, pl.max_cols, pl.rpc));
   if (pushed) base += push_bytes;
   pl.stage_at = static_cast<int>(base / sizeof(double));
   const bool staged = wants(opt.stage, base + stage_bytes);

@@ -2253,7 +2253,8 @@ TEST_CASE("gpu.ops.update: the cluster update equals budget → adam → spectra
     // shared memory (DQN_UPDATE_KEEPW=1) and without; and gathering instead of pushing (the default
     // stages, keeps and pushes where the grid fits, as these 48 blocks do), each with the normed
     // θ stored beside Adam (DQN_UPDATE_DEFER_THETA=0; the default stores it once, after the power
-    // iteration) and twice on the same state: the same bits as the default cluster update
+    // iteration), without the wide launch's text in describe() (DQN_UPDATE_WIDE=0), and twice on
+    // the same state: the same bits as the default cluster update
     if (c.layout == 0)
       CHECK_MESSAGE(gpu.rt().describe().find("pushed to every block where the grid fits (last launch: yes)") !=
                         std::string::npos,
@@ -2267,7 +2268,8 @@ TEST_CASE("gpu.ops.update: the cluster update equals budget → adam → spectra
       std::unique_ptr<Gpu> gq;
       {
         const ScopedEnv se("DQN_UPDATE_STAGE", "1"), ge("DQN_UPDATE_GATHER", vr.gather),
-            ke("DQN_UPDATE_KEEPW", vr.keepw), pe("DQN_UPDATE_PUSH", "0"), de("DQN_UPDATE_DEFER_THETA", "0");
+            ke("DQN_UPDATE_KEEPW", vr.keepw), pe("DQN_UPDATE_PUSH", "0"), de("DQN_UPDATE_DEFER_THETA", "0"),
+            we("DQN_UPDATE_WIDE", "0");  // (these matrices hold one tile a block: nothing to split)
         gq = std::make_unique<Gpu>();
       }
       for (int round = 0; round < 2; ++round) {

@@ -1097,21 +1097,11 @@ class CudaBackend final : public Backend {
   }
 
   void weighted_mean(Real out, Real x, Real w, std::int64_t n) noexcept override {
-    mean_of_members("weighted_mean", out, x, w, n, 1);
-  }
-
-  void weighted_mean_members(Real out, Real x, Real w, std::int64_t n, int members) noexcept override {
-    mean_of_members("weighted_mean_members", out, x, w, n, members);
-  }
-
-  /// weighted_mean over `members` heads' per-sample losses (the op's checks and launch).
-  void mean_of_members(const char* op, Real out, Real x, Real w, std::int64_t n, int members) noexcept {
-    if (n < 0 || members < 0) return fail(op, "negative size");
-    const std::int64_t total_n = n * members;
-    if (!real_ok(out, op, "out") || (total_n > 0 && (!real_ok(x, op, "x") || !real_ok(w, op, "w"))) || planning_)
-      return;
-    DQN_CUDA_OK(op, cuda::weighted_mean(stream_, out.as<float>(), total_n > 0 ? x.as<const float>() : nullptr,
-                                        total_n > 0 ? w.as<const float>() : nullptr, n, members));
+    constexpr const char* op = "weighted_mean";
+    if (n < 0) return fail(op, "negative size");
+    if (!real_ok(out, op, "out") || (n > 0 && (!real_ok(x, op, "x") || !real_ok(w, op, "w"))) || planning_) return;
+    DQN_CUDA_OK(op, cuda::weighted_mean(stream_, out.as<float>(), n > 0 ? x.as<const float>() : nullptr,
+                                        n > 0 ? w.as<const float>() : nullptr, n));
   }
 
   void uniform(const Uniform& a) noexcept override {

@@ -1779,21 +1779,16 @@ __global__ void sum_slices_kernel(float* c, int m, int n, int ldc, const float* 
 
 // --- elementwise ----------------------------------------------------------------------------
 
-/// out[0] = (1/N) Σ_j w[j mod n]·x[j] over j < N = members·n: each thread its strided share in
-/// double, then the block's sum (one block: a fixed order). members 1: (1/n) Σ w[i]·x[i].
-__global__ void weighted_mean_kernel(float* out, const float* x, const float* w, std::int64_t n, std::int64_t N) {
+/// out[0] = (1/n) Σ w[i]·x[i]: each thread its strided share in double, then the block's sum
+/// (one block: a fixed order).
+__global__ void weighted_mean_kernel(float* out, const float* x, const float* w, std::int64_t n) {
   dev::pdl_entry();
   __shared__ double sh[32];
   double acc = 0.0;
-  if (N == n) {  // one member (as before members: no index arithmetic)
-    for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x)
-      acc += static_cast<double>(w[i]) * static_cast<double>(x[i]);
-  } else {
-    for (std::int64_t j = threadIdx.x; j < N; j += blockDim.x)
-      acc += static_cast<double>(w[j % n]) * static_cast<double>(x[j]);
-  }
+  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    acc += static_cast<double>(w[i]) * static_cast<double>(x[i]);
   const double total = dev::block_sum(acc, sh);
-  if (threadIdx.x == 0) out[0] = static_cast<float>(N > 0 ? total / static_cast<double>(N) : 0.0);
+  if (threadIdx.x == 0) out[0] = static_cast<float>(n > 0 ? total / static_cast<double>(n) : 0.0);
 }
 
 __global__ void fill_kernel(float* x, float value, std::int64_t n) {
@@ -2412,10 +2407,10 @@ cudaError_t fill(cudaStream_t s, float* x, float value, std::int64_t n) {
   return cudaGetLastError();
 }
 
-cudaError_t weighted_mean(cudaStream_t s, float* out, const float* x, const float* w, std::int64_t n, int members) {
+cudaError_t weighted_mean(cudaStream_t s, float* out, const float* x, const float* w, std::int64_t n) {
   // without programmatic serialization: a loss's mean is off the step's path, and its block,
   // placed early, would wait on an SM beside the loss (b35f56d measured the loss start later so)
-  weighted_mean_kernel<<<1, kThreads, 0, s>>>(out, x, w, n, n * members);
+  weighted_mean_kernel<<<1, kThreads, 0, s>>>(out, x, w, n);
   return cudaGetLastError();
 }
 

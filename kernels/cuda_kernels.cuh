@@ -271,10 +271,9 @@ cudaError_t tile_gemm_chain(cudaStream_t s, const TileGemm& g, const TileChain& 
 cudaError_t sum_slices(cudaStream_t s, float* c, int m, int n, int ldc, const float* part, int slices);
 cudaError_t fill(cudaStream_t s, float* x, float value, std::int64_t n);
 cudaError_t axpy(cudaStream_t s, float* y, const float* x, float alpha, std::int64_t n);
-/// out[0] = (1/(members·n)) Σ_k Σ_i w[i]·x[k·n + i] in double, one block in a fixed order (0 where
-/// there is nothing), launched without programmatic serialization.
-cudaError_t weighted_mean(cudaStream_t s, float* out, const float* x, const float* w, std::int64_t n,
-                          int members = 1);
+/// out[0] = (1/n) Σ w[i]·x[i] in double, one block in a fixed order (n = 0: 0), launched without
+/// programmatic serialization.
+cudaError_t weighted_mean(cudaStream_t s, float* out, const float* x, const float* w, std::int64_t n);
 cudaError_t uniform(cudaStream_t s, const Uniform& a);
 
 /// dst[b][r][c] (compact, bf16) = src[b*stride + r*ld + c] for b < batch, r < rows, c < cols.

@@ -573,23 +573,14 @@ class CpuBackend final : public Backend {
   }
 
   void weighted_mean(Real out, Real x, Real w, std::int64_t n) noexcept override {
-    mean_of_members("weighted_mean", out, x, w, n, 1);
-  }
-
-  void weighted_mean_members(Real out, Real x, Real w, std::int64_t n, int members) noexcept override {
-    mean_of_members("weighted_mean_members", out, x, w, n, members);
-  }
-
-  /// out[0] = (1/(members·n)) Σ_k Σ_i w[i]·x[k·n + i], members and samples in order, in double.
-  void mean_of_members(const char* op, Real out, Real x, Real w, std::int64_t n, int members) noexcept {
-    if (n < 0 || members < 0) return fail(op, "negative size");
-    const std::int64_t total_n = n * members;
-    if (!real_ok(out, op, "out") || (total_n > 0 && (!real_ok(x, op, "x") || !real_ok(w, op, "w")))) return;
-    const T* X = total_n > 0 ? x.as<T>() : nullptr;
-    const T* W = total_n > 0 ? w.as<T>() : nullptr;
+    constexpr const char* op = "weighted_mean";
+    if (n < 0) return fail(op, "negative size");
+    if (!real_ok(out, op, "out") || (n > 0 && (!real_ok(x, op, "x") || !real_ok(w, op, "w")))) return;
+    const T* X = n > 0 ? x.as<T>() : nullptr;
+    const T* W = n > 0 ? w.as<T>() : nullptr;
     double total = 0.0;
-    for (std::int64_t j = 0; j < total_n; ++j) total += static_cast<double>(W[j % n]) * static_cast<double>(X[j]);
-    out.as<T>()[0] = static_cast<T>(total_n > 0 ? total / static_cast<double>(total_n) : 0.0);
+    for (std::int64_t i = 0; i < n; ++i) total += static_cast<double>(W[i]) * static_cast<double>(X[i]);
+    out.as<T>()[0] = static_cast<T>(n > 0 ? total / static_cast<double>(n) : 0.0);
   }
 
   void uniform(const Uniform& a) noexcept override {

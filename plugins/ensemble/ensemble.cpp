@@ -9,12 +9,6 @@
  *  tensors sit k·stride after member 0's: every GEMM runs once, strided-batched over the K
  *  members (the shared h2 with stride 0), and the elementwise ops run once over all K·B rows.
  *  Per member remain only the bias ops and the cross-entropy (different bias vectors, one m).
- *
- *  DQN_ENSEMBLE_MEAN=1 (off unless set; not yet measured): the loss stage ends with the members'
- *  per-sample losses (ensemble/loss_per_sample [K,B]), and a stage of its own declared last,
- *  loss.mean, takes L_ens from them and the weights (weighted_mean_members), so that the
- *  backward no longer waits for the batch's sum; as the C51 loss's mean did (DQN_C51_MEAN). The
- *  same gradients; the loss within float rounding (each per-sample loss is rounded to float).
  */
 #include <cstdio>
 #include <cstring>
@@ -32,7 +26,7 @@ using namespace dqn;
 
 enum Tag : std::int32_t {
   kForward = 0, kLoss = 1, kBackward = 2, kWeights = 3, kTrunk = 4, kWeightsHidden = 5, kBias = 6, kDisagreement = 7,
-  kBiasHidden = 8, kMean = 9
+  kBiasHidden = 8
 };
 
 class EnsembleHead final : public Head {
@@ -56,23 +50,16 @@ class EnsembleHead final : public Head {
           {own("dlogits"), {K, B, D, A, Z}, BufferKind::scratch}, {own("dv"), {K, B, LZ}, BufferKind::scratch},
           {own("dadv"), {K, B, D, LAZ}, BufferKind::scratch}, {own("dhidden"), {K, B, hc}, BufferKind::scratch},
       };
-      mean_stage_ = env_switch("DQN_ENSEMBLE_MEAN");
       for (const auto& x : decls)
         if (int rc = ctx.buffer(x.n.c_str(), DType::real, x.s.data(), std::int32_t(x.s.size()), x.kind)) return keep(rc);
-      if (mean_stage_) {
-        const std::int64_t shape[] = {K, B};
-        if (int rc = ctx.buffer(own("loss_per_sample").c_str(), DType::real, shape, 2, BufferKind::activation))
-          return keep(rc);
-      }
       const std::string loss = "loss/" + name_, grad = "grad/" + name_, dtrunk = "dtrunk/" + name_;
       int rc = stage(ctx, kForward, "forward", {buf::h2, "params"},
                      {own("hidden"), own("v"), own("adv"), own("logits"), own("logp"), own("q")});
       // the disagreement (a metric): beside the loss and backward, not before them
       rc = rc ? rc : stage(ctx, kDisagreement, "disagreement", {own("q")}, {own("disagreement")});
       // loss: the cross-entropy with the dueling backward of its gradient (dv, dadv) in one op
-      // (DQN_ENSEMBLE_MEAN=1: the members' per-sample losses instead of the loss, see loss.mean)
       rc = rc ? rc : stage(ctx, kLoss, "loss", {own("logp"), buf::target_m, buf::actions, buf::is_weights},
-                           {mean_stage_ ? own("loss_per_sample") : loss, own("dlogits"), own("dv"), own("dadv")});
+                           {loss, own("dlogits"), own("dv"), own("dadv")});
       // backward: the input side down to dhidden (ReLU-masked in its GEMMs); trunk: ∂L/∂h2 from
       // it; weights and bias (the output layers), weights.hidden and bias.hidden (the hidden
       // layers): the other gradients, on lanes of their own beside the trunk stage and the
@@ -91,10 +78,6 @@ class EnsembleHead final : public Head {
       rc = rc ? rc : stage(ctx, kWeights, "weights", {own("dv"), own("dadv"), own("hidden")}, weights);
       rc = rc ? rc : stage(ctx, kBias, "bias", {own("dv"), own("dadv")}, biases);
       rc = rc ? rc : stage(ctx, kWeightsHidden, "weights.hidden", {own("dhidden"), buf::h2}, hidden_weights);
-      // loss.mean (DQN_ENSEMBLE_MEAN=1): L_ens from the per-sample losses and the weights, declared
-      // last so that the other stages keep their lanes; only the update waits for it
-      if (mean_stage_)
-        rc = rc ? rc : stage(ctx, kMean, "loss.mean", {own("loss_per_sample"), buf::is_weights}, {loss});
       return keep(rc);
     } catch (const std::exception& e) {
       error_ = e.what();
@@ -133,10 +116,6 @@ class EnsembleHead final : public Head {
       weights_ = r.real(buf::is_weights);
       actions_ = r.i32(buf::actions);
       loss_ = r.real(("loss/" + name_).c_str());
-      if (mean_stage_ && !(loss_per_sample_ = r.real(own("loss_per_sample").c_str()))) {
-        error_ = "ensemble: its per-sample losses (loss.mean) are missing";
-        return 1;
-      }
       dtrunk_ = r.real(("dtrunk/" + name_).c_str());
       if (!(ok && disagreement_ && back_.dv && back_.dadv && back_.dhidden && h2_ && m_ && weights_ && actions_ &&
             loss_ && dtrunk_)) {
@@ -162,9 +141,8 @@ class EnsembleHead final : public Head {
       case kLoss:
       {  // every member against the primary's projected target, in one call
         C51Xent x;
-        x.loss_per_sample = mean_stage_ ? loss_per_sample_ : Real{nullptr, h2_.esize};
-        x.loss = mean_stage_ ? Real{nullptr, h2_.esize} : loss_;
-        x.dlogits = members_[0].dlogits; x.logp = members_[0].act.logp;
+        x.loss_per_sample = Real{nullptr, h2_.esize};
+        x.loss = loss_; x.dlogits = members_[0].dlogits; x.logp = members_[0].act.logp;
         x.actions = actions_; x.m = m_; x.weights = weights_;
         x.B = B; x.D = d_.D; x.A = d_.A; x.Z = d_.Z;
         x.scale = 1.0f / float(K_);
@@ -172,9 +150,6 @@ class EnsembleHead final : public Head {
         x.dv = back_.dv; x.lddv = d_.ldz(); x.dadv = back_.dadv; x.lddadv = d_.ldaz();
         be.c51_xent(x);
       }
-        break;
-      case kMean:  // (1/K)·Σ_k (1/B) Σ_b w_b L_k(b), as c51_xent's mean with scale 1/K
-        be.weighted_mean_members(loss_, loss_per_sample_, weights_, B, K_);
         break;
       case kBackward:
         backward_inputs(be);
@@ -387,8 +362,6 @@ class EnsembleHead final : public Head {
   bdq::Acts all_{};          ///< [K,B,...]: every member's activations
   std::int64_t stride_ = 0;  ///< elements from one member's parameter block to the next
   Real q_, disagreement_, h2_, m_, weights_, loss_, dtrunk_;
-  Real loss_per_sample_{};   ///< [K,B] (DQN_ENSEMBLE_MEAN=1)
-  bool mean_stage_ = false;  ///< loss.mean, the loss stage without the batch's sum (DQN_ENSEMBLE_MEAN=1)
   std::int32_t* actions_ = nullptr;
 };
 

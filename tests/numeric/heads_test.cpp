@@ -540,12 +540,11 @@ PipelineSpec switch_pipeline(const SwitchCase& c) {
   return parse(text);
 }
 /// A head's 0/1 switch set to `value`: building an engine fails, naming the variable, the value
-/// and what it takes (the head's declare refuses it). aux: the auxiliary heads of the pipeline
-/// (the head that reads the switch among them).
-void check_refused(const char* env, const char* value, const std::string& aux = "") {
+/// and what it takes (the head's declare refuses it).
+void check_refused(const char* env, const char* value) {
   setenv(env, value, 1);
   try {
-    make(parse(tiny_pipeline(aux)), true);
+    make(parse(tiny_pipeline("")), true);
     FAIL(env << "=" << value << " was accepted");
   } catch (const std::exception& e) {
     CHECK(std::string(e.what()).find(std::string(env) + "='" + value + "': expected 0 or 1") != std::string::npos);
@@ -635,45 +634,6 @@ TEST_CASE("heads.head_mask: the trunk's top ReLU mask in the C51 head's GEMM, th
     CHECK(plain->read_report().grad_norms == masked->read_report().grad_norms);
   });
   check_refused("DQN_HEAD_MASK", "2");
-}
-
-TEST_CASE("heads.ensemble_mean: the ensemble's batch mean a stage of its own, the same gradients") {
-  // DQN_ENSEMBLE_MEAN=1 (read when the ensemble declares its stages): ensemble.loss ends with the
-  // members' per-sample losses (ensemble/loss_per_sample) instead of the loss, and
-  // ensemble.loss.mean, declared last, takes the loss from them and the weights
-  // (weighted_mean_members), waited for by the update alone (ensemble.backward no longer waits for
-  // the batch's sum). Every parameter, gradient and norm the same to the bit; the ensemble's loss
-  // within its summation order (and, in f32, each per-sample loss's rounding); the other heads'
-  // losses the same. Anything but 0 or 1 is refused.
-  each_switch_case([](const SwitchCase& sc, const PipelineSpec& spec, bool f64) {
-    if (sc.aux.empty()) return;  // (no ensemble)
-    auto plain = make(spec, f64);
-    auto own = make_switched("DQN_ENSEMBLE_MEAN", spec, f64);
-    CHECK(plain->explain().find("ensemble.loss.mean") == std::string::npos);
-    CHECK(own->explain().find("ensemble.loss.mean  <ensemble>\n       reads:  ensemble/loss_per_sample, "
-                              "batch/is_weights\n") != std::string::npos);
-    int waiting = 0;
-    for (const auto& [stage, waits] : own->stage_waits())
-      for (const auto& w : waits)
-        if (w == "ensemble.loss.mean") {
-          ++waiting;
-          CHECK(stage == "update");
-        }
-    CHECK(waiting == 1);
-    step_both_and_compare(*plain, *own, {"params", "target", "grad/all", "adam.v", "report/td_error"});
-    const StepReport rp = plain->read_report(), ro = own->read_report();
-    CHECK(rp.grad_norms == ro.grad_norms);
-    CHECK(rp.clips == ro.clips);
-    REQUIRE(rp.heads == ro.heads);
-    for (std::size_t h = 0; h < rp.heads.size(); ++h) {
-      INFO("head " << rp.heads[h]);
-      if (rp.heads[h] == "ensemble")
-        CHECK(ro.losses[h] == doctest::Approx(rp.losses[h]).epsilon(f64 ? 1e-12 : 1e-6));
-      else
-        CHECK(ro.losses[h] == rp.losses[h]);
-    }
-  });
-  check_refused("DQN_ENSEMBLE_MEAN", "2", "  - {plugin: ensemble, members: 2}\n");
 }
 
 TEST_CASE("heads.layout.aligned_groups") {

@@ -214,9 +214,7 @@ struct C51Project {
 /// Cross-entropy of online log-probabilities at the taken actions against m, with its gradient.
 struct C51Xent {
   Real loss_per_sample;        ///< out [B]  (1/D) Σ_d −Σ_i m log p      (may alias nothing)
-  Real loss;                   ///< out [1]  (1/B) Σ_b w_b L(b) * scale (added when accumulate; null:
-                               ///< not computed, as the ensemble's loss.mean stage takes it from
-                               ///< loss_per_sample by weighted_mean_members)
+  Real loss;                   ///< out [1]  (1/B) Σ_b w_b L(b) * scale (added when accumulate)
   Real dlogits;                ///< out [B,D,A,Z], overwritten: d(loss)/d(logits)
   Real logp;                   ///< in  [B,D,A,Z] online log-softmax at states
   const std::int32_t* actions; ///< in  [B,D]
@@ -603,13 +601,6 @@ class Backend {
   /// out[0] = (1/n) Σ_i w[i]·x[i], summed in double in a fixed order (n = 0: 0). A head's loss
   /// from its per-sample losses and the importance weights (C51Loss with loss null).
   virtual void weighted_mean(Real out, Real x, Real w, std::int64_t n) noexcept = 0;
-
-  // --- appended in ABI 15 (several heads' batch mean as one); never reorder what is above ---
-  /// out[0] = (1/(members·n)) Σ_k Σ_i w[i]·x[k·n + i], summed in double in a fixed order (n or
-  /// members 0: 0): the loss of `members` heads against the same importance weights, each with
-  /// its per-sample losses x[k·n .. k·n + n) — the ensemble's, with C51Xent::loss null (its
-  /// loss is (1/K)·Σ_k (1/B) Σ_b w_b L_k(b)). members 1 is weighted_mean.
-  virtual void weighted_mean_members(Real out, Real x, Real w, std::int64_t n, int members) noexcept = 0;
 
   /// head_backward_inputs as the ops it is made of: two GEMMs, each masked by the hidden
   /// activations of its columns (relu_backward in the GEMM, Gemm::mask).

@@ -5,11 +5,15 @@ the peer gets the same ones on its command line.
 
     python3 bench/compare.py --dqn build-gpu/tools/dqn --pipeline pipelines/ref.yaml \
         --batch 256,1024,4096 --precision tf32,fp32,bf16 [--heads c51] [--json-out FILE]
+
+One batch size at a time: the engine, then the peer, then that batch's rows printed (and the JSON
+file rewritten), so that a run cut off by a time box keeps every batch it finished.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 
@@ -41,32 +45,40 @@ def main() -> int:
     p.add_argument("--iters", type=int, default=2000)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--peer-args", default="", help="extra arguments for torch_peer.py (shapes, constants)")
+    p.add_argument("--peer", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_peer.py"),
+                   help="the peer script (default: torch_peer.py beside this one)")
     p.add_argument("--set", action="append", default=[], help="pipeline override for dqn (key=value)")
     p.add_argument("--json-out", help="write every row here")
     a = p.parse_args()
 
-    common = ["--batch", a.batch, "--precision", a.precision, "--warmup", str(a.warmup),
-              "--iters", str(a.iters), "--repeats", str(a.repeats), "--json"]
-    # The engine on the GPU (the comparison is the same step on the same GPU): without one, dqn
-    # stops at once with why, instead of timing thousands of CPU steps.
-    ours = run_json_lines([a.dqn, "bench", a.pipeline, "--backend", "cuda", *common,
-                           *sum([["--set", s] for s in a.set], [])])
-    peer = run_json_lines([sys.executable, "bench/torch_peer.py", "--mode", a.peer_modes, "--heads", a.heads,
-                           *common, *a.peer_args.split()])
-    rows = []
-    print(f"{'precision':>9} {'batch':>6} {'dqn_us':>10} {'peer_mode':>9} {'peer_us':>10} {'ratio':>8}")
-    for o in ours:
-        for q in peer:
-            if q["batch"] == o["batch"] and q["precision"] == o["precision"]:
-                ratio = q["us_per_step_median"] / o["us_per_step_median"]
-                rows.append({"precision": o["precision"], "batch": o["batch"], "dqn_us": o["us_per_step_median"],
-                             "peer_mode": q["mode"], "peer_us": q["us_per_step_median"], "ratio": ratio,
-                             "graph_nodes": o.get("graph_nodes"), "gpu": q.get("gpu"), "torch": q.get("torch")})
-                print(f"{o['precision']:>9} {o['batch']:>6} {o['us_per_step_median']:>10.2f} {q['mode']:>9} "
-                      f"{q['us_per_step_median']:>10.2f} {ratio:>7.1f}x")
-    if a.json_out:
-        with open(a.json_out, "w") as f:
-            json.dump({"dqn": ours, "peer": peer, "rows": rows}, f, indent=1)
+    batches = [b.strip() for b in a.batch.split(",") if b.strip()]
+    if not batches:
+        raise SystemExit(f"compare.py: --batch '{a.batch}': expected a comma list of batch sizes")
+    common = ["--precision", a.precision, "--warmup", str(a.warmup), "--iters", str(a.iters),
+              "--repeats", str(a.repeats), "--json"]
+    ours, peer, rows = [], [], []
+    print(f"{'precision':>9} {'batch':>6} {'dqn_us':>10} {'peer_mode':>9} {'peer_us':>10} {'ratio':>8}", flush=True)
+    for batch in batches:
+        # The engine on the GPU (the comparison is the same step on the same GPU): without one, dqn
+        # stops at once with why, instead of timing thousands of CPU steps.
+        o_rows = run_json_lines([a.dqn, "bench", a.pipeline, "--backend", "cuda", "--batch", batch, *common,
+                                 *sum([["--set", s] for s in a.set], [])])
+        q_rows = run_json_lines([sys.executable, a.peer, "--mode", a.peer_modes, "--heads", a.heads,
+                                 "--batch", batch, *common, *a.peer_args.split()])
+        ours += o_rows
+        peer += q_rows
+        for o in o_rows:
+            for q in q_rows:
+                if q["batch"] == o["batch"] and q["precision"] == o["precision"]:
+                    ratio = q["us_per_step_median"] / o["us_per_step_median"]
+                    rows.append({"precision": o["precision"], "batch": o["batch"], "dqn_us": o["us_per_step_median"],
+                                 "peer_mode": q["mode"], "peer_us": q["us_per_step_median"], "ratio": ratio,
+                                 "graph_nodes": o.get("graph_nodes"), "gpu": q.get("gpu"), "torch": q.get("torch")})
+                    print(f"{o['precision']:>9} {o['batch']:>6} {o['us_per_step_median']:>10.2f} {q['mode']:>9} "
+                          f"{q['us_per_step_median']:>10.2f} {ratio:>7.1f}x", flush=True)
+        if a.json_out:  # rewritten after every batch: what a cut-off run finished stays
+            with open(a.json_out, "w") as f:
+                json.dump({"dqn": ours, "peer": peer, "rows": rows}, f, indent=1)
     return 0
 
 

@@ -1379,7 +1379,7 @@ class CudaBackend final : public Backend {
     for (int blk = 0; blk < n; ++blk) {
       const int cid = blk < ch.main_blocks ? blk / cs : ch.main_normed + (blk - ch.main_blocks) / cs;
       const bool normed = blk < ch.main_blocks ? cid < ch.main_normed : cid < static_cast<int>(ch.clusters.size());
-      if (normed && cid < static_cast<int>(ch.clusters.size())) out.group[static_cast<std::size_t>(blk)] = ch.clusters[static_cast<std::size_t>(cid)];
+      if (normed) out.group[static_cast<std::size_t>(blk)] = ch.clusters[static_cast<std::size_t>(cid)];
     }
     int clock_khz = 0;
     if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device_) != cudaSuccess) cudaGetLastError();

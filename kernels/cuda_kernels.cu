@@ -2211,12 +2211,11 @@ bool update_cluster_fits(int cs, int max_rows, int max_cols) {
 }
 
 namespace {
-/// A split update's side launch as planned: its plan, grid, dynamic shared memory and variant.
+/// A split update's side launch (kUpdateWide) as planned: its plan, grid and dynamic shared memory.
 struct ClusterLaunch {
   ClusterPlan pl;
   unsigned blocks = 0;
   std::size_t shared = 0;
-  int variant = 0;
 };
 
 /// The normed matrices `idx` (indices into Update::sn_mats) in pl, one cluster each in that order
@@ -2353,7 +2352,6 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
     w.keepw = kept && wkeep <= kClusterMaxKeep;
     if (w.keepw) wb += wkeep;
     wl.shared = wb;
-    wl.variant = kUpdateWide;
     wl.blocks = static_cast<unsigned>(w.nsn * cs);
     // the stamps after the main launch's blocks
     const int left = clock ? clock_blocks - static_cast<int>(blocks) : 0;
@@ -2371,9 +2369,10 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   if (split) {
     // forked after the partial sums (the event holds the stream's work so far), launched first,
     // joined back after the main launch
-    const UpdateKernel wk = update_kernel(cs, wl.variant);
+    const UpdateKernel wk = update_kernel(cs, kUpdateWide);
     cudaLaunchAttribute wattr[2]{};
-    const cudaLaunchConfig_t wcfg = cluster_config(cs, wl.blocks, wl.shared, side->stream, wattr, true, 2 * kThreads);
+    const cudaLaunchConfig_t wcfg =
+        cluster_config(cs, wl.blocks, wl.shared, side->stream, wattr, true, update_threads(kUpdateWide));
     if (cudaError_t e = cudaEventRecord(side->fork, s); e != cudaSuccess) return e;
     if (cudaError_t e = cudaStreamWaitEvent(side->stream, side->fork, 0); e != cudaSuccess) return e;
     dev::note_pdl_kernel(reinterpret_cast<const void*>(wk));

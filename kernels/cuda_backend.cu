@@ -1325,14 +1325,10 @@ class CudaBackend final : public Backend {
     constexpr const char* op = "c51_loss";
     if (a.B < 0 || a.D <= 0 || a.A <= 0 || a.Z < 2) return fail(op, "need B >= 0, D, A >= 1, Z >= 2");
     if (!(a.v_max > a.v_min)) return fail(op, "v_max must exceed v_min");
-    if (a.part < 0 || a.part > 4)
-      return fail(op, "part must be 0 (all), 1 (the projection), 2 (the rest), 3 (every action's projection) or "
-                      "4 (the rest from it)");
-    const bool rest = a.part != 1 && a.part != 3;  // the loss and its gradients (else a projection alone)
+    if (a.part < 0 || a.part > 2) return fail(op, "part must be 0 (all), 1 (the projection) or 2 (the rest)");
     if (a.loss && !real_ok(a.loss, op, "loss")) return;
-    if ((a.part == 3 || a.part == 4) && !real_ok(a.m_all, op, "m_all")) return;
     if (a.B == 0) {
-      if (a.loss && rest && !planning_) DQN_CUDA_OK(op, cuda::fill(stream_, a.loss.as<float>(), 0.0f, 1));
+      if (a.loss && a.part != 1 && !planning_) DQN_CUDA_OK(op, cuda::fill(stream_, a.loss.as<float>(), 0.0f, 1));
       return;
     }
     if (!a.actions || !a.a_star) return fail(op, "null actions/a_star");
@@ -1349,7 +1345,7 @@ class CudaBackend final : public Backend {
     void* s = scratch(op, cuda::c51_loss_scratch_bytes(a.B));
     if (!s) return;
     // no loss: the blocks end after their samples, with no last block summing the batch
-    DQN_CUDA_OK(op, cuda::c51_loss(stream_, a, s, a.loss && rest ? counter() : nullptr, double_math(), loss_pair_));
+    DQN_CUDA_OK(op, cuda::c51_loss(stream_, a, s, a.loss ? counter() : nullptr, double_math(), loss_pair_));
   }
 
 

@@ -210,14 +210,13 @@ __device__ __forceinline__ void c51_sample_end(const C51Loss& a, int b, const GT
   if (threadIdx.x == 0) static_cast<float*>(a.loss.p)[0] = static_cast<float>(total / a.B);
 }
 
-/// One block per sample (part 3: per sample and action, grid.y the action), a slot of threads per
-/// branch, a thread per atom (loss_shape); PART as c51_loss_warp_kernel's. Shared:
+/// One block per sample, a slot of threads per branch, a thread per atom (loss_shape); PART as
+/// c51_loss_warp_kernel's. Shared:
 /// per branch the cross-entropy [D] (double) and the taken action's gradient row g [D][Z]; per
 /// slot the target probabilities p, the projected support tz and the projection m [Z] each. The
 /// last block reduces the weighted per-sample losses (scratch) in a fixed order. T: see exp_t.
 template <typename T, int PART = 0>
 __global__ void c51_loss_kernel(C51Loss a, double dz_d, LossShape shape, double* weighted, unsigned* counter) {
-  constexpr bool kProj = PART == 0 || PART == 1 || PART == 3, kRest = PART == 0 || PART == 2 || PART == 4;
   dev::pdl_entry();
   extern __shared__ double cl_shared[];
   __shared__ double red[32], red2[32];
@@ -233,14 +232,13 @@ __global__ void c51_loss_kernel(C51Loss a, double dz_d, LossShape shape, double*
   const float* TADV = static_cast<const float*>(a.tadv.p);
   const float* LP = static_cast<const float*>(a.logp.p);
   float* M = static_cast<float*>(a.m.p);
-  float* MALL = static_cast<float*>(a.m_all.p);
   float* DADV = static_cast<float*>(a.dadv.p);
   const T v_min = a.v_min, v_max = a.v_max, dz = static_cast<T>(dz_d);
-  const float wb = kRest ? static_cast<const float*>(a.weights.p)[b] : 0.0f;
+  const float wb = PART != 1 ? static_cast<const float*>(a.weights.p)[b] : 0.0f;
   const T grad_scale = static_cast<T>(static_cast<double>(wb) / (static_cast<double>(a.B) * D));
   const T discount =
-      kProj ? static_cast<T>(a.gamma_n) * (T(1) - static_cast<T>(static_cast<const float*>(a.dones.p)[b])) : T(0);
-  const T reward = kProj ? static_cast<T>(static_cast<const float*>(a.rewards.p)[b]) : T(0);
+      PART != 2 ? static_cast<T>(a.gamma_n) * (T(1) - static_cast<T>(static_cast<const float*>(a.dones.p)[b])) : T(0);
+  const T reward = PART != 2 ? static_cast<T>(static_cast<const float*>(a.rewards.p)[b]) : T(0);
   auto add = [](auto x, auto y) { return x + y; };
   auto fmx = [](float x, float y) { return fmaxf(x, y); };
   const int rounds = (D + nslots - 1) / nslots;
@@ -248,18 +246,16 @@ __global__ void c51_loss_kernel(C51Loss a, double dz_d, LossShape shape, double*
     const int d = round * nslots + slot;
     const bool active = d < D;
     const int bd = b * D + d;
-    // part 3: the block's action; part 2 reads m (no a*)
-    const int star = !active ? -1 : PART == 3 ? static_cast<int>(blockIdx.y) : PART != 2 ? a.a_star[bd] : -1;
-    const int taken = active && kRest ? a.actions[bd] : -1;
+    const int star = active && PART != 2 ? a.a_star[bd] : -1, taken = active && PART != 1 ? a.actions[bd] : -1;
     const bool star_ok = star >= 0 && star < A, taken_ok = taken >= 0 && taken < A;
     // The online log-probabilities at the taken action (this thread's first atom), loaded now:
     // in flight while the target distribution is built.
     const float* lp = LP + (static_cast<std::int64_t>(bd) * A + (taken_ok ? taken : 0)) * Z;
     const float lp_first = taken_ok && t < Z ? lp[t] : 0.0f;
     auto lp_at = [&](int i) { return i == t ? lp_first : lp[i]; };
-    // 1. the target network's log-probabilities at a* (part 3: the block's action), as
-    // dueling_combine + log_softmax (not in parts 2 and 4, which read the projection 1 or 3 wrote)
-    if constexpr (kProj) {
+    // 1. the target network's log-probabilities at a*, as dueling_combine + log_softmax (not in
+    // part 2, which reads the projection part 1 wrote)
+    if constexpr (PART != 2) {
     float mx = -INFINITY;
     if (star_ok) {
       const float* tadv = TADV + static_cast<std::int64_t>(bd) * ld_or(a.ldtadv, A * Z);
@@ -290,15 +286,12 @@ __global__ void c51_loss_kernel(C51Loss a, double dz_d, LossShape shape, double*
     }
     // 2. the dense projection m (as c51_project: each atom sums over j in order), and the
     // cross-entropy's sums at the taken action (as c51_xent)
-    float* m = PART == 3 ? MALL + (static_cast<std::int64_t>(bd) * A + star) * Z : M + static_cast<std::int64_t>(bd) * Z;
+    float* m = M + static_cast<std::int64_t>(bd) * Z;
     T xs = 0, m_sum = 0;
     for (int i = t; i < Z; i += tpb) {
       float mi = NAN;  // an index the host could not check: visible, never read out of bounds
       if constexpr (PART == 2) {
         if (active) mi = m[i];
-      } else if constexpr (PART == 4) {  // m_all's row at a*, kept as m
-        if (star_ok) mi = MALL[(static_cast<std::int64_t>(bd) * A + star) * Z + i];
-        if (active) m[i] = mi;
       } else {
         if (star_ok) mi = static_cast<float>(project_atom(p, tz, Z, v_min + i * dz, dz));
         if (active) m[i] = mi;
@@ -309,7 +302,7 @@ __global__ void c51_loss_kernel(C51Loss a, double dz_d, LossShape shape, double*
         m_sum += static_cast<T>(mi);
       }
     }
-    if constexpr (!kRest) {
+    if constexpr (PART == 1) {
       __syncthreads();  // p and tz are rewritten by the slot's next branch
       continue;
     }
@@ -331,7 +324,7 @@ __global__ void c51_loss_kernel(C51Loss a, double dz_d, LossShape shape, double*
     }
     __syncthreads();  // p, tz and mm are rewritten by the slot's next branch
   }
-  if constexpr (!kRest) return;
+  if constexpr (PART == 1) return;
   c51_sample_end(a, b, G, xent_d, wb, weighted, counter, red);
 }
 
@@ -582,8 +575,7 @@ __device__ __forceinline__ R group_combine(R v, int grp, int wg, Op op) {
 /// warp per branch, D ≤ kLossMaxWarps; GW 2 (DQN_LOSS_WARPS=2): two, each holding one of the two
 /// atoms a lane of one warp holds, D ≤ kLossPairMax), their sums added warp by warp (GW 2: not
 /// the bits of GW 1). PART (C51Loss::part): 0 the whole op, 1 the projection m alone, 2 the rest
-/// from m (the same bits as 0 together); 4 part 2 from m_all's rows at a*, which part 3
-/// (c51_project_all_kernel) wrote (3 then 4: 0's bits). Shared: the branches' cross-entropies [D] (double),
+/// from m (the same bits as 0 together). Shared: the branches' cross-entropies [D] (double),
 /// gradient rows G [D][Z] (float), and per branch the target probabilities p and projected
 /// support tz [Z] each (T).
 template <typename T, int GW, int PART = 0>
@@ -591,8 +583,6 @@ __global__ void __launch_bounds__(32 * kLossMaxWarps)
     c51_loss_warp_kernel(C51Loss a, double dz_d, double* weighted, unsigned* counter) {
   static_assert(kWarpAtoms % GW == 0, "whole atoms per lane");
   constexpr int KA = kWarpAtoms / GW;  // atoms a lane holds: i = lane + 32·(GW·k + wg)
-  static_assert(PART != 3, "part 3 where this kernel runs: c51_project_all_kernel");
-  constexpr bool kProj = PART == 0 || PART == 1, kRest = PART == 0 || PART == 2 || PART == 4;
   dev::pdl_entry();
   extern __shared__ double clw_shared[];
   __shared__ double red[32];
@@ -605,33 +595,31 @@ __global__ void __launch_bounds__(32 * kLossMaxWarps)
   T* p = reinterpret_cast<T*>(xent_d + D + (static_cast<std::int64_t>(D) * Z + 1) / 2) + 2 * d * Z;  // [Z]
   T* tz = p + Z;                                         // [Z]
   const int bd = b * D + d;
-  const int star = PART != 2 ? a.a_star[bd] : 0, taken = kRest ? a.actions[bd] : 0;  // (part 2 reads m: no a*)
+  const int star = PART != 2 ? a.a_star[bd] : 0, taken = PART != 1 ? a.actions[bd] : 0;
   const bool star_ok = star >= 0 && star < A, taken_ok = taken >= 0 && taken < A;
-  const float wb = kRest ? static_cast<const float*>(a.weights.p)[b] : 0.0f;
+  const float wb = PART != 1 ? static_cast<const float*>(a.weights.p)[b] : 0.0f;
   const T v_min = a.v_min, v_max = a.v_max, dz = static_cast<T>(dz_d);
   const T grad_scale = static_cast<T>(static_cast<double>(wb) / (static_cast<double>(a.B) * D));
   const T discount =
-      kProj ? static_cast<T>(a.gamma_n) * (T(1) - static_cast<T>(static_cast<const float*>(a.dones.p)[b])) : T(0);
-  const T reward = kProj ? static_cast<T>(static_cast<const float*>(a.rewards.p)[b]) : T(0);
+      PART != 2 ? static_cast<T>(a.gamma_n) * (T(1) - static_cast<T>(static_cast<const float*>(a.dones.p)[b])) : T(0);
+  const T reward = PART != 2 ? static_cast<T>(static_cast<const float*>(a.rewards.p)[b]) : T(0);
   const auto add = [](T x, T y) { return x + y; };
   // every load of the (sample, branch) at once, none waiting for a* or the taken action: the
   // target's value and advantages, and the online log-probabilities of every action (the taken
-  // one selected after); part 4: every action's row of m_all (a*'s selected after)
+  // one selected after)
   const float* tadv = static_cast<const float*>(a.tadv.p) + static_cast<std::int64_t>(bd) * ld_or(a.ldtadv, A * Z);
   const float* tv = static_cast<const float*>(a.tv.p) + static_cast<std::int64_t>(b) * a.ldtv;
   const float* lp = static_cast<const float*>(a.logp.p) + static_cast<std::int64_t>(bd) * A * Z;
-  const float* mall = static_cast<const float*>(a.m_all.p) + static_cast<std::int64_t>(bd) * A * Z;
-  float tx[kWarpMaxA][KA], tvv[KA], lpv[KA], lpa[kWarpMaxA][KA], ma[kWarpMaxA][KA];
+  float tx[kWarpMaxA][KA], tvv[KA], lpv[KA], lpa[kWarpMaxA][KA];
 #pragma unroll
   for (int k = 0; k < KA; ++k) {
     const int i = i0 + istep * k;
     const bool in = i < Z;
-    tvv[k] = kProj && in ? tv[i] : 0.0f;
+    tvv[k] = PART != 2 && in ? tv[i] : 0.0f;
 #pragma unroll
     for (int act = 0; act < kWarpMaxA; ++act) {
-      tx[act][k] = kProj && in && act < A ? tadv[act * Z + i] : 0.0f;
-      lpa[act][k] = kRest && in && act < A ? lp[act * Z + i] : 0.0f;
-      ma[act][k] = PART == 4 && in && act < A ? mall[act * Z + i] : 0.0f;
+      tx[act][k] = PART != 2 && in && act < A ? tadv[act * Z + i] : 0.0f;
+      lpa[act][k] = PART != 1 && in && act < A ? lp[act * Z + i] : 0.0f;
     }
   }
 #pragma unroll
@@ -642,8 +630,8 @@ __global__ void __launch_bounds__(32 * kLossMaxWarps)
       if (act == taken) lpv[k] = lpa[act][k];
   }
   // 1. the target network's log-probabilities at a*, as dueling_combine + log_softmax (not in
-  // parts 2 and 4, which read the projection 1 or 3 wrote)
-  if constexpr (kProj) {
+  // part 2, which reads the projection part 1 wrote)
+  if constexpr (PART != 2) {
   float logit[KA];
   const float mx = group_combine<GW>(warp_max(action_logits<T, KA>(tx, tvv, A, star, Z, star_ok, logit, i0, istep)), d,
                                      wg, [](float x, float y) { return fmaxf(x, y); });
@@ -681,21 +669,16 @@ __global__ void __launch_bounds__(32 * kLossMaxWarps)
     if (i >= Z) continue;
     if constexpr (PART == 2) {
       mm[k] = m[i];
-    } else if constexpr (PART == 4) {  // m_all's row at a*, kept as m
-#pragma unroll
-      for (int act = 0; act < kWarpMaxA; ++act)
-        if (star_ok && act == star) mm[k] = ma[act][k];
-      m[i] = mm[k];
     } else {
       if (star_ok) mm[k] = static_cast<float>(project_atom(p, tz, Z, v_min + i * dz, dz));
       m[i] = mm[k];
     }
-    if (kRest && taken_ok) {
+    if (PART != 1 && taken_ok) {
       xs -= static_cast<T>(mm[k]) * static_cast<T>(lpv[k]);
       m_sum += static_cast<T>(mm[k]);
     }
   }
-  if constexpr (!kRest) return;
+  if constexpr (PART == 1) return;
   xs = group_combine<GW>(warp_sum_t(xs), d, wg, add);
   m_sum = group_combine<GW>(warp_sum_t(m_sum), d, wg, add);
   // 3. the gradient row of the taken action, and 4. the dueling backward of that dlogits (zero
@@ -716,65 +699,6 @@ __global__ void __launch_bounds__(32 * kLossMaxWarps)
   if (i0 == 0) xent_d[d] = taken_ok ? static_cast<double>(xs) : NAN;
   __syncthreads();
   c51_sample_end(a, b, G, xent_d, wb, weighted, counter, red);
-}
-
-/// c51_loss part 3 where the warp loss kernels run: a block per (sample, branch) and a warp per
-/// action (32·A threads), each warp the target distribution of its action and its projection, as
-/// c51_loss_warp_kernel<T, GW, 1> computes a*'s (the same bits: the same logits and maximum, the
-/// sum over atoms in that kernel's order — PAIR: each warp's half of the atoms summed by the
-/// butterfly, then the halves added, as GW 2's two warps do; else a lane's two atoms first, as
-/// GW 1 — and project_atom on the same p and tz). The projected support tz is the sample's (no
-/// action or branch in it): written once, by warp 0. Shared: tz [Z], then p [A][Z] (T).
-template <typename T, bool PAIR>
-__global__ void __launch_bounds__(32 * kWarpMaxA) c51_project_all_kernel(C51Loss a, double dz_d) {
-  dev::pdl_entry();
-  extern __shared__ double cpa_shared[];
-  const int lane = threadIdx.x & 31, me = threadIdx.x >> 5, A = a.A, Z = a.Z, D = a.D;
-  const std::int64_t bd = blockIdx.x;
-  const int b = static_cast<int>(bd / D);
-  T* tz = reinterpret_cast<T*>(cpa_shared);  // [Z]
-  T* p = tz + Z + static_cast<std::int64_t>(me) * Z;  // [Z], this warp's action
-  const T v_min = a.v_min, v_max = a.v_max, dz = static_cast<T>(dz_d);
-  const T discount = static_cast<T>(a.gamma_n) * (T(1) - static_cast<T>(static_cast<const float*>(a.dones.p)[b]));
-  const T reward = static_cast<T>(static_cast<const float*>(a.rewards.p)[b]);
-  float vv[kWarpAtoms], x[kWarpMaxA][kWarpAtoms];
-  load_dist_warp(static_cast<const float*>(a.tv.p) + static_cast<std::int64_t>(b) * a.ldtv,
-                 static_cast<const float*>(a.tadv.p) + bd * ld_or(a.ldtadv, A * Z), A, Z, vv, x);
-  float logit[kWarpAtoms];
-  const float mx = warp_max(action_logits<T>(x, vv, A, me, Z, true, logit));
-  T sum = 0;
-  if constexpr (PAIR) {
-    static_assert(kWarpAtoms == 2, "two halves of the atoms");
-    T half[kWarpAtoms];
-#pragma unroll
-    for (int k = 0; k < kWarpAtoms; ++k) {
-      half[k] = 0;
-      if (lane + 32 * k < Z) half[k] += exp_t(static_cast<T>(logit[k]) - mx);
-      half[k] = warp_sum_t(half[k]);
-    }
-    sum = half[0] + half[1];
-  } else {
-#pragma unroll
-    for (int k = 0; k < kWarpAtoms; ++k)
-      if (lane + 32 * k < Z) sum += exp_t(static_cast<T>(logit[k]) - mx);
-    sum = warp_sum_t(sum);
-  }
-  const T lse = static_cast<T>(mx) + log_t(sum);
-#pragma unroll
-  for (int k = 0; k < kWarpAtoms; ++k) {
-    const int i = lane + 32 * k;
-    if (i >= Z) continue;
-    const float l = static_cast<float>(static_cast<T>(logit[k]) - lse);
-    p[i] = exp_t(static_cast<T>(l));
-    if (me == 0) tz[i] = fmin(fmax(reward + discount * (v_min + i * dz), v_min), v_max);
-  }
-  __syncthreads();  // tz and every warp's p complete
-  float* m = static_cast<float*>(a.m_all.p) + (bd * A + me) * Z;
-#pragma unroll
-  for (int k = 0; k < kWarpAtoms; ++k) {
-    const int i = lane + 32 * k;
-    if (i < Z) m[i] = static_cast<float>(project_atom(p, tz, Z, v_min + i * dz, dz));
-  }
 }
 
 constexpr int kColTile = 32, kRowThreads = 32, kRowUnroll = 4;
@@ -882,31 +806,18 @@ namespace {
 /// c51_loss's launch for one part (C51Loss::part) of the op.
 template <int PART>
 cudaError_t c51_loss_part(cudaStream_t s, const C51Loss& a, double* w, unsigned* counter, bool double_math, bool pair) {
-  // part 3 in the block kernel: a block per sample and action (grid.y), each as part 1 with that
-  // action for a*
-  const dim3 grid(static_cast<unsigned>(a.B), PART == 3 ? static_cast<unsigned>(a.A) : 1u);
   if (c51_warp(a.D, a.A, a.Z)) {
     const double dz_w = support_step(a.v_min, a.v_max, a.Z);
-    if constexpr (PART == 3) {  // a block per (sample, branch), a warp per action; sums as the loss kernel's
-      const bool two = pair && a.D <= kLossPairMax;
-      const unsigned blocks = static_cast<unsigned>(a.B) * static_cast<unsigned>(a.D);
-      const std::size_t bytes = static_cast<std::size_t>(a.Z) * (1 + a.A) * (double_math ? sizeof(double) : sizeof(float));
-      if (double_math && two) launch(c51_project_all_kernel<double, true>, blocks, 32 * a.A, bytes, s, a, dz_w);
-      else if (double_math) launch(c51_project_all_kernel<double, false>, blocks, 32 * a.A, bytes, s, a, dz_w);
-      else if (two) launch(c51_project_all_kernel<float, true>, blocks, 32 * a.A, bytes, s, a, dz_w);
-      else launch(c51_project_all_kernel<float, false>, blocks, 32 * a.A, bytes, s, a, dz_w);
+    const std::size_t shmem = c51_loss_warp_shared_bytes(a.D, a.Z, double_math ? sizeof(double) : sizeof(float));
+    if (pair && a.D <= kLossPairMax) {
+      if (double_math)
+        launch(c51_loss_warp_kernel<double, 2, PART>, a.B, 64 * a.D, shmem, s, a, dz_w, w, counter);
+      else
+        launch(c51_loss_warp_kernel<float, 2, PART>, a.B, 64 * a.D, shmem, s, a, dz_w, w, counter);
+    } else if (double_math) {
+      launch(c51_loss_warp_kernel<double, 1, PART>, a.B, 32 * a.D, shmem, s, a, dz_w, w, counter);
     } else {
-      const std::size_t shmem = c51_loss_warp_shared_bytes(a.D, a.Z, double_math ? sizeof(double) : sizeof(float));
-      if (pair && a.D <= kLossPairMax) {
-        if (double_math)
-          launch(c51_loss_warp_kernel<double, 2, PART>, a.B, 64 * a.D, shmem, s, a, dz_w, w, counter);
-        else
-          launch(c51_loss_warp_kernel<float, 2, PART>, a.B, 64 * a.D, shmem, s, a, dz_w, w, counter);
-      } else if (double_math) {
-        launch(c51_loss_warp_kernel<double, 1, PART>, a.B, 32 * a.D, shmem, s, a, dz_w, w, counter);
-      } else {
-        launch(c51_loss_warp_kernel<float, 1, PART>, a.B, 32 * a.D, shmem, s, a, dz_w, w, counter);
-      }
+      launch(c51_loss_warp_kernel<float, 1, PART>, a.B, 32 * a.D, shmem, s, a, dz_w, w, counter);
     }
     return cudaGetLastError();
   }
@@ -914,9 +825,9 @@ cudaError_t c51_loss_part(cudaStream_t s, const C51Loss& a, double* w, unsigned*
   const double dz = support_step(a.v_min, a.v_max, a.Z);
   const std::size_t shmem = c51_loss_shared_bytes(a.D, a.A, a.Z);
   if (double_math)
-    launch(c51_loss_kernel<double, PART>, grid, sh.tpb * sh.slots, shmem, s, a, dz, sh, w, counter);
+    launch(c51_loss_kernel<double, PART>, a.B, sh.tpb * sh.slots, shmem, s, a, dz, sh, w, counter);
   else
-    launch(c51_loss_kernel<float, PART>, grid, sh.tpb * sh.slots, shmem, s, a, dz, sh, w, counter);
+    launch(c51_loss_kernel<float, PART>, a.B, sh.tpb * sh.slots, shmem, s, a, dz, sh, w, counter);
   return cudaGetLastError();
 }
 }  // namespace
@@ -926,8 +837,6 @@ cudaError_t c51_loss(cudaStream_t s, const C51Loss& a, void* scratch, unsigned* 
   switch (a.part) {
     case 1: return c51_loss_part<1>(s, a, w, counter, double_math, pair);
     case 2: return c51_loss_part<2>(s, a, w, counter, double_math, pair);
-    case 3: return c51_loss_part<3>(s, a, w, counter, double_math, pair);
-    case 4: return c51_loss_part<4>(s, a, w, counter, double_math, pair);
     default: return c51_loss_part<0>(s, a, w, counter, double_math, pair);
   }
 }

@@ -839,39 +839,17 @@ class CpuBackend final : public Backend {
   void c51_loss(const C51Loss& a) noexcept override {
     constexpr const char* op = "c51_loss";
     if (a.B < 0 || a.D < 0 || a.A <= 0 || a.Z < 2) return fail(op, "need B, D >= 0, A >= 1, Z >= 2");
-    if (a.part < 0 || a.part > 4)
-      return fail(op, "part must be 0 (all), 1 (the projection), 2 (the rest), 3 (every action's projection) or "
-                      "4 (the rest from it)");
+    if (a.part < 0 || a.part > 2) return fail(op, "part must be 0 (all), 1 (the projection) or 2 (the rest)");
     if (!real_ok(a.work_logp, op, "work_logp") || !real_ok(a.work_dlogits, op, "work_dlogits")) return;
-    if ((a.part == 3 || a.part == 4) && !real_ok(a.m_all, op, "m_all")) return;
-    if (a.B > 0 && a.D > 0 && a.part != 2 && a.part != 4) {
+    if (a.B > 0 && a.D > 0 && a.part != 2) {
       combine(a.work_logp, a.tv, a.ldtv, a.tadv, ld_or(a.ldtadv, a.A * a.Z), a.B, a.D, a.A, a.Z);
       log_softmax(a.work_logp, a.work_logp, a.B * a.D * a.A, a.Z);
       C51Project p;
       p.m = a.m; p.target_logp = a.work_logp; p.a_star = a.a_star; p.rewards = a.rewards; p.dones = a.dones;
       p.B = a.B; p.D = a.D; p.A = a.A; p.Z = a.Z; p.gamma_n = a.gamma_n; p.v_min = a.v_min; p.v_max = a.v_max;
-      if (a.part == 3) {  // every (sample, branch, action) as a branch of its own with one action, a* = 0
-        try {
-          if (zeros_.size() < static_cast<std::size_t>(a.B) * a.D * a.A)
-            zeros_.resize(static_cast<std::size_t>(a.B) * a.D * a.A, 0);  // grows once, kept
-        } catch (...) {
-          return fail(op, "out of memory for the projection's action indices");
-        }
-        p.m = a.m_all; p.a_star = zeros_.data(); p.D = a.D * a.A; p.A = 1;
-      }
       c51_project(p);
     }
-    if (a.part == 1 || a.part == 3) return;
-    if (a.part == 4 && a.B > 0 && a.D > 0) {  // m: m_all's rows at a*
-      if (!a.a_star) return fail(op, "null a_star");
-      if (!real_ok(a.m, op, "m")) return;
-      const std::int64_t Z = a.Z;
-      for (std::int64_t bd = 0; bd < std::int64_t(a.B) * a.D; ++bd) {
-        const int act = a.a_star[bd];
-        if (act < 0 || act >= a.A) return fail(op, "a_star out of range");
-        std::copy_n(a.m_all.as<T>() + (bd * a.A + act) * Z, Z, a.m.as<T>() + bd * Z);
-      }
-    }
+    if (a.part == 1) return;
     C51Xent x;
     x.loss_per_sample = a.loss_per_sample; x.loss = a.loss; x.dlogits = a.work_dlogits; x.logp = a.logp;
     x.actions = a.actions; x.m = a.m; x.weights = a.weights; x.B = a.B; x.D = a.D; x.A = a.A; x.Z = a.Z;
@@ -942,7 +920,6 @@ class CpuBackend final : public Backend {
   int status_ = 0;
   char message_[256] = {};
   std::vector<double> vbuf_, xbuf_;
-  std::vector<std::int32_t> zeros_;  ///< c51_loss part 3's a* (every entry 0), grown once
 };
 
 }  // namespace

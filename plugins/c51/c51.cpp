@@ -17,8 +17,7 @@ namespace {
 using namespace dqn;
 
 enum Tag : std::int32_t {
-  kForward = 0, kTarget = 1, kLoss = 2, kBackward = 3, kWeights = 4, kWeightsOut = 5, kProject = 6, kMean = 7,
-  kProjectAll = 8
+  kForward = 0, kTarget = 1, kLoss = 2, kBackward = 3, kWeights = 4, kWeightsOut = 5, kProject = 6, kMean = 7
 };
 
 // Switches read when the head declares its stages (env_switch): DQN_HEAD_MASK=1: its ∂L/∂h2
@@ -27,10 +26,6 @@ enum Tag : std::int32_t {
 // out. DQN_C51_PROJECT=1: the projected target m a stage of its own (c51.project, C51Loss part 1),
 // which the loss (part 2) and the heads that read m (the ensemble) wait for, instead of the whole
 // loss. DQN_C51_MEAN (on unless 0): the loss's batch mean a stage of its own (c51.loss.mean, below).
-// DQN_C51_PROJECT_ALL=1: every action's projected target a stage of its own after the target head
-// (c51.target.project, C51Loss part 3: it does not need a*, so it runs beside the online head's
-// forward), and the loss the rest from it at a* (part 4); the same bits. It takes precedence over
-// DQN_C51_PROJECT.
 
 class C51Head final : public Head {
  public:
@@ -58,14 +53,6 @@ class C51Head final : public Head {
                                 act ? BufferKind::activation : BufferKind::scratch))
           return keep(ctx, rc);
       }
-      project_all_ = env_switch("DQN_C51_PROJECT_ALL");
-      const bool project = env_switch("DQN_C51_PROJECT");  // (read either way: a bad value is refused)
-      project_ = !project_all_ && project;
-      if (project_all_) {  // every action's projected target [B, D, A, Z]
-        const std::int64_t shape[] = {B, D, A, Z};
-        if (int rc = ctx.buffer(b("target.m_all").c_str(), DType::real, shape, 4, BufferKind::scratch))
-          return keep(ctx, rc);
-      }
       const std::string loss = "loss/" + name_, grad = "grad/" + name_, dtrunk = "dtrunk/" + name_;
       int rc = 0;
       // forward: the online head on states ‖ next_states, with a* of the next states (double DQN);
@@ -75,21 +62,14 @@ class C51Head final : public Head {
                            {b("hidden"), b("v"), b("adv"), b("logp"), b("q"), buf::a_star});
       rc = rc ? rc : stage(ctx, kTarget, "target", {buf::target_h2, "target"},
                            {b("target.hidden"), b("target.v"), b("target.adv")});
-      if (project_all_)  // after the target head, beside the online forward (no a* needed)
-        rc = rc ? rc : stage(ctx, kProjectAll, "target.project",
-                             {b("target.v"), b("target.adv"), buf::rewards, buf::dones},
-                             {b("target.m_all"), b("work.logp")});
+      project_ = env_switch("DQN_C51_PROJECT");
       mean_stage_ = env_switch("DQN_C51_MEAN", true);
       // the loss stage's outputs; the head's loss among them unless loss.mean computes it
       auto with_loss = [&](std::vector<std::string> w) {
         if (!mean_stage_) w.insert(w.begin(), loss);
         return w;
       };
-      if (project_all_) {  // the loss from every action's projection at a* (m: its rows at a*)
-        rc = rc ? rc : stage(ctx, kLoss, "loss",
-                             {b("logp"), b("target.m_all"), buf::a_star, buf::actions, buf::is_weights},
-                             with_loss({buf::td_error, buf::target_m, b("dv"), b("dadv"), b("work.dlogits")}));
-      } else if (project_) {  // m first (what the ensemble reads), then the loss from it
+      if (project_) {  // m first (what the ensemble reads), then the loss from it
         rc = rc ? rc : stage(ctx, kProject, "project",
                              {b("target.v"), b("target.adv"), buf::a_star, buf::rewards, buf::dones},
                              {buf::target_m, b("work.logp")});
@@ -153,7 +133,6 @@ class C51Head final : public Head {
       weights_ = r.real(buf::is_weights);
       a_star_ = r.i32(buf::a_star);
       m_ = r.real(buf::target_m);
-      m_all_ = project_all_ ? r.real(b("target.m_all").c_str()) : Real{};
       td_ = r.real(buf::td_error);
       loss_ = r.real(("loss/" + name_).c_str());
       dtrunk_ = r.real(("dtrunk/" + name_).c_str());
@@ -162,7 +141,7 @@ class C51Head final : public Head {
       const bool ok = online_.w1 && target_.w1 && grad_.w1 && act_.hidden && tact_.hidden && back_.dv && work_logp_ &&
                       work_dlogits_ &&
                       h2_ && target_h2_ && actions_ && rewards_ && dones_ && weights_ && a_star_ && m_ && td_ &&
-                      loss_ && dtrunk_ && (m_all_ || !project_all_);
+                      loss_ && dtrunk_;
       if (!ok) {
         error_ = "c51: a buffer or parameter it needs is missing";
         return 1;
@@ -184,7 +163,6 @@ class C51Head final : public Head {
         bdq::forward(be, d_, target_, target_h2_, B, tact_);
         break;
       case kProject:
-      case kProjectAll:
       case kLoss: {
         C51Loss x;
         x.m = m_; x.loss_per_sample = td_; x.loss = mean_stage_ ? Real{} : loss_;  // (else loss.mean's)
@@ -194,8 +172,7 @@ class C51Head final : public Head {
         x.a_star = a_star_; x.rewards = rewards_; x.dones = dones_;
         x.work_logp = work_logp_; x.work_dlogits = work_dlogits_;
         x.B = B; x.D = D; x.A = A; x.Z = Z; x.gamma_n = gamma_n_; x.v_min = d_.v_min; x.v_max = d_.v_max;
-        x.m_all = m_all_;
-        x.part = project_all_ ? (tag == kProjectAll ? 3 : 4) : !project_ ? 0 : tag == kProject ? 1 : 2;
+        x.part = !project_ ? 0 : tag == kProject ? 1 : 2;
         be.c51_loss(x);
         break;
       }
@@ -236,13 +213,12 @@ class C51Head final : public Head {
   float gamma_n_;
   std::string error_;
   bool project_ = false;  ///< DQN_C51_PROJECT=1: c51.project (part 1), then c51.loss (part 2)
-  bool project_all_ = false;  ///< DQN_C51_PROJECT_ALL=1: c51.target.project (part 3), then c51.loss (part 4)
   bool mean_stage_ = true;  ///< c51.loss.mean (weighted_mean), the loss without its mean (DQN_C51_MEAN=0: off)
   bool mask_dtrunk_ = false;  ///< DQN_HEAD_MASK=1: dtrunk written masked by the top ReLU
   bdq::Params online_{}, target_{}, grad_{};
   bdq::Acts act_{}, tact_{};
   bdq::BackScratch back_{};
-  Real work_logp_, work_dlogits_, h2_, target_h2_, rewards_, dones_, weights_, m_, m_all_, td_, loss_, dtrunk_;
+  Real work_logp_, work_dlogits_, h2_, target_h2_, rewards_, dones_, weights_, m_, td_, loss_, dtrunk_;
   std::int32_t* actions_ = nullptr;
   std::int32_t* a_star_ = nullptr;
 };

@@ -613,47 +613,6 @@ TEST_CASE("heads.c51_project: the projected target a stage of its own, the same 
   check_refused("DQN_C51_PROJECT", "yes");
 }
 
-TEST_CASE("heads.c51_project_all: every action's projected target beside the online forward, the same step bit for bit") {
-  // DQN_C51_PROJECT_ALL=1 (read when the c51 head declares its stages): c51.target.project
-  // projects the target distribution of every action (C51Loss part 3) right after the target
-  // head, waiting for nothing of the online side, and c51.loss takes a*'s rows from it (part 4),
-  // writing m as before. It takes precedence over DQN_C51_PROJECT. Anything but 0 or 1 is refused.
-  auto waits_of = [](Engine& e, const std::string& stage) -> std::vector<std::string> {
-    for (const auto& [name, waits] : e.stage_waits())
-      if (name == stage) return waits;
-    FAIL("no stage " << stage);
-    return {};
-  };
-  auto has = [](const auto& list, const std::string& x) { return std::find(list.begin(), list.end(), x) != list.end(); };
-  each_switch_case([&](const SwitchCase&, const PipelineSpec& spec, bool f64) {
-    auto plain = make(spec, f64);
-    auto all = make_switched("DQN_C51_PROJECT_ALL", spec, f64);
-    const std::string ep = plain->explain(), ea = all->explain();
-    CHECK(ep.find("c51.target.project") == std::string::npos);
-    CHECK(ea.find("c51.target.project") != std::string::npos);
-    const auto project = waits_of(*all, "c51.target.project");
-    CHECK(has(project, "c51.target"));
-    CHECK(!has(project, "c51.forward"));
-    const auto loss = waits_of(*all, "c51.loss");
-    CHECK(has(loss, "c51.target.project"));
-    CHECK(has(loss, "c51.forward"));
-    step_both_and_compare(*plain, *all, {"params", "target", "grad/all", "adam.v", "target/m", "report/td_error"});
-    const StepReport rp = plain->read_report(), ra = all->read_report();
-    CHECK(rp.losses == ra.losses);
-    CHECK(rp.grad_norms == ra.grad_norms);
-    CHECK(rp.clips == ra.clips);
-  });
-  // with DQN_C51_PROJECT=1 as well: the same stages as with DQN_C51_PROJECT_ALL alone
-  const PipelineSpec spec = switch_pipeline(kSwitchCases[0]);
-  setenv("DQN_C51_PROJECT", "1", 1);
-  auto both = make_switched("DQN_C51_PROJECT_ALL", spec, true);
-  unsetenv("DQN_C51_PROJECT");
-  const std::string eb = both->explain();
-  CHECK(eb.find("c51.target.project") != std::string::npos);
-  CHECK(eb.find("c51.project") == std::string::npos);
-  check_refused("DQN_C51_PROJECT_ALL", "yes");
-}
-
 TEST_CASE("heads.head_mask: the trunk's top ReLU mask in the C51 head's GEMM, the same step bit for bit") {
   // DQN_HEAD_MASK=1 (read when the c51 head declares its stages): c51.backward masks its dtrunk by
   // trunk/h2 and declares dtrunk/c51/masked. Alone it is every head that writes a dtrunk, so the

@@ -385,13 +385,7 @@ struct C51Loss {
   /// else read or written but the scratch). 2: the rest from m as part 1 wrote it (tv, tadv,
   /// a_star, rewards and dones unused). Part 1 then part 2 give what the whole op gives, bit for
   /// bit (the projected target can then come before the loss: other heads read it).
-  /// 3 and 4 (ABI 17): 3 projects the target distribution of every action, as part 1 does a*'s,
-  /// into m_all (from tv, tadv, rewards and dones: a_star not read, so it can run before the
-  /// online head has chosen a*); 4 is the rest from m_all at a*, and writes m (m_all's rows at
-  /// a*: part 1's m). Part 3 then part 4 give what the whole op gives, bit for bit.
   std::int32_t part = 0;
-  // --- appended in ABI 17 ---
-  Real m_all;                     ///< parts 3 (out) and 4 (in): [B,D,A,Z], every action's projected target
 };
 
 /// The distributional dueling branching head's forward over `rows` rows (spec "Network"):

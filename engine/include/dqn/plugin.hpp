@@ -12,7 +12,7 @@ namespace dqn {
 
 /// Bumped whenever the descriptor, the Head/BuildContext/Resolver interfaces or the op table
 /// change layout or meaning. The loader refuses any other value.
-inline constexpr std::uint32_t kAbiVersion = 17;  // 2: auxiliary-head ops appended to the op table; 3: Gemm bias/act epilogue;
+inline constexpr std::uint32_t kAbiVersion = 18;  // 2: auxiliary-head ops appended to the op table; 3: Gemm bias/act epilogue;
                                                    // 4: fused update op appended; 5: head_forward op appended;
                                                    // 6: advantage strides (dueling_backward's lddadv, ldadv fields);
                                                    // 7: padded output-layer rows (kParamPadRows, wv2_rows, wb2_rows);
@@ -27,6 +27,7 @@ inline constexpr std::uint32_t kAbiVersion = 17;  // 2: auxiliary-head ops appen
                                                    // 15: weighted_mean_members op appended
                                                    // 16: weighted_mean_members removed (the table as in 14)
                                                    // 17: C51Loss::m_all, parts 3 and 4 (every action's projection)
+                                                   // 18: C51Loss::m_all, parts 3 and 4 removed (C51Loss as in 16)
 
 /// The exported symbol every plugin defines (through DQN_PLUGIN_EXPORT below).
 inline constexpr const char* kDescriptorSymbol = "dqn_plugin_descriptor";

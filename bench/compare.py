@@ -56,13 +56,13 @@ def main() -> int:
         raise SystemExit(f"compare.py: --batch '{a.batch}': expected a comma list of batch sizes")
     common = ["--precision", a.precision, "--warmup", str(a.warmup), "--iters", str(a.iters),
               "--repeats", str(a.repeats), "--json"]
+    sets = [arg for s in a.set for arg in ("--set", s)]  # the pipeline overrides, for dqn only
     ours, peer, rows = [], [], []
     print(f"{'precision':>9} {'batch':>6} {'dqn_us':>10} {'peer_mode':>9} {'peer_us':>10} {'ratio':>8}", flush=True)
     for batch in batches:
         # The engine on the GPU (the comparison is the same step on the same GPU): without one, dqn
         # stops at once with why, instead of timing thousands of CPU steps.
-        o_rows = run_json_lines([a.dqn, "bench", a.pipeline, "--backend", "cuda", "--batch", batch, *common,
-                                 *sum([["--set", s] for s in a.set], [])])
+        o_rows = run_json_lines([a.dqn, "bench", a.pipeline, "--backend", "cuda", "--batch", batch, *common, *sets])
         q_rows = run_json_lines([sys.executable, a.peer, "--mode", a.peer_modes, "--heads", a.heads,
                                  "--batch", batch, *common, *a.peer_args.split()])
         ours += o_rows

@@ -11,8 +11,14 @@
 // repetitions after a warm-up, the median of five runs, per repetition (barriers and hand-offs:
 // the difference between many and none, so the launch itself drops out). n/a (JSON: -1): that
 // measurement could not run here.
-// Usage: dqn-latency [--json] [--roots]   (--roots: only the graph-root rows)
+// With --gemm, the floor of the C51 step's GEMMs as the library runs them: each GEMM shape of the
+// step's critical path (B = 256 of pipelines/ref.yaml) alone, as a chain of dependent cuBLASLt tf32
+// GEMMs in a replayed graph on an otherwise idle GPU (no kernel beside it), the fastest of the
+// heuristic's algorithms: what one layer costs before any contention, boundary included.
+// Usage: dqn-latency [--json] [--roots | --gemm]   (--roots: only the graph-root rows; --gemm:
+// only the GEMM chain rows)
 #include <cooperative_groups.h>
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -31,6 +37,13 @@ namespace {
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
     std::fprintf(stderr, "dqn-latency: %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+void check_lt(cublasStatus_t e, const char* what) {
+  if (e != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "dqn-latency: %s: cuBLAS status %d\n", what, static_cast<int>(e));
     std::exit(1);
   }
 }
@@ -80,23 +93,13 @@ __global__ void link_kernel(int* x, bool pdl) {
   x[i] += 1;
 }
 
-/// µs per kernel of a captured chain of `n` link kernels of `blocks` blocks, replayed `reps` times.
-double chain_us(cudaStream_t s, int* x, int blocks, bool pdl, int n = 64, int reps = 200) {
+/// µs per item of what `enqueue` puts on `s` (`items` of them: kernels, GEMMs), captured once into
+/// a graph and the graph replayed `reps` times.
+double replayed_us(cudaStream_t s, const std::function<void()>& enqueue, int items, int reps) {
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
-  for (int k = 0; k < n; ++k) {
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-    cfg.blockDim = dim3(128);
-    cfg.stream = s;
-    cfg.attrs = &attr;
-    cfg.numAttrs = pdl ? 1 : 0;
-    check(cudaLaunchKernelEx(&cfg, link_kernel, x, pdl), "link launch");
-  }
+  enqueue();
   check(cudaStreamEndCapture(s, &graph), "end capture");
   check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
   const double ms = median_ms(s, [&] {
@@ -104,7 +107,28 @@ double chain_us(cudaStream_t s, int* x, int blocks, bool pdl, int n = 64, int re
   });
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  return ms * 1000.0 / (static_cast<double>(n) * reps);
+  return ms * 1000.0 / (static_cast<double>(items) * reps);
+}
+
+/// µs per kernel of a captured chain of `n` link kernels of `blocks` blocks, replayed `reps` times.
+double chain_us(cudaStream_t s, int* x, int blocks, bool pdl, int n = 64, int reps = 200) {
+  return replayed_us(
+      s,
+      [&] {
+        for (int k = 0; k < n; ++k) {
+          cudaLaunchAttribute attr{};
+          attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+          attr.val.programmaticStreamSerializationAllowed = 1;
+          cudaLaunchConfig_t cfg{};
+          cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+          cfg.blockDim = dim3(128);
+          cfg.stream = s;
+          cfg.attrs = &attr;
+          cfg.numAttrs = pdl ? 1 : 0;
+          check(cudaLaunchKernelEx(&cfg, link_kernel, x, pdl), "link launch");
+        }
+      },
+      n, reps);
 }
 
 /// `rounds` barriers of the cluster (CLUSTER) or of the whole grid (a cooperative launch).
@@ -415,19 +439,130 @@ QueuedSkew queued_skew(cudaStream_t s, int roots, int blocks, bool origin, bool 
   return QueuedSkew{median_of(first), median_of(spread), median_of(gap)};
 }
 
+/// One GEMM of the C51 step's critical path in the engine's row-major terms: C[m × n] from A[m × k]
+/// and the weights, as the engine hands it to cuBLASLt (operands swapped, column-major): `tn` the
+/// forward (C = A·Wᵀ, W [n × k]), `nn` a d(input) (C = A·W, W [k × n]), `nt` a weight gradient
+/// (C = Aᵀ·X over k batch rows: A [k × m], X [k × n]); `batch` > 1: that many independent
+/// problems in one strided launch (the branches' layers).
+struct PathGemm {
+  const char* what;
+  char kind;  // 't' tn, 'n' nn, 'w' nt
+  int m, n, k, batch;
+};
+
+/// µs per GEMM of a captured chain of `len` such GEMMs (each reading the same operands and writing
+/// the same C, so stream order alone chains them), replayed `reps` times; the fastest of the
+/// heuristic's first eight algorithms (each timed the same way). -1: no algorithm ran.
+double gemm_chain_us(cudaStream_t s, cublasLtHandle_t lt, void* ws, std::size_t ws_bytes, const PathGemm& g,
+                     int len = 16, int reps = 100) {
+  // cuBLAS's column-major problem: D (mm × nn) = op(A) · op(B) with our C = D in row-major.
+  const int mm = g.n, nn = g.m, kk = g.k;
+  cublasOperation_t op_a = CUBLAS_OP_N, op_b = CUBLAS_OP_N;
+  int a_rows = mm, a_cols = kk, b_rows = kk, b_cols = nn;
+  if (g.kind == 't') {  // A = W stored [n × k] row-major = (k × n) col-major, transposed; B = our A (k × m)
+    op_a = CUBLAS_OP_T;
+    a_rows = kk;
+    a_cols = mm;
+  } else if (g.kind == 'w') {  // A = X (n × k col-major from [k × n] row-major); B = our A [k × m] → (m × k)ᵀ
+    op_b = CUBLAS_OP_T;
+    b_rows = nn;
+    b_cols = kk;
+  }
+  const std::int64_t sa = std::int64_t(a_rows) * a_cols, sb = std::int64_t(b_rows) * b_cols, sc = std::int64_t(mm) * nn;
+  float *a = nullptr, *b = nullptr, *c = nullptr;
+  check(cudaMalloc(&a, sizeof(float) * sa * g.batch), "cudaMalloc");
+  check(cudaMalloc(&b, sizeof(float) * sb * g.batch), "cudaMalloc");
+  check(cudaMalloc(&c, sizeof(float) * sc * g.batch), "cudaMalloc");
+  check(cudaMemsetAsync(a, 0, sizeof(float) * sa * g.batch, s), "cudaMemset");
+  check(cudaMemsetAsync(b, 0, sizeof(float) * sb * g.batch, s), "cudaMemset");
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  check_lt(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F), "desc");
+  check_lt(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a), "transa");
+  check_lt(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b), "transb");
+  auto layout = [&](cublasLtMatrixLayout_t* l, int rows, int cols, std::int64_t stride) {
+    check_lt(cublasLtMatrixLayoutCreate(l, CUDA_R_32F, std::uint64_t(rows), std::uint64_t(cols), rows), "layout");
+    if (g.batch > 1) {
+      const std::int32_t count = g.batch;
+      check_lt(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count), "batch");
+      check_lt(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride),
+               "stride");
+    }
+  };
+  layout(&la, a_rows, a_cols, sa);
+  layout(&lb, b_rows, b_cols, sb);
+  layout(&lc, mm, nn, sc);
+  check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  const std::uint64_t wsb = ws_bytes;
+  check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb), "ws");
+  cublasLtMatmulHeuristicResult_t found[8];
+  int n_found = 0;
+  check_lt(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 8, found, &n_found), "heuristic");
+  const float alpha = 1.0f, beta = 0.0f;
+  double best = -1.0;
+  for (int i = 0; i < n_found; ++i) {
+    if (found[i].state != CUBLAS_STATUS_SUCCESS) continue;
+    const cublasLtMatmulAlgo_t* algo = &found[i].algo;
+    if (cublasLtMatmul(lt, desc, &alpha, a, la, b, lb, &beta, c, lc, c, lc, algo, ws, ws_bytes, s) != CUBLAS_STATUS_SUCCESS ||
+        cudaStreamSynchronize(s) != cudaSuccess) {
+      cudaGetLastError();
+      continue;  // this algorithm does not run here
+    }
+    const double us = replayed_us(
+        s,
+        [&] {
+          for (int j = 0; j < len; ++j)
+            check_lt(cublasLtMatmul(lt, desc, &alpha, a, la, b, lb, &beta, c, lc, c, lc, algo, ws, ws_bytes, s), "matmul");
+        },
+        len, reps);
+    if (best < 0 || us < best) best = us;
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatmulDescDestroy(desc);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  return best;
+}
+
+/// The GEMMs on the C51 step's critical path at B = 256 (pipelines/ref.yaml: state 64, trunk
+/// 256 × 256, head 128, 3 branches × 5 actions × 51 atoms): the online forward over states and
+/// next states (512 rows), the backward over the batch's 256.
+const PathGemm kPathGemms[] = {
+    {"trunk.0 forward, 512 x 256, k 64 (tn)", 't', 512, 256, 64, 1},
+    {"trunk.1 forward, 512 x 256, k 256 (tn)", 't', 512, 256, 256, 1},
+    {"head hidden forward, 512 x 512, k 256 (tn)", 't', 512, 512, 256, 1},
+    {"branch output forward, 3 x 512 x 255, k 128 (tn)", 't', 512, 255, 128, 3},
+    {"branch output d(input), 3 x 256 x 128, k 255 (nn)", 'n', 256, 128, 255, 3},
+    {"head hidden d(input), 256 x 256, k 512 (nn)", 'n', 256, 256, 512, 1},
+    {"trunk.1 d(input), 256 x 256, k 256 (nn)", 'n', 256, 256, 256, 1},
+    {"trunk.0 weights, 256 x 64, k 256 (nt)", 'w', 256, 64, 256, 1},
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool json = false, roots_only = false;
+  bool json = false, roots_only = false, gemm_only = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0) {
       json = true;
     } else if (std::strcmp(argv[i], "--roots") == 0) {
       roots_only = true;
+    } else if (std::strcmp(argv[i], "--gemm") == 0) {
+      gemm_only = true;
     } else {
-      std::fprintf(stderr, "dqn-latency: unknown argument '%s'\nusage: dqn-latency [--json] [--roots]\n", argv[i]);
+      std::fprintf(stderr, "dqn-latency: unknown argument '%s'\nusage: dqn-latency [--json] [--roots | --gemm]\n",
+                   argv[i]);
       return 2;
     }
+  }
+  if (roots_only && gemm_only) {
+    std::fprintf(stderr, "dqn-latency: --roots and --gemm each choose one group of rows: give one\n");
+    return 2;
   }
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -448,7 +583,25 @@ int main(int argc, char** argv) {
   check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&max_coop, barrier_kernel<false>, 128, 0), "occupancy");
 
   std::vector<std::pair<std::string, double>> rows;
-  if (!roots_only) {  // --roots: only the graph-root rows below
+  if (!roots_only) {  // the C51 path's GEMMs, each alone in a chain (--gemm: only these rows)
+    cublasLtHandle_t lt = nullptr;
+    check_lt(cublasLtCreate(&lt), "cublasLtCreate");
+    constexpr std::size_t kWs = std::size_t{8} << 20;  // as the engine's cuBLASLt workspace per lane
+    void* ws = nullptr;
+    check(cudaMalloc(&ws, kWs), "cudaMalloc");
+    double sum = 0.0;
+    bool all = true;
+    for (const PathGemm& g : kPathGemms) {
+      const double us = gemm_chain_us(s, lt, ws, kWs, g);
+      rows.emplace_back(std::string("GEMM alone in a chain: ") + g.what + " (us)", us);
+      if (us < 0) all = false;
+      else sum += us;
+    }
+    rows.emplace_back("GEMM alone in a chain: the eight above, summed (us)", all ? sum : -1.0);
+    cudaFree(ws);
+    cublasLtDestroy(lt);
+  }
+  if (!roots_only && !gemm_only) {  // --roots: only the graph-root rows below
     for (const int blocks : {1, sms, 2 * sms})
       for (const bool pdl : {false, true})
         rows.emplace_back("kernel boundary in a graph, " + std::to_string(blocks) + " blocks" + (pdl ? ", PDL" : "") +
@@ -465,27 +618,29 @@ int main(int argc, char** argv) {
     rows.emplace_back("dependent load, 256 MiB (device memory) (ns)",
                       chase_ns(s, std::size_t{256} << 20, flags, false));
   }
-  unsigned long long* stamps = nullptr;
-  check(cudaMalloc(&stamps, sizeof(unsigned long long) * 16), "cudaMalloc");
-  for (const bool kickoff : {false, true})
-    for (const int roots : {2, 6, 16}) {
-      const RootSkew k = root_skew(s, roots, 3, sms, kickoff, stamps);
-      const std::string what = "graph of " + std::to_string(roots) + " chains" + (kickoff ? " after a kickoff" : " (roots)");
-      rows.emplace_back(what + ": first captured starts after the earliest (us)", k.first_us);
-      rows.emplace_back(what + ": latest start after the earliest (us)", k.spread_us);
-    }
-  cudaFree(stamps);
-  for (const int roots : {2, 6})
-    for (const int mode : {0, 1, 2, 3}) {  // as root_skew's; the first chain on the capturing stream; + PDL; + kickoff
-      const bool origin = mode >= 1, pdl = mode >= 2, kickoff = mode == 3;
-      const QueuedSkew q = queued_skew(s, roots, sms, origin, pdl, kickoff);
-      const std::string what = "queued replays, " + std::to_string(roots) + " chains" +
-                               (origin ? ", the first on the capturing stream" : "") + (pdl ? ", PDL" : "") +
-                               (kickoff ? ", after a kickoff" : "");
-      rows.emplace_back(what + ": first captured starts after the earliest (us)", q.first_us);
-      rows.emplace_back(what + ": latest start after the earliest (us)", q.spread_us);
-      rows.emplace_back(what + ": earliest start after the last replay's end (us)", q.gap_us);
-    }
+  if (!gemm_only) {
+    unsigned long long* stamps = nullptr;
+    check(cudaMalloc(&stamps, sizeof(unsigned long long) * 16), "cudaMalloc");
+    for (const bool kickoff : {false, true})
+      for (const int roots : {2, 6, 16}) {
+        const RootSkew k = root_skew(s, roots, 3, sms, kickoff, stamps);
+        const std::string what = "graph of " + std::to_string(roots) + " chains" + (kickoff ? " after a kickoff" : " (roots)");
+        rows.emplace_back(what + ": first captured starts after the earliest (us)", k.first_us);
+        rows.emplace_back(what + ": latest start after the earliest (us)", k.spread_us);
+      }
+    cudaFree(stamps);
+    for (const int roots : {2, 6})
+      for (const int mode : {0, 1, 2, 3}) {  // as root_skew's; the first chain on the capturing stream; + PDL; + kickoff
+        const bool origin = mode >= 1, pdl = mode >= 2, kickoff = mode == 3;
+        const QueuedSkew q = queued_skew(s, roots, sms, origin, pdl, kickoff);
+        const std::string what = "queued replays, " + std::to_string(roots) + " chains" +
+                                 (origin ? ", the first on the capturing stream" : "") + (pdl ? ", PDL" : "") +
+                                 (kickoff ? ", after a kickoff" : "");
+        rows.emplace_back(what + ": first captured starts after the earliest (us)", q.first_us);
+        rows.emplace_back(what + ": latest start after the earliest (us)", q.spread_us);
+        rows.emplace_back(what + ": earliest start after the last replay's end (us)", q.gap_us);
+      }
+  }
 
   if (json) {
     std::printf("{\"device\": \"%s\", \"sms\": %d, \"rows\": [", p.name, sms);

@@ -530,8 +530,9 @@ double gemm_chain_us(cudaStream_t s, cublasLtHandle_t lt, void* ws, std::size_t 
 }
 
 /// The GEMMs on the C51 step's critical path at B = 256 (pipelines/ref.yaml: state 64, trunk
-/// 256 × 256, head 128, 3 branches × 5 actions × 51 atoms): the online forward over states and
-/// next states (512 rows), the backward over the batch's 256.
+/// 256 × 256, head 128, 3 branches × 5 actions × 51 atoms), as dqn-trace lists it: the online
+/// forward over states and next states (512 rows), the backward over the batch's 256, and the
+/// step's last gradient (trunk.1's weights, beside trunk.0's, which end with them).
 const PathGemm kPathGemms[] = {
     {"trunk.0 forward, 512 x 256, k 64 (tn)", 't', 512, 256, 64, 1},
     {"trunk.1 forward, 512 x 256, k 256 (tn)", 't', 512, 256, 256, 1},
@@ -540,7 +541,7 @@ const PathGemm kPathGemms[] = {
     {"branch output d(input), 3 x 256 x 128, k 255 (nn)", 'n', 256, 128, 255, 3},
     {"head hidden d(input), 256 x 256, k 512 (nn)", 'n', 256, 256, 512, 1},
     {"trunk.1 d(input), 256 x 256, k 256 (nn)", 'n', 256, 256, 256, 1},
-    {"trunk.0 weights, 256 x 64, k 256 (nt)", 'w', 256, 64, 256, 1},
+    {"trunk.1 weights, 256 x 256, k 256 (nt)", 'w', 256, 256, 256, 1},
 };
 
 }  // namespace

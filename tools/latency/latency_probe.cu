@@ -450,83 +450,127 @@ struct PathGemm {
   int m, n, k, batch;
 };
 
-/// µs per GEMM of a captured chain of `len` such GEMMs (each reading the same operands and writing
-/// the same C, so stream order alone chains them), replayed `reps` times; the fastest of the
-/// heuristic's first eight algorithms (each timed the same way). -1: no algorithm ran.
-double gemm_chain_us(cudaStream_t s, cublasLtHandle_t lt, void* ws, std::size_t ws_bytes, const PathGemm& g,
-                     int len = 16, int reps = 100) {
-  // cuBLAS's column-major problem: D (mm × nn) = op(A) · op(B) with our C = D in row-major.
-  const int mm = g.n, nn = g.m, kk = g.k;
-  cublasOperation_t op_a = CUBLAS_OP_N, op_b = CUBLAS_OP_N;
-  int a_rows = mm, a_cols = kk, b_rows = kk, b_cols = nn;
-  if (g.kind == 't') {  // A = W stored [n × k] row-major = (k × n) col-major, transposed; B = our A (k × m)
-    op_a = CUBLAS_OP_T;
-    a_rows = kk;
-    a_cols = mm;
-  } else if (g.kind == 'w') {  // A = X (n × k col-major from [k × n] row-major); B = our A [k × m] → (m × k)ᵀ
-    op_b = CUBLAS_OP_T;
-    b_rows = nn;
-    b_cols = kk;
-  }
-  const std::int64_t sa = std::int64_t(a_rows) * a_cols, sb = std::int64_t(b_rows) * b_cols, sc = std::int64_t(mm) * nn;
-  float *a = nullptr, *b = nullptr, *c = nullptr;
-  check(cudaMalloc(&a, sizeof(float) * sa * g.batch), "cudaMalloc");
-  check(cudaMalloc(&b, sizeof(float) * sb * g.batch), "cudaMalloc");
-  check(cudaMalloc(&c, sizeof(float) * sc * g.batch), "cudaMalloc");
-  check(cudaMemsetAsync(a, 0, sizeof(float) * sa * g.batch, s), "cudaMemset");
-  check(cudaMemsetAsync(b, 0, sizeof(float) * sb * g.batch, s), "cudaMemset");
+/// One PathGemm set up for cuBLASLt (its descriptor, layouts, operands and the heuristic's first
+/// eight algorithms), enqueued with `algo`.
+struct LtGemm {
+  cublasLtHandle_t lt = nullptr;
+  void* ws = nullptr;
+  std::size_t ws_bytes = 0;
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  check_lt(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F), "desc");
-  check_lt(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a), "transa");
-  check_lt(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b), "transb");
-  auto layout = [&](cublasLtMatrixLayout_t* l, int rows, int cols, std::int64_t stride) {
-    check_lt(cublasLtMatrixLayoutCreate(l, CUDA_R_32F, std::uint64_t(rows), std::uint64_t(cols), rows), "layout");
-    if (g.batch > 1) {
-      const std::int32_t count = g.batch;
-      check_lt(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count), "batch");
-      check_lt(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride),
-               "stride");
+  float *a = nullptr, *b = nullptr, *c = nullptr;
+  cublasLtMatmulAlgo_t algos[8] = {};
+  int n_algos = 0;
+  int algo = -1;  // the fastest alone (set by gemm_alone_us)
+
+  LtGemm(cudaStream_t s, cublasLtHandle_t h, void* w, std::size_t wb, const PathGemm& g) : lt(h), ws(w), ws_bytes(wb) {
+    // cuBLAS's column-major problem: D (mm × nn) = op(A) · op(B) with our C = D in row-major.
+    const int mm = g.n, nn = g.m, kk = g.k;
+    cublasOperation_t op_a = CUBLAS_OP_N, op_b = CUBLAS_OP_N;
+    int a_rows = mm, a_cols = kk, b_rows = kk, b_cols = nn;
+    if (g.kind == 't') {  // A = W stored [n × k] row-major = (k × n) col-major, transposed; B = our A (k × m)
+      op_a = CUBLAS_OP_T;
+      a_rows = kk;
+      a_cols = mm;
+    } else if (g.kind == 'w') {  // A = X (n × k col-major from [k × n] row-major); B = our A [k × m] → (m × k)ᵀ
+      op_b = CUBLAS_OP_T;
+      b_rows = nn;
+      b_cols = kk;
     }
-  };
-  layout(&la, a_rows, a_cols, sa);
-  layout(&lb, b_rows, b_cols, sb);
-  layout(&lc, mm, nn, sc);
-  check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
-  const std::uint64_t wsb = ws_bytes;
-  check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb), "ws");
-  cublasLtMatmulHeuristicResult_t found[8];
-  int n_found = 0;
-  check_lt(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 8, found, &n_found), "heuristic");
-  const float alpha = 1.0f, beta = 0.0f;
+    const std::int64_t sa = std::int64_t(a_rows) * a_cols, sb = std::int64_t(b_rows) * b_cols,
+                       sc = std::int64_t(mm) * nn;
+    check(cudaMalloc(&a, sizeof(float) * sa * g.batch), "cudaMalloc");
+    check(cudaMalloc(&b, sizeof(float) * sb * g.batch), "cudaMalloc");
+    check(cudaMalloc(&c, sizeof(float) * sc * g.batch), "cudaMalloc");
+    check(cudaMemsetAsync(a, 0, sizeof(float) * sa * g.batch, s), "cudaMemset");
+    check(cudaMemsetAsync(b, 0, sizeof(float) * sb * g.batch, s), "cudaMemset");
+    check_lt(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F), "desc");
+    check_lt(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a), "transa");
+    check_lt(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b), "transb");
+    auto layout = [&](cublasLtMatrixLayout_t* l, int rows, int cols, std::int64_t stride) {
+      check_lt(cublasLtMatrixLayoutCreate(l, CUDA_R_32F, std::uint64_t(rows), std::uint64_t(cols), rows), "layout");
+      if (g.batch > 1) {
+        const std::int32_t count = g.batch;
+        check_lt(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count), "batch");
+        check_lt(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride),
+                 "stride");
+      }
+    };
+    layout(&la, a_rows, a_cols, sa);
+    layout(&lb, b_rows, b_cols, sb);
+    layout(&lc, mm, nn, sc);
+    cublasLtMatmulPreference_t pref = nullptr;
+    check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    const std::uint64_t wsb = ws_bytes;
+    check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb), "ws");
+    cublasLtMatmulHeuristicResult_t found[8];
+    int n_found = 0;
+    check_lt(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 8, found, &n_found), "heuristic");
+    cublasLtMatmulPreferenceDestroy(pref);
+    for (int i = 0; i < n_found; ++i)
+      if (found[i].state == CUBLAS_STATUS_SUCCESS) algos[n_algos++] = found[i].algo;
+  }
+  ~LtGemm() {
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatmulDescDestroy(desc);
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(c);
+  }
+  LtGemm(const LtGemm&) = delete;
+  LtGemm& operator=(const LtGemm&) = delete;
+
+  cublasStatus_t enqueue(cudaStream_t s, int i) const {
+    const float alpha = 1.0f, beta = 0.0f;
+    return cublasLtMatmul(lt, desc, &alpha, a, la, b, lb, &beta, c, lc, c, lc, &algos[i], ws, ws_bytes, s);
+  }
+};
+
+/// µs per GEMM of a captured chain of `len` g's (each reading the same operands and writing the
+/// same C, so stream order alone chains them), replayed `reps` times; the fastest of g's
+/// algorithms (each timed the same way), which g keeps. -1: no algorithm ran.
+double gemm_alone_us(cudaStream_t s, LtGemm& g, int len = 16, int reps = 100) {
   double best = -1.0;
-  for (int i = 0; i < n_found; ++i) {
-    if (found[i].state != CUBLAS_STATUS_SUCCESS) continue;
-    const cublasLtMatmulAlgo_t* algo = &found[i].algo;
-    if (cublasLtMatmul(lt, desc, &alpha, a, la, b, lb, &beta, c, lc, c, lc, algo, ws, ws_bytes, s) != CUBLAS_STATUS_SUCCESS ||
-        cudaStreamSynchronize(s) != cudaSuccess) {
+  for (int i = 0; i < g.n_algos; ++i) {
+    if (g.enqueue(s, i) != CUBLAS_STATUS_SUCCESS || cudaStreamSynchronize(s) != cudaSuccess) {
       cudaGetLastError();
       continue;  // this algorithm does not run here
     }
     const double us = replayed_us(
         s,
         [&] {
-          for (int j = 0; j < len; ++j)
-            check_lt(cublasLtMatmul(lt, desc, &alpha, a, la, b, lb, &beta, c, lc, c, lc, algo, ws, ws_bytes, s), "matmul");
+          for (int j = 0; j < len; ++j) check_lt(g.enqueue(s, i), "matmul");
         },
         len, reps);
-    if (best < 0 || us < best) best = us;
+    if (best < 0 || us < best) {
+      best = us;
+      g.algo = i;
+    }
   }
-  cublasLtMatmulPreferenceDestroy(pref);
-  cublasLtMatrixLayoutDestroy(la);
-  cublasLtMatrixLayoutDestroy(lb);
-  cublasLtMatrixLayoutDestroy(lc);
-  cublasLtMatmulDescDestroy(desc);
-  cudaFree(a);
-  cudaFree(b);
-  cudaFree(c);
   return best;
+}
+
+/// µs per pair of a captured chain of `len` pairs: x on `s` and, beside it, y on a stream of its
+/// own (forked at the start, joined at the end), as the step runs the online network's layer and
+/// the target network's; each with its fastest algorithm alone. -1: either has none.
+double gemm_pair_us(cudaStream_t s, const LtGemm& x, const LtGemm& y, int len = 16, int reps = 100) {
+  if (x.algo < 0 || y.algo < 0) return -1.0;
+  const ChainLanes side(1);
+  return replayed_us(
+      s,
+      [&] {
+        check(cudaEventRecord(side.fork, s), "cudaEventRecord");
+        check(cudaStreamWaitEvent(side.lanes[0], side.fork, 0), "cudaStreamWaitEvent");
+        for (int j = 0; j < len; ++j) {
+          check_lt(x.enqueue(s, x.algo), "matmul");
+          check_lt(y.enqueue(side.lanes[0], y.algo), "matmul");
+        }
+        check(cudaEventRecord(side.joins[0], side.lanes[0]), "cudaEventRecord");
+        check(cudaStreamWaitEvent(s, side.joins[0], 0), "cudaStreamWaitEvent");
+      },
+      len, reps);
 }
 
 /// The GEMMs on the C51 step's critical path at B = 256 (pipelines/ref.yaml: state 64, trunk
@@ -542,6 +586,21 @@ const PathGemm kPathGemms[] = {
     {"head hidden d(input), 256 x 256, k 512 (nn)", 'n', 256, 256, 512, 1},
     {"trunk.1 d(input), 256 x 256, k 256 (nn)", 'n', 256, 256, 256, 1},
     {"trunk.1 weights, 256 x 256, k 256 (nt)", 'w', 256, 256, 256, 1},
+};
+
+/// The forward's four GEMMs as the step runs them, the online network's (states and next states,
+/// 512 rows) beside the target network's (next states, 256 rows), against both as one strided
+/// launch (the target over 512 rows too, so that the two problems have one shape): what merging
+/// the two networks' layers would trade.
+struct ForwardPair {
+  const char* what;
+  PathGemm online, target, merged;
+};
+const ForwardPair kForwardPairs[] = {
+    {"trunk.0", {"", 't', 512, 256, 64, 1}, {"", 't', 256, 256, 64, 1}, {"", 't', 512, 256, 64, 2}},
+    {"trunk.1", {"", 't', 512, 256, 256, 1}, {"", 't', 256, 256, 256, 1}, {"", 't', 512, 256, 256, 2}},
+    {"head hidden", {"", 't', 512, 512, 256, 1}, {"", 't', 256, 512, 256, 1}, {"", 't', 512, 512, 256, 2}},
+    {"branch output", {"", 't', 512, 255, 128, 3}, {"", 't', 256, 255, 128, 3}, {"", 't', 512, 255, 128, 6}},
 };
 
 }  // namespace
@@ -590,15 +649,29 @@ int main(int argc, char** argv) {
     constexpr std::size_t kWs = std::size_t{8} << 20;  // as the engine's cuBLASLt workspace per lane
     void* ws = nullptr;
     check(cudaMalloc(&ws, kWs), "cudaMalloc");
+    // a sum of figures, -1 (no figure) if any of them is
+    auto add = [](double& sum, double us) { sum = sum < 0 || us < 0 ? -1.0 : sum + us; };
     double sum = 0.0;
-    bool all = true;
     for (const PathGemm& g : kPathGemms) {
-      const double us = gemm_chain_us(s, lt, ws, kWs, g);
+      LtGemm lg(s, lt, ws, kWs, g);
+      const double us = gemm_alone_us(s, lg);
       rows.emplace_back(std::string("GEMM alone in a chain: ") + g.what + " (us)", us);
-      if (us < 0) all = false;
-      else sum += us;
+      add(sum, us);
     }
-    rows.emplace_back("GEMM alone in a chain: the eight above, summed (us)", all ? sum : -1.0);
+    rows.emplace_back("GEMM alone in a chain: the eight above, summed (us)", sum);
+    double pairs = 0.0, merged = 0.0;
+    for (const ForwardPair& f : kForwardPairs) {
+      LtGemm on(s, lt, ws, kWs, f.online), tg(s, lt, ws, kWs, f.target), mg(s, lt, ws, kWs, f.merged);
+      gemm_alone_us(s, on);
+      gemm_alone_us(s, tg);
+      const double pair = gemm_pair_us(s, on, tg), one = gemm_alone_us(s, mg);
+      rows.emplace_back(std::string("forward ") + f.what + ": online beside target, two launches (us)", pair);
+      rows.emplace_back(std::string("forward ") + f.what + ": online and target in one launch (us)", one);
+      add(pairs, pair);
+      add(merged, one);
+    }
+    rows.emplace_back("forward, the four layers summed: online beside target (us)", pairs);
+    rows.emplace_back("forward, the four layers summed: in one launch each (us)", merged);
     cudaFree(ws);
     cublasLtDestroy(lt);
   }

@@ -184,6 +184,7 @@ void Engine::build(const PluginLoader& plugins) {
   }
   if (heads_.empty()) throw std::invalid_argument("pipeline has no enabled head");
 
+  merge_target_trunk_ = env_switch("DQN_TARGET_MERGE");
   declare_engine_buffers();
   add_engine_stages_front();
   for (std::size_t h = 0; h < heads_.size(); ++h) {
@@ -308,10 +309,18 @@ void Engine::declare_engine_buffers() {
   reg_.declare(buf::is_weights, DType::real, {B}, BufferKind::input, "engine");
   for (int i = 0; i < L; ++i) {
     const bool last = i == L - 1;
-    reg_.declare(last ? std::string(buf::h2) : "trunk/a" + std::to_string(i), DType::real, {2 * B, net_.trunk[i]},
-                 BufferKind::activation, "engine");
-    reg_.declare(last ? std::string(buf::target_h2) : "target/a" + std::to_string(i), DType::real, {B, net_.trunk[i]},
-                 BufferKind::activation, "engine");
+    const std::string online = last ? std::string(buf::h2) : "trunk/a" + std::to_string(i);
+    const std::string target = last ? std::string(buf::target_h2) : "target/a" + std::to_string(i);
+    const std::int64_t w = net_.trunk[i];
+    if (merge_target_trunk_) {  // [2, 2B, w]: the online network's rows, then the target's
+      const std::string pair = "trunk/pair" + std::to_string(i);
+      reg_.declare(pair, DType::real, {2, 2 * B, w}, BufferKind::activation, "engine");
+      reg_.declare_view(online, pair, 0, {2 * B, w}, "engine");
+      reg_.declare_view(target, pair, (2 * B + B) * w, {B, w}, "engine");  // its next-state rows
+    } else {
+      reg_.declare(online, DType::real, {2 * B, w}, BufferKind::activation, "engine");
+      reg_.declare(target, DType::real, {B, w}, BufferKind::activation, "engine");
+    }
     if (!last)  // the last layer's gradient is dtrunk/all
       reg_.declare("trunk/dz" + std::to_string(i), DType::real, {H * B, net_.trunk[i]}, BufferKind::scratch, "engine");
   }
@@ -353,6 +362,15 @@ void Engine::add_engine_stages_front() {
   // delays the target chain, which then holds the loss back; declaring the target's stage first,
   // so that it is captured first, measured slower too: 91.09-93.13 against 86.17-86.59 µs on an
   // H100, 2026-12-05.)
+  if (merge_target_trunk_) {  // DQN_TARGET_MERGE=1: both networks in each layer's one launch
+    for (int i = 0; i < L; ++i) {
+      const std::string in = i == 0 ? std::string(buf::states2) : "trunk/pair" + std::to_string(i - 1);
+      stages_.push_back(Stage{"trunk.forward." + std::to_string(i), "engine", {in, "params", "target"},
+                              {"trunk/pair" + std::to_string(i)},
+                              [this, i](Backend& be) { trunk_forward_pair(be, i); }});
+    }
+    return;
+  }
   for (int i = 0; i < L; ++i) {
     std::vector<std::string> reads{i == 0 ? std::string(buf::states2) : acts[std::size_t(i - 1)], "params"};
     stages_.push_back(Stage{"trunk.forward." + std::to_string(i), "engine", reads, {acts[std::size_t(i)]},
@@ -522,6 +540,32 @@ void Engine::trunk_forward_layer(Backend& be, int i, bool target) {
   g.lda = g.k; g.b = w[std::size_t(i)]; g.ldb = g.k; g.c = a[std::size_t(i)]; g.ldc = g.n;
   g.weight_operand = 2;
   g.bias = b[std::size_t(i)]; g.act = Act::relu;  // fused epilogue
+  be.gemm(g);
+}
+
+// DQN_TARGET_MERGE=1: trunk layer i of both networks as one GEMM of two problems: the online
+// weights on trunk/pair<i-1>'s online rows (states ‖ next_states; layer 0: batch/states2), the
+// target's on its target rows (layer 0: the same states2), into trunk/pair<i>. The target's
+// weights and bias are the online ones' offset into "target" (one layout, so one stride); its
+// rows over the states are work nobody reads, the price of one shape for both problems.
+void Engine::trunk_forward_pair(Backend& be, int i) {
+  const std::int64_t B = spec_.batch;
+  const std::int64_t in_w = i == 0 ? net_.state : net_.trunk[i - 1];
+  const auto offset = [](Real from, Real to) {
+    return std::int64_t((static_cast<char*>(to.p) - static_cast<char*>(from.p)) / std::ptrdiff_t(from.esize));
+  };
+  Gemm g;
+  g.tb = true; g.m = int(2 * B); g.n = net_.trunk[i]; g.k = int(in_w);
+  g.a = i > 0 ? trunk_a_[std::size_t(i - 1)] : states2_; g.lda = g.k;
+  g.b = trunk_w_[std::size_t(i)]; g.ldb = g.k;
+  g.c = trunk_a_[std::size_t(i)]; g.ldc = g.n;
+  g.batch = 2;
+  g.stride_a = i > 0 ? 2 * B * in_w : 0;
+  g.stride_b = offset(trunk_w_[std::size_t(i)], trunk_tw_[std::size_t(i)]);
+  g.stride_c = 2 * B * g.n;
+  g.weight_operand = 2;
+  g.bias = trunk_b_[std::size_t(i)]; g.act = Act::relu;
+  g.stride_bias = offset(trunk_b_[std::size_t(i)], trunk_tb_[std::size_t(i)]);
   be.gemm(g);
 }
 

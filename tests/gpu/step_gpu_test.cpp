@@ -242,7 +242,9 @@ TEST_CASE("gpu.step.matches_cpu") {
   // cuBLASLt only (DQN_TILE_GEMM=0), tile_gemm always (=1) and the trunk's top mask in the
   // head's GEMM (DQN_HEAD_MASK=1; the CPU engine keeps its stages: the same numbers,
   // heads_test); fp32 also with the loss one warp a (sample, branch) (DQN_LOSS_WARPS=1; two by
-  // default); tf32 also with tile_gemm's split-k shape wherever it fits (DQN_TILE_GEMM=32x32k2).
+  // default); tf32 also with tile_gemm's split-k shape wherever it fits (DQN_TILE_GEMM=32x32k2);
+  // tf32 and bf16 also with both networks' trunk layers in one GEMM each (DQN_TARGET_MERGE=1,
+  // read when the engine is built: the GPU engine merged, the CPU one not).
   struct Case {
     const char* precision;
     double params, loss;
@@ -257,13 +259,16 @@ TEST_CASE("gpu.step.matches_cpu") {
       {"fp32", 2e-4, 1e-4, {{"DQN_LOSS_WARPS", "1"}}},
       {"tf32", 5e-3, 5e-3, {{"DQN_HEAD_MASK", "1"}}},
       {"tf32", 5e-3, 5e-3, {{"DQN_TILE_GEMM", "32x32k2"}}},
+      {"tf32", 5e-3, 5e-3, {{"DQN_TARGET_MERGE", "1"}}},
+      {"bf16", 3e-2, 3e-2, {{"DQN_TARGET_MERGE", "1"}}},
   };
   for (const Case& c : cases) {
     std::string named;
     for (const auto& [name, value] : c.switches) named += std::string(", ") + name + "=" + value;
     INFO("precision " << std::string(c.precision) << named);
     const PipelineSpec spec = parse(pipeline(c.precision));
-    // read when the backend (the heads: DQN_HEAD_MASK) is made; the CPU engine gets none
+    // read when the backend (the heads: DQN_HEAD_MASK; the engine: DQN_TARGET_MERGE) is made;
+    // the CPU engine gets none
     std::unique_ptr<Engine> gpu;
     {
       std::deque<EnvOverride> env;
@@ -301,9 +306,12 @@ TEST_CASE("gpu.step.matches_cpu") {
 TEST_CASE("gpu.step.replay_equals_uncaptured") {
   // tf32 also with every switch below at once (the distribution a warp per action everywhere;
   // the loss's one warp, the default being two; the projection a stage of its own; the trunk's
-  // top mask in the head's GEMM)
-  const std::pair<const char*, const char*> switches[] = {
-      {"DQN_WARP_HEAD", "action"}, {"DQN_LOSS_WARPS", "1"}, {"DQN_C51_PROJECT", "1"}, {"DQN_HEAD_MASK", "1"}};
+  // top mask in the head's GEMM; both networks' trunk layers in one GEMM each)
+  const std::pair<const char*, const char*> switches[] = {{"DQN_WARP_HEAD", "action"},
+                                                          {"DQN_LOSS_WARPS", "1"},
+                                                          {"DQN_C51_PROJECT", "1"},
+                                                          {"DQN_HEAD_MASK", "1"},
+                                                          {"DQN_TARGET_MERGE", "1"}};
   for (const auto& [p, fused] : {std::pair<const char*, bool>{"fp32", false}, {"tf32", false}, {"tf32", true},
                                  {"bf16", false}}) {
     INFO("precision " << std::string(p) << (fused ? ", with the switches" : ""));

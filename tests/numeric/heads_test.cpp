@@ -636,6 +636,37 @@ TEST_CASE("heads.head_mask: the trunk's top ReLU mask in the C51 head's GEMM, th
   check_refused("DQN_HEAD_MASK", "2");
 }
 
+TEST_CASE("heads.target_merge: both networks' trunk layers in one GEMM each, the same step bit for bit") {
+  // DQN_TARGET_MERGE=1 (read when the engine is built): trunk.forward.<i> runs the online and the
+  // target network's layer i as one GEMM of two problems into trunk/pair<i> (the target over the
+  // states' rows too, which nobody reads); target.trunk.forward goes, and trunk/h2 and
+  // target/h2 are views of the last pair. Every row a head reads is the same, bit for bit.
+  each_switch_case([](const SwitchCase&, const PipelineSpec& spec, bool f64) {
+    const int L = int(spec.network.trunk.size());
+    auto plain = make(spec, f64);
+    auto merged = make_switched("DQN_TARGET_MERGE", spec, f64);
+    const std::string ep = plain->explain(), em = merged->explain();
+    CHECK(ep.find("target.trunk.forward") != std::string::npos);
+    CHECK(em.find("target.trunk.forward") == std::string::npos);
+    CHECK(em.find("trunk/pair" + std::to_string(L - 1)) != std::string::npos);
+    // the target head's stage waits for the last trunk layer, which writes target/h2's storage
+    bool target_waits_trunk = false;
+    for (const auto& [stage, waits] : merged->stage_waits())
+      if (stage == "c51.target")
+        for (const auto& w : waits) target_waits_trunk = target_waits_trunk || w == "trunk.forward." + std::to_string(L - 1);
+    CHECK(target_waits_trunk);
+    step_both_and_compare(*plain, *merged, {"params", "target", "grad/all", "adam.m", "adam.v", "report/td_error"});
+    for (const char* a : {"trunk/a0", "target/a0", "trunk/h2", "target/h2"}) {
+      INFO(std::string(a));
+      CHECK(plain->host_buffer(a) == merged->host_buffer(a));
+    }
+    const StepReport rp = plain->read_report(), rm = merged->read_report();
+    CHECK(rp.losses == rm.losses);
+    CHECK(rp.grad_norms == rm.grad_norms);
+  });
+  check_refused("DQN_TARGET_MERGE", "yes");
+}
+
 TEST_CASE("heads.layout.aligned_groups") {
   // Every contiguous parameter group starts on 16 bytes (kParamAlign), with awkward sizes
   // everywhere (A·Z = 15, D·A = 6, member sizes odd before padding): the GEMMs on them, and the

@@ -529,7 +529,7 @@ void Engine::bind_engine() {
 
 // h_i = relu(W_i h_{i-1} + b_i); online over states ‖ next_states (2B rows), target over s'.
 // Trunk layer i of the online network (on states2: 2B rows) or of the target (on next_states).
-void Engine::trunk_forward_layer(Backend& be, int i, bool target) {
+Gemm Engine::trunk_layer_gemm(int i, bool target) const {
   const int B = spec_.batch;
   const auto& a = target ? trunk_ta_ : trunk_a_;
   const auto& w = target ? trunk_tw_ : trunk_w_;
@@ -540,32 +540,26 @@ void Engine::trunk_forward_layer(Backend& be, int i, bool target) {
   g.lda = g.k; g.b = w[std::size_t(i)]; g.ldb = g.k; g.c = a[std::size_t(i)]; g.ldc = g.n;
   g.weight_operand = 2;
   g.bias = b[std::size_t(i)]; g.act = Act::relu;  // fused epilogue
-  be.gemm(g);
+  return g;
 }
 
+void Engine::trunk_forward_layer(Backend& be, int i, bool target) { be.gemm(trunk_layer_gemm(i, target)); }
+
 // DQN_TARGET_MERGE=1: trunk layer i of both networks as one GEMM of two problems: the online
-// weights on trunk/pair<i-1>'s online rows (states ‖ next_states; layer 0: batch/states2), the
-// target's on its target rows (layer 0: the same states2), into trunk/pair<i>. The target's
-// weights and bias are the online ones' offset into "target" (one layout, so one stride); its
-// rows over the states are work nobody reads, the price of one shape for both problems.
+// layer's (states ‖ next_states), then the target's on the same 2B rows of its own input (layer
+// 0: the same states2), from trunk/pair<i-1> into trunk/pair<i>. The target's weights and bias
+// are the online ones' offset into "target" (one layout, so one stride); its rows over the
+// states are work nobody reads, the price of one shape for both problems.
 void Engine::trunk_forward_pair(Backend& be, int i) {
-  const std::int64_t B = spec_.batch;
-  const std::int64_t in_w = i == 0 ? net_.state : net_.trunk[i - 1];
-  const auto offset = [](Real from, Real to) {
+  const auto elements = [](Real from, Real to) {
     return std::int64_t((static_cast<char*>(to.p) - static_cast<char*>(from.p)) / std::ptrdiff_t(from.esize));
   };
-  Gemm g;
-  g.tb = true; g.m = int(2 * B); g.n = net_.trunk[i]; g.k = int(in_w);
-  g.a = i > 0 ? trunk_a_[std::size_t(i - 1)] : states2_; g.lda = g.k;
-  g.b = trunk_w_[std::size_t(i)]; g.ldb = g.k;
-  g.c = trunk_a_[std::size_t(i)]; g.ldc = g.n;
+  Gemm g = trunk_layer_gemm(i, false);
   g.batch = 2;
-  g.stride_a = i > 0 ? 2 * B * in_w : 0;
-  g.stride_b = offset(trunk_w_[std::size_t(i)], trunk_tw_[std::size_t(i)]);
-  g.stride_c = 2 * B * g.n;
-  g.weight_operand = 2;
-  g.bias = trunk_b_[std::size_t(i)]; g.act = Act::relu;
-  g.stride_bias = offset(trunk_b_[std::size_t(i)], trunk_tb_[std::size_t(i)]);
+  g.stride_a = i > 0 ? std::int64_t(g.m) * g.k : 0;
+  g.stride_b = elements(trunk_w_[std::size_t(i)], trunk_tw_[std::size_t(i)]);
+  g.stride_c = std::int64_t(g.m) * g.n;
+  g.stride_bias = elements(trunk_b_[std::size_t(i)], trunk_tb_[std::size_t(i)]);
   be.gemm(g);
 }
 

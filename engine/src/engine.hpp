@@ -133,6 +133,7 @@ class Engine {
   void add_engine_stages_back();
   void bind_engine();
   void upload_budget_reach();
+  Gemm trunk_layer_gemm(int i, bool target) const;  ///< trunk layer i's forward of one network
   void trunk_forward_layer(Backend& be, int i, bool target);
   void trunk_forward_pair(Backend& be, int i);
   void trunk_backward_layer(Backend& be, int i);

@@ -539,8 +539,8 @@ PipelineSpec switch_pipeline(const SwitchCase& c) {
   text.replace(text.find("trunk: [7, 6]"), 13, "trunk: " + c.trunk);
   return parse(text);
 }
-/// A head's 0/1 switch set to `value`: building an engine fails, naming the variable, the value
-/// and what it takes (the head's declare refuses it).
+/// A 0/1 switch (a head's or the engine's) set to `value`: building an engine fails, naming the
+/// variable, the value and what it takes (the head's declare or the engine's build refuses it).
 void check_refused(const char* env, const char* value) {
   setenv(env, value, 1);
   try {

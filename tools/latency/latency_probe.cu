@@ -14,7 +14,9 @@
 // With --gemm, the floor of the C51 step's GEMMs as the library runs them: each GEMM shape of the
 // step's critical path (B = 256 of pipelines/ref.yaml) alone, as a chain of dependent cuBLASLt tf32
 // GEMMs in a replayed graph on an otherwise idle GPU (no kernel beside it), the fastest of the
-// heuristic's algorithms: what one layer costs before any contention, boundary included.
+// heuristic's algorithms: what one layer costs before any contention, boundary included; and the
+// forward's four layers with the target network's problem beside the online one (two launches,
+// as the step runs them) against both in one strided launch.
 // Usage: dqn-latency [--json] [--roots | --gemm]   (--roots: only the graph-root rows; --gemm:
 // only the GEMM chain rows)
 #include <cooperative_groups.h>

@@ -547,19 +547,18 @@ void Engine::trunk_forward_layer(Backend& be, int i, bool target) { be.gemm(trun
 
 // DQN_TARGET_MERGE=1: trunk layer i of both networks as one GEMM of two problems: the online
 // layer's (states ‖ next_states), then the target's on the same 2B rows of its own input (layer
-// 0: the same states2), from trunk/pair<i-1> into trunk/pair<i>. The target's weights and bias
-// are the online ones' offset into "target" (one layout, so one stride); its rows over the
-// states are work nobody reads, the price of one shape for both problems.
+// 0: the same states2), from trunk/pair<i-1> into trunk/pair<i>. Every target parameter sits
+// where its online one does in "target" as in "params", so the weights' and the bias's stride
+// is the one from params to target; the target's rows over the states are work nobody reads,
+// the price of one shape for both problems.
 void Engine::trunk_forward_pair(Backend& be, int i) {
-  const auto elements = [](Real from, Real to) {
-    return std::int64_t((static_cast<char*>(to.p) - static_cast<char*>(from.p)) / std::ptrdiff_t(from.esize));
-  };
+  const std::int64_t to_target =
+      (static_cast<char*>(target_.p) - static_cast<char*>(params_.p)) / std::ptrdiff_t(params_.esize);
   Gemm g = trunk_layer_gemm(i, false);
   g.batch = 2;
   g.stride_a = i > 0 ? std::int64_t(g.m) * g.k : 0;
-  g.stride_b = elements(trunk_w_[std::size_t(i)], trunk_tw_[std::size_t(i)]);
+  g.stride_b = g.stride_bias = to_target;
   g.stride_c = std::int64_t(g.m) * g.n;
-  g.stride_bias = elements(trunk_b_[std::size_t(i)], trunk_tb_[std::size_t(i)]);
   be.gemm(g);
 }
 

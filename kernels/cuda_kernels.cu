@@ -18,7 +18,7 @@
 
 #include "cuda_kernels.cuh"
 #include "device_util.cuh"
-#include "philox.h"
+#include "dqn/philox.h"
 
 namespace dqn::cuda {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <cstdio>
 
-#include "runtime.hpp"
+#include "dqn/runtime.hpp"
 
 int main(int argc, char** argv) {
   if (!dqn::cuda_available()) {

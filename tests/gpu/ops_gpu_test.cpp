@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "cpu_backend.hpp"
-#include "runtime.hpp"
+#include "cpu/cpu_backend.hpp"
+#include "dqn/runtime.hpp"
 
 using namespace dqn;
 

@@ -22,9 +22,9 @@
 #endif
 
 #include "dqn/head.hpp"
-#include "engine.hpp"
-#include "pipeline_parse.hpp"
-#include "plugin_loader.hpp"
+#include "core/engine.hpp"
+#include "pipeline/parse.hpp"
+#include "core/plugin_loader.hpp"
 
 namespace {
 using namespace dqn;

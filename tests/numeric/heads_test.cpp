@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "engine.hpp"
-#include "pipeline_parse.hpp"
-#include "plugin_loader.hpp"
+#include "core/engine.hpp"
+#include "pipeline/parse.hpp"
+#include "core/plugin_loader.hpp"
 
 namespace {
 using namespace dqn;

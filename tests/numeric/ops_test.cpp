@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "cpu_backend.hpp"
-#include "philox.h"
-#include "runtime.hpp"
+#include "cpu/cpu_backend.hpp"
+#include "dqn/philox.h"
+#include "dqn/runtime.hpp"
 
 namespace {
 

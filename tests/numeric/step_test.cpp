@@ -11,9 +11,9 @@
 #include <random>
 #include <string>
 
-#include "engine.hpp"
-#include "pipeline_parse.hpp"
-#include "plugin_loader.hpp"
+#include "core/engine.hpp"
+#include "pipeline/parse.hpp"
+#include "core/plugin_loader.hpp"
 
 namespace {
 std::atomic<long> g_allocations{0};

@@ -21,7 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dqn/plugin.hpp"
-#include "safetensors.hpp"
+#include "core/safetensors.hpp"
 
 namespace fs = std::filesystem;
 

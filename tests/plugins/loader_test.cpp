@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "dqn_config.h"
-#include "engine.hpp"
-#include "pipeline_parse.hpp"
-#include "plugin_loader.hpp"
+#include "core/engine.hpp"
+#include "pipeline/parse.hpp"
+#include "core/plugin_loader.hpp"
 
 using namespace dqn;
 namespace fs = std::filesystem;

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "env/cartpole.hpp"
-#include "env/env.hpp"
+#include "training/env/cartpole.hpp"
+#include "training/env/env.hpp"
 
 using dqn::CartPoleVecEnv;
 

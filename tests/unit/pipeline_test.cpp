@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "dqn_config.h"
-#include "env/cartpole.hpp"
-#include "env/env.hpp"
-#include "pipeline_parse.hpp"
+#include "training/env/cartpole.hpp"
+#include "training/env/env.hpp"
+#include "pipeline/parse.hpp"
 
 using namespace dqn;
 

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "registry.hpp"
-#include "runtime.hpp"
+#include "core/registry.hpp"
+#include "dqn/runtime.hpp"
 
 using namespace dqn;
 

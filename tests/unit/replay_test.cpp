@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "replay.hpp"
-#include "schedule.hpp"
+#include "training/replay.hpp"
+#include "training/schedule.hpp"
 
 using dqn::Batch;
 using dqn::ReplayBuffer;

@@ -24,7 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dqn_config.h"
-#include "safetensors.hpp"
+#include "core/safetensors.hpp"
 
 namespace fs = std::filesystem;
 using dqn::st::DType;

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "registry.hpp"
-#include "runtime.hpp"
-#include "scheduler.hpp"
+#include "core/registry.hpp"
+#include "dqn/runtime.hpp"
+#include "core/scheduler.hpp"
 
 using namespace dqn;
 

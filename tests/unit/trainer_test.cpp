@@ -14,12 +14,12 @@
 #include <vector>
 
 #include "dqn_config.h"
-#include "engine.hpp"
-#include "pipeline_parse.hpp"
-#include "plugin_loader.hpp"
-#include "safetensors.hpp"
-#include "schedule.hpp"
-#include "trainer.hpp"
+#include "core/engine.hpp"
+#include "pipeline/parse.hpp"
+#include "core/plugin_loader.hpp"
+#include "core/safetensors.hpp"
+#include "training/schedule.hpp"
+#include "training/trainer.hpp"
 
 using namespace dqn;
 namespace fs = std::filesystem;

@@ -5,9 +5,9 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
-#include "engine.hpp"
-#include "pipeline_parse.hpp"
-#include "plugin_loader.hpp"
+#include "core/engine.hpp"
+#include "pipeline/parse.hpp"
+#include "core/plugin_loader.hpp"
 
 namespace dqn::cli {
 

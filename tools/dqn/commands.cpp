@@ -5,10 +5,10 @@
 #include <fstream>
 #include <iostream>
 
-#include "engine.hpp"
-#include "pipeline_parse.hpp"
-#include "plugin_loader.hpp"
-#include "safetensors.hpp"
+#include "core/engine.hpp"
+#include "pipeline/parse.hpp"
+#include "core/plugin_loader.hpp"
+#include "core/safetensors.hpp"
 
 namespace dqn::cli {
 

@@ -5,11 +5,11 @@
 #include <memory>
 
 #include "commands.hpp"
-#include "engine.hpp"
-#include "pipeline_parse.hpp"
-#include "plugin_loader.hpp"
-#include "safetensors.hpp"
-#include "trainer.hpp"
+#include "core/engine.hpp"
+#include "pipeline/parse.hpp"
+#include "core/plugin_loader.hpp"
+#include "core/safetensors.hpp"
+#include "training/trainer.hpp"
 
 namespace dqn::cli {
 

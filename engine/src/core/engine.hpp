@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "dqn/pipeline.hpp"
-#include "plugin_loader.hpp"
-#include "registry.hpp"
-#include "runtime.hpp"
-#include "safetensors.hpp"
-#include "scheduler.hpp"
+#include "core/plugin_loader.hpp"
+#include "core/registry.hpp"
+#include "dqn/runtime.hpp"
+#include "core/safetensors.hpp"
+#include "core/scheduler.hpp"
 
 namespace dqn {
 

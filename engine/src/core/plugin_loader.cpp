@@ -1,5 +1,5 @@
 // Plugin discovery and loading through Boost.DLL.
-#include "plugin_loader.hpp"
+#include "core/plugin_loader.hpp"
 
 #include <algorithm>
 #include <boost/dll/shared_library.hpp>

@@ -1,7 +1,7 @@
 /** @file cartpole.cpp
  *  @brief CartPole-v1 dynamics, termination, truncation and auto-reset for N copies.
  */
-#include "env/cartpole.hpp"
+#include "training/env/cartpole.hpp"
 
 #include <cmath>
 #include <stdexcept>

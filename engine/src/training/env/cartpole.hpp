@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "env/env.hpp"
+#include "training/env/env.hpp"
 
 namespace dqn {
 

@@ -2,7 +2,7 @@
  *  @brief safetensors reading (every offset, size and type checked before a byte is copied)
  *  and atomic writing (temporary file, fsync, rename).
  */
-#include "safetensors.hpp"
+#include "core/safetensors.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,6 +1,6 @@
 // The engine: step construction (registry + stages + schedule), trunk, budgets/Adam/SN/target,
 // capture and replay, checkpoints and reports.
-#include "engine.hpp"
+#include "core/engine.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -10,8 +10,8 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "philox.h"
-#include "pipeline_parse.hpp"
+#include "dqn/philox.h"
+#include "pipeline/parse.hpp"
 #include "spdlog/spdlog.h"
 
 namespace dqn {

@@ -20,10 +20,10 @@
 #include "dqn/backend.hpp"
 #include "dqn/bdq.hpp"
 #include "dqn/pipeline.hpp"
-#include "engine.hpp"
-#include "env/env.hpp"
-#include "registry.hpp"
-#include "replay.hpp"
+#include "core/engine.hpp"
+#include "training/env/env.hpp"
+#include "core/registry.hpp"
+#include "training/replay.hpp"
 
 namespace dqn {
 

@@ -1,7 +1,7 @@
 /** @file trainer.cpp
  *  @brief The training loop: acting, replay, engine steps, evaluation, metrics and checkpoints.
  */
-#include "trainer.hpp"
+#include "training/trainer.hpp"
 
 #include <unistd.h>
 
@@ -15,10 +15,10 @@
 #include <stdexcept>
 #include <utility>
 
-#include "cpu_backend.hpp"
-#include "pipeline_parse.hpp"
-#include "safetensors.hpp"
-#include "schedule.hpp"
+#include "cpu/cpu_backend.hpp"
+#include "pipeline/parse.hpp"
+#include "core/safetensors.hpp"
+#include "training/schedule.hpp"
 
 namespace dqn {
 

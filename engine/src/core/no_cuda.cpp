@@ -1,7 +1,7 @@
 // Built when the CUDA backend is not: the engine still links, and asking for cuda says why not.
 #include <stdexcept>
 
-#include "runtime.hpp"
+#include "dqn/runtime.hpp"
 
 namespace dqn {
 

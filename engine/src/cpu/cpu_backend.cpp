@@ -2,7 +2,7 @@
  *  @brief The CPU reference op table: plain loops, accumulation in double, deterministic. Every
  *  other backend is validated against this one, so it favours being obviously right over fast.
  */
-#include "cpu_backend.hpp"
+#include "cpu/cpu_backend.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "philox.h"
+#include "dqn/philox.h"
 
 namespace dqn {
 namespace {

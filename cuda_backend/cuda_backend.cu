@@ -27,7 +27,7 @@
 #include "cuda_kernels.cuh"
 #include "device_util.cuh"
 #include "head_kernels.cuh"
-#include "runtime.hpp"
+#include "dqn/runtime.hpp"
 
 namespace dqn {
 namespace {

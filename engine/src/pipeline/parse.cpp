@@ -3,7 +3,7 @@
  *  are applied to that tree, and one validation pass turns it into a PipelineSpec, collecting
  *  every error it can (with file:line:column, key path, value and why) before throwing.
  */
-#include "pipeline_parse.hpp"
+#include "pipeline/parse.hpp"
 
 #include <yaml-cpp/yaml.h>
 
@@ -20,7 +20,7 @@
 #include <tuple>
 #include <utility>
 
-#include "env/env.hpp"
+#include "training/env/env.hpp"
 
 namespace dqn {
 namespace {

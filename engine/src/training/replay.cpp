@@ -1,7 +1,7 @@
 /** @file replay.cpp
  *  @brief Sum tree, n-step transition assembly and uniform/prioritized sampling.
  */
-#include "replay.hpp"
+#include "training/replay.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -9,8 +9,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "cpu_backend.hpp"
-#include "runtime.hpp"
+#include "cpu/cpu_backend.hpp"
+#include "dqn/runtime.hpp"
 
 namespace dqn {
 namespace {

@@ -1,11 +1,11 @@
 // The central pointer registry: declaration, one-arena layout, resolution, lookup counting.
-#include "registry.hpp"
+#include "core/registry.hpp"
 
 #include <algorithm>
 #include <sstream>
 #include <stdexcept>
 
-#include "runtime.hpp"
+#include "dqn/runtime.hpp"
 
 namespace dqn {
 

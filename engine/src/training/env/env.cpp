@@ -2,14 +2,14 @@
  *  @brief The environment registry; built-ins are registered on first use (not by static
  *  initialisers, which a static library's linker may drop).
  */
-#include "env/env.hpp"
+#include "training/env/env.hpp"
 
 #include <map>
 #include <mutex>
 #include <stdexcept>
 #include <utility>
 
-#include "env/cartpole.hpp"
+#include "training/env/cartpole.hpp"
 
 namespace dqn {
 namespace {

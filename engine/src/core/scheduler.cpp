@@ -1,5 +1,5 @@
 // Stage ordering by reads and writes (a deterministic topological sort).
-#include "scheduler.hpp"
+#include "core/scheduler.hpp"
 
 #include <algorithm>
 #include <map>
@@ -8,7 +8,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "registry.hpp"
+#include "core/registry.hpp"
 
 namespace dqn {
 

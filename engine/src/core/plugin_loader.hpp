@@ -10,7 +10,7 @@
 
 #include "dqn/head.hpp"
 #include "dqn/plugin.hpp"
-#include "pipeline_parse.hpp"
+#include "pipeline/parse.hpp"
 
 namespace boost::dll { class shared_library; }
 

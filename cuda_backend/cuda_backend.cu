@@ -2684,7 +2684,8 @@ class CudaRuntime final : public Runtime {
 
 }  // namespace
 
-std::unique_ptr<Runtime> make_cuda_runtime(Precision precision, int device) {
+std::unique_ptr<Runtime> make_cuda_runtime(const CudaSpec& cuda, Precision precision, int device) {
+  (void)cuda;  // (read by the backend once its switches come from the pipeline)
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {

@@ -134,7 +134,7 @@ constexpr PrecisionCase kPrecisions[] = {
 class Gpu {
  public:
   explicit Gpu(Precision p = Precision::fp32, std::size_t arena_bytes = std::size_t{64} << 20)
-      : rt_(make_cuda_runtime(p, 0)), ops(rt_->ops()) {
+      : rt_(make_cuda_runtime(CudaSpec{}, p, 0)), ops(rt_->ops()) {
     base_ = static_cast<char*>(rt_->alloc_arena(arena_bytes));
     cap_ = arena_bytes;
   }
@@ -1938,7 +1938,7 @@ TEST_CASE("gpu.ops.errors: first error wins; runtime misuse throws") {
   CHECK_THROWS_AS(gpu.rt().alloc_arena(1024), std::runtime_error);  // the arena is allocated once
   CHECK_THROWS_AS(gpu.rt().replay(), std::runtime_error);           // nothing captured yet
   CHECK_THROWS_AS(gpu.rt().plan_end(), std::runtime_error);         // no plan begun
-  CHECK_THROWS_AS(make_cuda_runtime(Precision::fp32, 4096), std::runtime_error);
+  CHECK_THROWS_AS(make_cuda_runtime(CudaSpec{}, Precision::fp32, 4096), std::runtime_error);
   CHECK(gpu.rt().captures());
   CHECK(gpu.rt().describe().find("cuda device 0") != std::string::npos);
   CHECK(gpu.rt().peak_bytes() >= (std::size_t{64} << 20));

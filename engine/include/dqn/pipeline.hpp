@@ -120,6 +120,34 @@ struct TrainingSpec {
   std::string out_dir;                 ///< "" → runs/<name>-<timestamp>
 };
 
+/// The CUDA backend's choices (the pipeline's `cuda:` section; the CPU backend ignores it). Each
+/// changes which kernels run or how they are launched, never the step's mathematics (the GEMM
+/// choices may change float rounding within the precision's tolerance).
+struct CudaSpec {
+  /// Time each GEMM's candidate kernels once, when the step is built, and keep the fastest
+  /// (false: cuBLASLt's first choice, or the first tile shape that fits).
+  bool autotune = true;
+  /// Which kernel family runs the GEMMs: automatic (autotuning picks per problem between cuBLASLt
+  /// and, in tf32, the engine's tile_gemm), cuBLASLt only, tile_gemm wherever it fits (tf32), or
+  /// tile_gemm with one tile shape.
+  enum class Gemm { automatic, cublaslt, tile, tile16x32, tile32x32, tile64x64 };
+  Gemm gemm = Gemm::automatic;
+  /// How tile_gemm reads its k-contiguous operands' fragments from shared memory: automatic
+  /// (autotuning times both), plain loads, or ldmatrix. The same bits either way.
+  enum class TileLoads { automatic, plain, ldmatrix };
+  TileLoads tile_loads = TileLoads::automatic;
+  /// Blocks per thread-block cluster of the fused update (budgets, Adam, spectral norm, target):
+  /// 0 automatic (16 where the device schedules such clusters, else 8), 8 or 16; -1 off (the
+  /// update as its separate kernels).
+  int update_cluster = 0;
+  /// Programmatic dependent launch (a kernel placed while the one before it runs): automatic
+  /// (every kernel, but in a step over more than 8 lanes only kernels with at most 16 KiB of
+  /// dynamic shared memory), small (only those, in every step), all, or off.
+  enum class Pdl { automatic, small, all, off };
+  Pdl pdl = Pdl::automatic;
+  bool operator==(const CudaSpec&) const = default;
+};
+
 struct PipelineSpec {
   std::string name = "pipeline";
   std::uint64_t seed = 1;
@@ -136,6 +164,7 @@ struct PipelineSpec {
   double gamma = 0.99;
   int n_step = 1;
   int report_every = 100;
+  CudaSpec cuda;
   TrainingSpec training;
 
   std::string source;                  ///< the file it was read from ("" for a string)
@@ -146,5 +175,10 @@ struct PipelineSpec {
 const char* to_string(BackendKind b);
 const char* to_string(Precision p);
 const char* to_string(Role r);
+const char* to_string(CudaSpec::Gemm g);
+const char* to_string(CudaSpec::TileLoads t);
+const char* to_string(CudaSpec::Pdl p);
+/// "auto", "8", "16" or "off".
+std::string update_cluster_text(int blocks);
 
 }  // namespace dqn

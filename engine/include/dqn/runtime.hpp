@@ -104,7 +104,8 @@ class Runtime {
 
 std::unique_ptr<Runtime> make_cpu_runtime(bool f64);
 /// Null when the engine was built without CUDA; throws when no usable GPU is present.
-std::unique_ptr<Runtime> make_cuda_runtime(Precision precision, int device);
+/// The CUDA runtime for `cuda` (the pipeline's `cuda:` section) on `device`.
+std::unique_ptr<Runtime> make_cuda_runtime(const CudaSpec& cuda, Precision precision, int device);
 /// True when the CUDA backend is built and a device is present.
 bool cuda_available() noexcept;
 

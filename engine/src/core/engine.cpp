@@ -127,7 +127,7 @@ Engine::Engine(const PipelineSpec& spec, const PluginLoader& plugins, const Engi
   net_.atoms = n.atoms;
   net_.v_min = float(n.v_min);
   net_.v_max = float(n.v_max);
-  rt_ = backend_ == BackendKind::cuda ? make_cuda_runtime(spec.precision, opt.device) : make_cpu_runtime(opt.f64);
+  rt_ = backend_ == BackendKind::cuda ? make_cuda_runtime(spec.cuda, spec.precision, opt.device) : make_cpu_runtime(opt.f64);
   build(plugins);
 }
 

@@ -5,7 +5,7 @@
 
 namespace dqn {
 
-std::unique_ptr<Runtime> make_cuda_runtime(Precision, int) {
+std::unique_ptr<Runtime> make_cuda_runtime(const CudaSpec&, Precision, int) {
   throw std::runtime_error("this dqn was built without the CUDA backend (reconfigure with -Dcuda=enabled on a machine with nvcc)");
 }
 

@@ -88,4 +88,41 @@ const char* to_string(Role r) {
   return "?";
 }
 
+const char* to_string(CudaSpec::Gemm g) {
+  switch (g) {
+    case CudaSpec::Gemm::automatic: return "auto";
+    case CudaSpec::Gemm::cublaslt: return "cublaslt";
+    case CudaSpec::Gemm::tile: return "tile";
+    case CudaSpec::Gemm::tile16x32: return "tile16x32";
+    case CudaSpec::Gemm::tile32x32: return "tile32x32";
+    case CudaSpec::Gemm::tile64x64: return "tile64x64";
+  }
+  return "?";
+}
+
+const char* to_string(CudaSpec::TileLoads t) {
+  switch (t) {
+    case CudaSpec::TileLoads::automatic: return "auto";
+    case CudaSpec::TileLoads::plain: return "plain";
+    case CudaSpec::TileLoads::ldmatrix: return "ldmatrix";
+  }
+  return "?";
+}
+
+const char* to_string(CudaSpec::Pdl p) {
+  switch (p) {
+    case CudaSpec::Pdl::automatic: return "auto";
+    case CudaSpec::Pdl::small: return "small";
+    case CudaSpec::Pdl::all: return "all";
+    case CudaSpec::Pdl::off: return "off";
+  }
+  return "?";
+}
+
+std::string update_cluster_text(int blocks) {
+  if (blocks == 0) return "auto";
+  if (blocks < 0) return "off";
+  return std::to_string(blocks);
+}
+
 }  // namespace dqn

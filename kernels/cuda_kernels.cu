@@ -13,7 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
-#include <unordered_set>
+#include <unordered_map>
 #include <utility>
 
 #include "cuda_kernels.cuh"
@@ -1111,7 +1111,7 @@ struct ClusterStep {
   bool finite;
   TargetRule rule;  ///< tgt null: no target update
   const std::int64_t* reach;  ///< Budget::reach (null: every head reaches everything)
-  /// One head (H = 1; ClusterPlan::one): g = c·g₀ + 0 in float, the bits of the double sum
+  /// One head (H = 1): g = c·g₀ + 0 in float, the bits of the double sum
   /// 0.0 + c·g₀ rounded to float (a product of two floats is exact in double, so both round it
   /// once; + 0 turns −0 into +0 as the double sum does), without its conversions.
   bool one = false;
@@ -1121,7 +1121,7 @@ struct ClusterStep {
 __device__ __forceinline__ float one_head_g(float c, float g0) { return __fadd_rn(__fmul_rn(c, g0), 0.0f); }
 
 /// The cluster update kernel's variants (its template's V): the two launches of a split update
-/// (DQN_UPDATE_WIDE): the main launch (kUpdateSplit), whose clusters take the normed matrices
+/// (see update_cluster): the main launch (kUpdateSplit), whose clusters take the normed matrices
 /// ClusterPlan::sn_of names, and the side launch (kUpdateWide), in blocks of twice the threads,
 /// for the matrices whose share of rows passes one tile of a kThreads block (the C51 step's
 /// 256 × 256 trunk.1: two tiles). 0: the one launch of an unsplit update.
@@ -1252,36 +1252,29 @@ struct ClusterPlan {
   const double* step = nullptr;  ///< {1 − β1^t, 1 − β2^t, t} from budget_partial_kernel
   std::uint64_t* clock = nullptr;  ///< update_cluster's clock (null: off)
   int clock_blocks = 0;
-  bool early = false;  ///< the first tile's optimizer state loaded before the wait (DQN_UPDATE_EARLY)
-  /// DQN_UPDATE_STAGE: with early, a normed block's second tile of m, v and θ copied into shared
-  /// memory before the wait and its first heads' gradients after it (cp.async), read from there
-  /// by its Adam; and where a row of a normed matrix is one row of a tile (cols == kThreads), each
-  /// thread's Σ of W[r, c] u[r] over the block's rows (Wᵀu) from the new θ in its registers.
+  /// A normed block's second tile of m, v and θ copied into shared memory before the wait and its
+  /// first heads' gradients after it (cp.async), read from there by its Adam; and where a row of
+  /// a normed matrix is one row of a tile (cols == kThreads), each thread's Σ of W[r, c] u[r] over
+  /// the block's rows (Wᵀu) from the new θ in its registers.
   bool stage = false;
   int stage_at = 0;  ///< where the staging area starts in the dynamic shared memory (doubles)
-  /// DQN_UPDATE_GATHER: the cluster's Wᵀu sums split over its blocks (each adds its share of the
+  /// The cluster's Wᵀu sums split over its blocks (each adds its share of the
   /// columns over the ranks, then every block reads the shares from their owners: one remote load
   /// a column where it made CS) and σ's rank sum by one warp. The same sums, so the same bits.
   bool gather = false;
-  /// DQN_UPDATE_KEEPW (with stage): a normed block's rows of the new θ kept in shared memory from
+  /// With stage: a normed block's rows of the new θ kept in shared memory from
   /// Adam on (written beside the stores to params), read back by Wᵀu (where it is not summed from
   /// registers), W v and the scaling and target update instead of params; and, for Polyak, the old
   /// target of a block of more than one tile copied into shared memory before the wait. The same
   /// values in the same order: the same bits.
   bool keepw = false;
-  /// DQN_UPDATE_PUSH: each block stores its Wᵀu sums and its Σ x² into every block of the cluster
+  /// Each block stores its Wᵀu sums and its Σ x² into every block of the cluster
   /// (a slot per rank in each) instead of the blocks reading them from each other, so that every
   /// block adds the slots in rank order from its own shared memory: no remote load, one cluster
   /// barrier fewer than gathering and none before leaving (the last remote access is a store
   /// before the last barrier). The same sums in the same order: the same bits.
   bool push = false;
   int push_at = 0;  ///< where the slots start in the dynamic shared memory (doubles)
-  /// DQN_UPDATE_ONEHEAD: with one head, g in float (ClusterStep::one; the same bits).
-  bool one = false;
-  /// DQN_UPDATE_DEFER_THETA: a normed block that keeps its rows' new θ in shared memory (keepw)
-  /// stores it once, after the power iteration (scaled where σ > σ_max), instead of beside Adam
-  /// and again when scaled. The same final values.
-  bool defer = false;
   std::int64_t seg_lo[kClusterMaxSegs] = {}, seg_hi[kClusterMaxSegs] = {};
   std::int64_t seg_tile0[kClusterMaxSegs + 1] = {};  ///< first tile of each range; [nseg]: all tiles
   /// A split update's launches (kUpdateSplit, kUpdateWide): cluster k's matrix in Update::sn_mats.
@@ -1412,7 +1405,7 @@ __device__ __forceinline__ double rank_sum(const cooperative_groups::cluster_gro
 /// target update. The other clusters do g, Adam and the target update outside the normed
 /// matrices. Needs the normed matrices disjoint ranges inside params within the bounds (the caller
 /// checks). Skipped: g = 0, nothing else changes.
-/// V: 0, or a split update's launch (DQN_UPDATE_WIDE): kUpdateSplit (the main launch): cluster k
+/// V: 0, or a split update's launch: kUpdateSplit (the main launch): cluster k
 /// takes normed matrix pl.sn_of[k];
 /// kUpdateWide (its side launch): the same, in blocks of update_threads(V) = 2·kThreads threads
 /// (a tile of 2·kClusterTile elements), and none of them the writer block. Each element's
@@ -1443,7 +1436,7 @@ __global__ void __launch_bounds__(update_threads(V), (V & kUpdateWide) ? 1 : 2)
                 false,
                 TargetRule{static_cast<float*>(tu.target.p), static_cast<double>(tu.tau), tu.period != 0},
                 b.reach,
-                pl.one && b.H == 1};
+                b.H == 1};
   const bool every = tu.period == 0;  // Polyak: the target's old values are needed (every step)
   // This block's elements: a normed matrix's rows, or tiles of the ranges outside them.
   const int cid = static_cast<int>(blockIdx.x) / CS;
@@ -1475,16 +1468,15 @@ __global__ void __launch_bounds__(update_threads(V), (V & kUpdateWide) ? 1 : 2)
     hi = pl.seg_hi[q];
   }
   ClusterTile reg;  // in flight during the clips
-  // pl.early: the first tile's m, v, θ and target before griddepcontrol.wait, so that they load
+  // The first tile's m, v, θ and target are loaded before griddepcontrol.wait, so that they load
   // while the partial sums (the kernel this one waits for) finish; only this kernel writes them.
-  const bool early = pl.early;
-  // early and a normed block of one tile: the tile stays in registers from Adam to the scaling
-  // and target update after the power iteration (its old target loaded here too, for Polyak)
-  const bool keep = early && normed && hi - lo <= kTile;
-  // pl.stage (with early): a normed block's second tile staged in shared memory, its copies
-  // started here; and where a matrix row is a tile row, Wᵀu's share summed from registers during
-  // Adam (u of the block's rows into shared memory first: only this kernel writes u)
-  const bool staged = !Wide && pl.stage && early && normed && hi - lo > kTile;  // (Wide: no staging area)
+  // A normed block of one tile keeps it in registers from Adam to the scaling and target update
+  // after the power iteration (its old target loaded here too, for Polyak).
+  const bool keep = normed && hi - lo <= kTile;
+  // pl.stage: a normed block's second tile staged in shared memory, its copies started here; and
+  // where a matrix row is a tile row, Wᵀu's share summed from registers during Adam (u of the
+  // block's rows into shared memory first: only this kernel writes u)
+  const bool staged = !Wide && pl.stage && normed && hi - lo > kTile;  // (Wide: no staging area)
   const bool colreg = pl.stage && normed && cols == NT;
   // pl.keepw (with stage): the block's rows of the new θ in wsh from Adam on; a block that does not
   // keep its one tile in registers copies its rows' old target into tsh now (Polyak; each thread
@@ -1496,7 +1488,7 @@ __global__ void __launch_bounds__(update_threads(V), (V & kUpdateWide) ? 1 : 2)
   float* wsh = stg + (Wide ? 0 : kClusterStaged * kTile);
   float* tsh = wsh + cluster_keep_rows(pl.rpc, pl.max_cols);
   float* uv = normed ? static_cast<float*>(sm.u.p) : nullptr;
-  if (early) cluster_load_state<NT>(x, lo, min(hi, lo + kTile), every && (!normed || keep), reg);
+  cluster_load_state<NT>(x, lo, min(hi, lo + kTile), every && (!normed || keep), reg);
   if (staged) cluster_stage_state<NT>(x, lo + kTile, min(hi, lo + 2 * kTile), stg);
   if (tstaged) {
     for (std::int64_t i = lo + threadIdx.x; i < hi; i += NT) dev::cp_async4(tsh + (i - lo), x.rule.tgt + i, true);
@@ -1514,11 +1506,7 @@ __global__ void __launch_bounds__(update_threads(V), (V & kUpdateWide) ? 1 : 2)
   clock_stamp(pl, kClockWaited);
   const double bc1 = pl.step[0], bc2 = pl.step[1];
   const auto t_new = static_cast<long long>(pl.step[2]);
-  if (early) {
-    cluster_load_grads<NT>(x, lo, min(hi, lo + kTile), reg);
-  } else {
-    cluster_load<NT>(x, lo, min(hi, lo + kTile), every && !normed, reg);
-  }
+  cluster_load_grads<NT>(x, lo, min(hi, lo + kTile), reg);
   if (staged) cluster_stage_grads<NT>(x, lo + kTile, min(hi, lo + 2 * kTile), stg);
   // (budget_clips' barriers publish ush)
   const bool writer = !Wide && blockIdx.x == 0;  // (the main launch's block 0 stores the step's reports)
@@ -1573,12 +1561,12 @@ __global__ void __launch_bounds__(update_threads(V), (V & kUpdateWide) ? 1 : 2)
       if (i < hi) wsh[i - lo] = reg.th[k];
     }
   };
-  // the block's rows: g and Adam (their target update follows the spectral norm; defer: their θ too).
-  // Only with the kept rows: the power iteration reads W v (and, where not summed from registers,
-  // Wᵀu) from them, and from params otherwise, which must then hold the new θ — a block keeping
-  // its one tile in registers without them (the four heads' grid, in waves, keeps no rows) stores
-  // θ beside Adam
-  const bool defer = pl.defer && kept;
+  // the block's rows: g and Adam (their target update follows the spectral norm; with the kept
+  // rows, their θ too: stored once, after the power iteration, scaled or not). Only with the kept
+  // rows: the power iteration reads W v (and, where not summed from registers, Wᵀu) from them,
+  // and from params otherwise, which must then hold the new θ — a block keeping its one tile in
+  // registers without them (the four heads' grid, in waves, keeps no rows) stores θ beside Adam
+  const bool defer = kept;
   // a tile (the first loaded already, the second staged where staged)
   const auto tile_step = [&](std::int64_t s, bool first) {
     if (!first) {
@@ -1837,59 +1825,49 @@ double support_step(float v_min, float v_max, int Z) {
 
 }  // namespace
 
-bool env_on(const char* name) noexcept {
-  const char* v = std::getenv(name);
-  if (!v) return true;
-  for (const char* off : {"0", "off", "false", "no", "OFF", "FALSE", "NO"})
-    if (std::strcmp(v, off) == 0) return false;
-  return true;
-}
-
 namespace {
-thread_local bool t_pdl_wide = false;  // dev::set_pdl_wide
-}  // namespace
-
-void dev::set_pdl_wide(bool wide) noexcept { t_pdl_wide = wide; }
-
-namespace {
-std::mutex& pdl_kernels_mutex() {
+/// Each stream's launch policy (set_stream_pdl); a stream not listed launches with the default.
+struct StreamPdl {
+  CudaSpec::Pdl mode = CudaSpec::Pdl::automatic;
+  bool wide = false;
+};
+std::mutex& stream_pdl_mutex() {
   static std::mutex m;
   return m;
 }
-std::unordered_set<const void*>& pdl_kernels() {
-  static std::unordered_set<const void*> s;
-  return s;
+std::unordered_map<cudaStream_t, StreamPdl>& stream_pdl() {
+  static std::unordered_map<cudaStream_t, StreamPdl> m;
+  return m;
 }
 }  // namespace
 
-thread_local bool t_noting = false;  // dev::set_noting
-
-void dev::set_noting(bool on) noexcept { t_noting = on; }
-
-void dev::note_pdl_kernel(const void* kernel) noexcept {
-  if (!t_noting) return;
+void set_stream_pdl(cudaStream_t s, CudaSpec::Pdl mode, bool wide) noexcept {
   try {
-    std::lock_guard<std::mutex> lock(pdl_kernels_mutex());
-    pdl_kernels().insert(kernel);
+    std::lock_guard<std::mutex> lock(stream_pdl_mutex());
+    stream_pdl()[s] = StreamPdl{mode, wide};
   } catch (...) {
-    // not noted: its edges stay as captured (is_pdl_kernel false)
+    // out of memory: the stream keeps the default policy (the same results, other timing)
   }
 }
 
-bool dev::is_pdl_kernel(const void* kernel) noexcept {
-  std::lock_guard<std::mutex> lock(pdl_kernels_mutex());
-  return pdl_kernels().count(kernel) != 0;
+void forget_stream_pdl(cudaStream_t s) noexcept {
+  std::lock_guard<std::mutex> lock(stream_pdl_mutex());
+  stream_pdl().erase(s);
 }
 
-bool dev::pdl_for(std::size_t shared) noexcept { return pdl_for_width(shared, t_pdl_wide); }
-
-bool dev::pdl_for_width(std::size_t shared, bool wide) noexcept {
+bool pdl_for(std::size_t shared, cudaStream_t s) noexcept {
   constexpr std::size_t kSmall = std::size_t{16} << 10;
-  static const char* const v = std::getenv("DQN_PDL");
-  static const bool on = env_on("DQN_PDL");
-  static const bool small = v && std::strcmp(v, "small") == 0;
-  if (!on) return false;
-  if (small || (!v && wide)) return shared <= kSmall;
+  StreamPdl p;
+  {
+    std::lock_guard<std::mutex> lock(stream_pdl_mutex());
+    if (const auto it = stream_pdl().find(s); it != stream_pdl().end()) p = it->second;
+  }
+  switch (p.mode) {
+    case CudaSpec::Pdl::off: return false;
+    case CudaSpec::Pdl::all: return true;
+    case CudaSpec::Pdl::small: return shared <= kSmall;
+    case CudaSpec::Pdl::automatic: return !p.wide || shared <= kSmall;
+  }
   return true;
 }
 
@@ -2142,13 +2120,13 @@ cudaLaunchConfig_t cluster_config(int cs, unsigned blocks, std::size_t shared, c
   cfg.dynamicSmemBytes = shared;
   cfg.stream = s;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl && dev::pdl_for(shared) ? 2 : 1;
+  cfg.numAttrs = pdl && pdl_for(shared, s) ? 2 : 1;
   return cfg;
 }
 
 /// The cluster update's instantiation for cs (16, else 8) blocks a cluster and variant v (0, or at
-/// 16 kUpdateSplit or kUpdateWide, DQN_UPDATE_WIDE's two launches: a split update runs at 16
-/// blocks a cluster only).
+/// 16 kUpdateSplit or kUpdateWide, a split update's two launches: it runs at 16 blocks a cluster
+/// only).
 using UpdateKernel = void (*)(Update, const double*, int, ClusterPlan);
 /// The variants instantiated at cs = 16: every v below it (kUpdateSplit and kUpdateWide never
 /// together), and at 8 those below kUpdateSplit.
@@ -2238,7 +2216,7 @@ void plan_normed(ClusterPlan& pl, const std::vector<SnRange>& mats, const std::v
 
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs, const std::vector<SnRange>& mats,
                            int max_blocks, std::uint64_t* clock, int clock_blocks, int* launched,
-                           const UpdateOptions& opt, UpdateChoices* choices, const UpdateSide* side) {
+                           UpdateChoices* choices, const UpdateSide* side) {
   const Budget& b = u.budget;
   if ((cs != 8 && cs != 16) || u.sn_count > kUpdateMaxSn || !update_cluster_fits(cs, u.sn_max_rows, u.sn_max_cols) ||
       static_cast<int>(mats.size()) != u.sn_count)
@@ -2266,18 +2244,18 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   const std::int64_t plain = std::min<std::int64_t>(tiles, std::max(max_blocks, cs));
   const std::int64_t plain_blocks = (plain + cs - 1) / cs * cs;
   // wide: the matrices whose share of rows passes one tile of a kThreads block go to the side
-  // launch (at 16 blocks a cluster, with a side stream); the others stay in the main one. fit:
-  // only where the whole update is resident at once with the most shared memory the main launch
-  // may take, a side launch's block counted as two of the main launch's (it takes an SM): the
-  // C51 step (on an H200 1.4 µs faster with it), not the four heads' update in waves (7 µs slower)
+  // launch (at 16 blocks a cluster, with a side stream); the others stay in the main one. Only
+  // where the whole update is resident at once with the most shared memory the main launch may
+  // take, a side launch's block counted as two of the main launch's (it takes an SM): the C51
+  // step (on an H200 1.4 µs faster with it), not the four heads' update in waves (7 µs slower)
   std::vector<int> main_idx, wide_idx;
   for (int k = 0; k < u.sn_count; ++k) {
     const SnRange& m = mats[static_cast<std::size_t>(k)];
-    const bool wide = opt.wide != FitMode::off && side && side->stream && cs == 16 && m.rows > 0 && m.hi > m.lo &&
+    const bool wide = side && side->stream && cs == 16 && m.rows > 0 && m.hi > m.lo &&
                       static_cast<std::int64_t>((m.rows + cs - 1) / cs) * ((m.hi - m.lo) / m.rows) > kClusterTile;
     (wide ? wide_idx : main_idx).push_back(k);
   }
-  if (!wide_idx.empty() && opt.wide == FitMode::fit) {
+  if (!wide_idx.empty()) {
     const int mc = std::max(u.sn_max_cols, 1), rpc = std::max((u.sn_max_rows + cs - 1) / cs, 1);
     const std::size_t most = cluster_most_shared(cs, mc, rpc);
     const std::int64_t need =
@@ -2292,10 +2270,10 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   plan_normed(pl, mats, main_idx, cs);
   const int variant = split ? kUpdateSplit : 0;
   const auto blocks = static_cast<unsigned>(static_cast<std::int64_t>(pl.nsn) * cs + plain_blocks);
-  // FitMode::fit: on where the grid is resident at once (the C51 step: 176 blocks, with the
-  // staging area too; measured 1.2 µs faster there with both, on an H100), not where its plain
-  // blocks run in waves (the four heads' 690 blocks: both 1-2 µs slower there, gathering alone
-  // about 1.5). A split update decides by its main launch.
+  // Each area of shared memory where the grid stays resident at once with it (the C51 step: 176
+  // blocks; measured 1.2 µs faster there with staging and gathering, on an H100), not where its
+  // plain blocks run in waves (the four heads' 690 blocks: 1-2 µs slower with them). A split
+  // update decides by its main launch.
   std::size_t base = cluster_update_shared(pl.max_cols, pl.rpc);
   // the push slots, where they take at most kClusterMaxPush and the grid stays resident with them
   // and the staging area (and, fit, the kept rows): decided below, laid out here
@@ -2304,24 +2282,20 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   const auto fits = [&](std::size_t shared) {
     return static_cast<std::int64_t>(active_clusters(cs, blocks, shared, variant)) * cs >= blocks;
   };
-  // a FitMode's choice: on, or fit where the grid stays resident with `shared` bytes a block
-  const auto wants = [&](FitMode m, std::size_t shared) {
-    return m == FitMode::on || (m == FitMode::fit && blocks > 0 && fits(shared));
-  };
+  // an area's choice: where the grid stays resident with `shared` bytes a block
+  const auto wants = [&](std::size_t shared) { return blocks > 0 && fits(shared); };
   const std::size_t stage_bytes = cluster_stage_shared(pl.rpc), keep_bytes = cluster_keep_shared(pl.rpc, pl.max_cols);
-  const bool pushed = push_bytes <= kClusterMaxPush && wants(opt.push, cluster_most_shared(cs, pl.max_cols, pl.rpc));
+  const bool pushed = push_bytes <= kClusterMaxPush && wants(cluster_most_shared(cs, pl.max_cols, pl.rpc));
   if (pushed) base += push_bytes;
   pl.stage_at = static_cast<int>(base / sizeof(double));
-  const bool staged = wants(opt.stage, base + stage_bytes);
+  const bool staged = wants(base + stage_bytes);
   std::size_t shared = base + (staged ? stage_bytes : 0);
-  // the kept rows: with the staging area, where they take at most kClusterMaxKeep (and, fit, where
-  // the grid stays resident with them)
-  const bool kept = staged && keep_bytes <= kClusterMaxKeep && wants(opt.keepw, shared + keep_bytes);
+  // the kept rows: with the staging area, where they take at most kClusterMaxKeep and the grid
+  // stays resident with them
+  const bool kept = staged && keep_bytes <= kClusterMaxKeep && wants(shared + keep_bytes);
   if (kept) shared += keep_bytes;
-  const bool gathered = !pushed && wants(opt.gather, shared);
+  const bool gathered = !pushed && wants(shared);
   pl.push = pushed;
-  pl.one = opt.one;
-  pl.defer = opt.defer;
   pl.stage = staged;
   pl.gather = gathered;
   pl.keepw = kept;
@@ -2330,7 +2304,6 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   pl.step = step;
   pl.clock = clock;
   pl.clock_blocks = clock ? clock_blocks : 0;
-  pl.early = opt.early;
   // The side launch: the main launch's choices, its shared memory laid out for its own matrices
   // (u of a block's rows where the staging area would be: a wide block holds no second tile)
   ClusterLaunch wl;
@@ -2362,7 +2335,7 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
   if (cudaError_t e = budget_partials(s, b, partial, nchunks, &u.adam, step); e != cudaSuccess) return e;
   if (launched) *launched = static_cast<int>(blocks + wl.blocks);
   if (choices) {
-    *choices = {staged, gathered, kept, pushed, opt.one && b.H == 1, {}, pl.nsn, static_cast<int>(blocks)};
+    *choices = {staged, gathered, kept, pushed, b.H == 1, {}, pl.nsn, static_cast<int>(blocks)};
     for (int k = 0; k < pl.nsn; ++k) choices->clusters.push_back(pl.sn_of[k]);
     for (int k : wide_idx) choices->clusters.push_back(k);
   }
@@ -2375,7 +2348,6 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
         cluster_config(cs, wl.blocks, wl.shared, side->stream, wattr, true, update_threads(kUpdateWide));
     if (cudaError_t e = cudaEventRecord(side->fork, s); e != cudaSuccess) return e;
     if (cudaError_t e = cudaStreamWaitEvent(side->stream, side->fork, 0); e != cudaSuccess) return e;
-    dev::note_pdl_kernel(reinterpret_cast<const void*>(wk));
     if (cudaError_t e = cudaLaunchKernelEx(&wcfg, wk, u, static_cast<const double*>(partial), nchunks, wl.pl);
         e != cudaSuccess)
       return e;
@@ -2385,7 +2357,6 @@ cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int c
     const UpdateKernel kernel = update_kernel(cs, variant);
     cudaLaunchAttribute attr[2]{};
     const cudaLaunchConfig_t cfg = cluster_config(cs, blocks, shared, s, attr, true);
-    dev::note_pdl_kernel(reinterpret_cast<const void*>(kernel));
     if (cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, u, static_cast<const double*>(partial), nchunks, pl);
         e != cudaSuccess)
       return e;

@@ -14,11 +14,20 @@
 #include <vector>
 
 #include "dqn/backend.hpp"
+#include "dqn/pipeline.hpp"
 
 namespace dqn::cuda {
 
-/// An on/off switch from the environment: unset, or anything but 0/off/false/no, is on.
-bool env_on(const char* name) noexcept;
+/// The launch policy of the kernels launched on stream s from now on: programmatic dependent
+/// launch as `mode` says (CudaSpec::Pdl), `wide` while s captures a step spread over many lanes
+/// (automatic then keeps it for kernels with at most 16 KiB of dynamic shared memory). A stream
+/// never set launches as (automatic, not wide). The same results in every policy.
+void set_stream_pdl(cudaStream_t s, CudaSpec::Pdl mode, bool wide) noexcept;
+/// Drops s's policy (before the stream is destroyed: its handle may be reused).
+void forget_stream_pdl(cudaStream_t s) noexcept;
+/// Whether a kernel with `shared` bytes of dynamic shared memory launches on s with programmatic
+/// stream serialization.
+bool pdl_for(std::size_t shared, cudaStream_t s) noexcept;
 
 cudaError_t bias_act(cudaStream_t s, float* y, const float* bias, int rows, int cols, int ldy, bool relu);
 cudaError_t relu_backward(cudaStream_t s, float* dy, const float* y, int rows, int cols, int ld);
@@ -84,62 +93,9 @@ std::size_t update_scratch_bytes(int H);
 /// The most heads and normed matrices the cluster update takes.
 int update_max_heads();
 int update_max_matrices();
-/// The update (budget, Adam, spectral norm, target update) as two launches: the budget's partial sums, then thread-block clusters of
-/// `cs` blocks (update_cluster_size), one per normed matrix (its elements' g and Adam, the power
-/// iteration over distributed shared memory, the scaling and the target update of its rows) and
-/// more for the elements outside the normed matrices (g, Adam, target update). Needs H <=
-/// update_max_heads(), sn_count <= update_max_matrices(), the Update's shared pointers consistent
-/// (adam.g is budget.g, the skips one, target.params/t/P adam's), the normed matrices disjoint
-/// ranges inside params, update_cluster_fits(cs, sn_max_rows, sn_max_cols), and `mats`: each normed
-/// matrix's element range [lo, hi) in params and rows, in table order ([0, 0) for an empty one). Equal to
-/// the four ops bit for bit except the normed matrices, their u and their target rows, whose
-/// power iteration sums in another order (double sums: the floats may differ in the last bit).
-/// max_blocks bounds the clusters outside the normed matrices; results do not depend on it.
-/// `clock` (null: off): per block kUpdateClockSlots %globaltimer stamps then as many clock64
-/// ones (UpdateClockSlot), for blocks below clock_blocks; the launch's block count in *blocks.
-/// The ways to run it (UpdateOptions; the same results in every way):
-/// early (DQN_UPDATE_EARLY, on unless 0/off): each block's first tile of m, v, θ and the target is
-/// loaded before the kernel's griddepcontrol.wait, while the partial sums finish, and a normed
-/// block of one tile keeps it in registers for its scaling and target update (the same results).
-/// stage (DQN_UPDATE_STAGE): with early, a normed block's second tile of m, v and θ is copied
-/// into shared memory before the wait (its first heads' gradients after it), and where a normed
-/// matrix's row is as long as a block is wide each thread sums its column's share of Wᵀu during
-/// Adam from the new θ in its registers instead of reading W back (the same results).
-/// gather (DQN_UPDATE_GATHER): a normed matrix's Wᵀu sums split over its cluster (each block adds
-/// its share of the columns over the blocks in rank order, then reads the other shares from
-/// their owners: one remote load a column instead of one from every block) and σ's sum over the
-/// blocks by one warp (the same sums in the same order: the same results).
-/// keepw (DQN_UPDATE_KEEPW, with stage): a normed block's rows of the new θ kept in shared memory
-/// from Adam on and read from there by the power iteration and the scaling and target update
-/// (where a row is shorter than a block is wide, Wᵀu sums them from there in the order it sums
-/// params), and a block of more than one tile copies its rows' old target (Polyak) into shared
-/// memory before the wait; where the kept rows take at most 64 KiB (the same results).
-/// push (DQN_UPDATE_PUSH): each block of a normed matrix's cluster stores its Wᵀu sums and its
-/// Σ x² into a slot of every block's shared memory, and every block adds the slots in rank order
-/// from its own (no remote loads; one cluster barrier fewer than gather, which it replaces, and
-/// none before leaving); where the slots take at most 40 KiB (the same results).
-/// one (DQN_UPDATE_ONEHEAD): with one head, g = c·g₀ in float arithmetic, whose bits are those
-/// of the double sum (the same results).
-/// defer (DQN_UPDATE_DEFER_THETA): a normed block that keeps its rows' new θ in shared memory
-/// (keepw) stores it once after the power iteration, scaled or not, instead of beside Adam and
-/// again where σ > σ_max (the same results; without the kept rows the power iteration reads θ
-/// from params, so it is stored beside Adam there).
-/// wide (DQN_UPDATE_WIDE, with side and at 16 blocks a cluster): the normed matrices whose share
-/// of rows passes one tile of a block (the C51 step's 256 × 256 trunk.1: two tiles a block) go to
-/// a second launch on side->stream, forked after the partial sums and joined after the main
-/// launch, in blocks of twice the threads (one tile a thread), beside the main launch's clusters
-/// (the same results). The update's graph has one kernel node more.
-/// The FitModes each on, off, or fit: on where the grid (with the staging area, if staged, and the
-/// kept rows, if kept) is resident at once (push: with all three; wide: the whole update with the
-/// most shared memory the main launch may take, each block of the side launch counted twice).
-/// *choices (if not null) says what the launch did.
-enum class FitMode { off, on, fit };
-struct UpdateOptions {
-  bool early = false;
-  FitMode stage = FitMode::off, gather = FitMode::off, keepw = FitMode::off, push = FitMode::off;
-  FitMode wide = FitMode::off;
-  bool one = false, defer = false;
-};
+/// What a cluster update launch did, decided from what the device holds at once (see
+/// update_cluster): the areas of shared memory it used and how its clusters map to the normed
+/// matrices.
 struct UpdateChoices {
   bool staged = false, gathered = false, kept = false, pushed = false, one = false;
   /// The normed matrix (its index in Update::sn_mats) of each cluster, in launch order: the main
@@ -147,6 +103,7 @@ struct UpdateChoices {
   std::vector<int> clusters;
   int main_normed = 0;  ///< how many of them the main launch holds (the rest: the side launch's)
   int main_blocks = 0;  ///< the main launch's blocks (the side launch's stamp the clock after them)
+  bool wide() const noexcept { return static_cast<int>(clusters.size()) > main_normed; }
 };
 /// A normed matrix of the cluster update as the host knows it: its elements [lo, hi) in params
 /// ([0, 0) when it has none) and its rows.
@@ -154,22 +111,50 @@ struct SnRange {
   std::int64_t lo = 0, hi = 0;
   int rows = 0;
 };
-/// Where a split update (UpdateOptions::wide) runs its second launch: a stream, and two events for
-/// the fork from s and the join back into it.
+/// Where a split update runs its second launch: a stream, and two events for the fork from s and
+/// the join back into it.
 struct UpdateSide {
   cudaStream_t stream = nullptr;
   cudaEvent_t fork = nullptr, join = nullptr;
 };
+/// The update (budget, Adam, spectral norm, target update) as two launches: the budget's partial
+/// sums, then thread-block clusters of `cs` blocks (update_cluster_size), one per normed matrix
+/// (its elements' g and Adam, the power iteration over distributed shared memory, the scaling
+/// and the target update of its rows) and more for the elements outside the normed matrices (g,
+/// Adam, target update). Needs H <= update_max_heads(), sn_count <= update_max_matrices(), the
+/// Update's shared pointers consistent (adam.g is budget.g, the skips one, target.params/t/P
+/// adam's), the normed matrices disjoint ranges inside params, update_cluster_fits(cs,
+/// sn_max_rows, sn_max_cols), and `mats`: each normed matrix's element range [lo, hi) in params
+/// and rows, in table order ([0, 0) for an empty one). Equal to the four ops bit for bit except
+/// the normed matrices, their u and their target rows, whose power iteration sums in another
+/// order (double sums: the floats may differ in the last bit). max_blocks bounds the clusters
+/// outside the normed matrices; results do not depend on it.
+/// How it runs (the same results in every way): each block's first tile of m, v, θ and the
+/// target is loaded before the kernel's griddepcontrol.wait, and a normed block of one tile
+/// keeps it in registers for its scaling and target update; with one head g = c·g₀ in float
+/// (the bits of the double sum). Where the grid is resident at once with them (the C51 step at
+/// the reference sizes, not the four heads' update, whose plain blocks run in waves), four areas
+/// of shared memory: a normed block's second tile of m, v and θ staged before the wait (and,
+/// where a matrix row is as long as a block is wide, its share of Wᵀu summed from the new θ in
+/// registers); its rows of the new θ kept from Adam on (read by the power iteration and the
+/// scaling, and stored once, after it; a two-tile block's old target copied in before the
+/// wait); each block's Wᵀu sums and Σ x² pushed into a slot of every block of its cluster (added
+/// in rank order from its own memory), or else the Wᵀu sums gathered in column shares. And, with
+/// `side` at 16 blocks a cluster where the whole update stays resident, the normed matrices whose
+/// share of rows passes one tile of a block (the C51 step's 256 × 256 trunk.1) in a second launch
+/// on side->stream, forked after the partial sums and joined after the main launch, in blocks of
+/// twice the threads (one graph node more). *choices (if not null) says what the launch did.
+/// `clock` (null: off; a measurement tool's, see cuda_backend/lab.hpp): per block
+/// kUpdateClockSlots %globaltimer stamps then as many clock64 ones (UpdateClockSlot), for blocks
+/// below clock_blocks; the launch's block count in *blocks.
 cudaError_t update_cluster(cudaStream_t s, const Update& u, void* scratch, int cs, const std::vector<SnRange>& mats,
                            int max_blocks, std::uint64_t* clock = nullptr, int clock_blocks = 0, int* blocks = nullptr,
-                           const UpdateOptions& opt = {}, UpdateChoices* choices = nullptr,
-                           const UpdateSide* side = nullptr);
-/// The moments the cluster update's blocks stamp (DQN_UPDATE_CLOCK=1, read by dqn-trace): placed
-/// (before waiting for the kernels before it), the wait over, the clip factors known, its
-/// elements' g and Adam done, the blocks' shares of Wᵀu published over the cluster (normed
-/// blocks), the cluster's sums gathered through distributed shared memory (normed), v normalised
-/// (normed), W v of its rows done (normed), σ known (normed), its rows scaled and their target updated
-/// (normed), leaving.
+                           UpdateChoices* choices = nullptr, const UpdateSide* side = nullptr);
+/// The moments the cluster update's blocks stamp when given a clock: placed (before waiting for
+/// the kernels before it), the wait over, the clip factors known, its elements' g and Adam done,
+/// the blocks' shares of Wᵀu published over the cluster (normed blocks), the cluster's sums
+/// gathered through distributed shared memory (normed), v normalised (normed), W v of its rows
+/// done (normed), σ known (normed), its rows scaled and their target updated (normed), leaving.
 enum UpdateClockSlot : int { kClockPlaced, kClockWaited, kClockClips, kClockAdam, kClockWtu, kClockGather, kClockV,
                              kClockWv, kClockSigma, kClockScaled, kClockExit, kUpdateClockSlots };
 /// Blocks per cluster of the cluster update on the current device: `want` (16 or 8) or, with 0,
@@ -200,18 +185,16 @@ struct TileGemm {
   int batch2 = 1;
   std::int64_t stride2_a = 0, stride2_b = 0, stride2_c = 0, stride2_bias = 0, stride2_mask = 0;
   /// The k loop reads the fragments of A (not transposed) and B (transposed) from shared memory
-  /// by ldmatrix, one instruction for what takes two or four shared loads (DQN_TILE_LDMATRIX:
-  /// timed against the plain loads by autotuning unless set; the same bits). Nothing changes on
-  /// a layout without such an operand (tile_gemm_ldmatrix_layout).
+  /// by ldmatrix, one instruction for what takes two or four shared loads (CudaSpec::TileLoads:
+  /// timed against the plain loads by autotuning unless chosen; the same bits). Nothing changes
+  /// on a layout without such an operand (tile_gemm_ldmatrix_layout).
   bool ldmatrix = false;
 };
 /// Whether layout (ta, tb) has a k-contiguous operand for ldmatrix (A not transposed or B
 /// transposed): else TileGemm::ldmatrix runs the same kernel as without.
 constexpr bool tile_gemm_ldmatrix_layout(bool ta, bool tb) { return !ta || tb; }
-/// The tile shapes of tile_gemm (block tiles 16×32, 32×32 and 64×64 of C, and from kTileSplitK
-/// on 32×32 with the k steps split over two or four groups of four warps, "32x32k2", "32x32k4").
-inline constexpr int kTileGemmConfigs = 5;
-inline constexpr int kTileSplitK = 3;
+/// The tile shapes of tile_gemm: block tiles 16×32, 32×32 and 64×64 of C ("16x32", "32x32", "64x64").
+inline constexpr int kTileGemmConfigs = 3;
 const char* tile_gemm_name(int config);
 /// Whether `config` can run `g` (k > 0, batch and tile counts within the grid's limits).
 bool tile_gemm_fits(const TileGemm& g, int config);
@@ -220,51 +203,6 @@ cudaError_t tile_gemm_prepare();
 /// The tf32 tensor-core GEMM (tf32 operands rounded to nearest, f32 accumulation) with its
 /// epilogue fused; deterministic. cudaErrorInvalidValue when !tile_gemm_fits(g, config).
 cudaError_t tile_gemm(cudaStream_t s, const TileGemm& g, int config);
-
-/// Gemm::wgrad_x and the fields after it, for tile_gemm_wgrad.
-struct TileWgrad {
-  const float* x = nullptr;
-  int ldx = 0, x_cols = 0, rows = 0;  ///< rows: Gemm::wgrad_rows (C's rows per group)
-  float* dw = nullptr;
-  int lddw = 0;
-  std::int64_t stride_dw = 0;
-  float* db = nullptr;  ///< null: no bias sums
-  std::int64_t stride_db = 0;
-};
-/// Once per device before the first tile_gemm_wgrad (its shared memory beyond 48 KiB); an error
-/// where the device cannot launch thread-block clusters.
-cudaError_t tile_gemm_wgrad_prepare();
-/// Whether tile_gemm_wgrad runs g and w: C = alpha·A·B (neither transposed, batch 1, beta 0, no
-/// bias or activation; the mask allowed) and x_cols ≤ 256.
-bool tile_gemm_wgrad_fits(const TileGemm& g, const TileWgrad& w);
-/// The tf32 GEMM of tile_gemm (32 × 32 tiles) that also gives, per group of w.rows rows of C,
-/// dw = Cᵀ·x and db = Σ_rows C (Gemm::wgrad_x): the blocks of a group's row tiles form a cluster,
-/// each keeps its tiles' partial sums in shared memory and the cluster adds them in rank order.
-/// Deterministic. cudaErrorInvalidValue when !tile_gemm_wgrad_fits(g, w).
-cudaError_t tile_gemm_wgrad(cudaStream_t s, const TileGemm& g, const TileWgrad& w);
-
-/// Gemm::chain_b and the fields after it (chain_tb set: b2 stored [n2, n1]), for tile_gemm_chain.
-struct TileChain {
-  const float* b2 = nullptr;
-  int ldb2 = 0, n2 = 0, ldc2 = 0;
-  const float* bias2 = nullptr;
-  bool relu2 = false;
-  float* c2 = nullptr;
-  std::int64_t stride_b2 = 0, stride_bias2 = 0, stride_c2 = 0;  ///< per batch entry (TileGemm::batch)
-};
-/// Once per device before the first tile_gemm_chain: its shared memory beyond 48 KiB.
-cudaError_t tile_gemm_chain_prepare();
-/// Whether tile_gemm_chain runs g and c: C = act(alpha·A·Bᵀ + bias) (A not transposed, B stored
-/// [n, k], batch2 1, beta 0, no mask) with n ≤ 256, then C2 = act2(C·B2ᵀ + bias2), for each of
-/// g.batch entries (each operand at its stride's steps).
-bool tile_gemm_chain_fits(const TileGemm& g, const TileChain& c);
-/// Two layers in one launch (Gemm::chain_b), tf32 as tile_gemm: each block computes 32 rows of C
-/// whole (all n ≤ 256 columns; the blocks of the first column tile store them), keeps them in
-/// shared memory beside its 32 rows of B2, and computes its 32 × 32 tile of C2 from them; a grid
-/// plane per batch entry. n ≤ 128 runs a variant with four stages of the first product's k in
-/// flight instead of two (a head's hidden layer, k = 256). The products sum in tile_gemm's order.
-/// cudaErrorInvalidValue when !tile_gemm_chain_fits(g, c).
-cudaError_t tile_gemm_chain(cudaStream_t s, const TileGemm& g, const TileChain& c);
 
 /// C[r, c] (row stride ldc) = Σ_s part[s][r][c], the slices of a split-k GEMM (compact [S, m, n]),
 /// summed in order in double.

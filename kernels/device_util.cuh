@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <utility>
 
+#include "cuda_kernels.cuh"
+
 namespace dqn::cuda::dev {
 
 /// Programmatic dependent launch. Every kernel of kernels/ launches through launch() below and
@@ -17,38 +19,13 @@ namespace dqn::cuda::dev {
 /// writes are visible (griddepcontrol.wait), then lets the next kernel of its stream place its
 /// blocks (griddepcontrol.launch_dependents), which wait in turn. So a kernel's launch and block
 /// placement overlap the kernel before it instead of following its end. Launched without the
-/// attribute (DQN_PDL=0, cooperative launches), both instructions do nothing.
+/// attribute (the stream's policy says no: set_stream_pdl), both instructions do nothing.
 __device__ __forceinline__ void pdl_entry() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
-
-/// Whether a kernel asking for `shared` bytes of dynamic shared memory launches with programmatic
-/// stream serialization. DQN_PDL (read once): 0 → never; small → up to 16 KiB (the blocks placed
-/// early wait resident, holding their shared memory, beside the other lanes' kernels); any other
-/// value → always; unset → always, but up to 16 KiB while this thread captures a wide step
-/// (set_pdl_wide: on the H200 the four heads' step over 15 lanes measured 254.2 µs with small
-/// against 263.3 µs with all, the C51 step over 6 lanes 89.9 µs with all against 94.0).
-bool pdl_for(std::size_t shared) noexcept;
-/// pdl_for for a step captured wide or not (what set_pdl_wide said during its capture).
-bool pdl_for_width(std::size_t shared, bool wide) noexcept;
-/// Whether the steps this thread captures from now on spread over many lanes (see pdl_for).
-void set_pdl_wide(bool wide) noexcept;
-
-/// Notes that `kernel` begins with pdl_entry(): before its griddepcontrol.wait it reads nothing
-/// that a kernel of the same step writes (the cluster update's optimizer state is written by no
-/// other kernel). Every launch that may carry the programmatic attribute notes its kernel, so
-/// that after a capture a graph edge into it from another lane's kernel may be made programmatic
-/// too (is_pdl_kernel; the runtime's programmatic joins). Only while this thread captures
-/// (set_noting): a launch outside a capture costs a thread-local read. Thread-safe.
-void note_pdl_kernel(const void* kernel) noexcept;
-/// Whether this thread's launches are noted from now on (the runtime: on at begin_capture, off
-/// when the capture ends).
-void set_noting(bool on) noexcept;
-/// Whether note_pdl_kernel(kernel) was called in this process.
-bool is_pdl_kernel(const void* kernel) noexcept;
 
 /// The launch attribute that lets a kernel start while the previous one of its stream runs
 /// (it must begin with pdl_entry()).
@@ -60,7 +37,7 @@ inline cudaLaunchAttribute pdl_attribute() {
 }
 
 /// kernel<<<grid, block, shmem, s>>>(args...), with programmatic stream serialization where
-/// pdl_for(shmem). Returns the launch's error (also left as the last error, as <<<>>> does).
+/// pdl_for(shmem, s). Returns the launch's error (also left as the last error, as <<<>>> does).
 template <class... P, class... A>
 cudaError_t launch(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t shmem, cudaStream_t s, A&&... args) {
   cudaLaunchAttribute attr = pdl_attribute();
@@ -70,8 +47,7 @@ cudaError_t launch(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t shme
   cfg.dynamicSmemBytes = shmem;
   cfg.stream = s;
   cfg.attrs = &attr;
-  cfg.numAttrs = pdl_for(shmem) ? 1 : 0;
-  note_pdl_kernel(reinterpret_cast<const void*>(kernel));
+  cfg.numAttrs = pdl_for(shmem, s) ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
 }
 

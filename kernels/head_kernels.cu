@@ -210,12 +210,11 @@ __device__ __forceinline__ void c51_sample_end(const C51Loss& a, int b, const GT
   if (threadIdx.x == 0) static_cast<float*>(a.loss.p)[0] = static_cast<float>(total / a.B);
 }
 
-/// One block per sample, a slot of threads per branch, a thread per atom (loss_shape); PART as
-/// c51_loss_warp_kernel's. Shared:
+/// One block per sample, a slot of threads per branch, a thread per atom (loss_shape). Shared:
 /// per branch the cross-entropy [D] (double) and the taken action's gradient row g [D][Z]; per
 /// slot the target probabilities p, the projected support tz and the projection m [Z] each. The
 /// last block reduces the weighted per-sample losses (scratch) in a fixed order. T: see exp_t.
-template <typename T, int PART = 0>
+template <typename T>
 __global__ void c51_loss_kernel(C51Loss a, double dz_d, LossShape shape, double* weighted, unsigned* counter) {
   dev::pdl_entry();
   extern __shared__ double cl_shared[];
@@ -234,11 +233,10 @@ __global__ void c51_loss_kernel(C51Loss a, double dz_d, LossShape shape, double*
   float* M = static_cast<float*>(a.m.p);
   float* DADV = static_cast<float*>(a.dadv.p);
   const T v_min = a.v_min, v_max = a.v_max, dz = static_cast<T>(dz_d);
-  const float wb = PART != 1 ? static_cast<const float*>(a.weights.p)[b] : 0.0f;
+  const float wb = static_cast<const float*>(a.weights.p)[b];
   const T grad_scale = static_cast<T>(static_cast<double>(wb) / (static_cast<double>(a.B) * D));
-  const T discount =
-      PART != 2 ? static_cast<T>(a.gamma_n) * (T(1) - static_cast<T>(static_cast<const float*>(a.dones.p)[b])) : T(0);
-  const T reward = PART != 2 ? static_cast<T>(static_cast<const float*>(a.rewards.p)[b]) : T(0);
+  const T discount = static_cast<T>(a.gamma_n) * (T(1) - static_cast<T>(static_cast<const float*>(a.dones.p)[b]));
+  const T reward = static_cast<T>(static_cast<const float*>(a.rewards.p)[b]);
   auto add = [](auto x, auto y) { return x + y; };
   auto fmx = [](float x, float y) { return fmaxf(x, y); };
   const int rounds = (D + nslots - 1) / nslots;
@@ -246,16 +244,14 @@ __global__ void c51_loss_kernel(C51Loss a, double dz_d, LossShape shape, double*
     const int d = round * nslots + slot;
     const bool active = d < D;
     const int bd = b * D + d;
-    const int star = active && PART != 2 ? a.a_star[bd] : -1, taken = active && PART != 1 ? a.actions[bd] : -1;
+    const int star = active ? a.a_star[bd] : -1, taken = active ? a.actions[bd] : -1;
     const bool star_ok = star >= 0 && star < A, taken_ok = taken >= 0 && taken < A;
     // The online log-probabilities at the taken action (this thread's first atom), loaded now:
     // in flight while the target distribution is built.
     const float* lp = LP + (static_cast<std::int64_t>(bd) * A + (taken_ok ? taken : 0)) * Z;
     const float lp_first = taken_ok && t < Z ? lp[t] : 0.0f;
     auto lp_at = [&](int i) { return i == t ? lp_first : lp[i]; };
-    // 1. the target network's log-probabilities at a*, as dueling_combine + log_softmax (not in
-    // part 2, which reads the projection part 1 wrote)
-    if constexpr (PART != 2) {
+    // 1. the target network's log-probabilities at a*, as dueling_combine + log_softmax
     float mx = -INFINITY;
     if (star_ok) {
       const float* tadv = TADV + static_cast<std::int64_t>(bd) * ld_or(a.ldtadv, A * Z);
@@ -283,28 +279,19 @@ __global__ void c51_loss_kernel(C51Loss a, double dz_d, LossShape shape, double*
       }
     }
     __syncthreads();  // the slot's p and tz are complete
-    }
     // 2. the dense projection m (as c51_project: each atom sums over j in order), and the
     // cross-entropy's sums at the taken action (as c51_xent)
     float* m = M + static_cast<std::int64_t>(bd) * Z;
     T xs = 0, m_sum = 0;
     for (int i = t; i < Z; i += tpb) {
       float mi = NAN;  // an index the host could not check: visible, never read out of bounds
-      if constexpr (PART == 2) {
-        if (active) mi = m[i];
-      } else {
-        if (star_ok) mi = static_cast<float>(project_atom(p, tz, Z, v_min + i * dz, dz));
-        if (active) m[i] = mi;
-      }
+      if (star_ok) mi = static_cast<float>(project_atom(p, tz, Z, v_min + i * dz, dz));
+      if (active) m[i] = mi;
       mm[i] = mi;
       if (taken_ok) {
         xs -= static_cast<T>(mi) * static_cast<T>(lp_at(i));
         m_sum += static_cast<T>(mi);
       }
-    }
-    if constexpr (PART == 1) {
-      __syncthreads();  // p and tz are rewritten by the slot's next branch
-      continue;
     }
     slot_reduce2(xs, m_sum, reinterpret_cast<T*>(red), reinterpret_cast<T*>(red2), W, slot, add);
     // 3. the gradient row of the taken action, and 4. the dueling backward of that dlogits (zero
@@ -324,7 +311,6 @@ __global__ void c51_loss_kernel(C51Loss a, double dz_d, LossShape shape, double*
     }
     __syncthreads();  // p, tz and mm are rewritten by the slot's next branch
   }
-  if constexpr (PART == 1) return;
   c51_sample_end(a, b, G, xent_d, wb, weighted, counter, red);
 }
 
@@ -337,17 +323,15 @@ __global__ void c51_loss_kernel(C51Loss a, double dz_d, LossShape shape, double*
 constexpr int kWarpAtoms = 2;          // atoms per lane
 constexpr int kWarpMaxA = 8;           // actions held in registers
 constexpr int kDistWarpsPerBlock = 4;  // dueling_dist_warp: (row, branch) pairs per block
+/// dueling_dist runs a warp per action (dueling_dist_action_kernel) up to this many (row, branch) pairs.
+constexpr std::int64_t kDistPerActionPairs = 2048;
 
 __host__ __device__ inline bool warp_head_fits(int A, int Z) { return Z <= 32 * kWarpAtoms && A <= kWarpMaxA; }
 
-/// Whether the warp variants run where they fit: on unless DQN_WARP_HEAD=0 (read once).
-bool warp_head_kernels() {
-  static const bool on = env_on("DQN_WARP_HEAD");
-  return on;
-}
 constexpr int kLossMaxWarps = 16;  // c51_loss_warp: branches (warps) per block
 constexpr int kLossPairMax = 8;    // c51_loss_warp with two warps a branch: branches per block
-bool c51_warp(int D, int A, int Z) { return warp_head_fits(A, Z) && D <= kLossMaxWarps && warp_head_kernels(); }
+
+bool c51_warp(int D, int A, int Z) { return warp_head_fits(A, Z) && D <= kLossMaxWarps; }
 
 /// Butterfly over the lanes for the first n of K values at once (their shuffles interleaved):
 /// each value as warp_sum_t / warp_max would give it.
@@ -487,8 +471,8 @@ __global__ void __launch_bounds__(32 * kDistWarpsPerBlock) dueling_dist_warp_ker
                Q, star);
 }
 
-/// dueling_dist with a warp per (row, branch, action) and a block per (row, branch) (32·A threads,
-/// DQN_WARP_HEAD=action): each warp loads its row's v and every action's advantages (the mean
+/// dueling_dist with a warp per (row, branch, action) and a block per (row, branch) (32·A threads;
+/// where the step has few (row, branch) pairs, kDistPerActionPairs): each warp loads its row's v and every action's advantages (the mean
 /// needs them all), then computes its own action's log-probabilities and expected value as
 /// dist_warp does each action, in the same order (the same bits); the warps meet once, for the
 /// argmax. A fifth of dist_warp's instruction chain per warp at A = 5, and five times its warps.
@@ -571,14 +555,13 @@ __device__ __forceinline__ R group_combine(R v, int grp, int wg, Op op) {
   }
 }
 
-/// c51_loss with GW warps per (sample, branch) and a block per sample (32·GW·D threads; GW 1: a
-/// warp per branch, D ≤ kLossMaxWarps; GW 2 (DQN_LOSS_WARPS=2): two, each holding one of the two
-/// atoms a lane of one warp holds, D ≤ kLossPairMax), their sums added warp by warp (GW 2: not
-/// the bits of GW 1). PART (C51Loss::part): 0 the whole op, 1 the projection m alone, 2 the rest
-/// from m (the same bits as 0 together). Shared: the branches' cross-entropies [D] (double),
+/// c51_loss with GW warps per (sample, branch) and a block per sample (32·GW·D threads; GW 2 where
+/// D ≤ kLossPairMax: two, each holding one of the two atoms a lane of one warp holds; GW 1 for
+/// larger D, up to kLossMaxWarps: a warp per branch), their sums added warp by warp (GW 2: not
+/// the bits of GW 1). Shared: the branches' cross-entropies [D] (double),
 /// gradient rows G [D][Z] (float), and per branch the target probabilities p and projected
 /// support tz [Z] each (T).
-template <typename T, int GW, int PART = 0>
+template <typename T, int GW>
 __global__ void __launch_bounds__(32 * kLossMaxWarps)
     c51_loss_warp_kernel(C51Loss a, double dz_d, double* weighted, unsigned* counter) {
   static_assert(kWarpAtoms % GW == 0, "whole atoms per lane");
@@ -595,14 +578,13 @@ __global__ void __launch_bounds__(32 * kLossMaxWarps)
   T* p = reinterpret_cast<T*>(xent_d + D + (static_cast<std::int64_t>(D) * Z + 1) / 2) + 2 * d * Z;  // [Z]
   T* tz = p + Z;                                         // [Z]
   const int bd = b * D + d;
-  const int star = PART != 2 ? a.a_star[bd] : 0, taken = PART != 1 ? a.actions[bd] : 0;
+  const int star = a.a_star[bd], taken = a.actions[bd];
   const bool star_ok = star >= 0 && star < A, taken_ok = taken >= 0 && taken < A;
-  const float wb = PART != 1 ? static_cast<const float*>(a.weights.p)[b] : 0.0f;
+  const float wb = static_cast<const float*>(a.weights.p)[b];
   const T v_min = a.v_min, v_max = a.v_max, dz = static_cast<T>(dz_d);
   const T grad_scale = static_cast<T>(static_cast<double>(wb) / (static_cast<double>(a.B) * D));
-  const T discount =
-      PART != 2 ? static_cast<T>(a.gamma_n) * (T(1) - static_cast<T>(static_cast<const float*>(a.dones.p)[b])) : T(0);
-  const T reward = PART != 2 ? static_cast<T>(static_cast<const float*>(a.rewards.p)[b]) : T(0);
+  const T discount = static_cast<T>(a.gamma_n) * (T(1) - static_cast<T>(static_cast<const float*>(a.dones.p)[b]));
+  const T reward = static_cast<T>(static_cast<const float*>(a.rewards.p)[b]);
   const auto add = [](T x, T y) { return x + y; };
   // every load of the (sample, branch) at once, none waiting for a* or the taken action: the
   // target's value and advantages, and the online log-probabilities of every action (the taken
@@ -615,11 +597,11 @@ __global__ void __launch_bounds__(32 * kLossMaxWarps)
   for (int k = 0; k < KA; ++k) {
     const int i = i0 + istep * k;
     const bool in = i < Z;
-    tvv[k] = PART != 2 && in ? tv[i] : 0.0f;
+    tvv[k] = in ? tv[i] : 0.0f;
 #pragma unroll
     for (int act = 0; act < kWarpMaxA; ++act) {
-      tx[act][k] = PART != 2 && in && act < A ? tadv[act * Z + i] : 0.0f;
-      lpa[act][k] = PART != 1 && in && act < A ? lp[act * Z + i] : 0.0f;
+      tx[act][k] = in && act < A ? tadv[act * Z + i] : 0.0f;
+      lpa[act][k] = in && act < A ? lp[act * Z + i] : 0.0f;
     }
   }
 #pragma unroll
@@ -629,33 +611,32 @@ __global__ void __launch_bounds__(32 * kLossMaxWarps)
     for (int act = 0; act < kWarpMaxA; ++act)
       if (act == taken) lpv[k] = lpa[act][k];
   }
-  // 1. the target network's log-probabilities at a*, as dueling_combine + log_softmax (not in
-  // part 2, which reads the projection part 1 wrote)
-  if constexpr (PART != 2) {
-  float logit[KA];
-  const float mx = group_combine<GW>(warp_max(action_logits<T, KA>(tx, tvv, A, star, Z, star_ok, logit, i0, istep)), d,
-                                     wg, [](float x, float y) { return fmaxf(x, y); });
-  T sum = 0;
-  if (star_ok) {
+  // 1. the target network's log-probabilities at a*, as dueling_combine + log_softmax
+  {
+    float logit[KA];
+    const float mx = group_combine<GW>(warp_max(action_logits<T, KA>(tx, tvv, A, star, Z, star_ok, logit, i0, istep)), d,
+                                       wg, [](float x, float y) { return fmaxf(x, y); });
+    T sum = 0;
+    if (star_ok) {
 #pragma unroll
-    for (int k = 0; k < KA; ++k)
-      if (i0 + istep * k < Z) sum += exp_t(static_cast<T>(logit[k]) - mx);
-  }
-  sum = group_combine<GW>(warp_sum_t(sum), d, wg, add);
-  if (star_ok) {
-    const T lse = static_cast<T>(mx) + log_t(sum);
-#pragma unroll
-    for (int k = 0; k < KA; ++k) {
-      const int i = i0 + istep * k;
-      if (i >= Z) continue;
-      const float l = static_cast<float>(static_cast<T>(logit[k]) - lse);
-      p[i] = exp_t(static_cast<T>(l));
-      tz[i] = fmin(fmax(reward + discount * (v_min + i * dz), v_min), v_max);
+      for (int k = 0; k < KA; ++k)
+        if (i0 + istep * k < Z) sum += exp_t(static_cast<T>(logit[k]) - mx);
     }
-  }
-  // the group's p and tz are complete
-  if constexpr (GW == 1) __syncwarp();
-  else asm volatile("bar.sync %0, %1;" ::"r"(1 + d), "r"(32 * GW) : "memory");
+    sum = group_combine<GW>(warp_sum_t(sum), d, wg, add);
+    if (star_ok) {
+      const T lse = static_cast<T>(mx) + log_t(sum);
+#pragma unroll
+      for (int k = 0; k < KA; ++k) {
+        const int i = i0 + istep * k;
+        if (i >= Z) continue;
+        const float l = static_cast<float>(static_cast<T>(logit[k]) - lse);
+        p[i] = exp_t(static_cast<T>(l));
+        tz[i] = fmin(fmax(reward + discount * (v_min + i * dz), v_min), v_max);
+      }
+    }
+    // the group's p and tz are complete
+    if constexpr (GW == 1) __syncwarp();
+    else asm volatile("bar.sync %0, %1;" ::"r"(1 + d), "r"(32 * GW) : "memory");
   }
   // 2. the dense projection m (as c51_project: each atom sums over j in order) and the
   // cross-entropy's sums at the taken action (as c51_xent)
@@ -667,18 +648,13 @@ __global__ void __launch_bounds__(32 * kLossMaxWarps)
     const int i = i0 + istep * k;
     mm[k] = NAN;  // an index the host could not check: visible, never read out of bounds
     if (i >= Z) continue;
-    if constexpr (PART == 2) {
-      mm[k] = m[i];
-    } else {
-      if (star_ok) mm[k] = static_cast<float>(project_atom(p, tz, Z, v_min + i * dz, dz));
-      m[i] = mm[k];
-    }
-    if (PART != 1 && taken_ok) {
+    if (star_ok) mm[k] = static_cast<float>(project_atom(p, tz, Z, v_min + i * dz, dz));
+    m[i] = mm[k];
+    if (taken_ok) {
       xs -= static_cast<T>(mm[k]) * static_cast<T>(lpv[k]);
       m_sum += static_cast<T>(mm[k]);
     }
   }
-  if constexpr (PART == 1) return;
   xs = group_combine<GW>(warp_sum_t(xs), d, wg, add);
   m_sum = group_combine<GW>(warp_sum_t(m_sum), d, wg, add);
   // 3. the gradient row of the taken action, and 4. the dueling backward of that dlogits (zero
@@ -762,8 +738,11 @@ std::size_t dueling_dist_shared_bytes(int Z, int A) {
   return static_cast<std::size_t>(Z) * sizeof(double) + round_up(static_cast<std::size_t>(A) * sizeof(float), 8);
 }
 
-cudaError_t dueling_dist(cudaStream_t s, const DuelingDist& a, bool double_math, bool per_action) {
+cudaError_t dueling_dist(cudaStream_t s, const DuelingDist& a, bool double_math) {
   const double dz_w = support_step(a.v_min, a.v_max, a.Z);
+  // a warp per action where there are few (row, branch) pairs (the C51 primary's 512 rows × 3
+  // branches at B = 256 fill the GPU that way; the ensemble's 1,024 × 3 are faster a warp each)
+  const bool per_action = static_cast<std::int64_t>(a.rows) * a.D <= kDistPerActionPairs;
   if (warp_head_fits(a.A, a.Z) && per_action) {
     const auto blocks = static_cast<unsigned>(static_cast<std::int64_t>(a.rows) * a.D);
     if (double_math)
@@ -772,7 +751,7 @@ cudaError_t dueling_dist(cudaStream_t s, const DuelingDist& a, bool double_math,
       launch(dueling_dist_action_kernel<float>, blocks, 32 * a.A, 0, s, a, dz_w);
     return cudaGetLastError();
   }
-  if (warp_head_fits(a.A, a.Z) && warp_head_kernels()) {
+  if (warp_head_fits(a.A, a.Z)) {
     const std::int64_t pairs = static_cast<std::int64_t>(a.rows) * a.D;
     const auto blocks = static_cast<unsigned>((pairs + kDistWarpsPerBlock - 1) / kDistWarpsPerBlock);
     if (double_math)
@@ -802,22 +781,21 @@ std::size_t c51_loss_shared_bytes(int D, int A, int Z) {
          sizeof(double);
 }
 
-namespace {
-/// c51_loss's launch for one part (C51Loss::part) of the op.
-template <int PART>
-cudaError_t c51_loss_part(cudaStream_t s, const C51Loss& a, double* w, unsigned* counter, bool double_math, bool pair) {
+cudaError_t c51_loss(cudaStream_t s, const C51Loss& a, void* scratch, unsigned* counter, bool double_math) {
+  auto* w = static_cast<double*>(scratch);
   if (c51_warp(a.D, a.A, a.Z)) {
     const double dz_w = support_step(a.v_min, a.v_max, a.Z);
     const std::size_t shmem = c51_loss_warp_shared_bytes(a.D, a.Z, double_math ? sizeof(double) : sizeof(float));
-    if (pair && a.D <= kLossPairMax) {
+    // two warps a (sample, branch) where the block has room (D ≤ kLossPairMax), else one
+    if (a.D <= kLossPairMax) {
       if (double_math)
-        launch(c51_loss_warp_kernel<double, 2, PART>, a.B, 64 * a.D, shmem, s, a, dz_w, w, counter);
+        launch(c51_loss_warp_kernel<double, 2>, a.B, 64 * a.D, shmem, s, a, dz_w, w, counter);
       else
-        launch(c51_loss_warp_kernel<float, 2, PART>, a.B, 64 * a.D, shmem, s, a, dz_w, w, counter);
+        launch(c51_loss_warp_kernel<float, 2>, a.B, 64 * a.D, shmem, s, a, dz_w, w, counter);
     } else if (double_math) {
-      launch(c51_loss_warp_kernel<double, 1, PART>, a.B, 32 * a.D, shmem, s, a, dz_w, w, counter);
+      launch(c51_loss_warp_kernel<double, 1>, a.B, 32 * a.D, shmem, s, a, dz_w, w, counter);
     } else {
-      launch(c51_loss_warp_kernel<float, 1, PART>, a.B, 32 * a.D, shmem, s, a, dz_w, w, counter);
+      launch(c51_loss_warp_kernel<float, 1>, a.B, 32 * a.D, shmem, s, a, dz_w, w, counter);
     }
     return cudaGetLastError();
   }
@@ -825,20 +803,10 @@ cudaError_t c51_loss_part(cudaStream_t s, const C51Loss& a, double* w, unsigned*
   const double dz = support_step(a.v_min, a.v_max, a.Z);
   const std::size_t shmem = c51_loss_shared_bytes(a.D, a.A, a.Z);
   if (double_math)
-    launch(c51_loss_kernel<double, PART>, a.B, sh.tpb * sh.slots, shmem, s, a, dz, sh, w, counter);
+    launch(c51_loss_kernel<double>, a.B, sh.tpb * sh.slots, shmem, s, a, dz, sh, w, counter);
   else
-    launch(c51_loss_kernel<float, PART>, a.B, sh.tpb * sh.slots, shmem, s, a, dz, sh, w, counter);
+    launch(c51_loss_kernel<float>, a.B, sh.tpb * sh.slots, shmem, s, a, dz, sh, w, counter);
   return cudaGetLastError();
-}
-}  // namespace
-
-cudaError_t c51_loss(cudaStream_t s, const C51Loss& a, void* scratch, unsigned* counter, bool double_math, bool pair) {
-  auto* w = static_cast<double*>(scratch);
-  switch (a.part) {
-    case 1: return c51_loss_part<1>(s, a, w, counter, double_math, pair);
-    case 2: return c51_loss_part<2>(s, a, w, counter, double_math, pair);
-    default: return c51_loss_part<0>(s, a, w, counter, double_math, pair);
-  }
 }
 
 }  // namespace dqn::cuda

@@ -16,16 +16,7 @@ namespace {
 
 using namespace dqn;
 
-enum Tag : std::int32_t {
-  kForward = 0, kTarget = 1, kLoss = 2, kBackward = 3, kWeights = 4, kWeightsOut = 5, kProject = 6, kMean = 7
-};
-
-// Switches read when the head declares its stages (env_switch): DQN_HEAD_MASK=1: its ∂L/∂h2
-// GEMM applies the trunk's top ReLU mask (Gemm::mask with trunk/h2) and the backward stage
-// declares dtrunk/<h>/masked, so that the engine, when every head does, leaves its own top mask
-// out. DQN_C51_PROJECT=1: the projected target m a stage of its own (c51.project, C51Loss part 1),
-// which the loss (part 2) and the heads that read m (the ensemble) wait for, instead of the whole
-// loss. DQN_C51_MEAN (on unless 0): the loss's batch mean a stage of its own (c51.loss.mean, below).
+enum Tag : std::int32_t { kForward = 0, kTarget = 1, kLoss = 2, kBackward = 3, kWeights = 4, kWeightsOut = 5, kMean = 6 };
 
 class C51Head final : public Head {
  public:
@@ -62,26 +53,11 @@ class C51Head final : public Head {
                            {b("hidden"), b("v"), b("adv"), b("logp"), b("q"), buf::a_star});
       rc = rc ? rc : stage(ctx, kTarget, "target", {buf::target_h2, "target"},
                            {b("target.hidden"), b("target.v"), b("target.adv")});
-      project_ = env_switch("DQN_C51_PROJECT");
-      mean_stage_ = env_switch("DQN_C51_MEAN", true);
-      // the loss stage's outputs; the head's loss among them unless loss.mean computes it
-      auto with_loss = [&](std::vector<std::string> w) {
-        if (!mean_stage_) w.insert(w.begin(), loss);
-        return w;
-      };
-      if (project_) {  // m first (what the ensemble reads), then the loss from it
-        rc = rc ? rc : stage(ctx, kProject, "project",
-                             {b("target.v"), b("target.adv"), buf::a_star, buf::rewards, buf::dones},
-                             {buf::target_m, b("work.logp")});
-        rc = rc ? rc : stage(ctx, kLoss, "loss", {b("logp"), buf::target_m, buf::actions, buf::is_weights},
-                             with_loss({buf::td_error, b("dv"), b("dadv"), b("work.dlogits")}));
-      } else {
-        rc = rc ? rc : stage(ctx, kLoss, "loss",
-                             {b("logp"), b("target.v"), b("target.adv"), buf::a_star, buf::actions, buf::is_weights,
-                              buf::rewards, buf::dones},
-                             with_loss({buf::td_error, buf::target_m, b("dv"), b("dadv"), b("work.logp"),
-                                        b("work.dlogits")}));
-      }
+      // the loss writes the per-sample losses (td_error); loss.mean, below, the head's loss from them
+      rc = rc ? rc : stage(ctx, kLoss, "loss",
+                           {b("logp"), b("target.v"), b("target.adv"), buf::a_star, buf::actions, buf::is_weights,
+                            buf::rewards, buf::dones},
+                           {buf::td_error, buf::target_m, b("dv"), b("dadv"), b("work.logp"), b("work.dlogits")});
       // weights.out: the output layers' gradients, from dv and dadv alone (beside the backward);
       // backward: the input side (on to the trunk); weights: the hidden layers' gradients, beside
       // the trunk's backward. Each writes the gradients of its own tensors.
@@ -91,21 +67,13 @@ class C51Head final : public Head {
         return g;
       };
       rc = rc ? rc : stage(ctx, kWeightsOut, "weights.out", {b("dv"), b("dadv"), b("hidden")}, grads(1));
-      mask_dtrunk_ = env_switch("DQN_HEAD_MASK");
-      if (mask_dtrunk_)
-        rc = rc ? rc : stage(ctx, kBackward, "backward", {b("dv"), b("dadv"), b("hidden"), "params", buf::h2},
-                             {b("dhidden"), dtrunk, dtrunk + "/masked"});
-      else
-        rc = rc ? rc : stage(ctx, kBackward, "backward", {b("dv"), b("dadv"), b("hidden"), "params"},
-                             {b("dhidden"), dtrunk});
+      rc = rc ? rc : stage(ctx, kBackward, "backward", {b("dv"), b("dadv"), b("hidden"), "params"},
+                           {b("dhidden"), dtrunk});
       rc = rc ? rc : stage(ctx, kWeights, "weights", {b("dhidden"), buf::h2}, grads(0));
-      // loss.mean (the default; DQN_C51_MEAN=0 leaves it in the loss kernel): the head's loss as the
-      // weighted mean of the per-sample losses in a stage of its own (declared last: the other
-      // stages keep their lanes), which only the update waits for; the loss kernel then ends
-      // without the last block that sums the batch (an H100 measured the C51 step 2.4 µs faster,
-      // 83.75 against 86.16 in an A/B; as a stage declared right after the loss, with the mean's
-      // kernel placed early behind it, no faster: b35f56d)
-      if (mean_stage_) rc = rc ? rc : stage(ctx, kMean, "loss.mean", {buf::td_error, buf::is_weights}, {loss});
+      // loss.mean: the head's loss as the weighted mean of the per-sample losses in a stage of its
+      // own (declared last, so the other stages keep their lanes), which only the update waits for:
+      // the loss kernel ends without a last block that sums the batch, off the step's critical path
+      rc = rc ? rc : stage(ctx, kMean, "loss.mean", {buf::td_error, buf::is_weights}, {loss});
       return keep(ctx, rc);
     } catch (const std::exception& e) {
       error_ = e.what();
@@ -162,17 +130,15 @@ class C51Head final : public Head {
       case kTarget:  // the target head at s' up to its value and advantage layers
         bdq::forward(be, d_, target_, target_h2_, B, tact_);
         break;
-      case kProject:
       case kLoss: {
         C51Loss x;
-        x.m = m_; x.loss_per_sample = td_; x.loss = mean_stage_ ? Real{} : loss_;  // (else loss.mean's)
+        x.m = m_; x.loss_per_sample = td_;  // (the head's loss: loss.mean's)
         x.dv = back_.dv; x.lddv = d_.ldz(); x.dadv = back_.dadv;
         x.logp = act_.logp; x.actions = actions_; x.weights = weights_; x.tv = tact_.v; x.ldtv = d_.ldz();
         x.tadv = tact_.adv; x.ldtadv = d_.ldaz(); x.lddadv = d_.ldaz();
         x.a_star = a_star_; x.rewards = rewards_; x.dones = dones_;
         x.work_logp = work_logp_; x.work_dlogits = work_dlogits_;
         x.B = B; x.D = D; x.A = A; x.Z = Z; x.gamma_n = gamma_n_; x.v_min = d_.v_min; x.v_max = d_.v_max;
-        x.part = !project_ ? 0 : tag == kProject ? 1 : 2;
         be.c51_loss(x);
         break;
       }
@@ -180,7 +146,7 @@ class C51Head final : public Head {
         be.weighted_mean(loss_, td_, weights_, B);
         break;
       case kBackward:
-        bdq::backward_inputs(be, d_, online_, B, act_, back_, dtrunk_, 0.0f, mask_dtrunk_ ? h2_ : Real{});
+        bdq::backward_inputs(be, d_, online_, B, act_, back_, dtrunk_, 0.0f);
         break;
       case kWeights:
         bdq::backward_weights_hidden(be, d_, grad_, h2_, B, back_);
@@ -212,9 +178,6 @@ class C51Head final : public Head {
   int B_;
   float gamma_n_;
   std::string error_;
-  bool project_ = false;  ///< DQN_C51_PROJECT=1: c51.project (part 1), then c51.loss (part 2)
-  bool mean_stage_ = true;  ///< c51.loss.mean (weighted_mean), the loss without its mean (DQN_C51_MEAN=0: off)
-  bool mask_dtrunk_ = false;  ///< DQN_HEAD_MASK=1: dtrunk written masked by the top ReLU
   bdq::Params online_{}, target_{}, grad_{};
   bdq::Acts act_{}, tact_{};
   bdq::BackScratch back_{};

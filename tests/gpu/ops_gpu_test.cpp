@@ -20,6 +20,7 @@
 
 #include "cpu/cpu_backend.hpp"
 #include "dqn/runtime.hpp"
+#include "lab.hpp"
 
 using namespace dqn;
 
@@ -90,36 +91,27 @@ void expect_same_bits(const std::vector<T>& a, const std::vector<T>& b, const st
   CHECK_MESSAGE(first == a.size(), what << ": differs first at element " << first << " of " << a.size());
 }
 
-/// Sets an environment variable for one scope (the CUDA backend reads its switches when made;
-/// null unsets it); unset again however the scope ends.
-struct ScopedEnv {
-  const char* name;
-  ScopedEnv(const char* n, const char* value) : name(n) {
-    if (value) setenv(n, value, 1);
-    else unsetenv(n);
-  }
-  ~ScopedEnv() { unsetenv(name); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-};
-
-/// A CUDA runtime for one test, with one arena bump-allocated into the test's buffers.
 /// The GEMM paths each layout runs through: fp32, tf32 on cuBLASLt only, tf32 on each tile shape
-/// of the tile_gemm kernel (DQN_TILE_GEMM, read when the backend is made), bf16.
+/// of the tile_gemm kernel (the pipeline's cuda.gemm, CudaSpec::gemm), bf16.
 struct GemmPath {
   Precision p;
   const char* name;
   double tol;
-  const char* tile_env;
+  CudaSpec::Gemm gemm;
 };
-constexpr GemmPath kGemmPaths[] = {{Precision::fp32, "fp32", kFp32Gemm, nullptr},
-                                   {Precision::tf32, "tf32", kTf32Gemm, "0"},
-                                   {Precision::tf32, "tf32 tile 16x32", kTf32Gemm, "16x32"},
-                                   {Precision::tf32, "tf32 tile 32x32", kTf32Gemm, "32x32"},
-                                   {Precision::tf32, "tf32 tile 64x64", kTf32Gemm, "64x64"},
-                                   {Precision::tf32, "tf32 tile 32x32k2", kTf32Gemm, "32x32k2"},
-                                   {Precision::tf32, "tf32 tile 32x32k4", kTf32Gemm, "32x32k4"},
-                                   {Precision::bf16, "bf16", kBf16Gemm, nullptr}};
+constexpr GemmPath kGemmPaths[] = {{Precision::fp32, "fp32", kFp32Gemm, CudaSpec::Gemm::automatic},
+                                   {Precision::tf32, "tf32", kTf32Gemm, CudaSpec::Gemm::cublaslt},
+                                   {Precision::tf32, "tf32 tile 16x32", kTf32Gemm, CudaSpec::Gemm::tile16x32},
+                                   {Precision::tf32, "tf32 tile 32x32", kTf32Gemm, CudaSpec::Gemm::tile32x32},
+                                   {Precision::tf32, "tf32 tile 64x64", kTf32Gemm, CudaSpec::Gemm::tile64x64},
+                                   {Precision::bf16, "bf16", kBf16Gemm, CudaSpec::Gemm::automatic}};
+/// The CUDA backend's choices with one GEMM kernel family (and tile_gemm's fragment loads).
+CudaSpec with_gemm(CudaSpec::Gemm g, CudaSpec::TileLoads loads = CudaSpec::TileLoads::automatic) {
+  CudaSpec s;
+  s.gemm = g;
+  s.tile_loads = loads;
+  return s;
+}
 
 /// The three precisions with their GEMM tolerance (the ops whose tf32 path has a kernel of its own
 /// and whose other precisions fall back to separate GEMMs).
@@ -131,10 +123,12 @@ struct PrecisionCase {
 constexpr PrecisionCase kPrecisions[] = {
     {Precision::tf32, "tf32", kTf32Gemm}, {Precision::fp32, "fp32", kFp32Gemm}, {Precision::bf16, "bf16", kBf16Gemm}};
 
+/// A CUDA runtime for one test (the pipeline's cuda: choices `spec`), with one arena
+/// bump-allocated into the test's buffers.
 class Gpu {
  public:
-  explicit Gpu(Precision p = Precision::fp32, std::size_t arena_bytes = std::size_t{64} << 20)
-      : rt_(make_cuda_runtime(CudaSpec{}, p, 0)), ops(rt_->ops()) {
+  explicit Gpu(Precision p = Precision::fp32, const CudaSpec& spec = {}, std::size_t arena_bytes = std::size_t{64} << 20)
+      : rt_(make_cuda_runtime(spec, p, 0)), ops(rt_->ops()) {
     base_ = static_cast<char*>(rt_->alloc_arena(arena_bytes));
     cap_ = arena_bytes;
   }
@@ -202,13 +196,6 @@ void expect_same_reals(Gpu& ga, Gpu& gb, const std::string& what, const std::vec
   for (const RealPair& p : pairs) expect_same_bits(ga.get(p.a, p.n), gb.get(p.b, p.n), what + ": " + p.name);
 }
 
-/// A Gpu made while the backend switch `name` is `value` (null: unset), which it reads when made;
-/// the variable is unset again afterwards.
-std::unique_ptr<Gpu> gpu_with(const char* name, const char* value, Precision p) {
-  const ScopedEnv env(name, value);
-  return std::make_unique<Gpu>(p);
-}
-
 struct Cpu {
   std::unique_ptr<Backend> ops = make_cpu_backend(false);
   void ok() { REQUIRE_MESSAGE(ops->status() == 0, ops->message()); }
@@ -222,22 +209,6 @@ std::vector<float> random_logp(int rows, int n, std::uint32_t seed) {
   cpu.ops->log_softmax(host(lp), host(x), rows, n);
   cpu.ok();
   return lp;
-}
-
-/// Each of `bad` as the value of the backend switch `name` makes the backend refuse to be made,
-/// with a message that names the variable and the value.
-void expect_switch_refused(const char* name, std::initializer_list<const char*> bad) {
-  for (const char* value : bad) {
-    INFO(name << "=" << value);
-    const ScopedEnv env(name, value);
-    try {
-      Gpu gpu;
-      FAIL("no error for " << name << "=" << value);
-    } catch (const std::exception& e) {
-      const std::string m = e.what();
-      CHECK_MESSAGE(m.find(std::string(name) + "='" + value + "'") != std::string::npos, m);
-    }
-  }
 }
 
 }  // namespace
@@ -272,8 +243,7 @@ TEST_CASE("gpu.ops.gemm: every layout, precision and tile shape against the CPU"
 
   std::uint32_t seed = 100;
   for (const GemmPath& prec : kGemmPaths) {
-    const ScopedEnv tile("DQN_TILE_GEMM", prec.tile_env);
-    Gpu gpu(prec.p);
+    Gpu gpu(prec.p, with_gemm(prec.gemm));
     Cpu cpu;
     double worst = 0.0;
     for (const Case& c : cases) {
@@ -349,13 +319,13 @@ TEST_CASE("gpu.ops.gemm_mask: the ReLU backward in the GEMM (tile_gemm's epilogu
       {"tall k (split, the mask after the slices' sum)", true, 37, 53, 5000, 1, 0, 0.0f, false},
       {"k = 0: the mask on beta·C", false, 37, 53, 0, 1, 0, 0.5f, false},
   };
-  // Each path with DQN_TILE_LDMATRIX=0 and =1 (tile_gemm's k-contiguous fragments by ldmatrix;
-  // unset, autotuning picks either per problem): the same bits both ways.
+  // Each path with tile_gemm's k-contiguous fragments by plain loads and by ldmatrix
+  // (cuda.tile_loads; automatic, autotuning picks either per problem): the same bits both ways.
   std::map<std::string, std::vector<float>> plain;
   for (const GemmPath& prec : kGemmPaths)
-  for (const char* ldm : {"0", "1"}) {
-    const ScopedEnv tile("DQN_TILE_GEMM", prec.tile_env), ldm_env("DQN_TILE_LDMATRIX", ldm);
-    Gpu gpu(prec.p);
+  for (const auto loads : {CudaSpec::TileLoads::plain, CudaSpec::TileLoads::ldmatrix}) {
+    const bool ldm = loads == CudaSpec::TileLoads::ldmatrix;
+    Gpu gpu(prec.p, with_gemm(prec.gemm, loads));
     Cpu cpu;
     std::uint32_t seed = 700;  // the same operands on every path
     for (const Case& c : cases) {
@@ -391,7 +361,7 @@ TEST_CASE("gpu.ops.gemm_mask: the ReLU backward in the GEMM (tile_gemm's epilogu
       cpu.ok();
       const auto got = gpu.get(gd.c, static_cast<std::int64_t>(nc));
       expect_close(got, Cc, prec.tol, what);
-      if (*ldm == '1') expect_same_bits(got, plain.at(what), what + " (DQN_TILE_LDMATRIX=1)");
+      if (ldm) expect_same_bits(got, plain.at(what), what + " (ldmatrix)");
       else plain[what] = got;
       std::size_t zeros = 0;  // the mask did something: exact zeros where it is <= 0
       for (int b = 0; b < c.batch; ++b)
@@ -415,144 +385,6 @@ TEST_CASE("gpu.ops.gemm_mask: the ReLU backward in the GEMM (tile_gemm's epilogu
   CHECK(std::string(gpu.ops.message()).find("mask needs ldmask >= n") != std::string::npos);
 }
 
-TEST_CASE("gpu.ops.gemm_wgrad: the layer below's dW and db with C (tile_gemm_wgrad's clusters, else the separate ops) against the CPU") {
-  // Gemm::wgrad_x: in tf32 one launch where it fits (32-row tiles of a group in clusters of up to
-  // 8 blocks, at most 4 tiles a block, x_cols <= 256), else the GEMM, the bias sums and Cᵀx.
-  struct Case {
-    const char* why;
-    int groups, rows, n, k, x_cols, ldx;
-    bool db;
-  };
-  const Case cases[] = {
-      {"the trunk's shape (B 256, 256 wide, states 64): one tile a block, clusters of 8", 1, 256, 256, 256, 64, 64, true},
-      {"four heads", 4, 256, 256, 256, 64, 64, true},
-      {"awkward: 100 rows (a short last tile), 53 columns, x 37 wide with 4-byte copies", 3, 100, 53, 37, 37, 37, true},
-      {"x rows 16-byte aligned but x 37 wide; no db", 2, 70, 45, 29, 37, 40, false},
-      {"B 1024: four tiles a block", 1, 1024, 96, 64, 64, 64, true},
-      {"B 2048: the separate ops", 1, 2048, 64, 32, 64, 64, true},
-      {"x 300 wide: the separate ops", 1, 64, 40, 24, 300, 300, true},
-  };
-  for (const PrecisionCase& pc : kPrecisions) {
-    const double tol = pc.tol;
-    Gpu gpu(pc.p, std::size_t{256} << 20);
-    Cpu cpu;
-    std::uint32_t seed = 900;
-    for (const Case& c : cases) {
-      const std::string what = std::string(pc.name) + " gemm wgrad, " + c.why;
-      CAPTURE(what);
-      const int m = c.groups * c.rows, lda = c.k + 1, ldb = c.n + 2, ldc = c.n + 3, ldmask = c.n + 5, lddw = c.x_cols + 2;
-      const std::int64_t stride_dw = std::int64_t(c.n) * lddw + 5, stride_db = c.n + 3;
-      auto A = random_vec(static_cast<std::size_t>(m) * lda, -1, 1, seed++);
-      auto B = random_vec(static_cast<std::size_t>(c.k) * ldb, -1, 1, seed++);
-      auto X = random_vec(static_cast<std::size_t>(c.rows) * c.ldx, -1, 1, seed++);
-      auto M = random_vec(static_cast<std::size_t>(c.rows) * ldmask, -1, 1, seed++);  // about half masked
-      const std::size_t nc = static_cast<std::size_t>(m) * ldc, ndw = static_cast<std::size_t>(stride_dw) * c.groups,
-                        ndb = static_cast<std::size_t>(stride_db) * c.groups;
-      Gemm g;
-      g.m = m; g.n = c.n; g.k = c.k; g.lda = lda; g.ldb = ldb; g.ldc = ldc; g.ldmask = ldmask; g.mask_rows = c.rows;
-      g.ldx = c.ldx; g.x_cols = c.x_cols; g.wgrad_rows = c.rows; g.lddw = lddw; g.stride_dw = stride_dw;
-      g.stride_db = c.db ? stride_db : 0;
-      Gemm gd = g, gc = g;
-      gd.a = gpu.put(A); gd.b = gpu.put(B); gd.c = gpu.poisoned(std::int64_t(nc)); gd.mask = gpu.put(M);
-      gd.wgrad_x = gpu.put(X); gd.dw = gpu.poisoned(std::int64_t(ndw));
-      if (c.db) gd.db = gpu.poisoned(std::int64_t(ndb));
-      gpu.ops.gemm(gd);
-      gpu.ok();
-      std::vector<float> C(nc, kNaN), DW(ndw, kNaN), DB(ndb, kNaN);
-      gc.a = host(A); gc.b = host(B); gc.c = host(C); gc.mask = host(M); gc.wgrad_x = host(X); gc.dw = host(DW);
-      if (c.db) gc.db = host(DB);
-      cpu.ops->gemm(gc);
-      cpu.ok();
-      const auto c1 = gpu.get(gd.c, std::int64_t(nc)), dw1 = gpu.get(gd.dw, std::int64_t(ndw));
-      expect_close(c1, C, tol, what + ": C");
-      expect_close(dw1, DW, tol, what + ": dw");  // the padding between groups' rows stays NaN on both
-      if (c.db) expect_close(gpu.get(gd.db, std::int64_t(ndb)), DB, tol, what + ": db");
-      // deterministic: a second run gives the same bits
-      gpu.poison(gd.dw, std::int64_t(ndw));
-      gpu.ops.gemm(gd);
-      gpu.ok();
-      expect_same_bits(gpu.get(gd.dw, std::int64_t(ndw)), dw1, what + ": rerun dw");
-    }
-  }
-  // refused with the reason where the fields do not make sense
-  Gpu gpu(Precision::tf32);
-  Gemm bad;
-  bad.m = 4; bad.n = 8; bad.k = 2; bad.lda = 2; bad.ldb = 8; bad.ldc = 8;
-  bad.a = gpu.put(std::vector<float>(8, 1.0f)); bad.b = gpu.put(std::vector<float>(16, 1.0f));
-  bad.c = gpu.put(std::vector<float>(32, 0.0f));
-  bad.wgrad_x = gpu.put(std::vector<float>(8, 1.0f)); bad.ldx = 2; bad.x_cols = 2; bad.wgrad_rows = 3;
-  bad.dw = gpu.put(std::vector<float>(16, 0.0f)); bad.lddw = 2;
-  gpu.ops.gemm(bad);
-  CHECK(gpu.ops.status() != 0);
-  CHECK(std::string(gpu.ops.message()).find("m a multiple of wgrad_rows") != std::string::npos);
-}
-
-TEST_CASE("gpu.ops.gemm_chain: two layers in one call (tile_gemm_chain, else two GEMMs) against the CPU") {
-  // Gemm::chain_b: in tf32 one launch where the first layer is at most 256 wide (32-row blocks
-  // computing their rows of C whole, then a 32 × 32 tile of C2; at most 128 wide the variant with
-  // four stages), else the two GEMMs in turn. Batched (ABI 11) as a head's streams: every entry
-  // reads the same A, its rows of B and B2, and writes its columns of C and C2.
-  struct Case {
-    const char* why;
-    int m, k, n, n2;
-    bool bias_relu;
-    int batch = 1;
-  };
-  const Case cases[] = {
-      {"the online trunk's shape (512 rows, states 64, 256 × 256)", 512, 64, 256, 256, true},
-      {"the target's (256 rows)", 256, 64, 256, 256, true},
-      {"awkward: 67 rows, k 37, 61 wide, 45 out", 67, 37, 61, 45, true},
-      {"no bias or ReLU, a long k (several slices), n2 past one column tile", 40, 150, 200, 70, false},
-      {"a first layer 300 wide: two GEMMs", 33, 20, 300, 40, true},
-      {"a head's branches (512 rows, k 256, 128 wide, 255 out, 3 entries)", 512, 256, 128, 255, true, 3},
-      {"a head's value stream (k 256, 128 wide, 51 out)", 512, 256, 128, 51, true},
-      {"awkward batched: 45 rows, k 70, 130 wide (the wide variant), 33 out, 2 entries", 45, 70, 130, 33, true, 2},
-      {"awkward batched: 21 rows, k 9, 20 wide, 9 out, 4 entries, no bias", 21, 9, 20, 9, false, 4},
-  };
-  for (const PrecisionCase& pc : kPrecisions) {
-    const double tol = pc.tol;
-    Gpu gpu(pc.p);
-    Cpu cpu;
-    std::uint32_t seed = 1100;
-    for (const Case& c : cases) {
-      const std::string what = std::string(pc.name) + " gemm chain, " + c.why;
-      CAPTURE(what);
-      const int nb = c.batch;
-      const int lda = c.k + 1, ldb = c.k + 2, ldc = nb * c.n + 3, ldb2 = c.n + 5, ldc2 = nb * c.n2 + 1;
-      auto A = random_vec(static_cast<std::size_t>(c.m) * lda, -1, 1, seed++);
-      auto B = random_vec(static_cast<std::size_t>(nb) * c.n * ldb, -0.3f, 0.3f, seed++);
-      auto B2 = random_vec(static_cast<std::size_t>(nb) * c.n2 * ldb2, -0.3f, 0.3f, seed++);
-      auto b1 = random_vec(static_cast<std::size_t>(nb) * c.n, -0.5f, 0.5f, seed++);
-      auto b2 = random_vec(static_cast<std::size_t>(nb) * c.n2, -0.5f, 0.5f, seed++);
-      const std::size_t nc = static_cast<std::size_t>(c.m) * ldc, nc2 = static_cast<std::size_t>(c.m) * ldc2;
-      Gemm g;
-      g.tb = true; g.m = c.m; g.n = c.n; g.k = c.k; g.lda = lda; g.ldb = ldb; g.ldc = ldc;
-      g.ldb2 = ldb2; g.chain_n = c.n2; g.ldc2 = ldc2; g.chain_tb = 1;
-      g.batch = nb; g.stride_b = std::int64_t(c.n) * ldb; g.stride_c = c.n; g.stride_bias = c.n;
-      g.stride_b2 = std::int64_t(c.n2) * ldb2; g.stride_bias2 = c.n2; g.stride_c2 = c.n2;
-      if (c.bias_relu) g.act = g.chain_act = Act::relu;
-      Gemm gd = g, gc = g;
-      gd.a = gpu.put(A); gd.b = gpu.put(B); gd.c = gpu.poisoned(std::int64_t(nc)); gd.chain_b = gpu.put(B2);
-      gd.chain_c = gpu.poisoned(std::int64_t(nc2));
-      if (c.bias_relu) { gd.bias = gpu.put(b1); gd.chain_bias = gpu.put(b2); }
-      gpu.ops.gemm(gd);
-      gpu.ok();
-      std::vector<float> C(nc, kNaN), C2(nc2, kNaN);
-      gc.a = host(A); gc.b = host(B); gc.c = host(C); gc.chain_b = host(B2); gc.chain_c = host(C2);
-      if (c.bias_relu) { gc.bias = host(b1); gc.chain_bias = host(b2); }
-      cpu.ops->gemm(gc);
-      cpu.ok();
-      const auto c1 = gpu.get(gd.c, std::int64_t(nc)), c2 = gpu.get(gd.chain_c, std::int64_t(nc2));
-      expect_close(c1, C, tol, what + ": C");  // (the padding columns NaN on both sides)
-      expect_close(c2, C2, 2 * tol, what + ": C2");  // two products' rounding
-      gpu.poison(gd.chain_c, std::int64_t(nc2));  // deterministic: a rerun gives the same bits
-      gpu.ops.gemm(gd);
-      gpu.ok();
-      expect_same_bits(gpu.get(gd.chain_c, std::int64_t(nc2)), c2, what + ": rerun C2");
-    }
-  }
-}
-
 TEST_CASE("gpu.ops.gemm_batch2: a second batch dimension (one tile_gemm launch, else a call per entry) against the CPU") {
   struct Case {
     const char* why;
@@ -567,8 +399,7 @@ TEST_CASE("gpu.ops.gemm_batch2: a second batch dimension (one tile_gemm launch, 
   };
   const int batch = 2, batch2 = 3;
   for (const GemmPath& prec : kGemmPaths) {
-    const ScopedEnv tile("DQN_TILE_GEMM", prec.tile_env);
-    Gpu gpu(prec.p);
+    Gpu gpu(prec.p, with_gemm(prec.gemm));
     Cpu cpu;
     std::uint32_t seed = 900;
     for (const Case& c : cases) {
@@ -630,8 +461,7 @@ TEST_CASE("gpu.ops.gemm_sum_batch: the entries' products summed into one C, agai
   const int m = 37, n = 53, k = 29, batch = 4;
   for (const GemmPath& prec : kGemmPaths) {
     for (const bool broadcast_b : {false, true}) {
-      const ScopedEnv tile("DQN_TILE_GEMM", prec.tile_env);
-      Gpu gpu(prec.p);
+      Gpu gpu(prec.p, with_gemm(prec.gemm));
       Cpu cpu;
       const std::string what = std::string(prec.name) + " gemm sum_batch" + (broadcast_b ? ", B broadcast" : "");
       CAPTURE(what);
@@ -701,8 +531,7 @@ TEST_CASE("gpu.ops.gemm_epilogue: fused bias/ReLU (and its fallbacks) against th
   };
   std::uint32_t seed = 900;
   for (const GemmPath& prec : kGemmPaths) {
-    const ScopedEnv tile("DQN_TILE_GEMM", prec.tile_env);
-    Gpu gpu(prec.p);
+    Gpu gpu(prec.p, with_gemm(prec.gemm));
     Cpu cpu;
     for (const Case& c : cases) {
       const std::string what = std::string(prec.name) + " gemm epilogue, " + c.why;
@@ -773,21 +602,25 @@ TEST_CASE("gpu.ops.gemm_epilogue: fused bias/ReLU (and its fallbacks) against th
 }
 
 TEST_CASE("gpu.ops.tile_gemm: each tile shape, layout and copy width; ragged edges, a k longer than the pipeline") {
-  // Small enough for racecheck and memcheck: every shape of tile_gemm (the split-k 32x32k2 and
-  // 32x32k4, whose warp groups add their sums through shared memory, among them: k4's 512 threads
-  // outnumber a stage's copies) on the four layouts, with
+  // Small enough for racecheck and memcheck: every shape of tile_gemm on the four layouts, with
   // operands 16-byte aligned (16-byte copies) and not (4-byte copies), m, n and k off every tile
   // edge, k over ten 32-wide stages (more than the eight in flight), and the epilogue's
   // alpha, beta·C, bias and ReLU. The rerun is bit-identical.
-  // Each shape with DQN_TILE_LDMATRIX=0 and =1 (=1: the fragments of A, untransposed, and B,
-  // transposed, by ldmatrix: in both layouts' k loops, two of the four layouts' A and B each): the
-  // same bits both ways.
+  // Each shape with plain loads and with ldmatrix (cuda.tile_loads: the fragments of A,
+  // untransposed, and B, transposed, by ldmatrix: in both layouts' k loops, two of the four
+  // layouts' A and B each): the same bits both ways.
+  const struct {
+    const char* name;
+    CudaSpec::Gemm gemm;
+  } shapes[] = {{"16x32", CudaSpec::Gemm::tile16x32}, {"32x32", CudaSpec::Gemm::tile32x32},
+                {"64x64", CudaSpec::Gemm::tile64x64}};
   std::map<std::string, std::vector<float>> plain;
-  for (const char* shape : {"16x32", "32x32", "64x64", "32x32k2", "32x32k4"})
-  for (const char* ldm : {"0", "1"}) {
+  for (const auto& sh : shapes)
+  for (const auto loads : {CudaSpec::TileLoads::plain, CudaSpec::TileLoads::ldmatrix}) {
+    const char* shape = sh.name;
+    const bool ldm = loads == CudaSpec::TileLoads::ldmatrix;
     std::uint32_t seed = 4000 + 100 * static_cast<std::uint32_t>(shape[0] - '0');  // the same operands both ways
-    const ScopedEnv tile("DQN_TILE_GEMM", shape), ldm_env("DQN_TILE_LDMATRIX", ldm);
-    Gpu gpu(Precision::tf32);
+    Gpu gpu(Precision::tf32, with_gemm(sh.gemm, loads));
     Cpu cpu;
     for (int layout = 0; layout < 4; ++layout)
       for (const bool aligned : {true, false}) {
@@ -832,7 +665,7 @@ TEST_CASE("gpu.ops.tile_gemm: each tile shape, layout and copy width; ragged edg
         cpu.ops->gemm(gc);
         cpu.ok();
         expect_close(first, Cc, kTf32Gemm, what);
-        if (*ldm == '1') expect_same_bits(first, plain.at(what), what + " (DQN_TILE_LDMATRIX=1)");
+        if (ldm) expect_same_bits(first, plain.at(what), what + " (ldmatrix)");
         else plain[what] = first;
         gpu.set(gd.c, C0);
         gpu.ops.gemm(gd);
@@ -1197,11 +1030,10 @@ TEST_CASE("gpu.ops.dueling_dist: combine + log-softmax + Q + argmax in one pass,
     bool q;
   } shapes[] = {{2 * 37, 3, 5, 51, 37, true}, {19, 2, 7, 101, 0, true}, {13, 4, 3, 9, 13, true}, {11, 3, 5, 33, 0, false},
                 {17, 2, 8, 64, 5, true}, {9, 1, 9, 20, 0, true}, {6, 2, 1, 1, 0, true}};
-  // A warp per (row, branch) while Z <= 64 and A <= 8 (the first, third, fourth, fifth and last
-  // shapes); a block per (row, branch) beyond (the second: Z 101; the sixth: A 9). The reference
-  // runs a warp per (row, branch) everywhere (DQN_WARP_HEAD=row); with DQN_WARP_HEAD=action, auto
-  // and unset a warp per action where the warp kernel fits (auto and unset: where rows·D <= 2048,
-  // all of these shapes), equal to it bit for bit.
+  // While Z <= 64 and A <= 8 (the first, third, fourth, fifth and last shapes) a warp kernel: a
+  // warp per action where rows·D <= 2048 (all of these; gpu.ops.dueling_dist.warps checks the
+  // warp per (row, branch) beyond, bit for bit), a block per (row, branch) beyond (the second:
+  // Z 101; the sixth: A 9).
   // fp32: the kernel's double arithmetic, as the CPU's; tf32: its float arithmetic (kFloatMath).
   // pad: adv's (row, branch) blocks A·Z + pad apart (0: compact, ldadv unset).
   for (const int pad : {0, 5})
@@ -1211,8 +1043,7 @@ TEST_CASE("gpu.ops.dueling_dist: combine + log-softmax + Q + argmax in one pass,
                  << (prec == Precision::fp32 ? " (double math)" : " (float math)") << " adv padding " << pad);
     const double tol_e = prec == Precision::fp32 ? kElementwise : kFloatMath;
     const double tol_r = prec == Precision::fp32 ? kReduction : kFloatMath;
-    const std::unique_ptr<Gpu> made = gpu_with("DQN_WARP_HEAD", "row", prec);
-    Gpu& gpu = *made;
+    Gpu gpu(prec);
     Cpu cpu;
     const int ldv = sh.Z + 3;
     const std::size_t n = static_cast<std::size_t>(sh.rows) * sh.D * sh.A * sh.Z;
@@ -1235,28 +1066,6 @@ TEST_CASE("gpu.ops.dueling_dist: combine + log-softmax + Q + argmax in one pass,
     ad.a_star = sh.q ? gpu.put_typed(poison) : nullptr;
     gpu.ops.dueling_dist(ad);
     gpu.ok();
-    for (const char* mode : {"action", "auto", static_cast<const char*>(nullptr)}) {
-      // a warp per action where the warp kernel runs, the same bits as a warp per (row, branch);
-      // elsewhere the same kernels
-      INFO("DQN_WARP_HEAD=" << (mode ? mode : "unset"));
-      const std::unique_ptr<Gpu> per_action = gpu_with("DQN_WARP_HEAD", mode, prec);
-      DuelingDist aa = a;
-      aa.logp = per_action->poisoned(static_cast<std::int64_t>(n));
-      aa.q = sh.q ? per_action->poisoned(static_cast<std::int64_t>(nq)) : Real{};
-      aa.v = per_action->put(v);
-      aa.adv = per_action->put(adv);
-      aa.a_star = sh.q ? per_action->put_typed(poison) : nullptr;
-      per_action->ops.dueling_dist(aa);
-      per_action->ok();
-      expect_same_bits(per_action->get(aa.logp, static_cast<std::int64_t>(n)), gpu.get(ad.logp, static_cast<std::int64_t>(n)),
-                       "DQN_WARP_HEAD (per action): logp");
-      if (sh.q) {
-        expect_same_bits(per_action->get(aa.q, static_cast<std::int64_t>(nq)),
-                         gpu.get(ad.q, static_cast<std::int64_t>(nq)), "DQN_WARP_HEAD (per action): q");
-        expect_same_bits(per_action->get_typed(aa.a_star, ns), gpu.get_typed(ad.a_star, ns),
-                         "DQN_WARP_HEAD (per action): a_star");
-      }
-    }
     ac.logp = host(lp);
     ac.q = sh.q ? host(q) : Real{};
     ac.v = host(v);
@@ -1269,6 +1078,61 @@ TEST_CASE("gpu.ops.dueling_dist: combine + log-softmax + Q + argmax in one pass,
       expect_close(gpu.get(ad.q, static_cast<std::int64_t>(nq)), q, tol_r, "dueling_dist q");
       expect_same_bits(gpu.get_typed(ad.a_star, ns), star_c, "dueling_dist a_star");
     }
+  }
+}
+
+TEST_CASE("gpu.ops.dueling_dist.warps: a warp per action and a warp per (row, branch) give the same bits") {
+  // 1,400 rows × 3 branches (4,200 pairs, over the 2,048 of a warp per action) run a warp per
+  // (row, branch) in one call, and a warp per action in calls of 400 rows (1,200 pairs): the same
+  // arithmetic in the same order, so the same bits; both against the CPU.
+  constexpr int kRows = 1400, kChunk = 400, D = 3, A = 5, Z = 51;
+  for (const Precision prec : {Precision::fp32, Precision::tf32}) {
+    INFO((prec == Precision::fp32 ? "double math" : "float math"));
+    Gpu gpu(prec);
+    Cpu cpu;
+    const int ldv = Z + 1;
+    const std::size_t n = std::size_t{kRows} * D * A * Z, nq = std::size_t{kRows} * D * A, ns = std::size_t{kRows} * D;
+    auto v = random_vec(std::size_t{kRows} * ldv, -2, 2, 61);
+    auto adv = random_vec(n, -3, 3, 62);
+    DuelingDist a;
+    a.ldv = ldv; a.D = D; a.A = A; a.Z = Z; a.v_min = -10.0f; a.v_max = 10.0f;
+    const Real v_d = gpu.put(v), adv_d = gpu.put(adv);
+    DuelingDist whole = a;
+    whole.rows = kRows;
+    whole.v = v_d; whole.adv = adv_d;
+    whole.logp = gpu.poisoned(static_cast<std::int64_t>(n));
+    whole.q = gpu.poisoned(static_cast<std::int64_t>(nq));
+    whole.a_star = gpu.put_typed(std::vector<std::int32_t>(ns, -1));
+    gpu.ops.dueling_dist(whole);
+    DuelingDist part = a;
+    part.logp = gpu.poisoned(static_cast<std::int64_t>(n));
+    part.q = gpu.poisoned(static_cast<std::int64_t>(nq));
+    std::int32_t* star = gpu.put_typed(std::vector<std::int32_t>(ns, -1));
+    for (int r0 = 0; r0 < kRows; r0 += kChunk) {
+      DuelingDist c = part;
+      c.rows = kChunk;
+      c.v = v_d + std::int64_t{r0} * ldv;
+      c.adv = adv_d + std::int64_t{r0} * D * A * Z;
+      c.logp = part.logp + std::int64_t{r0} * D * A * Z;
+      c.q = part.q + std::int64_t{r0} * D * A;
+      c.a_star = star + std::int64_t{r0} * D;
+      gpu.ops.dueling_dist(c);
+    }
+    gpu.ok();
+    expect_same_bits(gpu.get(part.logp, static_cast<std::int64_t>(n)), gpu.get(whole.logp, static_cast<std::int64_t>(n)),
+                     "logp");
+    expect_same_bits(gpu.get(part.q, static_cast<std::int64_t>(nq)), gpu.get(whole.q, static_cast<std::int64_t>(nq)), "q");
+    expect_same_bits(gpu.get_typed(star, ns), gpu.get_typed(whole.a_star, ns), "a_star");
+    std::vector<float> lp(n), q(nq);
+    std::vector<std::int32_t> star_c(ns, -1);
+    DuelingDist ac = a;
+    ac.rows = kRows;
+    ac.v = host(v); ac.adv = host(adv); ac.logp = host(lp); ac.q = host(q); ac.a_star = star_c.data();
+    cpu.ops->dueling_dist(ac);
+    cpu.ok();
+    expect_close(gpu.get(whole.logp, static_cast<std::int64_t>(n)), lp, prec == Precision::fp32 ? kElementwise : kFloatMath,
+                 "logp against the CPU");
+    expect_same_bits(gpu.get_typed(whole.a_star, ns), star_c, "a_star against the CPU");
   }
 }
 
@@ -1440,19 +1304,15 @@ TEST_CASE("gpu.ops.c51_loss: fused target distribution, projection, cross-entrop
   // kernel beyond (Z 101 or 300, D 40 or 17, A 9).
   // fp32: double arithmetic; tf32: float (kFloatMath). The last two shapes take several rounds
   // of branches per block, and several atoms per thread. pad: tadv's and dadv's (sample, branch)
-  // blocks A·Z + pad apart (0: compact); dadv's padding must stay poisoned. Unset (the default)
-  // and DQN_LOSS_WARPS=2: two warps a (sample, branch) where the warp kernel runs and D <= 8
-  // (shapes 1 and 6); DQN_LOSS_WARPS=1: one.
-  for (const char* pair : {static_cast<const char*>(nullptr), "1", "2"})
+  // blocks A·Z + pad apart (0: compact); dadv's padding must stay poisoned. Two warps a (sample,
+  // branch) where the warp kernel runs and D <= 8 (shapes 1 and 6), one for larger D (2 and 7).
   for (const int pad : {0, 3})
   for (const Precision prec : {Precision::fp32, Precision::tf32})
   for (const auto& sh : shapes) {
     INFO("B " << sh.B << " D " << sh.D << " A " << sh.A << " Z " << sh.Z
-              << (prec == Precision::fp32 ? " (double math)" : " (float math)") << " adv padding " << pad
-              << " DQN_LOSS_WARPS " << (pair ? pair : "unset"));
+              << (prec == Precision::fp32 ? " (double math)" : " (float math)") << " adv padding " << pad);
     const double tol = prec == Precision::fp32 ? kReduction : kFloatMath;
-    const std::unique_ptr<Gpu> made = gpu_with("DQN_LOSS_WARPS", pair, prec);
-    Gpu& gpu = *made;
+    Gpu gpu(prec);
     Cpu cpu;
     const int B = sh.B, D = sh.D, A = sh.A, Z = sh.Z, ld = Z + 2;
     const std::size_t n = static_cast<std::size_t>(B) * D * A * Z;
@@ -1504,32 +1364,12 @@ TEST_CASE("gpu.ops.c51_loss: fused target distribution, projection, cross-entrop
     expect_close(gpu.get(ad.loss, 1), loss, tol, "c51_loss loss");
     expect_close(gpu.get(ad.dv, static_cast<std::int64_t>(dv.size())), dv, tol, "c51_loss dv");
     expect_close(gpu.get(ad.dadv, static_cast<std::int64_t>(na)), dadv, tol, "c51_loss dadv");
-    // the op in two parts (C51Loss::part: the projection, then the rest from it) gives the whole
-    // op's bits
-    C51Loss ap = ad;
-    ap.m = gpu.poisoned(static_cast<std::int64_t>(B) * D * Z);
-    ap.loss_per_sample = gpu.poisoned(B);
-    ap.loss = gpu.poisoned(1);
-    ap.dv = gpu.put(std::vector<float>(static_cast<std::size_t>(B) * ld, kNaN));
-    ap.dadv = gpu.poisoned(static_cast<std::int64_t>(na));
-    ap.part = 1;
-    gpu.ops.c51_loss(ap);
-    gpu.ok();
     // the same bits in two results of the op (k elements from the device)
     const std::int64_t nm = static_cast<std::int64_t>(m.size()), ndv = static_cast<std::int64_t>(dv.size()),
                        nadv = static_cast<std::int64_t>(na);
     auto same = [&](const Real& x, const Real& y, std::int64_t k, const std::string& what) {
       expect_same_bits(gpu.get(x, k), gpu.get(y, k), what);
     };
-    CHECK_MESSAGE(std::isnan(gpu.get(ap.loss, 1)[0]), "part 1 wrote the loss");
-    same(ap.m, ad.m, nm, "c51_loss part 1: m");
-    ap.part = 2;
-    gpu.ops.c51_loss(ap);
-    gpu.ok();
-    same(ap.loss_per_sample, ad.loss_per_sample, B, "c51_loss parts: per sample");
-    same(ap.loss, ad.loss, 1, "c51_loss parts: loss");
-    same(ap.dv, ad.dv, ndv, "c51_loss parts: dv");
-    same(ap.dadv, ad.dadv, nadv, "c51_loss parts: dadv");
     // without the loss (C51Loss::loss null: no last block sums the batch) the same bits
     // everywhere else; the loss then by weighted_mean from the per-sample losses and the weights,
     // as the CPU twin's, and close to the fused one (which weights each sample before rounding it)
@@ -1561,7 +1401,6 @@ TEST_CASE("gpu.ops.c51_loss: fused target distribution, projection, cross-entrop
     gpu.ok();
     same(again, ad.loss, 1, "c51_loss after one without loss: loss");
   }
-  expect_switch_refused("DQN_LOSS_WARPS", {"0", "3", "two", "2x"});
 }
 
 TEST_CASE("gpu.ops.weighted_mean: (1/n) Σ w·x against the CPU twin, awkward sizes") {
@@ -2143,7 +1982,7 @@ Update update_args(const UpdateState& st, MakeReal&& real, std::int32_t* skip, s
 }
 
 TEST_CASE("gpu.ops.update: the cluster update equals budget → adam → spectral norm → target, bit for bit") {
-  // The cluster update (DQN_FUSED_UPDATE unset; two launches where the device runs clusters) against the
+  // The cluster update (two launches where the device runs clusters) against the
   // four separate CUDA ops on a copy of the same state (the same kernels' arithmetic: equal
   // bits) and against the CPU twin (float rounding). Cases: finite and a NaN head; Polyak, a hard
   // copy on and off the period; normed matrices inside params (the target update of their rows
@@ -2173,8 +2012,8 @@ TEST_CASE("gpu.ops.update: the cluster update equals budget → adam → spectra
     INFO(c.why);
     Gpu gpu;
     Cpu cpu;
-    CHECK_MESSAGE(gpu.rt().describe().find("update cluster") != std::string::npos,
-                  "expected 'update cluster': only the separate kernels were compared");
+    REQUIRE_MESSAGE(cuda::lab::update_info(gpu.rt()).cluster_size > 0,
+                    "no cluster update on this device: only the separate kernels would be compared");
     BudgetCase bc(kNaN, c.bad);
     const int H = BudgetCase::H;
     const std::int64_t P = BudgetCase::P;
@@ -2232,53 +2071,42 @@ TEST_CASE("gpu.ops.update: the cluster update equals budget → adam → spectra
     if (nsn) gpu.ops.spectral_norm(sp.up.sn_mats, nsn, sp.up.sn_max_rows, sp.up.sn_max_cols, 2.0f, skip_s);
     gpu.ops.target_update(sp.up.target);
     gpu.ok();
-    // DQN_UPDATE_STAGE=1, DQN_UPDATE_GATHER=0 and DQN_UPDATE_PUSH=0, with the normed rows kept in
-    // shared memory (DQN_UPDATE_KEEPW=1) and without; and gathering instead of pushing (the default
-    // stages, keeps and pushes where the grid fits, as these 48 blocks do), each with the normed
-    // θ stored beside Adam (DQN_UPDATE_DEFER_THETA=0; the default stores it once, after the power
-    // iteration), without the wide launch's text in describe() (DQN_UPDATE_WIDE=0), and twice on
-    // the same state: the same bits as the default cluster update
-    if (c.layout == 0)
-      CHECK_MESSAGE(gpu.rt().describe().find("pushed to every block where the grid fits (last launch: yes)") !=
-                        std::string::npos,
-                    gpu.rt().describe());
-    const struct {
-      const char *keepw, *gather, *expect;
-    } variants[] = {{"0", "0", ", second tiles staged)"},
-                    {"1", "0", ", second tiles staged, normed rows kept in shared memory)"},
-                    {"1", "1", ", second tiles staged, Wᵀu gathered by shares, normed rows kept in shared memory)"}};
-    for (const auto& vr : variants) {
-      std::unique_ptr<Gpu> gq;
-      {
-        const ScopedEnv se("DQN_UPDATE_STAGE", "1"), ge("DQN_UPDATE_GATHER", vr.gather),
-            ke("DQN_UPDATE_KEEPW", vr.keepw), pe("DQN_UPDATE_PUSH", "0"), de("DQN_UPDATE_DEFER_THETA", "0"),
-            we("DQN_UPDATE_WIDE", "0");  // (these matrices hold one tile a block: nothing to split)
-        gq = std::make_unique<Gpu>();
-      }
+    // Where the grid is resident at once (these 48 blocks) every area of shared memory is used:
+    // second tiles staged, the normed rows kept, the sums pushed to every block; and on a backend
+    // of its own, twice on the same state, the same bits as the first
+    const cuda::lab::UpdateInfo info = cuda::lab::update_info(gpu.rt());
+    if (c.layout == 0) {
+      CHECK(info.last.pushed);
+      CHECK(info.last.staged);
+      CHECK(info.last.kept);
+      CHECK_FALSE(info.last.wide());  // (these matrices hold one tile a block: nothing to split)
+    }
+    {
+      Gpu gq;
       for (int round = 0; round < 2; ++round) {
-        INFO("staged, gathered " << vr.gather << ", rows kept " << vr.keepw << ", launch " << round + 1);
+        INFO("again, launch " << round + 1);
         Side q;
-        std::int32_t* skip_q = gq->put_typed(std::vector<std::int32_t>{-1});
-        std::int64_t* skipped_q = gq->put_typed(std::vector<std::int64_t>{2});
-        std::int64_t* t_q = gq->put_typed(std::vector<std::int64_t>{c.t0});
-        build(q, [&](const std::vector<float>& h) { return gq->put(h); }, skip_q, skipped_q, t_q);
-        q.up.sn_mats = nsn ? gq->put_typed(q.mats) : nullptr;
-        gq->ops.update(q.up);
-        gq->ok();
-        CHECK_MESSAGE(gq->rt().describe().find(vr.expect) != std::string::npos, gq->rt().describe());
+        std::int32_t* skip_q = gq.put_typed(std::vector<std::int32_t>{-1});
+        std::int64_t* skipped_q = gq.put_typed(std::vector<std::int64_t>{2});
+        std::int64_t* t_q = gq.put_typed(std::vector<std::int64_t>{c.t0});
+        build(q, [&](const std::vector<float>& h) { return gq.put(h); }, skip_q, skipped_q, t_q);
+        q.up.sn_mats = nsn ? gq.put_typed(q.mats) : nullptr;
+        gq.ops.update(q.up);
+        gq.ok();
         auto pairs = update_pairs(q.up, f.up);
         pairs.insert(pairs.end(), {{"clips", q.up.budget.clips, f.up.budget.clips, H},
                                    {"total loss", q.up.budget.total_loss, f.up.budget.total_loss, 1},
                                    {"u0", q.u0, f.u0, r0},
                                    {"u1", q.u1, f.u1, r1},
                                    {"outside matrix", q.outside, f.outside, static_cast<std::int64_t>(r1) * c1}});
-        expect_same_reals(*gq, gpu, "staged vs default", pairs);
-        CHECK(gq->get_typed(skip_q, 1)[0] == gpu.get_typed(skip_f, 1)[0]);
-        CHECK(gq->get_typed(skipped_q, 1)[0] == gpu.get_typed(skipped_f, 1)[0]);
-        CHECK(gq->get_typed(t_q, 1)[0] == gpu.get_typed(t_f, 1)[0]);
+        expect_same_reals(gq, gpu, "again vs first", pairs);
+        CHECK(gq.get_typed(skip_q, 1)[0] == gpu.get_typed(skip_f, 1)[0]);
+        CHECK(gq.get_typed(skipped_q, 1)[0] == gpu.get_typed(skipped_f, 1)[0]);
+        CHECK(gq.get_typed(t_q, 1)[0] == gpu.get_typed(t_f, 1)[0]);
       }
     }
     cpu.ops->update(hc.up);
+    cpu.ok();    cpu.ops->update(hc.up);
     cpu.ok();
 
     auto hv = [](const Real& r, std::int64_t n) { return std::vector<float>(r.as<float>(), r.as<float>() + n); };
@@ -2415,8 +2243,7 @@ TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward m
     };
     Side cl, sep, hc;
     Gpu gr;
-    const std::string dr = gr.rt().describe();
-    REQUIRE_MESSAGE(dr.find("update cluster") != std::string::npos, dr);
+    REQUIRE_MESSAGE(cuda::lab::update_info(gr.rt()).cluster_size > 0, "no cluster update on this device");
     on(gr, cl);
     on(gr, sep);
     std::deque<std::vector<float>> store;  // host buffers; a deque never moves its elements
@@ -2433,83 +2260,31 @@ TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward m
     gr.ops.spectral_norm(sep.up.sn_mats, nsn, max_rows, max_cols, 2.0f, sep.skip);
     gr.ops.target_update(sep.up.target);
     gr.ok();
-    // The defaults (DQN_UPDATE_GATHER and DQN_UPDATE_STAGE unset: both where the grid fits, as
-    // these 160 blocks do; Wᵀu summed in shares of ceil(cols / 16) columns, 1 of the 1 × 9
-    // matrix's, 4 of 37 × 53, 16 of 250 and 256, so some blocks own none; the second
+    // Where the grid fits (these 160 blocks): Wᵀu summed in shares of ceil(cols / 16) columns (1
+    // of the 1 × 9 matrix's, 4 of 37 × 53, 16 of 250 and 256, so some blocks own none); the second
     // tile of the 256 × 256, 200 × 250 and 300 × 256 blocks in shared memory, the third loaded as
-    // before, Wᵀu from registers for the three of 256 columns; with DQN_UPDATE_KEEPW unset too,
-    // every normed block's rows of the new θ in shared memory, read back from there by Wᵀu for
-    // the columns of the other six, by W v and the scaling, and the old target of the two- and
-    // three-tile blocks copied there before the wait; the push slots do not fit beside them here:
-    // 117 KiB a block) against all off, against the slots pushed (DQN_UPDATE_PUSH=1: each
-    // block's Wᵀu sums and Σ x² stored into every block, the grid in more than one wave) and
-    // against gathering without the kept rows, each with the normed θ stored beside Adam
-    // (DQN_UPDATE_DEFER_THETA=0; the default stores it once after the power iteration where it
-    // holds the rows), on the same state: the same bits everywhere
+    // before, Wᵀu from registers for the three of 256 columns; every normed block's rows of the
+    // new θ in shared memory, read back from there by Wᵀu for the columns of the other six, by W v
+    // and the scaling, and the old target of the two- and three-tile blocks copied there before
+    // the wait; the push slots do not fit beside them here (117 KiB a block); no wide launch
+    // (the whole update is not resident with it)
     {
-      const std::string dd = gr.rt().describe();
-      if (!std::getenv("DQN_UPDATE_STAGE"))
-        CHECK_MESSAGE(dd.find("staged where the grid fits (last launch: yes)") != std::string::npos, dd);
-      if (!std::getenv("DQN_UPDATE_GATHER") && !std::getenv("DQN_UPDATE_PUSH"))
-        CHECK_MESSAGE(dd.find("shares where the grid fits (last launch: yes)") != std::string::npos, dd);
-      if (!std::getenv("DQN_UPDATE_STAGE") && !std::getenv("DQN_UPDATE_KEEPW"))
-        CHECK_MESSAGE(dd.find("kept in shared memory where the grid fits (last launch: yes)") != std::string::npos, dd);
-      if (!std::getenv("DQN_UPDATE_PUSH"))
-        CHECK_MESSAGE(dd.find("pushed to every block where the grid fits (last launch: no)") != std::string::npos, dd);
+      const cuda::lab::UpdateInfo info = cuda::lab::update_info(gr.rt());
+      CHECK(info.last.staged);
+      CHECK(info.last.gathered);
+      CHECK(info.last.kept);
+      CHECK_FALSE(info.last.pushed);
     }
-    struct Variant {  // each switch's value (null: unset)
-      const char* why;
-      const char *stage = nullptr, *gather = nullptr, *keepw = nullptr, *push = nullptr, *defer = "0",
-                 *wide = "0";
-      const char* expect = "";  // in describe(), or "" for none of "staged", "gathered", "kept", "pushed"
-    };
-    const Variant variants[] = {
-        {.why = "none", .stage = "0", .gather = "0", .keepw = "0", .push = "0"},
-        {.why = "pushed", .gather = "0", .push = "1", .expect = ", sums pushed to every block)"},
-        {.why = "gathered, not kept", .stage = "1", .gather = "1", .keepw = "0", .push = "0",
-         .expect = ", second tiles staged, Wᵀu gathered by shares)"},
-        // DQN_UPDATE_DEFER_THETA unset (on) without the kept rows (as in the four heads' update,
-        // whose grid runs in waves): the one-tile blocks keep their tile in registers, but the
-        // power iteration reads their rows from params, so θ is stored beside Adam (from fbb2c52
-        // to this variant's commit the store was deferred there too, and W v and Wᵀu read the old
-        // θ); describe() names no deferral
-        {.why = "not kept, θ not deferred", .stage = "1", .gather = "1", .keepw = "0", .push = "0", .defer = nullptr,
-         .expect = ", second tiles staged, Wᵀu gathered by shares)"},
-        // DQN_UPDATE_WIDE=1: the 256 × 256, 200 × 250 and 300 × 256 matrices (two, two and three
-        // tiles a block) in a second launch of 512-thread blocks on the side slot (one tile a
-        // block, two for 300 × 256), the other six in the main launch
-        {.why = "wide launch", .wide = "1", .expect = ", 3 normed matrices in a wide launch beside it)"},
-        // the wide launch without the kept rows and the staging area
-        {.why = "wide launch, not kept", .stage = "0", .gather = "0", .keepw = "0", .push = "0", .wide = "1",
-         .expect = ", 3 normed matrices in a wide launch beside it)"},
-    };
-    for (const Variant& vr : variants) {
-      INFO("variant: " << vr.why);
-      Side stg;
-      std::unique_ptr<Gpu> gs;
-      {
-        const ScopedEnv se("DQN_UPDATE_STAGE", vr.stage), ge("DQN_UPDATE_GATHER", vr.gather),
-            ke("DQN_UPDATE_KEEPW", vr.keepw), pe("DQN_UPDATE_PUSH", vr.push), de("DQN_UPDATE_DEFER_THETA", vr.defer),
-            we("DQN_UPDATE_WIDE", vr.wide);
-        gs = std::make_unique<Gpu>();
-      }
-      on(*gs, stg);
-      gs->ops.update(stg.up);
-      gs->ok();
-      const std::string ds = gs->rt().describe();
-      if (*vr.expect) {
-        CHECK_MESSAGE(ds.find(vr.expect) != std::string::npos, ds);
-      } else {
-        for (const char* w : {"staged", "gathered", "kept", "pushed"}) CHECK_MESSAGE(ds.find(w) == std::string::npos, ds);
-      }
-      const std::string what = std::string(vr.why) + " vs default";
-      expect_same_reals(*gs, gr, what, update_pairs(stg.up, cl.up));
-      for (int k = 0; k < nsn; ++k)
-        expect_same_reals(*gs, gr, what + ", matrix " + std::to_string(k),
-                          {{"u", stg.u[static_cast<std::size_t>(k)], cl.u[static_cast<std::size_t>(k)], mats[k].rows}});
-      CHECK(gs->get_typed(stg.t, 1)[0] == gr.get_typed(cl.t, 1)[0]);
-      CHECK(gs->get_typed(stg.skipped, 1)[0] == gr.get_typed(cl.skipped, 1)[0]);
-    }
+    // At 8 blocks a cluster (cuda.update_cluster: 8) the cluster's sums add other partial sums:
+    // within kSumOrder of the separate ops below, m, v, g and the norms equal bit for bit
+    CudaSpec eight;
+    eight.update_cluster = 8;
+    Gpu g8(Precision::fp32, eight);
+    Side c8;
+    on(g8, c8);
+    g8.ops.update(c8.up);
+    g8.ok();
+    CHECK(cuda::lab::update_info(g8.rt()).cluster_size == 8);
     Cpu cpu;
     cpu.ops->update(hc.up);
     cpu.ok();
@@ -2535,10 +2310,20 @@ TEST_CASE("gpu.ops.update.shapes: the cluster update on the step's and awkward m
                           std::to_string(mats[k].cols) + ")",
                       cl.u[static_cast<std::size_t>(k)],
                       sep.u[static_cast<std::size_t>(k)], hc.u[static_cast<std::size_t>(k)], mats[k].rows, true});
-    for (const Out& o : outs) {
+    std::vector<Real> at8 = {c8.up.adam.params, c8.up.target.target, c8.up.adam.m, c8.up.adam.v, c8.up.budget.g,
+                             c8.up.budget.norms, c8.up.budget.clips};
+    for (int k = 0; k < nsn; ++k) at8.push_back(c8.u[static_cast<std::size_t>(k)]);
+    for (std::size_t i = 0; i < outs.size(); ++i) {
+      const Out& o = outs[i];
       const auto got = gr.get(o.cl, o.n);
-      if (o.summed && !c.bad) expect_close(got, gr.get(o.s, o.n), kSumOrder, "cluster vs separate: " + o.name);
-      else expect_same_bits(got, gr.get(o.s, o.n), "cluster vs separate: " + o.name);
+      const auto sep_got = gr.get(o.s, o.n);
+      if (o.summed && !c.bad) {
+        expect_close(got, sep_got, kSumOrder, "cluster vs separate: " + o.name);
+        expect_close(g8.get(at8[i], o.n), sep_got, kSumOrder, "cluster of 8 vs separate: " + o.name);
+      } else {
+        expect_same_bits(got, sep_got, "cluster vs separate: " + o.name);
+        expect_same_bits(g8.get(at8[i], o.n), sep_got, "cluster of 8 vs separate: " + o.name);
+      }
       if (!c.bad || o.name == "norms" || o.name == "clips" || o.name == "g")
         expect_close(got, hv(o.h, o.n), kReduction, "cluster vs cpu: " + o.name);
     }

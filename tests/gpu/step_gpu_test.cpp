@@ -25,6 +25,7 @@
 #include "core/engine.hpp"
 #include "pipeline/parse.hpp"
 #include "core/plugin_loader.hpp"
+#include "lab.hpp"
 
 namespace {
 using namespace dqn;
@@ -77,15 +78,12 @@ const AuxHead kAuxHeads[] = {
     {"cql", "  - {plugin: cql, role: auxiliary, budget: 0.1, alpha: 1.0}\n"},
 };
 
-// The head lines of the named auxiliaries, in that order; nullopt (and a message) when one of their
-// plugins is not built, for the caller to skip.
-std::optional<std::string> aux_heads(const std::vector<std::string>& names) {
+// The head lines of the named auxiliaries, in that order. Their plugins are built with the
+// engine: one not found fails the test (naming the plugin and the search path).
+std::string aux_heads(const std::vector<std::string>& names) {
   std::string lines;
   for (const auto& n : names) {
-    if (!loader().find(n)) {
-      MESSAGE("plugin '" << n << "' not found: skipped");
-      return std::nullopt;
-    }
+    REQUIRE_MESSAGE(loader().find(n), "plugin '" << n << "' not found in " << loader().search_path());
     const auto* a = std::find_if(std::begin(kAuxHeads), std::end(kAuxHeads),
                                  [&](const AuxHead& x) { return n == x.plugin; });
     REQUIRE_MESSAGE(a != std::end(kAuxHeads), "no test configuration for auxiliary head '" << n << "'");
@@ -117,47 +115,16 @@ void step_both(Engine& a, Engine& b) {
   }
 }
 
-/// Sets (value not null) an environment variable for one scope and puts back what it was, so a
-/// switch given to the whole binary (DQN_TILE_GEMM=0 test_gpu_step) still holds in the
-/// cases after one that sets its own.
-class EnvOverride {
- public:
-  EnvOverride(const char* name, const char* value) : name_(name) {
-    if (const char* v = std::getenv(name)) old_ = v;
-    if (value) setenv(name, value, 1);
-  }
-  ~EnvOverride() {
-    if (old_) setenv(name_, old_->c_str(), 1);
-    else unsetenv(name_);
-  }
-  EnvOverride(const EnvOverride&) = delete;
-  EnvOverride& operator=(const EnvOverride&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-/// One EnvOverride per name, each to `value` (null: left as it is, put back after).
-std::vector<std::unique_ptr<EnvOverride>> env_overrides(std::initializer_list<const char*> names, const char* value) {
-  std::vector<std::unique_ptr<EnvOverride>> o;
-  for (const char* name : names) o.push_back(std::make_unique<EnvOverride>(name, value));
-  return o;
-}
-/// Two engines of spec, made with the switch `name` at `off` and at `on` (a backend reads its
-/// switches when it is made), after 20 replayed steps each.
-std::pair<std::unique_ptr<Engine>, std::unique_ptr<Engine>> switch_pair(const PipelineSpec& spec, const char* name,
-                                                                        const char* off, const char* on) {
-  std::unique_ptr<Engine> a, b;
-  {
-    const EnvOverride o(name, off);
-    a = make(spec, BackendKind::cuda);
-  }
-  {
-    const EnvOverride o(name, on);
-    b = make(spec, BackendKind::cuda);
-  }
-  step_both(*a, *b);
-  return {std::move(a), std::move(b)};
+/// Two engines of spec, the first with the CUDA backend's choices `a`, the second with `b`, after
+/// 20 replayed steps each.
+std::pair<std::unique_ptr<Engine>, std::unique_ptr<Engine>> cuda_pair(PipelineSpec spec, const CudaSpec& a,
+                                                                      const CudaSpec& b) {
+  spec.cuda = a;
+  auto ea = make(spec, BackendKind::cuda);
+  spec.cuda = b;
+  auto eb = make(spec, BackendKind::cuda);
+  step_both(*ea, *eb);
+  return {std::move(ea), std::move(eb)};
 }
 double rel(const std::vector<double>& a, const std::vector<double>& b) {
   double d = 0, r = 0;
@@ -170,14 +137,6 @@ double rel(const std::vector<double>& a, const std::vector<double>& b) {
 
 bool bit_equal(const std::vector<double>& a, const std::vector<double>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
-}
-
-/// Whether describe() text d says the cluster update runs (a message where it does not: nothing
-/// to compare on this device).
-bool cluster_update_runs(const std::string& d) {
-  if (d.find("update cluster") != std::string::npos) return true;
-  MESSAGE("the cluster update does not run on this device: nothing to compare");
-  return false;
 }
 
 // Each named buffer the same to the bit in both engines (a check per buffer, named in its message).
@@ -238,43 +197,29 @@ TEST_CASE("gpu.step.matches_cpu") {
   // bits in the GEMM operands (≈5e-4 per product) and bf16 7 bits (≈4e-3), and Adam's
   // normalised update turns small gradient differences into lr-sized parameter differences, so
   // those get looser bounds.
-  // tf32 runs four times: with the default kernels (GEMMs on cuBLASLt or tile_gemm, as tuned),
-  // cuBLASLt only (DQN_TILE_GEMM=0), tile_gemm always (=1) and the trunk's top mask in the
-  // head's GEMM (DQN_HEAD_MASK=1; the CPU engine keeps its stages: the same numbers,
-  // heads_test); fp32 also with the loss one warp a (sample, branch) (DQN_LOSS_WARPS=1; two by
-  // default); tf32 also with tile_gemm's split-k shape wherever it fits (DQN_TILE_GEMM=32x32k2);
-  // tf32 and bf16 also with both networks' trunk layers in one GEMM each (DQN_TARGET_MERGE=1,
-  // read when the engine is built: the GPU engine merged, the CPU one not).
+  // tf32 runs five times: with the default kernels (GEMMs on cuBLASLt or tile_gemm, as tuned),
+  // cuBLASLt only (cuda.gemm: cublaslt), tile_gemm always (tile), the update as its separate
+  // kernels (cuda.update_cluster: off) and 8 blocks a cluster; bf16 also without programmatic
+  // launch (cuda.pdl: off). The CPU engine ignores the cuda: section.
   struct Case {
     const char* precision;
     double params, loss;
-    std::vector<std::pair<const char*, const char*>> switches;  // set while the GPU engine is made
+    const char* cuda;  // the pipeline's cuda: section ("": the defaults)
   };
   const Case cases[] = {
-      {"fp32", 2e-4, 1e-4, {}},
-      {"tf32", 5e-3, 5e-3, {}},
-      {"tf32", 5e-3, 5e-3, {{"DQN_TILE_GEMM", "0"}}},
-      {"tf32", 5e-3, 5e-3, {{"DQN_TILE_GEMM", "1"}}},
-      {"bf16", 3e-2, 3e-2, {}},
-      {"fp32", 2e-4, 1e-4, {{"DQN_LOSS_WARPS", "1"}}},
-      {"tf32", 5e-3, 5e-3, {{"DQN_HEAD_MASK", "1"}}},
-      {"tf32", 5e-3, 5e-3, {{"DQN_TILE_GEMM", "32x32k2"}}},
-      {"tf32", 5e-3, 5e-3, {{"DQN_TARGET_MERGE", "1"}}},
-      {"bf16", 3e-2, 3e-2, {{"DQN_TARGET_MERGE", "1"}}},
+      {"fp32", 2e-4, 1e-4, ""},
+      {"tf32", 5e-3, 5e-3, ""},
+      {"tf32", 5e-3, 5e-3, "cuda: {gemm: cublaslt}\n"},
+      {"tf32", 5e-3, 5e-3, "cuda: {gemm: tile, autotune: false}\n"},
+      {"tf32", 5e-3, 5e-3, "cuda: {update_cluster: off}\n"},
+      {"tf32", 5e-3, 5e-3, "cuda: {update_cluster: 8}\n"},
+      {"bf16", 3e-2, 3e-2, ""},
+      {"bf16", 3e-2, 3e-2, "cuda: {pdl: off}\n"},
   };
   for (const Case& c : cases) {
-    std::string named;
-    for (const auto& [name, value] : c.switches) named += std::string(", ") + name + "=" + value;
-    INFO("precision " << std::string(c.precision) << named);
-    const PipelineSpec spec = parse(pipeline(c.precision));
-    // read when the backend (the heads: DQN_HEAD_MASK; the engine: DQN_TARGET_MERGE) is made;
-    // the CPU engine gets none
-    std::unique_ptr<Engine> gpu;
-    {
-      std::deque<EnvOverride> env;
-      for (const auto& [name, value] : c.switches) env.emplace_back(name, value);
-      gpu = make(spec, BackendKind::cuda);
-    }
+    INFO("precision " << std::string(c.precision) << " " << std::string(c.cuda));
+    const PipelineSpec spec = parse(pipeline(c.precision, c.cuda));
+    auto gpu = make(spec, BackendKind::cuda);
     auto cpu = make(spec, BackendKind::cpu);
     // One step: everything from identical weights.
     gpu->step();
@@ -304,21 +249,13 @@ TEST_CASE("gpu.step.matches_cpu") {
 }
 
 TEST_CASE("gpu.step.replay_equals_uncaptured") {
-  // tf32 also with every switch below at once (the distribution a warp per action everywhere;
-  // the loss's one warp, the default being two; the projection a stage of its own; the trunk's
-  // top mask in the head's GEMM; both networks' trunk layers in one GEMM each)
-  const std::pair<const char*, const char*> switches[] = {{"DQN_WARP_HEAD", "action"},
-                                                          {"DQN_LOSS_WARPS", "1"},
-                                                          {"DQN_C51_PROJECT", "1"},
-                                                          {"DQN_HEAD_MASK", "1"},
-                                                          {"DQN_TARGET_MERGE", "1"}};
-  for (const auto& [p, fused] : {std::pair<const char*, bool>{"fp32", false}, {"tf32", false}, {"tf32", true},
-                                 {"bf16", false}}) {
-    INFO("precision " << std::string(p) << (fused ? ", with the switches" : ""));
-    const PipelineSpec spec = parse(pipeline(p));
-    std::deque<EnvOverride> env;
-    if (fused)
-      for (const auto& [name, value] : switches) env.emplace_back(name, value);
+  // tf32 also with tile_gemm everywhere and every kernel launched programmatically, and with the
+  // update as its separate kernels and no programmatic launch
+  for (const auto& [p, cuda] : {std::pair<const char*, const char*>{"fp32", ""}, {"tf32", ""},
+                                {"tf32", "cuda: {gemm: tile, pdl: all}\n"},
+                                {"tf32", "cuda: {update_cluster: off, pdl: off}\n"}, {"bf16", ""}}) {
+    INFO("precision " << std::string(p) << " " << std::string(cuda));
+    const PipelineSpec spec = parse(pipeline(p, cuda));
     auto a = make(spec, BackendKind::cuda);
     auto b = make(spec, BackendKind::cuda);
     for (int i = 0; i < 20; ++i) {
@@ -350,10 +287,9 @@ TEST_CASE("gpu.step.aux_fraction_change_without_recapture") {
   // graph is never re-captured. With G = 0.25 (norms about c51 0.1, iqn 0.2, ensemble 0.06, cql
   // 0.05) the changes move clips both ways: iqn 0.1 → 0.02 and cql 0.1 → 0.03 clip harder, the
   // ensemble 0.1 → 0.8 is no longer clipped (clip 1).
-  const auto aux = aux_heads({"iqn", "ensemble", "cql"});
-  if (!aux) return;
+  const std::string aux = aux_heads({"iqn", "ensemble", "cql"});
   const double G = 0.25;
-  const PipelineSpec spec = parse(pipeline("fp32", "max_grad_norm: 0.25\n", *aux));
+  const PipelineSpec spec = parse(pipeline("fp32", "max_grad_norm: 0.25\n", aux));
   auto e = make(spec, BackendKind::cuda);
   REQUIRE(e->head_names() == std::vector<std::string>{"c51", "iqn", "ensemble", "cql"});
   // The kernel forms the clip in double from the float fraction and G and rounds it and the norm
@@ -501,9 +437,11 @@ void check_zero_syncs(const std::string& text) {
 TEST_CASE("gpu.step.zero_syncs") {
   SUBCASE("c51") { check_zero_syncs(pipeline("tf32")); }
   SUBCASE("c51 + iqn + ensemble + cql") {
-    if (const auto aux = aux_heads({"iqn", "ensemble", "cql"})) check_zero_syncs(pipeline("tf32", "", *aux));
+    check_zero_syncs(pipeline("tf32", "", aux_heads({"iqn", "ensemble", "cql"})));
   }
 }
+#else
+TEST_CASE("gpu.step.zero_syncs" * doctest::skip() * doctest::description("built without CUPTI: no call counts")) {}
 #endif
 
 TEST_CASE("gpu.step.aux_heads_match_cpu") {
@@ -557,9 +495,8 @@ TEST_CASE("gpu.step.aux_heads_match_cpu") {
   };
   for (const Case& c : cases) {
     INFO("heads: " << std::string(c.name));
-    const auto aux = aux_heads(c.aux);
-    if (!aux) continue;
-    const PipelineSpec spec = parse(pipeline("fp32", "max_grad_norm: 0.25\n", *aux));
+    const std::string aux = aux_heads(c.aux);
+    const PipelineSpec spec = parse(pipeline("fp32", "max_grad_norm: 0.25\n", aux));
     auto gpu = make(spec, BackendKind::cuda);
     auto cpu = make(spec, BackendKind::cpu);
     std::vector<std::string> names{"c51"};
@@ -621,7 +558,8 @@ TEST_CASE("gpu.step.reference_sizes_match_cpu") {
       {"bf16", {3e-2, 3e-2, 3e-1, 3e-2}, 3e-2, 5e-1, 3e-2, false},
   };
   std::vector<std::pair<const char*, std::string>> heads{{"C51 alone", ""}};
-  if (aux_heads({"iqn", "ensemble", "cql"})) heads.emplace_back("all four heads", kRefAuxHeads);
+  aux_heads({"iqn", "ensemble", "cql"});  // (their plugins are there)
+  heads.emplace_back("all four heads", kRefAuxHeads);
   for (const Case& c : cases) {
     for (const auto& [name, aux] : heads) {
       if (!aux.empty() && !c.aux) continue;
@@ -654,217 +592,88 @@ TEST_CASE("gpu.step.reference_sizes_match_cpu") {
   }
 }
 
-TEST_CASE("gpu.step.early: DQN_PDL_JOINS, DQN_UPDATE_EARLY, _STAGE, _GATHER, _KEEPW, _PUSH and DQN_TILE_LDMATRIX "
-          "change no result") {
-  // Programmatic joins (the runtime's rewrite of a join's plain edges between two kernels into
-  // programmatic ones), the cluster update's optimizer state loaded before its wait, its second
-  // tiles staged in shared memory with Wᵀu summed from registers, its Wᵀu gathered by shares
-  // (pushed to every block instead, with DQN_UPDATE_PUSH=1, which the "on" engine sets too), its
-  // normed rows kept in shared memory, one head's g in float (DQN_UPDATE_ONEHEAD: C51 alone), the
-  // normed θ stored once (DQN_UPDATE_DEFER_THETA),
-  // and tile_gemm's fragments by ldmatrix change when kernels are placed, how loads are issued,
-  // how g is rounded, when θ is written and how the code is laid out, never what they compute: 20
-  // replayed steps with all off give the same bits as with all on (the defaults lie between:
-  // DQN_UPDATE_EARLY, _ONEHEAD and _DEFER_THETA on, DQN_PDL_JOINS off,
-  // DQN_UPDATE_STAGE, _GATHER, _KEEPW and _PUSH where the grid fits, DQN_TILE_LDMATRIX timed per
-  // GEMM), C51 alone and with all three auxiliary heads (more lanes, more joins). Both engines run
-  // every GEMM on tile_gemm's first shape, not autotuned (DQN_TILE_GEMM=1, DQN_GEMM_AUTOTUNE=0):
-  // autotuning keys its choices by the ldmatrix mode, so the two engines could time their way to
-  // different kernels (an H100 did so on 2026-12-05, the bits then differing in every buffer),
-  // and with tile_gemm everywhere the ldmatrix switch reaches every GEMM. describe() says how
-  // many joins were made.
-  const EnvOverride tile("DQN_TILE_GEMM", "1"), untuned("DQN_GEMM_AUTOTUNE", "0");
-  std::vector<std::string> auxes{""};
-  if (const auto all = aux_heads({"iqn", "ensemble", "cql"})) auxes.push_back(*all);
-  for (const std::string& aux : auxes) {
+TEST_CASE("gpu.step.options: the pipeline's cuda choices change where and how kernels run, not what they compute") {
+  // Programmatic launch off and for every kernel, and tile_gemm's fragments by plain loads and by
+  // ldmatrix, change when kernels are placed and how loads are issued, never what they compute:
+  // 20 replayed steps give the same bits both ways, C51 alone and with all three auxiliary heads
+  // (more lanes). Both engines run every GEMM on tile_gemm's first shape, not autotuned
+  // (cuda.gemm: tile, cuda.autotune: false): autotuning keys its choices by the fragment loads,
+  // so two engines could time their way to different kernels, and with tile_gemm everywhere the
+  // loads reach every GEMM.
+  CudaSpec off, all;
+  off.gemm = all.gemm = CudaSpec::Gemm::tile;
+  off.autotune = all.autotune = false;
+  off.pdl = CudaSpec::Pdl::off;
+  off.tile_loads = CudaSpec::TileLoads::plain;
+  all.pdl = CudaSpec::Pdl::all;
+  all.tile_loads = CudaSpec::TileLoads::ldmatrix;
+  for (const std::string& aux : {std::string(), aux_heads({"iqn", "ensemble", "cql"})}) {
     INFO(std::string(aux.empty() ? "C51 alone" : "all four heads"));
-    const PipelineSpec spec = parse(pipeline("tf32", "", aux));
-    // every switch of this case, all off for `late`, all on for `early`
-    const auto all = [](const char* value) {
-      return env_overrides({"DQN_PDL_JOINS", "DQN_UPDATE_EARLY", "DQN_TILE_LDMATRIX", "DQN_UPDATE_STAGE",
-                            "DQN_UPDATE_GATHER", "DQN_UPDATE_KEEPW", "DQN_UPDATE_PUSH", "DQN_UPDATE_ONEHEAD",
-                            "DQN_UPDATE_DEFER_THETA"},
-                           value);
-    };
-    std::unique_ptr<Engine> late;
-    {
-      const auto off = all("0");
-      late = make(spec, BackendKind::cuda);
-    }
-    const auto on = all("1");
-    auto early = make(spec, BackendKind::cuda);
-    step_both(*late, *early);
-    check_same_bits(*late, *early, {"params", "target", "adam.m", "adam.v", "report/td_error", "report/losses"});
-    const std::string dl = late->runtime().describe(), de = early->runtime().describe();
-    INFO("late: " << dl);
-    INFO("early: " << de);
-    CHECK(dl.find(", 0 programmatic join(s) in the graph (DQN_PDL_JOINS off)") != std::string::npos);
-    const auto at = de.find(" programmatic join(s) in the graph");
-    REQUIRE(at != std::string::npos);
-    const auto comma = de.rfind(", ", at);
-    REQUIRE(comma != std::string::npos);
-    const long joins = std::stol(de.substr(comma + 2, at - comma - 2));
-    CHECK(joins >= 0);
-    // (none is no failure: a driver whose stream capture already made the joins programmatic, or
-    // one that refused them, leaves none to make; dqn-trace shows which edges are programmatic)
-    MESSAGE("programmatic joins made: " << joins);
-    CHECK(late->runtime().graph_nodes() == early->runtime().graph_nodes());
+    const auto [a, b] = cuda_pair(parse(pipeline("tf32", "", aux)), off, all);
+    check_same_bits(*a, *b, {"params", "target", "adam.m", "adam.v", "report/td_error", "report/losses"});
+    CHECK(a->runtime().graph_nodes() == b->runtime().graph_nodes());
   }
 }
 
-TEST_CASE("gpu.step.fit: DQN_UPDATE_STAGE, _GATHER, _KEEPW and _PUSH unset act where the update's grid fits, with "
-          "the same results") {
-  // Unset, the cluster update stages its normed blocks' second tiles in shared memory, keeps their
-  // rows there and pushes its power iteration's sums to every block (or gathers Wᵀu by shares,
-  // where the slots do not fit) where its grid is resident at once (the reference C51 step: 176
-  // blocks), else none of them (the four heads' 690): 20 replayed steps give the same bits as
-  // never (0; with DQN_UPDATE_ONEHEAD=0 and DQN_UPDATE_DEFER_THETA=0 too: one head's g by the
-  // double sum, the normed θ stored beside Adam), C51 alone and with all four heads, and the same
-  // graph. describe() says what the last launch did. And the four heads at the reference sizes
-  // (pipelines/ref.yaml's network, K = 4, N = N' = 32, B = 256), whose update runs its plain
-  // blocks in waves, so none of it applies there while the deferred store of θ and one tile in
-  // registers still do: the path the benchmark's four heads take, which the small grid does not.
+TEST_CASE("gpu.step.update_paths: the fused update's choices where its grid is resident, and against its separate "
+          "kernels" * doctest::skip(!cuda::lab::cluster_launch_available())) {
+  // The cluster update decides from what the device holds at once: the reference C51 step (176
+  // blocks, resident) stages its normed blocks' second tiles in shared memory, keeps their rows
+  // there, pushes its power iteration's sums to every block, runs trunk.1's cluster (two tiles a
+  // block) in a wide launch beside the main one, and with one head takes g in float; the four
+  // heads at the reference sizes (690 blocks, in waves) none of the areas and no wide launch. One
+  // step against the same step with the update as its separate kernels (cuda.update_cluster:
+  // off): g and so Adam's moments the same bits, the normed matrices (whose power iteration sums
+  // in another order), the target and u within float rounding.
   struct Config {
     const char* name;
-    std::string text;
-    bool c51 = false;    // C51 alone
-    bool waves = false;  // the update's grid runs in waves (more blocks than two an SM)
+    std::string aux;
+    bool resident;
   };
-  std::vector<Config> configs{{"C51 alone", pipeline("tf32"), true}};
-  if (const auto all = aux_heads({"iqn", "ensemble", "cql"})) {
-    configs.push_back({"all four heads", pipeline("tf32", "", *all)});
-    configs.push_back({"all four heads, reference sizes", ref_pipeline(kRefAuxHeads), false, true});
-  }
+  const Config configs[] = {{"C51 alone", "", true}, {"all four heads", kRefAuxHeads, false}};
+  aux_heads({"iqn", "ensemble", "cql"});  // (their plugins are there)
   for (const Config& cfg : configs) {
     INFO(std::string(cfg.name));
-    const bool c51 = cfg.c51;
-    const PipelineSpec spec = parse(cfg.text);
-    std::unique_ptr<Engine> never;
-    {
-      const auto off = env_overrides({"DQN_UPDATE_STAGE", "DQN_UPDATE_GATHER", "DQN_UPDATE_KEEPW", "DQN_UPDATE_PUSH",
-                                      "DQN_UPDATE_ONEHEAD", "DQN_UPDATE_DEFER_THETA"},
-                                     "0");
-      never = make(spec, BackendKind::cuda);
+    PipelineSpec spec = parse(ref_pipeline(cfg.aux));
+    auto fused = make(spec, BackendKind::cuda);
+    spec.cuda.update_cluster = -1;
+    auto separate = make(spec, BackendKind::cuda);
+    fused->step();
+    separate->step();
+    const cuda::lab::UpdateInfo info = cuda::lab::update_info(fused->runtime());
+    REQUIRE(info.cluster_size > 0);
+    CHECK(cuda::lab::update_info(separate->runtime()).cluster_size == 0);
+    CHECK(info.last.staged == cfg.resident);
+    CHECK(info.last.kept == cfg.resident);
+    CHECK(info.last.pushed == cfg.resident);
+    CHECK(info.last.wide() == cfg.resident);
+    CHECK(info.last.one == cfg.aux.empty());
+    check_same_bits(*fused, *separate, {"adam.m", "adam.v", "grad/total", "report/td_error", "report/norms",
+                                        "report/clips"});
+    for (const char* b : {"params", "target", "sn.u.trunk.1.weight"}) {
+      INFO(std::string(b));
+      CHECK(rel(fused->host_buffer(b), separate->host_buffer(b)) < 1e-6);
     }
-    const auto fits = {"DQN_UPDATE_STAGE", "DQN_UPDATE_GATHER", "DQN_UPDATE_KEEPW", "DQN_UPDATE_PUSH"};
-    const auto kept = env_overrides(fits, nullptr);  // (put back after)
-    for (const char* name : fits) unsetenv(name);
-    auto fit = make(spec, BackendKind::cuda);
-    step_both(*never, *fit);
-    const std::string d = fit->runtime().describe();
-    INFO(d);
-    if (!cluster_update_runs(d)) return;
-    CHECK(d.find("second tiles staged where the grid fits (last launch: ") != std::string::npos);
-    CHECK(d.find("gathered by shares where the grid fits (last launch: ") != std::string::npos);
-    CHECK(d.find("normed rows kept in shared memory where the grid fits (last launch: ") != std::string::npos);
-    CHECK(d.find("sums pushed to every block where the grid fits (last launch: ") != std::string::npos);
-    if (c51) {  // the reference C51 step's 176 blocks stay resident with all of it
-      CHECK(d.find("staged where the grid fits (last launch: yes)") != std::string::npos);
-      CHECK(d.find("kept in shared memory where the grid fits (last launch: yes)") != std::string::npos);
-      CHECK(d.find("pushed to every block where the grid fits (last launch: yes)") != std::string::npos);
-    }
-    if (cfg.waves)  // (690 blocks on an H100 or H200): no kept rows, so no deferred θ either
-      CHECK(d.find("kept in shared memory where the grid fits (last launch: no)") != std::string::npos);
-    if (!std::getenv("DQN_UPDATE_ONEHEAD"))  // one head (C51 alone): its g in float; four: the double sum
-      CHECK((d.find(", one head's g in float") != std::string::npos) == c51);
-    MESSAGE(d.substr(d.find("update cluster")));
-    check_same_bits(*never, *fit, {"params", "target", "adam.m", "adam.v", "report/td_error", "report/losses",
-                                   "report/norms", "report/clips"});
-    CHECK(fit->read_report().adam_step == never->read_report().adam_step);
-    CHECK(fit->runtime().graph_nodes() == never->runtime().graph_nodes());
   }
 }
 
-TEST_CASE("gpu.step.wide: DQN_UPDATE_WIDE runs trunk.1's cluster in a launch of its own, with the same results") {
-  // At the reference sizes the update's blocks of trunk.1 (256 × 256: 16 rows of 256 a block)
-  // hold two tiles of a 256-thread block; with DQN_UPDATE_WIDE=1 its cluster runs in a second
-  // launch of 512-thread blocks (one tile each) on the update's side slot, forked after the
-  // partial sums and joined after the main launch. 20 replayed steps give the same bits as one
-  // launch, with one graph node more; C51 alone (its update's grid resident at once: the kept
-  // rows and pushed sums in both launches) and the four heads (in waves: neither). Unset, the
-  // switch splits where the whole update is resident at once with it: the C51 step, not the four
-  // heads' (their grid in waves, which the side launch's SMs would slow).
-  struct Config {
-    const char* name;
-    std::string text;
-    const char* by_default;  // describe()'s words, the switch unset
-  };
-  std::vector<Config> configs{{"C51 alone", ref_pipeline(), "(last launch: 1 normed matrix)"}};
-  if (aux_heads({"iqn", "ensemble", "cql"}))
-    configs.push_back({"all four heads", ref_pipeline(kRefAuxHeads), "(last launch: 0 normed matrices)"});
-  for (const Config& c : configs) {
-    INFO(std::string(c.name));
-    const PipelineSpec spec = parse(c.text);
-    {
-      const EnvOverride unset("DQN_UPDATE_WIDE", nullptr);
-      unsetenv("DQN_UPDATE_WIDE");
-      auto plain = make(spec, BackendKind::cuda);
-      plain->step();
-      const std::string dd = plain->runtime().describe();
-      INFO(dd);
-      CHECK(dd.find(std::string(", a wide launch where the grid fits ") + c.by_default) != std::string::npos);
-    }
-    const auto [one, split] = switch_pair(spec, "DQN_UPDATE_WIDE", "0", "1");
-    const std::string d = split->runtime().describe();
-    INFO(d);
-    if (!cluster_update_runs(d)) return;
-    CHECK(d.find(", 1 normed matrix in a wide launch beside it)") != std::string::npos);
-    CHECK(one->runtime().describe().find("wide launch") == std::string::npos);
-    check_same_bits(*one, *split, {"params", "target", "adam.m", "adam.v", "report/td_error", "report/losses",
-                                   "report/norms", "report/clips"});
-    CHECK(split->read_report().adam_step == one->read_report().adam_step);
-    CHECK(split->runtime().graph_nodes() == one->runtime().graph_nodes() + 1);
-  }
-}
-
-TEST_CASE("gpu.step.mean: the C51 loss's batch mean a stage of its own (the default; DQN_C51_MEAN=0 keeps it in "
-          "the loss) changes only the loss's rounding") {
-  // By default the C51 loss kernels end without summing the batch, and c51.loss.mean takes
-  // the head's loss from the per-sample losses (td_error) and the importance weights
-  // (weighted_mean). No gradient depends on the loss's value: 20 replayed steps give the same
-  // parameters, moments, target, td_error, norms and clip factors to the bit, the losses within
-  // float rounding (each sample's loss is rounded to float before it is weighted), and one graph
-  // node more. C51 alone and with all four heads.
-  std::vector<std::string> auxes{""};
-  if (const auto all = aux_heads({"iqn", "ensemble", "cql"})) auxes.push_back(*all);
-  for (const std::string& aux : auxes) {
-    INFO(std::string(aux.empty() ? "C51 alone" : "all four heads"));
-    const auto [fused, own] = switch_pair(parse(pipeline("tf32", "", aux)), "DQN_C51_MEAN", "0", "1");
-    check_same_bits(*fused, *own, {"params", "target", "adam.m", "adam.v", "report/td_error", "report/norms",
-                                   "report/clips"});
-    const auto lf = fused->host_buffer("report/losses"), lo = own->host_buffer("report/losses");
-    REQUIRE(lf.size() == lo.size());
-    for (std::size_t h = 0; h < lf.size(); ++h) {
-      INFO("head " << h << ": " << lf[h] << " fused, " << lo[h] << " by its own stage");
-      CHECK(near(lf[h], lo[h], 1e-6));
-    }
-    CHECK(own->runtime().graph_nodes() == fused->runtime().graph_nodes() + 1);
-  }
-}
-
-TEST_CASE("gpu.step.update_clock: DQN_UPDATE_CLOCK=1 stamps the cluster update's phases in order and changes no result") {
-  // The stamps dqn-trace reads (Runtime::update_clock): per block %globaltimer then clock64 at
-  // placed, waited, clips, Adam, Wᵀu, gather, v, W v, σ, scaled, exit; a normed matrix's blocks reach them all in
-  // that order, the other blocks placed … Adam and exit.
+TEST_CASE("gpu.step.update_clock: the cluster update's phase stamps (dqn-trace --update-clock) in order, no result "
+          "changed" * doctest::skip(!cuda::lab::cluster_launch_available())) {
+  // The stamps dqn-trace reads (lab::update_clock): per block %globaltimer then clock64 at placed,
+  // waited, clips, Adam, Wᵀu, gather, v, W v, σ, scaled, exit; a normed matrix's blocks reach them
+  // all in that order, the other blocks placed … Adam and exit.
   const PipelineSpec spec = parse(pipeline("tf32"));
-  std::unique_ptr<Engine> clocked;
-  {
-    const EnvOverride on("DQN_UPDATE_CLOCK", "1");
-    clocked = make(spec, BackendKind::cuda);
-  }
-  const EnvOverride off("DQN_UPDATE_CLOCK", "0");
+  cuda::lab::record_update_clock(true);
+  auto clocked = make(spec, BackendKind::cuda);
+  cuda::lab::record_update_clock(false);
   auto plain = make(spec, BackendKind::cuda);
   for (int i = 0; i < 3; ++i) {
     clocked->step();
     plain->step();
   }
   clocked->runtime().synchronize();
-  CHECK(plain->runtime().update_clock().stamps.empty());
-  const Runtime::UpdateClock c = clocked->runtime().update_clock();
-  if (c.stamps.empty()) {
-    MESSAGE("the cluster update does not run on this device: nothing to check");
-    return;
-  }
+  CHECK(cuda::lab::update_clock(plain->runtime()).stamps.empty());
+  const cuda::lab::UpdateClock c = cuda::lab::update_clock(clocked->runtime());
   REQUIRE(c.slots == 11);
   CHECK(c.normed == 10);  // 2 + 2 + 2D (D = 3): the trunk's, the value stream's and each branch's
   const int S = c.slots, blocks = static_cast<int>(c.stamps.size()) / (2 * S);

@@ -447,9 +447,8 @@ TEST_CASE("cli.step.explain") {
   CHECK(has(sn.out, "  16. update  <engine>"));
   CHECK(has(sn.out, "sn.u.trunk.0.weight"));
   CHECK(has(sn.out, "sn/table"));
-  // The loss's batch mean a stage of its own after the loss (the default; DQN_C51_MEAN=0 keeps
-  // it in the loss), declared last, which only the update waits for; the reported loss the same
-  // within float rounding either way (each sample's loss is rounded before it is weighted)
+  // The loss's batch mean a stage of its own after the loss, declared last, which only the update
+  // waits for
   CHECK(has(r.out, "c51.loss.mean  <c51>\n       reads:  report/td_error, batch/is_weights\n"));
   {
     std::istringstream lines(r.out);
@@ -458,26 +457,6 @@ TEST_CASE("cli.step.explain") {
       if (l.rfind("       waits:", 0) == 0 && has(l, "c51.loss.mean")) ++waiting;
     CHECK(waiting == 1);
   }
-  const Run fused = dqn_run("step " + quote(c51_yaml()) + " " + kSmall + " --explain", "DQN_C51_MEAN=0");
-  REQUIRE(fused.rc == 0);
-  CHECK(has(fused.out, "stages in order (15):"));
-  CHECK_FALSE(has(fused.out, "c51.loss.mean"));
-  auto loss_of = [](const std::string& out) {
-    const auto at = out.find("total loss ");
-    REQUIRE(at != std::string::npos);
-    return std::stod(out.substr(at + 11));
-  };
-  TempDir tmp;
-  const std::string steps = " --random-batch 7 --steps 3 --out " + quote((tmp.dir / "s.st").string());
-  const Run plain = dqn_run("step " + quote(c51_yaml()) + " " + kSmall + steps, "DQN_C51_MEAN=0");
-  const Run own = dqn_run("step " + quote(c51_yaml()) + " " + kSmall + steps);
-  REQUIRE(plain.rc == 0);
-  REQUIRE(own.rc == 0);
-  CHECK(loss_of(own.out) == doctest::Approx(loss_of(plain.out)).epsilon(1e-5));
-  // a value other than 0 or 1 is refused, with the variable's name
-  const Run bad = dqn_run("step " + quote(c51_yaml()) + " " + kSmall, "DQN_C51_MEAN=2");
-  CHECK(bad.rc != 0);
-  CHECK(has(bad.out, "DQN_C51_MEAN='2': expected 0 or 1"));
 }
 
 TEST_CASE("cli.bench: the CPU reference timed per configuration, a JSON object or a table row each; bad input refused") {

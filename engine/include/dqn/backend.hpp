@@ -78,36 +78,6 @@ struct Gemm {
   /// give it (the sum of an ensemble's members' input gradients). Needs beta 0, no bias,
   /// activation or mask, and batch2 1.
   std::int32_t sum_batch = 0;
-  // --- appended in ABI 10 (the layer below's parameter gradients with C); never reorder what is above ---
-  /// Non-null wgrad_x: after C (its mask included), for each group j of wgrad_rows rows of C
-  /// (m a multiple of wgrad_rows): dw_j = C_jᵀ · x [n, x_cols] (row stride lddw) at dw +
-  /// j·stride_dw, and where db is not null db_j = Σ_rows C_j [n] at db + j·stride_db; x
-  /// [wgrad_rows, x_cols] (row stride ldx), the same for every group. The same numbers as the GEMM
-  /// followed by bias_grad of each group's C and the GEMM Cᵀ·x batched over the groups (a trunk's
-  /// first layer: its weight and bias gradients in the launch that makes its input gradient).
-  /// Needs batch 1, batch2 1 and no sum_batch.
-  Real wgrad_x;
-  int ldx = 0, x_cols = 0, wgrad_rows = 0, lddw = 0;
-  Real dw;
-  std::int64_t stride_dw = 0;
-  Real db;
-  std::int64_t stride_db = 0;
-  /// Non-null chain_b: then the next layer in the same call, C2 = act2(C · op(chain_b) +
-  /// chain_bias) [m, chain_n] at chain_c (row stride ldc2; op transposes when chain_tb, the
-  /// weights stored [out, in] as for `b`), reading C as written. The same numbers as the second
-  /// GEMM called after the first (two trunk layers in one launch). Needs batch2 1, no sum_batch
-  /// and no wgrad; chain_weight_operand as weight_operand, for the second product.
-  Real chain_b;
-  int ldb2 = 0, chain_n = 0, ldc2 = 0;
-  std::int32_t chain_tb = 0, chain_weight_operand = 0;
-  Act chain_act = Act::none;
-  Real chain_bias;
-  Real chain_c;
-  // --- appended in ABI 11 (batched chains); never reorder what is above ---
-  /// With batch > 1, entry i's second product reads entry i's C and chain_b + i·stride_b2,
-  /// chain_bias + i·stride_bias2 and writes chain_c + i·stride_c2 (a head's branches: each
-  /// stream's hidden layer and its output layer in one launch).
-  std::int64_t stride_b2 = 0, stride_bias2 = 0, stride_c2 = 0;
 };
 
 /// Entry j of g's second batch dimension as a one-dimensional call (batch2 1, operands at their
@@ -123,74 +93,6 @@ inline Gemm batch2_entry(const Gemm& g, int j) noexcept {
   e.batch2 = 1;
   e.stride2_a = e.stride2_b = e.stride2_c = e.stride2_bias = e.stride2_mask = 0;
   return e;
-}
-
-/// Why g's wgrad fields cannot run, or null when they can (or are unused).
-inline const char* wgrad_invalid(const Gemm& g) noexcept {
-  if (!g.wgrad_x) return nullptr;
-  if (g.batch != 1 || g.batch2 != 1 || g.sum_batch) return "wgrad needs batch 1, batch2 1 and no sum_batch";
-  if (g.wgrad_rows <= 0 || g.m % g.wgrad_rows != 0) return "wgrad needs m a multiple of wgrad_rows > 0";
-  if (g.x_cols <= 0 || g.ldx < g.x_cols || g.lddw < g.x_cols) return "wgrad needs x_cols > 0 and ldx, lddw >= x_cols";
-  if (!g.dw) return "wgrad needs dw";
-  return nullptr;
-}
-
-/// The weight gradients of g's wgrad fields as a GEMM of their own: dw_j = C_jᵀ · x, batched over
-/// the groups (what the fused launch must equal).
-inline Gemm wgrad_weights(const Gemm& g) noexcept {
-  Gemm w;
-  w.ta = true;
-  w.m = g.n; w.n = g.x_cols; w.k = g.wgrad_rows;
-  w.a = g.c; w.lda = g.ldc; w.stride_a = static_cast<std::int64_t>(g.wgrad_rows) * g.ldc;
-  w.b = g.wgrad_x; w.ldb = g.ldx; w.stride_b = 0;
-  w.c = g.dw; w.ldc = g.lddw; w.stride_c = g.stride_dw;
-  w.batch = g.m / g.wgrad_rows;
-  return w;
-}
-
-/// g without its wgrad fields (the product C alone).
-inline Gemm without_wgrad(const Gemm& g) noexcept {
-  Gemm c = g;
-  c.wgrad_x = c.dw = c.db = Real{};
-  c.ldx = c.x_cols = c.wgrad_rows = c.lddw = 0;
-  c.stride_dw = c.stride_db = 0;
-  return c;
-}
-
-/// Why g's chain fields cannot run, or null when they can (or are unused).
-inline const char* chain_invalid(const Gemm& g) noexcept {
-  if (!g.chain_b) return nullptr;
-  if (g.batch2 != 1 || g.sum_batch || g.wgrad_x) return "chain needs batch2 1, no sum_batch and no wgrad";
-  if (g.chain_n <= 0 || !g.chain_c || g.ldc2 < g.chain_n) return "chain needs chain_n > 0, chain_c and ldc2 >= chain_n";
-  if (g.ldb2 < (g.chain_tb ? g.n : g.chain_n)) return "chain needs ldb2 >= the row length of chain_b";
-  if (g.chain_act != Act::none && g.chain_act != Act::relu) return "chain: unknown activation";
-  return nullptr;
-}
-
-/// The second product of g's chain as a GEMM of its own (what the fused launch must equal).
-inline Gemm chain_second(const Gemm& g) noexcept {
-  Gemm c;
-  c.tb = g.chain_tb != 0;
-  c.m = g.m; c.n = g.chain_n; c.k = g.n;
-  c.a = g.c; c.lda = g.ldc;
-  c.b = g.chain_b; c.ldb = g.ldb2;
-  c.c = g.chain_c; c.ldc = g.ldc2;
-  c.bias = g.chain_bias; c.act = g.chain_act;
-  c.weight_operand = g.chain_weight_operand;
-  c.batch = g.batch;
-  c.stride_a = g.stride_c; c.stride_b = g.stride_b2; c.stride_c = g.stride_c2; c.stride_bias = g.stride_bias2;
-  return c;
-}
-
-/// g without its chain fields (the first product alone).
-inline Gemm without_chain(const Gemm& g) noexcept {
-  Gemm c = g;
-  c.chain_b = c.chain_bias = c.chain_c = Real{};
-  c.ldb2 = c.chain_n = c.ldc2 = 0;
-  c.chain_tb = c.chain_weight_operand = 0;
-  c.chain_act = Act::none;
-  c.stride_b2 = c.stride_bias2 = c.stride_c2 = 0;
-  return c;
 }
 
 /// One matrix for the batched spectral norm: W [rows, cols] and its power-iteration vector u [rows].
@@ -380,12 +282,6 @@ struct C51Loss {
   int B = 0, D = 0, A = 0, Z = 0;
   float gamma_n = 0.99f, v_min = -10.0f, v_max = 10.0f;
   int ldtadv = 0, lddadv = 0;     ///< (sample, branch) strides of tadv and dadv; 0: A·Z (ABI 6)
-  // --- appended in ABI 11 ---
-  /// 0: the whole op. 1: only the projection: m from tv, tadv, a_star, rewards and dones (nothing
-  /// else read or written but the scratch). 2: the rest from m as part 1 wrote it (tv, tadv,
-  /// a_star, rewards and dones unused). Part 1 then part 2 give what the whole op gives, bit for
-  /// bit (the projected target can then come before the loss: other heads read it).
-  std::int32_t part = 0;
 };
 
 /// The distributional dueling branching head's forward over `rows` rows (spec "Network"):

@@ -136,11 +136,9 @@ struct BackScratch {
 /// The input side of the backward from the dueling gradients s.dv [B, ldz] and s.dadv [B, D, ldaz]:
 /// s.dhidden (ReLU-masked, the backend's head_backward_inputs) and dh2 = beta_dh2·dh2 + ∂L/∂h2
 /// [B, H2]. `a` holds the forward activations of those B rows. The hidden layers' bias gradient
-/// is backward_weights' (it needs only the masked s.dhidden). h2_mask (the trunk's output at
-/// those rows, [B, H2]) set: dh2 also masked by it, the trunk's top ReLU backward (Gemm::mask;
-/// the head then declares "dtrunk/<h>/masked", see buf::).
+/// is backward_weights' (it needs only the masked s.dhidden).
 inline void backward_inputs(Backend& be, const Dims& d, const Params& p, int B, const Acts& a, const BackScratch& s,
-                            Real dh2, float beta_dh2, Real h2_mask = Real{}) {
+                            Real dh2, float beta_dh2) {
   const int hc = d.hidden_cols();
   HeadBackward hb;
   hb.dv = s.dv; hb.lddv = d.ldz(); hb.dadv = s.dadv; hb.lddadv = d.ldaz(); hb.wv2 = p.wv2; hb.wb2 = p.wb2;
@@ -151,9 +149,6 @@ inline void backward_inputs(Backend& be, const Dims& d, const Params& p, int B, 
   gh.m = B; gh.n = d.H2; gh.k = hc;
   gh.a = s.dhidden; gh.lda = hc; gh.b = p.w1; gh.ldb = d.H2; gh.beta = beta_dh2; gh.c = dh2; gh.ldc = d.H2;
   gh.weight_operand = 2;
-  if (h2_mask) {  // the trunk's top ReLU backward in this GEMM (the head writes dh2 masked)
-    gh.mask = h2_mask; gh.ldmask = d.H2;
-  }
   be.gemm(gh);
 }
 

@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -104,18 +103,6 @@ class Head {
   virtual const char* error() const noexcept = 0;
 };
 
-/// A 0/1 switch from the environment, read when the step is built (the engine's and the heads'
-/// DQN_* switches): "0" off, "1" on, unset `fallback` (off unless said); anything else throws
-/// std::invalid_argument naming the variable, the value and what it takes (a head calls it inside
-/// declare's try, as every throwing call there).
-inline bool env_switch(const char* name, bool fallback = false) {
-  const char* v = std::getenv(name);
-  if (!v) return fallback;
-  const std::string s = v;
-  if (s != "0" && s != "1") throw std::invalid_argument(std::string(name) + "='" + s + "': expected 0 or 1");
-  return s == "1";
-}
-
 /// Declares stage `name` from string lists; the engine copies everything during the call, so the
 /// temporaries only live until it returns.
 inline int declare_stage(BuildContext& ctx, const std::string& name, std::int32_t tag,
@@ -142,11 +129,8 @@ inline constexpr const char* step = "opt/t";                   ///< i64 [1] Adam
 inline constexpr const char* a_star = "target/a_star";         ///< i32 [B,D]
 inline constexpr const char* target_m = "target/m";            ///< [B,D,Z] projected target
 inline constexpr const char* td_error = "report/td_error";     ///< [B]
-// Per head (suffix the head's instance name): "loss/<h>" [1], "dtrunk/<h>" [B,H2], and
-// "dtrunk/<h>/masked" (i32 [1], a marker): a head whose stage that writes dtrunk/<h> also lists
-// the marker among its writes promises dtrunk/<h> already masked by the trunk's top ReLU (zero
-// where trunk/h2 ≤ 0, rows 0..B); when every head writing its dtrunk does, the engine leaves out
-// its own mask of the top layer.
+// Per head (suffix the head's instance name): "loss/<h>" [1] and "dtrunk/<h>" [B,H2] (the head's
+// ∂L/∂h2, unmasked: the engine applies the trunk's top ReLU to every head's at once).
 }  // namespace buf
 
 }  // namespace dqn

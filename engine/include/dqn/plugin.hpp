@@ -12,15 +12,15 @@ namespace dqn {
 
 /// Bumped whenever the descriptor, the Head/BuildContext/Resolver interfaces or the op table
 /// change layout or meaning. The loader refuses any other value.
-inline constexpr std::uint32_t kAbiVersion = 18;  // 2: auxiliary-head ops appended to the op table; 3: Gemm bias/act epilogue;
+inline constexpr std::uint32_t kAbiVersion = 19;  // 2: auxiliary-head ops appended to the op table; 3: Gemm bias/act epilogue;
                                                    // 4: fused update op appended; 5: head_forward op appended;
                                                    // 6: advantage strides (dueling_backward's lddadv, ldadv fields);
                                                    // 7: padded output-layer rows (kParamPadRows, wv2_rows, wb2_rows);
                                                    // 8: Gemm::mask (ReLU backward in the GEMM), relu_bias_grad without db;
                                                    // 9: Gemm::batch2 (a second batch dimension), Gemm::sum_batch;
-                                                   // 10: Gemm::wgrad_x … (the layer below's dW and db with C),
-                                                   //     Gemm::chain_b … (the next layer in the same call);
-                                                   // 11: Gemm::stride_b2 … (batched chains);
+                                                   // 10: Gemm fields for the layer below's dW and db with C,
+                                                   //     and for the next layer in the same call;
+                                                   // 11: Gemm strides batching the next layer;
                                                    // 12: C51Loss::online (the distribution fused into the loss);
                                                    // 13: C51Loss::online removed (C51Loss as in 11);
                                                    // 14: weighted_mean op appended, C51Loss::loss may be null
@@ -28,6 +28,8 @@ inline constexpr std::uint32_t kAbiVersion = 18;  // 2: auxiliary-head ops appen
                                                    // 16: weighted_mean_members removed (the table as in 14)
                                                    // 17: C51Loss::m_all, parts 3 and 4 (every action's projection)
                                                    // 18: C51Loss::m_all, parts 3 and 4 removed (C51Loss as in 16)
+                                                   // 19: ABI 10's and 11's Gemm fields and C51Loss::part
+                                                   //     removed
 
 /// The exported symbol every plugin defines (through DQN_PLUGIN_EXPORT below).
 inline constexpr const char* kDescriptorSymbol = "dqn_plugin_descriptor";

@@ -50,25 +50,11 @@ class Runtime {
   };
   /// The captured graph's nodes in the graph's own order (empty: nothing captured, or no graphs).
   virtual std::vector<GraphNode> graph_node_info() const { return {}; }
-  /// Where the update kernel's time goes (CUDA with DQN_UPDATE_CLOCK=1, the cluster update; for
-  /// dqn-trace): per block of its last run, `slots` %globaltimer stamps (ns) then as many clock64
-  /// stamps (cycles of its SM) (cuda::UpdateClockSlot: placed, waited, clips, Adam, Wᵀu, gather,
-  /// v, W v, σ, scaled, exit; the blocks outside the normed matrices stamp none from Wᵀu to scaled, and a stamp
-  /// not reached in the last run holds an older run's, or 0). group[b]: the normed matrix (its
-  /// index in the update's table) block b updates, -1 for the blocks of the other parameters (a
-  /// split update's side launch stamps after the main launch's blocks). Read after a
-  /// synchronize; empty where nothing was recorded.
-  struct UpdateClock {
-    int slots = 0, cluster_size = 0, normed = 0, clock_khz = 0;
-    std::vector<std::uint64_t> stamps;
-    std::vector<int> group;
-  };
-  virtual UpdateClock update_clock() const { return {}; }
   /// Lanes a captured step may spread its stages over (CUDA: streams forked from the capturing
   /// stream and joined back into it at end_capture). 1: everything runs in order.
   virtual int lanes() const noexcept { return 1; }
   /// While capturing, before the first stage: how many lanes this step's stages use (CUDA
-  /// chooses its launch policy by it, see dev::pdl_for).
+  /// chooses its launch policy by it: CudaSpec::pdl).
   virtual void capture_width(int /*lanes*/) {}
   /// While capturing: the next stage's ops go to `lane`, after the stages listed in `after` (ids
   /// given to stage_done earlier). Outside capture (and on the CPU) a no-op.

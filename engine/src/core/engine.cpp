@@ -184,7 +184,6 @@ void Engine::build(const PluginLoader& plugins) {
   }
   if (heads_.empty()) throw std::invalid_argument("pipeline has no enabled head");
 
-  merge_target_trunk_ = env_switch("DQN_TARGET_MERGE");
   declare_engine_buffers();
   add_engine_stages_front();
   for (std::size_t h = 0; h < heads_.size(); ++h) {
@@ -312,15 +311,8 @@ void Engine::declare_engine_buffers() {
     const std::string online = last ? std::string(buf::h2) : "trunk/a" + std::to_string(i);
     const std::string target = last ? std::string(buf::target_h2) : "target/a" + std::to_string(i);
     const std::int64_t w = net_.trunk[i];
-    if (merge_target_trunk_) {  // [2, 2B, w]: the online network's rows, then the target's
-      const std::string pair = "trunk/pair" + std::to_string(i);
-      reg_.declare(pair, DType::real, {2, 2 * B, w}, BufferKind::activation, "engine");
-      reg_.declare_view(online, pair, 0, {2 * B, w}, "engine");
-      reg_.declare_view(target, pair, (2 * B + B) * w, {B, w}, "engine");  // its next-state rows
-    } else {
-      reg_.declare(online, DType::real, {2 * B, w}, BufferKind::activation, "engine");
-      reg_.declare(target, DType::real, {B, w}, BufferKind::activation, "engine");
-    }
+    reg_.declare(online, DType::real, {2 * B, w}, BufferKind::activation, "engine");
+    reg_.declare(target, DType::real, {B, w}, BufferKind::activation, "engine");
     if (!last)  // the last layer's gradient is dtrunk/all
       reg_.declare("trunk/dz" + std::to_string(i), DType::real, {H * B, net_.trunk[i]}, BufferKind::scratch, "engine");
   }
@@ -344,7 +336,6 @@ void Engine::declare_engine_buffers() {
   reg_.declare("dtrunk/all", DType::real, {H * B, H2}, BufferKind::gradient, "engine");
   for (std::size_t h = 0; h < heads_.size(); ++h) {
     reg_.declare_view("dtrunk/" + head_names_[h], "dtrunk/all", std::int64_t(h) * B * H2, {B, H2}, "engine");
-    reg_.declare("dtrunk/" + head_names_[h] + "/masked", DType::i32, {1}, BufferKind::scratch, "engine");
   }
 }
 
@@ -362,15 +353,6 @@ void Engine::add_engine_stages_front() {
   // delays the target chain, which then holds the loss back; declaring the target's stage first,
   // so that it is captured first, measured slower too: 91.09-93.13 against 86.17-86.59 µs on an
   // H100, 2026-12-05.)
-  if (merge_target_trunk_) {  // DQN_TARGET_MERGE=1: both networks in each layer's one launch
-    for (int i = 0; i < L; ++i) {
-      const std::string in = i == 0 ? std::string(buf::states2) : "trunk/pair" + std::to_string(i - 1);
-      stages_.push_back(Stage{"trunk.forward." + std::to_string(i), "engine", {in, "params", "target"},
-                              {"trunk/pair" + std::to_string(i)},
-                              [this, i](Backend& be) { trunk_forward_pair(be, i); }});
-    }
-    return;
-  }
   for (int i = 0; i < L; ++i) {
     std::vector<std::string> reads{i == 0 ? std::string(buf::states2) : acts[std::size_t(i - 1)], "params"};
     stages_.push_back(Stage{"trunk.forward." + std::to_string(i), "engine", reads, {acts[std::size_t(i)]},
@@ -384,18 +366,6 @@ void Engine::add_engine_stages_front() {
 
 void Engine::add_engine_stages_back() {
   const int L = net_.trunk_layers;
-  // Whether every stage that writes a head's dtrunk also writes its marker (buf::
-  // "dtrunk/<h>/masked"): then the top layer's ReLU mask is the heads', not a pass of the engine's.
-  bool any = false, all = true;
-  for (const auto& h : head_names_) {
-    const std::string d = "dtrunk/" + h, marker = d + "/masked";
-    for (const auto& st : stages_) {
-      const auto has = [&](const std::string& n) { return std::find(st.writes.begin(), st.writes.end(), n) != st.writes.end(); };
-      if (!has(d)) continue;
-      any = true;
-      all = all && has(marker);
-    }
-  }
   std::vector<std::string> acts, dz;  // per layer its activation and its gradient (masked in place)
   for (int i = 0; i < L; ++i) {
     acts.push_back(i == L - 1 ? std::string(buf::h2) : "trunk/a" + std::to_string(i));
@@ -408,15 +378,13 @@ void Engine::add_engine_stages_back() {
   // layer's mask, d(input); the first layer has none below the top); its bias gradient
   // (trunk.bias.<i>) and weight gradient (trunk.weights.<i>) need only the masked gradient and so
   // run beside the layers below.
-  top_mask_ = any && all ? TopMask::heads : TopMask::backward;
   for (int i = L - 1; i >= 0; --i) {
     const std::string li = std::to_string(i);
     const std::string& dz_i = dz[std::size_t(i)];
     const bool top = i == L - 1;
-    const bool mask_here = top && top_mask_ == TopMask::backward;
-    if (mask_here || i > 0) {
+    if (top || i > 0) {
       std::vector<std::string> reads{dz_i}, writes;
-      if (mask_here) {
+      if (top) {
         reads.push_back(acts[std::size_t(i)]);
         writes.push_back(dz_i);
       }
@@ -545,23 +513,6 @@ Gemm Engine::trunk_layer_gemm(int i, bool target) const {
 
 void Engine::trunk_forward_layer(Backend& be, int i, bool target) { be.gemm(trunk_layer_gemm(i, target)); }
 
-// DQN_TARGET_MERGE=1: trunk layer i of both networks as one GEMM of two problems: the online
-// layer's (states ‖ next_states), then the target's on the same 2B rows of its own input (layer
-// 0: the same states2), from trunk/pair<i-1> into trunk/pair<i>. Every target parameter sits
-// where its online one does in "target" as in "params", so the weights' and the bias's stride
-// is the one from params to target; the target's rows over the states are work nobody reads,
-// the price of one shape for both problems.
-void Engine::trunk_forward_pair(Backend& be, int i) {
-  const std::int64_t to_target =
-      (static_cast<char*>(target_.p) - static_cast<char*>(params_.p)) / std::ptrdiff_t(params_.esize);
-  Gemm g = trunk_layer_gemm(i, false);
-  g.batch = 2;
-  g.stride_a = i > 0 ? std::int64_t(g.m) * g.k : 0;
-  g.stride_b = g.stride_bias = to_target;
-  g.stride_c = std::int64_t(g.m) * g.n;
-  be.gemm(g);
-}
-
 // Budget::reach: head h's gradient row is written only where the stages say ("grad/<h>" whole, or
 // "grad/<h>/<param>": its parameters, the trunk's, another head's it reaches); the rest stays 0
 // from the arena's zero fill, so the norms need only these ranges (the all-heads step read four
@@ -595,15 +546,14 @@ void Engine::upload_budget_reach() {
 }
 
 // Backprop every head's gradient (rows of `states`) through trunk layer i: at the top layer
-// (dtrunk/all: the heads' ∂L_h/∂h_L) its ReLU mask first, unless the heads apply it (top_mask_);
-// below the first layer, d(input) with the layer below's mask applied (so its gradient arrives
-// masked).
+// (dtrunk/all: the heads' ∂L_h/∂h_L) its ReLU mask first; below the first layer, d(input) with
+// the layer below's mask applied (so its gradient arrives masked).
 void Engine::trunk_backward_layer(Backend& be, int i) {
   const int B = spec_.batch, H = int(heads_.size());
   const int w = net_.trunk[i];
   const int in_w = i == 0 ? net_.state : net_.trunk[i - 1];
   const Real dz = trunk_dz_[i];  // [H·B, w]
-  if (i == net_.trunk_layers - 1 && top_mask_ == TopMask::backward) trunk_top_mask(be, i);
+  if (i == net_.trunk_layers - 1) trunk_top_mask(be, i);
   if (i == 0) return;
   Gemm gx;  // d(in) = dz · W over all H·B rows, masked by layer i − 1's activation (period B rows)
   gx.m = H * B; gx.n = in_w; gx.k = w;

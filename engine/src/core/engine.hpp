@@ -135,7 +135,6 @@ class Engine {
   void upload_budget_reach();
   Gemm trunk_layer_gemm(int i, bool target) const;  ///< trunk layer i's forward of one network
   void trunk_forward_layer(Backend& be, int i, bool target);
-  void trunk_forward_pair(Backend& be, int i);
   void trunk_backward_layer(Backend& be, int i);
   void trunk_top_mask(Backend& be, int i);
   void trunk_bias_layer(Backend& be, int i);
@@ -184,16 +183,6 @@ class Engine {
 
   std::int64_t steps_ = 0, captures_ = 0;
   bool captured_ = false;
-  /// Where the top trunk layer's ReLU mask runs: in its trunk.backward stage, or in the heads, when
-  /// every stage writing a dtrunk says it is masked (buf:: the "dtrunk/<h>/masked" marker), none
-  /// of the engine's.
-  enum class TopMask { backward, heads };
-  TopMask top_mask_ = TopMask::backward;
-  /// DQN_TARGET_MERGE=1 (read at build): the target network's trunk layers in the online trunk's
-  /// GEMMs, one launch of two problems per layer (the online network's over states ‖ next_states,
-  /// the target's over the same 2B rows; trunk/pair<i> holds both, the target's next-state rows
-  /// are its trunk activations), instead of a stage of their own beside them.
-  bool merge_target_trunk_ = false;
   LanePlan lanes_;  ///< where the captured step's stages run (empty: not captured)
 };
 

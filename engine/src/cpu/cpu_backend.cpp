@@ -33,27 +33,6 @@ class CpuBackend final : public Backend {
   // --- dense layers -------------------------------------------------------------------------
 
   void gemm(const Gemm& g) noexcept override {
-    if (g.chain_b) {  // the first product, then the second on what it wrote, as two calls
-      if (const char* why = chain_invalid(g)) return fail("gemm", why);
-      if (!real_ok(g.chain_b, "gemm", "chain_b") || !real_ok(g.chain_c, "gemm", "chain_c")) return;
-      if (g.chain_bias && !real_ok(g.chain_bias, "gemm", "chain_bias")) return;
-      gemm(without_chain(g));
-      if (status_ == 0) gemm(chain_second(g));
-      return;
-    }
-    if (g.wgrad_x) {  // C, then per group its bias sums and Cᵀx, as the separate ops
-      if (const char* why = wgrad_invalid(g)) return fail("gemm", why);
-      if (!real_ok(g.wgrad_x, "gemm", "wgrad_x") || !real_ok(g.dw, "gemm", "dw")) return;
-      if (g.db && !real_ok(g.db, "gemm", "db")) return;
-      gemm(without_wgrad(g));
-      if (status_ != 0) return;
-      if (g.db)
-        for (int j = 0; j < g.m / g.wgrad_rows; ++j)
-          bias_grad(g.db + j * g.stride_db, g.c + std::int64_t(j) * g.wgrad_rows * g.ldc, g.wgrad_rows, g.n, g.ldc,
-                    0.0f);
-      gemm(wgrad_weights(g));
-      return;
-    }
     if (g.batch2 != 1) {  // entry j of the second dimension: a one-dimensional call at its offsets
       if (g.batch2 < 1) return fail("gemm", "batch2 must be at least 1");
       if (g.sum_batch) return fail("gemm", "sum_batch needs batch2 1");
@@ -839,9 +818,8 @@ class CpuBackend final : public Backend {
   void c51_loss(const C51Loss& a) noexcept override {
     constexpr const char* op = "c51_loss";
     if (a.B < 0 || a.D < 0 || a.A <= 0 || a.Z < 2) return fail(op, "need B, D >= 0, A >= 1, Z >= 2");
-    if (a.part < 0 || a.part > 2) return fail(op, "part must be 0 (all), 1 (the projection) or 2 (the rest)");
     if (!real_ok(a.work_logp, op, "work_logp") || !real_ok(a.work_dlogits, op, "work_dlogits")) return;
-    if (a.B > 0 && a.D > 0 && a.part != 2) {
+    if (a.B > 0 && a.D > 0) {
       combine(a.work_logp, a.tv, a.ldtv, a.tadv, ld_or(a.ldtadv, a.A * a.Z), a.B, a.D, a.A, a.Z);
       log_softmax(a.work_logp, a.work_logp, a.B * a.D * a.A, a.Z);
       C51Project p;
@@ -849,7 +827,6 @@ class CpuBackend final : public Backend {
       p.B = a.B; p.D = a.D; p.A = a.A; p.Z = a.Z; p.gamma_n = a.gamma_n; p.v_min = a.v_min; p.v_max = a.v_max;
       c51_project(p);
     }
-    if (a.part == 1) return;
     C51Xent x;
     x.loss_per_sample = a.loss_per_sample; x.loss = a.loss; x.dlogits = a.work_dlogits; x.logp = a.logp;
     x.actions = a.actions; x.m = a.m; x.weights = a.weights; x.B = a.B; x.D = a.D; x.A = a.A; x.Z = a.Z;
@@ -863,8 +840,6 @@ class CpuBackend final : public Backend {
     if (u.sn_count > 0) spectral_norm(u.sn_mats, u.sn_count, u.sn_max_rows, u.sn_max_cols, u.sigma_max, u.budget.skip);
     target_update(u.target);
   }
-
-
 
  private:
   static std::int64_t idx(std::int64_t row, std::int64_t ld, std::int64_t col) noexcept { return row * ld + col; }

@@ -6,7 +6,7 @@
 // times kernels one at a time with cold caches; this times them where they run, side by side.
 // With programmatic launch a node's "start" is when its first block is placed, which may be
 // before the node it waits for ends.
-// Usage: dqn-trace PIPELINE [key=value ...] [--batch N] [--precision P] [--steps N]
+// Usage: dqn-trace PIPELINE [key=value ...] [--batch N] [--precision P] [--steps N] [--update-clock]
 #include <cupti.h>
 #include <cxxabi.h>
 
@@ -25,6 +25,7 @@
 #include "core/engine.hpp"
 #include "pipeline/parse.hpp"
 #include "core/plugin_loader.hpp"
+#include "lab.hpp"
 
 namespace {
 
@@ -107,23 +108,22 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-/// DQN_UPDATE_CLOCK=1: `steps` more replays, each read back after a synchronize (so each starts
+/// --update-clock: `steps` more replays, each read back after a synchronize (so each starts
 /// from an idle GPU), and per group of the cluster update's blocks (each normed matrix's cluster,
 /// then the blocks of the other parameters) the median over replays of when its last block
 /// reached each stamp, µs after the first block of the kernel was placed; then the phases of the
 /// block that left last, from its SM's clock64.
 void print_update_clock(dqn::Engine& e, int steps) {
-  using dqn::Runtime;
   static const char* const kSlot[] = {"placed", "waited", "clips", "adam", "Wtu",   "gather",
                                       "v",      "Wv",     "sigma", "scaled", "exit"};
   constexpr int kSlots = static_cast<int>(std::size(kSlot));  // cuda::UpdateClockSlot's order
   std::vector<std::vector<std::vector<double>>> at;  // [group][slot] → per replay
   std::vector<std::vector<double>> cycles;           // the last block's slot-to-slot cycles, per replay
-  Runtime::UpdateClock c;
+  dqn::cuda::lab::UpdateClock c;
   for (int r = 0; r < steps; ++r) {
     e.step();
     e.runtime().synchronize();
-    c = e.runtime().update_clock();
+    c = dqn::cuda::lab::update_clock(e.runtime());
     if (c.stamps.empty() || c.slots != kSlots) {
       std::printf("update clock: nothing recorded (the cluster update did not run)\n");
       return;
@@ -197,6 +197,7 @@ int main(int argc, char** argv) {
   std::string pipeline, plugin_path;
   std::vector<std::string> overrides;
   int batch = 0, steps = 200, warmup = 200, clock_steps = 50;
+  bool update_clock = false;
   std::string precision;
   app.add_option("pipeline", pipeline, "pipeline file")->required();
   app.add_option("overrides", overrides, "key.path=value overrides");
@@ -205,8 +206,10 @@ int main(int argc, char** argv) {
   app.add_option("--precision", precision, "fp32, tf32 or bf16 (default: the pipeline's)");
   app.add_option("--steps", steps, "traced replays")->check(CLI::Range(3, 100000));
   app.add_option("--warmup", warmup, "replays before tracing")->check(CLI::Range(0, 100000));
-  app.add_option("--clock-steps", clock_steps,
-                 "with DQN_UPDATE_CLOCK=1: replays whose update-kernel stamps are read (after the trace)")
+  app.add_flag("--update-clock", update_clock,
+               "also stamp the fused update's phases and print when each normed matrix's cluster reached each "
+               "(after the trace)");
+  app.add_option("--clock-steps", clock_steps, "with --update-clock: replays whose update stamps are read")
       ->check(CLI::Range(1, 100000));
   CLI11_PARSE(app, argc, argv);
 
@@ -236,6 +239,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dqn-trace: no CUPTI resource callbacks: graph nodes will be matched by rank\n");
   std::unique_ptr<Engine> engine;
   try {
+    cuda::lab::record_update_clock(update_clock);  // (read when the engine's CUDA runtime is made)
     engine = std::make_unique<Engine>(spec, loader);
     engine->init_weights(spec.seed);
     engine->set_batch(HostBatch::random(spec, 1));
@@ -417,6 +421,6 @@ int main(int argc, char** argv) {
                   names[c.node].c_str(), over.size(), beside.c_str());
     }
   }
-  if (std::getenv("DQN_UPDATE_CLOCK")) print_update_clock(e, clock_steps);
+  if (update_clock) print_update_clock(e, clock_steps);
   return 0;
 }

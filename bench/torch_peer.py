@@ -47,7 +47,8 @@ Adam is written by hand (not torch.optim.Adam): the spec's form, with the step c
 ``lr`` in device tensors, and the NaN/Inf skip applied with ``torch.where`` on a device flag, so a
 captured graph never syncs with the host.
 
-Requires torch and safetensors (numpy is not needed).
+Requires torch (1.13 or later); the `safetensors` package where installed, else the project's
+own reader and writer (bench/st_file.py). numpy is not needed.
 """
 from __future__ import annotations
 
@@ -65,8 +66,28 @@ import torch.nn.functional as F
 
 try:
     from safetensors.torch import load_file, save_file
-except ImportError:  # the benchmark runs without it; golden / make-inputs need it
-    load_file = save_file = None
+except ImportError:  # Debian 12 has no safetensors package: the project's own reader and writer
+    import st_file   # bench/st_file.py, beside this script
+
+    _ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+                  "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
+                  "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+
+    def load_file(path: str) -> Dict[str, torch.Tensor]:
+        out = {}
+        for name, (dtype, shape, raw) in st_file.read(path)[0].items():
+            if dtype not in _ST_DTYPES:
+                raise SystemExit(f"{path}: tensor {name}: dtype {dtype} has no torch type here")
+            flat = (torch.frombuffer(bytearray(raw), dtype=_ST_DTYPES[dtype]) if raw
+                    else torch.empty(0, dtype=_ST_DTYPES[dtype]))
+            out[name] = flat.reshape(shape)
+        return out
+
+    def save_file(tensors: Dict[str, torch.Tensor], path: str) -> None:
+        names = {t: n for n, t in _ST_DTYPES.items()}
+        st_file.write(path, {k: (names[v.dtype], list(v.shape),
+                                 bytes(v.detach().cpu().reshape(-1).view(torch.uint8).tolist()))
+                             for k, v in tensors.items()})
 
 HEAD_NAMES = ("c51", "iqn", "ensemble", "cql")
 AUX_DEFAULT_FRACTION = {"iqn": 0.2, "ensemble": 0.1, "cql": 0.1}
@@ -517,8 +538,8 @@ def train_step(st: State, b: Batch, rep: Report, autocast: Callable[[], contextl
         reach = [grp for grp in HEAD_GROUPS[head] if grp in lay.groups]
         inputs = [P[n] for grp in reach for n in lay.group_names[grp]]
         grads = torch.autograd.grad(losses[head], inputs, retain_graph=k + 1 < len(st.heads),
-                                    materialize_grads=True)
-        it = iter(grads)
+                                    allow_unused=True)   # None where a parameter is unused
+        it = (torch.zeros_like(p) if g is None else g for p, g in zip(inputs, grads))
         for grp, (lo, hi) in lay.groups.items():                 # groups in flat-buffer order
             if grp in reach:   # this head's grads of the group, flattened into G[k, lo:hi]
                 torch.cat([next(it).reshape(-1) for _ in lay.group_names[grp]], out=G[k, lo:hi])
@@ -734,8 +755,6 @@ def shapes_from_weights(w: Dict[str, torch.Tensor], heads: Sequence[str], args) 
 
 
 def run_golden(args) -> None:
-    if load_file is None:
-        raise SystemExit("the golden run needs safetensors")
     heads = args.head_sets[0]
     if len(args.head_sets) > 1:
         raise SystemExit("--golden takes one --heads")
@@ -810,8 +829,6 @@ def run_golden(args) -> None:
 
 
 def run_make_inputs(args) -> None:
-    if save_file is None:
-        raise SystemExit("--make-inputs needs safetensors")
     heads = args.head_sets[0]
     sh = shapes_from_args(args, heads)
     B = int(args.batch.split(",")[0])

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Inspect a safetensors file written by dqn-engine: list its tensors and check expected names.
 
-Uses the `safetensors` package when it is installed (the reference reader); otherwise a small
-built-in parser (json + struct, with numpy when present) that applies the same checks.
+Uses the `safetensors` package when it is installed (the reference reader); otherwise the
+project's own parser (bench/st_file.py: json + struct; numpy, when present, decodes the values)
+that applies the same checks.
 Exit status: 0 if the file is valid and every --expect name is present, 1 otherwise.
 """
 import argparse
@@ -13,21 +14,17 @@ import struct
 import sys
 from collections import Counter
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+import st_file  # noqa: E402  the built-in parser, shared with bench/torch_peer.py
+
 try:
     import numpy as np
 except ImportError:  # the fallback still works, with summaries computed in Python
     np = None
 
-MAX_HEADER_BYTES = 100_000_000
-SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
-         "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1}
 STRUCT_CODES = {"F64": "d", "F32": "f", "F16": "e", "I64": "q", "I32": "i", "I16": "h",
                 "I8": "b", "U64": "Q", "U32": "I", "U16": "H", "U8": "B", "BOOL": "?"}
 FLOATS = ("F64", "F32", "F16", "BF16")
-
-
-class BadFile(Exception):
-    pass
 
 
 def decode_values(dtype, raw):
@@ -39,7 +36,7 @@ def decode_values(dtype, raw):
         if npd is None:
             npd = np.dtype("<" + STRUCT_CODES[dtype])
         return np.frombuffer(raw, dtype=npd)
-    n = len(raw) // SIZES[dtype]
+    n = len(raw) // st_file.SIZES[dtype]
     if dtype == "BF16":
         halves = struct.unpack("<%dH" % n, raw)
         return [struct.unpack("<f", struct.pack("<I", h << 16))[0] for h in halves]
@@ -48,70 +45,9 @@ def decode_values(dtype, raw):
 
 def parse_fallback(path):
     """Returns ({name: (dtype, shape, values)}, metadata), validating like the reference reader."""
-    with open(path, "rb") as f:
-        image = f.read()
-    if len(image) < 8:
-        raise BadFile("file is %d bytes, shorter than the 8-byte header length" % len(image))
-    (n,) = struct.unpack("<Q", image[:8])
-    if n > MAX_HEADER_BYTES:
-        raise BadFile("header length %d is absurd (limit %d bytes)" % (n, MAX_HEADER_BYTES))
-    if n > len(image) - 8:
-        raise BadFile("header length %d is larger than the file (%d bytes after the length)"
-                      % (n, len(image) - 8))
-    text = image[8:8 + n]
-    if not text.startswith(b"{"):
-        raise BadFile("header is not a JSON object")
-
-    def no_duplicates(pairs):
-        keys = [k for k, _ in pairs]
-        dup = [k for k, c in Counter(keys).items() if c > 1]
-        if dup:
-            raise BadFile("header repeats the key %r" % dup[0])
-        return dict(pairs)
-
-    try:
-        header = json.loads(text.decode("utf-8"), object_pairs_hook=no_duplicates)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BadFile("header is not valid JSON: %s" % e)
-    metadata = header.pop("__metadata__", None) or {}
-    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise BadFile("__metadata__ must be an object of strings")
-    data = image[8 + n:]
-    spans = []
-    for name, e in header.items():
-        if not isinstance(e, dict) or not {"dtype", "shape", "data_offsets"} <= e.keys():
-            raise BadFile("tensor %r: entry needs dtype, shape, data_offsets" % name)
-        dtype, shape, offs = e["dtype"], e["shape"], e["data_offsets"]
-        if dtype not in SIZES:
-            raise BadFile("tensor %r: unknown dtype %r" % (name, dtype))
-        ints = lambda xs: isinstance(xs, list) and all(
-            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in xs)
-        if not ints(shape):
-            raise BadFile("tensor %r: bad shape %r" % (name, shape))
-        if not ints(offs) or len(offs) != 2 or offs[1] < offs[0]:
-            raise BadFile("tensor %r: bad data_offsets %r" % (name, offs))
-        need = math.prod(shape) * SIZES[dtype]
-        if offs[1] - offs[0] != need:
-            raise BadFile("tensor %r: data_offsets %r span %d bytes, shape %r of %s needs %d"
-                          % (name, offs, offs[1] - offs[0], shape, dtype, need))
-        spans.append((offs[0], offs[1], name))
-    spans.sort()
-    covered = 0
-    for begin, end, name in spans:
-        if end > len(data):
-            raise BadFile("truncated: tensor %r needs bytes [%d,%d) but the data section has %d"
-                          % (name, begin, end, len(data)))
-        if begin != covered:
-            raise BadFile("tensor %r starts at %d, expected %d (overlap or gap)"
-                          % (name, begin, covered))
-        covered = end
-    if covered != len(data):
-        raise BadFile("data section has %d bytes, tensors cover %d" % (len(data), covered))
-    tensors = {}
-    for begin, end, name in spans:
-        e = header[name]
-        tensors[name] = (e["dtype"], list(e["shape"]), decode_values(e["dtype"], data[begin:end]))
-    return tensors, metadata
+    entries, metadata = st_file.read(path)
+    return {name: (dtype, shape, decode_values(dtype, raw))
+            for name, (dtype, shape, raw) in entries.items()}, metadata
 
 
 def load_with_package(path):

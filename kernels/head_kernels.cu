@@ -10,17 +10,10 @@
 #include "cuda_kernels.cuh"
 #include "device_util.cuh"
 #include "head_kernels.cuh"
+#include "kernel_common.cuh"
 
 namespace dqn::cuda {
 namespace {
-
-using dev::launch;
-using dev::warp_max;
-using dev::warp_sum;
-
-double support_step(float v_min, float v_max, int Z) {
-  return Z > 1 ? (static_cast<double>(v_max) - static_cast<double>(v_min)) / (Z - 1) : 0.0;
-}
 
 constexpr int kDistMaxWarps = 16;  // warps per block of the distribution kernel (one per action)
 
@@ -721,7 +714,6 @@ __global__ void __launch_bounds__(kColTile * kRowThreads)
   }
 }
 
-std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a; }
 
 }  // namespace
 

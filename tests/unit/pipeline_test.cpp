@@ -841,6 +841,34 @@ TEST_CASE("pipeline.schema") {
   CHECK(head_key_names() == std::vector<std::string>{"plugin", "name", "role", "budget", "enabled"});
 }
 
+TEST_CASE("pipeline.reference") {
+  // The reference renders the table (every value key a row), the head keys and each plugin's params.
+  const std::string doc = pipeline_reference(kCatalog);
+  CAPTURE(doc);
+  for (const PipelineKey& k : pipeline_keys()) {
+    CAPTURE(k.path);
+    if (k.type == PipelineKey::Type::section || k.type == PipelineKey::Type::heads)
+      CHECK(doc.find("## `" + k.path + "`\n\n" + k.meaning + "\n") != std::string::npos);
+    else
+      CHECK(doc.find("| `" + k.path + "` | " + type_name(k.type) + " | ") != std::string::npos);
+  }
+  for (const std::string& name : head_key_names()) CHECK(doc.find("| `" + name + "` | ") != std::string::npos);
+  CHECK(doc.find("| `cuda.gemm` | choice | `auto` | `auto`, `cublaslt`, `tile`, `tile16x32`, `tile32x32`, "
+                 "`tile64x64` | ") != std::string::npos);
+  CHECK(doc.find("The CPU backend ignores this section.") != std::string::npos);
+  CHECK(doc.find("| `network.trunk` | list of integers | `[256, 256]` | 1 to 8 layers, each >= 1 | ") !=
+        std::string::npos);
+  CHECK(doc.find("| `training.out_dir` | string | `\"\"` | ") != std::string::npos);
+  // Plugins by name, each with its params (a required one said so), or none.
+  CHECK(doc.find("### `broken`") < doc.find("### `c51`"));
+  CHECK(doc.find("### `c51`\n\nfake\n\nRoles: primary or auxiliary.\n\nNo params.\n") != std::string::npos);
+  CHECK(doc.find("Roles: auxiliary only; default budget 0.2.") != std::string::npos);
+  CHECK(doc.find("| `quantiles` | integer | `32` | in [1, 1024] | online quantile samples N |") != std::string::npos);
+  CHECK(doc.find("| `level` | integer | (required) | in [0, 9] | required: probe level |") != std::string::npos);
+  CHECK(doc.back() == '\n');
+  CHECK(doc.find("\n\n\n") == std::string::npos);
+}
+
 TEST_CASE("pipeline.resolve_head_params") {
   PipelineSpec s = parse(
       "heads:\n  - {plugin: c51, role: primary}\n  - {plugin: iqn, quantiles: 8, kappa: 2}\n"

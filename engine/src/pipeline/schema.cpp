@@ -207,7 +207,7 @@ std::vector<PipelineKey> make_pipeline_keys() {
   using Pdl = CudaSpec::Pdl;
   return {
       string("name", DQN_FIELD(name),
-             "the pipeline's name; it names the run directory (runs/<name>-<time>): not empty, no '/'"),
+             "the pipeline's name; it names the run directory (`runs/<name>-<time>`): not empty, no '/'"),
       integer("seed", DQN_FIELD(seed), 0,
               "the seed every random stream derives from (initial weights, environments, exploration, sampling)"),
       backend(),
@@ -311,7 +311,7 @@ std::vector<PipelineKey> make_pipeline_keys() {
       integer("training.eval.episodes", DQN_FIELD(training.eval.episodes), 1, "episodes per evaluation"),
       number("training.stop_at_return", DQN_FIELD(training.stop_at_return), any(),
              "stop once an evaluation's mean return reaches this (0: run all total_steps)"),
-      string("training.out_dir", DQN_FIELD(training.out_dir), "the run directory (empty: runs/<name>-<timestamp>)"),
+      string("training.out_dir", DQN_FIELD(training.out_dir), "the run directory (empty: `runs/<name>-<timestamp>`)"),
   };
 }
 
@@ -338,7 +338,7 @@ std::vector<PipelineKey> make_head_keys() {
       head_entry("plugin", Type::string, "(required)",
                  "the plugin that computes the head's loss (`dqn plugins` lists those found)"),
       head_entry("name", Type::string, "the plugin's name",
-                 "the head's instance name, which names its buffers and overrides (heads.<name>.budget=...): a "
+                 "the head's instance name, which names its buffers and overrides (`heads.<name>.budget=...`): a "
                  "letter or '_', then letters, digits, '_' or '-'"),
       role,
       budget,

@@ -1,8 +1,8 @@
 /** @file schema.hpp
  *  @brief Every pipeline key in one table: its path, type, default (read off a default PipelineSpec),
  *  range or choices, meaning, and the PipelineSpec field it reads and writes. The validator reads
- *  values through it and to_yaml writes from it; rules between keys (v_min < v_max, budgets,
- *  polyak or period, ...) stay in the validator.
+ *  values through it, to_yaml writes from it and pipeline_reference renders it (`dqn doc pipeline`);
+ *  rules between keys (v_min < v_max, budgets, polyak or period, ...) stay in the validator.
  */
 #pragma once
 
@@ -86,5 +86,9 @@ std::string value_text(const PipelineKey& k, const KeyValue& v);
 std::string default_text(const PipelineKey& k);
 /// The accepted values in words: "in (0, 1]", "`cpu`, `cuda`, `auto`", "1 to 8 layers, each >= 1".
 std::string range_text(const PipelineKey& k);
+
+/// The pipeline reference (docs/pipeline.md without its introduction): every key of the table by
+/// section, the head keys, and each catalog plugin's params (plugins sorted by name), as Markdown.
+std::string pipeline_reference(const PluginCatalog& plugins);
 
 }  // namespace dqn

@@ -88,8 +88,8 @@ class Validator {
   const PluginCatalog* catalog_;
   std::string source_;
   SourceLoc top_loc_;
-  /// Every key written, by path: where the rules between keys point.
-  std::map<std::string, const Node*> written_;
+  /// The node of every key the pipeline gives, by path: where the rules between keys point.
+  std::map<std::string, const Node*> given_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -279,14 +279,14 @@ void Validator::read_section(const std::string& section, const Node& n, Pipeline
   if (!may_read_section(section, n, f)) return;
   for (const PipelineKey* k : child_keys(section)) {
     const Node* v = find(f, k->name());
-    if (v) written_[k->path] = v;
+    if (v) given_[k->path] = v;
     if (k->type == Type::heads) {
-      std::vector<HeadWork> work;
       if (!v) {
         fail(top_loc_, "heads", "", "missing: a pipeline needs at least one head",
              "e.g. heads: [{plugin: c51, role: primary}]");
         continue;
       }
+      std::vector<HeadWork> work;
       read_heads(*v, spec, work);
       if (!spec.heads.empty() && spec.heads.size() == v->items.size()) check_heads(*v, spec, work);
     } else if (!v) {
@@ -339,8 +339,8 @@ void Validator::check_key(const PipelineKey& k, const Node& v, const PipelineSpe
 /// Rules between a section's keys, once all of them are read ("" is the whole pipeline).
 void Validator::check_section(const std::string& section, const Node& n, const PipelineSpec& spec) {
   auto at = [&](const std::string& path) {
-    auto it = written_.find(path);
-    return it == written_.end() ? nullptr : it->second;
+    auto it = given_.find(path);
+    return it == given_.end() ? nullptr : it->second;
   };
   if (section == "network" && !(spec.network.v_min < spec.network.v_max)) {
     const Node* vmin = at("network.v_min");

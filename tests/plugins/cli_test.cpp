@@ -1,7 +1,8 @@
 // The dqn command line, run as a process from the build tree (stdout and stderr captured):
 // plugins, validate (shipped, invalid and missing-plugin pipelines), step (the dump's spec names,
 // the saved resolved pipeline, init/weights/batch round trips bit for bit, corrupt weights),
-// --explain, and bench on the CPU reference (its JSON and table, refused input).
+// --explain, bench on the CPU reference (its JSON and table, refused input), and docs/pipeline.md against
+// `dqn doc pipeline`.
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -145,6 +146,27 @@ std::string read_text(const std::string& path) {
   return {std::istreambuf_iterator<char>(f), {}};
 }
 
+/// "" when the texts are equal; else the first line where they differ, from both.
+std::string first_difference(const std::string& a_name, const std::string& a, const std::string& b_name,
+                             const std::string& b) {
+  std::istringstream in_a(a), in_b(b);
+  std::string line_a, line_b;
+  for (int line = 1;; ++line) {
+    const bool more_a = static_cast<bool>(std::getline(in_a, line_a));
+    const bool more_b = static_cast<bool>(std::getline(in_b, line_b));
+    if (!more_a && !more_b) return a == b ? "" : a_name + " and " + b_name + " differ in their last line's end";
+    if (more_a && more_b && line_a == line_b) continue;
+    return a_name + " differs from " + b_name + " first at line " + std::to_string(line) + ":\n  " + a_name +
+           ": " + (more_a ? line_a : "(ends)") + "\n  " + b_name + ": " + (more_b ? line_b : "(ends)");
+  }
+}
+
+/// The command that writes docs/pipeline.md with this build's plugins only (as the tests see them).
+std::string doc_pipeline_command(const std::string& doc_path) {
+  return "DQN_PLUGIN_DEFAULT_DIRS= DQN_PLUGIN_PATH=" + quote(plugin_dir()) + " " + quote(dqn()) +
+         " doc pipeline > " + quote(doc_path);
+}
+
 }  // namespace
 
 TEST_CASE("cli.plugins") {
@@ -175,6 +197,14 @@ TEST_CASE("cli.plugins") {
   CHECK(none.rc != 0);
   CHECK(has(none.out, "search path: " + empty.dir.string() + "\n"));
   CHECK(has(none.out, "no plugins found"));
+}
+
+TEST_CASE("cli.doc.pipeline: docs/pipeline.md is what `dqn doc pipeline` prints") {
+  const Run r = dqn_run("doc pipeline");
+  REQUIRE_MESSAGE(r.rc == 0, r.out);
+  const std::string doc_path = source_dir() + "/docs/pipeline.md";
+  const std::string difference = first_difference("docs/pipeline.md", read_text(doc_path), "dqn doc pipeline", r.out);
+  CHECK_MESSAGE(difference.empty(), difference << "\nregenerate it with: " << doc_pipeline_command(doc_path));
 }
 
 TEST_CASE("cli.validate.shipped_pipelines") {

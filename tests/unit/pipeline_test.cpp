@@ -12,6 +12,7 @@
 #include "training/env/cartpole.hpp"
 #include "training/env/env.hpp"
 #include "pipeline/parse.hpp"
+#include "pipeline/schema.hpp"
 
 using namespace dqn;
 
@@ -96,6 +97,14 @@ std::vector<PipelineError> errors_of(const std::string& text, const ParseOptions
   return {};
 }
 
+/// The one error of a pipeline that must fail with exactly one.
+PipelineError only_error(const std::string& text, const ParseOptions& o = with_catalog()) {
+  auto errs = errors_of(text, o);
+  INFO("errors: " << errs.size());
+  REQUIRE(errs.size() == 1);
+  return errs[0];
+}
+
 const std::string kPrimary = "heads: [{plugin: c51, role: primary}]\n";
 
 std::string source_dir() {
@@ -141,6 +150,7 @@ void check_same(const PipelineSpec& a, const PipelineSpec& b) {
   CHECK(a.gamma == b.gamma);
   CHECK(a.n_step == b.n_step);
   CHECK(a.report_every == b.report_every);
+  CHECK(a.cuda == b.cuda);
   const TrainingSpec &s = a.training, &t = b.training;
   CHECK(s.env == t.env);
   CHECK(s.num_envs == t.num_envs);
@@ -161,6 +171,12 @@ void check_same(const PipelineSpec& a, const PipelineSpec& b) {
   CHECK(s.eval.episodes == t.eval.episodes);
   CHECK(s.stop_at_return == t.stop_at_return);
   CHECK(s.out_dir == t.out_dir);
+}
+
+std::string join_keys(const std::vector<std::string>& keys) {
+  std::string all;
+  for (const auto& k : keys) all += (all.empty() ? "" : ", ") + k;
+  return all;
 }
 
 std::string contains_msg(const std::vector<PipelineError>& errs) {
@@ -318,6 +334,10 @@ TEST_CASE("pipeline.invalid_table") {
     {"two documents", P + "---\n" + P, "holds one YAML document", 3, 1},
     {"a recursive alias", "name: &a [*a]\n" + P, "nested deeper than 32 levels", 1, 7},
     {"name with a slash", "name: a/b\n" + P, "key 'name' = 'a/b': a pipeline name is non-empty and has no '/'", 1, 7},
+    {"a cuda choice misspelt", "cuda:\n  gemm: tiles\n" + P, "key 'cuda.gemm' = 'tiles': expected one of auto, cublaslt, tile, tile16x32, tile32x32, tile64x64, did you mean 'tile'?", 2, 9},
+    {"an unknown key under cuda", "cuda: {gem: cublaslt}\n" + P, "key 'cuda.gem' = 'cublaslt': unknown key, did you mean 'gemm'?\n  hint: valid keys in 'cuda': autotune, gemm, tile_loads, update_cluster, pdl", 1, 8},
+    {"a cuda cluster size it does not have", "cuda: {update_cluster: 32}\n" + P, "key 'cuda.update_cluster' = '32': expected one of auto, 8, 16, off", 1, 24},
+    {"cuda not a map", "cuda: cublaslt\n" + P, "key 'cuda' = 'cublaslt': expected a map\n  hint: keys here: autotune, gemm, tile_loads, update_cluster, pdl", 1, 7},
   };
   // clang-format on
   CHECK(rows.size() >= 30);
@@ -726,6 +746,127 @@ TEST_CASE("pipeline.to_yaml_round_trip") {
     PipelineSpec b = parse_pipeline(to_yaml(a), "to_yaml", with_catalog());
     check_same(a, b);
   }
+}
+
+TEST_CASE("pipeline.cuda") {
+  SUBCASE("left out: the CudaSpec defaults, written back in full") {
+    PipelineSpec s = parse(kPrimary);
+    CHECK(s.cuda == CudaSpec{});
+    CHECK(to_yaml(s).find("cuda:\n  autotune: true\n  gemm: auto\n  tile_loads: auto\n  update_cluster: auto\n"
+                          "  pdl: auto\n") != std::string::npos);
+  }
+  SUBCASE("overrides reach every key and round-trip through to_yaml") {
+    PipelineSpec a = parse(kPrimary, with_catalog({"cuda.gemm=cublaslt", "cuda.autotune=false",
+                                                   "cuda.tile_loads=ldmatrix", "cuda.update_cluster=off",
+                                                   "cuda.pdl=small"}));
+    CHECK(a.cuda.gemm == CudaSpec::Gemm::cublaslt);
+    CHECK_FALSE(a.cuda.autotune);
+    CHECK(a.cuda.tile_loads == CudaSpec::TileLoads::ldmatrix);
+    CHECK(a.cuda.update_cluster == -1);
+    CHECK(a.cuda.pdl == CudaSpec::Pdl::small);
+    const std::string y = to_yaml(a);
+    CAPTURE(y);
+    CHECK(y.find("cuda:\n  autotune: false\n  gemm: cublaslt\n  tile_loads: ldmatrix\n  update_cluster: off\n"
+                 "  pdl: small\n") != std::string::npos);
+    PipelineSpec b = parse_pipeline(y, "to_yaml", with_catalog());
+    check_same(a, b);
+    CHECK(to_yaml(b) == y);
+  }
+  SUBCASE("every choice, from a file, reads as its value") {
+    const std::vector<std::pair<std::string, CudaSpec::Gemm>> gemms = {
+        {"auto", CudaSpec::Gemm::automatic}, {"cublaslt", CudaSpec::Gemm::cublaslt},
+        {"tile", CudaSpec::Gemm::tile},       {"tile16x32", CudaSpec::Gemm::tile16x32},
+        {"tile32x32", CudaSpec::Gemm::tile32x32}, {"tile64x64", CudaSpec::Gemm::tile64x64}};
+    for (const auto& [text, gemm] : gemms) {
+      CAPTURE(text);
+      CHECK(parse("cuda: {gemm: " + text + "}\n" + kPrimary).cuda.gemm == gemm);
+    }
+    const std::vector<std::pair<std::string, int>> clusters = {{"auto", 0}, {"8", 8}, {"16", 16}, {"off", -1}};
+    for (const auto& [text, blocks] : clusters) {
+      CAPTURE(text);
+      PipelineSpec s = parse("cuda:\n  update_cluster: " + text + "\n" + kPrimary);
+      CHECK(s.cuda.update_cluster == blocks);
+      CHECK(update_cluster_text(s.cuda.update_cluster) == text);
+    }
+    CHECK(parse("cuda: {tile_loads: plain, pdl: all}\n" + kPrimary).cuda.tile_loads == CudaSpec::TileLoads::plain);
+    CHECK(parse("cuda: {pdl: \"off\"}\n" + kPrimary).cuda.pdl == CudaSpec::Pdl::off);
+  }
+  SUBCASE("a bad value in a file: where, which key, what value, the choices and the closest") {
+    const PipelineError e = only_error("name: x\ncuda:\n  autotune: true\n  gemm: tiles\n" + kPrimary);
+    CHECK(std::string(e.what()) ==
+          "t.yaml:4:9: key 'cuda.gemm' = 'tiles': expected one of auto, cublaslt, tile, tile16x32, tile32x32, "
+          "tile64x64, did you mean 'tile'?");
+    CHECK(e.key() == "cuda.gemm");
+    CHECK(e.value() == "tiles");
+  }
+  SUBCASE("a bad value through an override") {
+    CHECK(std::string(only_error(kPrimary, with_catalog({"cuda.pdl=smal"})).what()) ==
+          "<override 'cuda.pdl=smal'>: key 'cuda.pdl' = 'smal': expected one of auto, small, all, off, "
+          "did you mean 'small'?");
+    CHECK(only_error(kPrimary, with_catalog({"cuda.autotune=yes"})).hint().find("'yes' is ambiguous") !=
+          std::string::npos);
+  }
+  SUBCASE("an unknown key under cuda lists the valid ones") {
+    CHECK(std::string(only_error("cuda:\n  graphs: true\n" + kPrimary).what()) ==
+          "t.yaml:2:3: key 'cuda.graphs' = 'true': unknown key\n"
+          "  hint: valid keys in 'cuda': autotune, gemm, tile_loads, update_cluster, pdl");
+    const PipelineError e = only_error(kPrimary, with_catalog({"cuda.tile_load=plain"}));
+    CHECK(e.where().str() == "<override 'cuda.tile_load=plain'>");
+    CHECK(e.why() == "unknown key, did you mean 'tile_loads'?");
+  }
+}
+
+TEST_CASE("pipeline.schema") {
+  // Every value key: reachable as an override with its default's text, which reads back as the
+  // default (the table's get, set and text agree), and written by to_yaml.
+  const PipelineSpec defaults = parse(kPrimary);
+  const std::string written = to_yaml(defaults);
+  int value_keys = 0;
+  for (const PipelineKey& k : pipeline_keys()) {
+    CAPTURE(k.path);
+    if (k.type == PipelineKey::Type::section || k.type == PipelineKey::Type::heads) continue;
+    ++value_keys;
+    CHECK(!k.meaning.empty());
+    if (k.written && !k.written(defaults)) {  // target.period: 0 is the Polyak update, not a period
+      CHECK(written.find(" " + k.name() + ":") == std::string::npos);
+      continue;
+    }
+    CHECK(written.find(k.name() + ": " + default_text(k) + "\n") != std::string::npos);
+    PipelineSpec s = parse(kPrimary, with_catalog({k.path + "=" + default_text(k)}));
+    check_same(s, defaults);
+  }
+  CHECK(value_keys >= 40);
+  // The sections' keys, as the unknown-key hints list them, come from the table.
+  CHECK(join_keys(child_names("network")) == "state, trunk, head_hidden, branches, actions, atoms, v_min, v_max");
+  CHECK(head_key_names() == std::vector<std::string>{"plugin", "name", "role", "budget", "enabled"});
+}
+
+TEST_CASE("pipeline.reference") {
+  // The reference renders the table (every value key a row), the head keys and each plugin's params.
+  const std::string doc = pipeline_reference(kCatalog);
+  CAPTURE(doc);
+  for (const PipelineKey& k : pipeline_keys()) {
+    CAPTURE(k.path);
+    if (k.type == PipelineKey::Type::section || k.type == PipelineKey::Type::heads)
+      CHECK(doc.find("## `" + k.path + "`\n\n" + k.meaning + "\n") != std::string::npos);
+    else
+      CHECK(doc.find("| `" + k.path + "` | " + type_name(k.type) + " | ") != std::string::npos);
+  }
+  for (const std::string& name : head_key_names()) CHECK(doc.find("| `" + name + "` | ") != std::string::npos);
+  CHECK(doc.find("| `cuda.gemm` | choice | `auto` | `auto`, `cublaslt`, `tile`, `tile16x32`, `tile32x32`, "
+                 "`tile64x64` | ") != std::string::npos);
+  CHECK(doc.find("The CPU backend ignores this section.") != std::string::npos);
+  CHECK(doc.find("| `network.trunk` | list of integers | `[256, 256]` | 1 to 8 layers, each >= 1 | ") !=
+        std::string::npos);
+  CHECK(doc.find("| `training.out_dir` | string | `\"\"` | ") != std::string::npos);
+  // Plugins by name, each with its params (a required one said so), or none.
+  CHECK(doc.find("### `broken`") < doc.find("### `c51`"));
+  CHECK(doc.find("### `c51`\n\nfake\n\nRoles: primary or auxiliary.\n\nNo params.\n") != std::string::npos);
+  CHECK(doc.find("Roles: auxiliary only; default budget 0.2.") != std::string::npos);
+  CHECK(doc.find("| `quantiles` | integer | `32` | in [1, 1024] | online quantile samples N |") != std::string::npos);
+  CHECK(doc.find("| `level` | integer | (required) | in [0, 9] | required: probe level |") != std::string::npos);
+  CHECK(doc.back() == '\n');
+  CHECK(doc.find("\n\n\n") == std::string::npos);
 }
 
 TEST_CASE("pipeline.resolve_head_params") {

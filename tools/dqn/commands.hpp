@@ -44,6 +44,8 @@ struct BenchArgs {
 };
 
 int cmd_plugins(const Common& c);
+/// docs/pipeline.md: an introduction, then the reference rendered from the key table and the plugins found.
+int cmd_doc_pipeline(const Common& c);
 int cmd_validate(const Common& c, const std::vector<std::string>& files);
 int cmd_step(const StepArgs& a);
 int cmd_train(const TrainArgs& a);

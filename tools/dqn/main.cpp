@@ -1,4 +1,4 @@
-// The dqn command line: train, step, bench, validate, plugins.
+// The dqn command line: train, step, bench, validate, plugins, doc.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
@@ -28,6 +28,13 @@ int main(int argc, char** argv) {
   Common plugins_c;
   auto* plugins = app.add_subcommand("plugins", "list the loss-head plugins found, with their schemas");
   add_common(plugins, plugins_c, false);
+
+  Common doc_c;
+  auto* doc = app.add_subcommand("doc", "print reference documentation generated from the code");
+  doc->require_subcommand(1);
+  auto* doc_pipeline = doc->add_subcommand(
+      "pipeline", "every pipeline key and the plugins' params, as Markdown (docs/pipeline.md)");
+  add_common(doc_pipeline, doc_c, false);
 
   Common validate_c;
   std::vector<std::string> files;
@@ -100,6 +107,7 @@ int main(int argc, char** argv) {
   };
   try {
     if (*plugins) return cmd_plugins(plugins_c);
+    if (*doc_pipeline) return cmd_doc_pipeline(doc_c);
     if (*validate) return cmd_validate(validate_c, files);
     if (*step_cmd) {
       for (auto& o : step_extra) step.common.overrides.push_back(o);

@@ -1,6 +1,8 @@
-/** @file pipeline_parse.hpp
+/** @file parse.hpp
  *  @brief The pipeline DSL: YAML text → a validated dqn::PipelineSpec, before anything is
  *  allocated. Every error carries file:line:column, the full key path, the value and why.
+ *  tree.cpp reads the YAML and applies overrides, validate.cpp checks it through the key table of
+ *  schema.hpp, write.cpp writes it back, head_params.cpp resolves plugin params.
  */
 #pragma once
 

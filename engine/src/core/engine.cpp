@@ -896,6 +896,11 @@ std::vector<std::pair<std::string, std::vector<std::string>>> Engine::stage_wait
 std::string Engine::explain() const {
   std::ostringstream os;
   os << "pipeline '" << spec_.name << "' on " << rt_->describe() << "\n";
+  if (backend_ != BackendKind::cuda)  // (a CUDA runtime's describe() says how it applies them)
+    os << "cuda: autotune " << (spec_.cuda.autotune ? "true" : "false") << ", gemm " << to_string(spec_.cuda.gemm)
+       << ", tile_loads " << to_string(spec_.cuda.tile_loads) << ", update_cluster "
+       << update_cluster_text(spec_.cuda.update_cluster) << ", pdl " << to_string(spec_.cuda.pdl)
+       << " (not used by the cpu backend)\n";
   os << "heads:";
   for (std::size_t h = 0; h < heads_.size(); ++h)
     os << "  " << head_names_[h] << " (" << heads_[h].plugin().descriptor->name << ", budget " << fractions_[h] << ")";
@@ -910,81 +915,6 @@ std::string Engine::explain() const {
     os << "\n";
   }
   return os.str();
-}
-
-// ---------------------------------------------------------------------------------------------
-HostBatch HostBatch::random(const PipelineSpec& spec, std::uint64_t seed) {
-  HostBatch b;
-  b.B = spec.batch;
-  b.S = spec.network.state;
-  b.D = spec.network.branches;
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f), w(0.5f, 1.5f), c(0.0f, 1.0f);
-  std::uniform_int_distribution<int> a(0, spec.network.actions - 1);
-  const std::size_t n = std::size_t(b.B) * std::size_t(b.S);
-  b.states.resize(n);
-  b.next_states.resize(n);
-  for (auto& x : b.states) x = u(rng);
-  for (auto& x : b.next_states) x = u(rng);
-  b.actions.resize(std::size_t(b.B) * std::size_t(b.D));
-  for (auto& x : b.actions) x = a(rng);
-  for (int i = 0; i < b.B; ++i) {
-    b.rewards.push_back(u(rng));
-    b.dones.push_back(c(rng) < 0.1f ? 1.0f : 0.0f);
-    b.is_weights.push_back(w(rng));
-  }
-  return b;
-}
-
-HostBatch HostBatch::from_file(const st::File& f, const std::string& what) {
-  HostBatch b;
-  const auto& s = f.get("states");
-  if (s.shape.size() != 2) throw std::invalid_argument(what + ": 'states' must be [B,S], got " + st::shape_str(s.shape));
-  b.B = int(s.shape[0]);
-  b.S = int(s.shape[1]);
-  const auto& a = f.get("actions");
-  if (a.shape.size() != 2 || a.shape[0] != b.B)
-    throw std::invalid_argument(what + ": 'actions' must be [B,D] with B = " + std::to_string(b.B) + ", got " + st::shape_str(a.shape));
-  b.D = int(a.shape[1]);
-  const std::vector<std::int64_t> bs{b.B, b.S}, bv{b.B};
-  b.states = f.get_f32("states", bs);
-  b.next_states = f.get_f32("next_states", bs);
-  b.actions = f.get_i32("actions", {b.B, b.D});
-  b.rewards = f.get_f32("rewards", bv);
-  b.dones = f.get_f32("dones", bv);
-  b.is_weights = f.get_f32("is_weights", bv);
-  return b;
-}
-
-void HostBatch::to_file(st::File& f) const {
-  f.put_f32("states", {B, S}, states.data());
-  f.put_f32("next_states", {B, S}, next_states.data());
-  f.put_i32("actions", {B, D}, actions.data());
-  f.put_f32("rewards", {B}, rewards.data());
-  f.put_f32("dones", {B}, dones.data());
-  f.put_f32("is_weights", {B}, is_weights.data());
-}
-
-void HostBatch::check(const PipelineSpec& spec, const std::string& what) const {
-  auto bad = [&](const std::string& m) { throw std::invalid_argument(what + ": " + m); };
-  if (B != spec.batch) bad("batch size " + std::to_string(B) + " but the pipeline's batch is " + std::to_string(spec.batch));
-  if (S != spec.network.state) bad("states have " + std::to_string(S) + " features but network.state is " + std::to_string(spec.network.state));
-  if (D != spec.network.branches) bad("actions have " + std::to_string(D) + " branches but network.branches is " + std::to_string(spec.network.branches));
-  const std::size_t n = std::size_t(B) * std::size_t(S);
-  if (states.size() != n || next_states.size() != n || actions.size() != std::size_t(B) * std::size_t(D) ||
-      rewards.size() != std::size_t(B) || dones.size() != std::size_t(B) || is_weights.size() != std::size_t(B))
-    bad("tensor sizes do not match B, S, D");
-  for (std::size_t i = 0; i < actions.size(); ++i)
-    if (actions[i] < 0 || actions[i] >= spec.network.actions)
-      bad("actions[" + std::to_string(i / std::size_t(D)) + "," + std::to_string(i % std::size_t(D)) + "] = " +
-          std::to_string(actions[i]) + " is outside 0.." + std::to_string(spec.network.actions - 1));
-  for (int i = 0; i < B; ++i) {
-    if (dones[std::size_t(i)] != 0.0f && dones[std::size_t(i)] != 1.0f)
-      bad("dones[" + std::to_string(i) + "] = " + std::to_string(dones[std::size_t(i)]) + " (must be 0 or 1)");
-    if (!std::isfinite(rewards[std::size_t(i)])) bad("rewards[" + std::to_string(i) + "] is not finite");
-    if (!(is_weights[std::size_t(i)] >= 0.0f) || !std::isfinite(is_weights[std::size_t(i)]))
-      bad("is_weights[" + std::to_string(i) + "] must be finite and >= 0");
-  }
 }
 
 }  // namespace dqn

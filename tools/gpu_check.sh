@@ -1,19 +1,18 @@
 #!/usr/bin/env bash
 # On a GPU machine, in one call: build with CUDA, run the suites (gpu included), a CUDA `dqn step`,
-# the benchmark against the PyTorch peer (C51 alone and all four heads), the kernel switches, and
-# compute-sanitizer on the update, head and loss ops and on whole steps. Logs and JSON go to
-# ${OUT:-out}/; a short summary is printed last.
+# the benchmark against the PyTorch peer (C51 alone and all four heads), the pipeline's cuda:
+# choices against the defaults, and compute-sanitizer on the update, head and loss ops and on whole
+# steps. Logs and JSON go to ${OUT:-out}/; a short summary is printed last.
 # Usage: tools/gpu_check.sh [quick|bench|fast|verify]   quick: build, tests, step; bench: build and
 # benchmarks only; fast: build, tests, step, then the two comparisons at B 256 and the replayed
 # steps' kernel timelines (dqn-trace) (for iterating on kernels: about half the device time of a
 # full run); verify: build, the gpu suite alone, step, the C51 timeline with the update's phases,
 # the C51 comparison at B 256 against the graph peer (what a change to the default kernels needs
 # first, in about 150 s).
-# Environment: SWITCHES="DQN_X=a ..." runs only those switch rows; STEP_SWITCHES="DQN_X=a ..." runs
-# the gpu.step binary once more under each (every case with that switch; DQN_X=a,DQN_Y=b sets
-# both for one run); SANITIZE_OPS /
-# SANITIZE_STEP the compute-sanitizer tools (default memcheck racecheck / memcheck initcheck);
-# SAN_BOX each one's time box in seconds.
+# Environment: CHOICES="cuda.x=a ..." runs only those rows of the cuda: choices against the
+# defaults (cuda.x=a,cuda.y=b sets both for one row); SANITIZE_OPS / SANITIZE_STEP the
+# compute-sanitizer tools (default memcheck racecheck / memcheck initcheck); SAN_BOX each one's time
+# box in seconds.
 set -uo pipefail
 mode=${1:-all}
 all="heads.1.enabled=true heads.2.enabled=true heads.3.enabled=true"
@@ -32,13 +31,13 @@ pack() {
   [ -s "$out/logs.tgz" ] &&
     find "$out" -maxdepth 1 -type f ! -name logs.tgz ! -name summary.txt ! -name 'compare_*.json' -delete
 }
-# The replayed step's kernel timeline (tools/trace): C51 into the summary, all four heads into a file
-# (its update-kernel stamps into the summary too: DQN_UPDATE_CLOCK=1, after the traced replays).
+# The replayed step's kernel timeline (tools/lab/trace): C51 into the summary, all four heads into a
+# file (its update-kernel stamps into the summary too: --update-clock, after the traced replays).
 trace() {
-  DQN_UPDATE_CLOCK=1 $build/tools/dqn-trace pipelines/ref.yaml --batch 256 --precision tf32 >"$out/trace_c51.txt" 2>&1
+  $build/tools/lab/dqn-trace pipelines/ref.yaml --batch 256 --precision tf32 --update-clock >"$out/trace_c51.txt" 2>&1
   cat "$out/trace_c51.txt" >>"$summary"; head -3 "$out/trace_c51.txt"
   # shellcheck disable=SC2086
-  DQN_UPDATE_CLOCK=1 $build/tools/dqn-trace pipelines/ref.yaml $all --batch 256 --precision tf32 \
+  $build/tools/lab/dqn-trace pipelines/ref.yaml $all --batch 256 --precision tf32 --update-clock \
     >"$out/trace_full.txt" 2>&1
   head -3 "$out/trace_full.txt" | tee -a "$summary"
   sed -n '/^update clock/,$p' "$out/trace_full.txt" >>"$summary"
@@ -74,19 +73,13 @@ if [ "$mode" != bench ]; then
         note "  $pattern: rc=$rc $(grep -E '^\[doctest\] (test cases|assertions)' "$log" | tr -s ' ' | tr '\n' ' ')"
       done
   done
-  for kv in ${STEP_SWITCHES:-}; do
-    IFS=, read -r -a envs <<<"$kv"  # DQN_X=a,DQN_Y=b: both at once
-    env "${envs[@]}" $build/tests/test_gpu_step >"$out/step_${kv//[^A-Za-z0-9]/_}.log" 2>&1
-    note "gpu.step with $kv: rc=$? ($(grep -E '^\[doctest\] (test cases|assertions)' "$out/step_${kv//[^A-Za-z0-9]/_}.log" |
-      tr -s ' ' | tr '\n' ' '))"
-  done
   $build/tools/dqn step pipelines/c51.yaml --backend cuda --random-batch 1 --steps 10 --out /tmp/o.safetensors \
     >"$out/step.log" 2>&1 && python3 tools/st_check.py /tmp/o.safetensors \
     --expect trunk.0.weight,target.trunk.0.weight,adam.m.trunk.0.weight,adam.v.trunk.0.weight,adam.step,c51.branch.2.1.weight,loss.c51,grad_norm.c51,clip.c51,loss.total,td_error,skipped_steps \
     >"$out/st_check.log" 2>&1; note "cuda dqn step + st_check rc=$?"
   if [ "$mode" = verify ]; then
-    # the C51 step's kernel timeline and the update's phases (DQN_UPDATE_CLOCK=1)
-    DQN_UPDATE_CLOCK=1 $build/tools/dqn-trace pipelines/ref.yaml --batch 256 --precision tf32 >"$out/trace_c51.txt" 2>&1
+    # the C51 step's kernel timeline and the update's phases
+    $build/tools/lab/dqn-trace pipelines/ref.yaml --batch 256 --precision tf32 --update-clock >"$out/trace_c51.txt" 2>&1
     head -3 "$out/trace_c51.txt" | tee -a "$summary"
     sed -n '/^update clock/,$p' "$out/trace_c51.txt" >>"$summary"
     python3 bench/compare.py --dqn $build/tools/dqn --pipeline pipelines/ref.yaml --batch 256 --precision tf32 \
@@ -104,7 +97,7 @@ if [ "$mode" != bench ]; then
   done
   # what a kernel boundary, a grid or cluster barrier, a flag hand-off and a load cost here, and how far
   # apart a replayed graph starts its independent chains (dqn-latency)
-  [ -x $build/tools/dqn-latency ] && { timeout 180 $build/tools/dqn-latency 2>&1 | tee -a "$summary"; }
+  [ -x $build/tools/lab/dqn-latency ] && { timeout 180 $build/tools/lab/dqn-latency 2>&1 | tee -a "$summary"; }
 fi
 if [ "$mode" = quick ]; then pack; exit 0; fi
 
@@ -115,12 +108,12 @@ if [ "$mode" = fast ]; then
       --json-out "$out/compare_$cfg.json" 2>"$out/compare_$cfg.err" | tee -a "$summary" || tail -5 "$out/compare_$cfg.err"
   done
   trace
-  # FAST_SWITCHES="DQN_X=a DQN_Y=b": the C51 and all-heads steps at B 256 with each setting.
-  for kv in ${FAST_SWITCHES:-}; do
+  # FAST_CHOICES="cuda.x=a cuda.y=b": the C51 and all-heads steps at B 256 with each choice.
+  for kv in ${FAST_CHOICES:-}; do
     for extra in "" "$all"; do
       # shellcheck disable=SC2086
-      env "$kv" $build/tools/dqn bench pipelines/ref.yaml $extra --batch 256 --precision tf32 2>&1 | grep -v "^pipeline" |
-        sed "s|^|$kv ${extra:+(all heads)}: |" | tee -a "$summary"
+      $build/tools/dqn bench pipelines/ref.yaml $extra ${kv//,/ } --batch 256 --precision tf32 2>&1 |
+        grep -v "^pipeline" | sed "s|^|$kv ${extra:+(all heads)}: |" | tee -a "$summary"
     done
   done
   note "total: $(( $(date +%s) - t0 )) s"
@@ -134,41 +127,34 @@ python3 bench/compare.py --dqn $build/tools/dqn --pipeline pipelines/ref.yaml --
   --heads c51,iqn,ensemble,cql $(for s in $all; do printf -- '--set %s ' "$s"; done) \
   --json-out "$out/compare_full.json" >"$out/compare_full.txt" 2>"$out/compare_full.err" || tail -5 "$out/compare_full.err"
 $build/tools/dqn bench pipelines/ref.yaml --batch 256,1024,4096 --precision fp32,bf16 >"$out/bench_prec.txt" 2>&1
-# Switches against the defaults (the same results, other kernels), B 256, one labelled line each:
-# the update as the four ops (=0) instead of the cluster update; tall-k GEMMs run whole; autotuning also over
-# cuBLASLt's split-k variants; cuBLASLt for every GEMM (DQN_TILE_GEMM=0); no programmatic dependent launch (DQN_PDL=0)
-# or none for kernels with much shared memory (DQN_PDL=small) or programmatic launch for every kernel even in a wide
-# step (DQN_PDL=1); every graph node at the default priority (DQN_PRIORITY=0);
-# the block-per-(row, branch) distribution kernels (DQN_WARP_HEAD=0).
-: >"$out/bench_switches.txt"
-sw() {  # sw LABEL CONFIG BATCHES ENV...
-  local label=$1 cfg=$2 batches=$3; shift 3
-  local ov=""; [ "$cfg" = all ] && ov=$all
-  env "$@" $build/tools/dqn bench pipelines/ref.yaml $ov --batch "$batches" --precision tf32 2>&1 | grep -v "^pipeline" |
-    sed "s|^|$label ($cfg): |" >>"$out/bench_switches.txt"
+# The pipeline's cuda: choices against the defaults (the same results, other kernels or launches),
+# B 256, one labelled line each: the update as its separate kernels; cuBLASLt for every GEMM; no
+# programmatic dependent launch, or only for kernels with little shared memory, or for every
+# kernel even in a wide step.
+: >"$out/bench_choices.txt"
+choice() {  # choice LABEL CONFIG BATCHES OVERRIDES (comma-separated)
+  local label=$1 cfg=$2 batches=$3 ov=$4
+  local heads=""; [ "$cfg" = all ] && heads=$all
+  # shellcheck disable=SC2086
+  $build/tools/dqn bench pipelines/ref.yaml $heads ${ov//,/ } --batch "$batches" --precision tf32 2>&1 |
+    grep -v "^pipeline" | sed "s|^|$label ($cfg): |" >>"$out/bench_choices.txt"
 }
-# SWITCHES="DQN_X=a DQN_Y=b": only these rows (C51 and all heads at B 256), for a shorter run.
-for kv in ${SWITCHES:-}; do
-  for cfg in c51 all; do sw "$kv" $cfg 256 "$kv"; done
+# CHOICES="cuda.x=a cuda.y=b": only these rows (C51 and all heads at B 256), for a shorter run.
+for kv in ${CHOICES:-}; do
+  for cfg in c51 all; do choice "$kv" $cfg 256 "$kv"; done
 done
 for cfg in c51 all; do
-  [ -n "${SWITCHES:-}" ] && break
-  sw "DQN_FUSED_UPDATE=0" $cfg 256 DQN_FUSED_UPDATE=0
-  sw "DQN_GEMM_TUNE_SPLIT_K=1" $cfg 256 DQN_GEMM_TUNE_SPLIT_K=1
-  sw "DQN_TILE_GEMM=0" $cfg 256 DQN_TILE_GEMM=0
-  sw "DQN_PDL=0" $cfg 256 DQN_PDL=0
-  sw "DQN_PDL=small" $cfg 256 DQN_PDL=small
-  sw "DQN_PDL=1" $cfg 256 DQN_PDL=1
-  sw "DQN_PRIORITY=0" $cfg 256 DQN_PRIORITY=0
-  sw "DQN_WARP_HEAD=0" $cfg 256 DQN_WARP_HEAD=0
+  [ -n "${CHOICES:-}" ] && break
+  for kv in cuda.update_cluster=off cuda.gemm=cublaslt cuda.pdl=off cuda.pdl=small cuda.pdl=all; do
+    choice "$kv" $cfg 256 "$kv"
+  done
 done
-[ -z "${SWITCHES:-}" ] && sw "DQN_GEMM_SPLIT_K=0" all 256,4096 DQN_GEMM_SPLIT_K=0
 {
   echo "== C51 (ref), tf32: engine vs PyTorch graph"; cat "$out/compare_c51.txt"
   echo "== all four heads (ref), tf32"; cat "$out/compare_full.txt"
   echo "== C51, fp32 and bf16"; cat "$out/bench_prec.txt"
-  echo "== switches, tf32"
-  cat "$out/bench_switches.txt"
+  echo "== cuda: choices, tf32"
+  cat "$out/bench_choices.txt"
 } | tee -a "$summary"
 grep -o '"device": "[^"]*"' "$out/compare_c51.json" | head -1 | tee -a "$summary"
 if [ "$mode" = bench ]; then pack; exit 0; fi
@@ -179,7 +165,7 @@ trace
 # racecheck (shared-memory hazards) leaves out gemm_mask: its six GEMM paths (cuBLASLt and bf16
 # among them) took it past the time box, and the mask in tile_gemm's epilogue reads no shared memory.
 for tool in ${SANITIZE_OPS:-memcheck racecheck}; do
-  cases='*update*,*head_*,*c51_loss*,*c51_xent*,*dueling_dist*,*tile_gemm*,*gemm_wgrad*,*gemm_chain*,*relu_bias_grad*'
+  cases='*update*,*head_*,*c51_loss*,*c51_xent*,*dueling_dist*,*tile_gemm*,*relu_bias_grad*'
   [ "$tool" = memcheck ] && cases="$cases,*gemm_mask*,*gemm_batch2*,*gemm_sum_batch*"
   timeout "${SAN_BOX:-120}" meson test -C $build --no-rebuild --setup $tool gpu.ops --test-args="-tc=$cases" \
     >"$out/san_${tool}_ops.log" 2>&1; note "$tool gpu.ops ($cases): rc=$?"

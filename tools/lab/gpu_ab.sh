@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# On a GPU machine: an A/B comparison of kernel switches with the run-to-run noise of autotuning
-# averaged out. Each variant ("default" or "ENV=value[,ENV2=value]") runs `dqn bench` at B 256,
-# tf32, C51 and all four heads, ROUNDS times (default 3) in alternating order, each a fresh
-# process (and so a fresh autotuning); prints every figure and the median per variant. With
-# TRACE=1 it also prints each variant's C51 kernel timeline (dqn-trace, with the cluster update's
-# phase stamps: DQN_UPDATE_CLOCK=1), with TRACE=all also the all-heads one. Needs build-gpu built.
-# OUT=dir: a copy of the output in dir/ab.txt.
-# Usage: tools/gpu_ab.sh default DQN_PDL=0 DQN_WARP_HEAD=0,DQN_PDL=0
+# On a GPU machine: an A/B comparison of the pipeline's cuda: choices with the run-to-run noise of
+# autotuning averaged out. Each variant ("default" or "cuda.x=value[,cuda.y=value]", overrides of
+# pipelines/ref.yaml) runs `dqn bench` at B 256, tf32, C51 and all four heads, ROUNDS times (default
+# 3) in alternating order, each a fresh process (and so a fresh autotuning); prints every figure and
+# the median per variant. With TRACE=1 it also prints each variant's C51 kernel timeline (dqn-trace
+# --update-clock), with TRACE=all also the all-heads one. BUILD (default build-gpu) is the build
+# folder; its tools/dqn is timed (DQN=path times another build's dqn). OUT=dir: a copy of the
+# output in dir/ab.txt.
+# Usage: tools/lab/gpu_ab.sh default cuda.pdl=off cuda.gemm=cublaslt,cuda.pdl=off
 set -uo pipefail
-build=build-gpu
-export DQN_PLUGIN_PATH=$PWD/$build/plugins
+build=${BUILD:-build-gpu}
+dqn=${DQN:-$build/tools/dqn}
+export DQN_PLUGIN_PATH=${DQN_PLUGIN_PATH:-$PWD/$build/plugins}
 all="heads.1.enabled=true heads.2.enabled=true heads.3.enabled=true"
 rounds=${ROUNDS:-3}
 # with OUT set (a lent machine's folder that comes back), everything printed also goes to $OUT/ab.txt
@@ -17,11 +19,11 @@ rounds=${ROUNDS:-3}
 declare -A res
 for r in $(seq "$rounds"); do
   for v in "$@"; do
-    envs=(); [ "$v" != default ] && IFS=, read -r -a envs <<<"$v"
+    ov=""; [ "$v" != default ] && ov=${v//,/ }
     for cfg in c51 all; do
-      ov=""; [ $cfg = all ] && ov=$all
+      heads=""; [ $cfg = all ] && heads=$all
       # shellcheck disable=SC2086
-      us=$(env "${envs[@]}" $build/tools/dqn bench pipelines/ref.yaml $ov --batch 256 --precision tf32 2>/dev/null |
+      us=$($dqn bench pipelines/ref.yaml $heads $ov --batch 256 --precision tf32 2>/dev/null |
         awk '$1 == "ref" {print $4}')
       res["$v|$cfg"]+="$us "
       echo "round $r, $v, $cfg: ${us:-failed} us"  # as it goes: a call cut off by its time box keeps these
@@ -36,13 +38,14 @@ for v in "$@"; do
 done
 if [ "${TRACE:-0}" = 1 ] || [ "${TRACE:-0}" = all ]; then
   for v in "$@"; do
-    envs=(); [ "$v" != default ] && IFS=, read -r -a envs <<<"$v"
+    ov=""; [ "$v" != default ] && ov=${v//,/ }
     echo "== trace, $v"
-    env "${envs[@]}" DQN_UPDATE_CLOCK=1 $build/tools/dqn-trace pipelines/ref.yaml --batch 256 --precision tf32 2>&1
+    # shellcheck disable=SC2086
+    $build/tools/lab/dqn-trace pipelines/ref.yaml $ov --batch 256 --precision tf32 --update-clock 2>&1
     if [ "$TRACE" = all ]; then
       echo "== trace, all heads, $v"
       # shellcheck disable=SC2086
-      env "${envs[@]}" DQN_UPDATE_CLOCK=1 $build/tools/dqn-trace pipelines/ref.yaml $all --batch 256 --precision tf32 2>&1
+      $build/tools/lab/dqn-trace pipelines/ref.yaml $all $ov --batch 256 --precision tf32 --update-clock 2>&1
     fi
   done
 fi

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # On a GPU machine: per-kernel device time of the captured step (ncu, one kernel node at a time)
 # for the C51-only ref workload and ref with all heads, B 256, tf32. CSVs go to ${OUT:-out}/.
-# Usage: tools/gpu_profile.sh [batch]   (NCU_CACHE=none: caches left warm between kernels, as in a replay;
+# Usage: tools/lab/gpu_profile.sh [batch]   (NCU_CACHE=none: caches left warm between kernels, as in a replay;
 #        NCU_METRICS=list: other metrics than the duration, e.g. the memory traffic per kernel:
 #        NCU_METRICS=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct)
-#        tools/gpu_profile.sh source REGEX [batch] [key=value ...]
+#        tools/lab/gpu_profile.sh source REGEX [batch] [key=value ...]
 #   source: the full ncu section set for the kernels whose names match REGEX (one replayed step of
 #   ref, C51 unless overrides follow), the details page and the per-line source counters (stall
 #   samples per SASS instruction, alone and under their CUDA lines) as gzipped CSV. NCU_CACHE

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Summarise an ncu --csv per-kernel file (tools/gpu_profile.sh): the kernels of the last
+"""Summarise an ncu --csv per-kernel file (tools/lab/gpu_profile.sh): the kernels of the last
 replayed step, in order, with their device time, any other metrics collected (NCU_METRICS) after
 it, and the total (of each summable metric too: bytes)."""
 import csv, io, sys

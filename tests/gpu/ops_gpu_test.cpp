@@ -401,7 +401,8 @@ TEST_CASE("gpu.ops.dueling_dist.warps: a warp per action and a warp per (row, br
   // arithmetic in the same order, so the same bits; both against the CPU.
   constexpr int kRows = 1400, kChunk = 400, D = 3, A = 5, Z = 51;
   for (const Precision prec : {Precision::fp32, Precision::tf32}) {
-    INFO((prec == Precision::fp32 ? "double math" : "float math"));
+    const bool fp32 = prec == Precision::fp32;
+    INFO(std::string(fp32 ? "double math" : "float math"));
     Gpu gpu(prec);
     Cpu cpu;
     const int ldv = Z + 1;
@@ -418,25 +419,19 @@ TEST_CASE("gpu.ops.dueling_dist.warps: a warp per action and a warp per (row, br
     whole.q = gpu.poisoned(static_cast<std::int64_t>(nq));
     whole.a_star = gpu.put_typed(std::vector<std::int32_t>(ns, -1));
     gpu.ops.dueling_dist(whole);
-    DuelingDist part = a;
-    part.logp = gpu.poisoned(static_cast<std::int64_t>(n));
-    part.q = gpu.poisoned(static_cast<std::int64_t>(nq));
-    std::int32_t* star = gpu.put_typed(std::vector<std::int32_t>(ns, -1));
+    const Real part_logp = gpu.poisoned(static_cast<std::int64_t>(n)), part_q = gpu.poisoned(static_cast<std::int64_t>(nq));
+    std::int32_t* part_star = gpu.put_typed(std::vector<std::int32_t>(ns, -1));
     for (int r0 = 0; r0 < kRows; r0 += kChunk) {
-      DuelingDist c = part;
+      DuelingDist c = a;
       c.rows = kChunk;
       c.v = v_d + std::int64_t{r0} * ldv;
       c.adv = adv_d + std::int64_t{r0} * D * A * Z;
-      c.logp = part.logp + std::int64_t{r0} * D * A * Z;
-      c.q = part.q + std::int64_t{r0} * D * A;
-      c.a_star = star + std::int64_t{r0} * D;
+      c.logp = part_logp + std::int64_t{r0} * D * A * Z;
+      c.q = part_q + std::int64_t{r0} * D * A;
+      c.a_star = part_star + std::int64_t{r0} * D;
       gpu.ops.dueling_dist(c);
     }
     gpu.ok();
-    expect_same_bits(gpu.get(part.logp, static_cast<std::int64_t>(n)), gpu.get(whole.logp, static_cast<std::int64_t>(n)),
-                     "logp");
-    expect_same_bits(gpu.get(part.q, static_cast<std::int64_t>(nq)), gpu.get(whole.q, static_cast<std::int64_t>(nq)), "q");
-    expect_same_bits(gpu.get_typed(star, ns), gpu.get_typed(whole.a_star, ns), "a_star");
     std::vector<float> lp(n), q(nq);
     std::vector<std::int32_t> star_c(ns, -1);
     DuelingDist ac = a;
@@ -444,9 +439,22 @@ TEST_CASE("gpu.ops.dueling_dist.warps: a warp per action and a warp per (row, br
     ac.v = host(v); ac.adv = host(adv); ac.logp = host(lp); ac.q = host(q); ac.a_star = star_c.data();
     cpu.ops->dueling_dist(ac);
     cpu.ok();
-    expect_close(gpu.get(whole.logp, static_cast<std::int64_t>(n)), lp, prec == Precision::fp32 ? kElementwise : kFloatMath,
-                 "logp against the CPU");
-    expect_same_bits(gpu.get_typed(whole.a_star, ns), star_c, "a_star against the CPU");
+    const auto wq = gpu.get(whole.q, static_cast<std::int64_t>(nq)), pq = gpu.get(part_q, static_cast<std::int64_t>(nq));
+    INFO("q[0..2]: a warp per (row, branch) " << wq[0] << " " << wq[1] << " " << wq[2] << ", a warp per action " << pq[0]
+                                               << " " << pq[1] << " " << pq[2] << ", cpu " << q[0] << " " << q[1] << " "
+                                               << q[2]);
+    const double tol = fp32 ? kReduction : kFloatMath;
+    expect_close(gpu.get(whole.logp, static_cast<std::int64_t>(n)), lp, fp32 ? kElementwise : kFloatMath,
+                 "a warp per (row, branch): logp against the CPU");
+    expect_close(gpu.get(part_logp, static_cast<std::int64_t>(n)), lp, fp32 ? kElementwise : kFloatMath,
+                 "a warp per action: logp against the CPU");
+    expect_close(wq, q, tol, "a warp per (row, branch): q against the CPU");
+    expect_close(pq, q, tol, "a warp per action: q against the CPU");
+    expect_same_bits(gpu.get_typed(whole.a_star, ns), star_c, "a warp per (row, branch): a_star against the CPU");
+    expect_same_bits(gpu.get_typed(part_star, ns), star_c, "a warp per action: a_star against the CPU");
+    expect_same_bits(gpu.get(part_logp, static_cast<std::int64_t>(n)), gpu.get(whole.logp, static_cast<std::int64_t>(n)),
+                     "logp: per action against per (row, branch)");
+    expect_same_bits(pq, wq, "q: per action against per (row, branch)");
   }
 }
 

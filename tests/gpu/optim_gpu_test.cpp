@@ -648,7 +648,6 @@ TEST_CASE("gpu.ops.update: the cluster update equals budget → adam → spectra
       }
     }
     cpu.ops->update(hc.up);
-    cpu.ok();    cpu.ops->update(hc.up);
     cpu.ok();
 
     auto hv = [](const Real& r, std::int64_t n) { return std::vector<float>(r.as<float>(), r.as<float>() + n); };

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The dqn-engine training step in plain PyTorch: a benchmark peer and a golden reference.
 
-It computes the step of ``shared/spec/step-math.md`` (BDQ + C51 primary head, optional IQN /
+It computes the step of ``docs/step-math.md`` (BDQ + C51 primary head, optional IQN /
 ensemble / CQL auxiliary heads, per-head gradient budgets, Adam, spectral norm, Polyak or hard
 target update) with ordinary PyTorch ops, in two uses:
 
@@ -21,7 +21,7 @@ target update) with ordinary PyTorch ops, in two uses:
            --batch 256,1024,4096 --heads c51 --heads c51,iqn,ensemble,cql --json
 
 2. Golden reference (CPU, float64 by default; deterministic): N steps from a weights file and a
-   batch file, writing a step dump (spec "Files: weights, batches, step dumps").
+   batch file, writing a step dump (docs/step-math.md, "Files: weights, batches, step dumps").
 
        python3 bench/torch_peer.py --golden WEIGHTS.safetensors BATCH.safetensors \\
            --steps 100 --out DUMP.safetensors [--heads c51] [--device cpu] [--dtype float64]
@@ -34,7 +34,7 @@ target update) with ordinary PyTorch ops, in two uses:
        python3 bench/torch_peer.py --make-inputs WEIGHTS.safetensors BATCH.safetensors \\
            [--heads ...] [--batch 256] [--steps 100] [--seed 1]
 
-Network shapes come from the arguments (defaults: the spec's ``ref`` workload) for the benchmark
+Network shapes come from the arguments (defaults: docs/step-math.md's ``ref`` workload) for the benchmark
 and --make-inputs; the golden run reads them from the weights file.
 
 Layout. All online parameters live in one flat buffer ``theta [P]``, ordered by group
@@ -43,7 +43,7 @@ Layout. All online parameters live in one flat buffer ``theta [P]``, ordered by 
 per-tensor gradients while Adam, the budget sum and the target update run on whole flat buffers.
 Target parameters, Adam moments likewise (``target``, ``adam_m``, ``adam_v`` [P]).
 
-Adam is written by hand (not torch.optim.Adam): the spec's form, with the step counter ``t`` and
+Adam is written by hand (not torch.optim.Adam): docs/step-math.md's form, with the step counter ``t`` and
 ``lr`` in device tensors, and the NaN/Inf skip applied with ``torch.where`` on a device flag, so a
 captured graph never syncs with the host.
 
@@ -162,7 +162,7 @@ def parse_heads(text: str) -> Tuple[str, ...]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Parameter layout: names and shapes exactly as the spec's checkpoint names
+# Parameter layout: names and shapes exactly as docs/step-math.md's checkpoint names
 # ----------------------------------------------------------------------------------------------
 
 def dist_head_specs(prefix: str, sh: Shapes) -> List[Tuple[str, Tuple[int, ...]]]:
@@ -290,7 +290,7 @@ class Batch:
 
 @dataclass
 class Report:
-    """What a step reports (spec "What a step reports"); static tensors, written in place."""
+    """What a step reports (docs/step-math.md, "What a step reports"); static tensors, written in place."""
     losses: torch.Tensor       # [H] per head loss L_h
     norms: torch.Tensor        # [H] pre-clip ||g_h||
     clips: torch.Tensor        # [H] c_h
@@ -305,7 +305,7 @@ class Report:
 
 
 def init_weights(sh: Shapes, heads: Sequence[str], seed: int) -> Dict[str, torch.Tensor]:
-    """A fresh weights file's tensors (spec "Initialisation"), float32 on the CPU:
+    """A fresh weights file's tensors (docs/step-math.md, "Initialisation"), float32 on the CPU:
     weights and biases uniform in +-1/sqrt(fan_in), target = online, zero moments, step 0,
     u = a normalised Gaussian vector per spectrally normed matrix."""
     gen = torch.Generator().manual_seed(seed)
@@ -383,7 +383,7 @@ def state_to_weights(st: State) -> Dict[str, torch.Tensor]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Network (spec "Network")
+# Network (docs/step-math.md, "Network")
 # ----------------------------------------------------------------------------------------------
 
 def _f32(x: torch.Tensor) -> torch.Tensor:
@@ -444,7 +444,7 @@ def take_quantile_action(q: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------
-# Losses (spec "C51 loss", "Ensemble loss", "IQN loss", "CQL penalty")
+# Losses (docs/step-math.md, "C51 loss", "Ensemble loss", "IQN loss", "CQL penalty")
 # ----------------------------------------------------------------------------------------------
 
 def c51_project(p_next: torch.Tensor, rewards, dones, z, hp: Hyper) -> torch.Tensor:
@@ -554,7 +554,7 @@ def train_step(st: State, b: Batch, rep: Report, autocast: Callable[[], contextl
         skip = ~torch.isfinite(G).all()                             # [] bool, stays on the device
         live = ~skip
 
-        # ---- Adam (hand-written; the spec's form, t and lr in device memory) ----
+        # ---- Adam (hand-written; docs/step-math.md's form, t and lr in device memory) ----
         t_new = st.t + live.to(torch.int64)                         # [] i64
         tf = t_new.to(st.theta.dtype)
         bc1 = 1 - hp.beta1 ** tf
@@ -585,7 +585,7 @@ def train_step(st: State, b: Batch, rep: Report, autocast: Callable[[], contextl
             copy_now = live & (t_new % hp.target_period == 0)
             st.target.copy_(torch.where(copy_now, st.theta, st.target))
         else:
-            # lerp(a, b, w) = a + w (b - a) for w < 0.5: the spec's Polyak formula
+            # lerp(a, b, w) = a + w (b - a) for w < 0.5: docs/step-math.md's Polyak formula
             st.target.copy_(torch.where(skip, st.target, torch.lerp(st.target, st.theta, hp.polyak)))
 
         # ---- report ----

@@ -1,5 +1,5 @@
 /** @file cql.cpp
- *  @brief The discrete CQL penalty as an auxiliary head (spec "CQL penalty"): α·(logsumexp_a Q −
+ *  @brief The discrete CQL penalty as an auxiliary head (docs/step-math.md, "CQL penalty"): α·(logsumexp_a Q −
  *  Q(s, a_data)) on the C51 primary's online expected Q-values at `states`, per branch; its
  *  gradient flows back through the C51 head and the trunk into this head's own gradient row.
  */

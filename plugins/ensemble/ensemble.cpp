@@ -1,6 +1,6 @@
 /** @file ensemble.cpp
  *  @brief K extra distributional dueling branching heads on the shared online trunk, as one
- *  auxiliary head (spec "Ensemble loss"): each member is trained on the primary's projected
+ *  auxiliary head (docs/step-math.md, "Ensemble loss"): each member is trained on the primary's projected
  *  target m with the C51 cross-entropy; L_ens = (1/K) Σ_k (1/B) Σ_b w_b L^k(b). The members'
  *  disagreement (std over members of Q at `states`, averaged over branches and actions) goes to
  *  ensemble/disagreement [B].

@@ -1,5 +1,5 @@
 /** @file iqn.cpp
- *  @brief The IQN auxiliary head (spec "IQN loss"): cosine embedding of τ, Hadamard product with
+ *  @brief The IQN auxiliary head (docs/step-math.md, "IQN loss"): cosine embedding of τ, Hadamard product with
  *  the trunk output, two quantile layers; target quantiles from the target trunk at the primary's
  *  a*; the quantile Huber loss. τ and τ' come from the counter-based generator keyed by (seed,
  *  Adam step) on two streams, so a replayed graph draws fresh numbers and both backends agree.

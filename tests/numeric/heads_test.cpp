@@ -1,4 +1,4 @@
-// The auxiliary heads on the CPU reference, in f64: each head's loss against the spec's formula,
+// The auxiliary heads on the CPU reference, in f64: each head's loss against docs/step-math.md's formula,
 // its gradient against central differences w.r.t. every parameter it reaches (and exactly zero
 // where it does not), and the gradient budgets of a c51 + auxiliaries pipeline.
 #include <doctest/doctest.h>

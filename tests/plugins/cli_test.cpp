@@ -87,7 +87,7 @@ struct TempDir {
 // Small sizes so every step takes milliseconds on the CPU.
 const std::string kSmall = "--backend cpu network.trunk=[32,32] batch=16";
 
-/// Every tensor a C51-only step dump must hold (spec "Files"), with its shape, for trunk [32,32],
+/// Every tensor a C51-only step dump must hold (docs/step-math.md, "Files"), with its shape, for trunk [32,32],
 /// S = 64, Hh = 128, D = 3, A = 5, Z = 51, B = 16.
 std::map<std::string, std::vector<std::int64_t>> expected_dump(bool spectral_norm, bool with_reports) {
   std::map<std::string, std::vector<std::int64_t>> params = {
@@ -354,7 +354,7 @@ TEST_CASE("cli.step.init_weights_batch_round_trip") {
     CHECK(std::all_of(mo.begin(), mo.end(), [](float x) { return x == 0; }));
     CHECK(std::all_of(vo.begin(), vo.end(), [](float x) { return x == 0; }));
   }
-  // The batch file has the spec's tensors.
+  // The batch file has docs/step-math.md's tensors.
   const dqn::st::File batch = dqn::st::read_file(b);
   CHECK(batch.names() == std::vector<std::string>{"actions", "dones", "is_weights", "next_states", "rewards", "states"});
   CHECK(batch.get("actions").dtype == dqn::st::DType::I32);
@@ -552,7 +552,7 @@ TEST_CASE("cli.bench: the CPU reference timed per configuration, a JSON object o
 }
 
 TEST_CASE("cli.step.dump_has_aux_head_draws_and_metrics") {
-  // spec "Step dump": with IQN, the fractions drawn in every step; with the ensemble, its
+  // docs/step-math.md, "Step dump": with IQN, the fractions drawn in every step; with the ensemble, its
   // disagreement.
   TempDir tmp;
   const std::string out = tmp.path("full.safetensors");

@@ -178,7 +178,7 @@ TEST_CASE("trainer.actor_matches_engine_q") {
   actor.set_params(engine.online_params());
   const float* q = actor.expected_q(batch.states.data(), B);
 
-  // An independent reference, straight from the spec's formulas in double precision.
+  // An independent reference, straight from docs/step-math.md's formulas in double precision.
   const std::vector<float> P = engine.online_params();
   const Registry& reg = engine.registry();
   auto W = [&](const std::string& n) { return P.data() + reg.find_param(n)->offset; };

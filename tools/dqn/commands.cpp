@@ -152,7 +152,7 @@ int cmd_step(const StepArgs& a) {
     batch.to_file(bf);
     st::write_file(a.save_batch, bf);
   }
-  // Per-step draws some heads make (IQN's τ, τ'): kept for the dump, spec "Step dump".
+  // Per-step draws some heads make (IQN's τ, τ'): kept for the dump, docs/step-math.md, "Step dump".
   struct Draw { std::string buffer, tensor; std::vector<float> values; std::int64_t per_step = 0; };
   std::vector<Draw> draws;
   std::vector<std::pair<std::string, std::string>> metrics;  // buffer → tensor, last step only

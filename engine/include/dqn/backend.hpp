@@ -102,7 +102,7 @@ struct SpectralMatrix {
   std::int32_t rows = 0, cols = 0;
 };
 
-/// Arguments of the dense C51 projection (spec "C51 loss"): m[b,d,:] from the target network's
+/// Arguments of the dense C51 projection (docs/step-math.md, "C51 loss"): m[b,d,:] from the target network's
 /// log-probabilities at a*.
 struct C51Project {
   Real m;                      ///< out [B,D,Z]
@@ -145,7 +145,7 @@ struct C51Xent {
 /// Ranges per head in Budget::reach.
 inline constexpr int kBudgetReach = 4;
 
-/// Gradient budgets (spec "Gradient budgets"). grads is [H,P]; for each head h:
+/// Gradient budgets (docs/step-math.md, "Gradient budgets"). grads is [H,P]; for each head h:
 /// norm_h = ‖g_h‖, clip_h = min(1, f_h·G/(norm_h+1e-6)); g = Σ c_h g_h. If any g_h is not
 /// finite, *skip = 1 and *skipped += 1, else *skip = 0.
 struct Budget {
@@ -198,7 +198,7 @@ struct Uniform {
   const std::int64_t* step;  ///< device step counter (null: 0)
 };
 
-/// CQL penalty on expected Q-values (spec "CQL penalty"):
+/// CQL penalty on expected Q-values (docs/step-math.md, "CQL penalty"):
 ///   loss = α (1/B) Σ_b (1/D) Σ_d [logsumexp_a q[b,d,:] − q[b,d,a_bd]],  dq = ∂loss/∂q (overwritten).
 /// Not importance-weighted.
 struct CqlPenalty {
@@ -210,7 +210,7 @@ struct CqlPenalty {
   float alpha = 1.0f;
 };
 
-/// IQN quantile Huber loss (spec "IQN loss") with its gradient w.r.t. the online quantiles:
+/// IQN quantile Huber loss (docs/step-math.md, "IQN loss") with its gradient w.r.t. the online quantiles:
 ///   θ_{d,i} = q[b,i,d,a_d], T_{d,j} = r + γⁿ(1 − done) q_target[b,j,d,a*_d], δ = T_j − θ_i,
 ///   L(b) = (1/D) Σ_d Σ_i (1/N') Σ_j |τ_i − 1{δ<0}| ρ_κ(δ)/κ,  loss = (1/B) Σ_b w_b L(b).
 /// dq is overwritten (zero off the taken actions); nothing flows into the target.
@@ -229,7 +229,7 @@ struct QuantileHuber {
   int ldq = 0;                  ///< row stride of q, q_target and dq; 0: D·A (compact). ABI 6
 };
 
-/// Fused dueling distribution (spec "Network", the head's output): for every row r < rows,
+/// Fused dueling distribution (docs/step-math.md, "Network", the head's output): for every row r < rows,
 /// branch d and action a
 ///   logits = v[r,:] + adv[r,d,a,:] − mean_a' adv[r,d,a',:]   (rounded to a real, as dueling_combine),
 ///   logp[r,d,a,:] = log_softmax(logits) over the Z atoms,  q[r,d,a] = Σ_i z_i exp(logp_i),
@@ -254,7 +254,7 @@ struct DuelingDist {
 /// refuse a result below `compact`.
 DQN_HOST_DEVICE constexpr int ld_or(int ld, int compact) { return ld != 0 ? ld : compact; }
 
-/// The C51 loss fused from the target head's outputs to the dueling gradients (spec "C51
+/// The C51 loss fused from the target head's outputs to the dueling gradients (docs/step-math.md, "C51
 /// loss"): the target network's log-probabilities at a* (dueling combine + log-softmax of
 /// tv/tadv), the projection m (as c51_project), the cross-entropy at the taken actions with the
 /// per-sample loss and the weighted mean (as c51_xent, scale 1), and the dueling backward of its
@@ -284,7 +284,7 @@ struct C51Loss {
   int ldtadv = 0, lddadv = 0;     ///< (sample, branch) strides of tadv and dadv; 0: A·Z (ABI 6)
 };
 
-/// The distributional dueling branching head's forward over `rows` rows (spec "Network"):
+/// The distributional dueling branching head's forward over `rows` rows (docs/step-math.md, "Network"):
 ///   hidden = relu(x · W1ᵀ + b1)                 [rows, (1+D)·Hh]  (value, then the D branches)
 ///   v      = hidden_v · Wv2ᵀ + bv2              [rows, ldv]       (the first Z columns)
 ///   adv_d  = hidden_d · Wb2_dᵀ + bb2_d          [rows, D, ldadv]  (the first A·Z of each)
@@ -313,7 +313,7 @@ struct HeadForward {
   int wv2_rows = 0, wb2_rows = 0;
 };
 
-/// The input side of that head's backward up to its hidden layers (spec "Network", backward):
+/// The input side of that head's backward up to its hidden layers (docs/step-math.md, "Network", backward):
 ///   dhidden_v = (dv · Wv2) ⊙ [hidden_v > 0],   dhidden_d = (dadv_d · Wb2_d) ⊙ [hidden_d > 0]
 /// into dhidden [rows, (1+D)Hh] (overwritten). The default implementation is two GEMMs and
 /// relu_backward; a backend may fuse them or run them side by side.
@@ -329,7 +329,7 @@ struct HeadBackward {
   int wb2_rows = 0;               ///< rows stored per branch block of wb2 (>= A·Z; 0: A·Z) (ABI 7)
 };
 
-/// Everything after the gradients, in the spec's order ("Gradient budgets", then "Optimizer,
+/// Everything after the gradients, in docs/step-math.md's order ("Gradient budgets", then "Optimizer,
 /// spectral norm, target"): exactly budget(budget); adam(adam); spectral_norm(sn_mats, sn_count,
 /// …, budget.skip) when sn_count > 0; target_update(target). A backend may fuse it (the CUDA
 /// backend does: partial sums, then thread-block clusters); the results are those of the four ops

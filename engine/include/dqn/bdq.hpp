@@ -1,5 +1,5 @@
 /** @file bdq.hpp
- *  @brief The distributional dueling branching head (spec "Network"), forward and backward,
+ *  @brief The distributional dueling branching head (docs/step-math.md, "Network"), forward and backward,
  *  written once against the op table. Shared by the c51 plugin and the ensemble members.
  *
  *  Layout trick: the value and branch hidden layers are declared back to back, so their weights

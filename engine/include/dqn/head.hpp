@@ -65,7 +65,7 @@ class BuildContext {
  public:
   virtual const NetworkDims& net() const noexcept = 0;
   virtual std::int32_t batch() const noexcept = 0;
-  /// A parameter tensor `name` (the spec's checkpoint name, e.g. "c51.value.0.weight"): rows×cols,
+  /// A parameter tensor `name` (docs/step-math.md's checkpoint name, e.g. "c51.value.0.weight"): rows×cols,
   /// cols = 0 for a bias vector. Parameters of one call sequence are laid out contiguously in
   /// declaration order (kParamAlign and kParamPadRows add zeros before or after a tensor), so
   /// consecutive same-shaped weights can be used as one matrix.

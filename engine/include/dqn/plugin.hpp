@@ -59,7 +59,7 @@ enum class Role : std::int32_t { primary = 0, auxiliary = 1 };
 
 inline constexpr int kMaxTrunkLayers = 8;
 
-/// Network sizes from the pipeline (spec "Shapes and names").
+/// Network sizes from the pipeline (docs/step-math.md, "Shapes and names").
 struct NetworkDims {
   std::int32_t state;
   std::int32_t trunk_layers;

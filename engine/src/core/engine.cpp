@@ -216,7 +216,7 @@ void Engine::build(const PluginLoader& plugins) {
   if (spec_.spectral_norm.enabled) {
     for (const auto& p : reg_.params()) {
       if (!(p.flags & kParamSpectralNorm) || p.cols == 0) continue;
-      // Only the trunk and the primary head are normed (spec: 2 + 2 + 2D matrices).
+      // Only the trunk and the primary head are normed (docs/step-math.md: 2 + 2 + 2D matrices).
       const bool primary_owned = p.owner == "engine" || p.owner == head_names_[0];
       if (!primary_owned) continue;
       const std::string u = "sn.u." + p.name;

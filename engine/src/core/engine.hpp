@@ -20,7 +20,7 @@
 
 namespace dqn {
 
-/// One batch on the host (spec "A batch is").
+/// One batch on the host (docs/step-math.md, "A batch is").
 struct HostBatch {
   int B = 0, S = 0, D = 0;
   std::vector<float> states, next_states, rewards, dones, is_weights;
@@ -35,7 +35,7 @@ struct HostBatch {
   void check(const PipelineSpec& spec, const std::string& what) const;
 };
 
-/// What a step reports (spec "What a step reports"), read on the host.
+/// What a step reports (docs/step-math.md, "What a step reports"), read on the host.
 struct StepReport {
   std::vector<std::string> heads;
   std::vector<double> losses, grad_norms, clips, fractions;
@@ -65,7 +65,7 @@ class Engine {
   Runtime& runtime() { return *rt_; }
   const std::vector<std::string>& head_names() const { return head_names_; }
 
-  /// Seeded initial weights (spec "Initialisation"): target = online, zero moments, step 0.
+  /// Seeded initial weights (docs/step-math.md, "Initialisation"): target = online, zero moments, step 0.
   void init_weights(std::uint64_t seed);
   /// Loads a weights file; throws st::Error / std::invalid_argument naming the tensor.
   void load_weights(const st::File& f);

@@ -37,7 +37,7 @@ class CudaRuntime final : public Runtime {
 
   int lanes() const noexcept override { return kMaxLanes; }
 
-  /// More than kNarrowLanes lanes: a wide step (dev::pdl_for). Set for this capture; end_capture
+  /// More than kNarrowLanes lanes: a wide step (cuda::pdl_for). Set for this capture; end_capture
   /// clears it.
   static constexpr int kNarrowLanes = 8;
   void capture_width(int lanes) override;

@@ -164,7 +164,6 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override { release(); }
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
-
   const char* name() const noexcept override { return "cuda"; }
   std::uint32_t real_size() const noexcept override { return 4; }
   bool is_device() const noexcept override { return true; }
@@ -174,7 +173,6 @@ class CudaBackend final : public Backend {
   /// Gemm::mask runs in tile_gemm's epilogue where the GEMM runs there (as autotuned, keyed apart
   /// from the unmasked problem); on every other path, relu_mask after the GEMM.
   void gemm(const Gemm& g) noexcept override;
-
   void gemm_body(const Gemm& g) noexcept;
 
   /// Tall reductions (k large, few output tiles: the weight gradients over B·N rows) leave most of
@@ -185,43 +183,31 @@ class CudaBackend final : public Backend {
   /// Gemm::sum_batch: the entries' products as one batched GEMM into scratch, then their sum in
   /// entry order (in double, rounded once; sum_slices, as split-k's).
   void sum_batch(const Gemm& g) noexcept;
-
   void split_k(const Gemm& g, int slices) noexcept;
-
   void bias_act(Real y, Real bias, int rows, int cols, int ldy, Act act) noexcept override;
-
   void relu_backward(Real dy, Real y, int rows, int cols, int ld) noexcept override;
-
   void bias_grad(Real db, Real dy, int rows, int cols, int ldy, float beta) noexcept override;
 
   // --- distributional head ------------------------------------------------------------------
 
   void dueling_combine(Real logits, Real v, int ldv, Real adv, int rows, int D, int A, int Z) noexcept override;
-
   void dueling_backward(Real dv, int lddv, Real dadv, int lddadv, Real dlogits, int rows, int D, int A,
                         int Z) noexcept override;
 
   void log_softmax(Real logp, Real x, int rows, int n) noexcept override;
-
   void expected_q(Real q, Real logp, int rows, int Z, float v_min, float v_max) noexcept override;
-
   void argmax(std::int32_t* idx, Real q, int rows, int n) noexcept override;
-
   void c51_project(const C51Project& a) noexcept override;
-
   void c51_xent(const C51Xent& a) noexcept override;
 
   // --- optimisation -------------------------------------------------------------------------
 
   void budget(const Budget& a) noexcept override;
-
   void adam(const Adam& a) noexcept override;
-
   void spectral_norm(const SpectralMatrix* mats, int count, int max_rows, int max_cols, float sigma_max,
                      const std::int32_t* skip) noexcept override;
 
   void target_update(const TargetUpdate& a) noexcept override;
-
   void update(const Update& u) noexcept override;
 
   /// Whether the update's normed matrices are disjoint ranges inside params, each within the
@@ -249,13 +235,9 @@ class CudaBackend final : public Backend {
   // --- elementwise and memory ---------------------------------------------------------------
 
   void fill(Real x, float value, std::int64_t n) noexcept override;
-
   void copy(Real dst, Real src, std::int64_t n) noexcept override;
-
   void axpy(Real y, Real x, float alpha, std::int64_t n) noexcept override;
-
   void weighted_mean(Real out, Real x, Real w, std::int64_t n) noexcept override;
-
   void uniform(const Uniform& a) noexcept override;
 
   // Init and checkpoint I/O: synchronous with respect to the runtime's stream (so they are
@@ -267,24 +249,19 @@ class CudaBackend final : public Backend {
   }
   void upload_reals(Real dst, const float* src, std::int64_t n) noexcept override;
   void download_reals(float* dst, Real src, std::int64_t n) noexcept override;
-
   int status() const noexcept override { return status_; }
   const char* message() const noexcept override { return message_; }
 
   // --- auxiliary heads (ABI 2) ----------------------------------------------------------------
 
   void cql_penalty(const CqlPenalty& a) noexcept override;
-
   void expected_q_backward(Real dlogits, Real dq, Real logp, int rows, int Z, float v_min,
                            float v_max) noexcept override;
 
   void ensemble_disagreement(Real out, Real q, int K, int B, int n) noexcept override;
   void cosine_embedding(Real out, Real tau, int rows, int E) noexcept override;
-
   void hadamard(Real x, Real h2, Real phi, int B, int N, int H) noexcept override;
-
   void hadamard_backward(Real dphi, Real dh2, Real dx, Real h2, Real phi, int B, int N, int H) noexcept override;
-
   void quantile_huber(const QuantileHuber& a) noexcept override;
 
   // --- fused head ops (ABI 3) ---------------------------------------------------------------
@@ -311,7 +288,6 @@ class CudaBackend final : public Backend {
 
   /// use_slot for an op (records a failure instead of throwing).
   bool switch_slot(const char* op, int slot) noexcept;
-
   void relu_bias_grad(Real dy, Real y, Real db, int rows, int cols, int ld, int heads, std::int64_t stride_dy,
                       std::int64_t stride_y, std::int64_t stride_db) noexcept override;
 
@@ -340,7 +316,6 @@ class CudaBackend final : public Backend {
   }
   /// The pipeline's cuda: section as this backend applies it (for describe()).
   std::string options_text() const;
-
   bool planning() const noexcept { return planning_; }
   void set_capturing(bool on) noexcept { capturing_ = on; }
   std::size_t scratch_bytes() const noexcept { return scratch_bytes_; }
@@ -362,30 +337,23 @@ class CudaBackend final : public Backend {
  private:
   /// Makes the following ops run on stream slot `lane` (a lane, or kMaxLanes + lane: its side slot).
   void use_slot(int lane);
-
   void fail(const char* op, const char* why) noexcept { record(1, op, why); }
 
   void record(int code, const char* op, const std::string& why) noexcept;
-
   bool cuda_ok(const char* op, cudaError_t e, const char* stmt, const char* file, int line) noexcept;
-
   bool cublas_ok(const char* op, cublasStatus_t s, const char* stmt, const char* file, int line) noexcept;
-
   bool real_ok(const Real& r, const char* op, const char* what) noexcept;
-
   bool matrix_ok(const char* op, int rows, int cols, int ld) noexcept;
 
   /// The op's scratch: while planning, only noted (and null returned: the op does no work);
   /// otherwise the reserved scratch if it is large enough, else a recorded error.
   void* scratch(const char* op, std::size_t bytes) noexcept;
-
   void transfer(const char* op, void* dst, const void* src, std::size_t bytes) noexcept;
 
   /// The cached cuBLASLt descriptors and algorithm for this problem, found on first use (in plan
   /// mode, or the first run outside capture). For a fused key, `bias` is the first call's bias
   /// pointer: the heuristic reads its alignment from it. Null after recording an error.
   LtPlan* plan_for(const LtKey& key, const void* bias) noexcept;
-
   bool wants_tuning(const LtPlan* p) const noexcept {
     return autotune_ && !capturing_ && p->use_lt && !p->decided && p->candidates.size() > 1;
   }
@@ -403,7 +371,6 @@ class CudaBackend final : public Backend {
   /// fragments by ldmatrix (TileGemm::ldmatrix: the same bits, timed as another candidate).
   static constexpr int kTileLdm = 64;
   static_assert(cuda::kTileGemmConfigs <= kTileLdm, "a shape index below kTileLdm");
-
   static cuda::TileGemm tile_args(const Gemm& g) noexcept;
 
   /// This problem's tile choice (kTileUndecided until decided), taken from the process's shared
@@ -448,7 +415,6 @@ class CudaBackend final : public Backend {
 
   /// Elements from C's first to one past its last (row-major, batched): the tune buffer's need.
   static std::size_t tile_extent(const cuda::TileGemm& tg) noexcept;
-
   float time_tile(const cuda::TileGemm& tg, int choice, const float* c, float* d) noexcept;
 
   /// The unfused epilogue: C_i = act(C_i + bias_i) with the bias_act kernel, one launch when the
@@ -476,14 +442,11 @@ class CudaBackend final : public Backend {
 
   /// The private D of autotuning, grown as needed (outside capture only); kept until release.
   float* tune_buffer(std::size_t bytes) noexcept;
-
   bool tune_events() noexcept;
-
   bool make_layout(cublasLtMatrixLayout_t* l, cudaDataType_t type, int rows, int cols, std::int64_t ld, int batch,
                    std::int64_t stride) noexcept;
 
   void release() noexcept;
-
   cudaDeviceProp props_{};
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;

@@ -26,55 +26,40 @@ class CudaRuntime final : public Runtime {
   Backend& ops() noexcept override { return backend_; }
 
   void* alloc_arena(std::size_t bytes) override;
-
   void plan_begin() override;
-
   void plan_end() override;
-
   bool captures() const noexcept override { return true; }
 
   void begin_capture() override;
-
   int lanes() const noexcept override { return kMaxLanes; }
 
   /// More than kNarrowLanes lanes: a wide step (cuda::pdl_for). Set for this capture; end_capture
   /// clears it.
   static constexpr int kNarrowLanes = 8;
   void capture_width(int lanes) override;
-
   void stage_begin(int lane, const std::vector<int>& after) override;
-
   void stage_done(int id) override;
-
   void end_capture() override;
-
   void replay() override;
-
   std::int64_t graph_nodes() const noexcept override;
-
   std::vector<GraphNode> graph_node_info() const override;
 
   /// The backend (its update's structured facts: lab.hpp).
   const CudaBackend& backend() const noexcept { return backend_; }
 
   void* alloc_host(std::size_t bytes) override;
-
   void free_host(void* p) noexcept override {
     if (p && cudaFreeHost(p) != cudaSuccess) cudaGetLastError();
   }
 
   void copy_to_host_async(void* dst, const void* src, std::size_t bytes, int slot) override;
-
   bool ready(int slot) override;
-
   void synchronize() override { DQN_CUDA_THROW(cudaStreamSynchronize(backend_.stream())); }
 
   // CUDA events on the runtime's stream around the enqueued work (timing events made here, once
   // per call: timing is never inside a step).
   double time_us(const std::function<void()>& work) override;
-
   std::string describe() const override;
-
   std::size_t peak_bytes() const noexcept override { return backend_.peak_device_bytes(); }
 
   void profile_range(bool on) noexcept override {
@@ -103,7 +88,6 @@ class CudaRuntime final : public Runtime {
   /// While capturing, at a stage's end: the capture graph's nodes not seen before belong to stage
   /// `id` (what graph_node_info reports; tools only, so a failure to ask is ignored).
   void note_stage_nodes(int id);
-
   CudaBackend backend_;
   int device_;
   void* arena_ = nullptr;

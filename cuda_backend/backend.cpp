@@ -1,6 +1,7 @@
 /** @file backend.cpp
- *  @brief The CUDA backend's set-up, lanes, scratch and error records, and its element, head and
- *  distribution ops (each checks its arguments, then launches its kernel on the lane's stream).
+ *  @brief The CUDA backend's set-up, lanes, scratch and error records, the context heads launch
+ *  their own kernels through, and its element and distribution ops (each checks its arguments,
+ *  then launches its kernel on the lane's stream).
  */
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -49,10 +50,6 @@ CudaBackend::CudaBackend(const CudaSpec& spec, Precision precision, int device)
     DQN_CUDA_THROW(cudaMalloc(&scratch_base_, kInitialScratchBytes * kSlots));
     DQN_CUDA_THROW(cudaMemset(scratch_base_, 0, kInitialScratchBytes * kSlots));
     scratch_ = scratch_base_;
-    // "last block done" counters, one slot per lane: 0 between kernels (each kernel resets its own)
-    DQN_CUDA_THROW(cudaMalloc(&counters_, kCounterBytes));
-    DQN_CUDA_THROW(cudaMemset(counters_, 0, kCounterBytes));
-    note_device_bytes(kCounterBytes);
     scratch_bytes_ = kInitialScratchBytes;
     note_device_bytes(kInitialScratchBytes * kSlots);
     // tile_gemm's shared memory beyond 48 KiB, granted once (tf32 only; without it, cuBLASLt).
@@ -70,12 +67,26 @@ CudaBackend::CudaBackend(const CudaSpec& spec, Precision precision, int device)
       note_device_bytes(kClockBytes);
     }
     // The memsets above run on the legacy stream, which does not order work on the lanes
-    // (non-blocking streams): done before any op can run on a lane (the counters must be 0).
+    // (non-blocking streams): done before any op can run on a lane.
     DQN_CUDA_THROW(cudaDeviceSynchronize());
   } catch (...) {
     release();
     throw;
   }
+}
+
+const DeviceContext* CudaBackend::device() const noexcept {
+  DeviceContext& c = context_;
+  c.stream = stream_;
+  c.device = device_;
+  c.sm_count = props_.multiProcessorCount;
+  c.cc_major = props_.major;
+  c.cc_minor = props_.minor;
+  c.pdl_max_shared = cuda::pdl_shared_limit(stream_);
+  c.planning = planning_ ? 1 : 0;
+  c.precision = static_cast<std::int32_t>(precision_);
+  c.max_shared_optin = static_cast<std::int32_t>(props_.sharedMemPerBlockOptin);
+  return &c;
 }
 
 void CudaBackend::bias_act(Real y, Real bias, int rows, int cols, int ldy, Act act) noexcept {
@@ -161,46 +172,6 @@ void CudaBackend::argmax(std::int32_t* idx, Real q, int rows, int n) noexcept {
   DQN_CUDA_OK(op, cuda::argmax(stream_, idx, q.as<const float>(), rows, n));
 }
 
-void CudaBackend::c51_project(const C51Project& a) noexcept {
-  constexpr const char* op = "c51_project";
-  if (a.B < 0 || a.D < 0 || a.A <= 0 || a.Z < 2) return fail(op, "need B, D >= 0, A >= 1, Z >= 2");
-  if (!(a.v_max > a.v_min)) return fail(op, "v_max must exceed v_min");
-  if (a.B == 0 || a.D == 0) return;
-  if (!a.a_star) return fail(op, "null a_star");
-  if (!real_ok(a.m, op, "m") || !real_ok(a.target_logp, op, "target_logp") || !real_ok(a.rewards, op, "rewards") ||
-      !real_ok(a.dones, op, "dones"))
-    return;
-  // a_star lives on the device: an out-of-range index turns that row of m into NaN there.
-  if (planning_) return;
-  DQN_CUDA_OK(op, cuda::c51_project(stream_, a));
-}
-
-void CudaBackend::c51_xent(const C51Xent& a) noexcept {
-  constexpr const char* op = "c51_xent";
-  if (a.B < 0 || a.D < 0 || a.A <= 0 || a.Z <= 0) return fail(op, "need B, D >= 0, A, Z >= 1");
-  if (a.B == 0 || a.D == 0) {
-    if (a.loss && real_ok(a.loss, op, "loss") && !a.accumulate && !planning_)
-      DQN_CUDA_OK(op, cuda::fill(stream_, a.loss.as<float>(), 0.0f, 1));
-    return;
-  }
-  if (!a.actions) return fail(op, "null actions");
-  if (!real_ok(a.dlogits, op, "dlogits") || !real_ok(a.logp, op, "logp") || !real_ok(a.m, op, "m") ||
-      !real_ok(a.weights, op, "weights"))
-    return;
-  if (a.loss && !real_ok(a.loss, op, "loss")) return;
-  if (a.loss_per_sample && !real_ok(a.loss_per_sample, op, "loss_per_sample")) return;
-  if (a.members < 1 || a.members > 65535) return fail(op, "members outside [1, 65535]");
-  if (a.dv) {
-    if (!real_ok(a.dv, op, "dv") || !real_ok(a.dadv, op, "dadv")) return;
-    if (a.lddv < a.Z || ld_or(a.lddadv, a.A * a.Z) < a.A * a.Z) return fail(op, "lddv < Z or lddadv < A·Z");
-    if (static_cast<std::size_t>(a.D) * (sizeof(double) + a.Z * sizeof(float)) > 48 * 1024)
-      return fail(op, "D·Z too large for the fused dueling backward");
-  }
-  void* s = scratch(op, cuda::c51_xent_scratch_bytes(a.B * a.members));
-  if (!s) return;
-  DQN_CUDA_OK(op, cuda::c51_xent(stream_, a, s));
-}
-
 void CudaBackend::fill(Real x, float value, std::int64_t n) noexcept {
   constexpr const char* op = "fill";
   if (n < 0) return fail(op, "negative size");
@@ -258,22 +229,6 @@ void CudaBackend::download_reals(float* dst, Real src, std::int64_t n) noexcept 
   transfer(op, dst, src.p, static_cast<std::size_t>(n) * 4);
 }
 
-void CudaBackend::cql_penalty(const CqlPenalty& a) noexcept {
-  constexpr const char* op = "cql_penalty";
-  if (a.B < 0 || a.D < 0 || a.A <= 0) return fail(op, "need B, D >= 0, A >= 1");
-  if (!real_ok(a.loss, op, "loss")) return;
-  if (a.B == 0 || a.D == 0) {
-    if (!planning_) DQN_CUDA_OK(op, cuda::fill(stream_, a.loss.as<float>(), 0.0f, 1));
-    return;
-  }
-  if (!a.actions) return fail(op, "null actions");
-  if (!real_ok(a.dq, op, "dq") || !real_ok(a.q, op, "q")) return;
-  // actions live on the device: an out-of-range index turns that row's dq and the loss into NaN.
-  void* s = scratch(op, cuda::cql_penalty_scratch_bytes(a.B, a.D));
-  if (!s) return;
-  DQN_CUDA_OK(op, cuda::cql_penalty(stream_, a, s));
-}
-
 void CudaBackend::expected_q_backward(Real dlogits, Real dq, Real logp, int rows, int Z, float v_min,
                          float v_max) noexcept {
   constexpr const char* op = "expected_q_backward";
@@ -283,72 +238,6 @@ void CudaBackend::expected_q_backward(Real dlogits, Real dq, Real logp, int rows
   if (planning_) return;
   DQN_CUDA_OK(op, cuda::expected_q_backward(stream_, dlogits.as<float>(), dq.as<const float>(),
                                             logp.as<const float>(), rows, Z, v_min, v_max));
-}
-
-void CudaBackend::ensemble_disagreement(Real out, Real q, int K, int B, int n) noexcept {
-  constexpr const char* op = "ensemble_disagreement";
-  if (K <= 0 || B < 0 || n <= 0) return fail(op, "need K, n >= 1, B >= 0");
-  if (B == 0) return;
-  if (!real_ok(out, op, "out") || !real_ok(q, op, "q")) return;
-  if (planning_) return;
-  DQN_CUDA_OK(op, cuda::ensemble_disagreement(stream_, out.as<float>(), q.as<const float>(), K, B, n));
-}
-
-void CudaBackend::cosine_embedding(Real out, Real tau, int rows, int E) noexcept {
-  constexpr const char* op = "cosine_embedding";
-  if (rows < 0 || E < 0) return fail(op, "negative size");
-  if (rows == 0 || E == 0) return;
-  if (!real_ok(out, op, "out") || !real_ok(tau, op, "tau")) return;
-  if (planning_) return;
-  DQN_CUDA_OK(op, cuda::cosine_embedding(stream_, out.as<float>(), tau.as<const float>(), rows, E));
-}
-
-void CudaBackend::hadamard(Real x, Real h2, Real phi, int B, int N, int H) noexcept {
-  constexpr const char* op = "hadamard";
-  if (B < 0 || N < 0 || H < 0) return fail(op, "negative size");
-  if (B == 0 || N == 0 || H == 0) return;
-  if (!real_ok(x, op, "x") || !real_ok(h2, op, "h2") || !real_ok(phi, op, "phi")) return;
-  if (planning_) return;
-  DQN_CUDA_OK(op, cuda::hadamard(stream_, x.as<float>(), h2.as<const float>(), phi.as<const float>(), B, N, H));
-}
-
-void CudaBackend::hadamard_backward(Real dphi, Real dh2, Real dx, Real h2, Real phi, int B, int N, int H) noexcept {
-  constexpr const char* op = "hadamard_backward";
-  if (B < 0 || N < 0 || H < 0) return fail(op, "negative size");
-  if (B == 0 || H == 0) return;
-  if (!real_ok(dh2, op, "dh2")) return;
-  if (N == 0) {
-    if (!planning_) DQN_CUDA_OK(op, cuda::fill(stream_, dh2.as<float>(), 0.0f, static_cast<std::int64_t>(B) * H));
-    return;
-  }
-  if (!real_ok(dphi, op, "dphi") || !real_ok(dx, op, "dx") || !real_ok(h2, op, "h2") || !real_ok(phi, op, "phi"))
-    return;
-  if (planning_) return;
-  DQN_CUDA_OK(op, cuda::hadamard_backward(stream_, dphi.as<float>(), dh2.as<float>(), dx.as<const float>(),
-                                          h2.as<const float>(), phi.as<const float>(), B, N, H));
-}
-
-void CudaBackend::quantile_huber(const QuantileHuber& a) noexcept {
-  constexpr const char* op = "quantile_huber";
-  if (a.B < 0 || a.N < 0 || a.Nt <= 0 || a.D < 0 || a.A <= 0) return fail(op, "need B, N, D >= 0, N', A >= 1");
-  if (!(a.kappa > 0.0f)) return fail(op, "kappa must be > 0");
-  if (!real_ok(a.loss, op, "loss")) return;
-  if (a.B == 0 || a.N == 0 || a.D == 0) {
-    if (!planning_) DQN_CUDA_OK(op, cuda::fill(stream_, a.loss.as<float>(), 0.0f, 1));
-    return;
-  }
-  if (!a.actions || !a.a_star) return fail(op, "null actions/a_star");
-  if (!real_ok(a.dq, op, "dq") || !real_ok(a.q, op, "q") || !real_ok(a.q_target, op, "q_target") ||
-      !real_ok(a.tau, op, "tau") || !real_ok(a.rewards, op, "rewards") || !real_ok(a.dones, op, "dones") ||
-      !real_ok(a.weights, op, "weights"))
-    return;
-  if (a.loss_per_sample && !real_ok(a.loss_per_sample, op, "loss_per_sample")) return;
-  if (ld_or(a.ldq, a.D * a.A) < a.D * a.A) return fail(op, "ldq smaller than D·A");
-  if (cuda::quantile_huber_shared_bytes(a.D, a.N) > 48 * 1024) return fail(op, "D·N too large (over 6144 pairs)");
-  // actions/a_star live on the device: an out-of-range index poisons that sample's dq and loss.
-  void* s = scratch(op, cuda::quantile_huber_scratch_bytes(a.B));
-  if (!s) return;
-  DQN_CUDA_OK(op, cuda::quantile_huber(stream_, a, s));
 }
 
 void CudaBackend::dueling_dist(const DuelingDist& a) noexcept {
@@ -422,32 +311,6 @@ void CudaBackend::relu_bias_grad(Real dy, Real y, Real db, int rows, int cols, i
                                        rows > 0 && y ? y.as<const float>() : nullptr,
                                        db ? db.as<float>() : nullptr, rows, cols, ld, heads, stride_dy, stride_y,
                                        stride_db));
-}
-
-void CudaBackend::c51_loss(const C51Loss& a) noexcept {
-  constexpr const char* op = "c51_loss";
-  if (a.B < 0 || a.D <= 0 || a.A <= 0 || a.Z < 2) return fail(op, "need B >= 0, D, A >= 1, Z >= 2");
-  if (!(a.v_max > a.v_min)) return fail(op, "v_max must exceed v_min");
-  if (a.loss && !real_ok(a.loss, op, "loss")) return;
-  if (a.B == 0) {
-    if (a.loss && !planning_) DQN_CUDA_OK(op, cuda::fill(stream_, a.loss.as<float>(), 0.0f, 1));
-    return;
-  }
-  if (!a.actions || !a.a_star) return fail(op, "null actions/a_star");
-  if (a.lddv < a.Z || a.ldtv < a.Z) return fail(op, "lddv/ldtv smaller than Z");
-  if (ld_or(a.ldtadv, a.A * a.Z) < a.A * a.Z || ld_or(a.lddadv, a.A * a.Z) < a.A * a.Z)
-    return fail(op, "ldtadv/lddadv smaller than A·Z");
-  if (!real_ok(a.m, op, "m") || !real_ok(a.dv, op, "dv") || !real_ok(a.dadv, op, "dadv") ||
-      !real_ok(a.logp, op, "logp") || !real_ok(a.weights, op, "weights") || !real_ok(a.tv, op, "tv") ||
-      !real_ok(a.tadv, op, "tadv") || !real_ok(a.rewards, op, "rewards") || !real_ok(a.dones, op, "dones"))
-    return;
-  if (a.loss_per_sample && !real_ok(a.loss_per_sample, op, "loss_per_sample")) return;
-  if (cuda::c51_loss_shared_bytes(a.D, a.A, a.Z) > 48 * 1024) return fail(op, "D·Z too large for shared memory");
-  // a_star/actions live on the device: an out-of-range index poisons that branch with NaN.
-  void* s = scratch(op, cuda::c51_loss_scratch_bytes(a.B));
-  if (!s) return;
-  // no loss: the blocks end after their samples, with no last block summing the batch
-  DQN_CUDA_OK(op, cuda::c51_loss(stream_, a, s, a.loss ? counter() : nullptr, double_math()));
 }
 
 void CudaBackend::note_device_bytes(std::size_t bytes) noexcept {
@@ -588,8 +451,6 @@ void CudaBackend::release() noexcept {
   tune_d_ = nullptr;
   tune_bytes_ = 0;
   if (scratch_base_) cudaFree(scratch_base_);
-  if (counters_) cudaFree(counters_);
-  counters_ = nullptr;
   if (clock_) cudaFree(clock_);
   clock_ = nullptr;
   if (workspace_base_) cudaFree(workspace_base_);

@@ -36,7 +36,6 @@ constexpr int kMaxLanes = 16;                                         // concurr
 /// Stream slots: one per lane, then one side slot per lane (kMaxLanes + lane) on which an op of
 /// that lane may run a part of itself beside the rest (head_forward's value GEMM).
 constexpr int kSlots = 2 * kMaxLanes;
-constexpr std::size_t kCounterBytes = kSlots * 32 * sizeof(unsigned);  // one 128-byte slot each
 
 /// The largest power of two (at most 256) dividing the address and, when batched, the batch stride.
 inline std::uint32_t alignment_of(const void* p, std::int64_t stride_bytes) {
@@ -167,6 +166,9 @@ class CudaBackend final : public Backend {
   const char* name() const noexcept override { return "cuda"; }
   std::uint32_t real_size() const noexcept override { return 4; }
   bool is_device() const noexcept override { return true; }
+  /// The current lane's stream, its launch policy, and whether the engine is planning.
+  const DeviceContext* device() const noexcept override;
+  void fail(const char* op, const char* why) noexcept override { record(1, op, why); }
 
   // --- dense layers -------------------------------------------------------------------------
 
@@ -197,8 +199,6 @@ class CudaBackend final : public Backend {
   void log_softmax(Real logp, Real x, int rows, int n) noexcept override;
   void expected_q(Real q, Real logp, int rows, int Z, float v_min, float v_max) noexcept override;
   void argmax(std::int32_t* idx, Real q, int rows, int n) noexcept override;
-  void c51_project(const C51Project& a) noexcept override;
-  void c51_xent(const C51Xent& a) noexcept override;
 
   // --- optimisation -------------------------------------------------------------------------
 
@@ -252,22 +252,13 @@ class CudaBackend final : public Backend {
   int status() const noexcept override { return status_; }
   const char* message() const noexcept override { return message_; }
 
-  // --- auxiliary heads (ABI 2) ----------------------------------------------------------------
-
-  void cql_penalty(const CqlPenalty& a) noexcept override;
   void expected_q_backward(Real dlogits, Real dq, Real logp, int rows, int Z, float v_min,
                            float v_max) noexcept override;
 
-  void ensemble_disagreement(Real out, Real q, int K, int B, int n) noexcept override;
-  void cosine_embedding(Real out, Real tau, int rows, int E) noexcept override;
-  void hadamard(Real x, Real h2, Real phi, int B, int N, int H) noexcept override;
-  void hadamard_backward(Real dphi, Real dh2, Real dx, Real h2, Real phi, int B, int N, int H) noexcept override;
-  void quantile_huber(const QuantileHuber& a) noexcept override;
 
-  // --- fused head ops (ABI 3) ---------------------------------------------------------------
-
-  /// The distribution kernels (dueling_dist, c51_loss) compute in double in fp32 pipelines, as
-  /// the CPU twin does, and in float in tf32 and bf16 ones (see head_kernels.cu).
+  /// The distribution kernels (dueling_dist, and the heads' own through DeviceContext::precision)
+  /// compute in double in fp32 pipelines, as the CPU twin does, and in float in tf32 and bf16 ones
+  /// (see head_kernels.cu).
   bool double_math() const noexcept { return precision_ == Precision::fp32; }
 
   void dueling_dist(const DuelingDist& a) noexcept override;
@@ -291,15 +282,12 @@ class CudaBackend final : public Backend {
   void relu_bias_grad(Real dy, Real y, Real db, int rows, int cols, int ld, int heads, std::int64_t stride_dy,
                       std::int64_t stride_y, std::int64_t stride_db) noexcept override;
 
-  void c51_loss(const C51Loss& a) noexcept override;
 
 
 
   // --- what the runtime needs ---------------------------------------------------------------
 
   cudaStream_t stream() const noexcept { return stream_; }
-  /// The current lane's "last block done" counter (0 between kernels; see dev::last_block).
-  unsigned* counter() const noexcept { return counters_ + lane_ * 32; }
   Precision precision() const noexcept { return precision_; }
   const cudaDeviceProp& props() const noexcept { return props_; }
   /// The stamps of the last cluster update that ran (after a synchronize), or empty.
@@ -329,7 +317,7 @@ class CudaBackend final : public Backend {
   /// Replaces the scratch with one of `bytes` (never inside a step: synchronises). Throws.
   void grow_scratch(std::size_t bytes);
 
-  /// Makes the following ops run on lane `lane` (its stream, workspace, scratch and counter).
+  /// Makes the following ops run on lane `lane` (its stream, workspace and scratch).
   /// Host-side only: allowed while capturing. Throws on a bad lane.
   void set_lane(int lane);
   int lane() const noexcept { return lane_; }
@@ -337,7 +325,6 @@ class CudaBackend final : public Backend {
  private:
   /// Makes the following ops run on stream slot `lane` (a lane, or kMaxLanes + lane: its side slot).
   void use_slot(int lane);
-  void fail(const char* op, const char* why) noexcept { record(1, op, why); }
 
   void record(int code, const char* op, const std::string& why) noexcept;
   bool cuda_ok(const char* op, cudaError_t e, const char* stmt, const char* file, int line) noexcept;
@@ -453,7 +440,6 @@ class CudaBackend final : public Backend {
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
   void* scratch_ = nullptr;
-  unsigned* counters_ = nullptr;
   cudaStream_t streams_[kSlots] = {};
   cudaEvent_t side_events_[2] = {};  ///< fork and join of an op's side slot (see head_forward)
   void* workspace_base_ = nullptr;  ///< kSlots slices of kWorkspaceBytes; workspace_ is the slot's
@@ -510,6 +496,7 @@ class CudaBackend final : public Backend {
   std::array<cudaEvent_t, 2 * kTuneSamples> tune_events_{};
   int status_ = 0;
   char message_[512] = {};
+  mutable DeviceContext context_;  ///< what device() returns, refreshed by each call
 };
 
 }  // namespace dqn::cuda

@@ -51,26 +51,28 @@ void CudaRuntime::plan_begin() {
 void CudaRuntime::plan_end() {
   if (!backend_.planning()) throw std::runtime_error("cuda: plan_end without plan_begin");
   const std::size_t need = backend_.end_plan();
-  if (need > backend_.scratch_bytes() && exec_)
+  if (need > backend_.scratch_bytes() && (exec_[0] || exec_[1]))
     throw std::runtime_error("cuda: plan_end needs " + std::to_string(need) +
                              " bytes of scratch, but a captured graph already uses the current " +
                              std::to_string(backend_.scratch_bytes()) + ": plan before capturing");
   backend_.grow_scratch(need);
 }
 
-void CudaRuntime::begin_capture() {
+void CudaRuntime::begin_capture(int graph) {
+  if (graph < 0 || graph >= kGraphs) throw std::runtime_error("cuda: begin_capture of graph " + std::to_string(graph));
   if (backend_.planning()) throw std::runtime_error("cuda: begin_capture while planning (call plan_end first)");
   if (capturing_) throw std::runtime_error("cuda: begin_capture while already capturing");
   backend_.set_lane(0);
   DQN_CUDA_THROW(cudaStreamBeginCapture(backend_.stream(), cudaStreamCaptureModeThreadLocal));
   capturing_ = true;
+  capture_graph_ = graph;
   backend_.set_capturing(true);
   // The other lanes join the capture by waiting on this event (on their first stage).
   DQN_CUDA_THROW(cudaEventRecord(fork_, backend_.stream()));
   for (auto& j : joined_) j = false;
   joined_[0] = true;
   for (auto& l : lane_last_) l = -1;
-  node_stage_.clear();
+  if (graph == kStepGraph) node_stage_.clear();  // (graph_node_info describes the step's graph)
 }
 
 void CudaRuntime::capture_width(int lanes) {
@@ -101,7 +103,7 @@ void CudaRuntime::stage_done(int id) {
   if (!e) DQN_CUDA_THROW(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   DQN_CUDA_THROW(cudaEventRecord(e, backend_.stream()));
   lane_last_[backend_.lane()] = id;
-  note_stage_nodes(id);
+  if (capture_graph_ == kStepGraph) note_stage_nodes(id);
 }
 
 void CudaRuntime::end_capture() {
@@ -128,38 +130,54 @@ void CudaRuntime::end_capture() {
     throw std::runtime_error(std::string("cuda: an op failed during capture, graph discarded: ") + backend_.message());
   }
   prioritize(graph);
+  cudaGraphExec_t& exec = exec_[capture_graph_];
+  cudaGraph_t& kept = graph_[capture_graph_];
   // Re-capture cheaply: update the instantiated graph in place when the topology allows.
-  if (exec_) {
+  if (exec) {
     cudaGraphExecUpdateResultInfo info{};
-    if (cudaGraphExecUpdate(exec_, graph, &info) == cudaSuccess) {
-      if (graph_) cudaGraphDestroy(graph_);
-      graph_ = graph;
+    if (cudaGraphExecUpdate(exec, graph, &info) == cudaSuccess) {
+      if (kept) cudaGraphDestroy(kept);
+      kept = graph;
       return;
     }
     cudaGetLastError();
-    cudaGraphExecDestroy(exec_);
-    exec_ = nullptr;
+    cudaGraphExecDestroy(exec);
+    exec = nullptr;
   }
-  if (const cudaError_t ie = cudaGraphInstantiate(&exec_, graph, cudaGraphInstantiateFlagUseNodePriority);
+  if (const cudaError_t ie = cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagUseNodePriority);
       ie != cudaSuccess) {
     cudaGraphDestroy(graph);
-    exec_ = nullptr;
+    exec = nullptr;
     throw_cuda(ie, "cudaGraphInstantiate(&exec, graph, UseNodePriority)", __FILE__, __LINE__, device_);
   }
-  if (graph_) cudaGraphDestroy(graph_);
-  graph_ = graph;
-  DQN_CUDA_THROW(cudaGraphUpload(exec_, backend_.stream()));
+  if (kept) cudaGraphDestroy(kept);
+  kept = graph;
+  DQN_CUDA_THROW(cudaGraphUpload(exec, backend_.stream()));
 }
 
-void CudaRuntime::replay() {
-  if (!exec_) throw std::runtime_error("cuda: replay before a graph was captured (begin_capture/end_capture)");
-  DQN_CUDA_THROW(cudaGraphLaunch(exec_, backend_.stream()));
+std::string CudaRuntime::capture_fault() {
+  if (!capturing_) return {};
+  cudaStreamCaptureStatus status{};
+  const cudaError_t e = cudaStreamIsCapturing(backend_.stream(), &status);
+  const cudaError_t last = cudaGetLastError();  // what the offending call returned, if it was kept
+  if (e != cudaSuccess) return cudaGetErrorString(e);
+  if (status == cudaStreamCaptureStatusInvalidated)
+    return std::string("the capture was invalidated") +
+           (last != cudaSuccess ? std::string(" (") + cudaGetErrorName(last) + ": " + cudaGetErrorString(last) + ")" : "");
+  if (status == cudaStreamCaptureStatusNone) return "the stage's stream is no longer capturing";
+  return {};
+}
+
+void CudaRuntime::replay(int graph) {
+  if (graph < 0 || graph >= kGraphs || !exec_[graph])
+    throw std::runtime_error("cuda: replay of graph " + std::to_string(graph) + " before it was captured");
+  DQN_CUDA_THROW(cudaGraphLaunch(exec_[graph], backend_.stream()));
 }
 
 std::int64_t CudaRuntime::graph_nodes() const noexcept {
-  if (!graph_) return 0;
+  if (!graph_[0]) return 0;
   std::size_t n = 0;
-  if (cudaGraphGetNodes(graph_, nullptr, &n) != cudaSuccess) {
+  if (cudaGraphGetNodes(graph_[0], nullptr, &n) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
@@ -171,7 +189,7 @@ std::vector<Runtime::GraphNode> CudaRuntime::graph_node_info() const {
   std::vector<cudaGraphNode_t> nodes;
   std::vector<std::vector<int>> deps;
   std::vector<std::vector<char>> programmatic;
-  if (!graph_ || !graph_edges(graph_, nodes, deps, &programmatic)) return out;
+  if (!graph_[0] || !graph_edges(graph_[0], nodes, deps, &programmatic)) return out;
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     GraphNode g;
     g.handle = nodes[i];
@@ -256,8 +274,10 @@ void CudaRuntime::release() noexcept {
     backend_.set_wide(false);
   }
   cudaStreamSynchronize(backend_.stream());
-  if (exec_) cudaGraphExecDestroy(exec_);
-  if (graph_) cudaGraphDestroy(graph_);
+  for (auto& x : exec_)
+    if (x) cudaGraphExecDestroy(x), x = nullptr;
+  for (auto& g : graph_)
+    if (g) cudaGraphDestroy(g), g = nullptr;
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
   for (cudaEvent_t e : stage_events_)
     if (e) cudaEventDestroy(e);
@@ -265,8 +285,6 @@ void CudaRuntime::release() noexcept {
   if (fork_) cudaEventDestroy(fork_);
   fork_ = nullptr;
   if (arena_) cudaFree(arena_);
-  exec_ = nullptr;
-  graph_ = nullptr;
   events_.clear();
   arena_ = nullptr;
 }

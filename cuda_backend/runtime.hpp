@@ -30,7 +30,7 @@ class CudaRuntime final : public Runtime {
   void plan_end() override;
   bool captures() const noexcept override { return true; }
 
-  void begin_capture() override;
+  void begin_capture(int graph = 0) override;
   int lanes() const noexcept override { return kMaxLanes; }
 
   /// More than kNarrowLanes lanes: a wide step (cuda::pdl_for). Set for this capture; end_capture
@@ -40,7 +40,8 @@ class CudaRuntime final : public Runtime {
   void stage_begin(int lane, const std::vector<int>& after) override;
   void stage_done(int id) override;
   void end_capture() override;
-  void replay() override;
+  void replay(int graph = 0) override;
+  std::string capture_fault() override;
   std::int64_t graph_nodes() const noexcept override;
   std::vector<GraphNode> graph_node_info() const override;
 
@@ -93,8 +94,9 @@ class CudaRuntime final : public Runtime {
   void* arena_ = nullptr;
   std::size_t arena_bytes_ = 0;
   bool capturing_ = false;
-  cudaGraph_t graph_ = nullptr;
-  cudaGraphExec_t exec_ = nullptr;
+  int capture_graph_ = 0;  ///< the graph being captured
+  cudaGraph_t graph_[kGraphs] = {};
+  cudaGraphExec_t exec_[kGraphs] = {};
   std::vector<cudaEvent_t> events_;
   cudaEvent_t fork_ = nullptr;
   std::vector<cudaEvent_t> stage_events_;  ///< by stage id, made on first use (at capture)

@@ -28,6 +28,9 @@ void forget_stream_pdl(cudaStream_t s) noexcept;
 /// Whether a kernel with `shared` bytes of dynamic shared memory launches on s with programmatic
 /// stream serialization.
 bool pdl_for(std::size_t shared, cudaStream_t s) noexcept;
+/// The most dynamic shared memory a kernel may have and still launch on s with programmatic
+/// stream serialization; -1: none does (DeviceContext::pdl_max_shared).
+std::int64_t pdl_shared_limit(cudaStream_t s) noexcept;
 
 cudaError_t bias_act(cudaStream_t s, float* y, const float* bias, int rows, int cols, int ldy, bool relu);
 cudaError_t relu_backward(cudaStream_t s, float* dy, const float* y, int rows, int cols, int ld);
@@ -47,30 +50,8 @@ cudaError_t dueling_backward(cudaStream_t s, float* dv, int lddv, float* dadv, i
 cudaError_t log_softmax(cudaStream_t s, float* logp, const float* x, int rows, int n);
 cudaError_t expected_q(cudaStream_t s, float* q, const float* logp, int rows, int Z, float v_min, float v_max);
 cudaError_t argmax(cudaStream_t s, std::int32_t* idx, const float* q, int rows, int n);
-cudaError_t c51_project(cudaStream_t s, const C51Project& a);
-
-/// Scratch c51_xent needs: one double per sample (weighted per-sample losses).
-std::size_t c51_xent_scratch_bytes(int B);
-/// The batch mean in a one-block kernel after the per-sample kernel.
-cudaError_t c51_xent(cudaStream_t s, const C51Xent& a, void* scratch);
-
-/// Scratch cql_penalty needs: one double per (sample, branch).
-std::size_t cql_penalty_scratch_bytes(int B, int D);
-cudaError_t cql_penalty(cudaStream_t s, const CqlPenalty& a, void* scratch);
 cudaError_t expected_q_backward(cudaStream_t s, float* dlogits, const float* dq, const float* logp, int rows, int Z,
                                 float v_min, float v_max);
-
-cudaError_t ensemble_disagreement(cudaStream_t s, float* out, const float* q, int K, int B, int n);
-
-cudaError_t cosine_embedding(cudaStream_t s, float* out, const float* tau, int rows, int E);
-cudaError_t hadamard(cudaStream_t s, float* x, const float* h2, const float* phi, int B, int N, int H);
-cudaError_t hadamard_backward(cudaStream_t s, float* dphi, float* dh2, const float* dx, const float* h2,
-                              const float* phi, int B, int N, int H);
-/// Scratch quantile_huber needs (one double per sample) and its dynamic shared memory (D·N doubles).
-std::size_t quantile_huber_scratch_bytes(int B);
-std::size_t quantile_huber_shared_bytes(int D, int N);
-/// The batch mean as c51_xent's.
-cudaError_t quantile_huber(cudaStream_t s, const QuantileHuber& a, void* scratch);
 
 /// Scratch budget needs: one partial sum of squares per (head, chunk), at most 512 chunks a head.
 std::size_t budget_scratch_bytes(int H);

@@ -1,6 +1,7 @@
 /** @file device_util.cuh
- *  @brief Device helpers shared by the kernel files: grid-stride indices, fixed-order warp and
- *  block reductions, and the "last block done" handshake for single-launch reductions.
+ *  @brief Device helpers of the kernel files beyond the SDK's (dqn/device.cuh: reductions, the
+ *  entry and launch): the launch by the stream's policy, asynchronous copies to shared memory,
+ *  tf32 rounding, alignment and four-wide ReLU masks.
  */
 #pragma once
 
@@ -11,44 +12,24 @@
 #include <utility>
 
 #include "cuda_kernels.cuh"
+#include "dqn/device.cuh"
 
 namespace dqn::cuda::dev {
 
-/// Programmatic dependent launch. Every kernel of kernels/ launches through launch() below and
-/// starts with pdl_entry(): it waits until every kernel it depends on has finished and their
-/// writes are visible (griddepcontrol.wait), then lets the next kernel of its stream place its
-/// blocks (griddepcontrol.launch_dependents), which wait in turn. So a kernel's launch and block
-/// placement overlap the kernel before it instead of following its end. Launched without the
-/// attribute (the stream's policy says no: set_stream_pdl), both instructions do nothing.
-__device__ __forceinline__ void pdl_entry() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
+using ::dqn::dev::block_sum;
+using ::dqn::dev::grid_start;
+using ::dqn::dev::grid_step;
+using ::dqn::dev::last_block;
+using ::dqn::dev::pdl_entry;
+using ::dqn::dev::warp_max;
+using ::dqn::dev::warp_sum;
 
-/// The launch attribute that lets a kernel start while the previous one of its stream runs
-/// (it must begin with pdl_entry()).
-inline cudaLaunchAttribute pdl_attribute() {
-  cudaLaunchAttribute a{};
-  a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  a.val.programmaticStreamSerializationAllowed = 1;
-  return a;
-}
-
+/// Every kernel of kernels/ launches through this and starts with pdl_entry() (dqn/device.cuh):
 /// kernel<<<grid, block, shmem, s>>>(args...), with programmatic stream serialization where
-/// pdl_for(shmem, s). Returns the launch's error (also left as the last error, as <<<>>> does).
+/// pdl_for(shmem, s) (the stream's policy: set_stream_pdl).
 template <class... P, class... A>
 cudaError_t launch(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t shmem, cudaStream_t s, A&&... args) {
-  cudaLaunchAttribute attr = pdl_attribute();
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = shmem;
-  cfg.stream = s;
-  cfg.attrs = &attr;
-  cfg.numAttrs = pdl_for(shmem, s) ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
+  return ::dqn::dev::launch_on(s, pdl_for(shmem, s), kernel, grid, block, shmem, std::forward<A>(args)...);
 }
 
 /// The shared-memory window address of p (a pointer into this block's shared memory), as the
@@ -92,57 +73,6 @@ __device__ __forceinline__ void relu_mask4(float* dy, const float* y) {
   if (yv.z <= 0.0f) d.z = 0.0f;
   if (yv.w <= 0.0f) d.w = 0.0f;
   *reinterpret_cast<float4*>(dy) = d;
-}
-
-__device__ __forceinline__ std::int64_t grid_start() {
-  return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ std::int64_t grid_step() {
-  return static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-}
-
-/// Butterfly sum: every lane ends with the same value, in a fixed order.
-__device__ __forceinline__ double warp_sum(double v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-/// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
-/// `sh` holds 32 doubles. Safe to call repeatedly with the same `sh`.
-__device__ inline double block_sum(double v, double* sh) {
-  v = warp_sum(v);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  __syncthreads();
-  if (lane == 0) sh[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    double r = lane < nwarps ? sh[lane] : 0.0;
-    r = warp_sum(r);
-    if (lane == 0) sh[0] = r;
-  }
-  __syncthreads();
-  return sh[0];
-}
-
-/// Call from every thread after the block's results are written: true in the one block that
-/// arrives last (it then sees every other block's writes). `counter` must be 0 before the launch;
-/// the last block resets it, so the next kernel (stream-ordered) finds it at 0 again.
-__device__ inline bool last_block(unsigned* counter) {
-  __shared__ bool is_last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned prev = atomicAdd(counter, 1u);
-    is_last = prev == gridDim.x * gridDim.y * gridDim.z - 1;
-    if (is_last) *counter = 0u;
-  }
-  __syncthreads();
-  if (is_last) __threadfence();
-  return is_last;
 }
 
 }  // namespace dqn::cuda::dev

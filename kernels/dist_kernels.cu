@@ -1,6 +1,6 @@
 /** @file dist_kernels.cu
  *  @brief The distributional head's unfused ops: dueling combine and backward, log-softmax, the
- *  expected Q and its argmax, the dense C51 projection and the cross-entropy with its gradient.
+ *  expected Q with its backward, and the argmax.
  */
 #include <cuda_runtime.h>
 
@@ -108,134 +108,22 @@ __global__ void argmax_kernel(std::int32_t* idx, const float* q, int rows, int n
   }
 }
 
-/// One block per (b, d): the target probabilities and projected support go to shared memory,
-/// then each thread owns atoms i and sums over j in order (the dense, atomic-free projection).
-__global__ void c51_project_kernel(float* m, const float* target_logp, const std::int32_t* a_star,
-                                   const float* rewards, const float* dones, int D, int A, int Z,
-                                   float gamma_n, float v_min_f, float v_max_f, double dz) {
+/// One warp per row: Q = Σ z_i p_i (warp sum), then dlogits_i = dq · p_i (z_i − Q).
+__global__ void expected_q_backward_kernel(float* dlogits, const float* dq, const float* logp, int rows, int Z,
+                                           float v_min, double dz) {
   dev::pdl_entry();
-  extern __shared__ double shp[];
-  double* p = shp;       // [Z]
-  double* tz = shp + Z;  // [Z]
-  const int bd = blockIdx.x, b = bd / D;
-  const int act = a_star[bd];
-  float* mo = m + static_cast<std::int64_t>(bd) * Z;
-  if (act < 0 || act >= A) {  // an index the host could not check: make it visible, never read OOB
-    for (int i = threadIdx.x; i < Z; i += blockDim.x) mo[i] = NAN;
-    return;
+  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x >> 5);
+  const int lane = threadIdx.x & 31;
+  for (std::int64_t r = grid_start() >> 5; r < rows; r += warps) {
+    const float* lp = logp + r * Z;
+    double q = 0.0;
+    for (int i = lane; i < Z; i += 32) q += (static_cast<double>(v_min) + i * dz) * exp(static_cast<double>(lp[i]));
+    q = warp_sum(q);
+    const double g = dq[r];
+    for (int i = lane; i < Z; i += 32)
+      dlogits[r * Z + i] =
+          static_cast<float>(g * exp(static_cast<double>(lp[i])) * ((static_cast<double>(v_min) + i * dz) - q));
   }
-  const double v_min = v_min_f, v_max = v_max_f;
-  const double discount = static_cast<double>(gamma_n) * (1.0 - static_cast<double>(dones[b]));
-  const double r = rewards[b];
-  const float* lp = target_logp + (static_cast<std::int64_t>(bd) * A + act) * Z;
-  for (int j = threadIdx.x; j < Z; j += blockDim.x) {
-    p[j] = exp(static_cast<double>(lp[j]));
-    tz[j] = fmin(fmax(r + discount * (v_min + j * dz), v_min), v_max);
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < Z; i += blockDim.x) {
-    const double zi = v_min + i * dz;
-    double acc = 0.0;
-    for (int j = 0; j < Z; ++j) {
-      const double w = fmin(fmax(1.0 - fabs(tz[j] - zi) / dz, 0.0), 1.0);
-      acc += w * p[j];
-    }
-    mo[i] = static_cast<float>(acc);
-  }
-}
-
-/// One block per sample, one warp per branch: per-branch cross-entropy (warp sums), the
-/// gradient of every (action, atom) of the branch, then the sample's loss from the branches in
-/// order. The weighted per-sample loss goes to scratch for the fixed-order mean in
-/// weighted_means_kernel after.
-__global__ void c51_xent_kernel(C51Xent a, double* weighted) {
-  dev::pdl_entry();
-  extern __shared__ double xent_d[];  // [D], then with dv the taken actions' rows g [D][Z] (float)
-  float* g_rows = reinterpret_cast<float*>(xent_d + a.D);
-  // block = member · B + sample: member k's logp and dlogits are member 0's + k·B·D·A·Z
-  const int member = blockIdx.x / a.B, b = blockIdx.x - member * a.B;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  const int Z = a.Z, A = a.A, D = a.D;
-  const std::int64_t moff = static_cast<std::int64_t>(member) * a.B * D * A * Z;
-  const float* LP = static_cast<const float*>(a.logp.p) + moff;
-  const float* M = static_cast<const float*>(a.m.p);
-  float* DL = static_cast<float*>(a.dlogits.p) + moff;
-  const float wb = static_cast<const float*>(a.weights.p)[b];
-  const double grad_scale = static_cast<double>(a.scale) * wb / (static_cast<double>(a.B) * D);
-  for (int d = warp; d < D; d += nwarps) {
-    const int bd = b * D + d;
-    const int taken = a.actions[bd];
-    const std::int64_t rows0 = static_cast<std::int64_t>(bd) * A * Z;
-    // with dv: this (sample, branch)'s block of dadv, member k's at + k·B rows
-    const int ldd = a.lddadv != 0 ? a.lddadv : A * Z;
-    float* dadv = a.dv.p ? static_cast<float*>(a.dadv.p) +
-                               (static_cast<std::int64_t>(member) * a.B * D + bd) * ldd
-                         : nullptr;
-    if (taken < 0 || taken >= A) {  // out of range: poison this branch instead of reading OOB
-      for (int k = lane; k < A * Z; k += 32) DL[rows0 + k] = NAN;
-      if (dadv) {
-        for (int k = lane; k < A * Z; k += 32) dadv[k] = NAN;
-        for (int q = A * Z + lane; q < ldd; q += 32) dadv[q] = 0.0f;  // the padding, as on every row
-        for (int i = lane; i < Z; i += 32) g_rows[d * Z + i] = NAN;
-      }
-      if (lane == 0) xent_d[d] = NAN;
-      continue;
-    }
-    const float* m = M + static_cast<std::int64_t>(bd) * Z;
-    const float* lp_taken = LP + rows0 + static_cast<std::int64_t>(taken) * Z;
-    double xent = 0.0, m_sum = 0.0;
-    for (int i = lane; i < Z; i += 32) {
-      xent -= static_cast<double>(m[i]) * static_cast<double>(lp_taken[i]);
-      m_sum += static_cast<double>(m[i]);
-    }
-    xent = warp_sum(xent);  // also orders every lane's reads of logp before the writes below
-    m_sum = warp_sum(m_sum);
-    for (int act = 0; act < A; ++act) {
-      const std::int64_t row = rows0 + static_cast<std::int64_t>(act) * Z;
-      for (int i = lane; i < Z; i += 32) {
-        if (act != taken) {
-          DL[row + i] = 0.0f;
-        } else {
-          const double p = exp(static_cast<double>(LP[row + i]));
-          const float g = static_cast<float>(grad_scale * (p * m_sum - static_cast<double>(m[i])));
-          DL[row + i] = g;
-          if (dadv) {  // dueling_backward's arithmetic on a row that is g at `taken`, 0 elsewhere
-            g_rows[d * Z + i] = g;
-            const double mean = static_cast<double>(g) / A;
-            const float other = static_cast<float>(0.0 - mean), own = static_cast<float>(static_cast<double>(g) - mean);
-            for (int b2 = 0; b2 < A; ++b2) dadv[b2 * Z + i] = b2 == taken ? own : other;
-          }
-        }
-      }
-    }
-    if (dadv)
-      for (int q = A * Z + lane; q < ldd; q += 32) dadv[q] = 0.0f;  // the padding
-    if (lane == 0) xent_d[d] = xent;
-  }
-  __syncthreads();
-  if (a.dv.p) {  // dv[b, :] = Σ_d g_d (branches in order, as dueling_backward's Σ_{d,a})
-    float* dv = static_cast<float*>(a.dv.p) + (static_cast<std::int64_t>(member) * a.B + b) * a.lddv;
-    for (int i = threadIdx.x; i < Z; i += blockDim.x) {
-      double total = 0.0;
-      for (int d = 0; d < D; ++d) total += static_cast<double>(g_rows[d * Z + i]);
-      dv[i] = static_cast<float>(total);
-    }
-  }
-  if (threadIdx.x == 0) {
-    double sample = 0.0;
-    for (int d = 0; d < D; ++d) sample += xent_d[d];
-    sample /= D;
-    if (a.loss_per_sample.p) static_cast<float*>(a.loss_per_sample.p)[blockIdx.x] = static_cast<float>(sample);
-    weighted[blockIdx.x] = static_cast<double>(wb) * sample;
-  }
-}
-
-/// One block: weighted_mean (the same roundings as one call per member).
-__global__ void weighted_means_kernel(float* loss, const double* weighted, int B, float scale, bool accumulate,
-                                       int members) {
-  dev::pdl_entry();
-  __shared__ double sh[32];
-  weighted_mean(loss, weighted, B, scale, accumulate, members, sh);
 }
 
 }  // namespace
@@ -270,32 +158,10 @@ cudaError_t argmax(cudaStream_t s, std::int32_t* idx, const float* q, int rows, 
   return cudaGetLastError();
 }
 
-cudaError_t c51_project(cudaStream_t s, const C51Project& a) {
-  const int threads = std::min(256, (a.Z + 31) / 32 * 32);
-  const std::size_t shmem = 2 * static_cast<std::size_t>(a.Z) * sizeof(double);
-  launch(c51_project_kernel, a.B * a.D, threads, shmem, s,
-         a.m.as<float>(), a.target_logp.as<const float>(), a.a_star, a.rewards.as<const float>(),
-         a.dones.as<const float>(), a.D, a.A, a.Z, a.gamma_n, a.v_min, a.v_max, support_step(a.v_min, a.v_max, a.Z));
-  return cudaGetLastError();
-}
-
-std::size_t c51_xent_scratch_bytes(int B) { return round_up(static_cast<std::size_t>(B) * sizeof(double), 256); }
-
-cudaError_t c51_xent(cudaStream_t s, const C51Xent& a, void* scratch) {
-  auto* weighted = static_cast<double*>(scratch);
-  const int warps = std::min(a.D, 8);
-  const std::size_t shared = static_cast<std::size_t>(a.D) * sizeof(double) +
-                             (a.dv ? static_cast<std::size_t>(a.D) * a.Z * sizeof(float) : 0);
-  launch(c51_xent_kernel, a.B * a.members, 32 * warps, shared, s, a, weighted);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  if (a.loss)
-    return weighted_means(s, a.loss.as<float>(), weighted, a.B, a.scale, a.accumulate, a.members);
-  return cudaGetLastError();
-}
-
-cudaError_t weighted_means(cudaStream_t s, float* loss, const double* weighted, int B, float scale, bool accumulate,
-                           int members) {
-  launch(weighted_means_kernel, 1, kThreads, 0, s, loss, weighted, B, scale, accumulate, members);
+cudaError_t expected_q_backward(cudaStream_t s, float* dlogits, const float* dq, const float* logp, int rows, int Z,
+                                float v_min, float v_max) {
+  launch(expected_q_backward_kernel, blocks_for(static_cast<std::int64_t>(rows) * 32), kThreads, 0, s,
+         dlogits, dq, logp, rows, Z, v_min, support_step(v_min, v_max, Z));
   return cudaGetLastError();
 }
 

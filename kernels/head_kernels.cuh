@@ -19,16 +19,6 @@ std::size_t dueling_dist_shared_bytes(int Z, int A);
 /// else a warp per (row, branch); beyond, a block per (row, branch). The same results bit for bit.
 cudaError_t dueling_dist(cudaStream_t s, const DuelingDist& a, bool double_math);
 
-/// Scratch c51_loss needs (one double per sample) and its dynamic shared memory.
-std::size_t c51_loss_scratch_bytes(int B);
-std::size_t c51_loss_shared_bytes(int D, int A, int Z);
-/// `counter`: a device word that is 0 and that no concurrently running kernel uses; null where
-/// a.loss is (no last block sums the batch).
-/// double_math: as dueling_dist's. While Z ≤ 64, A ≤ 8 and D ≤ 16 a warp kernel: two warps a
-/// (sample, branch) where D ≤ 8, each with one of the two atoms a lane holds (the sums over atoms
-/// add the two warps' partial sums), else one; beyond, a block per sample.
-cudaError_t c51_loss(cudaStream_t s, const C51Loss& a, void* scratch, unsigned* counter, bool double_math);
-
 /// relu_backward + bias_grad for `heads` gradients sharing the activation y (grid: tiles × heads);
 /// db null: the masks alone (element-parallel).
 cudaError_t relu_bias_grad(cudaStream_t s, float* dy, const float* y, float* db, int rows, int cols, int ld,

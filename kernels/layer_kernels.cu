@@ -203,20 +203,25 @@ void forget_stream_pdl(cudaStream_t s) noexcept {
   stream_pdl().erase(s);
 }
 
-bool pdl_for(std::size_t shared, cudaStream_t s) noexcept {
-  constexpr std::size_t kSmall = std::size_t{16} << 10;
+std::int64_t pdl_shared_limit(cudaStream_t s) noexcept {
+  constexpr std::int64_t kSmall = std::int64_t{16} << 10, kAny = std::int64_t{1} << 40;
   StreamPdl p;
   {
     std::lock_guard<std::mutex> lock(stream_pdl_mutex());
     if (const auto it = stream_pdl().find(s); it != stream_pdl().end()) p = it->second;
   }
   switch (p.mode) {
-    case CudaSpec::Pdl::off: return false;
-    case CudaSpec::Pdl::all: return true;
-    case CudaSpec::Pdl::small: return shared <= kSmall;
-    case CudaSpec::Pdl::automatic: return !p.wide || shared <= kSmall;
+    case CudaSpec::Pdl::off: return -1;
+    case CudaSpec::Pdl::all: return kAny;
+    case CudaSpec::Pdl::small: return kSmall;
+    case CudaSpec::Pdl::automatic: return p.wide ? kSmall : kAny;
   }
-  return true;
+  return kAny;
+}
+
+bool pdl_for(std::size_t shared, cudaStream_t s) noexcept {
+  const std::int64_t limit = pdl_shared_limit(s);
+  return limit >= 0 && static_cast<std::int64_t>(shared) <= limit;
 }
 
 cudaError_t bias_act(cudaStream_t s, float* y, const float* bias, int rows, int cols, int ldy, bool relu) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cql_ops.hpp"
 #include "dqn/bdq.hpp"
 #include "dqn/head.hpp"
 #include "dqn/plugin.hpp"
@@ -37,8 +38,12 @@ class CqlHead final : public Head {
       for (const auto& x : decls)
         if (int rc = ctx.buffer(x.n.c_str(), DType::real, x.s.data(), std::int32_t(x.s.size()), BufferKind::scratch))
           return keep(rc);
+      {  // the penalty's device scratch: a word per (sample, branch)
+        const std::int64_t words = cql_penalty_sums(B_, d_.D);
+        if (int rc = ctx.buffer(own("sums").c_str(), DType::i64, &words, 1, BufferKind::scratch)) return keep(rc);
+      }
       const std::string loss = "loss/" + name_, grad = "grad/" + name_, dtrunk = "dtrunk/" + name_;
-      int rc = stage(ctx, kLoss, "loss", {prim("q"), buf::actions}, {loss, own("dq")});
+      int rc = stage(ctx, kLoss, "loss", {prim("q"), buf::actions}, {loss, own("dq"), own("sums")});
       // backward: the input side, on to the trunk; weights: the gradients of the primary's head
       // parameters (in this head's row), beside the trunk's backward.
       rc = rc ? rc : stage(ctx, kBackward, "backward", {own("dq"), prim("logp"), prim("hidden"), "params"},
@@ -63,6 +68,7 @@ class CqlHead final : public Head {
       logp_ = r.real(prim("logp").c_str());
       act_ = bdq::Acts{r.real(prim("hidden").c_str()), Real{}, Real{}, Real{}, logp_, q_};
       dq_ = r.real(own("dq").c_str());
+      sums_ = r.i64(own("sums").c_str());
       dlogits_ = r.real(own("dlogits").c_str());
       back_ = {r.real(own("dv").c_str()), r.real(own("dadv").c_str()), r.real(own("dhidden").c_str())};
       h2_ = r.real(buf::h2);
@@ -70,7 +76,7 @@ class CqlHead final : public Head {
       loss_ = r.real(("loss/" + name_).c_str());
       dtrunk_ = r.real(("dtrunk/" + name_).c_str());
       if (!(online_.w1 && grad_.w1 && q_ && logp_ && act_.hidden && dq_ && dlogits_ && back_.dv && back_.dadv &&
-            back_.dhidden && h2_ && actions_ && loss_ && dtrunk_)) {
+            back_.dhidden && h2_ && actions_ && loss_ && dtrunk_ && sums_)) {
         error_ = "cql: a buffer or parameter it needs is missing (is the primary a c51 head named '" + primary_ + "'?)";
         return 1;
       }
@@ -87,7 +93,8 @@ class CqlHead final : public Head {
       case kLoss: {  // rows 0..B-1 of the primary's q are the states
         CqlPenalty p;
         p.loss = loss_; p.dq = dq_; p.q = q_; p.actions = actions_; p.B = B; p.D = d_.D; p.A = d_.A; p.alpha = alpha_;
-        be.cql_penalty(p);
+        p.sums = sums_;
+        cql_penalty(be, p);
         break;
       }
       case kBackward:
@@ -128,6 +135,7 @@ class CqlHead final : public Head {
   bdq::BackScratch back_{};
   Real q_, logp_, dq_, dlogits_, h2_, loss_, dtrunk_;
   std::int32_t* actions_ = nullptr;
+  std::int64_t* sums_ = nullptr;  ///< the penalty's device scratch (cql_penalty_sums words)
 };
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -164,9 +172,9 @@ Head* create(const HeadCreateInfo* info, char* err, std::uint32_t errlen) {
 void destroy(Head* h) { delete h; }
 
 const PluginDescriptor kDescriptor{
-    kAbiVersion, sizeof(PluginDescriptor), "cql", PluginKind::head, "1.0.0",
+    kAbiMajor, kAbiMinor, sizeof(PluginDescriptor), PluginKind::head, "cql", "1.0.0",
     "discrete CQL penalty alpha*(logsumexp_a Q - Q(s,a_data)) on the C51 primary's online Q-values, per branch",
-    0.1, 0, kSchema, std::uint32_t(sizeof(kSchema) / sizeof(kSchema[0])), &create, &destroy};
+    0.1, 0, std::uint32_t(sizeof(kSchema) / sizeof(kSchema[0])), kSchema, &create, &destroy};
 
 }  // namespace
 

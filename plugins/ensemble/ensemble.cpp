@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "c51_ops.hpp"
+#include "disagreement_ops.hpp"
 #include "dqn/bdq.hpp"
 #include "dqn/head.hpp"
 #include "dqn/plugin.hpp"
@@ -52,14 +54,18 @@ class EnsembleHead final : public Head {
       };
       for (const auto& x : decls)
         if (int rc = ctx.buffer(x.n.c_str(), DType::real, x.s.data(), std::int32_t(x.s.size()), x.kind)) return keep(rc);
+      {  // the cross-entropy's device scratch: a word per (member, sample)
+        const std::int64_t words = c51_xent_sums(B_, K_);
+        if (int rc = ctx.buffer(own("sums").c_str(), DType::i64, &words, 1, BufferKind::scratch)) return keep(rc);
+      }
       const std::string loss = "loss/" + name_, grad = "grad/" + name_, dtrunk = "dtrunk/" + name_;
       int rc = stage(ctx, kForward, "forward", {buf::h2, "params"},
                      {own("hidden"), own("v"), own("adv"), own("logits"), own("logp"), own("q")});
       // the disagreement (a metric): beside the loss and backward, not before them
       rc = rc ? rc : stage(ctx, kDisagreement, "disagreement", {own("q")}, {own("disagreement")});
       // loss: the cross-entropy with the dueling backward of its gradient (dv, dadv) in one op
-      rc = rc ? rc : stage(ctx, kLoss, "loss", {own("logp"), buf::target_m, buf::actions, buf::is_weights},
-                           {loss, own("dlogits"), own("dv"), own("dadv")});
+      rc = rc ? rc : stage(ctx, kLoss, "loss", {own("logp"), kC51TargetM, buf::actions, buf::is_weights},
+                           {loss, own("dlogits"), own("dv"), own("dadv"), own("sums")});
       // backward: the input side down to dhidden (ReLU-masked in its GEMMs); trunk: ∂L/∂h2 from
       // it; weights and bias (the output layers), weights.hidden and bias.hidden (the hidden
       // layers): the other gradients, on lanes of their own beside the trunk stage and the
@@ -112,13 +118,14 @@ class EnsembleHead final : public Head {
       q_ = q;
       disagreement_ = r.real(own("disagreement").c_str());
       h2_ = r.real(buf::h2);
-      m_ = r.real(buf::target_m);
+      m_ = r.real(kC51TargetM);
+      sums_ = r.i64(own("sums").c_str());
       weights_ = r.real(buf::is_weights);
       actions_ = r.i32(buf::actions);
       loss_ = r.real(("loss/" + name_).c_str());
       dtrunk_ = r.real(("dtrunk/" + name_).c_str());
       if (!(ok && disagreement_ && back_.dv && back_.dadv && back_.dhidden && h2_ && m_ && weights_ && actions_ &&
-            loss_ && dtrunk_)) {
+            loss_ && dtrunk_ && sums_)) {
         error_ = "ensemble: a buffer or parameter it needs is missing";
         return 1;
       }
@@ -136,7 +143,7 @@ class EnsembleHead final : public Head {
         forward(be);
         break;
       case kDisagreement:
-        be.ensemble_disagreement(disagreement_, q_, K_, B, d_.D * d_.A);
+        ensemble_disagreement(be, disagreement_, q_, K_, B, d_.D * d_.A);
         break;
       case kLoss:
       {  // every member against the primary's projected target, in one call
@@ -148,7 +155,8 @@ class EnsembleHead final : public Head {
         x.scale = 1.0f / float(K_);
         x.members = K_;
         x.dv = back_.dv; x.lddv = d_.ldz(); x.dadv = back_.dadv; x.lddadv = d_.ldaz();
-        be.c51_xent(x);
+        x.sums = sums_;
+        c51_xent(be, x);
       }
         break;
       case kBackward:
@@ -363,6 +371,7 @@ class EnsembleHead final : public Head {
   std::int64_t stride_ = 0;  ///< elements from one member's parameter block to the next
   Real q_, disagreement_, h2_, m_, weights_, loss_, dtrunk_;
   std::int32_t* actions_ = nullptr;
+  std::int64_t* sums_ = nullptr;  ///< the cross-entropy's device scratch (c51_xent_sums words)
 };
 
 const ParamSchema kSchema[] = {
@@ -392,9 +401,9 @@ Head* create(const HeadCreateInfo* info, char* err, std::uint32_t errlen) {
 void destroy(Head* h) { delete h; }
 
 const PluginDescriptor kDescriptor{
-    kAbiVersion, sizeof(PluginDescriptor), "ensemble", PluginKind::head, "0.1.0",
+    kAbiMajor, kAbiMinor, sizeof(PluginDescriptor), PluginKind::head, "ensemble", "0.1.0",
     "K distributional dueling branching heads on the shared trunk, trained on the C51 primary's projected target",
-    0.1, 0, kSchema, std::uint32_t(sizeof(kSchema) / sizeof(kSchema[0])), &create, &destroy};
+    0.1, 0, std::uint32_t(sizeof(kSchema) / sizeof(kSchema[0])), kSchema, &create, &destroy};
 
 }  // namespace
 

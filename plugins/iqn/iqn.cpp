@@ -14,6 +14,7 @@
 #include "dqn/backend.hpp"
 #include "dqn/head.hpp"
 #include "dqn/plugin.hpp"
+#include "iqn_ops.hpp"
 
 namespace {
 
@@ -78,6 +79,10 @@ class IqnHead final : public Head {
       };
       for (const auto& x : decls)
         if (int r = ctx.buffer(x.n.c_str(), DType::real, x.s.data(), std::int32_t(x.s.size()), x.kind)) return keep(r);
+      {  // the loss's device scratch: a word per sample
+        const std::int64_t words = quantile_huber_sums(B_);
+        if (int r = ctx.buffer(own("sums").c_str(), DType::i64, &words, 1, scr)) return keep(r);
+      }
       const std::string loss = "loss/" + name_, grad = "grad/" + name_, dtrunk = "dtrunk/" + name_;
       // the ones the bias gradients' GEMMs sum with: at the start, beside everything
       rc = stage(ctx, kOnes, "ones", {}, {own("ones")});
@@ -89,7 +94,7 @@ class IqnHead final : public Head {
       rc = rc ? rc : stage(ctx, kLoss, "loss",
                            {own("q"), own("target.q"), own("tau"), buf::actions, buf::a_star, buf::rewards,
                             buf::dones, buf::is_weights},
-                           {loss, own("dq")});
+                           {loss, own("dq"), own("sums")});
       // The input side in two stages: backward.hidden (the masked dhq) and backward (dx → dφ, on to
       // the trunk's ∂L/∂h2). Each layer's weight and bias gradients are a stage of their own that
       // starts as soon as its gradient is there (the output layer's beside the whole input side).
@@ -125,6 +130,7 @@ class IqnHead final : public Head {
       dhq_ = R("dhq");
       dx_ = R("dx");
       ones_ = R("ones");
+      sums_ = r.i64(own("sums").c_str());
       h2_ = r.real(buf::h2);
       target_h2_ = r.real(buf::target_h2);
       step_ = r.i64(buf::step);
@@ -138,7 +144,7 @@ class IqnHead final : public Head {
       const bool ok = online_.we && online_.b2 && target_.we && target_.b2 && grad_.we && grad_.b2 && pass_.tau &&
                       pass_.q && tpass_.tau && tpass_.q && pass_.cos && pass_.phi && pass_.x && pass_.hq &&
                       tpass_.cos && tpass_.phi && tpass_.x && tpass_.hq && dq_ && dhq_ && dx_ && ones_ && h2_ && target_h2_ &&
-                      step_ && actions_ && a_star_ && rewards_ && dones_ && weights_ && loss_ && dtrunk_;
+                      step_ && actions_ && a_star_ && rewards_ && dones_ && weights_ && loss_ && dtrunk_ && sums_;
       if (!ok) {
         error_ = "iqn: a buffer or parameter it needs is missing";
         return 1;
@@ -165,7 +171,8 @@ class IqnHead final : public Head {
         a.rewards = rewards_; a.dones = dones_; a.weights = weights_;
         a.B = B_; a.N = c_.N; a.Nt = c_.Nt; a.D = D_; a.A = A_; a.gamma_n = gamma_n_; a.kappa = float(c_.kappa);
         a.ldq = ldq();
-        be.quantile_huber(a);
+        a.sums = sums_;
+        quantile_huber(be, a);
         break;
       }
       case kOnes:
@@ -213,9 +220,9 @@ class IqnHead final : public Head {
     Uniform u;
     u.out = s.tau; u.n = std::int64_t(rows); u.seed = seed_; u.stream = stream; u.step = step_;
     be.uniform(u);
-    be.cosine_embedding(s.cos, s.tau, rows, c_.E);
+    cosine_embedding(be, s.cos, s.tau, rows, c_.E);
     dense(be, s.cos, c_.E, p.we, p.be, s.phi, H2_, rows, Act::relu);
-    be.hadamard(s.x, h2, s.phi, B_, n, H2_);
+    hadamard(be, s.x, h2, s.phi, B_, n, H2_);
     dense(be, s.x, H2_, p.w1, p.b1, s.hq, Hh_, rows, Act::relu);
     dense(be, s.hq, Hh_, p.w2, p.b2, s.q, ldq(), rows, Act::none);  // the padded rows too (zero columns)
   }
@@ -251,7 +258,7 @@ class IqnHead final : public Head {
     const int rows = B_ * c_.N;
     input_grad(be, dhq_, Hh_, online_.w1, H2_, rows, dx_);
     // dx → dφ in place, and ∂L/∂h2 summed over the N samples of each row.
-    be.hadamard_backward(dx_, dtrunk_, dx_, h2_, pass_.phi, B_, c_.N, H2_);
+    hadamard_backward(be, dx_, dtrunk_, dx_, h2_, pass_.phi, B_, c_.N, H2_);
     be.relu_backward(dx_, pass_.phi, rows, H2_, H2_);
   }
 
@@ -276,6 +283,7 @@ class IqnHead final : public Head {
   std::int64_t* step_ = nullptr;
   std::int32_t* actions_ = nullptr;
   std::int32_t* a_star_ = nullptr;
+  std::int64_t* sums_ = nullptr;  ///< the loss's device scratch (quantile_huber_sums words)
 };
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -315,9 +323,9 @@ Head* create(const HeadCreateInfo* info, char* err, std::uint32_t errlen) {
 void destroy(Head* h) { delete h; }
 
 const PluginDescriptor kDescriptor{
-    kAbiVersion, sizeof(PluginDescriptor), "iqn", PluginKind::head, "0.1.0",
+    kAbiMajor, kAbiMinor, sizeof(PluginDescriptor), PluginKind::head, "iqn", "0.1.0",
     "implicit quantile network head on the shared trunk: quantile Huber loss against the target at the primary's a*",
-    0.2, 0, kSchema, std::uint32_t(sizeof(kSchema) / sizeof(kSchema[0])), &create, &destroy};
+    0.2, 0, std::uint32_t(sizeof(kSchema) / sizeof(kSchema[0])), kSchema, &create, &destroy};
 
 }  // namespace
 

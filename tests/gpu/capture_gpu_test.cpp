@@ -1,6 +1,7 @@
 // gpu.ops: a miniature step planned, run directly, rerun and replayed from a graph: the same bits.
 #include <doctest/doctest.h>
 
+#include "c51_ops.hpp"
 #include "gpu_ops_util.hpp"
 
 using namespace dqn;
@@ -22,6 +23,7 @@ struct MiniStep {
   // derived
   Real y1, logits, logp, q, mdist, loss, td, dlogits, dW2, norms, clips, g, total, taus;
   std::int32_t *a_star, *skip;
+  void* sums;  // c51_xent's device scratch
   SpectralMatrix* table;
   // initial state, for resets
   std::vector<float> W1_0, u1_0, W2_0, W2t_0;
@@ -65,6 +67,7 @@ struct MiniStep {
     taus = gpu.reals(static_cast<std::int64_t>(B) * 4);
     a_star = static_cast<std::int32_t*>(gpu.raw(static_cast<std::size_t>(B) * D * 4));
     skip = static_cast<std::int32_t*>(gpu.raw(4));
+    sums = gpu.raw(8 * std::size_t(c51_xent_sums(B, 1)));
     table = gpu.put_typed(std::vector<SpectralMatrix>{{W1, u1, Hd, S}});
   }
 
@@ -127,7 +130,7 @@ struct MiniStep {
     pr.D = D;
     pr.A = A;
     pr.Z = Z;
-    ops.c51_project(pr);
+    c51_project(ops, pr);
     C51Xent xe;
     xe.loss_per_sample = td;
     xe.loss = loss;
@@ -140,7 +143,8 @@ struct MiniStep {
     xe.D = D;
     xe.A = A;
     xe.Z = Z;
-    ops.c51_xent(xe);
+    xe.sums = sums;
+    c51_xent(ops, xe);
     Gemm g3;  // dW2 = dlogitsᵀ y1
     g3.ta = true;
     g3.m = DAZ;

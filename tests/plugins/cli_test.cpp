@@ -184,10 +184,11 @@ TEST_CASE("cli.plugins") {
   INFO(f.out);
   CHECK(f.rc == 0);
   CHECK(has(f.out, "search path: " + fixtures + ":" + plugin_dir()));
-  CHECK(has(f.out, "h2_l2 0.3.0"));
+  CHECK(has(f.out, "h2_l2 0.4.0"));
   CHECK(has(f.out, "roles: auxiliary; default budget 0.1"));
   CHECK(has(f.out, "weight (number, default 0.01, min 0): "));  // its schema
-  CHECK(has(f.out, "not loaded: plugin 'wrong_abi' (" + fixtures + "/libdqn_wrong_abi.so) was built for ABI 99, engine is ABI " + std::to_string(dqn::kAbiVersion)));
+  CHECK(has(f.out, "not loaded: plugin 'wrong_abi' (" + fixtures + "/libdqn_wrong_abi.so) was built for ABI 99.0, engine is ABI " +
+                      std::to_string(dqn::kAbiMajor) + "." + std::to_string(dqn::kAbiMinor)));
   CHECK(has(f.out, "not loaded: plugin '" + fixtures + "/libdqn_not_a_plugin.so': no 'dqn_plugin_descriptor' symbol"));
   CHECK(has(f.out, "\nc51 "));  // still found after the fixtures
   // Nothing on the path: said so, and a failing exit.

@@ -39,6 +39,7 @@ std::string env_or_fail(const char* name) {
 std::string plugin_dir() { return env_or_fail("DQN_PLUGIN_PATH"); }
 std::string fixtures_dir() { return env_or_fail("DQN_TEST_FIXTURES"); }
 std::string fixture(const std::string& name) { return fixtures_dir() + "/libdqn_" + name + ".so"; }
+std::string abi() { return std::to_string(kAbiMajor) + "." + std::to_string(kAbiMinor); }
 
 /// Sets or unsets environment variables for one scope, restoring what was there.
 class EnvGuard {
@@ -151,7 +152,8 @@ TEST_CASE("loader.c51_from_build_tree") {
   CHECK(loader.problems().empty());
   const PluginDescriptor* d = loader.find("c51");
   REQUIRE(d != nullptr);
-  CHECK(d->abi_version == kAbiVersion);
+  CHECK(d->abi_major == kAbiMajor);
+  CHECK(d->abi_minor == kAbiMinor);
   CHECK(d->struct_size == sizeof(PluginDescriptor));
   CHECK(std::string(d->name) == "c51");
   CHECK(d->kind == PluginKind::head);
@@ -221,7 +223,7 @@ TEST_CASE("loader.search_path_precedence") {
   CHECK(loader.plugins().front().path == (tmp.dir / "libdqn_c51.so").string());
   REQUIRE(loader.problems().size() == 1);
   CHECK(has(loader.problems()[0], plugin_dir() + "/libdqn_c51.so"));
-  CHECK(has(loader.problems()[0], "already loaded from an earlier directory"));
+  CHECK(has(loader.problems()[0], "already loaded from " + (tmp.dir / "libdqn_c51.so").string()));
   CHECK(loader.search_path() == tmp.dir.string() + ":" + plugin_dir());
   CHECK(PluginLoader({}).search_path() == "(empty)");
 }
@@ -236,11 +238,16 @@ TEST_CASE("loader.load_file_refusals") {
     std::vector<std::string> parts;
   };
   const std::vector<Case> cases = {
-      {"ABI mismatch names both versions, the plugin and its path", fixture("wrong_abi"),
-       {"plugin 'wrong_abi'", "(" + fixture("wrong_abi") + ")", "was built for ABI 99, engine is ABI " + std::to_string(kAbiVersion), "rebuild"}},
-      {"descriptor of another size", fixture("wrong_size"),
-       {fixture("wrong_size"), "descriptor size " + std::to_string(sizeof(PluginDescriptor) - 8),
-        "engine's " + std::to_string(sizeof(PluginDescriptor))}},
+      {"another major: both versions, the plugin and its path", fixture("wrong_abi"),
+       {"plugin 'wrong_abi'", "(" + fixture("wrong_abi") + ")", "was built for ABI 99.0, engine is ABI " + abi(), "another major",
+        "rebuild"}},
+      {"a newer minor: both versions", fixture("newer_minor"),
+       {"plugin 'newer_minor'", "was built for ABI " + std::to_string(kAbiMajor) + "." + std::to_string(kAbiMinor + 1),
+        "newer than this engine's " + abi()}},
+      {"a descriptor smaller than any of this major's", fixture("wrong_size"),
+       {fixture("wrong_size"), "descriptor size " + std::to_string(kDescriptorSizeMinor0 - 8), "corrupt"}},
+      {"an unresolved symbol: the path and the dynamic linker's message", fixture("unresolved"),
+       {fixture("unresolved"), "cannot be loaded", "dqn_fixture_symbol_nobody_defines"}},
       {"a library without the descriptor symbol", fixture("not_a_plugin"),
        {fixture("not_a_plugin"), "no 'dqn_plugin_descriptor' symbol"}},
       {"a missing file: the path and the system's message", missing,
@@ -259,10 +266,14 @@ TEST_CASE("loader.load_file_refusals") {
   // The system messages really are the system's (so the checks above say something).
   CHECK(has(dlopen_message(missing), "No such file"));
   CHECK_FALSE(dlopen_message(garbage).empty());
-  // And a good file loads.
+  // And a good file loads, as does one built for an older minor of this major.
   const LoadedPlugin ok = PluginLoader::load_file(fixture("h2_l2"));
   CHECK(std::string(ok.descriptor->name) == "h2_l2");
   CHECK(ok.path == fixture("h2_l2"));
+  const LoadedPlugin old = PluginLoader::load_file(fixture("old_minor"));
+  CHECK(std::string(old.descriptor->name) == "old_minor");
+  CHECK(old.descriptor->abi_major == kAbiMajor);
+  CHECK(old.descriptor->abi_minor == 0u);
 }
 
 TEST_CASE("loader.listing_reports_bad_files_and_continues") {
@@ -275,16 +286,20 @@ TEST_CASE("loader.listing_reports_bad_files_and_continues") {
   const std::string nowhere = (tmp.dir / "does-not-exist").string();
   PluginLoader loader({plugin_dir(), fixtures_dir(), tmp.dir.string(), nowhere});
   // Everything usable was loaded, from every directory...
-  for (const char* n : {"c51", "h2_l2", "refuser"}) CHECK_MESSAGE(loader.find(n) != nullptr, n);
-  CHECK(loader.find("wrong_abi") == nullptr);
+  for (const char* n : {"c51", "h2_l2", "refuser", "thrower", "old_minor"}) CHECK_MESSAGE(loader.find(n) != nullptr, n);
+  for (const char* n : {"wrong_abi", "newer_minor", "unresolved"}) CHECK_MESSAGE(loader.find(n) == nullptr, n);
+  CHECK(std::string(loader.find("h2_l2")->version) == "0.4.0");  // the first of the two h2_l2s
   // ...and each bad library is one problem naming its path and why, in search order.
   struct Expect {
     std::string path, why;
   };
   const std::vector<Expect> expect = {
+      {fixture("newer_minor"), "newer than this engine's " + abi()},
       {fixture("not_a_plugin"), "no 'dqn_plugin_descriptor' symbol"},
-      {fixture("wrong_abi"), "was built for ABI 99, engine is ABI " + std::to_string(kAbiVersion)},
+      {fixture("unresolved"), "dqn_fixture_symbol_nobody_defines"},
+      {fixture("wrong_abi"), "was built for ABI 99.0, engine is ABI " + abi()},
       {fixture("wrong_size"), "descriptor size"},
+      {fixture("zz_duplicate"), "plugin 'h2_l2' already loaded from " + fixture("h2_l2")},
       {garbage, "cannot be loaded"},
   };
   REQUIRE(loader.problems().size() == expect.size());
@@ -319,6 +334,8 @@ TEST_CASE("loader.create_errors") {
       {"c51 refuses the auxiliary role with a reason", "c51", Role::auxiliary,
        {"plugin 'c51'", "could not create head 'probe'", "c51 is a primary head"}},
       {"the third-party head refuses the primary role", "h2_l2", Role::primary, {"h2_l2 is an auxiliary head only"}},
+      {"create() throws: the plugin, its path and the exception's message", "thrower", Role::auxiliary,
+       {"plugin 'thrower'", fixture("thrower"), "threw from create()", "thrower: create() threw on purpose"}},
       {"an unknown plugin: what was found and where it looked", "nosuch", Role::auxiliary,
        {"plugin 'nosuch' not found", "c51", "h2_l2", "search path: " + plugin_dir() + ":" + fixtures_dir()}},
   };

@@ -1,7 +1,8 @@
 // Freezes the plugin ABI: sizes, field offsets and enum values of everything a plugin shares with
 // the engine, the descriptor symbol, and the virtual-slot order of the interfaces a plugin calls
 // or implements. A failure here means a plugin built against the old headers would break: either
-// undo the change or bump kAbiVersion and update these tables together.
+// undo the change or bump the version (kAbiMajor, or kAbiMinor for an append: plugin.hpp says which)
+// and update these tables together.
 #include <doctest/doctest.h>
 
 #include <cstddef>
@@ -36,8 +37,8 @@ void check_rows(const std::vector<Row>& rows) {
 }
 
 // A test-local descriptor, exported through the SDK macro exactly as a plugin does it.
-const PluginDescriptor kSelf{kAbiVersion, sizeof(PluginDescriptor), "abi_self", PluginKind::head, "0",
-                             "the ABI test's own descriptor", 0.0, 0, nullptr, 0, nullptr, nullptr};
+const PluginDescriptor kSelf{kAbiMajor, kAbiMinor, sizeof(PluginDescriptor), PluginKind::head, "abi_self", "0",
+                             "the ABI test's own descriptor", 0.0, 0, 0, nullptr, nullptr, nullptr};
 
 }  // namespace
 
@@ -47,8 +48,12 @@ DQN_PLUGIN_EXPORT(kSelf)
 extern "C" const dqn::PluginDescriptor* dqn_plugin_descriptor();
 
 TEST_CASE("abi.version") {
-  CHECK(kAbiVersion == 19u);  // bump together with every table in this file
-  CHECK(std::is_same_v<std::remove_cv_t<decltype(kAbiVersion)>, std::uint32_t>);
+  CHECK(kAbiMajor == 20u);  // bump together with every table in this file
+  CHECK(kAbiMinor == 1u);   // 20.1: the act step (BuildContext's last two slots, buf::act_*)
+  CHECK(std::is_same_v<std::remove_cv_t<decltype(kAbiMajor)>, std::uint32_t>);
+  CHECK(std::is_same_v<std::remove_cv_t<decltype(kAbiMinor)>, std::uint32_t>);
+  // Every field the loader reads was there at minor 0, so an older minor's descriptor is whole.
+  CHECK(kDescriptorSizeMinor0 == sizeof(PluginDescriptor));
 }
 
 TEST_CASE("abi.descriptor_symbol") {
@@ -63,19 +68,20 @@ TEST_CASE("abi.descriptor_layout") {
   CHECK(std::is_standard_layout_v<PluginDescriptor>);
   CHECK(std::is_trivially_copyable_v<PluginDescriptor>);
   check_rows({
-      {"sizeof(PluginDescriptor)", sizeof(PluginDescriptor), 88, "the struct_size every plugin records"},
-      {"abi_version", offsetof(PluginDescriptor, abi_version), 0, "must stay first: read before anything else"},
-      {"struct_size", offsetof(PluginDescriptor, struct_size), 4, "second check, still in the first 8 bytes"},
-      {"name", offsetof(PluginDescriptor, name), 8, ""},
-      {"kind", offsetof(PluginDescriptor, kind), 16, ""},
-      {"version", offsetof(PluginDescriptor, version), 24, "after 4 bytes of padding"},
+      {"sizeof(PluginDescriptor)", sizeof(PluginDescriptor), 80, "the struct_size every plugin records"},
+      {"abi_major", offsetof(PluginDescriptor, abi_major), 0, "must stay first: read before anything else"},
+      {"abi_minor", offsetof(PluginDescriptor, abi_minor), 4, "read with abi_major"},
+      {"struct_size", offsetof(PluginDescriptor, struct_size), 8, "checked third"},
+      {"kind", offsetof(PluginDescriptor, kind), 12, ""},
+      {"name", offsetof(PluginDescriptor, name), 16, ""},
+      {"version", offsetof(PluginDescriptor, version), 24, ""},
       {"description", offsetof(PluginDescriptor, description), 32, ""},
       {"default_budget", offsetof(PluginDescriptor, default_budget), 40, ""},
       {"can_be_primary", offsetof(PluginDescriptor, can_be_primary), 48, ""},
+      {"schema_len", offsetof(PluginDescriptor, schema_len), 52, ""},
       {"schema", offsetof(PluginDescriptor, schema), 56, ""},
-      {"schema_len", offsetof(PluginDescriptor, schema_len), 64, ""},
-      {"create", offsetof(PluginDescriptor, create), 72, ""},
-      {"destroy", offsetof(PluginDescriptor, destroy), 80, "last field"},
+      {"create", offsetof(PluginDescriptor, create), 64, ""},
+      {"destroy", offsetof(PluginDescriptor, destroy), 72, "last field of minor 0"},
   });
 }
 
@@ -145,18 +151,14 @@ TEST_CASE("abi.op_argument_layout") {
   CHECK(std::is_trivially_copyable_v<Real>);
   CHECK(std::is_standard_layout_v<Gemm>);
   CHECK(std::is_standard_layout_v<SpectralMatrix>);
-  CHECK(std::is_standard_layout_v<CqlPenalty>);
-  CHECK(std::is_standard_layout_v<QuantileHuber>);
   CHECK(std::is_standard_layout_v<HeadForward>);
   CHECK(std::is_standard_layout_v<HeadBackward>);
-  CHECK(std::is_standard_layout_v<C51Loss>);
+  CHECK(std::is_standard_layout_v<DeviceContext>);
   check_rows({
       {"sizeof(Real)", sizeof(Real), 16, "passed by value through every op"},
       {"Real::p", offsetof(Real, p), 0, ""},
       {"Real::esize", offsetof(Real, esize), 8, ""},
-      {"sizeof(Gemm)", sizeof(Gemm), 248,
-       "ABI 3: bias, stride_bias, act appended; ABI 8: mask; ABI 9: batch2, sum_batch (then 4 bytes of padding); "
-       "ABI 19: ABI 10's and 11's fields removed"},
+      {"sizeof(Gemm)", sizeof(Gemm), 248, "heads fill these for every dense layer"},
       {"Gemm::ta", offsetof(Gemm, ta), 0, ""},
       {"Gemm::tb", offsetof(Gemm, tb), 1, ""},
       {"Gemm::m", offsetof(Gemm, m), 4, ""},
@@ -175,54 +177,26 @@ TEST_CASE("abi.op_argument_layout") {
       {"Gemm::stride_b", offsetof(Gemm, stride_b), 104, ""},
       {"Gemm::stride_c", offsetof(Gemm, stride_c), 112, ""},
       {"Gemm::weight_operand", offsetof(Gemm, weight_operand), 120, ""},
-      {"Gemm::bias", offsetof(Gemm, bias), 128, "ABI 3, after 4 bytes of padding"},
+      {"Gemm::bias", offsetof(Gemm, bias), 128, "after 4 bytes of padding"},
       {"Gemm::stride_bias", offsetof(Gemm, stride_bias), 144, ""},
       {"Gemm::act", offsetof(Gemm, act), 152, "then 4 bytes of padding"},
-      {"Gemm::mask", offsetof(Gemm, mask), 160, "ABI 8"},
+      {"Gemm::mask", offsetof(Gemm, mask), 160, ""},
       {"Gemm::ldmask", offsetof(Gemm, ldmask), 176, ""},
       {"Gemm::mask_rows", offsetof(Gemm, mask_rows), 180, ""},
       {"Gemm::stride_mask", offsetof(Gemm, stride_mask), 184, ""},
-      {"Gemm::batch2", offsetof(Gemm, batch2), 192, "ABI 9, then 4 bytes of padding"},
+      {"Gemm::batch2", offsetof(Gemm, batch2), 192, "then 4 bytes of padding"},
       {"Gemm::stride2_a", offsetof(Gemm, stride2_a), 200, ""},
       {"Gemm::stride2_b", offsetof(Gemm, stride2_b), 208, ""},
       {"Gemm::stride2_c", offsetof(Gemm, stride2_c), 216, ""},
       {"Gemm::stride2_bias", offsetof(Gemm, stride2_bias), 224, ""},
       {"Gemm::stride2_mask", offsetof(Gemm, stride2_mask), 232, ""},
-      {"Gemm::sum_batch", offsetof(Gemm, sum_batch), 240, "ABI 9, then 4 bytes of padding"},
+      {"Gemm::sum_batch", offsetof(Gemm, sum_batch), 240, "then 4 bytes of padding"},
       {"sizeof(SpectralMatrix)", sizeof(SpectralMatrix), 40, "uploaded as a table the kernel reads"},
       {"SpectralMatrix::w", offsetof(SpectralMatrix, w), 0, ""},
       {"SpectralMatrix::u", offsetof(SpectralMatrix, u), 16, ""},
       {"SpectralMatrix::rows", offsetof(SpectralMatrix, rows), 32, ""},
       {"SpectralMatrix::cols", offsetof(SpectralMatrix, cols), 36, ""},
-      {"sizeof(CqlPenalty)", sizeof(CqlPenalty), 72, "ABI 2"},
-      {"CqlPenalty::loss", offsetof(CqlPenalty, loss), 0, ""},
-      {"CqlPenalty::dq", offsetof(CqlPenalty, dq), 16, ""},
-      {"CqlPenalty::q", offsetof(CqlPenalty, q), 32, ""},
-      {"CqlPenalty::actions", offsetof(CqlPenalty, actions), 48, ""},
-      {"CqlPenalty::B", offsetof(CqlPenalty, B), 56, ""},
-      {"CqlPenalty::D", offsetof(CqlPenalty, D), 60, ""},
-      {"CqlPenalty::A", offsetof(CqlPenalty, A), 64, ""},
-      {"CqlPenalty::alpha", offsetof(CqlPenalty, alpha), 68, ""},
-      {"sizeof(QuantileHuber)", sizeof(QuantileHuber), 192, "ABI 2"},
-      {"QuantileHuber::loss", offsetof(QuantileHuber, loss), 0, ""},
-      {"QuantileHuber::loss_per_sample", offsetof(QuantileHuber, loss_per_sample), 16, ""},
-      {"QuantileHuber::dq", offsetof(QuantileHuber, dq), 32, ""},
-      {"QuantileHuber::q", offsetof(QuantileHuber, q), 48, ""},
-      {"QuantileHuber::q_target", offsetof(QuantileHuber, q_target), 64, ""},
-      {"QuantileHuber::actions", offsetof(QuantileHuber, actions), 80, ""},
-      {"QuantileHuber::a_star", offsetof(QuantileHuber, a_star), 88, ""},
-      {"QuantileHuber::tau", offsetof(QuantileHuber, tau), 96, ""},
-      {"QuantileHuber::rewards", offsetof(QuantileHuber, rewards), 112, ""},
-      {"QuantileHuber::dones", offsetof(QuantileHuber, dones), 128, ""},
-      {"QuantileHuber::weights", offsetof(QuantileHuber, weights), 144, ""},
-      {"QuantileHuber::B", offsetof(QuantileHuber, B), 160, ""},
-      {"QuantileHuber::N", offsetof(QuantileHuber, N), 164, ""},
-      {"QuantileHuber::Nt", offsetof(QuantileHuber, Nt), 168, ""},
-      {"QuantileHuber::D", offsetof(QuantileHuber, D), 172, ""},
-      {"QuantileHuber::A", offsetof(QuantileHuber, A), 176, ""},
-      {"QuantileHuber::gamma_n", offsetof(QuantileHuber, gamma_n), 180, ""},
-      {"QuantileHuber::kappa", offsetof(QuantileHuber, kappa), 184, ""},
-      {"sizeof(HeadForward)", sizeof(HeadForward), 264, "ABI 7"},
+      {"sizeof(HeadForward)", sizeof(HeadForward), 264, ""},
       {"HeadForward::x", offsetof(HeadForward, x), 0, ""},
       {"HeadForward::ldx", offsetof(HeadForward, ldx), 16, ""},
       {"HeadForward::w1", offsetof(HeadForward, w1), 24, "after 4 bytes of padding"},
@@ -237,10 +211,10 @@ TEST_CASE("abi.op_argument_layout") {
       {"HeadForward::star_from", offsetof(HeadForward, star_from), 216, ""},
       {"HeadForward::rows", offsetof(HeadForward, rows), 220, ""},
       {"HeadForward::v_max", offsetof(HeadForward, v_max), 248, ""},
-      {"HeadForward::ldadv", offsetof(HeadForward, ldadv), 252, "ABI 6: in what was tail padding"},
-      {"HeadForward::wv2_rows", offsetof(HeadForward, wv2_rows), 256, "ABI 7"},
-      {"HeadForward::wb2_rows", offsetof(HeadForward, wb2_rows), 260, "ABI 7: last field"},
-      {"sizeof(HeadBackward)", sizeof(HeadBackward), 136, "ABI 7"},
+      {"HeadForward::ldadv", offsetof(HeadForward, ldadv), 252, ""},
+      {"HeadForward::wv2_rows", offsetof(HeadForward, wv2_rows), 256, ""},
+      {"HeadForward::wb2_rows", offsetof(HeadForward, wb2_rows), 260, "last field"},
+      {"sizeof(HeadBackward)", sizeof(HeadBackward), 136, ""},
       {"HeadBackward::dv", offsetof(HeadBackward, dv), 0, ""},
       {"HeadBackward::lddv", offsetof(HeadBackward, lddv), 16, ""},
       {"HeadBackward::dadv", offsetof(HeadBackward, dadv), 24, "after 4 bytes of padding"},
@@ -250,11 +224,19 @@ TEST_CASE("abi.op_argument_layout") {
       {"HeadBackward::dhidden", offsetof(HeadBackward, dhidden), 88, ""},
       {"HeadBackward::rows", offsetof(HeadBackward, rows), 104, ""},
       {"HeadBackward::Z", offsetof(HeadBackward, Z), 120, ""},
-      {"HeadBackward::lddadv", offsetof(HeadBackward, lddadv), 124, "ABI 6: in what was tail padding"},
-      {"HeadBackward::wb2_rows", offsetof(HeadBackward, wb2_rows), 128, "ABI 7: last field"},
-      {"sizeof(C51Loss)", sizeof(C51Loss), 280, "ABI 19: ABI 11's part removed, 4 bytes of tail padding"},
-      {"C51Loss::m", offsetof(C51Loss, m), 0, ""},
-      {"C51Loss::lddadv", offsetof(C51Loss, lddadv), 272, "ABI 6: last field"},
+      {"HeadBackward::lddadv", offsetof(HeadBackward, lddadv), 124, ""},
+      {"HeadBackward::wb2_rows", offsetof(HeadBackward, wb2_rows), 128, "last field"},
+      {"sizeof(DeviceContext)", sizeof(DeviceContext), 48, "Backend::device() hands plugins a pointer to one"},
+      {"DeviceContext::stream", offsetof(DeviceContext, stream), 0, ""},
+      {"DeviceContext::device", offsetof(DeviceContext, device), 8, ""},
+      {"DeviceContext::sm_count", offsetof(DeviceContext, sm_count), 12, ""},
+      {"DeviceContext::cc_major", offsetof(DeviceContext, cc_major), 16, ""},
+      {"DeviceContext::cc_minor", offsetof(DeviceContext, cc_minor), 20, ""},
+      {"DeviceContext::pdl_max_shared", offsetof(DeviceContext, pdl_max_shared), 24, ""},
+      {"DeviceContext::planning", offsetof(DeviceContext, planning), 32, ""},
+      {"DeviceContext::precision", offsetof(DeviceContext, precision), 36, ""},
+      {"DeviceContext::max_shared_optin", offsetof(DeviceContext, max_shared_optin), 40, ""},
+      {"DeviceContext::reserved", offsetof(DeviceContext, reserved), 44, "last field"},
   });
   // Defaults a plugin relies on when it fills only some fields.
   const Gemm g;
@@ -317,7 +299,7 @@ TEST_CASE("abi.engine_buffer_names") {
       {buf::states2, "batch/states2"},   {buf::actions, "batch/actions"},   {buf::rewards, "batch/rewards"},
       {buf::dones, "batch/dones"},       {buf::is_weights, "batch/is_weights"}, {buf::h2, "trunk/h2"},
       {buf::target_h2, "target/h2"},     {buf::step, "opt/t"},              {buf::a_star, "target/a_star"},
-      {buf::target_m, "target/m"},       {buf::td_error, "report/td_error"},
+      {buf::td_error, "report/td_error"}, {buf::act_h2, "act/h2"},          {buf::act_q, "act/q"},
   };
   for (const auto& [actual, expected] : names) CHECK(std::string(actual) == expected);
 }
@@ -349,6 +331,8 @@ TEST_CASE("abi.interface_vtable_slots") {
       {"BuildContext::buffer", slot_of(&BuildContext::buffer), 3, ""},
       {"BuildContext::stage", slot_of(&BuildContext::stage), 4, ""},
       {"BuildContext::fail", slot_of(&BuildContext::fail), 5, ""},
+      {"BuildContext::act_rows", slot_of(&BuildContext::act_rows), 6, "20.1: appended"},
+      {"BuildContext::act_stage", slot_of(&BuildContext::act_stage), 7, "20.1"},
       {"Resolver::real", slot_of(&Resolver::real), 0, ""},
       {"Resolver::i32", slot_of(&Resolver::i32), 1, ""},
       {"Resolver::i64", slot_of(&Resolver::i64), 2, ""},
@@ -358,45 +342,38 @@ TEST_CASE("abi.interface_vtable_slots") {
       {"Backend::name", slot_of(&Backend::name), 2, "the op table, in header order"},
       {"Backend::real_size", slot_of(&Backend::real_size), 3, ""},
       {"Backend::is_device", slot_of(&Backend::is_device), 4, ""},
-      {"Backend::gemm", slot_of(&Backend::gemm), 5, ""},
-      {"Backend::bias_act", slot_of(&Backend::bias_act), 6, ""},
-      {"Backend::relu_backward", slot_of(&Backend::relu_backward), 7, ""},
-      {"Backend::bias_grad", slot_of(&Backend::bias_grad), 8, ""},
-      {"Backend::dueling_combine", slot_of(&Backend::dueling_combine), 9, ""},
-      {"Backend::dueling_backward", slot_of(&Backend::dueling_backward), 10, ""},
-      {"Backend::log_softmax", slot_of(&Backend::log_softmax), 11, ""},
-      {"Backend::expected_q", slot_of(&Backend::expected_q), 12, ""},
-      {"Backend::argmax", slot_of(&Backend::argmax), 13, ""},
-      {"Backend::c51_project", slot_of(&Backend::c51_project), 14, ""},
-      {"Backend::c51_xent", slot_of(&Backend::c51_xent), 15, ""},
-      {"Backend::budget", slot_of(&Backend::budget), 16, ""},
-      {"Backend::adam", slot_of(&Backend::adam), 17, ""},
-      {"Backend::spectral_norm", slot_of(&Backend::spectral_norm), 18, ""},
-      {"Backend::target_update", slot_of(&Backend::target_update), 19, ""},
-      {"Backend::fill", slot_of(&Backend::fill), 20, ""},
-      {"Backend::copy", slot_of(&Backend::copy), 21, ""},
-      {"Backend::axpy", slot_of(&Backend::axpy), 22, ""},
-      {"Backend::uniform", slot_of(&Backend::uniform), 23, ""},
-      {"Backend::upload", slot_of(&Backend::upload), 24, ""},
-      {"Backend::download", slot_of(&Backend::download), 25, ""},
-      {"Backend::upload_reals", slot_of(&Backend::upload_reals), 26, ""},
-      {"Backend::download_reals", slot_of(&Backend::download_reals), 27, ""},
-      {"Backend::status", slot_of(&Backend::status), 28, ""},
-      {"Backend::message", slot_of(&Backend::message), 29, ""},
-      {"Backend::cql_penalty", slot_of(&Backend::cql_penalty), 30, "ABI 2: appended, never reordered"},
-      {"Backend::expected_q_backward", slot_of(&Backend::expected_q_backward), 31, ""},
-      {"Backend::ensemble_disagreement", slot_of(&Backend::ensemble_disagreement), 32, ""},
-      {"Backend::cosine_embedding", slot_of(&Backend::cosine_embedding), 33, ""},
-      {"Backend::hadamard", slot_of(&Backend::hadamard), 34, ""},
-      {"Backend::hadamard_backward", slot_of(&Backend::hadamard_backward), 35, ""},
-      {"Backend::quantile_huber", slot_of(&Backend::quantile_huber), 36, ""},
-      {"Backend::dueling_dist", slot_of(&Backend::dueling_dist), 37, "ABI 3: fused head ops appended"},
-      {"Backend::c51_loss", slot_of(&Backend::c51_loss), 38, ""},
-      {"Backend::relu_bias_grad", slot_of(&Backend::relu_bias_grad), 39, ""},
-      {"Backend::update", slot_of(&Backend::update), 40, "ABI 4: the fused update appended"},
-      {"Backend::head_forward", slot_of(&Backend::head_forward), 41, "ABI 5: the fused head forward appended"},
-      {"Backend::head_backward_inputs", slot_of(&Backend::head_backward_inputs), 42, ""},
-      {"Backend::weighted_mean", slot_of(&Backend::weighted_mean), 43, "ABI 14: a loss's batch mean apart"},
+      {"Backend::device", slot_of(&Backend::device), 5, "what a head's own kernels launch through"},
+      {"Backend::status", slot_of(&Backend::status), 6, ""},
+      {"Backend::message", slot_of(&Backend::message), 7, ""},
+      {"Backend::fail", slot_of(&Backend::fail), 8, "what a head's own ops report through"},
+      {"Backend::gemm", slot_of(&Backend::gemm), 9, ""},
+      {"Backend::bias_act", slot_of(&Backend::bias_act), 10, ""},
+      {"Backend::relu_backward", slot_of(&Backend::relu_backward), 11, ""},
+      {"Backend::bias_grad", slot_of(&Backend::bias_grad), 12, ""},
+      {"Backend::relu_bias_grad", slot_of(&Backend::relu_bias_grad), 13, ""},
+      {"Backend::dueling_combine", slot_of(&Backend::dueling_combine), 14, ""},
+      {"Backend::dueling_backward", slot_of(&Backend::dueling_backward), 15, ""},
+      {"Backend::log_softmax", slot_of(&Backend::log_softmax), 16, ""},
+      {"Backend::expected_q", slot_of(&Backend::expected_q), 17, ""},
+      {"Backend::expected_q_backward", slot_of(&Backend::expected_q_backward), 18, ""},
+      {"Backend::argmax", slot_of(&Backend::argmax), 19, ""},
+      {"Backend::dueling_dist", slot_of(&Backend::dueling_dist), 20, ""},
+      {"Backend::head_forward", slot_of(&Backend::head_forward), 21, ""},
+      {"Backend::head_backward_inputs", slot_of(&Backend::head_backward_inputs), 22, ""},
+      {"Backend::budget", slot_of(&Backend::budget), 23, ""},
+      {"Backend::adam", slot_of(&Backend::adam), 24, ""},
+      {"Backend::spectral_norm", slot_of(&Backend::spectral_norm), 25, ""},
+      {"Backend::target_update", slot_of(&Backend::target_update), 26, ""},
+      {"Backend::update", slot_of(&Backend::update), 27, ""},
+      {"Backend::weighted_mean", slot_of(&Backend::weighted_mean), 28, ""},
+      {"Backend::fill", slot_of(&Backend::fill), 29, ""},
+      {"Backend::copy", slot_of(&Backend::copy), 30, ""},
+      {"Backend::axpy", slot_of(&Backend::axpy), 31, ""},
+      {"Backend::uniform", slot_of(&Backend::uniform), 32, ""},
+      {"Backend::upload", slot_of(&Backend::upload), 33, ""},
+      {"Backend::download", slot_of(&Backend::download), 34, ""},
+      {"Backend::upload_reals", slot_of(&Backend::upload_reals), 35, ""},
+      {"Backend::download_reals", slot_of(&Backend::download_reals), 36, "the last slot of 20.1"},
   });
 }
 #endif

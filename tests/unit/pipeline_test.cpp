@@ -45,8 +45,8 @@ const ParamSchema kBrokenSchema[] = {
 
 PluginDescriptor make(const char* name, double budget, int primary, const ParamSchema* schema,
                       std::uint32_t n) {
-  return PluginDescriptor{kAbiVersion, sizeof(PluginDescriptor), name, PluginKind::head, "0.1",
-                          "fake", budget, primary, schema, n, nullptr, nullptr};
+  return PluginDescriptor{kAbiMajor, kAbiMinor, sizeof(PluginDescriptor), PluginKind::head, name, "0.1",
+                          "fake", budget, primary, n, schema, nullptr, nullptr};
 }
 
 const PluginDescriptor kC51 = make("c51", 0.0, 1, nullptr, 0);

@@ -126,12 +126,10 @@ TEST_CASE("trainer.epsilon_governs_exploration") {
     const TrainResult r = trainer.run();
     CHECK(r.train_steps == 0);
     const ReplayBuffer& rb = trainer.replay();
-    HostActor actor(spec, engine.registry(), 1);
-    actor.set_params(engine.online_params());
     int same = 0, n = 0;
     for (std::int64_t i = from; i < std::min(to, rb.size()); ++i, ++n) {
       std::int32_t a = -1;
-      actor.greedy(rb.state_at(i), 1, &a);
+      engine.act(rb.state_at(i), 1, &a);
       same += a == rb.action_at(i)[0] ? 1 : 0;
     }
     REQUIRE(n > 100);
@@ -155,7 +153,7 @@ TEST_CASE("trainer.epsilon_governs_exploration") {
   CHECK(late > 0.85);
 }
 
-TEST_CASE("trainer.actor_matches_engine_q") {
+TEST_CASE("trainer.act_step_matches_engine_q") {
   // A tiny network with two branches of three actions, so ties and branch order both matter.
   ParseOptions o;
   o.plugins = &loader();
@@ -174,9 +172,10 @@ TEST_CASE("trainer.actor_matches_engine_q") {
   const std::vector<double> engine_q = engine.host_buffer("c51/q");  // [2B, D, A]: states first
   REQUIRE(engine_q.size() == std::size_t(2 * B * D * A));
 
-  HostActor actor(spec, engine.registry(), B);
-  actor.set_params(engine.online_params());
-  const float* q = actor.expected_q(batch.states.data(), B);
+  REQUIRE(engine.act_rows() >= B);
+  const std::vector<float> qv = engine.act_values(batch.states.data(), B);  // the act step's: the primary's act stage
+  REQUIRE(qv.size() == std::size_t(B * D * A));
+  const float* q = qv.data();
 
   // An independent reference, straight from docs/step-math.md's formulas in double precision.
   const std::vector<float> P = engine.online_params();
@@ -228,7 +227,7 @@ TEST_CASE("trainer.actor_matches_engine_q") {
 
   // Greedy actions: the branch-wise argmax of the engine's Q, ties to the lowest index.
   std::vector<std::int32_t> act(std::size_t(B * D), -1);
-  actor.greedy(batch.states.data(), B, act.data());
+  engine.act(batch.states.data(), B, act.data());
   for (int r = 0; r < B; ++r)
     for (int d = 0; d < D; ++d) {
       const double* row = engine_q.data() + (r * D + d) * A;
@@ -236,8 +235,8 @@ TEST_CASE("trainer.actor_matches_engine_q") {
       CHECK(act[std::size_t(r * D + d)] == best);
     }
 
-  CHECK_THROWS_AS(actor.expected_q(batch.states.data(), B + 1), std::invalid_argument);
-  CHECK_THROWS_AS(actor.set_params(std::vector<float>(3)), std::invalid_argument);
+  CHECK_THROWS_AS(engine.act_values(batch.states.data(), engine.act_rows() + 1), std::invalid_argument);
+  CHECK_THROWS_AS(engine.act(batch.states.data(), 0, act.data()), std::invalid_argument);
 }
 
 TEST_CASE("trainer.short_run_writes_the_run_dir") {

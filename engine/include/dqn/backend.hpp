@@ -55,11 +55,9 @@ struct Gemm {
   std::int64_t stride_a = 0, stride_b = 0, stride_c = 0;
   /// Weights-side operand hint: which of a/b is a parameter (for precision shadows). 0 none.
   std::int32_t weight_operand = 0;
-  // --- appended in ABI 3 (fused epilogue); never reorder what is above ---
   Real bias;                      ///< [n] per batch entry, or null: no bias
   std::int64_t stride_bias = 0;   ///< elements from one batch entry's bias to the next
   Act act = Act::none;            ///< applied after the bias
-  // --- appended in ABI 8 (the ReLU backward in the GEMM); never reorder what is above ---
   /// ReLU backward of the result, last: C[r, c] = 0 where mask[(r mod mask_rows)·ldmask + c] <= 0
   /// (mask_rows 0: m); batch entry i reads mask + i·stride_mask. Null: no mask. The same numbers
   /// as the GEMM followed by relu_backward of C with that mask.
@@ -67,15 +65,14 @@ struct Gemm {
   int ldmask = 0;
   int mask_rows = 0;
   std::int64_t stride_mask = 0;
-  // --- appended in ABI 9 (a second batch dimension); never reorder what is above ---
   /// batch × batch2 products: entry (i, j) reads and writes each operand X (a, b, c, bias, mask)
   /// at X + i·stride_x + j·stride2_x. The same numbers as batch2 calls with batch entries each
-  /// (the members × branches of an ensemble's output layers in one launch). 1: one dimension.
+  /// (the members × branches of several heads' output layers in one launch). 1: one dimension.
   int batch2 = 1;
   std::int64_t stride2_a = 0, stride2_b = 0, stride2_c = 0, stride2_bias = 0, stride2_mask = 0;
   /// Nonzero: the batch entries' products summed into one C, C = alpha·Σ_i op(A_i) op(B_i)
   /// (entries in order; stride_c unused), as one GEMM over the entries' k concatenated would
-  /// give it (the sum of an ensemble's members' input gradients). Needs beta 0, no bias,
+  /// give it (the sum of several members' input gradients). Needs beta 0, no bias,
   /// activation or mask, and batch2 1.
   std::int32_t sum_batch = 0;
 };
@@ -102,46 +99,6 @@ struct SpectralMatrix {
   std::int32_t rows = 0, cols = 0;
 };
 
-/// Arguments of the dense C51 projection (docs/step-math.md, "C51 loss"): m[b,d,:] from the target network's
-/// log-probabilities at a*.
-struct C51Project {
-  Real m;                      ///< out [B,D,Z]
-  Real target_logp;            ///< in  [B,D,A,Z] (target network at s')
-  const std::int32_t* a_star;  ///< in  [B,D]
-  Real rewards, dones;         ///< in  [B]
-  int B = 0, D = 0, A = 0, Z = 0;
-  float gamma_n = 0.99f, v_min = -10.0f, v_max = 10.0f;
-};
-
-/// Cross-entropy of online log-probabilities at the taken actions against m, with its gradient.
-struct C51Xent {
-  Real loss_per_sample;        ///< out [B]  (1/D) Σ_d −Σ_i m log p      (may alias nothing)
-  Real loss;                   ///< out [1]  (1/B) Σ_b w_b L(b) * scale (added when accumulate)
-  Real dlogits;                ///< out [B,D,A,Z], overwritten: d(loss)/d(logits)
-  Real logp;                   ///< in  [B,D,A,Z] online log-softmax at states
-  const std::int32_t* actions; ///< in  [B,D]
-  Real m;                      ///< in  [B,D,Z]
-  Real weights;                ///< in  [B] importance weights
-  int B = 0, D = 0, A = 0, Z = 0;
-  float scale = 1.0f;          ///< multiplies loss and gradient (1/K for ensemble members)
-  bool accumulate = false;     ///< loss += instead of loss =
-  // --- appended in ABI 3 ---
-  /// Several heads against the same m, actions and weights: member k's logp, dlogits and
-  /// loss_per_sample are member 0's + k·(their size); the same as `members` calls in order, the
-  /// first with `accumulate`, the others accumulating.
-  int members = 1;
-  // --- appended in ABI 9 ---
-  /// Optional (dv null: not computed): the dueling backward of dlogits straight into dv
-  /// [B, lddv] and dadv [B, D, lddadv] as dueling_backward(dv, lddv, dadv, lddadv, dlogits, B, D,
-  /// A, Z) after the call would give them (dadv's padding zeroed); member k's dv and dadv are
-  /// member 0's + k·B rows (k·B·lddv and k·B·D·ld_or(lddadv, A·Z) elements). With dv set,
-  /// dlogits is the op's scratch: its contents after the call are unspecified (a backend may
-  /// leave it unwritten).
-  Real dv;
-  Real dadv;
-  int lddv = 0, lddadv = 0;
-};
-
 /// Ranges per head in Budget::reach.
 inline constexpr int kBudgetReach = 4;
 
@@ -161,7 +118,7 @@ struct Budget {
   int H = 0;
   std::int64_t P = 0;
   float max_grad_norm = 10.0f;
-  /// Optional (ABI 7): [H, kBudgetReach, 2] element ranges [lo, hi) of each head's gradient row
+  /// Optional: [H, kBudgetReach, 2] element ranges [lo, hi) of each head's gradient row
   /// that its stages write (empty ranges lo == hi); the rest of the row is 0, so a backend may
   /// read only these for the norms. In memory the backend reads (device memory for CUDA). Null:
   /// whole rows.
@@ -198,37 +155,6 @@ struct Uniform {
   const std::int64_t* step;  ///< device step counter (null: 0)
 };
 
-/// CQL penalty on expected Q-values (docs/step-math.md, "CQL penalty"):
-///   loss = α (1/B) Σ_b (1/D) Σ_d [logsumexp_a q[b,d,:] − q[b,d,a_bd]],  dq = ∂loss/∂q (overwritten).
-/// Not importance-weighted.
-struct CqlPenalty {
-  Real loss;                    ///< out [1]
-  Real dq;                      ///< out [B,D,A]
-  Real q;                       ///< in  [B,D,A]
-  const std::int32_t* actions;  ///< in  [B,D]
-  int B = 0, D = 0, A = 0;
-  float alpha = 1.0f;
-};
-
-/// IQN quantile Huber loss (docs/step-math.md, "IQN loss") with its gradient w.r.t. the online quantiles:
-///   θ_{d,i} = q[b,i,d,a_d], T_{d,j} = r + γⁿ(1 − done) q_target[b,j,d,a*_d], δ = T_j − θ_i,
-///   L(b) = (1/D) Σ_d Σ_i (1/N') Σ_j |τ_i − 1{δ<0}| ρ_κ(δ)/κ,  loss = (1/B) Σ_b w_b L(b).
-/// dq is overwritten (zero off the taken actions); nothing flows into the target.
-struct QuantileHuber {
-  Real loss;                    ///< out [1]
-  Real loss_per_sample;         ///< out [B] (may be null)
-  Real dq;                      ///< out [B,N,ldq] (the first D·A of each (sample, quantile) row)
-  Real q;                       ///< in  [B,N,ldq] online quantile values at states
-  Real q_target;                ///< in  [B,N',ldq] target quantile values at next_states
-  const std::int32_t* actions;  ///< in  [B,D]
-  const std::int32_t* a_star;   ///< in  [B,D]
-  Real tau;                     ///< in  [B,N]
-  Real rewards, dones, weights; ///< in  [B]
-  int B = 0, N = 0, Nt = 0, D = 0, A = 0;
-  float gamma_n = 0.99f, kappa = 1.0f;
-  int ldq = 0;                  ///< row stride of q, q_target and dq; 0: D·A (compact). ABI 6
-};
-
 /// Fused dueling distribution (docs/step-math.md, "Network", the head's output): for every row r < rows,
 /// branch d and action a
 ///   logits = v[r,:] + adv[r,d,a,:] − mean_a' adv[r,d,a',:]   (rounded to a real, as dueling_combine),
@@ -246,43 +172,19 @@ struct DuelingDist {
   int star_from = 0;
   int rows = 0, D = 0, A = 0, Z = 0;
   float v_min = -10.0f, v_max = 10.0f;
-  int ldadv = 0;                  ///< elements from one (row, branch) of adv to the next; 0: A·Z (ABI 6)
+  int ldadv = 0;                  ///< elements from one (row, branch) of adv to the next; 0: A·Z
 };
 
-/// A row or block stride of the ops' optional-stride fields (ldadv, lddadv, ldtadv, ldq): ld, or
+/// A row or block stride of the ops' optional-stride fields (ldadv, lddadv and those of the heads' own ops): ld, or
 /// `compact` when ld is 0. Both backends and the CUDA kernels read the fields through this, and
 /// refuse a result below `compact`.
 DQN_HOST_DEVICE constexpr int ld_or(int ld, int compact) { return ld != 0 ? ld : compact; }
 
-/// The C51 loss fused from the target head's outputs to the dueling gradients (docs/step-math.md, "C51
-/// loss"): the target network's log-probabilities at a* (dueling combine + log-softmax of
-/// tv/tadv), the projection m (as c51_project), the cross-entropy at the taken actions with the
-/// per-sample loss and the weighted mean (as c51_xent, scale 1), and the dueling backward of its
-/// dlogits (as dueling_backward) straight into dv/dadv. work_logp and work_dlogits
-/// [B,D,A,Z] are workspace a backend may use (the CPU twin composes the unfused ops through
-/// them); their content afterwards is unspecified.
-struct C51Loss {
-  Real m;                         ///< out [B,D,Z]
-  Real loss_per_sample;           ///< out [B] (may be null)
-  /// out [1] (null: not computed (ABI 14): the head takes it from loss_per_sample and the weights
-  /// by weighted_mean, in a stage of its own, and the loss's kernels end without the batch's sum)
-  Real loss;
-  Real dv;                        ///< out [B, lddv]
-  int lddv = 0;
-  Real dadv;                      ///< out [B,D,lddadv] (A·Z of each (sample, branch), then zero padding)
-  Real logp;                      ///< in  [B,D,A,Z] online log-probabilities at states
-  const std::int32_t* actions = nullptr;  ///< in [B,D]
-  Real weights;                   ///< in  [B] importance weights
-  Real tv;                        ///< in  [B, ldtv] target head's value stream at next_states
-  int ldtv = 0;
-  Real tadv;                      ///< in  [B,D,ldtadv] target head's advantages at next_states
-  const std::int32_t* a_star = nullptr;   ///< in [B,D]
-  Real rewards, dones;            ///< in  [B]
-  Real work_logp, work_dlogits;   ///< workspace [B,D,A,Z] each
-  int B = 0, D = 0, A = 0, Z = 0;
-  float gamma_n = 0.99f, v_min = -10.0f, v_max = 10.0f;
-  int ldtadv = 0, lddadv = 0;     ///< (sample, branch) strides of tadv and dadv; 0: A·Z (ABI 6)
-};
+/// Δz of the support z_i = v_min + i·Δz of Z atoms on [v_min, v_max] (0 for a single atom), in
+/// double: the support expected_q and the distributional ops read.
+DQN_HOST_DEVICE constexpr double support_step(float v_min, float v_max, int Z) {
+  return Z > 1 ? (static_cast<double>(v_max) - static_cast<double>(v_min)) / (Z - 1) : 0.0;
+}
 
 /// The distributional dueling branching head's forward over `rows` rows (docs/step-math.md, "Network"):
 ///   hidden = relu(x · W1ᵀ + b1)                 [rows, (1+D)·Hh]  (value, then the D branches)
@@ -306,8 +208,8 @@ struct HeadForward {
   int star_from = 0;
   int rows = 0, H2 = 0, Hh = 0, D = 0, A = 0, Z = 0;
   float v_min = -10.0f, v_max = 10.0f;
-  int ldadv = 0;                  ///< (row, branch) stride of adv; 0: A·Z (ABI 6, in the tail padding)
-  /// Rows stored for wv2 and bv2, and for each branch's block of wb2 and bb2 (ABI 7): at least Z
+  int ldadv = 0;                  ///< (row, branch) stride of adv; 0: A·Z
+  /// Rows stored for wv2 and bv2, and for each branch's block of wb2 and bb2: at least Z
   /// and A·Z, the rows past those zero (kParamPadRows); 0: Z, A·Z. Where ldv and ldadv leave room,
   /// the output GEMMs write that many columns of v and adv (the last ones 0).
   int wv2_rows = 0, wb2_rows = 0;
@@ -325,8 +227,8 @@ struct HeadBackward {
   Real hidden;                    ///< in  [rows, (1+D)Hh] post-ReLU (the mask)
   Real dhidden;                   ///< out [rows, (1+D)Hh]
   int rows = 0, Hh = 0, D = 0, A = 0, Z = 0;
-  int lddadv = 0;                 ///< (row, branch) stride of dadv; 0: A·Z (ABI 6, in the tail padding)
-  int wb2_rows = 0;               ///< rows stored per branch block of wb2 (>= A·Z; 0: A·Z) (ABI 7)
+  int lddadv = 0;                 ///< (row, branch) stride of dadv; 0: A·Z
+  int wb2_rows = 0;               ///< rows stored per branch block of wb2 (>= A·Z; 0: A·Z)
 };
 
 /// Everything after the gradients, in docs/step-math.md's order ("Gradient budgets", then "Optimizer,
@@ -343,14 +245,48 @@ struct Update {
   TargetUpdate target;                  ///< target.t is adam.t; target.skip is budget.skip
 };
 
-/// The op table. Every method is noexcept; a backend that fails records the first error and
-/// reports it through status().
+/// What a head's own kernels need of a device backend (Backend::device()): the stream of the
+/// stage being run (captured into the step's graph: enqueue work on it only, never synchronise,
+/// allocate or copy to the host), the device, and the launch policy. dqn/device.cuh launches
+/// through it.
+struct DeviceContext {
+  void* stream = nullptr;           ///< the cudaStream_t the stage's work goes to
+  std::int32_t device = 0;          ///< CUDA device ordinal
+  std::int32_t sm_count = 0;        ///< streaming multiprocessors
+  std::int32_t cc_major = 0, cc_minor = 0;  ///< compute capability
+  /// Programmatic dependent launch: a kernel with at most this many bytes of dynamic shared memory
+  /// launches with programmatic stream serialization (and must begin with dqn::dev::pdl_entry());
+  /// -1: none does.
+  std::int64_t pdl_max_shared = -1;
+  std::int32_t planning = 0;        ///< 1: a dry run (the engine sizing the step): launch nothing
+  /// The pipeline's precision (0 fp32, 1 tf32, 2 bf16: Precision): reals are f32 in memory in
+  /// all three; an fp32 pipeline's kernels may compute in double to match the CPU reference.
+  std::int32_t precision = 0;
+  std::int32_t max_shared_optin = 0;  ///< dynamic shared memory a block may opt in to, bytes
+  std::int32_t reserved = 0;
+};
+
+/// The op table: the generic ops a head composes its stages from (dense layers, the
+/// distributional dueling network's output, the softmax family, reductions, elementwise ops, RNG
+/// and the update). Every method is noexcept; a backend that fails records the first error and
+/// reports it through status(). A head's own computation (a loss no op here computes) runs in its
+/// own code: on the host where device() is null, else as kernels it launches on device()->stream
+/// (dqn/device.cuh); either may record a failure through fail().
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const noexcept = 0;
   virtual std::uint32_t real_size() const noexcept = 0;  ///< bytes per real element
   virtual bool is_device() const noexcept = 0;
+  /// Null on a host backend (reals are host memory, T = float or double by real_size()); on a
+  /// device backend, where a head's kernels go and what it may know of the device.
+  virtual const DeviceContext* device() const noexcept = 0;
+  /// 0 when every op so far succeeded; otherwise the first failure, with message().
+  virtual int status() const noexcept = 0;
+  virtual const char* message() const noexcept = 0;
+  /// Records a failure of `op` (the first one is kept): what a head's own code calls when its
+  /// arguments are wrong or a launch fails.
+  virtual void fail(const char* op, const char* why) noexcept = 0;
 
   // --- dense layers ---
   virtual void gemm(const Gemm& g) noexcept = 0;
@@ -361,26 +297,39 @@ class Backend {
   virtual void relu_backward(Real dy, Real y, int rows, int cols, int ld) noexcept = 0;
   /// db[c] = beta * db[c] + Σ_r dy[r, c]
   virtual void bias_grad(Real db, Real dy, int rows, int cols, int ldy, float beta) noexcept = 0;
+  /// ReLU backward and bias gradient in one pass, for `heads` gradients (several heads' or
+  /// members' layers of one shape): for h < heads, dy_h = dy + h·stride_dy, y_h = y + h·stride_y
+  /// (stride_y 0: one activation for all): dy_h[r,c] = 0 where y_h[r,c] <= 0 (no masking when y
+  /// is null), then db[h·stride_db + c] = Σ_r dy_h[r,c] (overwritten). The same numbers as
+  /// relu_backward followed by bias_grad (beta 0) per h. With db null, the masks only.
+  virtual void relu_bias_grad(Real dy, Real y, Real db, int rows, int cols, int ld, int heads,
+                              std::int64_t stride_dy, std::int64_t stride_y, std::int64_t stride_db) noexcept = 0;
 
-  // --- distributional head ---
+  // --- the distributional dueling network's output, the softmax family ---
   /// logits[b,d,a,:] = v[b,:] + adv[b,d,a,:] − mean_a' adv[b,d,a',:]; v has row stride ldv.
   virtual void dueling_combine(Real logits, Real v, int ldv, Real adv, int rows, int D, int A,
                                int Z) noexcept = 0;
   /// dv[b,:] = Σ_{d,a} dl[b,d,a,:]; dadv[b,d,a,:] = dl[b,d,a,:] − (1/A) Σ_a' dl[b,d,a',:].
   /// dlogits is compact [rows,D,A,Z]; dadv's (row, branch) stride is lddadv (0: A·Z; only then
   /// may dadv alias dlogits), and each block's padding [A·Z, lddadv) is set to zero (so column
-  /// sums over whole blocks give the padding's bias gradients, zero). ABI 6 added lddadv; ABI 9
-  /// the zero padding.
+  /// sums over whole blocks give the padding's bias gradients, zero).
   virtual void dueling_backward(Real dv, int lddv, Real dadv, int lddadv, Real dlogits, int rows, int D,
                                 int A, int Z) noexcept = 0;
   /// logp[r,:] = log_softmax(x[r,:]) over n columns.
   virtual void log_softmax(Real logp, Real x, int rows, int n) noexcept = 0;
   /// q[r] = Σ_i z_i exp(logp[r,i]), z_i = v_min + i Δz
   virtual void expected_q(Real q, Real logp, int rows, int Z, float v_min, float v_max) noexcept = 0;
+  /// Backward of expected_q: dlogits[r,i] = dq[r] · p_i (z_i − Q_r), p = exp(logp[r,:]),
+  /// Q_r = Σ_i p_i z_i (overwrites dlogits; the gradient through the softmax to the logits).
+  virtual void expected_q_backward(Real dlogits, Real dq, Real logp, int rows, int Z, float v_min,
+                                   float v_max) noexcept = 0;
   /// idx[r] = argmax_a q[r,a] (ties: lowest index)
   virtual void argmax(std::int32_t* idx, Real q, int rows, int n) noexcept = 0;
-  virtual void c51_project(const C51Project& a) noexcept = 0;
-  virtual void c51_xent(const C51Xent& a) noexcept = 0;
+  virtual void dueling_dist(const DuelingDist& a) noexcept = 0;
+  /// Defaults to the composition below (the CPU reference); the CUDA backend runs its GEMMs side by side.
+  virtual void head_forward(const HeadForward& a) noexcept { head_forward_composed(a); }
+  /// Defaults to the composition below (the CPU reference); the CUDA backend runs its GEMMs side by side.
+  virtual void head_backward_inputs(const HeadBackward& a) noexcept { head_backward_inputs_composed(a); }
 
   // --- optimisation ---
   virtual void budget(const Budget& a) noexcept = 0;
@@ -391,61 +340,26 @@ class Backend {
   virtual void spectral_norm(const SpectralMatrix* mats, int count, int max_rows, int max_cols,
                              float sigma_max, const std::int32_t* skip) noexcept = 0;
   virtual void target_update(const TargetUpdate& a) noexcept = 0;
+  virtual void update(const Update& u) noexcept = 0;
 
-  // --- elementwise and memory ---
+  // --- reductions, elementwise, RNG ---
+  /// out[0] = (1/n) Σ_i w[i]·x[i], summed in double in a fixed order (n = 0: 0). A head's loss
+  /// from its per-sample losses and the importance weights.
+  virtual void weighted_mean(Real out, Real x, Real w, std::int64_t n) noexcept = 0;
   virtual void fill(Real x, float value, std::int64_t n) noexcept = 0;
   virtual void copy(Real dst, Real src, std::int64_t n) noexcept = 0;
   /// y = alpha x + y
   virtual void axpy(Real y, Real x, float alpha, std::int64_t n) noexcept = 0;
   virtual void uniform(const Uniform& a) noexcept = 0;
 
-  /// Host ↔ backend memory, for init and checkpoint I/O only (never inside a step).
+  // --- memory (init and checkpoint I/O only, never inside a step) ---
   virtual void upload(void* dst, const void* src, std::size_t bytes) noexcept = 0;
   virtual void download(void* dst, const void* src, std::size_t bytes) noexcept = 0;
   /// The same for reals, converting from/to host f32 (the f64 reference widens and narrows).
   virtual void upload_reals(Real dst, const float* src, std::int64_t n) noexcept = 0;
   virtual void download_reals(float* dst, Real src, std::int64_t n) noexcept = 0;
 
-  /// 0 when every op so far succeeded; otherwise the first failure, with message().
-  virtual int status() const noexcept = 0;
-  virtual const char* message() const noexcept = 0;
-
-  // --- appended in ABI 2 (auxiliary heads); never reorder what is above ---
-  virtual void cql_penalty(const CqlPenalty& a) noexcept = 0;
-  /// Backward of expected_q: dlogits[r,i] = dq[r] · p_i (z_i − Q_r), p = exp(logp[r,:]),
-  /// Q_r = Σ_i p_i z_i (overwrites dlogits; the gradient through the softmax to the logits).
-  virtual void expected_q_backward(Real dlogits, Real dq, Real logp, int rows, int Z, float v_min,
-                                   float v_max) noexcept = 0;
-  /// Ensemble disagreement: out[b] = (1/n) Σ_j std_k q[k,b,j] (population std over the K
-  /// members), q [K,B,n] (n = D·A for Q-values).
-  virtual void ensemble_disagreement(Real out, Real q, int K, int B, int n) noexcept = 0;
-  /// IQN cosine embedding: out[r, i] = cos(π i tau[r]), i = 0..E−1, r < rows.
-  virtual void cosine_embedding(Real out, Real tau, int rows, int E) noexcept = 0;
-  /// x[b·N+n, h] = h2[b, h] · phi[b·N+n, h] (h2 [B,H] broadcast over the N samples of a row).
-  virtual void hadamard(Real x, Real h2, Real phi, int B, int N, int H) noexcept = 0;
-  /// Backward of hadamard: dphi = dx ⊙ h2 (may alias dx), dh2[b,h] = Σ_n dx[b·N+n,h]·phi[b·N+n,h]
-  /// (overwritten).
-  virtual void hadamard_backward(Real dphi, Real dh2, Real dx, Real h2, Real phi, int B, int N,
-                                 int H) noexcept = 0;
-  virtual void quantile_huber(const QuantileHuber& a) noexcept = 0;
-
-  // --- appended in ABI 3 (fused head ops); never reorder what is above ---
-  virtual void dueling_dist(const DuelingDist& a) noexcept = 0;
-  virtual void c51_loss(const C51Loss& a) noexcept = 0;
-  /// ReLU backward and bias gradient in one pass, for `heads` gradients (heads, ensemble members):
-  /// for h < heads, dy_h = dy + h·stride_dy, y_h = y + h·stride_y (stride_y 0: one activation for
-  /// all): dy_h[r,c] = 0 where y_h[r,c] <= 0 (no masking when y is null), then
-  /// db[h·stride_db + c] = Σ_r dy_h[r,c] (overwritten). The same numbers as relu_backward
-  /// followed by bias_grad (beta 0) per h. With db null (ABI 8), the masks only.
-  virtual void relu_bias_grad(Real dy, Real y, Real db, int rows, int cols, int ld, int heads,
-                              std::int64_t stride_dy, std::int64_t stride_y, std::int64_t stride_db) noexcept = 0;
-
-  // --- appended in ABI 4 (the fused update); never reorder what is above ---
-  virtual void update(const Update& u) noexcept = 0;
-
-  // --- appended in ABI 5 (the fused head forward and backward inputs); never reorder what is above ---
-  /// Defaults to the composition below (the CPU reference); the CUDA backend runs its GEMMs side by side.
-  virtual void head_forward(const HeadForward& a) noexcept { head_forward_composed(a); }
+  // --- appended in a minor version go below, in order; never reorder what is above ---
 
   /// head_forward as the ops it is made of: three GEMMs (bias and ReLU in their epilogues) and
   /// dueling_dist.
@@ -489,14 +403,6 @@ class Backend {
     dd.rows = a.rows; dd.D = a.D; dd.A = a.A; dd.Z = a.Z; dd.v_min = a.v_min; dd.v_max = a.v_max;
     return o;
   }
-
-  /// Defaults to the composition below (the CPU reference); the CUDA backend runs its GEMMs side by side.
-  virtual void head_backward_inputs(const HeadBackward& a) noexcept { head_backward_inputs_composed(a); }
-
-  // --- appended in ABI 14 (a loss's batch mean apart from it); never reorder what is above ---
-  /// out[0] = (1/n) Σ_i w[i]·x[i], summed in double in a fixed order (n = 0: 0). A head's loss
-  /// from its per-sample losses and the importance weights (C51Loss with loss null).
-  virtual void weighted_mean(Real out, Real x, Real w, std::int64_t n) noexcept = 0;
 
   /// head_backward_inputs as the ops it is made of: two GEMMs, each masked by the hidden
   /// activations of its columns (relu_backward in the GEMM, Gemm::mask).

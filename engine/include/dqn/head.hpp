@@ -1,7 +1,9 @@
 /** @file head.hpp
  *  @brief What a loss head sees of the engine: it declares parameters, buffers and stages while
  *  the step is built, gets every pointer once after the registry is frozen, and runs its stages
- *  through the backend's op table. Nothing here may throw across the plugin boundary.
+ *  through the backend's op table and its own code (host loops, or kernels it launches on the
+ *  backend's DeviceContext: dqn/device.cuh). Nothing here may throw across the plugin boundary;
+ *  dqn/head_base.hpp wraps all of it for a head written in plain C++.
  */
 #pragma once
 
@@ -76,6 +78,13 @@ class BuildContext {
   virtual int stage(const StageDesc& desc) noexcept = 0;
   /// Records a failure message (returned status is then non-zero).
   virtual int fail(const char* message) noexcept = 0;
+  // --- appended in 20.1 (the act step); never reorder what is above ---
+  /// Rows of the act step (M: the environments acting at once, or the evaluation episodes).
+  virtual std::int32_t act_rows() const noexcept = 0;
+  /// A stage of the act step rather than the training step (the primary's forward for acting:
+  /// see "The primary's contract" below). Run with Head::run like any stage; reads and writes
+  /// buffers like one. Only the primary's act stages run.
+  virtual int act_stage(const StageDesc& desc) noexcept = 0;
 };
 
 /// Bind-time interface: resolved pointers, looked up once. Unknown names give null and record
@@ -115,7 +124,20 @@ inline int declare_stage(BuildContext& ctx, const std::string& name, std::int32_
 }
 
 /// Buffers the engine provides to every head (rows of the 2B blocks: states first, next_states
-/// after). B = batch, S = state, H2 = last trunk width.
+/// after). B = batch, S = state, H2 = last trunk width, M = BuildContext::act_rows().
+///
+/// The primary's contract. The pipeline's primary head (its plugin says can_be_primary) writes,
+/// every step:
+///  - a_star: the online network's greedy action of every branch at next_states (double DQN),
+///    the action auxiliaries bootstrap with;
+///  - td_error: a non-negative per-sample error (prioritised replay's priorities);
+///  - its loss and dtrunk, as every head;
+/// and declares with BuildContext::act_stage one act stage or more, which read act_h2 (the trunk
+/// at the acting observations, M rows) and "params", and write act_q: the Q-value of every
+/// (row, branch, action) whose branch-wise argmax is the greedy action. The engine runs the trunk
+/// before and the argmax after them (a captured graph of its own on CUDA), for acting and for
+/// evaluation. What else it writes for the auxiliaries is its own buffers' (a distributional
+/// primary's projected target, say), named in its documentation.
 namespace buf {
 inline constexpr const char* states2 = "batch/states2";        ///< [2B,S] states ‖ next_states
 inline constexpr const char* actions = "batch/actions";        ///< i32 [B,D]
@@ -127,8 +149,10 @@ inline constexpr const char* target_h2 = "target/h2";          ///< [B,H2] targe
 inline constexpr const char* step = "opt/t";                   ///< i64 [1] Adam step (before this step's update)
 // Written by the primary head:
 inline constexpr const char* a_star = "target/a_star";         ///< i32 [B,D]
-inline constexpr const char* target_m = "target/m";            ///< [B,D,Z] projected target
 inline constexpr const char* td_error = "report/td_error";     ///< [B]
+// The act step (appended in 20.1):
+inline constexpr const char* act_h2 = "act/h2";                ///< [M,H2] online trunk at the acting observations
+inline constexpr const char* act_q = "act/q";                  ///< [M,D,A] written by the primary's act stages
 // Per head (suffix the head's instance name): "loss/<h>" [1] and "dtrunk/<h>" [B,H2] (the head's
 // ∂L/∂h2, unmasked: the engine applies the trunk's top ReLU to every head's at once).
 }  // namespace buf

@@ -10,26 +10,19 @@
 
 namespace dqn {
 
-/// Bumped whenever the descriptor, the Head/BuildContext/Resolver interfaces or the op table
-/// change layout or meaning. The loader refuses any other value.
-inline constexpr std::uint32_t kAbiVersion = 19;  // 2: auxiliary-head ops appended to the op table; 3: Gemm bias/act epilogue;
-                                                   // 4: fused update op appended; 5: head_forward op appended;
-                                                   // 6: advantage strides (dueling_backward's lddadv, ldadv fields);
-                                                   // 7: padded output-layer rows (kParamPadRows, wv2_rows, wb2_rows);
-                                                   // 8: Gemm::mask (ReLU backward in the GEMM), relu_bias_grad without db;
-                                                   // 9: Gemm::batch2 (a second batch dimension), Gemm::sum_batch;
-                                                   // 10: Gemm fields for the layer below's dW and db with C,
-                                                   //     and for the next layer in the same call;
-                                                   // 11: Gemm strides batching the next layer;
-                                                   // 12: C51Loss::online (the distribution fused into the loss);
-                                                   // 13: C51Loss::online removed (C51Loss as in 11);
-                                                   // 14: weighted_mean op appended, C51Loss::loss may be null
-                                                   // 15: weighted_mean_members op appended
-                                                   // 16: weighted_mean_members removed (the table as in 14)
-                                                   // 17: C51Loss::m_all, parts 3 and 4 (every action's projection)
-                                                   // 18: C51Loss::m_all, parts 3 and 4 removed (C51Loss as in 16)
-                                                   // 19: ABI 10's and 11's Gemm fields and C51Loss::part
-                                                   //     removed
+/// The plugin ABI, major.minor. The loader takes a plugin built for this major and any minor up to
+/// kAbiMinor; another major, or a newer minor, is refused with both versions in the message.
+/// A minor change only appends: an op at the end of the op table, a method at the end of an
+/// interface the engine implements (BuildContext, Resolver, Backend), a field at the end of a
+/// struct a plugin fills (the engine reads only what the plugin's minor has), a buffer name. So a
+/// plugin built for an older minor loads and works unchanged. Anything else — a changed signature,
+/// order or layout, a method added to Head (which plugins implement) — is a major change.
+/// History: one number per change up to 19; 20.0 moved the built-in heads' own ops out of the op
+/// table into their plugins (Backend::device, Backend::fail), reordered the table and this
+/// descriptor and split the version into major.minor; 20.1 added the act step
+/// (BuildContext::act_rows, BuildContext::act_stage, buf::act_h2, buf::act_q).
+inline constexpr std::uint32_t kAbiMajor = 20;
+inline constexpr std::uint32_t kAbiMinor = 1;
 
 /// The exported symbol every plugin defines (through DQN_PLUGIN_EXPORT below).
 inline constexpr const char* kDescriptorSymbol = "dqn_plugin_descriptor";
@@ -89,20 +82,25 @@ class Head;
 enum class PluginKind : std::int32_t { head = 0 };
 
 struct PluginDescriptor {
-  std::uint32_t abi_version;      ///< must stay the first field
+  std::uint32_t abi_major;        ///< must stay the first field: read before anything else
+  std::uint32_t abi_minor;        ///< the minor the plugin was built against (<= kAbiMinor loads)
   std::uint32_t struct_size;      ///< sizeof(PluginDescriptor) as the plugin saw it
-  const char* name;
   PluginKind kind;
+  const char* name;
   const char* version;
   const char* description;
   double default_budget;          ///< fraction an auxiliary takes unless the pipeline says
-  std::int32_t can_be_primary;    ///< 1 when the head produces a*, m and td_error
-  const ParamSchema* schema;
+  std::int32_t can_be_primary;    ///< 1 when the head keeps the primary's contract (head.hpp)
   std::uint32_t schema_len;
+  const ParamSchema* schema;
   /// Returns a new head or null; on failure writes a message into err (errlen bytes).
   Head* (*create)(const HeadCreateInfo* info, char* err, std::uint32_t errlen);
   void (*destroy)(Head* head);
+  // --- a minor version appends fields here; the loader reads only the struct_size bytes a plugin has ---
 };
+
+/// The descriptor's size at minor 0 of this major: the smallest struct_size the loader takes.
+inline constexpr std::uint32_t kDescriptorSizeMinor0 = 80;
 
 }  // namespace dqn
 

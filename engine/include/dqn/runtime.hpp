@@ -28,11 +28,16 @@ class Runtime {
   virtual void plan_begin() {}
   virtual void plan_end() {}
   /// Graph capture. CPU: no-op (stages run each step). CUDA: begin/end stream capture and
-  /// instantiate; replay() launches the graph.
+  /// instantiate; replay() launches the graph. Graph kStepGraph is the training step, kActGraph
+  /// the act step (what graph_nodes and graph_node_info describe: the step's).
+  static constexpr int kStepGraph = 0, kActGraph = 1, kGraphs = 2;
   virtual bool captures() const noexcept { return false; }
-  virtual void begin_capture() {}
+  virtual void begin_capture(int /*graph*/ = kStepGraph) {}
   virtual void end_capture() {}
-  virtual void replay() {}
+  virtual void replay(int /*graph*/ = kStepGraph) {}
+  /// While capturing, after a stage: why the capture can no longer succeed (a stage synchronised,
+  /// allocated or copied to the host on the captured stream), or "" while it is sound.
+  virtual std::string capture_fault() { return {}; }
   virtual std::int64_t graph_nodes() const noexcept { return 0; }
   /// One node of the captured graph, for tools that explain a replay (dqn-trace): the runtime's
   /// opaque node handle, the stage that enqueued it (its index in capture order, -1: none),

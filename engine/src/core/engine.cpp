@@ -56,7 +56,14 @@ struct Engine::BuildCtx final : BuildContext {
       return fail(ex.what());
     }
   }
-  int stage(const StageDesc& d) noexcept override {
+  int stage(const StageDesc& d) noexcept override { return add(d, e.stages_); }
+  std::int32_t act_rows() const noexcept override { return e.act_rows_; }
+  /// The act stages of an auxiliary are accepted and never run (only the primary acts).
+  int act_stage(const StageDesc& d) noexcept override {
+    std::vector<Stage> dropped;
+    return add(d, head == e.primary_ ? e.act_stages_ : dropped);
+  }
+  int add(const StageDesc& d, std::vector<Stage>& to) noexcept {
     try {
       Stage s;
       s.name = d.name ? d.name : "";
@@ -66,7 +73,7 @@ struct Engine::BuildCtx final : BuildContext {
       Head* h = e.heads_[head].get();
       const std::int32_t tag = d.tag;
       s.run = [h, tag](Backend& be) { h->run(tag, be); };
-      e.stages_.push_back(std::move(s));
+      to.push_back(std::move(s));
       return 0;
     } catch (const std::exception& ex) {
       return fail(ex.what());
@@ -178,14 +185,18 @@ void Engine::build(const PluginLoader& plugins) {
     info.seed = spec_.seed;
     info.params = values.data();
     info.n_params = std::uint32_t(values.size());
+    if (hs.role == Role::primary) primary_ = heads_.size();
     heads_.push_back(plugins.create(hs.plugin, info));
     head_names_.push_back(inst);
     fractions_.push_back(f);
   }
   if (heads_.empty()) throw std::invalid_argument("pipeline has no enabled head");
 
+  act_rows_ = std::max({1, spec_.training.num_envs, spec_.training.eval.episodes});
   declare_engine_buffers();
+  declare_act_buffers();
   add_engine_stages_front();
+  add_act_stage_front();
   for (std::size_t h = 0; h < heads_.size(); ++h) {
     BuildCtx ctx(*this, h, head_names_[h]);
     if (heads_[h]->declare(ctx) != 0) {
@@ -217,7 +228,7 @@ void Engine::build(const PluginLoader& plugins) {
     for (const auto& p : reg_.params()) {
       if (!(p.flags & kParamSpectralNorm) || p.cols == 0) continue;
       // Only the trunk and the primary head are normed (docs/step-math.md: 2 + 2 + 2D matrices).
-      const bool primary_owned = p.owner == "engine" || p.owner == head_names_[0];
+      const bool primary_owned = p.owner == "engine" || p.owner == head_names_[primary_];
       if (!primary_owned) continue;
       const std::string u = "sn.u." + p.name;
       reg_.declare(u, DType::real, {p.rows}, BufferKind::optimizer, "engine");
@@ -230,10 +241,12 @@ void Engine::build(const PluginLoader& plugins) {
     reg_.declare("sn/table", DType::i64, {std::max<std::int64_t>(words, 1)}, BufferKind::optimizer, "engine");
   }
   add_engine_stages_back();
+  add_act_stage_back();
   reg_.declare("budget/reach", DType::i64, {H * kBudgetReach * 2}, BufferKind::optimizer, "engine");
 
   reg_.freeze(*rt_);
   bind_engine();
+  bind_act();
   for (std::size_t h = 0; h < heads_.size(); ++h) {
     HeadResolver r(*this, h);
     if (heads_[h]->bind(r) != 0 || !r.message.empty()) {
@@ -242,6 +255,7 @@ void Engine::build(const PluginLoader& plugins) {
     }
   }
   order_ = schedule(stages_, reg_);
+  schedule(act_stages_, reg_);  // checks the act stages' names (they run in declaration order)
 
   // Constants in device memory: lr, budget fractions, the spectral-norm table.
   set_lr(spec_.adam.lr);
@@ -264,15 +278,19 @@ void Engine::build(const PluginLoader& plugins) {
   }
   if (rt_->ops().status() != 0) throw std::runtime_error(std::string("backend error during build: ") + rt_->ops().message());
 
-  // Plan (scratch sizes) and capture once; from here on the step never looks anything up.
+  // Plan (scratch sizes) of both steps, then capture each once; from here on nothing is looked up.
   if (rt_->captures()) {
     rt_->plan_begin();
     for (auto i : order_) stages_[i].run(rt_->ops());
+    for (auto& st : act_stages_) st.run(rt_->ops());
     rt_->plan_end();
-    rt_->begin_capture();
+    rt_->begin_capture(Runtime::kStepGraph);
     capture_stages();
     rt_->end_capture();
     if (rt_->ops().status() != 0) throw std::runtime_error(std::string("backend error during capture: ") + rt_->ops().message());
+    capture_act();
+    if (rt_->ops().status() != 0)
+      throw std::runtime_error(std::string("backend error during the act step's capture: ") + rt_->ops().message());
     ++captures_;
     captured_ = true;
   }
@@ -291,13 +309,27 @@ void Engine::capture_stages() {
     std::vector<int> after(plan.after[k].begin(), plan.after[k].end());
     rt_->stage_begin(plan.lane[k], after);
     stages_[order_[k]].run(rt_->ops());
+    check_capture(stages_[order_[k]]);
     rt_->stage_done(int(k));
   }
   lanes_ = plan;
 }
 
+void Engine::check_capture(const Stage& s) {
+  const std::string fault = rt_->capture_fault();
+  if (fault.empty()) return;
+  std::string who = "the engine's stage '" + s.name + "'";
+  for (std::size_t h = 0; h < heads_.size(); ++h)
+    if (head_names_[h] == s.owner)
+      who = "plugin '" + std::string(heads_[h].plugin().descriptor->name) + "' (" + heads_[h].plugin().path +
+            "), head '" + s.owner + "', stage '" + s.name + "'";
+  throw std::runtime_error(who + " broke the CUDA graph capture: " + fault +
+                           ". A stage may only enqueue work on the backend's stream (DeviceContext::stream): "
+                           "it must not synchronise, allocate, or copy to or from the host");
+}
+
 void Engine::declare_engine_buffers() {
-  const std::int64_t B = spec_.batch, S = net_.state, D = net_.branches, Z = net_.atoms;
+  const std::int64_t B = spec_.batch, S = net_.state, D = net_.branches;
   const std::int64_t H = std::int64_t(heads_.size());
   const int L = net_.trunk_layers;
   const std::int64_t H2 = net_.h2();
@@ -321,7 +353,6 @@ void Engine::declare_engine_buffers() {
   reg_.declare("opt/fractions", DType::real, {H}, BufferKind::optimizer, "engine");
   reg_.declare("opt/skip", DType::i32, {1}, BufferKind::scratch, "engine");
   reg_.declare(buf::a_star, DType::i32, {B, D}, BufferKind::activation, "engine");
-  reg_.declare(buf::target_m, DType::real, {B, D, Z}, BufferKind::activation, "engine");
   // The report block: one contiguous range, copied to the host in one async copy.
   reg_.declare("report/losses", DType::real, {H}, BufferKind::report, "engine");
   reg_.declare("report/norms", DType::real, {H}, BufferKind::report, "engine");

@@ -124,6 +124,17 @@ class Engine {
   /// The stage order and the registry layout (`dqn step --explain`).
   std::string explain() const;
 
+  // --- the act step: the online trunk, the primary's act stages, the branch-wise argmax ---
+  /// Rows the act step takes at once (the larger of training.num_envs and training.eval.episodes).
+  int act_rows() const { return act_rows_; }
+  /// The greedy action of every branch for obs [rows, S] into actions [rows, D] (rows <=
+  /// act_rows()). Synchronises: for acting and evaluation between steps. Throws on bad rows.
+  void act(const float* obs, int rows, std::int32_t* actions);
+  /// The primary's Q-values [rows, D, A] for obs [rows, S] (what act() takes the argmax of).
+  std::vector<float> act_values(const float* obs, int rows);
+  /// The primary head's instance name.
+  const std::string& primary_name() const { return head_names_[primary_]; }
+
  private:
   struct BuildCtx;
   struct HeadResolver;
@@ -140,6 +151,17 @@ class Engine {
   void trunk_bias_layer(Backend& be, int i);
   void trunk_weights_layer(Backend& be, int i);
   void capture_stages();
+  /// While capturing, after stage s ran: throws when s broke the capture (a plugin stage that
+  /// synchronised, allocated or copied to the host), naming its plugin and the stage.
+  void check_capture(const Stage& s);
+  static constexpr const char* kActStates = "act/states";    ///< [M,S] the acting observations
+  static constexpr const char* kActActions = "act/actions";  ///< i32 [M,D] their greedy actions
+  void declare_act_buffers();
+  void add_act_stage_front();
+  void add_act_stage_back();
+  void bind_act();
+  void capture_act();
+  void run_act(const float* obs, int rows);
   StepReport parse_report(const std::vector<unsigned char>& bytes) const;
 
   PipelineSpec spec_;
@@ -154,6 +176,12 @@ class Engine {
   Registry reg_;
   std::vector<Stage> stages_;
   std::vector<std::size_t> order_;
+  std::size_t primary_ = 0;          ///< the primary head's index in heads_
+  int act_rows_ = 1;                 ///< M
+  std::vector<Stage> act_stages_;    ///< the act step's stages, in order
+  Real act_states_, act_q_;
+  std::vector<Real> act_a_;          ///< the act step's trunk activations
+  std::int32_t* act_actions_ = nullptr;
 
   // Resolved once at build.
   Real params_, target_, adam_m_, adam_v_, grad_all_, grad_total_, lr_, fractions_dev_;

@@ -101,13 +101,25 @@ LoadedPlugin PluginLoader::load_file(const std::string& path) {
     throw std::runtime_error("plugin '" + path + "': its descriptor function threw");
   }
   if (!d) throw std::runtime_error("plugin '" + path + "': descriptor function returned null");
-  if (d->abi_version != kAbiVersion)
-    // Only the first field is trusted on a mismatch: the name comes from the file name.
-    throw std::runtime_error("plugin '" + name_from_file(path) + "' (" + path + ") was built for ABI " + std::to_string(d->abi_version) + ", engine is ABI " +
-                             std::to_string(kAbiVersion) + ": rebuild it against this SDK");
-  if (d->struct_size != sizeof(PluginDescriptor))
+  // Only the first two fields are trusted before the version check: the name comes from the file.
+  auto version = [](std::uint32_t major, std::uint32_t minor) {
+    return std::to_string(major) + "." + std::to_string(minor);
+  };
+  if (d->abi_major != kAbiMajor)
+    throw std::runtime_error("plugin '" + name_from_file(path) + "' (" + path + ") was built for ABI " +
+                             version(d->abi_major, d->abi_minor) + ", engine is ABI " + version(kAbiMajor, kAbiMinor) +
+                             ": another major version; rebuild it against this SDK");
+  if (d->abi_minor > kAbiMinor)
+    throw std::runtime_error("plugin '" + name_from_file(path) + "' (" + path + ") was built for ABI " +
+                             version(d->abi_major, d->abi_minor) + ", newer than this engine's " +
+                             version(kAbiMajor, kAbiMinor) + ": update the engine, or rebuild the plugin against its SDK");
+  // A minor change may append fields: an older plugin's descriptor is a prefix of this one (every
+  // field the engine reads today was there at minor 0).
+  if (d->struct_size < kDescriptorSizeMinor0 || d->struct_size > sizeof(PluginDescriptor))
     throw std::runtime_error("plugin '" + path + "': descriptor size " + std::to_string(d->struct_size) +
-                             " does not match the engine's " + std::to_string(sizeof(PluginDescriptor)));
+                             " is not that of ABI " + version(d->abi_major, d->abi_minor) + " (" +
+                             std::to_string(kDescriptorSizeMinor0) + " to " + std::to_string(sizeof(PluginDescriptor)) +
+                             " bytes): a corrupt descriptor");
   if (!d->name || !*d->name || !d->create || !d->destroy || (d->schema_len && !d->schema))
     throw std::runtime_error("plugin '" + path + "': incomplete descriptor (name, create, destroy and schema are required)");
   p.descriptor = d;
@@ -127,9 +139,13 @@ PluginLoader::PluginLoader(std::vector<std::string> search_path) : dirs_(std::mo
     for (const auto& f : files) {
       try {
         LoadedPlugin p = load_file(f.string());
-        if (find(p.descriptor->name)) {
+        const auto first = std::find_if(plugins_.begin(), plugins_.end(), [&](const LoadedPlugin& q) {
+          return std::string(q.descriptor->name) == p.descriptor->name;
+        });
+        if (first != plugins_.end()) {
           // The first one on the path wins; a later one is reported, not silently used.
-          problems_.push_back(f.string() + ": plugin '" + p.descriptor->name + "' already loaded from an earlier directory");
+          problems_.push_back(f.string() + ": plugin '" + p.descriptor->name + "' already loaded from " + first->path +
+                              " (the first one found on the search path is used)");
           continue;
         }
         plugins_.push_back(std::move(p));
@@ -162,7 +178,16 @@ HeadHandle PluginLoader::create(const std::string& plugin, const HeadCreateInfo&
   for (const auto& p : plugins_) {
     if (plugin != p.descriptor->name) continue;
     char err[1024] = {0};
-    Head* h = p.descriptor->create(&info, err, sizeof err);
+    Head* h = nullptr;
+    try {  // create() must not throw across the boundary; one that does is reported, not fatal
+      h = p.descriptor->create(&info, err, sizeof err);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("plugin '" + plugin + "' (" + p.path + ") threw from create() for head '" +
+                               (info.instance ? info.instance : "?") + "': " + e.what());
+    } catch (...) {
+      throw std::runtime_error("plugin '" + plugin + "' (" + p.path + ") threw from create() for head '" +
+                               (info.instance ? info.instance : "?") + "'");
+    }
     if (!h)
       throw std::runtime_error("plugin '" + plugin + "' (" + p.path + ") could not create head '" +
                                (info.instance ? info.instance : "?") + "': " + (err[0] ? err : "no reason given"));

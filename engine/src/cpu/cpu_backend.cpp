@@ -16,19 +16,19 @@
 namespace dqn {
 namespace {
 
-constexpr double kPi = 3.14159265358979323846;
-
-/// Δz of the C51 support z_i = v_min + i·Δz (0 for a single atom).
-double support_step(float v_min, float v_max, int Z) {
-  return Z > 1 ? (static_cast<double>(v_max) - static_cast<double>(v_min)) / (Z - 1) : 0.0;
-}
-
 template <class T>
 class CpuBackend final : public Backend {
  public:
   const char* name() const noexcept override { return sizeof(T) == 8 ? "cpu-f64" : "cpu"; }
   std::uint32_t real_size() const noexcept override { return sizeof(T); }
   bool is_device() const noexcept override { return false; }
+  const DeviceContext* device() const noexcept override { return nullptr; }
+  /// Keeps the first failure only: later ones are usually its consequences.
+  void fail(const char* op, const char* why) noexcept override {
+    if (status_ != 0) return;
+    status_ = 1;
+    std::snprintf(message_, sizeof message_, "%s %s: %s", name(), op, why);
+  }
 
   // --- dense layers -------------------------------------------------------------------------
 
@@ -267,129 +267,6 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void c51_project(const C51Project& a) noexcept override {
-    if (a.B < 0 || a.D < 0 || a.A <= 0 || a.Z < 2) return fail("c51_project", "need B, D >= 0, A >= 1, Z >= 2");
-    if (!(a.v_max > a.v_min)) return fail("c51_project", "v_max must exceed v_min");
-    if (a.B == 0 || a.D == 0) return;
-    if (!a.a_star) return fail("c51_project", "null a_star");
-    if (!real_ok(a.m, "c51_project", "m") || !real_ok(a.target_logp, "c51_project", "target_logp") ||
-        !real_ok(a.rewards, "c51_project", "rewards") || !real_ok(a.dones, "c51_project", "dones"))
-      return;
-    for (int k = 0; k < a.B * a.D; ++k)
-      if (a.a_star[k] < 0 || a.a_star[k] >= a.A) return fail("c51_project", "a_star out of range");
-    const int Z = a.Z;
-    const double v_min = a.v_min, v_max = a.v_max, dz = support_step(a.v_min, a.v_max, Z);
-    const T* LP = a.target_logp.as<T>();
-    const T* R = a.rewards.as<T>();
-    const T* Dn = a.dones.as<T>();
-    T* M = a.m.as<T>();
-    for (int b = 0; b < a.B; ++b) {
-      const double discount = static_cast<double>(a.gamma_n) * (1.0 - static_cast<double>(Dn[b]));
-      for (int d = 0; d < a.D; ++d) {
-        const int bd = b * a.D + d;
-        const int act = a.a_star[bd];
-        const T* lp = LP + (static_cast<std::int64_t>(bd) * a.A + act) * Z;
-        T* m = M + static_cast<std::int64_t>(bd) * Z;
-        for (int i = 0; i < Z; ++i) {
-          const double zi = v_min + i * dz;
-          double acc = 0.0;
-          for (int j = 0; j < Z; ++j) {
-            const double tz = std::clamp(static_cast<double>(R[b]) + discount * (v_min + j * dz), v_min, v_max);
-            const double weight = std::clamp(1.0 - std::abs(tz - zi) / dz, 0.0, 1.0);
-            acc += weight * std::exp(static_cast<double>(lp[j]));
-          }
-          m[i] = static_cast<T>(acc);
-        }
-      }
-    }
-  }
-
-  void c51_xent(const C51Xent& a) noexcept override {
-    if (a.members < 1) return fail("c51_xent", "members must be >= 1");
-    if (a.members > 1) {
-      const std::int64_t n = std::int64_t(a.B) * a.D * a.A * a.Z;
-      for (int k = 0; k < a.members; ++k) {
-        C51Xent x = a;
-        x.members = 1;
-        x.logp = a.logp + k * n;
-        x.dlogits = a.dlogits + k * n;
-        if (a.loss_per_sample) x.loss_per_sample = a.loss_per_sample + std::int64_t(k) * a.B;
-        if (a.dv) {
-          x.dv = a.dv + std::int64_t(k) * a.B * a.lddv;
-          x.dadv = a.dadv + std::int64_t(k) * a.B * a.D * ld_or(a.lddadv, a.A * a.Z);
-        }
-        x.accumulate = a.accumulate || k > 0;
-        c51_xent(x);
-      }
-      return;
-    }
-    if (a.dv) {  // the cross-entropy, then the dueling backward of its dlogits
-      C51Xent x = a;
-      x.dv = Real{};
-      c51_xent(x);
-      if (status_ == 0) dueling_backward(a.dv, a.lddv, a.dadv, a.lddadv, a.dlogits, a.B, a.D, a.A, a.Z);
-      return;
-    }
-    if (a.B < 0 || a.D < 0 || a.A <= 0 || a.Z <= 0) return fail("c51_xent", "need B, D >= 0, A, Z >= 1");
-    if (a.B == 0 || a.D == 0) {
-      if (a.loss && real_ok(a.loss, "c51_xent", "loss") && !a.accumulate) a.loss.as<T>()[0] = T(0);
-      return;
-    }
-    if (!a.actions) return fail("c51_xent", "null actions");
-    if (!real_ok(a.dlogits, "c51_xent", "dlogits") || !real_ok(a.logp, "c51_xent", "logp") ||
-        !real_ok(a.m, "c51_xent", "m") || !real_ok(a.weights, "c51_xent", "weights"))
-      return;
-    if (a.loss && !real_ok(a.loss, "c51_xent", "loss")) return;
-    if (a.loss_per_sample && !real_ok(a.loss_per_sample, "c51_xent", "loss_per_sample")) return;
-    for (int k = 0; k < a.B * a.D; ++k)
-      if (a.actions[k] < 0 || a.actions[k] >= a.A) return fail("c51_xent", "action out of range");
-
-    const int Z = a.Z;
-    const T* LP = a.logp.as<T>();
-    const T* M = a.m.as<T>();
-    const T* W = a.weights.as<T>();
-    T* DL = a.dlogits.as<T>();
-    const double scale = a.scale;
-    double total = 0.0;
-    for (int b = 0; b < a.B; ++b) {
-      const double grad_scale = scale * static_cast<double>(W[b]) / (static_cast<double>(a.B) * a.D);
-      double sample = 0.0;
-      for (int d = 0; d < a.D; ++d) {
-        const int bd = b * a.D + d;
-        const int taken = a.actions[bd];
-        const T* m = M + static_cast<std::int64_t>(bd) * Z;
-        // Loss and Σm first: after that only row `taken` of logp is read, element by element,
-        // so dlogits may alias logp.
-        double xent = 0.0, m_sum = 0.0;
-        const T* lp_taken = LP + (static_cast<std::int64_t>(bd) * a.A + taken) * Z;
-        for (int i = 0; i < Z; ++i) {
-          xent -= static_cast<double>(m[i]) * static_cast<double>(lp_taken[i]);
-          m_sum += static_cast<double>(m[i]);
-        }
-        sample += xent;
-        for (int act = 0; act < a.A; ++act) {
-          const std::int64_t row = (static_cast<std::int64_t>(bd) * a.A + act) * Z;
-          for (int i = 0; i < Z; ++i) {
-            if (act != taken) {
-              DL[row + i] = T(0);
-            } else {
-              const double p = std::exp(static_cast<double>(LP[row + i]));
-              DL[row + i] = static_cast<T>(grad_scale * (p * m_sum - static_cast<double>(m[i])));
-            }
-          }
-        }
-      }
-      sample /= a.D;
-      if (a.loss_per_sample) a.loss_per_sample.as<T>()[b] = static_cast<T>(sample);
-      total += static_cast<double>(W[b]) * sample;
-    }
-    if (a.loss) {
-      const double loss = scale * total / a.B;
-      T& out = a.loss.as<T>()[0];
-      out = static_cast<T>(a.accumulate ? static_cast<double>(out) + loss : loss);
-    }
-  }
-
   // --- optimisation -------------------------------------------------------------------------
 
   void budget(const Budget& a) noexcept override {
@@ -602,41 +479,6 @@ class CpuBackend final : public Backend {
   int status() const noexcept override { return status_; }
   const char* message() const noexcept override { return message_; }
 
-  // --- auxiliary heads (ABI 2) ----------------------------------------------------------------
-
-  void cql_penalty(const CqlPenalty& a) noexcept override {
-    if (a.B < 0 || a.D < 0 || a.A <= 0) return fail("cql_penalty", "need B, D >= 0, A >= 1");
-    if (!real_ok(a.loss, "cql_penalty", "loss")) return;
-    if (a.B == 0 || a.D == 0) {
-      a.loss.as<T>()[0] = T(0);
-      return;
-    }
-    if (!a.actions) return fail("cql_penalty", "null actions");
-    if (!real_ok(a.dq, "cql_penalty", "dq") || !real_ok(a.q, "cql_penalty", "q")) return;
-    for (int k = 0; k < a.B * a.D; ++k)
-      if (a.actions[k] < 0 || a.actions[k] >= a.A) return fail("cql_penalty", "action out of range");
-    const T* Q = a.q.as<T>();
-    T* DQ = a.dq.as<T>();
-    const double scale = static_cast<double>(a.alpha) / (static_cast<double>(a.B) * a.D);
-    double total = 0.0;
-    for (int bd = 0; bd < a.B * a.D; ++bd) {
-      const std::int64_t row = static_cast<std::int64_t>(bd) * a.A;
-      double mx = Q[row];
-      for (int k = 1; k < a.A; ++k) mx = std::max(mx, static_cast<double>(Q[row + k]));
-      double sum = 0.0;
-      for (int k = 0; k < a.A; ++k) sum += std::exp(static_cast<double>(Q[row + k]) - mx);
-      const double lse = mx + std::log(sum);
-      const int taken = a.actions[bd];
-      total += lse - static_cast<double>(Q[row + taken]);
-      // q may alias dq: every read of this row is done above, except Q[row+k] read before DQ[row+k].
-      for (int k = 0; k < a.A; ++k) {
-        const double soft = std::exp(static_cast<double>(Q[row + k]) - lse);
-        DQ[row + k] = static_cast<T>(scale * (soft - (k == taken ? 1.0 : 0.0)));
-      }
-    }
-    a.loss.as<T>()[0] = static_cast<T>(scale * total);
-  }
-
   void expected_q_backward(Real dlogits, Real dq, Real logp, int rows, int Z, float v_min,
                            float v_max) noexcept override {
     if (rows < 0 || Z < 0) return fail("expected_q_backward", "negative size");
@@ -656,139 +498,6 @@ class CpuBackend final : public Backend {
       for (int i = 0; i < Z; ++i)
         DL[base + i] = static_cast<T>(g * std::exp(static_cast<double>(LP[base + i])) * ((v_min + i * dz) - q));
     }
-  }
-
-  void ensemble_disagreement(Real out, Real q, int K, int B, int n) noexcept override {
-    if (K <= 0 || B < 0 || n <= 0) return fail("ensemble_disagreement", "need K, n >= 1, B >= 0");
-    if (B == 0) return;
-    if (!real_ok(out, "ensemble_disagreement", "out") || !real_ok(q, "ensemble_disagreement", "q")) return;
-    const T* Q = q.as<T>();
-    T* O = out.as<T>();
-    const std::int64_t member = static_cast<std::int64_t>(B) * n;
-    for (int b = 0; b < B; ++b) {
-      double acc = 0.0;
-      for (int j = 0; j < n; ++j) {
-        const std::int64_t at = static_cast<std::int64_t>(b) * n + j;
-        double mean = 0.0;
-        for (int k = 0; k < K; ++k) mean += static_cast<double>(Q[k * member + at]);
-        mean /= K;
-        double var = 0.0;
-        for (int k = 0; k < K; ++k) {
-          const double dev = static_cast<double>(Q[k * member + at]) - mean;
-          var += dev * dev;
-        }
-        acc += std::sqrt(var / K);
-      }
-      O[b] = static_cast<T>(acc / n);
-    }
-  }
-  void cosine_embedding(Real out, Real tau, int rows, int E) noexcept override {
-    if (rows < 0 || E < 0) return fail("cosine_embedding", "negative size");
-    if (rows == 0 || E == 0) return;
-    if (!real_ok(out, "cosine_embedding", "out") || !real_ok(tau, "cosine_embedding", "tau")) return;
-    T* O = out.as<T>();
-    const T* t = tau.as<T>();
-    for (int r = 0; r < rows; ++r)
-      for (int i = 0; i < E; ++i)
-        O[static_cast<std::int64_t>(r) * E + i] = static_cast<T>(std::cos(kPi * i * static_cast<double>(t[r])));
-  }
-
-  void hadamard(Real x, Real h2, Real phi, int B, int N, int H) noexcept override {
-    if (B < 0 || N < 0 || H < 0) return fail("hadamard", "negative size");
-    if (B == 0 || N == 0 || H == 0) return;
-    if (!real_ok(x, "hadamard", "x") || !real_ok(h2, "hadamard", "h2") || !real_ok(phi, "hadamard", "phi")) return;
-    T* X = x.as<T>();
-    const T* Hv = h2.as<T>();
-    const T* P = phi.as<T>();
-    for (int b = 0; b < B; ++b)
-      for (int n = 0; n < N; ++n)
-        for (int h = 0; h < H; ++h) {
-          const std::int64_t at = (static_cast<std::int64_t>(b) * N + n) * H + h;
-          X[at] = static_cast<T>(static_cast<double>(Hv[static_cast<std::int64_t>(b) * H + h]) * static_cast<double>(P[at]));
-        }
-  }
-
-  void hadamard_backward(Real dphi, Real dh2, Real dx, Real h2, Real phi, int B, int N, int H) noexcept override {
-    if (B < 0 || N < 0 || H < 0) return fail("hadamard_backward", "negative size");
-    if (B == 0 || H == 0) return;
-    if (!real_ok(dh2, "hadamard_backward", "dh2")) return;
-    if (N > 0 && (!real_ok(dphi, "hadamard_backward", "dphi") || !real_ok(dx, "hadamard_backward", "dx") ||
-                  !real_ok(h2, "hadamard_backward", "h2") || !real_ok(phi, "hadamard_backward", "phi")))
-      return;
-    T* DP = N > 0 ? dphi.as<T>() : nullptr;
-    T* DH = dh2.as<T>();
-    const T* DX = N > 0 ? dx.as<T>() : nullptr;
-    const T* Hv = N > 0 ? h2.as<T>() : nullptr;
-    const T* P = N > 0 ? phi.as<T>() : nullptr;
-    for (int b = 0; b < B; ++b)
-      for (int h = 0; h < H; ++h) {
-        const double hv = N > 0 ? static_cast<double>(Hv[static_cast<std::int64_t>(b) * H + h]) : 0.0;
-        double acc = 0.0;
-        for (int n = 0; n < N; ++n) {
-          const std::int64_t at = (static_cast<std::int64_t>(b) * N + n) * H + h;
-          const double g = DX[at];  // read before dphi (which may alias dx) is written
-          acc += g * static_cast<double>(P[at]);
-          DP[at] = static_cast<T>(g * hv);
-        }
-        DH[static_cast<std::int64_t>(b) * H + h] = static_cast<T>(acc);
-      }
-  }
-
-  void quantile_huber(const QuantileHuber& a) noexcept override {
-    constexpr const char* op = "quantile_huber";
-    if (a.B < 0 || a.N < 0 || a.Nt <= 0 || a.D < 0 || a.A <= 0) return fail(op, "need B, N, D >= 0, N', A >= 1");
-    if (!(a.kappa > 0.0f)) return fail(op, "kappa must be > 0");
-    if (!real_ok(a.loss, op, "loss")) return;
-    if (a.B == 0 || a.N == 0 || a.D == 0) {
-      a.loss.as<T>()[0] = T(0);
-      return;
-    }
-    if (!a.actions || !a.a_star) return fail(op, "null actions/a_star");
-    if (!real_ok(a.dq, op, "dq") || !real_ok(a.q, op, "q") || !real_ok(a.q_target, op, "q_target") ||
-        !real_ok(a.tau, op, "tau") || !real_ok(a.rewards, op, "rewards") || !real_ok(a.dones, op, "dones") ||
-        !real_ok(a.weights, op, "weights"))
-      return;
-    if (a.loss_per_sample && !real_ok(a.loss_per_sample, op, "loss_per_sample")) return;
-    for (int k = 0; k < a.B * a.D; ++k)
-      if (a.actions[k] < 0 || a.actions[k] >= a.A || a.a_star[k] < 0 || a.a_star[k] >= a.A)
-        return fail(op, "action or a_star out of range");
-    const int N = a.N, Nt = a.Nt, D = a.D, A = a.A;
-    const std::int64_t ldq = ld_or(a.ldq, D * A);
-    if (ldq < std::int64_t(D) * A) return fail(op, "ldq smaller than D·A");
-    const double kappa = a.kappa;
-    const T* Q = a.q.as<T>();
-    const T* QT = a.q_target.as<T>();
-    const T* TAU = a.tau.as<T>();
-    const T* W = a.weights.as<T>();
-    T* DQ = a.dq.as<T>();
-    double total = 0.0;
-    for (int b = 0; b < a.B; ++b) {
-      const double discount = static_cast<double>(a.gamma_n) * (1.0 - static_cast<double>(a.dones.as<T>()[b]));
-      const double r = a.rewards.as<T>()[b];
-      const double gscale = static_cast<double>(W[b]) / (static_cast<double>(a.B) * D * Nt * kappa);
-      double sample = 0.0;
-      for (int d = 0; d < D; ++d) {
-        const int act = a.actions[b * D + d], best = a.a_star[b * D + d];
-        for (int i = 0; i < N; ++i) {
-          const std::int64_t row = (static_cast<std::int64_t>(b) * N + i) * ldq + std::int64_t(d) * A;
-          const double theta = Q[row + act], tau = TAU[static_cast<std::int64_t>(b) * N + i];
-          double l = 0.0, g = 0.0;
-          for (int j = 0; j < Nt; ++j) {
-            const double t = r + discount * static_cast<double>(QT[(static_cast<std::int64_t>(b) * Nt + j) * ldq + std::int64_t(d) * A + best]);
-            const double delta = t - theta, ad = std::abs(delta);
-            const double w = std::abs(tau - (delta < 0.0 ? 1.0 : 0.0));
-            l += w * (ad <= kappa ? 0.5 * delta * delta : kappa * (ad - 0.5 * kappa));
-            g -= w * (ad > kappa ? (delta > 0.0 ? kappa : -kappa) : delta);  // ∂/∂θ = −∂/∂δ; a NaN δ stays NaN
-          }
-          sample += l / (Nt * kappa);
-          for (int k = 0; k < A; ++k) DQ[row + k] = static_cast<T>(k == act ? gscale * g : 0.0);
-        }
-      }
-      sample /= D;
-      if (a.loss_per_sample) a.loss_per_sample.as<T>()[b] = static_cast<T>(sample);
-      total += static_cast<double>(W[b]) * sample;
-    }
-    a.loss.as<T>()[0] = static_cast<T>(total / a.B);
   }
 
   // The fused ops are the unfused ones in sequence: the reference they are checked against.
@@ -815,25 +524,6 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void c51_loss(const C51Loss& a) noexcept override {
-    constexpr const char* op = "c51_loss";
-    if (a.B < 0 || a.D < 0 || a.A <= 0 || a.Z < 2) return fail(op, "need B, D >= 0, A >= 1, Z >= 2");
-    if (!real_ok(a.work_logp, op, "work_logp") || !real_ok(a.work_dlogits, op, "work_dlogits")) return;
-    if (a.B > 0 && a.D > 0) {
-      combine(a.work_logp, a.tv, a.ldtv, a.tadv, ld_or(a.ldtadv, a.A * a.Z), a.B, a.D, a.A, a.Z);
-      log_softmax(a.work_logp, a.work_logp, a.B * a.D * a.A, a.Z);
-      C51Project p;
-      p.m = a.m; p.target_logp = a.work_logp; p.a_star = a.a_star; p.rewards = a.rewards; p.dones = a.dones;
-      p.B = a.B; p.D = a.D; p.A = a.A; p.Z = a.Z; p.gamma_n = a.gamma_n; p.v_min = a.v_min; p.v_max = a.v_max;
-      c51_project(p);
-    }
-    C51Xent x;
-    x.loss_per_sample = a.loss_per_sample; x.loss = a.loss; x.dlogits = a.work_dlogits; x.logp = a.logp;
-    x.actions = a.actions; x.m = a.m; x.weights = a.weights; x.B = a.B; x.D = a.D; x.A = a.A; x.Z = a.Z;
-    c51_xent(x);
-    dueling_backward(a.dv, a.lddv, a.dadv, a.lddadv, a.work_dlogits, a.B, a.D, a.A, a.Z);
-  }
-
   void update(const Update& u) noexcept override {
     budget(u.budget);
     adam(u.adam);
@@ -844,12 +534,6 @@ class CpuBackend final : public Backend {
  private:
   static std::int64_t idx(std::int64_t row, std::int64_t ld, std::int64_t col) noexcept { return row * ld + col; }
 
-  /// Keeps the first failure only: later ones are usually its consequences.
-  void fail(const char* op, const char* why) noexcept {
-    if (status_ != 0) return;
-    status_ = 1;
-    std::snprintf(message_, sizeof message_, "%s %s: %s", name(), op, why);
-  }
 
   bool real_ok(const Real& r, const char* op, const char* what) noexcept {
     if (!r.p) {

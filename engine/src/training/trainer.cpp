@@ -15,7 +15,6 @@
 #include <stdexcept>
 #include <utility>
 
-#include "cpu/cpu_backend.hpp"
 #include "pipeline/parse.hpp"
 #include "core/safetensors.hpp"
 #include "training/schedule.hpp"
@@ -99,109 +98,6 @@ double beta_at(const TrainingSpec& t, std::int64_t env_step) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// HostActor
-
-HostActor::HostActor(const PipelineSpec& spec, const Registry& reg, int max_rows)
-    : be_(make_cpu_backend(false)), max_rows_(max_rows), S_(spec.network.state), widths_(spec.network.trunk) {
-  if (max_rows < 1) throw std::invalid_argument("host actor: max_rows must be at least 1");
-  if (widths_.empty()) throw std::invalid_argument("host actor: the network has no trunk layer");
-  const NetworkSpec& n = spec.network;
-  auto off = [&](const std::string& name, std::int64_t numel) {
-    const Registry::Param* p = reg.find_param(name);
-    if (!p)
-      throw std::invalid_argument("host actor: the engine has no parameter '" + name +
-                                  "' (the actor runs the trunk and a primary c51 head)");
-    if (p->numel() != numel)
-      throw std::invalid_argument("host actor: parameter '" + name + "' has " + std::to_string(p->numel()) +
-                                  " elements, the network needs " + std::to_string(numel));
-    return p->offset;
-  };
-  int in = S_;
-  for (std::size_t i = 0; i < widths_.size(); ++i) {
-    const std::string p = "trunk." + std::to_string(i);
-    trunk_w_.push_back(off(p + ".weight", std::int64_t(widths_[i]) * in));
-    trunk_b_.push_back(off(p + ".bias", widths_[i]));
-    in = widths_[i];
-  }
-  dims_ = bdq::Dims{widths_.back(), n.head_hidden, n.branches, n.actions, n.atoms, float(n.v_min), float(n.v_max)};
-  const std::int64_t Hh = dims_.Hh, H2 = dims_.H2, az = dims_.az();
-  // bdq::forward reads the value and branch layers as concatenated blocks, `stride` elements
-  // apart (the output layers' padded rows included): check they are.
-  auto contiguous = [&](const std::string& first, const std::string& fmt_rest, std::int64_t numel,
-                        std::int64_t base, std::int64_t d0, std::int64_t stride) {
-    for (int d = 0; d < dims_.D; ++d) {
-      const std::string name = "c51.branch." + std::to_string(d) + fmt_rest;
-      const std::int64_t want = base + (d0 + d) * stride;
-      if (off(name, numel) != want)
-        throw std::invalid_argument("host actor: '" + name + "' does not follow '" + first +
-                                    "' in the parameter layout bdq::forward relies on");
-    }
-  };
-  const std::int64_t azr = dims_.wb2_rows();
-  w1_ = off("c51.value.0.weight", Hh * H2);
-  contiguous("c51.value.0.weight", ".0.weight", Hh * H2, w1_, 1, Hh * H2);
-  b1_ = off("c51.value.0.bias", Hh);
-  contiguous("c51.value.0.bias", ".0.bias", Hh, b1_, 1, Hh);
-  wv2_ = off("c51.value.1.weight", std::int64_t(dims_.Z) * Hh);
-  bv2_ = off("c51.value.1.bias", dims_.Z);
-  wb2_ = off("c51.branch.0.1.weight", az * Hh);
-  contiguous("c51.branch.0.1.weight", ".1.weight", az * Hh, wb2_, 0, azr * Hh);
-  bb2_ = off("c51.branch.0.1.bias", az);
-  contiguous("c51.branch.0.1.bias", ".1.bias", az, bb2_, 0, azr);
-
-  params_.assign(std::size_t(reg.param_count()), 0.0f);
-  const auto rows = std::size_t(max_rows);
-  in_.resize(rows * std::size_t(S_));
-  for (int w : widths_) trunk_acts_.emplace_back(rows * std::size_t(w));
-  hidden_.resize(rows * std::size_t(dims_.hidden_cols()));
-  v_.resize(rows * std::size_t(dims_.ldz()));  // [rows, ldz], as bdq::forward writes it
-  const std::size_t daz = rows * std::size_t(dims_.D) * std::size_t(az);
-  adv_.resize(rows * std::size_t(dims_.D) * std::size_t(dims_.ldaz()));  // [rows, D, ldaz], as bdq::forward writes it
-  logits_.resize(daz);
-  logp_.resize(daz);
-  q_.resize(rows * std::size_t(dims_.D) * std::size_t(dims_.A));
-}
-
-void HostActor::set_params(std::vector<float> params) {
-  if (params.size() != params_.size())
-    throw std::invalid_argument("host actor: " + std::to_string(params.size()) + " parameters, expected " +
-                                std::to_string(params_.size()));
-  params_ = std::move(params);
-}
-
-const float* HostActor::expected_q(const float* obs, int rows) {
-  if (rows < 1 || rows > max_rows_)
-    throw std::invalid_argument("host actor: rows must be in 1.." + std::to_string(max_rows_) + ", got " +
-                                std::to_string(rows));
-  std::memcpy(in_.data(), obs, std::size_t(rows) * std::size_t(S_) * sizeof(float));
-  Real x = buf(in_);
-  int in_w = S_;
-  for (std::size_t i = 0; i < widths_.size(); ++i) {
-    const int w = widths_[i];
-    const Real out = buf(trunk_acts_[i]);
-    Gemm g;  // a = relu(x · Wᵀ + b)
-    g.tb = true; g.m = rows; g.n = w; g.k = in_w;
-    g.a = x; g.lda = in_w; g.b = at(trunk_w_[i]); g.ldb = in_w; g.c = out; g.ldc = w;
-    g.weight_operand = 2;
-    be_->gemm(g);
-    be_->bias_act(out, at(trunk_b_[i]), rows, w, w, Act::relu);
-    x = out;
-    in_w = w;
-  }
-  const bdq::Params p{at(w1_), at(b1_), at(wv2_), at(bv2_), at(wb2_), at(bb2_)};
-  const bdq::Acts a{buf(hidden_), buf(v_), buf(adv_), buf(logits_), buf(logp_), buf(q_)};
-  bdq::forward(*be_, dims_, p, x, rows, a);
-  if (be_->status() != 0) throw std::runtime_error(std::string("host actor: ") + be_->message());
-  return q_.data();
-}
-
-void HostActor::greedy(const float* obs, int rows, std::int32_t* actions) {
-  expected_q(obs, rows);
-  be_->argmax(actions, buf(q_), rows * dims_.D, dims_.A);
-  if (be_->status() != 0) throw std::runtime_error(std::string("host actor: ") + be_->message());
-}
-
-// ---------------------------------------------------------------------------------------------
 // Trainer
 
 Trainer::Trainer(Engine& engine, TrainerOptions opt)
@@ -213,7 +109,6 @@ Trainer::Trainer(Engine& engine, TrainerOptions opt)
       replay_(spec_.training.replay.capacity, spec_.network.state, spec_.network.branches, spec_.n_step, spec_.gamma,
               spec_.training.num_envs, spec_.training.replay.prioritized, spec_.training.replay.alpha,
               spec_.training.replay.priority_eps),
-      actor_(spec_, engine.registry(), std::max(spec_.training.num_envs, spec_.training.eval.episodes)),
       N_(spec_.training.num_envs),
       S_(spec_.network.state),
       D_(spec_.network.branches),
@@ -221,9 +116,6 @@ Trainer::Trainer(Engine& engine, TrainerOptions opt)
       replay_rng_(derive_seed(spec_.seed, kReplayStream)) {
   branch_actions_ = env_->spec().branch_actions;
   if (opt_.log_every < 1) throw std::invalid_argument("trainer: log_every must be at least 1");
-  actor_refresh_ = opt_.actor_refresh > 0 ? opt_.actor_refresh
-                   : engine_.backend() == BackendKind::cuda ? kActorRefreshCuda
-                                                            : kActorRefreshCpu;
   const auto n = std::size_t(N_), s = std::size_t(S_);
   obs_.resize(n * s);
   next_obs_.resize(n * s);
@@ -252,11 +144,6 @@ std::string Trainer::default_run_dir(const std::string& runs_root, const std::st
   return p.string();
 }
 
-void Trainer::refresh_actor() {
-  actor_.set_params(engine_.online_params());
-  since_refresh_ = 0;
-}
-
 void Trainer::act(bool random_only) {
   const double eps = epsilon();
   std::uniform_real_distribution<double> coin(0.0, 1.0);
@@ -266,7 +153,7 @@ void Trainer::act(bool random_only) {
     terminated_[std::size_t(e)] = explore ? 1 : 0;  // scratch: explore flag until env_->step
     any_greedy = any_greedy || !explore;
   }
-  if (any_greedy) actor_.greedy(obs_.data(), N_, actions_.data());
+  if (any_greedy) engine_.act(obs_.data(), N_, actions_.data());
   for (int e = 0; e < N_; ++e) {
     if (!terminated_[std::size_t(e)]) continue;
     for (int d = 0; d < D_; ++d) {
@@ -332,7 +219,6 @@ void Trainer::train_once() {
       }
     replay_.update_priorities(idx.data(), td.data(), int(idx.size()));
   }
-  if (++since_refresh_ >= actor_refresh_) refresh_actor();
 }
 
 EvalResult Trainer::evaluate(std::int64_t round) {
@@ -353,7 +239,7 @@ EvalResult Trainer::evaluate(std::int64_t round) {
         std::memcpy(&compact[rows.size() * s], &obs[std::size_t(e) * s], s * sizeof(float));
         rows.push_back(e);
       }
-    actor_.greedy(compact.data(), int(rows.size()), compact_act.data());
+    engine_.act(compact.data(), int(rows.size()), compact_act.data());
     for (std::size_t i = 0; i < rows.size(); ++i)
       std::memcpy(&act[std::size_t(rows[i]) * d], &compact_act[i * d], d * sizeof(std::int32_t));
     eval_env_->step(act.data(), next.data(), rew.data(), term.data(), trunc.data(), fin.data());
@@ -504,7 +390,6 @@ TrainResult Trainer::run() {
                      (opt_.progress == TrainerOptions::Progress::automatic && isatty(fileno(opt_.progress_out))));
 
   env_->reset(spec_.seed, obs_.data());
-  refresh_actor();
   TrainResult res;
   std::int64_t next_train_at = std::max<std::int64_t>(t.learning_starts, t.train_every);
   std::int64_t next_eval_at = t.eval.every, next_log_at = opt_.log_every;

@@ -18,7 +18,6 @@
 #include <vector>
 
 #include "dqn/backend.hpp"
-#include "dqn/bdq.hpp"
 #include "dqn/pipeline.hpp"
 #include "core/engine.hpp"
 #include "training/env/env.hpp"
@@ -27,11 +26,6 @@
 
 namespace dqn {
 
-/// Training steps between refreshes of the host actor's copy of the online parameters. On the
-/// CPU backend the copy is a memcpy, so the actor always acts with the newest network; on CUDA
-/// each refresh synchronises the stream, so it happens every few steps.
-inline constexpr int kActorRefreshCpu = 1;
-inline constexpr int kActorRefreshCuda = 8;
 /// Finished training episodes averaged into metrics' episode_return.
 inline constexpr int kReturnWindow = 20;
 /// Environment steps (over all copies) between metrics lines.
@@ -41,43 +35,6 @@ inline constexpr std::int64_t kLogEvery = 1000;
 double epsilon_at(const EpsilonSpec& e, std::int64_t env_step);
 /// Prioritized replay's β at an environment step: beta_start → beta_end over total_steps.
 double beta_at(const TrainingSpec& t, std::int64_t env_step);
-
-/// The greedy policy on the host: the trunk and the primary C51 head's forward (bdq::forward, the
-/// same code the engine runs) through the CPU op table, on a host copy of the online parameters
-/// laid out as the engine's registry says.
-class HostActor {
- public:
-  /// Throws std::invalid_argument when the registry lacks a trunk or c51 parameter the forward
-  /// needs, or when their layout is not the contiguous one bdq relies on.
-  HostActor(const PipelineSpec& spec, const Registry& reg, int max_rows);
-
-  /// The flat online parameters (Engine::online_params()).
-  void set_params(std::vector<float> params);
-  const std::vector<float>& params() const { return params_; }
-
-  /// Expected Q [rows, D, A] for obs [rows, S]; valid until the next call. rows <= max_rows.
-  const float* expected_q(const float* obs, int rows);
-  /// Branch-wise argmax of the expected Q (ties: the lowest index) into actions [rows, D].
-  void greedy(const float* obs, int rows, std::int32_t* actions);
-
-  int max_rows() const { return max_rows_; }
-
- private:
-  Real at(std::int64_t offset) { return Real{params_.data() + offset, 4}; }
-  Real buf(std::vector<float>& v) { return Real{v.data(), 4}; }
-
-  std::unique_ptr<Backend> be_;
-  int max_rows_;
-  int S_;
-  std::vector<int> widths_;
-  std::vector<std::int64_t> trunk_w_, trunk_b_;  // offsets
-  std::int64_t w1_ = 0, b1_ = 0, wv2_ = 0, bv2_ = 0, wb2_ = 0, bb2_ = 0;
-  bdq::Dims dims_;
-  std::vector<float> params_;
-  std::vector<float> in_;
-  std::vector<std::vector<float>> trunk_acts_;
-  std::vector<float> hidden_, v_, adv_, logits_, logp_, q_;
-};
 
 struct EvalResult {
   double mean = 0, min = 0, max = 0;
@@ -93,8 +50,6 @@ struct TrainerOptions {
   std::string runs_root = "runs";
   /// The resolved pipeline written first as pipeline.yaml; "" → to_yaml(spec) (no catalog).
   std::string pipeline_yaml;
-  /// Training steps between actor refreshes; 0 → kActorRefreshCpu / kActorRefreshCuda.
-  int actor_refresh = 0;
   std::int64_t log_every = kLogEvery;
   enum class Progress { automatic, tty, plain, none };
   /// automatic: one line updated in place when `progress_out` is a terminal, else plain lines.
@@ -138,7 +93,6 @@ class Trainer {
   /// reset with a seed derived from the pipeline's seed and `round`.
   EvalResult evaluate(std::int64_t round);
 
-  HostActor& actor() { return actor_; }
   const ReplayBuffer& replay() const { return replay_; }
   const std::string& run_dir() const { return run_dir_; }
   /// ε the loop uses at its current environment step.
@@ -149,7 +103,6 @@ class Trainer {
   static std::string default_run_dir(const std::string& runs_root, const std::string& name);
 
  private:
-  void refresh_actor();
   void act(bool random_only);
   void train_once();
   void write_metrics(const std::optional<EvalResult>& eval, bool final_line);
@@ -164,7 +117,6 @@ class Trainer {
 
   std::unique_ptr<VecEnv> env_, eval_env_;
   ReplayBuffer replay_;
-  HostActor actor_;
   int N_, S_, D_;
   std::vector<int> branch_actions_;
 
@@ -180,8 +132,6 @@ class Trainer {
   std::string run_dir_;
   std::ofstream metrics_;
   std::int64_t env_steps_ = 0, train_steps_ = 0, episodes_ = 0;
-  std::int64_t since_refresh_ = 0;
-  int actor_refresh_ = 1;
   std::optional<double> last_eval_, best_eval_;
   std::int64_t best_eval_step_ = -1;
 

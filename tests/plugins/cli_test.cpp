@@ -200,6 +200,39 @@ TEST_CASE("cli.plugins") {
   CHECK(has(none.out, "no plugins found"));
 }
 
+TEST_CASE("cli.check_head: finite differences pass every built-in head and catch a wrong gradient by name") {
+  const std::string fixtures = env_or_fail("DQN_TEST_FIXTURES");
+  TempDir tmp;
+  auto pipeline = [&](const std::string& name, const std::string& aux) {
+    return tmp.file(name + ".yaml",
+                    "name: " + name + "\nbackend: cpu\nbatch: 5\n"
+                    "network: {state: 4, trunk: [7, 6], head_hidden: 5, branches: 2, actions: 3, atoms: 5, v_min: -2, "
+                    "v_max: 2}\nheads:\n  - {plugin: c51, role: primary}\n" + aux);
+  };
+  const Run ok = dqn_run("check-head " + quote(pipeline("ok", "  - {plugin: iqn, quantiles: 3, target_quantiles: 4, embed: 5}\n"
+                                                                "  - {plugin: ensemble, members: 2}\n  - {plugin: cql}\n"
+                                                                "  - {plugin: h2_l2}\n")) +
+                         " --plugin-path " + quote(fixtures));
+  INFO(ok.out);
+  CHECK(ok.rc == 0);
+  for (const char* h : {"head c51:", "head iqn:", "head ensemble:", "head cql:", "head h2_l2:"}) CHECK(has(ok.out, h));
+  CHECK(has(ok.out, "5 heads,"));
+  CHECK(has(ok.out, "all within tolerance"));
+  CHECK_FALSE(has(ok.out, "FAIL"));
+  const Run bad = dqn_run("check-head " + quote(pipeline("bad", "  - {plugin: bad_grad}\n")) + " --plugin-path " +
+                          quote(fixtures) + " --head bad_grad");
+  INFO(bad.out);
+  CHECK(bad.rc == 1);
+  CHECK(has(bad.out, "head bad_grad:"));
+  CHECK(has(bad.out, "FAIL trunk.1.weight"));  // the trunk's last layer sees the doubled ∂L/∂h2 first
+  CHECK(has(bad.out, "FAILED"));
+  CHECK_FALSE(has(bad.out, "head c51:"));  // --head: only that one
+  const Run unknown = dqn_run("check-head " + quote(pipeline("bad", "  - {plugin: bad_grad}\n")) + " --plugin-path " +
+                              quote(fixtures) + " --head nosuch");
+  CHECK(unknown.rc == 2);
+  CHECK(has(unknown.out, "--head 'nosuch' is not a head of"));
+}
+
 TEST_CASE("cli.doc.pipeline: docs/pipeline.md is what `dqn doc pipeline` prints") {
   const Run r = dqn_run("doc pipeline");
   REQUIRE_MESSAGE(r.rc == 0, r.out);

@@ -43,6 +43,16 @@ struct BenchArgs {
   bool profile_range = false;  ///< the profiler's collection range around the timed replays only
 };
 
+struct CheckHeadArgs {
+  Common common;
+  std::string pipeline;
+  std::vector<std::string> heads;  ///< empty: every head
+  int samples = 6;
+  double eps = 1e-6, rtol = 1e-5, atol = 1e-7;
+  std::uint64_t seed = 11, batch_seed = 1;
+  bool verbose = false;  ///< a line for every tensor, not only the failures
+};
+
 int cmd_plugins(const Common& c);
 /// docs/pipeline.md: an introduction, then the reference rendered from the key table and the plugins found.
 int cmd_doc_pipeline(const Common& c);
@@ -50,6 +60,8 @@ int cmd_validate(const Common& c, const std::vector<std::string>& files);
 int cmd_step(const StepArgs& a);
 int cmd_train(const TrainArgs& a);
 int cmd_bench(const BenchArgs& a);
+/// Finite differences of every head's parameter gradients (f64 CPU); 1 when one is off.
+int cmd_check_head(const CheckHeadArgs& a);
 
 /// Loads a pipeline with the plugins on the search path and the overrides; prints errors and
 /// returns false on failure.

@@ -1,4 +1,4 @@
-// The dqn command line: train, step, bench, validate, plugins, doc.
+// The dqn command line: train, step, bench, check-head, validate, plugins, doc.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
@@ -86,6 +86,23 @@ int main(int argc, char** argv) {
   bench_cmd->add_flag("--profile-range", bench.profile_range,
                       "open the profiler's range only around the timed replays (ncu --profile-from-start off)");
 
+  CheckHeadArgs check;
+  std::vector<std::string> check_extra;
+  auto* check_cmd = app.add_subcommand(
+      "check-head", "finite-difference check of every parameter gradient of every head (f64, CPU reference)");
+  add_common(check_cmd, check.common, false);
+  check_cmd->add_option("--set", check.common.overrides, "override a pipeline key: key.path=value (repeatable)");
+  check_cmd->add_option("pipeline", check.pipeline, "pipeline file")->required();
+  check_cmd->add_option("overrides", check_extra, "key.path=value overrides");
+  check_cmd->add_option("--head", check.heads, "check only this head (repeatable)");
+  check_cmd->add_option("--samples", check.samples, "entries checked per tensor")->check(CLI::Range(1, 1000000));
+  check_cmd->add_option("--eps", check.eps, "central-difference step")->check(CLI::PositiveNumber);
+  check_cmd->add_option("--rtol", check.rtol, "relative tolerance")->check(CLI::NonNegativeNumber);
+  check_cmd->add_option("--atol", check.atol, "absolute tolerance")->check(CLI::NonNegativeNumber);
+  check_cmd->add_option("--seed", check.seed, "which entries are sampled");
+  check_cmd->add_option("--batch-seed", check.batch_seed, "the random batch's seed");
+  check_cmd->add_flag("--verbose", check.verbose, "a line for every tensor, not only the failures");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -116,6 +133,10 @@ int main(int argc, char** argv) {
     if (*train_cmd) {
       for (auto& o : train_extra) train.common.overrides.push_back(o);
       return cmd_train(train);
+    }
+    if (*check_cmd) {
+      for (auto& o : check_extra) check.common.overrides.push_back(o);
+      return cmd_check_head(check);
     }
     if (*bench_cmd) {
       for (auto& o : bench_extra) bench.common.overrides.push_back(o);

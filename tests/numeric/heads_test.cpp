@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/engine.hpp"
+#include "core/grad_check.hpp"
 #include "pipeline/parse.hpp"
 #include "core/plugin_loader.hpp"
 
@@ -65,44 +66,18 @@ double norm(const std::vector<double>& v) {
 bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
 
 /// ∂loss/<head> from grad/<head> against central differences for a sample of entries of every
-/// parameter tensor; `reaches` says which tensors must get a non-zero gradient, the others an
-/// exactly zero one.
+/// parameter tensor (core/grad_check, what `dqn check-head` runs); `reaches` says which tensors
+/// must get a non-zero gradient, the others an exactly zero one.
 void fd_check(Engine& e, const std::string& head, bool (*reaches)(const std::string&)) {
   e.forward_backward();
   const std::vector<double> grad = e.host_buffer("grad/" + head);
-  const std::vector<double> theta = e.host_buffer("params");
-  const std::string loss = "loss/" + head;
-  auto loss_of = [&] {
-    e.forward_backward();
-    return e.host_buffer(loss)[0];
-  };
-  const double eps = 1e-6;
-  std::mt19937 rng(11);
   int checked = 0;
-  for (const auto& p : e.registry().params()) {
-    double max_abs = 0;
-    for (std::int64_t i = 0; i < p.numel(); ++i) max_abs = std::max(max_abs, std::fabs(grad[std::size_t(p.offset + i)]));
-    if (!reaches(p.name)) {
-      CHECK_MESSAGE(max_abs == 0, head << " has a gradient in " << p.name << ", which it does not reach");
-      continue;
-    }
-    CHECK_MESSAGE(max_abs > 0, "no gradient of " << head << " reaches " << p.name);
-    std::vector<std::int64_t> idx{0, p.numel() / 2, p.numel() - 1};
-    std::uniform_int_distribution<std::int64_t> pick(0, p.numel() - 1);
-    for (int k = 0; k < 3; ++k) idx.push_back(pick(rng));
-    for (auto i : idx) {
-      const std::int64_t at = p.offset + i;
-      e.host_write("params", at, theta[std::size_t(at)] + eps);
-      const double lp = loss_of();
-      e.host_write("params", at, theta[std::size_t(at)] - eps);
-      const double lm = loss_of();
-      e.host_write("params", at, theta[std::size_t(at)]);
-      const double fd = (lp - lm) / (2 * eps);
-      const double an = grad[std::size_t(at)];
-      INFO(head << ": " << p.name << "[" << i << "]: fd " << fd << " analytic " << an);
-      CHECK(std::fabs(fd - an) <= 1e-7 + 1e-5 * std::max(std::fabs(fd), max_abs));
-      ++checked;
-    }
+  for (const GradCheckRow& r : check_head_gradients(e, head)) {
+    INFO(head << ": " << r.param << ": worst [" << r.worst_index << "] fd " << r.worst_fd << " analytic "
+              << r.worst_analytic);
+    CHECK_MESSAGE(r.reaches == reaches(r.param), head << (r.reaches ? " reaches " : " does not reach ") << r.param);
+    CHECK(r.ok);
+    checked += r.checked;
   }
   CHECK(checked > 0);
   e.forward_backward();

@@ -137,11 +137,10 @@ class QrHead final : public HeadBase {
   void step(std::int32_t tag, Backend& be) override {
     const int B = batch(), D = d_.D, A = d_.A, N = d_.Z;
     switch (tag) {
-      case kForward: {  // θ, Q of states ‖ next_states; a* = argmax_a Q of the next states
+      case kForward:  // θ, Q of states ‖ next_states; a* = argmax_a Q of the next states
         bdq::forward(be, d_, online_, h2_, 2 * B, fwd_);
         qr::qr_values(be, values(fwd_, 2 * B, theta_, q_, a_star_, B));
         break;
-      }
       case kTarget:  // θ' of the target head at s'
         bdq::forward(be, d_, target_, target_h2_, B, tfwd_);
         qr::qr_values(be, values(tfwd_, B, target_theta_, Real{}, nullptr, 0));

@@ -29,7 +29,7 @@ def component_rules(root):
         ("cuda_backend", lambda inc: sdk(inc) or inc in kernels or inc in cuda_backend),
         ("plugins", lambda inc: sdk(inc)),
         # the engine's own folders (engine/src/<group>/...), never kernels/ or cuda_backend/
-        ("engine", lambda inc: sdk(inc) or re.match(r"^(core|cpu|pipeline|training)/", inc) is not None
+        ("engine", lambda inc: sdk(inc) or re.match(r"^(cli|core|cpu|pipeline|training)/", inc) is not None
          or "/" not in inc),
     ]
 

@@ -182,12 +182,16 @@ TEST_CASE("loader.c51_from_build_tree") {
   CHECK(has(text, "roles: primary, auxiliary"));
 }
 
+TEST_CASE("loader.default_dir: the build tree's plugins for an engine that runs from it") {
+  CHECK(PluginLoader::default_dir() == std::string(DQN_BUILD_PLUGIN_DIR));
+}
+
 TEST_CASE("loader.search_path_precedence") {
   struct Case {
     const char* why;
     std::string cli;
     std::optional<std::string> env, defaults;
-    std::vector<std::string> expect;  ///< "<build>" and "<install>" stand for the compiled-in dirs
+    std::vector<std::string> expect;  ///< "<default>" stands for PluginLoader::default_dir()
   };
   const std::vector<Case> cases = {
       {"command line, then DQN_PLUGIN_PATH, then the defaults", "/c1:/c2", "/e1:/e2", "/d1",
@@ -198,8 +202,8 @@ TEST_CASE("loader.search_path_precedence") {
       {"everything blank: an empty path", "", "", "", {}},
       {"repeats are dropped, first position kept", "/x:/y", "/y:/x:/z", "/z:/x", {"/x", "/y", "/z"}},
       {"empty components are skipped", "::/c::", ":/e:", "::", {"/c", "/e"}},
-      {"defaults unset: the build tree, then the install prefix", "/c", std::nullopt, std::nullopt,
-       {"/c", "<build>", "<install>"}},
+      {"defaults unset: the built-in plugins' directory (this test runs in the build tree: its plugins/)", "/c",
+       std::nullopt, std::nullopt, {"/c", "<default>"}},
   };
   for (const Case& c : cases) {
     INFO(std::string(c.why));
@@ -208,7 +212,7 @@ TEST_CASE("loader.search_path_precedence") {
     env.set("DQN_PLUGIN_DEFAULT_DIRS", c.defaults);
     std::vector<std::string> expect;
     for (const auto& e : c.expect)
-      expect.push_back(e == "<build>" ? std::string(DQN_BUILD_PLUGIN_DIR) : e == "<install>" ? std::string(DQN_INSTALL_PLUGIN_DIR) : e);
+      expect.push_back(e == "<default>" ? PluginLoader::default_dir() : e);
     CHECK(PluginLoader::search_path_from(c.cli) == expect);
   }
   // The guard put the test environment back.

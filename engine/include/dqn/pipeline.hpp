@@ -11,11 +11,12 @@
 #include <variant>
 #include <vector>
 
+#include "dqn/export.hpp"
 #include "dqn/plugin.hpp"
 
 namespace dqn {
 
-struct SourceLoc {
+struct DQN_API SourceLoc {
   std::string file;
   int line = 0;    ///< 1-based; 0 when unknown (defaults, overrides)
   int column = 0;  ///< 1-based
@@ -23,7 +24,7 @@ struct SourceLoc {
 };
 
 /// A configuration error: where, which key, what value, why, and an optional hint.
-class PipelineError : public std::runtime_error {
+class DQN_API PipelineError : public std::runtime_error {
  public:
   PipelineError(SourceLoc where, std::string key, std::string value, std::string why,
                 std::string hint = {});
@@ -39,7 +40,7 @@ class PipelineError : public std::runtime_error {
 };
 
 /// Several errors found in one pass (validation keeps going where it can).
-class PipelineErrors : public std::runtime_error {
+class DQN_API PipelineErrors : public std::runtime_error {
  public:
   explicit PipelineErrors(std::vector<PipelineError> errors);
   const std::vector<PipelineError>& errors() const noexcept { return errors_; }
@@ -172,13 +173,13 @@ struct PipelineSpec {
   const HeadSpec& primary() const;
 };
 
-const char* to_string(BackendKind b);
-const char* to_string(Precision p);
-const char* to_string(Role r);
-const char* to_string(CudaSpec::Gemm g);
-const char* to_string(CudaSpec::TileLoads t);
-const char* to_string(CudaSpec::Pdl p);
+DQN_API const char* to_string(BackendKind b);
+DQN_API const char* to_string(Precision p);
+DQN_API const char* to_string(Role r);
+DQN_API const char* to_string(CudaSpec::Gemm g);
+DQN_API const char* to_string(CudaSpec::TileLoads t);
+DQN_API const char* to_string(CudaSpec::Pdl p);
 /// "auto", "8", "16" or "off".
-std::string update_cluster_text(int blocks);
+DQN_API std::string update_cluster_text(int blocks);
 
 }  // namespace dqn

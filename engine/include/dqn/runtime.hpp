@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dqn/backend.hpp"
+#include "dqn/export.hpp"
 #include "dqn/pipeline.hpp"
 
 namespace dqn {
@@ -93,11 +94,11 @@ class Runtime {
   virtual void profile_range(bool /*on*/) noexcept {}
 };
 
-std::unique_ptr<Runtime> make_cpu_runtime(bool f64);
+DQN_API std::unique_ptr<Runtime> make_cpu_runtime(bool f64);
 /// Null when the engine was built without CUDA; throws when no usable GPU is present.
 /// The CUDA runtime for `cuda` (the pipeline's `cuda:` section) on `device`.
-std::unique_ptr<Runtime> make_cuda_runtime(const CudaSpec& cuda, Precision precision, int device);
+DQN_API std::unique_ptr<Runtime> make_cuda_runtime(const CudaSpec& cuda, Precision precision, int device);
 /// True when the CUDA backend is built and a device is present.
-bool cuda_available() noexcept;
+DQN_API bool cuda_available() noexcept;
 
 }  // namespace dqn

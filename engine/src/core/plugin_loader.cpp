@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <boost/dll/shared_library.hpp>
+#include <dlfcn.h>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -65,6 +66,22 @@ const char* type_name(ParamType t) {
 }
 }  // namespace
 
+std::string PluginLoader::default_dir() {
+  // Where this code is: the engine's shared library, or a program linked with it statically.
+  Dl_info info{};
+  std::error_code ec;
+  if (dladdr(reinterpret_cast<void*>(&PluginLoader::default_dir), &info) != 0 && info.dli_fname) {
+    const fs::path here = fs::weakly_canonical(fs::absolute(info.dli_fname, ec), ec);
+    const fs::path build = fs::weakly_canonical(DQN_BUILD_ROOT, ec);
+    const auto rel = here.lexically_relative(build);
+    const bool in_build = !ec && !rel.empty() && *rel.begin() != "..";
+    // Installed (anywhere: the prefix may have moved, as with meson install --destdir): the
+    // plugins installed beside the library, <libdir>/dqn/plugins. Never the build tree.
+    if (!in_build) return (here.parent_path() / "dqn" / "plugins").string();
+  }
+  return DQN_BUILD_PLUGIN_DIR;
+}
+
 std::vector<std::string> PluginLoader::search_path_from(const std::string& cli_value) {
   std::vector<std::string> dirs = split_path(cli_value);
   if (const char* env = std::getenv("DQN_PLUGIN_PATH")) {
@@ -73,8 +90,7 @@ std::vector<std::string> PluginLoader::search_path_from(const std::string& cli_v
   if (const char* def = std::getenv("DQN_PLUGIN_DEFAULT_DIRS")) {
     for (auto& d : split_path(def)) dirs.push_back(d);
   } else {
-    dirs.push_back(DQN_BUILD_PLUGIN_DIR);
-    dirs.push_back(DQN_INSTALL_PLUGIN_DIR);
+    dirs.push_back(default_dir());
   }
   std::vector<std::string> unique;
   for (auto& d : dirs)

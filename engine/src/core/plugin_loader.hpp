@@ -49,9 +49,13 @@ class PluginLoader : public PluginCatalog {
   explicit PluginLoader(std::vector<std::string> search_path);
 
   /// The search path: the command-line value (colon-separated) if given, then $DQN_PLUGIN_PATH,
-  /// then the default directories ($DQN_PLUGIN_DEFAULT_DIRS when set, even empty; else the
-  /// build tree's and the install prefix's plugin directories).
+  /// then the default directories ($DQN_PLUGIN_DEFAULT_DIRS when set, even empty; else
+  /// default_dir()).
   static std::vector<std::string> search_path_from(const std::string& cli_value);
+  /// The built-in plugins' directory for the engine that runs: beside an installed engine library,
+  /// <libdir>/dqn/plugins (wherever the prefix now lies); the build tree's plugins/ for an engine
+  /// running from its build tree.
+  static std::string default_dir();
 
   /// Loads one library file; throws std::runtime_error with the path and the reason (system
   /// loader message, missing symbol, ABI mismatch naming both versions, bad descriptor).

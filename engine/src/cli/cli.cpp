@@ -1,0 +1,161 @@
+// The dqn command line (dqn::cli_main, dqn/cli.hpp): train, step, bench, check-head, validate,
+// plugins, doc.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+
+#include "commands.hpp"
+#include "dqn/cli.hpp"
+#include "dqn_config.h"
+#include "spdlog/spdlog.h"
+
+namespace {
+void add_common(CLI::App* app, dqn::cli::Common& c, bool overrides) {
+  app->add_option("--plugin-path", c.plugin_path, "plugin directories (colon-separated), searched before $DQN_PLUGIN_PATH");
+  if (overrides) {
+    app->add_option("--set", c.overrides, "override a pipeline key: key.path=value (repeatable)");
+    app->add_option("--backend", c.backend, "cpu or cuda (overrides the pipeline)")->check(CLI::IsMember({"cpu", "cuda"}));
+  }
+}
+}  // namespace
+
+int dqn::cli_main(int argc, char** argv) {
+  using namespace dqn::cli;
+  CLI::App app{"dqn — DQN training steps as one captured CUDA graph (with a CPU reference)"};
+  app.set_version_flag("--version", DQN_VERSION);
+  app.require_subcommand(1);
+  bool verbose = false;
+  app.add_flag("-v,--verbose", verbose, "debug logging");
+
+  Common plugins_c;
+  auto* plugins = app.add_subcommand("plugins", "list the loss-head plugins found, with their schemas");
+  add_common(plugins, plugins_c, false);
+
+  Common doc_c;
+  auto* doc = app.add_subcommand("doc", "print reference documentation generated from the code");
+  doc->require_subcommand(1);
+  auto* doc_pipeline = doc->add_subcommand(
+      "pipeline", "every pipeline key and the plugins' params, as Markdown (docs/pipeline.md)");
+  add_common(doc_pipeline, doc_c, false);
+
+  Common validate_c;
+  std::vector<std::string> files;
+  auto* validate = app.add_subcommand("validate", "check pipeline files; non-zero exit with the errors");
+  add_common(validate, validate_c, true);
+  validate->add_option("files", files, "pipeline files")->required();
+
+  StepArgs step;
+  std::vector<std::string> step_extra;
+  auto* step_cmd = app.add_subcommand("step", "run N training steps on one batch and write everything out");
+  add_common(step_cmd, step.common, true);
+  step_cmd->add_option("pipeline", step.pipeline, "pipeline file")->required();
+  step_cmd->add_option("overrides", step_extra, "key.path=value overrides");
+  step_cmd->add_option("--init", step.init, "write seeded initial weights to this file");
+  step_cmd->add_option("--weights", step.weights, "start from this weights file (default: seeded init)");
+  step_cmd->add_option("--batch", step.batch, "batch file (safetensors)");
+  step_cmd->add_option("--random-batch", step.random_batch, "generate a random batch with this seed");
+  step_cmd->add_option("--save-batch", step.save_batch, "save the batch used to this file");
+  step_cmd->add_option("--steps", step.steps, "number of steps")->check(CLI::Range(0, 100000000));
+  step_cmd->add_option("--out", step.out, "write the step dump (weights + reports) here");
+  step_cmd->add_flag("--explain", step.explain, "print the stage order and the registry layout");
+  step_cmd->add_flag("--print-pipeline", step.print_pipeline, "print the fully resolved pipeline");
+
+  TrainArgs train;
+  std::vector<std::string> train_extra;
+  auto* train_cmd = app.add_subcommand("train", "train an agent on the pipeline's environment");
+  add_common(train_cmd, train.common, true);
+  train_cmd->add_option("pipeline", train.pipeline, "pipeline file")->required();
+  train_cmd->add_option("overrides", train_extra, "key.path=value overrides");
+  train_cmd->add_option("--out", train.out_dir, "run directory (default runs/<name>-<timestamp>)");
+  train_cmd->add_option("--seed", train.seed, "override the pipeline's seed");
+  train_cmd->add_option("--steps", train.total_steps, "override training.total_steps");
+  train_cmd->add_option("--weights", train.weights, "start from this weights file");
+  train_cmd->add_flag("-q,--quiet", train.quiet, "no progress lines");
+
+  BenchArgs bench;
+  std::vector<std::string> bench_extra;
+  std::string batches = "", precisions = "";
+  auto* bench_cmd = app.add_subcommand("bench", "time the captured step (CUDA events, median of repeats)");
+  add_common(bench_cmd, bench.common, true);
+  bench_cmd->add_option("pipeline", bench.pipeline, "pipeline file")->required();
+  bench_cmd->add_option("overrides", bench_extra, "key.path=value overrides");
+  bench_cmd->add_option("--batch", batches, "comma-separated batch sizes (default: the pipeline's)");
+  bench_cmd->add_option("--precision", precisions, "comma-separated precisions (default: the pipeline's)");
+  bench_cmd->add_option("--warmup", bench.warmup, "warm-up replays")->check(CLI::Range(0, 1000000));
+  bench_cmd->add_option("--iters", bench.iters, "timed replays per repeat")->check(CLI::Range(1, 10000000));
+  bench_cmd->add_option("--repeats", bench.repeats, "repeats (the median is reported)")->check(CLI::Range(1, 1000));
+  bench_cmd->add_flag("--json", bench.json, "one JSON object per configuration");
+  bench_cmd->add_flag("--profile-range", bench.profile_range,
+                      "open the profiler's range only around the timed replays (ncu --profile-from-start off)");
+
+  CheckHeadArgs check;
+  std::vector<std::string> check_extra;
+  auto* check_cmd = app.add_subcommand(
+      "check-head", "finite-difference check of every parameter gradient of every head (f64, CPU reference)");
+  add_common(check_cmd, check.common, false);
+  check_cmd->add_option("--set", check.common.overrides, "override a pipeline key: key.path=value (repeatable)");
+  check_cmd->add_option("pipeline", check.pipeline, "pipeline file")->required();
+  check_cmd->add_option("overrides", check_extra, "key.path=value overrides");
+  check_cmd->add_option("--head", check.heads, "check only this head (repeatable)");
+  check_cmd->add_option("--samples", check.samples, "entries checked per tensor")->check(CLI::Range(1, 1000000));
+  check_cmd->add_option("--eps", check.eps, "central-difference step")->check(CLI::PositiveNumber);
+  check_cmd->add_option("--rtol", check.rtol, "relative tolerance")->check(CLI::NonNegativeNumber);
+  check_cmd->add_option("--atol", check.atol, "absolute tolerance")->check(CLI::NonNegativeNumber);
+  check_cmd->add_option("--seed", check.seed, "which entries are sampled");
+  check_cmd->add_option("--batch-seed", check.batch_seed, "the random batch's seed");
+  check_cmd->add_flag("--verbose", check.verbose, "a line for every tensor, not only the failures");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  spdlog::set_level(verbose ? spdlog::level::debug : spdlog::level::info);
+  auto split = [](const std::string& s) {
+    std::vector<std::string> out;
+    std::string cur;
+    for (char ch : s + ",") {
+      if (ch == ',') {
+        if (!cur.empty()) out.push_back(cur);
+        cur.clear();
+      } else {
+        cur += ch;
+      }
+    }
+    return out;
+  };
+  try {
+    if (*plugins) return cmd_plugins(plugins_c);
+    if (*doc_pipeline) return cmd_doc_pipeline(doc_c);
+    if (*validate) return cmd_validate(validate_c, files);
+    if (*step_cmd) {
+      for (auto& o : step_extra) step.common.overrides.push_back(o);
+      return cmd_step(step);
+    }
+    if (*train_cmd) {
+      for (auto& o : train_extra) train.common.overrides.push_back(o);
+      return cmd_train(train);
+    }
+    if (*check_cmd) {
+      for (auto& o : check_extra) check.common.overrides.push_back(o);
+      return cmd_check_head(check);
+    }
+    if (*bench_cmd) {
+      for (auto& o : bench_extra) bench.common.overrides.push_back(o);
+      for (auto& b : split(batches)) {
+        try {
+          bench.batches.push_back(std::stoi(b));
+        } catch (...) {
+          std::fprintf(stderr, "dqn bench: --batch: '%s' is not a number\n", b.c_str());
+          return 2;
+        }
+      }
+      bench.precisions = split(precisions);
+      return cmd_bench(bench);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dqn: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

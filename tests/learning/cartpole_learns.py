@@ -1,8 +1,8 @@
 #!/usr/bin/python3
-"""Runs `dqn train PIPELINE --out TMP --seed N -q` and checks the run directory it wrote: the
-resolved pipeline, metrics.jsonl (every line a JSON object with the documented keys, per head for
---heads), the weights,
-and that the final evaluation's mean greedy return is at least --min-return."""
+"""Runs `dqn train PIPELINE --out TMP --seed N -q` for each seed and checks the run directory it
+wrote: the resolved pipeline, metrics.jsonl (every line a JSON object with the documented keys, per
+head for --heads, the first being the primary), the weights (the primary's --weights-key among
+them), and that the final evaluation's mean greedy return is at least --min-return."""
 import argparse
 import json
 import os
@@ -11,8 +11,7 @@ import subprocess
 import sys
 import tempfile
 
-KEYS = ["step", "episodes", "episode_return", "epsilon", "loss.c51", "grad_norm.c51", "clip.c51",
-        "total_loss", "steps_per_s", "wall_s", "skipped_steps"]
+KEYS = ["step", "episodes", "episode_return", "epsilon", "total_loss", "steps_per_s", "wall_s", "skipped_steps"]
 
 
 def safetensors_names(path):
@@ -22,20 +21,16 @@ def safetensors_names(path):
     return set(header) - {"__metadata__"}
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("dqn")
-    ap.add_argument("pipeline")
-    ap.add_argument("--seed", default="1")
-    ap.add_argument("--min-return", type=float, default=475.0)
-    ap.add_argument("--heads", default="c51", help="heads whose loss, grad_norm and clip every line carries")
-    a = ap.parse_args()
-    keys = KEYS + [f"{k}.{h}" for h in a.heads.split(",") if h != "c51" for k in ("loss", "grad_norm", "clip")]
+def check_run(dqn, pipeline, seed, min_return, heads, weights_key, plugin_path=None, env=None):
+    """One training run and its checks; exits with FAIL on the first problem."""
+    keys = KEYS + [f"{k}.{h}" for h in heads for k in ("loss", "grad_norm", "clip")]
     with tempfile.TemporaryDirectory(prefix="dqn-learning-") as tmp:
         out = os.path.join(tmp, "run")
-        cmd = [a.dqn, "train", a.pipeline, "--out", out, "--seed", a.seed, "-q"]
+        cmd = [dqn, "train", pipeline, "--out", out, "--seed", str(seed), "-q"]
+        if plugin_path:
+            cmd += ["--plugin-path", plugin_path]
         print("$", " ".join(cmd), flush=True)
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         print(p.stdout)
         if p.returncode != 0:
             sys.exit(f"FAIL: dqn train exited with {p.returncode}")
@@ -57,13 +52,27 @@ def main():
             sys.exit("FAIL: no evaluation in metrics.jsonl")
         if not lines[-1].get("final") or "eval_return" not in lines[-1]:
             sys.exit("FAIL: the last line is not the final evaluation")
-        if "c51.value.0.weight" not in safetensors_names(os.path.join(out, "weights.safetensors")):
-            sys.exit("FAIL: weights.safetensors has no c51.value.0.weight")
+        if weights_key not in safetensors_names(os.path.join(out, "weights.safetensors")):
+            sys.exit(f"FAIL: weights.safetensors has no {weights_key}")
         print("evaluations (step, mean return):", ", ".join(f"({s}, {r:.1f})" for s, r in evals))
         final = evals[-1][1]
-        if final < a.min_return:
-            sys.exit(f"FAIL: final mean greedy eval return {final:.1f} < {a.min_return}")
-        print(f"OK: final mean greedy eval return {final:.1f} >= {a.min_return} at step {evals[-1][0]}")
+        if final < min_return:
+            sys.exit(f"FAIL: seed {seed}: final mean greedy eval return {final:.1f} < {min_return}")
+        print(f"OK: seed {seed}: final mean greedy eval return {final:.1f} >= {min_return} at step {evals[-1][0]}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dqn")
+    ap.add_argument("pipeline")
+    ap.add_argument("--seed", default="1", help="comma-separated: every seed must learn")
+    ap.add_argument("--min-return", type=float, default=475.0)
+    ap.add_argument("--heads", default="c51", help="heads whose loss, grad_norm and clip every line carries")
+    ap.add_argument("--weights-key", default="c51.value.0.weight", help="a tensor the weights must hold")
+    ap.add_argument("--plugin-path", default=None)
+    a = ap.parse_args()
+    for seed in a.seed.split(","):
+        check_run(a.dqn, a.pipeline, seed, a.min_return, a.heads.split(","), a.weights_key, a.plugin_path)
 
 
 if __name__ == "__main__":

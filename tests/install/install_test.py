@@ -1,0 +1,96 @@
+#!/usr/bin/python3
+"""The installable SDK, end to end (suite `install`): the build installed into a temporary prefix
+holds the dqn program, the engine's shared library exporting the SDK's symbols only, the built-in
+plugins, the public headers and a relocatable dqn-engine.pc; the installed dqn finds its own
+plugins and no build tree's; examples/plugins/qr_dqn builds against that prefix alone, loads,
+passes `dqn check-head` and runs steps on the CPU.
+Usage: install_test.py BUILD_ROOT SOURCE_ROOT"""
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sdk  # noqa: E402
+
+HEADERS = ["backend.hpp", "bdq.hpp", "cli.hpp", "device.cuh", "dist_device.cuh", "export.hpp", "head.hpp",
+           "head_base.hpp", "own_ops.hpp", "philox.h", "pipeline.hpp", "plugin.hpp", "runtime.hpp"]
+BUILTIN = ["c51", "cql", "ensemble", "iqn"]
+# What libdqn_engine.so may export (engine/libdqn_engine.map): the SDK's functions and exceptions.
+SDK_SYMBOL = re.compile(r"^(dqn::(cli_main|make_cpu_runtime|make_cuda_runtime|cuda_available|to_string|"
+                        r"update_cluster_text|SourceLoc::|PipelineError::|PipelineErrors::)|"
+                        r"(typeinfo|typeinfo name|vtable) for dqn::PipelineErrors?$)")
+# Small sizes: the checks take seconds on two cores.
+SMALL = ["batch=8", "network.trunk=[16,16]", "network.head_hidden=8"]
+
+
+def fail(msg):
+    sys.exit("FAIL: " + msg)
+
+
+def main():
+    build_root, source_root = sys.argv[1], sys.argv[2]
+    with tempfile.TemporaryDirectory(prefix="dqn-install-") as tmp:
+        dest, libdir, bindir = sdk.install(build_root, tmp)
+        prefix = os.path.dirname(bindir)
+        dqn = os.path.join(bindir, "dqn")
+        # 1. what the prefix holds
+        for h in HEADERS:
+            if not os.path.isfile(os.path.join(prefix, "include", "dqn", h)):
+                fail(f"include/dqn/{h} is not installed")
+        lib = os.path.join(libdir, "libdqn_engine.so")
+        if not os.path.exists(lib):
+            fail("libdqn_engine.so is not installed beside the pkgconfig folder")
+        plugindir = os.path.join(libdir, "dqn", "plugins")
+        for p in BUILTIN:
+            if not os.path.isfile(os.path.join(plugindir, f"libdqn_{p}.so")):
+                fail(f"the built-in plugin {p} is not in {plugindir}")
+        pc = open(os.path.join(libdir, "pkgconfig", "dqn-engine.pc")).read()
+        print(pc)
+        if "prefix=${pcfiledir}" not in pc:
+            fail("dqn-engine.pc is not relocatable (its prefix is not relative to the file)")
+        cuda = re.search(r"^cuda=(\w+)", pc, re.M)
+        if not cuda or f"-DDQN_WITH_CUDA={1 if cuda.group(1) == 'true' else 0}" not in pc:
+            fail("dqn-engine.pc's Cflags do not say DQN_WITH_CUDA as its cuda variable does")
+        if cuda.group(1) == "true" and ("-lcudart" not in pc or "nvcc_flags=" not in pc):
+            fail("dqn-engine.pc of a CUDA build lacks the runtime library or the nvcc flags")
+        # 2. the shared library exports the SDK only
+        nm = sdk.must(["nm", "-D", "--defined-only", "-C", lib], "listing the library's symbols")
+        names = [" ".join(l.split()[2:]) for l in nm.stdout.splitlines() if len(l.split()) >= 3]
+        stray = [n for n in names if not SDK_SYMBOL.match(n)]
+        if stray:
+            fail(f"libdqn_engine.so exports {len(stray)} symbol(s) outside the SDK, e.g. {stray[:5]}")
+        if "dqn::cli_main(int, char**)" not in names:
+            fail("libdqn_engine.so does not export dqn::cli_main")
+        print(f"libdqn_engine.so exports {len(names)} symbols, all the SDK's")
+        # 3. the installed dqn finds its own plugins, and no build tree's
+        env = sdk.clean_env()
+        p = sdk.must([dqn, "plugins"], "the installed dqn listing its plugins", env=env)
+        if f"search path: {plugindir}\n" not in p.stdout:
+            fail(f"the installed dqn's search path is not {plugindir}")
+        if os.path.realpath(build_root) in p.stdout:
+            fail("the installed dqn searches the build tree")
+        for b in BUILTIN:
+            if f"\n{b} " not in p.stdout:
+                fail(f"the installed dqn does not list {b}")
+        # 4. the example, against the prefix alone
+        ex = sdk.build_example(source_root, libdir, tmp)
+        p = sdk.must([dqn, "plugins", "--plugin-path", ex], "listing the example", env=env)
+        if "\nqr_dqn " not in p.stdout or "roles: primary, auxiliary" not in p.stdout:
+            fail("the installed dqn does not list the qr_dqn plugin as a primary")
+        yaml = os.path.join(source_root, "examples", "plugins", "qr_dqn", "qr_dqn.yaml")
+        p = sdk.must([dqn, "check-head", yaml, "--plugin-path", ex] + SMALL, "dqn check-head on the example", env=env)
+        if "head qr_dqn:" not in p.stdout or "all within tolerance" not in p.stdout:
+            fail("dqn check-head did not pass the example's head")
+        p = sdk.must([dqn, "step", yaml, "--plugin-path", ex, "--backend", "cpu", "--random-batch", "1", "--steps", "5"]
+                     + SMALL, "CPU steps with the example as the primary", env=env)
+        m = re.search(r"^\s+qr_dqn\s+loss (\S+)", p.stdout, re.M)
+        if not m or not math.isfinite(float(m.group(1))) or float(m.group(1)) <= 0:
+            fail("the steps' report has no positive finite qr_dqn loss")
+        print("OK: installed SDK, exports, plugin discovery, and the example built, checked and stepped")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,8 @@
 // Plugins on the GPU: a stage that synchronises or allocates while the step is captured is refused
 // naming its plugin and stage (the fixture capture_probe); one that only launches its kernel runs;
 // the act step (the trunk, the primary's act stage and the argmax, a graph of its own) against the
-// CPU reference, and acting with the newest parameters after steps.
+// CPU reference, and acting with the newest parameters after steps; the QR-DQN example plugin
+// (examples/plugins/qr_dqn, built among the fixtures) as the primary against its host twin.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -128,4 +129,64 @@ TEST_CASE("gpu.act: the act step's graph against the CPU reference, and acting w
   CHECK(moved > 1e-6);
   CHECK(gpu->captures() == 1);
   CHECK_THROWS_AS(gpu->act_values(obs.data(), 12), std::invalid_argument);
+}
+
+namespace {
+double rel(const std::vector<double>& a, const std::vector<double>& b) {
+  double d = 0, r = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    d += (a[i] - b[i]) * (a[i] - b[i]);
+    r += b[i] * b[i];
+  }
+  return a.size() == b.size() ? std::sqrt(d / std::max(r, 1e-300)) : 1e300;
+}
+}  // namespace
+
+TEST_CASE("gpu.plugins.qr_dqn: the example primary's own kernels against its host twin, 100 steps") {
+  // The tolerances of gpu.step.matches_cpu (‖Δ‖/‖ref‖): fp32 the summation order only; tf32 the
+  // GEMM operands' 10 mantissa bits, which Adam's normalised update turns into lr-sized steps.
+  REQUIRE_MESSAGE(loader().find("qr_dqn"), "the qr_dqn example is not built among the test fixtures");
+  struct Case {
+    const char* precision;
+    double params, loss;
+  };
+  for (const Case c : {Case{"fp32", 2e-4, 1e-4}, Case{"tf32", 5e-3, 5e-3}}) {
+    INFO("precision " << c.precision);
+    std::string text = pipeline(c.precision);
+    const std::string c51 = "  - {plugin: c51, role: primary}\n";
+    text.replace(text.find(c51), c51.size(), "  - {plugin: qr_dqn, role: primary, quantiles: 17, kappa: 1.0}\n");
+    const PipelineSpec spec = parse(text);
+    auto gpu = make(spec, BackendKind::cuda);
+    auto cpu = make(spec, BackendKind::cpu);
+    const HostBatch batch = HostBatch::random(spec, 6);
+    gpu->set_batch(batch);
+    cpu->set_batch(batch);
+    gpu->step();
+    cpu->step();
+    StepReport rg = gpu->read_report(), rc = cpu->read_report();
+    CHECK(rg.heads.at(0) == "qr_dqn");
+    CHECK(rg.losses[0] > 0);
+    CHECK(rg.losses[0] == doctest::Approx(rc.losses[0]).epsilon(c.loss));
+    CHECK(rg.grad_norms[0] == doctest::Approx(rc.grad_norms[0]).epsilon(10 * c.loss));
+    CHECK(rel(std::vector<double>(rg.td_error.begin(), rg.td_error.end()),
+              std::vector<double>(rc.td_error.begin(), rc.td_error.end())) < c.loss);
+    for (int i = 1; i < 100; ++i) {
+      gpu->step();
+      cpu->step();
+    }
+    rg = gpu->read_report();
+    rc = cpu->read_report();
+    CHECK(rg.adam_step == 100);
+    CHECK(rg.skipped_steps == 0);
+    CHECK(rg.losses[0] == doctest::Approx(rc.losses[0]).epsilon(10 * c.loss));
+    for (const char* b : {"params", "target"}) {
+      INFO(std::string(b));
+      CHECK(rel(gpu->host_buffer(b), cpu->host_buffer(b)) < c.params);
+    }
+    // Acting through the example's own act stage, on both backends.
+    const auto obs = observations(5, 37, 2);
+    const auto qg = gpu->act_values(obs.data(), 5), qc = cpu->act_values(obs.data(), 5);
+    CHECK(rel(std::vector<double>(qg.begin(), qg.end()), std::vector<double>(qc.begin(), qc.end())) < 10 * c.params);
+    CHECK(gpu->captures() == 1);
+  }
 }

@@ -28,8 +28,13 @@
 namespace {
 using namespace dqn;
 
+/// The build's plugins and the test fixtures (the QR-DQN example built in the tree among them).
 const PluginLoader& loader() {
-  static PluginLoader l(PluginLoader::search_path_from(""));
+  static PluginLoader l([] {
+    auto dirs = PluginLoader::search_path_from("");
+    if (const char* f = std::getenv("DQN_TEST_FIXTURES")) dirs.push_back(f);
+    return dirs;
+  }());
   return l;
 }
 
@@ -436,6 +441,13 @@ TEST_CASE("gpu.step.zero_syncs") {
   SUBCASE("c51") { check_zero_syncs(pipeline("tf32")); }
   SUBCASE("c51 + iqn + ensemble + cql") {
     check_zero_syncs(pipeline("tf32", "", aux_heads({"iqn", "ensemble", "cql"})));
+  }
+  SUBCASE("the QR-DQN example plugin as the primary, with its own kernels") {
+    REQUIRE_MESSAGE(loader().find("qr_dqn"), "the qr_dqn example is not built among the test fixtures");
+    std::string text = pipeline("tf32", "", aux_heads({"iqn"}));  // (cql and ensemble learn on a c51 primary's outputs)
+    const std::string c51 = "  - {plugin: c51, role: primary}\n";
+    text.replace(text.find(c51), c51.size(), "  - {plugin: qr_dqn, role: primary, quantiles: 17}\n");
+    check_zero_syncs(text);
   }
 }
 #else

@@ -54,8 +54,10 @@ def build_example(source_root, libdir, tmp, name="qr_dqn"):
 
 
 def clean_env():
-    """The environment for the installed dqn: no plugin path of the build tree's."""
+    """The environment for the installed dqn: nothing of the build tree's (no plugin path, and no
+    library path, which meson test sets to the build's libraries and which would win over the
+    installed dqn's own run path)."""
     env = dict(os.environ)
-    for k in ("DQN_PLUGIN_PATH", "DQN_PLUGIN_DEFAULT_DIRS"):
+    for k in ("DQN_PLUGIN_PATH", "DQN_PLUGIN_DEFAULT_DIRS", "LD_LIBRARY_PATH"):
         env.pop(k, None)
     return env

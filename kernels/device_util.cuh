@@ -20,6 +20,7 @@ using ::dqn::dev::block_sum;
 using ::dqn::dev::grid_start;
 using ::dqn::dev::grid_step;
 using ::dqn::dev::last_block;
+using ::dqn::dev::pdl_attribute;
 using ::dqn::dev::pdl_entry;
 using ::dqn::dev::warp_max;
 using ::dqn::dev::warp_sum;

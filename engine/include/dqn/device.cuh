@@ -29,15 +29,22 @@ __device__ __forceinline__ void pdl_entry() {
 #endif
 }
 
+/// The launch attribute that lets a kernel start while the previous one of its stream runs (it
+/// must begin with pdl_entry()).
+inline cudaLaunchAttribute pdl_attribute() {
+  cudaLaunchAttribute a{};
+  a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  a.val.programmaticStreamSerializationAllowed = 1;
+  return a;
+}
+
 /// kernel<<<grid, block, shmem, s>>>(args...), with programmatic stream serialization when
 /// `pdl` (the kernel must then begin with pdl_entry()). Returns the launch's error (also left as
 /// the last error, as <<<>>> does).
 template <class... P, class... A>
 cudaError_t launch_on(cudaStream_t s, bool pdl, void (*kernel)(P...), dim3 grid, dim3 block, std::size_t shmem,
                       A&&... args) {
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr = pdl_attribute();
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;

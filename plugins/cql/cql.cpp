@@ -4,16 +4,13 @@
  *  gradient flows back through the C51 head and the trunk into this head's own gradient row.
  */
 #include <cstdio>
-#include <cstring>
-#include <exception>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "cql_ops.hpp"
 #include "dqn/bdq.hpp"
-#include "dqn/head.hpp"
-#include "dqn/plugin.hpp"
+#include "dqn/head_base.hpp"
 
 namespace {
 
@@ -21,74 +18,59 @@ using namespace dqn;
 
 enum Tag : std::int32_t { kLoss = 0, kBackward = 1, kWeights = 2 };
 
-class CqlHead final : public Head {
+class CqlHead final : public HeadBase {
  public:
-  CqlHead(const HeadCreateInfo& info, double alpha, std::string primary)
-      : name_(info.instance ? info.instance : "cql"), primary_(std::move(primary)), d_(bdq::dims_of(*info.net)),
-        B_(info.batch), alpha_(float(alpha)) {}
-
-  int declare(BuildContext& ctx) noexcept override {
-    try {
-      const std::int64_t B = B_, D = d_.D, A = d_.A, Z = d_.Z, hc = d_.hidden_cols();
-      struct Decl { std::string n; std::vector<std::int64_t> s; };
-      const std::vector<Decl> decls = {
-          {own("dq"), {B, D, A}}, {own("dlogits"), {B, D, A, Z}}, {own("dv"), {B, std::int64_t(d_.ldz())}},
-          {own("dadv"), {B, D, std::int64_t(d_.ldaz())}}, {own("dhidden"), {B, hc}},
-      };
-      for (const auto& x : decls)
-        if (int rc = ctx.buffer(x.n.c_str(), DType::real, x.s.data(), std::int32_t(x.s.size()), BufferKind::scratch))
-          return keep(rc);
-      {  // the penalty's device scratch: a word per (sample, branch)
-        const std::int64_t words = cql_penalty_sums(B_, d_.D);
-        if (int rc = ctx.buffer(own("sums").c_str(), DType::i64, &words, 1, BufferKind::scratch)) return keep(rc);
-      }
-      const std::string loss = "loss/" + name_, grad = "grad/" + name_, dtrunk = "dtrunk/" + name_;
-      int rc = stage(ctx, kLoss, "loss", {prim("q"), buf::actions}, {loss, own("dq"), own("sums")});
-      // backward: the input side, on to the trunk; weights: the gradients of the primary's head
-      // parameters (in this head's row), beside the trunk's backward.
-      rc = rc ? rc : stage(ctx, kBackward, "backward", {own("dq"), prim("logp"), prim("hidden"), "params"},
-                           {own("dlogits"), own("dv"), own("dadv"), own("dhidden"), dtrunk});
-      std::vector<std::string> grads;
-      for (int layer : {0, 1})
-        for (const auto& p : bdq::layer_params("c51", d_, layer)) grads.push_back(grad + "/" + p);
-      rc = rc ? rc : stage(ctx, kWeights, "weights", {own("dv"), own("dadv"), own("dhidden"), prim("hidden"), buf::h2},
-                           grads);
-      return keep(rc);
-    } catch (const std::exception& e) {
-      error_ = e.what();
-      return 1;
+  explicit CqlHead(const HeadCreateInfo& info)
+      : HeadBase(info), primary_(text("primary")), d_(bdq::dims_of(*info.net)), alpha_(float(number("alpha"))) {
+    if (primary())
+      throw std::invalid_argument(
+          "cql is an auxiliary head (a penalty on the primary's Q-values); give it role: auxiliary");
+    if (const double alpha = number("alpha"); !(alpha >= 0.0)) {
+      char got[32];
+      std::snprintf(got, sizeof got, "%g", alpha);
+      throw std::invalid_argument(std::string("cql: alpha must be >= 0, got ") + got);
     }
   }
 
-  int bind(const Resolver& r) noexcept override {
-    try {
-      online_ = bdq::resolve(r, "c51", bdq::Which::online);
-      grad_ = bdq::resolve(r, "c51", bdq::Which::grad);  // through this head's resolver: its own row
-      q_ = r.real(prim("q").c_str());
-      logp_ = r.real(prim("logp").c_str());
-      act_ = bdq::Acts{r.real(prim("hidden").c_str()), Real{}, Real{}, Real{}, logp_, q_};
-      dq_ = r.real(own("dq").c_str());
-      sums_ = r.i64(own("sums").c_str());
-      dlogits_ = r.real(own("dlogits").c_str());
-      back_ = {r.real(own("dv").c_str()), r.real(own("dadv").c_str()), r.real(own("dhidden").c_str())};
-      h2_ = r.real(buf::h2);
-      actions_ = r.i32(buf::actions);
-      loss_ = r.real(("loss/" + name_).c_str());
-      dtrunk_ = r.real(("dtrunk/" + name_).c_str());
-      if (!(online_.w1 && grad_.w1 && q_ && logp_ && act_.hidden && dq_ && dlogits_ && back_.dv && back_.dadv &&
-            back_.dhidden && h2_ && actions_ && loss_ && dtrunk_ && sums_)) {
-        error_ = "cql: a buffer or parameter it needs is missing (is the primary a c51 head named '" + primary_ + "'?)";
-        return 1;
-      }
-      return 0;
-    } catch (const std::exception& e) {
-      error_ = e.what();
-      return 1;
-    }
+  void build(BuildContext& ctx) override {
+    const std::int64_t B = batch(), D = d_.D, A = d_.A, Z = d_.Z, hc = d_.hidden_cols();
+    buffer(ctx, own("dq"), {B, D, A});
+    buffer(ctx, own("dlogits"), {B, D, A, Z});
+    buffer(ctx, own("dv"), {B, d_.ldz()});
+    buffer(ctx, own("dadv"), {B, D, d_.ldaz()});
+    buffer(ctx, own("dhidden"), {B, hc});
+    // the penalty's device scratch: a word per (sample, branch)
+    buffer(ctx, own("sums"), {cql_penalty_sums(batch(), d_.D)}, BufferKind::scratch, DType::i64);
+    stage(ctx, kLoss, "loss", {prim("q"), buf::actions}, {loss_buffer(), own("dq"), own("sums")});
+    // backward: the input side, on to the trunk; weights: the gradients of the primary's head
+    // parameters (in this head's row), beside the trunk's backward.
+    stage(ctx, kBackward, "backward", {own("dq"), prim("logp"), prim("hidden"), "params"},
+          {own("dlogits"), own("dv"), own("dadv"), own("dhidden"), dtrunk_buffer()});
+    std::vector<std::string> grads;
+    for (int layer : {0, 1})
+      for (const auto& p : bdq::layer_params("c51", d_, layer)) grads.push_back(grad_of(p));
+    stage(ctx, kWeights, "weights", {own("dv"), own("dadv"), own("dhidden"), prim("hidden"), buf::h2}, grads);
   }
 
-  void run(std::int32_t tag, Backend& be) noexcept override {
-    const int B = B_;
+  void resolve(const Resolver& r) override {
+    online_ = bdq::resolve(r, "c51", bdq::Which::online);
+    grad_ = bdq::resolve(r, "c51", bdq::Which::grad);  // through this head's resolver: its own row
+    if (!online_.w1 || !grad_.w1) throw std::invalid_argument("the c51 primary's parameters are not there" + hint());
+    q_ = primary_real(r, "q");
+    logp_ = primary_real(r, "logp");
+    act_ = bdq::Acts{primary_real(r, "hidden"), Real{}, Real{}, Real{}, logp_, q_};
+    dq_ = real(r, own("dq"));
+    sums_ = i64(r, own("sums"));
+    dlogits_ = real(r, own("dlogits"));
+    back_ = {real(r, own("dv")), real(r, own("dadv")), real(r, own("dhidden"))};
+    h2_ = real(r, buf::h2);
+    actions_ = i32(r, buf::actions);
+    loss_ = real(r, loss_buffer());
+    dtrunk_ = real(r, dtrunk_buffer());
+  }
+
+  void step(std::int32_t tag, Backend& be) override {
+    const int B = batch();
     switch (tag) {
       case kLoss: {  // rows 0..B-1 of the primary's q are the states
         CqlPenalty p;
@@ -110,26 +92,20 @@ class CqlHead final : public Head {
     }
   }
 
-  const char* error() const noexcept override { return error_.c_str(); }
-
  private:
-  std::string own(const char* n) const { return name_ + "/" + n; }
+  /// "<primary>/<n>": a buffer of the C51 primary's.
   std::string prim(const char* n) const { return primary_ + "/" + n; }
-
-  int stage(BuildContext& ctx, Tag tag, const char* what, std::vector<std::string> reads,
-            std::vector<std::string> writes) {
-    return declare_stage(ctx, name_ + "." + what, tag, reads, writes);
-  }
-  int keep(int rc) {
-    if (rc && error_.empty()) error_ = "cql: declaration refused by the engine";
-    return rc;
+  std::string hint() const { return " (is the primary a c51 head named '" + primary_ + "'?)"; }
+  /// The primary's buffer n, or a refusal that names the configured primary.
+  Real primary_real(const Resolver& r, const char* n) const {
+    const Real p = r.real(prim(n).c_str());
+    if (!p) throw std::invalid_argument("'" + prim(n) + "' is not there" + hint());
+    return p;
   }
 
-  std::string name_, primary_;
+  std::string primary_;  ///< the C51 primary's instance name (the "primary" key)
   bdq::Dims d_;
-  int B_;
   float alpha_;
-  std::string error_;
   bdq::Params online_{}, grad_{};
   bdq::Acts act_{};
   bdq::BackScratch back_{};
@@ -145,37 +121,9 @@ const ParamSchema kSchema[] = {
     {"primary", ParamType::string, "c51", "instance name of the C51 primary whose Q-values are penalised", -kInf, kInf},
 };
 
-Head* create(const HeadCreateInfo* info, char* err, std::uint32_t errlen) {
-  try {
-    if (info->role != Role::auxiliary) {
-      std::snprintf(err, errlen, "cql is an auxiliary head (a penalty on the primary's Q-values); give it role: auxiliary");
-      return nullptr;
-    }
-    double alpha = 1.0;
-    std::string primary = "c51";
-    for (std::uint32_t i = 0; i < info->n_params; ++i) {
-      const ParamValue& v = info->params[i];
-      if (std::strcmp(v.key, "alpha") == 0) alpha = v.d;
-      else if (std::strcmp(v.key, "primary") == 0 && v.s) primary = v.s;
-    }
-    if (!(alpha >= 0.0)) {
-      std::snprintf(err, errlen, "cql: alpha must be >= 0, got %g", alpha);
-      return nullptr;
-    }
-    return new CqlHead(*info, alpha, primary);
-  } catch (const std::exception& e) {
-    std::snprintf(err, errlen, "%s", e.what());
-    return nullptr;
-  }
-}
-
-void destroy(Head* h) { delete h; }
-
-const PluginDescriptor kDescriptor{
-    kAbiMajor, kAbiMinor, sizeof(PluginDescriptor), PluginKind::head, "cql", "1.0.0",
-    "discrete CQL penalty alpha*(logsumexp_a Q - Q(s,a_data)) on the C51 primary's online Q-values, per branch",
-    0.1, 0, std::uint32_t(sizeof(kSchema) / sizeof(kSchema[0])), kSchema, &create, &destroy};
-
 }  // namespace
 
-DQN_PLUGIN_EXPORT(kDescriptor)
+DQN_HEAD_PLUGIN(CqlHead, "cql", "1.0.0",
+                "discrete CQL penalty alpha*(logsumexp_a Q - Q(s,a_data)) on the C51 primary's online Q-values, "
+                "per branch",
+                0.1, false, kSchema)

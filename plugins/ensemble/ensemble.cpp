@@ -10,17 +10,13 @@
  *  members (the shared h2 with stride 0), and the elementwise ops run once over all K·B rows.
  *  Per member remain only the bias ops and the cross-entropy (different bias vectors, one m).
  */
-#include <cstdio>
-#include <cstring>
-#include <exception>
 #include <string>
 #include <vector>
 
 #include "c51_ops.hpp"
 #include "disagreement_ops.hpp"
 #include "dqn/bdq.hpp"
-#include "dqn/head.hpp"
-#include "dqn/plugin.hpp"
+#include "dqn/head_base.hpp"
 
 namespace {
 
@@ -31,113 +27,99 @@ enum Tag : std::int32_t {
   kBiasHidden = 8
 };
 
-class EnsembleHead final : public Head {
+class EnsembleHead final : public HeadBase {
  public:
-  EnsembleHead(const HeadCreateInfo& info, int members)
-      : name_(info.instance ? info.instance : "ensemble"), d_(bdq::dims_of(*info.net)), B_(info.batch), K_(members) {}
-
-  int declare(BuildContext& ctx) noexcept override {
-    try {
-      for (int k = 0; k < K_; ++k)
-        if (int rc = bdq::declare_params(ctx, prefix(k), d_, 0)) return keep(rc);
-      const std::int64_t K = K_, B = B_, hc = d_.hidden_cols(), D = d_.D, A = d_.A, Z = d_.Z, LZ = d_.ldz(),
-                         LAZ = d_.ldaz();
-      // Activations carry the member as the leading dimension (ready for batched GEMMs).
-      struct Decl { std::string n; std::vector<std::int64_t> s; BufferKind kind; };
-      const std::vector<Decl> decls = {
-          {own("hidden"), {K, B, hc}, BufferKind::activation}, {own("v"), {K, B, LZ}, BufferKind::activation},
-          {own("adv"), {K, B, D, LAZ}, BufferKind::activation}, {own("logits"), {K, B, D, A, Z}, BufferKind::activation},
-          {own("logp"), {K, B, D, A, Z}, BufferKind::activation}, {own("q"), {K, B, D, A}, BufferKind::activation},
-          {own("disagreement"), {B}, BufferKind::activation},
-          {own("dlogits"), {K, B, D, A, Z}, BufferKind::scratch}, {own("dv"), {K, B, LZ}, BufferKind::scratch},
-          {own("dadv"), {K, B, D, LAZ}, BufferKind::scratch}, {own("dhidden"), {K, B, hc}, BufferKind::scratch},
-      };
-      for (const auto& x : decls)
-        if (int rc = ctx.buffer(x.n.c_str(), DType::real, x.s.data(), std::int32_t(x.s.size()), x.kind)) return keep(rc);
-      {  // the cross-entropy's device scratch: a word per (member, sample)
-        const std::int64_t words = c51_xent_sums(B_, K_);
-        if (int rc = ctx.buffer(own("sums").c_str(), DType::i64, &words, 1, BufferKind::scratch)) return keep(rc);
-      }
-      const std::string loss = "loss/" + name_, grad = "grad/" + name_, dtrunk = "dtrunk/" + name_;
-      int rc = stage(ctx, kForward, "forward", {buf::h2, "params"},
-                     {own("hidden"), own("v"), own("adv"), own("logits"), own("logp"), own("q")});
-      // the disagreement (a metric): beside the loss and backward, not before them
-      rc = rc ? rc : stage(ctx, kDisagreement, "disagreement", {own("q")}, {own("disagreement")});
-      // loss: the cross-entropy with the dueling backward of its gradient (dv, dadv) in one op
-      rc = rc ? rc : stage(ctx, kLoss, "loss", {own("logp"), kC51TargetM, buf::actions, buf::is_weights},
-                           {loss, own("dlogits"), own("dv"), own("dadv"), own("sums")});
-      // backward: the input side down to dhidden (ReLU-masked in its GEMMs); trunk: ∂L/∂h2 from
-      // it; weights and bias (the output layers), weights.hidden and bias.hidden (the hidden
-      // layers): the other gradients, on lanes of their own beside the trunk stage and the
-      // trunk's backward.
-      std::vector<std::string> hidden_biases, weights, biases, hidden_weights;
-      for (int k = 0; k < K_; ++k)
-        for (int layer : {0, 1})
-          for (const auto& p : bdq::layer_params(prefix(k), d_, layer)) {
-            const bool bias = p.size() > 5 && p.compare(p.size() - 5, 5, ".bias") == 0;
-            (layer == 1 ? (bias ? biases : weights) : bias ? hidden_biases : hidden_weights).push_back(grad + "/" + p);
-          }
-      rc = rc ? rc : stage(ctx, kBackward, "backward", {own("dv"), own("dadv"), own("hidden"), "params"},
-                           {own("dhidden")});
-      rc = rc ? rc : stage(ctx, kBiasHidden, "bias.hidden", {own("dhidden")}, hidden_biases);
-      rc = rc ? rc : stage(ctx, kTrunk, "trunk", {own("dhidden"), "params"}, {dtrunk});
-      rc = rc ? rc : stage(ctx, kWeights, "weights", {own("dv"), own("dadv"), own("hidden")}, weights);
-      rc = rc ? rc : stage(ctx, kBias, "bias", {own("dv"), own("dadv")}, biases);
-      rc = rc ? rc : stage(ctx, kWeightsHidden, "weights.hidden", {own("dhidden"), buf::h2}, hidden_weights);
-      return keep(rc);
-    } catch (const std::exception& e) {
-      error_ = e.what();
-      return 1;
-    }
+  explicit EnsembleHead(const HeadCreateInfo& info) : HeadBase(info), d_(bdq::dims_of(*info.net)) {
+    if (primary())
+      throw std::invalid_argument(
+          "ensemble is an auxiliary head (trained on the primary's target); give it role: auxiliary");
+    const std::int64_t members = integer("members");
+    if (members < 1 || members > 64)
+      throw std::invalid_argument("ensemble: members must be in 1..64, got " + std::to_string(members));
+    K_ = int(members);
   }
 
-  int bind(const Resolver& r) noexcept override {
-    try {
-      const std::int64_t B = B_, hc = d_.hidden_cols(), daz = std::int64_t(d_.D) * d_.az();
-      const Real hidden = r.real(own("hidden").c_str()), v = r.real(own("v").c_str()), adv = r.real(own("adv").c_str()),
-                 logits = r.real(own("logits").c_str()), logp = r.real(own("logp").c_str()), q = r.real(own("q").c_str()),
-                 dlogits = r.real(own("dlogits").c_str());
-      bool ok = hidden && v && adv && logits && logp && q && dlogits;
-      members_.clear();
-      for (int k = 0; k < K_ && ok; ++k) {
-        Member m;
-        m.online = bdq::resolve(r, prefix(k), bdq::Which::online);
-        m.grad = bdq::resolve(r, prefix(k), bdq::Which::grad);
-        m.act = {hidden + k * B * hc, v + k * B * d_.ldz(), adv + k * B * std::int64_t(d_.D) * d_.ldaz(), logits + k * B * daz, logp + k * B * daz,
-                 q + k * B * d_.D * d_.A};
-        m.dlogits = dlogits + k * B * daz;
-        ok = ok && m.online.w1 && m.grad.w1;
-        members_.push_back(m);
-      }
-      back_ = {r.real(own("dv").c_str()), r.real(own("dadv").c_str()), r.real(own("dhidden").c_str())};
-      all_ = {hidden, v, adv, logits, logp, q};
-      if (ok && !uniform_stride()) {
-        error_ = "ensemble: the members' parameters are not laid out at one stride (the batched GEMMs rely on it)";
-        return 1;
-      }
-      q_ = q;
-      disagreement_ = r.real(own("disagreement").c_str());
-      h2_ = r.real(buf::h2);
-      m_ = r.real(kC51TargetM);
-      sums_ = r.i64(own("sums").c_str());
-      weights_ = r.real(buf::is_weights);
-      actions_ = r.i32(buf::actions);
-      loss_ = r.real(("loss/" + name_).c_str());
-      dtrunk_ = r.real(("dtrunk/" + name_).c_str());
-      if (!(ok && disagreement_ && back_.dv && back_.dadv && back_.dhidden && h2_ && m_ && weights_ && actions_ &&
-            loss_ && dtrunk_ && sums_)) {
-        error_ = "ensemble: a buffer or parameter it needs is missing";
-        return 1;
-      }
-      return 0;
-    } catch (const std::exception& e) {
-      error_ = e.what();
-      return 1;
-    }
+  void build(BuildContext& ctx) override {
+    for (int k = 0; k < K_; ++k) accepted(bdq::declare_params(ctx, prefix(k), d_, 0));
+    const std::int64_t K = K_, B = batch(), hc = d_.hidden_cols(), D = d_.D, A = d_.A, Z = d_.Z, LZ = d_.ldz(),
+                       LAZ = d_.ldaz();
+    // Activations carry the member as the leading dimension (ready for batched GEMMs).
+    const auto act = BufferKind::activation;
+    buffer(ctx, own("hidden"), {K, B, hc}, act);
+    buffer(ctx, own("v"), {K, B, LZ}, act);
+    buffer(ctx, own("adv"), {K, B, D, LAZ}, act);
+    buffer(ctx, own("logits"), {K, B, D, A, Z}, act);
+    buffer(ctx, own("logp"), {K, B, D, A, Z}, act);
+    buffer(ctx, own("q"), {K, B, D, A}, act);
+    buffer(ctx, own("disagreement"), {B}, act);
+    buffer(ctx, own("dlogits"), {K, B, D, A, Z});
+    buffer(ctx, own("dv"), {K, B, LZ});
+    buffer(ctx, own("dadv"), {K, B, D, LAZ});
+    buffer(ctx, own("dhidden"), {K, B, hc});
+    // the cross-entropy's device scratch: a word per (member, sample)
+    buffer(ctx, own("sums"), {c51_xent_sums(batch(), K_)}, BufferKind::scratch, DType::i64);
+    stage(ctx, kForward, "forward", {buf::h2, "params"},
+          {own("hidden"), own("v"), own("adv"), own("logits"), own("logp"), own("q")});
+    // the disagreement (a metric): beside the loss and backward, not before them
+    stage(ctx, kDisagreement, "disagreement", {own("q")}, {own("disagreement")});
+    // loss: the cross-entropy with the dueling backward of its gradient (dv, dadv) in one op
+    stage(ctx, kLoss, "loss", {own("logp"), kC51TargetM, buf::actions, buf::is_weights},
+          {loss_buffer(), own("dlogits"), own("dv"), own("dadv"), own("sums")});
+    // backward: the input side down to dhidden (ReLU-masked in its GEMMs); trunk: ∂L/∂h2 from
+    // it; weights and bias (the output layers), weights.hidden and bias.hidden (the hidden
+    // layers): the other gradients, on lanes of their own beside the trunk stage and the
+    // trunk's backward.
+    std::vector<std::string> hidden_biases, weights, biases, hidden_weights;
+    for (int k = 0; k < K_; ++k)
+      for (int layer : {0, 1})
+        for (const auto& p : bdq::layer_params(prefix(k), d_, layer)) {
+          const bool bias = p.size() > 5 && p.compare(p.size() - 5, 5, ".bias") == 0;
+          (layer == 1 ? (bias ? biases : weights) : bias ? hidden_biases : hidden_weights).push_back(grad_of(p));
+        }
+    stage(ctx, kBackward, "backward", {own("dv"), own("dadv"), own("hidden"), "params"}, {own("dhidden")});
+    stage(ctx, kBiasHidden, "bias.hidden", {own("dhidden")}, hidden_biases);
+    stage(ctx, kTrunk, "trunk", {own("dhidden"), "params"}, {dtrunk_buffer()});
+    stage(ctx, kWeights, "weights", {own("dv"), own("dadv"), own("hidden")}, weights);
+    stage(ctx, kBias, "bias", {own("dv"), own("dadv")}, biases);
+    stage(ctx, kWeightsHidden, "weights.hidden", {own("dhidden"), buf::h2}, hidden_weights);
   }
 
-  void run(std::int32_t tag, Backend& be) noexcept override {
-    const int B = B_;
+  void resolve(const Resolver& r) override {
+    const std::int64_t B = batch(), hc = d_.hidden_cols(), daz = std::int64_t(d_.D) * d_.az();
+    const Real hidden = real(r, own("hidden")), v = real(r, own("v")), adv = real(r, own("adv")),
+               logits = real(r, own("logits")), logp = real(r, own("logp")), q = real(r, own("q")),
+               dlogits = real(r, own("dlogits"));
+    members_.clear();
+    for (int k = 0; k < K_; ++k) {
+      Member m;
+      m.online = bdq::resolve(r, prefix(k), bdq::Which::online);
+      m.grad = bdq::resolve(r, prefix(k), bdq::Which::grad);
+      if (!m.online.w1 || !m.grad.w1)
+        throw std::invalid_argument("member " + std::to_string(k) + "'s parameters (" + prefix(k) +
+                                    ".*) are not there");
+      m.act = {hidden + k * B * hc, v + k * B * d_.ldz(), adv + k * B * std::int64_t(d_.D) * d_.ldaz(),
+               logits + k * B * daz, logp + k * B * daz, q + k * B * d_.D * d_.A};
+      m.dlogits = dlogits + k * B * daz;
+      members_.push_back(m);
+    }
+    back_ = {real(r, own("dv")), real(r, own("dadv")), real(r, own("dhidden"))};
+    all_ = {hidden, v, adv, logits, logp, q};
+    if (!uniform_stride())
+      throw std::invalid_argument(
+          "the members' parameters are not laid out at one stride (the batched GEMMs rely on it)");
+    q_ = q;
+    disagreement_ = real(r, own("disagreement"));
+    h2_ = real(r, buf::h2);
+    m_ = real(r, kC51TargetM);
+    sums_ = i64(r, own("sums"));
+    weights_ = real(r, buf::is_weights);
+    actions_ = i32(r, buf::actions);
+    loss_ = real(r, loss_buffer());
+    dtrunk_ = real(r, dtrunk_buffer());
+  }
+
+  void step(std::int32_t tag, Backend& be) override {
+    const int B = batch();
     switch (tag) {
       case kForward:  // states only (rows 0..B-1 of h2): the members take no part in the targets
         forward(be);
@@ -145,8 +127,7 @@ class EnsembleHead final : public Head {
       case kDisagreement:
         ensemble_disagreement(be, disagreement_, q_, K_, B, d_.D * d_.A);
         break;
-      case kLoss:
-      {  // every member against the primary's projected target, in one call
+      case kLoss: {  // every member against the primary's projected target, in one call
         C51Xent x;
         x.loss_per_sample = Real{nullptr, h2_.esize};
         x.loss = loss_; x.dlogits = members_[0].dlogits; x.logp = members_[0].act.logp;
@@ -157,8 +138,8 @@ class EnsembleHead final : public Head {
         x.dv = back_.dv; x.lddv = d_.ldz(); x.dadv = back_.dadv; x.lddadv = d_.ldaz();
         x.sums = sums_;
         c51_xent(be, x);
-      }
         break;
+      }
       case kBackward:
         backward_inputs(be);
         break;
@@ -181,8 +162,6 @@ class EnsembleHead final : public Head {
         break;
     }
   }
-
-  const char* error() const noexcept override { return error_.c_str(); }
 
  private:
   struct Member {
@@ -219,7 +198,7 @@ class EnsembleHead final : public Head {
   }
 
   void forward(Backend& be) const {
-    const int B = B_, hc = d_.hidden_cols(), Hh = d_.Hh, Z = d_.Z, LZ = d_.ldz(), laz = d_.ldaz();
+    const int B = batch(), hc = d_.hidden_cols(), Hh = d_.Hh, Z = d_.Z, LZ = d_.ldz(), laz = d_.ldaz();
     const int dlaz = d_.D * laz;  // adv rows: D blocks of ldaz (aligned GEMM kernels)
     const std::int64_t sh = std::int64_t(B) * hc;
     const bdq::Params& p = members_[0].online;
@@ -253,7 +232,7 @@ class EnsembleHead final : public Head {
 
   /// The input side for every member from the dueling gradients: dhidden (ReLU-masked in the GEMMs).
   void backward_inputs(Backend& be) const {
-    const int B = B_, hc = d_.hidden_cols(), az = d_.az(), Hh = d_.Hh, Z = d_.Z;
+    const int B = batch(), hc = d_.hidden_cols(), az = d_.az(), Hh = d_.Hh, Z = d_.Z;
     const int LZ = d_.ldz(), laz = d_.ldaz(), dlaz = d_.D * laz;  // padded rows (aligned GEMM kernels)
     const std::int64_t sh = std::int64_t(B) * hc, sv = std::int64_t(B) * LZ, sa = std::int64_t(B) * dlaz;
     const bdq::Params& p = members_[0].online;
@@ -278,7 +257,7 @@ class EnsembleHead final : public Head {
   /// The hidden layers' bias gradients for every member (overwriting): column sums of the masked
   /// dhidden (a stage beside the trunk's input gradient, which needs only dhidden).
   void backward_bias_hidden(Backend& be) const {
-    const int B = B_, hc = d_.hidden_cols();
+    const int B = batch(), hc = d_.hidden_cols();
     const std::int64_t sh = std::int64_t(B) * hc;
     be.relu_bias_grad(back_.dhidden, Real{}, members_[0].grad.b1, B, hc, hc, K_, sh, 0, stride_);
   }
@@ -288,7 +267,7 @@ class EnsembleHead final : public Head {
   /// products one after another, each a few blocks over a long k, and a GEMM, a copy and K − 1
   /// axpys after it were five launches in a row).
   void backward_trunk(Backend& be) const {
-    const int B = B_, hc = d_.hidden_cols(), H2 = d_.H2;
+    const int B = batch(), hc = d_.hidden_cols(), H2 = d_.H2;
     const std::int64_t sh = std::int64_t(B) * hc;
     const bdq::Params& p = members_[0].online;
     Gemm g = batched(false, false, B, H2, hc, back_.dhidden, hc, sh, p.w1, H2, stride_, dtrunk_, H2, 0);
@@ -299,7 +278,7 @@ class EnsembleHead final : public Head {
 
   /// The output layers' weight gradients for every member (overwriting), from dv and dadv.
   void backward_weights_out(Backend& be) const {
-    const int B = B_, hc = d_.hidden_cols(), az = d_.az(), Hh = d_.Hh, Z = d_.Z;
+    const int B = batch(), hc = d_.hidden_cols(), az = d_.az(), Hh = d_.Hh, Z = d_.Z;
     const int LZ = d_.ldz(), laz = d_.ldaz(), dlaz = d_.D * laz;
     const std::int64_t sh = std::int64_t(B) * hc, sv = std::int64_t(B) * LZ, sa = std::int64_t(B) * dlaz;
     const bdq::Params& gp = members_[0].grad;
@@ -319,7 +298,7 @@ class EnsembleHead final : public Head {
   /// as dueling_backward does), so one call covers every branch's block (ldaz columns each, as the
   /// biases' blocks are wb2_rows = ldaz apart), the padding biases' gradients included (zero).
   void backward_bias_out(Backend& be) const {
-    const int B = B_, Z = d_.Z, LZ = d_.ldz(), dlaz = d_.D * d_.ldaz();
+    const int B = batch(), Z = d_.Z, LZ = d_.ldz(), dlaz = d_.D * d_.ldaz();
     const std::int64_t sv = std::int64_t(B) * LZ, sa = std::int64_t(B) * dlaz;
     const bdq::Params& gp = members_[0].grad;
     be.relu_bias_grad(back_.dv, Real{}, gp.bv2, B, Z, LZ, K_, sv, 0, stride_);
@@ -328,12 +307,11 @@ class EnsembleHead final : public Head {
 
   /// dW1 = dhiddenᵀ h2 for every member (overwriting), from the masked dhidden.
   void backward_weights_hidden(Backend& be) const {
-    const int B = B_, hc = d_.hidden_cols(), H2 = d_.H2;
+    const int B = batch(), hc = d_.hidden_cols(), H2 = d_.H2;
     const std::int64_t sh = std::int64_t(B) * hc;
     be.gemm(batched(true, false, hc, H2, B, back_.dhidden, hc, sh, h2_, H2, 0, members_[0].grad.w1, H2, stride_));
   }
 
-  std::string own(const char* n) const { return name_ + "/" + n; }
   static std::string prefix(int k) { return "ensemble." + std::to_string(k); }
 
   /// Where branch d starts: in a member's output-layer weights and biases (padded rows,
@@ -352,19 +330,8 @@ class EnsembleHead final : public Head {
     return BranchAt{b.weight - a.weight, b.bias - a.bias, b.adv - a.adv, b.hidden - a.hidden};
   }
 
-  int stage(BuildContext& ctx, Tag tag, const char* what, std::vector<std::string> reads,
-            std::vector<std::string> writes) {
-    return declare_stage(ctx, name_ + "." + what, tag, reads, writes);
-  }
-  int keep(int rc) {
-    if (rc && error_.empty()) error_ = "ensemble: declaration refused by the engine";
-    return rc;
-  }
-
-  std::string name_;
   bdq::Dims d_;
-  int B_, K_;
-  std::string error_;
+  int K_ = 0;
   std::vector<Member> members_;
   bdq::BackScratch back_{};  ///< [K,B,...]: every member's
   bdq::Acts all_{};          ///< [K,B,...]: every member's activations
@@ -378,33 +345,9 @@ const ParamSchema kSchema[] = {
     {"members", ParamType::integer, "4", "K: number of ensemble members (distributional dueling branching heads)", 1, 64},
 };
 
-Head* create(const HeadCreateInfo* info, char* err, std::uint32_t errlen) {
-  try {
-    if (info->role != Role::auxiliary) {
-      std::snprintf(err, errlen, "ensemble is an auxiliary head (trained on the primary's target); give it role: auxiliary");
-      return nullptr;
-    }
-    std::int64_t members = 4;
-    for (std::uint32_t i = 0; i < info->n_params; ++i)
-      if (std::strcmp(info->params[i].key, "members") == 0) members = info->params[i].i;
-    if (members < 1 || members > 64) {
-      std::snprintf(err, errlen, "ensemble: members must be in 1..64, got %lld", static_cast<long long>(members));
-      return nullptr;
-    }
-    return new EnsembleHead(*info, int(members));
-  } catch (const std::exception& e) {
-    std::snprintf(err, errlen, "%s", e.what());
-    return nullptr;
-  }
-}
-
-void destroy(Head* h) { delete h; }
-
-const PluginDescriptor kDescriptor{
-    kAbiMajor, kAbiMinor, sizeof(PluginDescriptor), PluginKind::head, "ensemble", "0.1.0",
-    "K distributional dueling branching heads on the shared trunk, trained on the C51 primary's projected target",
-    0.1, 0, std::uint32_t(sizeof(kSchema) / sizeof(kSchema[0])), kSchema, &create, &destroy};
-
 }  // namespace
 
-DQN_PLUGIN_EXPORT(kDescriptor)
+DQN_HEAD_PLUGIN(EnsembleHead, "ensemble", "0.1.0",
+                "K distributional dueling branching heads on the shared trunk, trained on the C51 primary's "
+                "projected target",
+                0.1, false, kSchema)

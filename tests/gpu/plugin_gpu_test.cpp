@@ -15,32 +15,14 @@
 
 #include "core/engine.hpp"
 #include "core/plugin_loader.hpp"
-#include "pipeline/parse.hpp"
+#include "engine_gpu_util.hpp"
 
 namespace {
 using namespace dqn;
 
-std::string env_or_fail(const char* name) {
-  const char* v = std::getenv(name);
-  REQUIRE_MESSAGE(v != nullptr, name << " is not set (run through meson test)");
-  return v;
-}
-
-/// The build's plugins and the test fixtures (capture_probe among them).
-const PluginLoader& loader() {
-  static PluginLoader l([] {
-    auto dirs = PluginLoader::search_path_from("");
-    dirs.push_back(env_or_fail("DQN_TEST_FIXTURES"));
-    return dirs;
-  }());
-  return l;
-}
-
-PipelineSpec parse(const std::string& text) {
-  ParseOptions o;
-  o.plugins = &loader();
-  return parse_pipeline(text, "plugin-gpu-test.yaml", o);
-}
+using engine_gpu::loader;
+using engine_gpu::parse;
+using engine_gpu::rel;
 
 std::string pipeline(const std::string& precision, const std::string& aux = "") {
   return "name: plugin-gpu-test\nseed: 3\nbackend: cuda\nprecision: " + precision +
@@ -130,17 +112,6 @@ TEST_CASE("gpu.act: the act step's graph against the CPU reference, and acting w
   CHECK(gpu->captures() == 1);
   CHECK_THROWS_AS(gpu->act_values(obs.data(), 12), std::invalid_argument);
 }
-
-namespace {
-double rel(const std::vector<double>& a, const std::vector<double>& b) {
-  double d = 0, r = 0;
-  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    d += (a[i] - b[i]) * (a[i] - b[i]);
-    r += b[i] * b[i];
-  }
-  return a.size() == b.size() ? std::sqrt(d / std::max(r, 1e-300)) : 1e300;
-}
-}  // namespace
 
 TEST_CASE("gpu.plugins.qr_dqn: the example primary's own kernels against its host twin, 100 steps") {
   // The tolerances of gpu.step.matches_cpu (‖Δ‖/‖ref‖): fp32 the summation order only; tf32 the

@@ -23,20 +23,15 @@
 #include "core/engine.hpp"
 #include "pipeline/parse.hpp"
 #include "core/plugin_loader.hpp"
+#include "engine_gpu_util.hpp"
 #include "lab.hpp"
 
 namespace {
 using namespace dqn;
 
-/// The build's plugins and the test fixtures (the QR-DQN example built in the tree among them).
-const PluginLoader& loader() {
-  static PluginLoader l([] {
-    auto dirs = PluginLoader::search_path_from("");
-    if (const char* f = std::getenv("DQN_TEST_FIXTURES")) dirs.push_back(f);
-    return dirs;
-  }());
-  return l;
-}
+using engine_gpu::loader;
+using engine_gpu::parse;
+using engine_gpu::rel;
 
 // Awkward sizes (nothing a multiple of 32) around the ref workload's shape unless `network` and
 // `batch` say otherwise; `aux` is head lines after the C51 primary (aux_heads()).
@@ -95,12 +90,6 @@ std::string aux_heads(const std::vector<std::string>& names) {
   return lines;
 }
 
-PipelineSpec parse(const std::string& text) {
-  ParseOptions o;
-  o.plugins = &loader();
-  return parse_pipeline(text, "gpu-test.yaml", o);
-}
-
 std::unique_ptr<Engine> make(const PipelineSpec& spec, BackendKind b) {
   EngineOptions eo;
   eo.backend = b;
@@ -129,15 +118,6 @@ std::pair<std::unique_ptr<Engine>, std::unique_ptr<Engine>> cuda_pair(PipelineSp
   step_both(*ea, *eb);
   return {std::move(ea), std::move(eb)};
 }
-double rel(const std::vector<double>& a, const std::vector<double>& b) {
-  double d = 0, r = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    d += (a[i] - b[i]) * (a[i] - b[i]);
-    r += b[i] * b[i];
-  }
-  return std::sqrt(d / std::max(r, 1e-300));
-}
-
 bool bit_equal(const std::vector<double>& a, const std::vector<double>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
 }

@@ -112,15 +112,16 @@ class Head {
   virtual const char* error() const noexcept = 0;
 };
 
-/// Declares stage `name` from string lists; the engine copies everything during the call, so the
-/// temporaries only live until it returns.
+/// Declares stage `name` from string lists, in the training step or (act) the act step; the
+/// engine copies everything during the call, so the temporaries only live until it returns.
 inline int declare_stage(BuildContext& ctx, const std::string& name, std::int32_t tag,
-                         const std::vector<std::string>& reads, const std::vector<std::string>& writes) {
+                         const std::vector<std::string>& reads, const std::vector<std::string>& writes,
+                         bool act = false) {
   std::vector<const char*> r, w;
   for (const auto& s : reads) r.push_back(s.c_str());
   for (const auto& s : writes) w.push_back(s.c_str());
   const StageDesc desc{name.c_str(), tag, r.data(), std::uint32_t(r.size()), w.data(), std::uint32_t(w.size())};
-  return ctx.stage(desc);
+  return act ? ctx.act_stage(desc) : ctx.stage(desc);
 }
 
 /// Buffers the engine provides to every head (rows of the 2B blocks: states first, next_states

@@ -135,13 +135,13 @@ class HeadBase : public Head {
   void stage(BuildContext& ctx, std::int32_t tag, const std::string& what, const std::vector<std::string>& reads,
              const std::vector<std::string>& writes) {
     stages_[tag] = name_ + "." + what;
-    refused(declare(ctx, stages_[tag], tag, reads, writes, false));
+    refused(declare_stage(ctx, stages_[tag], tag, reads, writes));
   }
   /// A stage of the act step (the primary's forward for acting: head.hpp, "The primary's contract").
   void act_stage(BuildContext& ctx, std::int32_t tag, const std::string& what, const std::vector<std::string>& reads,
                  const std::vector<std::string>& writes) {
     stages_[tag] = name_ + "." + what;
-    refused(declare(ctx, stages_[tag], tag, reads, writes, true));
+    refused(declare_stage(ctx, stages_[tag], tag, reads, writes, true));
   }
 
   // --- resolution (throw when a name is unknown: the engine's reason is kept) ---
@@ -180,15 +180,6 @@ class HeadBase : public Head {
   static P found(P p, const std::string& n) {
     if (!p) throw std::invalid_argument("'" + n + "' is not there");
     return p;
-  }
-  static int declare(BuildContext& ctx, const std::string& n, std::int32_t tag, const std::vector<std::string>& reads,
-                     const std::vector<std::string>& writes, bool act) {
-    std::vector<const char*> r, w;
-    for (const auto& s : reads) r.push_back(s.c_str());
-    for (const auto& s : writes) w.push_back(s.c_str());
-    const StageDesc d{n.c_str(), tag, r.data(), static_cast<std::uint32_t>(r.size()), w.data(),
-                      static_cast<std::uint32_t>(w.size())};
-    return act ? ctx.act_stage(d) : ctx.stage(d);
   }
   template <class F>
   int guard(F&& f) noexcept {

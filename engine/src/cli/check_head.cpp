@@ -8,7 +8,6 @@
 #include "core/engine.hpp"
 #include "core/grad_check.hpp"
 #include "core/plugin_loader.hpp"
-#include "pipeline/parse.hpp"
 
 namespace dqn::cli {
 
@@ -17,16 +16,7 @@ int cmd_check_head(const CheckHeadArgs& a) {
   Common c = a.common;
   c.backend = "cpu";  // the reference: gradients in double
   PipelineSpec spec;
-  ParseOptions opt;
-  opt.overrides = c.overrides;
-  opt.overrides.push_back("backend=cpu");
-  opt.plugins = &loader;
-  try {
-    spec = load_pipeline(a.pipeline, opt);
-  } catch (const PipelineErrors& e) {
-    for (const auto& err : e.errors()) std::fprintf(stderr, "%s\n", err.what());
-    return 1;
-  }
+  if (!load_with(loader, c, a.pipeline, spec)) return 1;
   EngineOptions eo;
   eo.f64 = true;
   eo.backend = BackendKind::cpu;

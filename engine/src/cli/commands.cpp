@@ -36,6 +36,8 @@ bool write_text(const std::string& path, const std::string& text) {
   return true;
 }
 
+}  // namespace
+
 bool load_with(const PluginLoader& loader, const Common& c, const std::string& file, PipelineSpec& out,
                std::string* resolved) {
   ParseOptions opt;
@@ -52,7 +54,6 @@ bool load_with(const PluginLoader& loader, const Common& c, const std::string& f
     return false;
   }
 }
-}  // namespace
 
 bool load(const Common& c, const std::string& file, PipelineSpec& out, std::string* resolved_yaml) {
   PluginLoader loader = make_loader(c);

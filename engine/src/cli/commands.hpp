@@ -9,6 +9,10 @@
 
 #include "dqn/pipeline.hpp"
 
+namespace dqn {
+class PluginLoader;
+}
+
 namespace dqn::cli {
 
 struct Common {
@@ -66,5 +70,8 @@ int cmd_check_head(const CheckHeadArgs& a);
 /// Loads a pipeline with the plugins on the search path and the overrides; prints errors and
 /// returns false on failure.
 bool load(const Common& c, const std::string& file, PipelineSpec& out, std::string* resolved_yaml = nullptr);
+/// The same with the plugins of `loader` (kept alive by the caller for the engine it builds).
+bool load_with(const PluginLoader& loader, const Common& c, const std::string& file, PipelineSpec& out,
+               std::string* resolved_yaml = nullptr);
 
 }  // namespace dqn::cli

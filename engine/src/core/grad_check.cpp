@@ -32,10 +32,10 @@ std::vector<GradCheckRow> check_head_gradients(Engine& e, const std::string& hea
     r.param = p.name;
     for (std::int64_t i = 0; i < p.numel(); ++i) r.scale = std::max(r.scale, std::fabs(grad[std::size_t(p.offset + i)]));
     r.reaches = r.scale > 0;
-    std::vector<std::int64_t> idx{0, p.numel() / 2, p.numel() - 1};
+    std::vector<std::int64_t> idx{0, p.numel() / 2, p.numel() - 1};  // then random entries, `samples` in all
     std::uniform_int_distribution<std::int64_t> pick(0, p.numel() - 1);
-    while (int(idx.size()) < std::max(opt.samples, 3)) idx.push_back(pick(rng));
-    idx.resize(std::size_t(std::min<std::int64_t>(std::int64_t(idx.size()), std::max(opt.samples, 1))));
+    while (int(idx.size()) < opt.samples) idx.push_back(pick(rng));
+    idx.resize(std::size_t(opt.samples));
     for (const std::int64_t i : idx) {
       const std::int64_t at = p.offset + i;
       const double t0 = theta[std::size_t(at)];

@@ -17,6 +17,7 @@
 
 #include "head_kernels.cuh"
 #include "backend.hpp"
+#include "dqn/replay_tree.h"
 
 namespace dqn::cuda {
 
@@ -211,6 +212,41 @@ void CudaBackend::uniform(const Uniform& a) noexcept {
   if (a.n < 0) return fail(op, "negative size");
   if (a.n == 0 || !real_ok(a.out, op, "out") || planning_) return;
   DQN_CUDA_OK(op, cuda::uniform(stream_, a));
+}
+
+namespace {
+const char* replay_store_error(const ReplayStore& r) {
+  if (const char* why = replay::store_error(r)) return why;
+  return r.states.esize != 4 ? "the CUDA backend's reals are f32" : nullptr;
+}
+}  // namespace
+
+void CudaBackend::replay_insert(const ReplayInsert& a) noexcept {
+  constexpr const char* op = "replay_insert";
+  if (const char* why = replay_store_error(a.store)) return fail(op, why);
+  if (a.n < 1 || a.n > a.store.capacity) return fail(op, "n must be in 1..capacity");
+  if (!a.states || !a.next_states || !a.actions || !a.rewards || !a.dones) return fail(op, "null staging pointer");
+  if (planning_) return;
+  DQN_CUDA_OK(op, cuda::replay_insert(stream_, a));
+}
+
+void CudaBackend::replay_sample(const ReplaySample& a) noexcept {
+  constexpr const char* op = "replay_sample";
+  if (const char* why = replay_store_error(a.store)) return fail(op, why);
+  if (a.B < 1) return fail(op, "B must be at least 1");
+  if (!a.states2 || !a.actions || !a.rewards || !a.dones || !a.is_weights || !a.indices)
+    return fail(op, "null batch pointer");
+  if (planning_) return;
+  DQN_CUDA_OK(op, cuda::replay_sample(stream_, a));
+}
+
+void CudaBackend::replay_priorities(const ReplayPriorities& a) noexcept {
+  constexpr const char* op = "replay_priorities";
+  if (const char* why = replay_store_error(a.store)) return fail(op, why);
+  if (!a.store.tree) return fail(op, "the replay is not prioritised");
+  if (a.B < 1 || !a.indices || !a.td_error) return fail(op, "B must be at least 1, with indices and td_error");
+  if (planning_) return;
+  DQN_CUDA_OK(op, cuda::replay_priorities(stream_, a));
 }
 
 void CudaBackend::upload_reals(Real dst, const float* src, std::int64_t n) noexcept {

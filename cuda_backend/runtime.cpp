@@ -211,17 +211,33 @@ void* CudaRuntime::alloc_host(std::size_t bytes) {
   return p;
 }
 
-void CudaRuntime::copy_to_host_async(void* dst, const void* src, std::size_t bytes, int slot) {
+namespace {
+void check_slot(int slot) {
   if (slot < 0 || slot >= kReportSlots)
-    throw std::runtime_error("cuda: report slot " + std::to_string(slot) + " out of range [0, " +
+    throw std::runtime_error("cuda: copy slot " + std::to_string(slot) + " out of range [0, " +
                              std::to_string(kReportSlots) + ")");
+}
+}  // namespace
+
+void CudaRuntime::copy_to_host_async(void* dst, const void* src, std::size_t bytes, int slot) {
+  check_slot(slot);
   DQN_CUDA_THROW(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, backend_.stream()));
   DQN_CUDA_THROW(cudaEventRecord(events_[static_cast<std::size_t>(slot)], backend_.stream()));
 }
 
+void CudaRuntime::copy_to_device_async(void* dst, const void* src, std::size_t bytes, int slot) {
+  check_slot(slot);
+  DQN_CUDA_THROW(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, backend_.stream()));
+  DQN_CUDA_THROW(cudaEventRecord(events_[static_cast<std::size_t>(slot)], backend_.stream()));
+}
+
+void CudaRuntime::wait(int slot) {
+  check_slot(slot);
+  DQN_CUDA_THROW(cudaEventSynchronize(events_[static_cast<std::size_t>(slot)]));
+}
+
 bool CudaRuntime::ready(int slot) {
-  if (slot < 0 || slot >= kReportSlots)
-    throw std::runtime_error("cuda: report slot " + std::to_string(slot) + " out of range");
+  check_slot(slot);
   const cudaError_t e = cudaEventQuery(events_[static_cast<std::size_t>(slot)]);
   if (e == cudaSuccess) return true;
   if (e == cudaErrorNotReady) {

@@ -55,6 +55,8 @@ class CudaRuntime final : public Runtime {
 
   void copy_to_host_async(void* dst, const void* src, std::size_t bytes, int slot) override;
   bool ready(int slot) override;
+  void copy_to_device_async(void* dst, const void* src, std::size_t bytes, int slot) override;
+  void wait(int slot) override;
   void synchronize() override { DQN_CUDA_THROW(cudaStreamSynchronize(backend_.stream())); }
 
   // CUDA events on the runtime's stream around the enqueued work (timing events made here, once

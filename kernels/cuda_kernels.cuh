@@ -195,6 +195,11 @@ cudaError_t axpy(cudaStream_t s, float* y, const float* x, float alpha, std::int
 cudaError_t weighted_mean(cudaStream_t s, float* out, const float* x, const float* w, std::int64_t n);
 cudaError_t uniform(cudaStream_t s, const Uniform& a);
 
+/// The device replay (ReplayInsert, ReplaySample, ReplayPriorities; arguments checked by the caller).
+cudaError_t replay_insert(cudaStream_t s, const ReplayInsert& a);
+cudaError_t replay_sample(cudaStream_t s, const ReplaySample& a);
+cudaError_t replay_priorities(cudaStream_t s, const ReplayPriorities& a);
+
 /// dst[b][r][c] (compact, bf16) = src[b*stride + r*ld + c] for b < batch, r < rows, c < cols.
 cudaError_t to_bf16(cudaStream_t s, void* dst, const float* src, int rows, int cols, std::int64_t ld,
                     std::int64_t stride, int batch);

@@ -49,7 +49,8 @@ extern "C" const dqn::PluginDescriptor* dqn_plugin_descriptor();
 
 TEST_CASE("abi.version") {
   CHECK(kAbiMajor == 20u);  // bump together with every table in this file
-  CHECK(kAbiMinor == 1u);   // 20.1: the act step (BuildContext's last two slots, buf::act_*)
+  CHECK(kAbiMinor == 2u);   // 20.1: the act step (BuildContext's last two slots, buf::act_*);
+                            // 20.2: the replay ops (Backend's last three slots)
   CHECK(std::is_same_v<std::remove_cv_t<decltype(kAbiMajor)>, std::uint32_t>);
   CHECK(std::is_same_v<std::remove_cv_t<decltype(kAbiMinor)>, std::uint32_t>);
   // Every field the loader reads was there at minor 0, so an older minor's descriptor is whole.
@@ -374,6 +375,9 @@ TEST_CASE("abi.interface_vtable_slots") {
       {"Backend::download", slot_of(&Backend::download), 34, ""},
       {"Backend::upload_reals", slot_of(&Backend::upload_reals), 35, ""},
       {"Backend::download_reals", slot_of(&Backend::download_reals), 36, "the last slot of 20.1"},
+      {"Backend::replay_insert", slot_of(&Backend::replay_insert), 37, "20.2: appended"},
+      {"Backend::replay_sample", slot_of(&Backend::replay_sample), 38, "20.2"},
+      {"Backend::replay_priorities", slot_of(&Backend::replay_priorities), 39, "20.2"},
   });
 }
 #endif

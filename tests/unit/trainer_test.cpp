@@ -120,17 +120,22 @@ TEST_CASE("trainer.epsilon_governs_exploration") {
     const PipelineSpec spec = small_default(
         {"training.epsilon.start=" + std::to_string(eps_start), "training.epsilon.end=" + std::to_string(eps_end),
          "training.epsilon.decay_steps=" + std::to_string(decay), "training.train_every=1000000"});
-    Engine engine(spec, loader());
+    Engine engine(spec, loader(), training_engine_options(spec));
     engine.init_weights(3);
     Trainer trainer(engine, quiet_options(tmp.path / "run"));
     const TrainResult r = trainer.run();
     CHECK(r.train_steps == 0);
-    const ReplayBuffer& rb = trainer.replay();
+    // The engine's replay as stored (its slots fill in time order).
+    const std::int64_t size = engine.replay_state().size;
+    const std::vector<double> states = engine.host_buffer("replay/states"), actions = engine.host_buffer("replay/actions");
+    const std::size_t S = std::size_t(spec.network.state);
     int same = 0, n = 0;
-    for (std::int64_t i = from; i < std::min(to, rb.size()); ++i, ++n) {
+    for (std::int64_t i = from; i < std::min(to, size); ++i, ++n) {
+      std::vector<float> s(S);
+      for (std::size_t k = 0; k < S; ++k) s[k] = float(states[std::size_t(i) * S + k]);
       std::int32_t a = -1;
-      engine.act(rb.state_at(i), 1, &a);
-      same += a == rb.action_at(i)[0] ? 1 : 0;
+      engine.act(s.data(), 1, &a);
+      same += a == std::int32_t(actions[std::size_t(i)]) ? 1 : 0;
     }
     REQUIRE(n > 100);
     return double(same) / n;
@@ -162,7 +167,7 @@ TEST_CASE("trainer.act_step_matches_engine_q") {
       "network: {state: 4, trunk: [8, 6], head_hidden: 5, branches: 2, actions: 3, atoms: 7, v_min: -1, v_max: 2}\n"
       "heads: [{plugin: c51, role: primary}]\n";
   const PipelineSpec spec = parse_pipeline(text, "tiny.yaml", o);
-  Engine engine(spec, loader());
+  Engine engine(spec, loader());  // no replay: the batch is set by hand
   engine.init_weights(11);
   const int B = spec.batch, S = 4, D = 2, A = 3, Z = 7;
 
@@ -242,7 +247,7 @@ TEST_CASE("trainer.act_step_matches_engine_q") {
 TEST_CASE("trainer.short_run_writes_the_run_dir") {
   TempDir tmp("short");
   const PipelineSpec spec = small_default();
-  Engine engine(spec, loader());
+  Engine engine(spec, loader(), training_engine_options(spec));
   engine.init_weights(spec.seed);
   const fs::path dir = tmp.path / "run";
   TrainerOptions opt = quiet_options(dir);
@@ -313,7 +318,7 @@ TEST_CASE("trainer.stop_request_keeps_valid_weights") {
   const PipelineSpec spec = small_default();
 
   SUBCASE("stopped from inside the loop finishes that iteration") {
-    Engine engine(spec, loader());
+    Engine engine(spec, loader(), training_engine_options(spec));
     engine.init_weights(spec.seed);
     TrainerOptions opt = quiet_options(tmp.path / "mid");
     std::int64_t stop_at = -1;
@@ -340,7 +345,7 @@ TEST_CASE("trainer.stop_request_keeps_valid_weights") {
     CHECK(w.get_scalar_i64("adam.step") == r.train_steps);
   }
   SUBCASE("stopped before it starts still writes the run dir") {
-    Engine engine(spec, loader());
+    Engine engine(spec, loader(), training_engine_options(spec));
     engine.init_weights(spec.seed);
     Trainer trainer(engine, quiet_options(tmp.path / "early"));
     trainer.request_stop();
@@ -361,15 +366,17 @@ TEST_CASE("trainer.stop_request_keeps_valid_weights") {
 TEST_CASE("trainer.prioritized_replay_takes_td_errors") {
   TempDir tmp("per");
   const PipelineSpec spec = small_default({"training.replay.prioritized=true", "training.total_steps=400"});
-  Engine engine(spec, loader());
+  Engine engine(spec, loader(), training_engine_options(spec));
   engine.init_weights(spec.seed);
   Trainer trainer(engine, quiet_options(tmp.path / "run"));
   const TrainResult r = trainer.run();
   CHECK(r.train_steps == 101);
-  REQUIRE(trainer.replay().prioritized());
   // New transitions enter at the largest priority seen; td errors (C51 cross-entropy, > 1 here)
-  // raise it above its initial 1.
-  CHECK(trainer.replay().max_priority() > 1.0);
+  // raise it above its initial 1, on the device, inside the step.
+  const ReplayState st = engine.replay_state();
+  CHECK(st.max_priority > 1.0);
+  CHECK(st.draws == 101);
+  CHECK(st.size == trainer.replay_size());
   const auto lines = read_metrics(tmp.path / "run" / "metrics.jsonl");
   for (const auto& m : lines) {
     REQUIRE(m.contains("beta"));
@@ -383,7 +390,7 @@ TEST_CASE("trainer.seeded_runs_repeat") {
   std::vector<float> params[2];
   std::vector<nlohmann::json> evals[2];
   for (int k = 0; k < 2; ++k) {
-    Engine engine(spec, loader());
+    Engine engine(spec, loader(), training_engine_options(spec));
     engine.init_weights(spec.seed);
     Trainer trainer(engine, quiet_options(tmp.path / std::to_string(k)));
     trainer.run();
@@ -402,7 +409,7 @@ TEST_CASE("trainer.network_must_fit_the_environment") {
   o.overrides = {"backend=cpu"};
   // c51.yaml is the 64-feature, 3x5-action benchmark workload: not CartPole's shapes.
   const PipelineSpec spec = load_pipeline(source_dir() + "/pipelines/c51.yaml", o);
-  Engine engine(spec, loader());
+  Engine engine(spec, loader(), training_engine_options(spec));
   engine.init_weights(1);
   try {
     Trainer t(engine, {});
@@ -427,7 +434,7 @@ TEST_CASE("trainer.default_run_dir") {
 
   // With neither --out nor training.out_dir, run() writes under runs_root.
   const PipelineSpec spec = small_default({"training.total_steps=8"});
-  Engine engine(spec, loader());
+  Engine engine(spec, loader(), training_engine_options(spec));
   engine.init_weights(1);
   TrainerOptions opt = quiet_options("");
   opt.runs_root = (tmp.path / "runs").string();

@@ -24,12 +24,12 @@ struct Real {
   void* p = nullptr;
   std::uint32_t esize = 4;
 
-  Real operator+(std::ptrdiff_t n) const noexcept {
+  DQN_HOST_DEVICE Real operator+(std::ptrdiff_t n) const noexcept {
     return {static_cast<char*>(p) + n * static_cast<std::ptrdiff_t>(esize), esize};
   }
   template <class T>
-  T* as() const noexcept { return static_cast<T*>(p); }
-  explicit operator bool() const noexcept { return p != nullptr; }
+  DQN_HOST_DEVICE T* as() const noexcept { return static_cast<T*>(p); }
+  DQN_HOST_DEVICE explicit operator bool() const noexcept { return p != nullptr; }
 };
 
 enum class Act : std::int32_t { none = 0, relu = 1 };
@@ -245,6 +245,68 @@ struct Update {
   TargetUpdate target;                  ///< target.t is adam.t; target.skip is budget.skip
 };
 
+/// The device replay's memory (docs/replay.md): a ring of `capacity` n-step transitions and, when
+/// prioritised, a sum/min tree of fan-out 32 over the leaves p_i^α (dqn/replay_tree.h lays it
+/// out). Everything lives where the backend computes, so sampling and priority updates are ops
+/// of the step.
+struct ReplayStore {
+  Real states, next_states;       ///< [capacity, S]
+  std::int32_t* actions = nullptr;///< [capacity, D]
+  Real rewards, dones;            ///< [capacity]
+  /// Prioritised: the tree's nodes, one 8-byte word each holding {float sum, float min} (min:
+  /// the smallest positive leaf below, +inf where none), leaves first. Null: uniform replay.
+  std::int64_t* tree = nullptr;
+  std::int32_t* owner = nullptr;  ///< prioritised: [capacity] scratch of replay_priorities, 0 between calls
+  /// [kReplayCursor]: next slot, size, env step, draws so far, transitions inserted, a block counter.
+  std::int64_t* cursor = nullptr;
+  float* max_priority = nullptr;  ///< [1] the largest p = |δ| + ε so far (1 at first): new transitions get it
+  std::int64_t capacity = 0;
+  int S = 0, D = 0;
+  float alpha = 0.6f, priority_eps = 1e-6f;
+};
+inline constexpr int kReplayCursor = 8;
+enum ReplayCursor : int { kCurNext = 0, kCurSize = 1, kCurEnvStep = 2, kCurDraws = 3, kCurInserted = 4, kCurBlocks = 5 };
+
+/// Appends n rows (staging memory in the backend's space) at the ring's next slot, each at the
+/// largest priority so far, and sets the env step (β's schedule reads it). Outside a step only.
+struct ReplayInsert {
+  ReplayStore store;
+  Real states, next_states;       ///< [n, S]
+  const std::int32_t* actions = nullptr;  ///< [n, D]
+  Real rewards, dones;            ///< [n]
+  std::int64_t n = 0;             ///< 0 < n <= capacity
+  std::int64_t env_step = 0;
+};
+
+/// B transitions drawn with replacement, keyed by (seed, draw counter): uniform, or prioritised
+/// (stratified: row b's prefix sum is (b + u_b)·total/B), with importance weights
+/// w_b = (p_min/p_b)^β (the (size·P)^−β of Schaul et al. over its largest value), β going from
+/// beta_start to beta_end linearly over beta_steps env steps. Gathers the rows into the step's
+/// batch and advances the draw counter. Needs size >= 1.
+struct ReplaySample {
+  ReplayStore store;
+  int B = 0;
+  std::uint64_t seed = 0;
+  Real states2;                   ///< out [2B, S]: states, then next states
+  std::int32_t* actions = nullptr;///< out [B, D]
+  Real rewards, dones, is_weights;///< out [B]
+  std::int64_t* indices = nullptr;///< out [B] the slots drawn
+  Real stats;                     ///< out [kReplayStats] (null: none)
+  float beta_start = 0.4f, beta_end = 1.0f;
+  std::int64_t beta_steps = 1;
+};
+/// ReplaySample::stats: size, β, the largest priority and the tree's total (p^α summed; size for uniform).
+inline constexpr int kReplayStats = 4;
+
+/// New priorities p = |δ_b| + ε of the rows just drawn (the leaf gets p^α); rows whose δ is not
+/// finite keep theirs; of a slot drawn twice the last row counts. Raises the largest priority.
+struct ReplayPriorities {
+  ReplayStore store;
+  const std::int64_t* indices = nullptr;  ///< [B]
+  Real td_error;                  ///< [B]
+  int B = 0;
+};
+
 /// What a head's own kernels need of a device backend (Backend::device()): the stream of the
 /// stage being run (captured into the step's graph: enqueue work on it only, never synchronise,
 /// allocate or copy to the host), the device, and the launch policy. dqn/device.cuh launches
@@ -360,6 +422,11 @@ class Backend {
   virtual void download_reals(float* dst, Real src, std::int64_t n) noexcept = 0;
 
   // --- appended in a minor version go below, in order; never reorder what is above ---
+
+  // --- appended in 20.2: the device replay (outside a step: insert; inside: sample, priorities) ---
+  virtual void replay_insert(const ReplayInsert& a) noexcept = 0;
+  virtual void replay_sample(const ReplaySample& a) noexcept = 0;
+  virtual void replay_priorities(const ReplayPriorities& a) noexcept = 0;
 
   /// head_forward as the ops it is made of: three GEMMs (bias and ReLU in their epilogues) and
   /// dueling_dist.

@@ -44,17 +44,21 @@ DQN_HD float to_unit(std::uint32_t x) {
   return (static_cast<float>(x >> 8) + 0.5f) * (1.0f / 16777216.0f);
 }
 
-/// The i-th uniform number of draw `stream` in step `step` for `seed`. Four consecutive i share
+/// The i-th 32 random bits of draw `stream` in step `step` for `seed`. Four consecutive i share
 /// one Philox block.
-DQN_HD float uniform(std::uint64_t seed, std::uint64_t step, std::uint32_t stream, std::uint64_t i) {
+DQN_HD std::uint32_t bits(std::uint64_t seed, std::uint64_t step, std::uint32_t stream, std::uint64_t i) {
   const std::uint64_t block = i >> 2;
   const U4 c{static_cast<std::uint32_t>(block), static_cast<std::uint32_t>(block >> 32),
              static_cast<std::uint32_t>(step), (static_cast<std::uint32_t>(step >> 32) & 0xFFFFu) |
                                                    (stream << 16)};
   const U4 r = philox4x32_10(c, static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
   const std::uint32_t lane = static_cast<std::uint32_t>(i & 3u);
-  const std::uint32_t bits = lane == 0 ? r.x : lane == 1 ? r.y : lane == 2 ? r.z : r.w;
-  return to_unit(bits);
+  return lane == 0 ? r.x : lane == 1 ? r.y : lane == 2 ? r.z : r.w;
+}
+
+/// The i-th uniform number in (0, 1) of draw `stream` in step `step` for `seed`.
+DQN_HD float uniform(std::uint64_t seed, std::uint64_t step, std::uint32_t stream, std::uint64_t i) {
+  return to_unit(bits(seed, step, stream, i));
 }
 
 }  // namespace dqn::philox

@@ -20,9 +20,10 @@ namespace dqn {
 /// History: one number per change up to 19; 20.0 moved the built-in heads' own ops out of the op
 /// table into their plugins (Backend::device, Backend::fail), reordered the table and this
 /// descriptor and split the version into major.minor; 20.1 added the act step
-/// (BuildContext::act_rows, BuildContext::act_stage, buf::act_h2, buf::act_q).
+/// (BuildContext::act_rows, BuildContext::act_stage, buf::act_h2, buf::act_q); 20.2 the device
+/// replay's ops (Backend::replay_insert, replay_sample, replay_priorities).
 inline constexpr std::uint32_t kAbiMajor = 20;
-inline constexpr std::uint32_t kAbiMinor = 1;
+inline constexpr std::uint32_t kAbiMinor = 2;
 
 /// The exported symbol every plugin defines (through DQN_PLUGIN_EXPORT below).
 inline constexpr const char* kDescriptorSymbol = "dqn_plugin_descriptor";

@@ -74,6 +74,11 @@ class Runtime {
   /// without blocking whether that copy has landed.
   virtual void copy_to_host_async(void* dst, const void* src, std::size_t bytes, int slot) = 0;
   virtual bool ready(int slot) = 0;
+  /// The same host→device, from memory of alloc_host: the copy is queued behind the work already
+  /// on the stream (and what is queued after it sees the data).
+  virtual void copy_to_device_async(void* dst, const void* src, std::size_t bytes, int slot) = 0;
+  /// Blocks until slot's last copy has landed (before its host memory is written again).
+  virtual void wait(int slot) = 0;
   /// Wait for all queued work (never inside a step: only before saving or reading results).
   virtual void synchronize() = 0;
   virtual std::string describe() const = 0;

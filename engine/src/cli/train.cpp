@@ -76,7 +76,7 @@ int cmd_train(const TrainArgs& a) {
   std::unique_ptr<Engine> engine;
   std::unique_ptr<Trainer> trainer;
   try {
-    engine = std::make_unique<Engine>(spec, loader);
+    engine = std::make_unique<Engine>(spec, loader, training_engine_options(spec));
     if (!a.weights.empty())
       engine->load_weights(st::read_file(a.weights));
     else

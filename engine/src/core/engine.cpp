@@ -146,6 +146,7 @@ Engine::~Engine() {
     }
     for (auto*& p : report_host_)
       if (p) rt_->free_host(p), p = nullptr;
+    free_replay_staging();
   }
   rt_.reset();  // the graph goes before the heads and their libraries
   heads_.clear();
@@ -194,7 +195,9 @@ void Engine::build(const PluginLoader& plugins) {
 
   act_rows_ = std::max({1, spec_.training.num_envs, spec_.training.eval.episodes});
   declare_engine_buffers();
+  declare_replay_buffers();
   declare_act_buffers();
+  add_replay_stage_front();
   add_engine_stages_front();
   add_act_stage_front();
   for (std::size_t h = 0; h < heads_.size(); ++h) {
@@ -241,11 +244,13 @@ void Engine::build(const PluginLoader& plugins) {
     reg_.declare("sn/table", DType::i64, {std::max<std::int64_t>(words, 1)}, BufferKind::optimizer, "engine");
   }
   add_engine_stages_back();
+  add_replay_stage_back();
   add_act_stage_back();
   reg_.declare("budget/reach", DType::i64, {H * kBudgetReach * 2}, BufferKind::optimizer, "engine");
 
   reg_.freeze(*rt_);
   bind_engine();
+  bind_replay();
   bind_act();
   for (std::size_t h = 0; h < heads_.size(); ++h) {
     HeadResolver r(*this, h);
@@ -628,6 +633,8 @@ void Engine::trunk_weights_layer(Backend& be, int i) {
 
 // ---------------------------------------------------------------------------------------------
 void Engine::step() {
+  if (replay_.on && replay_.added == 0)
+    throw std::logic_error("step: the replay is empty (add_transitions before the first step)");
   if (captured_) {
     rt_->replay();
   } else {
@@ -768,6 +775,14 @@ StepReport Engine::parse_report(const std::vector<unsigned char>& bytes) const {
   r.total_loss = real_at(rl_.total, 0);
   for (int b = 0; b < spec_.batch; ++b) r.td_error.push_back(float(real_at(rl_.td, std::size_t(b))));
   std::memcpy(&r.skipped_steps, bytes.data() + rl_.skipped, 8);
+  if (replay_.on) {
+    ReplayStats st;
+    st.size = std::int64_t(real_at(rl_.replay, 0));
+    st.beta = real_at(rl_.replay, 1);
+    st.max_priority = real_at(rl_.replay, 2);
+    st.total_priority = real_at(rl_.replay, 3);
+    r.replay = st;
+  }
   r.step_index = steps_;
   return r;
 }

@@ -20,6 +20,37 @@
 
 namespace dqn {
 
+/// The replay the step draws its batch from (EngineOptions::replay): resident where the backend
+/// computes, filled by add_transitions, sampled by the step's first stage and (prioritised)
+/// re-weighted from td_error by its last.
+struct EngineReplay {
+  ReplaySpec spec;              ///< capacity, prioritized, alpha, beta_start/end, priority_eps
+  std::int64_t beta_steps = 1;  ///< env steps over which β goes from beta_start to beta_end
+  int staging_rows = 0;         ///< the most transitions one add_transitions call takes (0: 4096)
+};
+
+/// n transitions on the host, row-major (what add_transitions copies in).
+struct Transitions {
+  std::int64_t n = 0;
+  const float* states = nullptr;       ///< [n, S]
+  const float* next_states = nullptr;  ///< [n, S]
+  const std::int32_t* actions = nullptr;  ///< [n, D]
+  const float* rewards = nullptr;      ///< [n] n-step discounted returns
+  const float* dones = nullptr;        ///< [n] 1: no bootstrap
+};
+
+/// The replay as the last report saw it (StepReport::replay).
+struct ReplayStats {
+  std::int64_t size = 0;
+  double beta = 0, max_priority = 1, total_priority = 0;
+};
+
+/// The replay's counters, read between steps (Engine::replay_state).
+struct ReplayState {
+  std::int64_t next = 0, size = 0, env_step = 0, draws = 0, inserted = 0;
+  double max_priority = 1, total_priority = 0, min_leaf = 0;
+};
+
 /// One batch on the host (docs/step-math.md, "A batch is").
 struct HostBatch {
   int B = 0, S = 0, D = 0;
@@ -44,12 +75,15 @@ struct StepReport {
   std::int64_t skipped_steps = 0;
   std::int64_t adam_step = 0;
   std::int64_t step_index = 0;  ///< host steps taken when this report was copied
+  std::optional<ReplayStats> replay;  ///< with a replay: what the report's step drew from
 };
 
 struct EngineOptions {
   bool f64 = false;  ///< CPU reference in double precision (gradient checks)
   std::optional<BackendKind> backend;  ///< overrides the pipeline's backend
   int device = 0;
+  /// Set: the step samples its batch from a replay of its own (set_batch is then overwritten).
+  std::optional<EngineReplay> replay;
 };
 
 class Engine {
@@ -73,6 +107,22 @@ class Engine {
   st::File save_state(bool dump);
 
   void set_batch(const HostBatch& b);
+
+  // --- the replay (EngineOptions::replay) ---
+  bool has_replay() const { return replay_.on; }
+  /// Appends transitions to the replay without waiting for the step: they go through pinned
+  /// staging and an asynchronous copy, ordered on the stream, each at the largest priority so
+  /// far; env_step sets β's schedule. Waits only when the staging ring is full (for the copy
+  /// issued that many calls ago). Throws std::invalid_argument for n outside 1..staging rows.
+  void add_transitions(const Transitions& t, std::int64_t env_step);
+  /// Transitions added so far (host count; the replay holds min(this, capacity)).
+  std::int64_t transitions_added() const { return replay_.added; }
+  int staging_rows() const { return int(replay_.rows); }
+  /// Synchronises and reads the replay's counters (tests, tools, the end of a run).
+  ReplayState replay_state();
+  /// Synchronises and reads the slots the last step drew and their leaves (p^α; 1 for uniform).
+  std::vector<std::int64_t> drawn_slots();
+  std::vector<double> leaves(std::int64_t first, std::int64_t count);
   /// The online parameters as one flat f32 vector laid out as registry().params() says
   /// (synchronises: for actors that refresh their copy every so many steps).
   std::vector<float> online_params();
@@ -163,6 +213,28 @@ class Engine {
   void capture_act();
   void run_act(const float* obs, int rows);
   StepReport parse_report(const std::vector<unsigned char>& bytes) const;
+  void declare_replay_buffers();
+  void add_replay_stage_front();
+  void add_replay_stage_back();
+  void bind_replay();
+  void free_replay_staging() noexcept;
+  ReplayStore replay_store() const;
+
+  struct ReplayPart {
+    bool on = false, prioritized = false;
+    EngineReplay opt;
+    std::int64_t rows = 0;         ///< staging rows K
+    ReplayStore store;
+    ReplayInsert staged;           ///< the device staging block (n, env_step set per call)
+    std::int64_t* indices = nullptr;
+    Real stats;
+    std::size_t stage_bytes = 0;   ///< one staging block
+    void* stage_dev = nullptr;
+    std::vector<void*> pinned;     ///< the staging ring
+    std::int64_t seq = 0, added = 0;
+  } replay_;
+  static constexpr int kStagingSlots = 8;   ///< the ring's blocks
+  static constexpr int kStagingSlot0 = 2;   ///< their copy slots (the reports use 0 and 1)
 
   PipelineSpec spec_;
   EngineOptions opt_;
@@ -203,7 +275,7 @@ class Engine {
   std::vector<Real> sn_u_;
 
   // Report offsets inside the report range.
-  struct ReportLayout { std::size_t losses, norms, clips, total, td, skipped; } rl_{};
+  struct ReportLayout { std::size_t losses, norms, clips, total, td, skipped, replay; } rl_{};
   std::size_t report_begin_ = 0, report_bytes_ = 0;
   unsigned char* report_host_[2] = {nullptr, nullptr};
   std::int64_t report_step_[2] = {-1, -1};

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/cpu_replay.hpp"
 #include "dqn/philox.h"
 
 namespace dqn {
@@ -446,6 +447,18 @@ class CpuBackend final : public Backend {
     T* out = a.out.as<T>();
     for (std::int64_t i = 0; i < a.n; ++i)
       out[i] = static_cast<T>(philox::uniform(a.seed, step, a.stream, static_cast<std::uint64_t>(i)));
+  }
+
+  // --- the device replay (here: host memory) -----------------------------------------------
+
+  void replay_insert(const ReplayInsert& a) noexcept override {
+    if (const char* why = cpu_replay::insert<T>(a)) fail("replay_insert", why);
+  }
+  void replay_sample(const ReplaySample& a) noexcept override {
+    if (const char* why = cpu_replay::sample<T>(a)) fail("replay_sample", why);
+  }
+  void replay_priorities(const ReplayPriorities& a) noexcept override {
+    if (const char* why = cpu_replay::priorities<T>(a)) fail("replay_priorities", why);
   }
 
   void upload(void* dst, const void* src, std::size_t bytes) noexcept override {

@@ -62,6 +62,12 @@ class CpuRuntime final : public Runtime {
   }
 
   bool ready(int /*slot*/) override { return true; }
+  void copy_to_device_async(void* dst, const void* src, std::size_t bytes, int /*slot*/) override {
+    if (bytes == 0) return;
+    if (!dst || !src) throw std::invalid_argument("cpu runtime: copy_to_device_async with a null pointer");
+    std::memcpy(dst, src, bytes);
+  }
+  void wait(int /*slot*/) override {}
   void synchronize() override {}
 
   std::string describe() const override {

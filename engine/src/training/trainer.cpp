@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // Independent random streams derived from the pipeline seed.
-constexpr std::uint64_t kActStream = 1, kReplayStream = 2, kEvalStream = 3;
+constexpr std::uint64_t kActStream = 1, kEvalStream = 3;
 
 std::uint64_t splitmix64(std::uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -97,6 +97,14 @@ double beta_at(const TrainingSpec& t, std::int64_t env_step) {
   return linear_schedule(t.replay.beta_start, t.replay.beta_end, t.total_steps, env_step);
 }
 
+EngineReplay training_replay(const PipelineSpec& spec) {
+  EngineReplay r;
+  r.spec = spec.training.replay;
+  r.beta_steps = spec.training.total_steps;
+  r.staging_rows = std::max(1, spec.training.num_envs) * std::max(1, spec.n_step);
+  return r;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Trainer
 
@@ -106,14 +114,14 @@ Trainer::Trainer(Engine& engine, TrainerOptions opt)
       opt_(std::move(opt)),
       env_(make_training_env(spec_)),
       eval_env_(make_env(spec_.training.env, spec_.training.eval.episodes, derive_seed(spec_.seed, kEvalStream))),
-      replay_(spec_.training.replay.capacity, spec_.network.state, spec_.network.branches, spec_.n_step, spec_.gamma,
-              spec_.training.num_envs, spec_.training.replay.prioritized, spec_.training.replay.alpha,
-              spec_.training.replay.priority_eps),
+      nstep_(spec_.network.state, spec_.network.branches, spec_.n_step, spec_.gamma, spec_.training.num_envs),
       N_(spec_.training.num_envs),
       S_(spec_.network.state),
       D_(spec_.network.branches),
-      act_rng_(derive_seed(spec_.seed, kActStream)),
-      replay_rng_(derive_seed(spec_.seed, kReplayStream)) {
+      act_rng_(derive_seed(spec_.seed, kActStream)) {
+  if (!engine_.has_replay() || engine_.staging_rows() < nstep_.max_per_step())
+    throw std::invalid_argument("trainer: the engine needs the training replay (EngineOptions::replay = "
+                                "training_replay(spec)): its step draws the batch from it");
   branch_actions_ = env_->spec().branch_actions;
   if (opt_.log_every < 1) throw std::invalid_argument("trainer: log_every must be at least 1");
   const auto n = std::size_t(N_), s = std::size_t(S_);
@@ -125,9 +133,10 @@ Trainer::Trainer(Engine& engine, TrainerOptions opt)
   terminated_.resize(n);
   truncated_.resize(n);
   actions_.resize(n * std::size_t(D_));
-  host_batch_.B = spec_.batch;
-  host_batch_.S = S_;
-  host_batch_.D = D_;
+}
+
+std::int64_t Trainer::replay_size() const {
+  return std::min(engine_.transitions_added(), spec_.training.replay.capacity);
 }
 
 Trainer::~Trainer() = default;
@@ -163,8 +172,11 @@ void Trainer::act(bool random_only) {
   }
   env_->step(actions_.data(), next_obs_.data(), rewards_.data(), terminated_.data(), truncated_.data(),
              final_obs_.data());
-  replay_.add(obs_.data(), actions_.data(), rewards_.data(), final_obs_.data(), terminated_.data(),
-              truncated_.data());
+  fresh_.clear();
+  nstep_.add(obs_.data(), actions_.data(), rewards_.data(), final_obs_.data(), terminated_.data(), truncated_.data(),
+             fresh_);
+  // Into the engine's replay without waiting for the step (β's schedule reads the env step).
+  if (fresh_.size() > 0) engine_.add_transitions(fresh_.view(), env_steps_ + N_);
   for (int e = 0; e < N_; ++e) {
     const auto ue = std::size_t(e);
     ep_return_[ue] += rewards_[ue];
@@ -183,42 +195,8 @@ void Trainer::act(bool random_only) {
 }
 
 void Trainer::train_once() {
-  const TrainingSpec& t = spec_.training;
-  const double beta = t.replay.prioritized ? beta_at(t, env_steps_) : 0.0;
-  replay_.sample(spec_.batch, beta, replay_rng_, batch_);
-  // Lend the sampled vectors to the engine's batch type and take them back: no copies.
-  auto lend = [&] {
-    host_batch_.states.swap(batch_.states);
-    host_batch_.next_states.swap(batch_.next_states);
-    host_batch_.actions.swap(batch_.actions);
-    host_batch_.rewards.swap(batch_.rewards);
-    host_batch_.dones.swap(batch_.dones);
-    host_batch_.is_weights.swap(batch_.is_weights);
-  };
-  lend();
-  try {
-    engine_.set_batch(host_batch_);
-  } catch (...) {
-    lend();
-    throw;
-  }
-  lend();
-  engine_.step();
+  engine_.step();  // draws its batch from the replay and, prioritised, updates the priorities
   ++train_steps_;
-  if (t.replay.prioritized) {
-    const StepReport r = engine_.read_report();
-    // A skipped (non-finite) step leaves its rows' priorities as they were.
-    std::vector<std::int64_t> idx;
-    std::vector<float> td;
-    idx.reserve(r.td_error.size());
-    td.reserve(r.td_error.size());
-    for (std::size_t b = 0; b < r.td_error.size() && b < batch_.indices.size(); ++b)
-      if (std::isfinite(r.td_error[b])) {
-        idx.push_back(batch_.indices[b]);
-        td.push_back(r.td_error[b]);
-      }
-    replay_.update_priorities(idx.data(), td.data(), int(idx.size()));
-  }
 }
 
 EvalResult Trainer::evaluate(std::int64_t round) {
@@ -323,7 +301,8 @@ void Trainer::write_metrics(const std::optional<EvalResult>& eval, bool final_li
     j["total_loss"] = rep->total_loss;
     j["skipped_steps"] = rep->skipped_steps;
   }
-  j["replay_size"] = replay_.size();
+  j["replay_size"] = replay_size();
+  if (rep && rep->replay && spec_.training.replay.prioritized) j["max_priority"] = rep->replay->max_priority;
   j["steps_per_s"] = steps_per_s_;
   j["wall_s"] = wall;
   if (final_line) {
@@ -411,7 +390,7 @@ TrainResult Trainer::run() {
 
   while (env_steps_ < t.total_steps && !stop_requested()) {
     act(env_steps_ < t.learning_starts);
-    if (env_steps_ >= t.learning_starts && replay_.size() >= B) {
+    if (env_steps_ >= t.learning_starts && replay_size() >= B) {
       for (; next_train_at <= env_steps_; next_train_at += t.train_every)
         for (int g = 0; g < t.gradient_steps; ++g) train_once();
     } else {

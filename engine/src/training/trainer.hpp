@@ -35,6 +35,15 @@ inline constexpr std::int64_t kLogEvery = 1000;
 double epsilon_at(const EpsilonSpec& e, std::int64_t env_step);
 /// Prioritized replay's β at an environment step: beta_start → beta_end over total_steps.
 double beta_at(const TrainingSpec& t, std::int64_t env_step);
+/// The replay a training run's engine needs (EngineOptions::replay): training.replay, β over
+/// training.total_steps, staging for one environment step of every copy.
+EngineReplay training_replay(const PipelineSpec& spec);
+/// Engine options for a training run: the training replay.
+inline EngineOptions training_engine_options(const PipelineSpec& spec) {
+  EngineOptions o;
+  o.replay = training_replay(spec);
+  return o;
+}
 
 struct EvalResult {
   double mean = 0, min = 0, max = 0;
@@ -73,7 +82,8 @@ struct TrainResult {
 /// One training run. The engine must already hold its starting weights (init or loaded).
 class Trainer {
  public:
-  /// Throws std::invalid_argument when the pipeline's network does not fit its environment.
+  /// Throws std::invalid_argument when the pipeline's network does not fit its environment, and
+  /// when the engine was built without training_replay(spec).
   Trainer(Engine& engine, TrainerOptions opt = {});
   ~Trainer();
   Trainer(const Trainer&) = delete;
@@ -93,7 +103,8 @@ class Trainer {
   /// reset with a seed derived from the pipeline's seed and `round`.
   EvalResult evaluate(std::int64_t round);
 
-  const ReplayBuffer& replay() const { return replay_; }
+  /// Transitions in the engine's replay (host count: no wait).
+  std::int64_t replay_size() const;
   const std::string& run_dir() const { return run_dir_; }
   /// ε the loop uses at its current environment step.
   double epsilon() const { return epsilon_at(spec_.training.epsilon, env_steps_); }
@@ -116,18 +127,17 @@ class Trainer {
   static_assert(std::atomic<bool>::is_always_lock_free, "request_stop must be async-signal-safe");
 
   std::unique_ptr<VecEnv> env_, eval_env_;
-  ReplayBuffer replay_;
+  NStepAssembler nstep_;
+  TransitionBatch fresh_;  ///< this environment step's completed transitions
   int N_, S_, D_;
   std::vector<int> branch_actions_;
 
-  std::mt19937_64 act_rng_, replay_rng_;
+  std::mt19937_64 act_rng_;
   std::vector<float> obs_, next_obs_, final_obs_, rewards_, ep_return_;
   std::vector<std::uint8_t> terminated_, truncated_;
   std::vector<std::int32_t> actions_;
   std::vector<double> recent_returns_;  // ring of the last kReturnWindow episode returns
   std::size_t recent_next_ = 0;
-  Batch batch_;
-  HostBatch host_batch_;
 
   std::string run_dir_;
   std::ofstream metrics_;

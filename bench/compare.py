@@ -6,6 +6,9 @@ the peer gets the same ones on its command line.
     python3 bench/compare.py --dqn build-gpu/tools/dqn --pipeline pipelines/ref.yaml \
         --batch 256,1024,4096 --precision tf32,fp32,bf16 [--heads c51] [--json-out FILE]
 
+With --epoch it compares training epochs that draw their batches from a full replay on the GPU
+(`dqn bench --epoch` against torch_epoch.py), per replay kind, by time per step.
+
 One batch size at a time: the engine, then the peer, then that batch's rows printed (and the JSON
 file rewritten), so that a run cut off by a time box keeps every batch it finished.
 """
@@ -49,32 +52,51 @@ def main() -> int:
                    help="the peer script (default: torch_peer.py beside this one)")
     p.add_argument("--set", action="append", default=[], help="pipeline override for dqn (key=value)")
     p.add_argument("--json-out", help="write every row here")
+    p.add_argument("--epoch", action="store_true", help="epochs drawing from a replay on the GPU, both sides")
+    p.add_argument("--replay", default="uniform,prioritized", help="--epoch: replay kinds")
+    p.add_argument("--replay-size", default="1000000", help="--epoch: transitions in the replay")
+    p.add_argument("--epoch-steps", default="10000", help="--epoch: the engine's steps per timed epoch")
+    p.add_argument("--peer-epoch-steps", default="2000", help="--epoch: the peer's steps per timed epoch")
     a = p.parse_args()
 
     batches = [b.strip() for b in a.batch.split(",") if b.strip()]
     if not batches:
         raise SystemExit(f"compare.py: --batch '{a.batch}': expected a comma list of batch sizes")
-    common = ["--precision", a.precision, "--warmup", str(a.warmup), "--iters", str(a.iters),
-              "--repeats", str(a.repeats), "--json"]
+    common = ["--precision", a.precision, "--warmup", str(a.warmup), "--repeats", str(a.repeats), "--json"]
+    if not a.epoch:
+        common += ["--iters", str(a.iters)]
     sets = [arg for s in a.set for arg in ("--set", s)]  # the pipeline overrides, for dqn only
     ours, peer, rows = [], [], []
-    print(f"{'precision':>9} {'batch':>6} {'dqn_us':>10} {'peer_mode':>9} {'peer_us':>10} {'ratio':>8}", flush=True)
+    print(f"{'precision':>9} {'batch':>6} {'replay':>11} {'dqn_us':>10} {'peer_mode':>9} {'peer_us':>10} {'ratio':>8}",
+          flush=True)
     for batch in batches:
         # The engine on the GPU (the comparison is the same step on the same GPU): without one, dqn
         # stops at once with why, instead of timing thousands of CPU steps.
-        o_rows = run_json_lines([a.dqn, "bench", a.pipeline, "--backend", "cuda", "--batch", batch, *common, *sets])
-        q_rows = run_json_lines([sys.executable, a.peer, "--mode", a.peer_modes, "--heads", a.heads,
-                                 "--batch", batch, *common, *a.peer_args.split()])
+        if a.epoch:
+            replay = ["--replay", a.replay, "--replay-size", a.replay_size]
+            o_rows = run_json_lines([a.dqn, "bench", a.pipeline, "--backend", "cuda", "--batch", batch, "--epoch",
+                                     "--epoch-steps", a.epoch_steps, *replay, *common, *sets])
+            epoch_peer = os.path.join(os.path.dirname(a.peer), "torch_epoch.py")
+            q_rows = run_json_lines([sys.executable, epoch_peer, "--heads", a.heads, "--batch", batch,
+                                     "--epoch-steps", a.peer_epoch_steps, *replay, *common, *a.peer_args.split()])
+        else:
+            o_rows = run_json_lines([a.dqn, "bench", a.pipeline, "--backend", "cuda", "--batch", batch, *common,
+                                     *sets])
+            q_rows = run_json_lines([sys.executable, a.peer, "--mode", a.peer_modes, "--heads", a.heads,
+                                     "--batch", batch, *common, *a.peer_args.split()])
         ours += o_rows
         peer += q_rows
         for o in o_rows:
             for q in q_rows:
-                if q["batch"] == o["batch"] and q["precision"] == o["precision"]:
+                if q["batch"] == o["batch"] and q["precision"] == o["precision"] and \
+                        q.get("replay", "none") == o.get("replay", "none"):
                     ratio = q["us_per_step_median"] / o["us_per_step_median"]
-                    rows.append({"precision": o["precision"], "batch": o["batch"], "dqn_us": o["us_per_step_median"],
+                    rows.append({"precision": o["precision"], "batch": o["batch"], "replay": o.get("replay", "none"),
+                                 "dqn_us": o["us_per_step_median"], "dqn_epoch_s": o.get("epoch_s"),
                                  "peer_mode": q["mode"], "peer_us": q["us_per_step_median"], "ratio": ratio,
                                  "graph_nodes": o.get("graph_nodes"), "gpu": q.get("gpu"), "torch": q.get("torch")})
-                    print(f"{o['precision']:>9} {o['batch']:>6} {o['us_per_step_median']:>10.2f} {q['mode']:>9} "
+                    print(f"{o['precision']:>9} {o['batch']:>6} {o.get('replay', ''):>11} "
+                          f"{o['us_per_step_median']:>10.2f} {q['mode']:>9} "
                           f"{q['us_per_step_median']:>10.2f} {ratio:>7.1f}x", flush=True)
         if a.json_out:  # rewritten after every batch: what a cut-off run finished stays
             with open(a.json_out, "w") as f:

@@ -3,12 +3,13 @@
 # the benchmark against the PyTorch peer (C51 alone and all four heads), the pipeline's cuda:
 # choices against the defaults, and compute-sanitizer on the update, head and loss ops and on whole
 # steps. Logs and JSON go to ${OUT:-out}/; a short summary is printed last.
-# Usage: tools/gpu_check.sh [quick|bench|fast|verify]   quick: build, tests, step; bench: build and
+# Usage: tools/gpu_check.sh [quick|bench|fast|verify|epoch]   quick: build, tests, step; bench: build and
 # benchmarks only; fast: build, tests, step, then the two comparisons at B 256 and the replayed
 # steps' kernel timelines (dqn-trace) (for iterating on kernels: about half the device time of a
 # full run); verify: build, the gpu suite alone, step, the C51 timeline with the update's phases,
 # the C51 comparison at B 256 against the graph peer (what a change to the default kernels needs
-# first, in about 150 s).
+# first, in about 150 s); epoch: build, the gpu suite, the epoch comparison drawing from a full
+# replay (uniform and prioritised, B 256, tf32) and compute-sanitizer on the replay's kernels.
 # Environment: CHOICES="cuda.x=a ..." runs only those rows of the cuda: choices against the
 # defaults (cuda.x=a,cuda.y=b sets both for one row); SANITIZE_OPS / SANITIZE_STEP the
 # compute-sanitizer tools (default memcheck racecheck / memcheck initcheck); SAN_BOX each one's time
@@ -53,7 +54,7 @@ export DQN_PLUGIN_PATH=$PWD/$build/plugins
 if [ "$mode" != bench ]; then
   t1=$(date +%s)
   suites=(--suite gpu --suite unit --suite numeric --suite plugins)
-  [ "$mode" = verify ] && suites=(--suite gpu)  # (the others run in CI too)
+  { [ "$mode" = verify ] || [ "$mode" = epoch ]; } && suites=(--suite gpu)  # (the others run in CI too)
   meson test -C $build --no-rebuild --print-errorlogs --num-processes 8 "${suites[@]}" >"$out/test.log" 2>&1
   grep -E "^ *[0-9]+/[0-9]+ " "$out/test.log" | tee -a "$summary"
   note "tests: $(( $(date +%s) - t1 )) s"
@@ -100,6 +101,18 @@ if [ "$mode" != bench ]; then
   [ -x $build/tools/lab/dqn-latency ] && { timeout 180 $build/tools/lab/dqn-latency 2>&1 | tee -a "$summary"; }
 fi
 if [ "$mode" = quick ]; then pack; exit 0; fi
+if [ "$mode" = epoch ]; then
+  python3 bench/compare.py --dqn $build/tools/dqn --pipeline pipelines/ref.yaml --batch 256 --precision tf32 --epoch \
+    --json-out "$out/compare_epoch.json" 2>"$out/compare_epoch.err" | tee -a "$summary" || tail -5 "$out/compare_epoch.err"
+  for tool in memcheck racecheck; do
+    timeout "${SAN_BOX:-150}" meson test -C $build --no-rebuild --setup $tool gpu.step \
+      --test-args='-tc=gpu.replay.*' >"$out/san_${tool}_replay.log" 2>&1
+    note "$tool gpu.step (gpu.replay.*): rc=$?"
+  done
+  note "total: $(( $(date +%s) - t0 )) s"
+  pack
+  exit 0
+fi
 
 if [ "$mode" = fast ]; then
   for cfg in c51 full; do

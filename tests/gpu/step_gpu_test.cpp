@@ -348,14 +348,40 @@ void CUPTIAPI on_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackId, const
 // Over 1,000 steps the only CUDA calls are graph launches and the asynchronous report copies
 // (a copy and an event record each report_every steps): no synchronize, no allocation, no
 // blocking copy, no query of anything.
-void check_zero_syncs(const std::string& text) {
+// With `replay` (uniform or prioritized) the step draws its batch from a replay of its own.
+void check_zero_syncs(const std::string& text, const std::string& replay = "") {
   {
     std::lock_guard<std::mutex> lock(g_mu);
     g_calls.clear();  // nothing left from an earlier run
     g_on = false;
   }
   const PipelineSpec spec = parse(text);
-  auto e = make(spec, BackendKind::cuda);
+  std::unique_ptr<Engine> e;
+  if (replay.empty()) {
+    e = make(spec, BackendKind::cuda);
+  } else {
+    EngineOptions eo;
+    eo.backend = BackendKind::cuda;
+    EngineReplay r;
+    r.spec.capacity = 4096;
+    r.spec.prioritized = replay == "prioritized";
+    r.staging_rows = 4096;
+    eo.replay = r;
+    e = std::make_unique<Engine>(spec, loader(), eo);
+    e->init_weights(spec.seed);
+    const HostBatch b = HostBatch::random(spec, 9);  // its rows, repeated, fill the replay
+    std::vector<float> st, nx, rw, dn;
+    std::vector<std::int32_t> ac;
+    for (int k = 0; k < 4096; ++k) {
+      const std::size_t i = std::size_t(k % b.B), S = std::size_t(b.S), D = std::size_t(b.D);
+      st.insert(st.end(), b.states.begin() + long(i * S), b.states.begin() + long((i + 1) * S));
+      nx.insert(nx.end(), b.next_states.begin() + long(i * S), b.next_states.begin() + long((i + 1) * S));
+      ac.insert(ac.end(), b.actions.begin() + long(i * D), b.actions.begin() + long((i + 1) * D));
+      rw.push_back(b.rewards[i]);
+      dn.push_back(b.dones[i]);
+    }
+    e->add_transitions(Transitions{4096, st.data(), nx.data(), ac.data(), rw.data(), dn.data()}, 4096);
+  }
   for (int i = 0; i < 10; ++i) e->step();
   e->read_report();
   // Unsubscribed on every way out (a failed REQUIRE included): CUPTI takes one subscriber at a time.
@@ -419,6 +445,10 @@ void check_zero_syncs(const std::string& text) {
 
 TEST_CASE("gpu.step.zero_syncs") {
   SUBCASE("c51") { check_zero_syncs(pipeline("tf32")); }
+  SUBCASE("c51 drawing from a uniform replay inside the step") { check_zero_syncs(pipeline("tf32"), "uniform"); }
+  SUBCASE("c51 drawing from a prioritised replay inside the step") {
+    check_zero_syncs(pipeline("tf32"), "prioritized");
+  }
   SUBCASE("c51 + iqn + ensemble + cql") {
     check_zero_syncs(pipeline("tf32", "", aux_heads({"iqn", "ensemble", "cql"})));
   }

@@ -87,6 +87,13 @@ int dqn::cli_main(int argc, char** argv) {
   bench_cmd->add_flag("--json", bench.json, "one JSON object per configuration");
   bench_cmd->add_flag("--profile-range", bench.profile_range,
                       "open the profiler's range only around the timed replays (ncu --profile-from-start off)");
+  std::string replays = "uniform,prioritized";
+  bench_cmd->add_flag("--epoch", bench.epoch,
+                      "time epochs of --epoch-steps steps drawing their batches from a full replay on the device");
+  bench_cmd->add_option("--epoch-steps", bench.epoch_steps, "steps per epoch")->check(CLI::Range(1, 100000000));
+  bench_cmd->add_option("--replay-size", bench.replay_size, "transitions in the replay")
+      ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 31));
+  bench_cmd->add_option("--replay", replays, "comma-separated replay kinds: uniform, prioritized");
 
   CheckHeadArgs check;
   std::vector<std::string> check_extra;
@@ -151,7 +158,8 @@ int dqn::cli_main(int argc, char** argv) {
         }
       }
       bench.precisions = split(precisions);
-      return cmd_bench(bench);
+      bench.replays = split(replays);
+      return bench.epoch ? cmd_bench_epoch(bench) : cmd_bench(bench);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dqn: error: %s\n", e.what());

@@ -45,7 +45,15 @@ struct BenchArgs {
   int warmup = 200, iters = 2000, repeats = 5;
   bool json = false;
   bool profile_range = false;  ///< the profiler's collection range around the timed replays only
+  /// --epoch: epochs of `epoch_steps` steps drawing from a full replay of `replay_size`, per kind
+  /// in `replays` (uniform, prioritized), beside the bare step (cmd_bench_epoch).
+  bool epoch = false;
+  int epoch_steps = 10000;
+  std::int64_t replay_size = 1000000;
+  std::vector<std::string> replays;
 };
+/// dqn bench --epoch (bench_epoch.cpp).
+int cmd_bench_epoch(const BenchArgs& a);
 
 struct CheckHeadArgs {
   Common common;

@@ -18,13 +18,16 @@ namespace dqn::cuda {
 
 CudaRuntime::CudaRuntime(const CudaSpec& spec, Precision precision, int device) : backend_(spec, precision, device), device_(device) {
   try {
-    events_.reserve(kReportSlots);
-    for (int i = 0; i < kReportSlots; ++i) {
+    events_.reserve(kEventSlots);
+    for (int i = 0; i < kEventSlots; ++i) {
       cudaEvent_t e = nullptr;
       DQN_CUDA_THROW(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
       events_.push_back(e);
     }
     DQN_CUDA_THROW(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+    int least = 0, greatest = 0;
+    DQN_CUDA_THROW(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    DQN_CUDA_THROW(cudaStreamCreateWithPriority(&actor_, cudaStreamNonBlocking, greatest));
   } catch (...) {
     release();
     throw;
@@ -213,9 +216,9 @@ void* CudaRuntime::alloc_host(std::size_t bytes) {
 
 namespace {
 void check_slot(int slot) {
-  if (slot < 0 || slot >= kReportSlots)
-    throw std::runtime_error("cuda: copy slot " + std::to_string(slot) + " out of range [0, " +
-                             std::to_string(kReportSlots) + ")");
+  if (slot < 0 || slot >= Runtime::kEventSlots)
+    throw std::runtime_error("cuda: event slot " + std::to_string(slot) + " out of range [0, " +
+                             std::to_string(Runtime::kEventSlots) + ")");
 }
 }  // namespace
 
@@ -225,16 +228,39 @@ void CudaRuntime::copy_to_host_async(void* dst, const void* src, std::size_t byt
   DQN_CUDA_THROW(cudaEventRecord(events_[static_cast<std::size_t>(slot)], backend_.stream()));
 }
 
-void CudaRuntime::copy_to_device_async(void* dst, const void* src, std::size_t bytes, int slot) {
-  check_slot(slot);
-  DQN_CUDA_THROW(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, backend_.stream()));
-  DQN_CUDA_THROW(cudaEventRecord(events_[static_cast<std::size_t>(slot)], backend_.stream()));
-}
-
 void CudaRuntime::wait(int slot) {
   check_slot(slot);
   DQN_CUDA_THROW(cudaEventSynchronize(events_[static_cast<std::size_t>(slot)]));
 }
+
+cudaStream_t CudaRuntime::lane_stream(int lane) const {
+  if (lane == kLearnerLane) return backend_.stream();
+  if (lane == kActorLane) return actor_;
+  throw std::runtime_error("cuda: no lane " + std::to_string(lane));
+}
+
+void CudaRuntime::replay_on(int graph, int lane) {
+  if (graph < 0 || graph >= kGraphs || !exec_[graph])
+    throw std::runtime_error("cuda: replay of graph " + std::to_string(graph) + " before it was captured");
+  DQN_CUDA_THROW(cudaGraphLaunch(exec_[graph], lane_stream(lane)));
+}
+
+void CudaRuntime::copy_on(void* dst, const void* src, std::size_t bytes, int lane) {
+  if (bytes == 0) return;
+  DQN_CUDA_THROW(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, lane_stream(lane)));
+}
+
+void CudaRuntime::record_on(int slot, int lane) {
+  check_slot(slot);
+  DQN_CUDA_THROW(cudaEventRecord(events_[static_cast<std::size_t>(slot)], lane_stream(lane)));
+}
+
+void CudaRuntime::wait_on(int lane, int slot) {
+  check_slot(slot);
+  DQN_CUDA_THROW(cudaStreamWaitEvent(lane_stream(lane), events_[static_cast<std::size_t>(slot)], 0));
+}
+
+void CudaRuntime::sync_lane(int lane) { DQN_CUDA_THROW(cudaStreamSynchronize(lane_stream(lane))); }
 
 bool CudaRuntime::ready(int slot) {
   check_slot(slot);
@@ -290,6 +316,7 @@ void CudaRuntime::release() noexcept {
     backend_.set_wide(false);
   }
   cudaStreamSynchronize(backend_.stream());
+  if (actor_) cudaStreamSynchronize(actor_), cudaStreamDestroy(actor_), actor_ = nullptr;
   for (auto& x : exec_)
     if (x) cudaGraphExecDestroy(x), x = nullptr;
   for (auto& g : graph_)

@@ -16,7 +16,6 @@
 
 namespace dqn::cuda {
 
-constexpr int kReportSlots = 64;
 
 class CudaRuntime final : public Runtime {
  public:
@@ -55,9 +54,16 @@ class CudaRuntime final : public Runtime {
 
   void copy_to_host_async(void* dst, const void* src, std::size_t bytes, int slot) override;
   bool ready(int slot) override;
-  void copy_to_device_async(void* dst, const void* src, std::size_t bytes, int slot) override;
   void wait(int slot) override;
-  void synchronize() override { DQN_CUDA_THROW(cudaStreamSynchronize(backend_.stream())); }
+  void replay_on(int graph, int lane) override;
+  void copy_on(void* dst, const void* src, std::size_t bytes, int lane) override;
+  void record_on(int slot, int lane) override;
+  void wait_on(int lane, int slot) override;
+  void sync_lane(int lane) override;
+  void synchronize() override {
+    DQN_CUDA_THROW(cudaStreamSynchronize(backend_.stream()));
+    if (actor_) DQN_CUDA_THROW(cudaStreamSynchronize(actor_));
+  }
 
   // CUDA events on the runtime's stream around the enqueued work (timing events made here, once
   // per call: timing is never inside a step).
@@ -99,7 +105,9 @@ class CudaRuntime final : public Runtime {
   int capture_graph_ = 0;  ///< the graph being captured
   cudaGraph_t graph_[kGraphs] = {};
   cudaGraphExec_t exec_[kGraphs] = {};
-  std::vector<cudaEvent_t> events_;
+  std::vector<cudaEvent_t> events_;  ///< kEventSlots
+  cudaStream_t actor_ = nullptr;     ///< the acting lane (kActorLane), of the greatest priority
+  cudaStream_t lane_stream(int lane) const;
   cudaEvent_t fork_ = nullptr;
   std::vector<cudaEvent_t> stage_events_;  ///< by stage id, made on first use (at capture)
   bool joined_[kMaxLanes] = {};

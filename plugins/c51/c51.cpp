@@ -82,12 +82,13 @@ class C51Head final : public HeadBase {
     // the loss kernel ends without a last block that sums the batch, off the step's critical path
     stage(ctx, kMean, "loss.mean", {buf::td_error, buf::is_weights}, {loss_buffer()});
     // act: the online head over the act step's rows, its expected Q into act/q
-    act_stage(ctx, kAct, "act", {buf::act_h2, "params"},
+    act_stage(ctx, kAct, "act", {buf::act_h2, buf::act_params},
               {own("act.hidden"), own("act.v"), own("act.adv"), own("act.logp"), buf::act_q});
   }
 
   void resolve(const Resolver& r) override {
     online_ = bdq::resolve(r, "c51", bdq::Which::online);
+    acting_params_ = bdq::resolve(r, "c51", bdq::Which::act);
     target_ = bdq::resolve(r, "c51", bdq::Which::target);
     grad_ = bdq::resolve(r, "c51", bdq::Which::grad);
     if (!online_.w1 || !target_.w1 || !grad_.w1) throw std::invalid_argument("c51's parameters are not there");
@@ -149,7 +150,7 @@ class C51Head final : public HeadBase {
         bdq::backward_weights_out(be, d_, grad_, B, act_, back_);
         break;
       case kAct:
-        bdq::forward(be, d_, online_, act_h2_, act_rows_, acting_);
+        bdq::forward(be, d_, acting_params_, act_h2_, act_rows_, acting_);
         break;
       default:
         break;
@@ -159,7 +160,7 @@ class C51Head final : public HeadBase {
  private:
   bdq::Dims d_;
   int act_rows_ = 0;
-  bdq::Params online_{}, target_{}, grad_{};
+  bdq::Params online_{}, target_{}, grad_{}, acting_params_{};
   bdq::Acts act_{}, tact_{}, acting_{};
   bdq::BackScratch back_{};
   Real work_logp_, work_dlogits_, h2_, target_h2_, act_h2_, rewards_, dones_, weights_, m_, td_, loss_, dtrunk_;

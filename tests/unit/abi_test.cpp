@@ -50,7 +50,8 @@ extern "C" const dqn::PluginDescriptor* dqn_plugin_descriptor();
 TEST_CASE("abi.version") {
   CHECK(kAbiMajor == 20u);  // bump together with every table in this file
   CHECK(kAbiMinor == 2u);   // 20.1: the act step (BuildContext's last two slots, buf::act_*);
-                            // 20.2: the replay ops (Backend's last three slots)
+                            // 20.2: the replay ops (Backend's last three slots), the acting snapshot
+                            // (Resolver::act_param, buf::act_params)
   CHECK(std::is_same_v<std::remove_cv_t<decltype(kAbiMajor)>, std::uint32_t>);
   CHECK(std::is_same_v<std::remove_cv_t<decltype(kAbiMinor)>, std::uint32_t>);
   // Every field the loader reads was there at minor 0, so an older minor's descriptor is whole.
@@ -340,6 +341,7 @@ TEST_CASE("abi.interface_vtable_slots") {
       {"Resolver::param", slot_of(&Resolver::param), 3, ""},
       {"Resolver::target", slot_of(&Resolver::target), 4, ""},
       {"Resolver::grad", slot_of(&Resolver::grad), 5, ""},
+      {"Resolver::act_param", slot_of(&Resolver::act_param), 6, "20.2: appended"},
       {"Backend::name", slot_of(&Backend::name), 2, "the op table, in header order"},
       {"Backend::real_size", slot_of(&Backend::real_size), 3, ""},
       {"Backend::is_device", slot_of(&Backend::is_device), 4, ""},

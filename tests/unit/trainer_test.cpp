@@ -444,3 +444,45 @@ TEST_CASE("trainer.default_run_dir") {
   CHECK(fs::path(r.run_dir).filename().string().rfind("default-", 0) == 0);
   CHECK(fs::is_regular_file(fs::path(r.run_dir) / "weights.safetensors"));
 }
+
+TEST_CASE("trainer.acting_snapshot_follows_the_learner_when_refreshed") {
+  // The act step reads a snapshot of the parameters: steps leave it behind until a refresh is
+  // queued and the actor takes it up; act() (evaluation) always acts on the current parameters.
+  const PipelineSpec spec = small_default();
+  Engine engine(spec, loader(), training_engine_options(spec));
+  engine.init_weights(5);
+  CHECK(engine.host_buffer("act/params") == engine.host_buffer("params"));
+  const HostBatch b = HostBatch::random(spec, 3);
+  const auto S = std::size_t(spec.network.state);
+  std::vector<float> st, nx, rw, dn;
+  std::vector<std::int32_t> ac;
+  for (int k = 0; k < 2 * spec.batch; ++k) {
+    const auto i = std::size_t(k % b.B);
+    st.insert(st.end(), b.states.begin() + long(i * S), b.states.begin() + long((i + 1) * S));
+    nx.insert(nx.end(), b.next_states.begin() + long(i * S), b.next_states.begin() + long((i + 1) * S));
+    ac.push_back(b.actions[i]);
+    rw.push_back(b.rewards[i]);
+    dn.push_back(b.dones[i]);
+  }
+  for (std::int64_t first = 0; first < 2 * spec.batch; first += engine.staging_rows()) {
+    const std::int64_t n = std::min<std::int64_t>(engine.staging_rows(), 2 * spec.batch - first);
+    engine.add_transitions(Transitions{n, st.data() + first * long(S), nx.data() + first * long(S), ac.data() + first,
+                                       rw.data() + first, dn.data() + first},
+                           first + n);
+  }
+  for (int i = 0; i < 5; ++i) engine.step();
+  const std::vector<double> after = engine.host_buffer("params");
+  CHECK(engine.host_buffer("act/params") != after);  // behind the learner
+  std::vector<std::int32_t> a(std::size_t(spec.training.num_envs));
+  engine.act_snapshot(b.states.data(), spec.training.num_envs, a.data());
+  CHECK(engine.snapshot_refreshes() == 0);
+  CHECK(engine.host_buffer("act/params") != after);
+  engine.refresh_snapshot();
+  engine.step();  // a refresh holds the parameters as the steps queued before it leave them
+  engine.act_snapshot(b.states.data(), spec.training.num_envs, a.data());
+  CHECK(engine.snapshot_refreshes() == 1);
+  CHECK(engine.host_buffer("act/params") == after);
+  // act(): the current parameters, whatever the snapshot held.
+  engine.act(b.states.data(), spec.training.num_envs, a.data());
+  CHECK(engine.host_buffer("act/params") == engine.host_buffer("params"));
+}

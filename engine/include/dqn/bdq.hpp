@@ -88,13 +88,14 @@ struct Params {
   Real bb2;  ///< D × [A·Z], wb2_rows apart
 };
 
-enum class Which { online, target, grad };
+enum class Which { online, target, grad, act };  ///< act: the acting snapshot (Resolver::act_param)
 
 inline Params resolve(const Resolver& r, const std::string& prefix, Which which) {
   auto get = [&](const std::string& n) {
     const std::string full = pname(prefix, n);
     return which == Which::online ? r.param(full.c_str())
          : which == Which::target ? r.target(full.c_str())
+         : which == Which::act    ? r.act_param(full.c_str())
                                   : r.grad(full.c_str());
   };
   return Params{get("value.0.weight"), get("value.0.bias"), get("value.1.weight"),

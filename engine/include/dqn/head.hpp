@@ -97,6 +97,10 @@ class Resolver {
   virtual Real param(const char* name) const noexcept = 0;         ///< online θ
   virtual Real target(const char* name) const noexcept = 0;        ///< θ⁻
   virtual Real grad(const char* name) const noexcept = 0;          ///< this head's ∂L_h/∂θ
+  // --- appended in 20.2 ---
+  /// θ in the acting snapshot: what the primary's act stages read (the learner refreshes it on the
+  /// device; acting never reads θ while a step writes it).
+  virtual Real act_param(const char* name) const noexcept = 0;
 };
 
 class Head {
@@ -134,7 +138,8 @@ inline int declare_stage(BuildContext& ctx, const std::string& name, std::int32_
 ///  - td_error: a non-negative per-sample error (prioritised replay's priorities);
 ///  - its loss and dtrunk, as every head;
 /// and declares with BuildContext::act_stage one act stage or more, which read act_h2 (the trunk
-/// at the acting observations, M rows) and "params", and write act_q: the Q-value of every
+/// at the acting observations, M rows) and the acting snapshot of its parameters (resolved with
+/// Resolver::act_param; declared as reading buf::act_params), and write act_q: the Q-value of every
 /// (row, branch, action) whose branch-wise argmax is the greedy action. The engine runs the trunk
 /// before and the argmax after them (a captured graph of its own on CUDA), for acting and for
 /// evaluation. What else it writes for the auxiliaries is its own buffers' (a distributional
@@ -154,6 +159,7 @@ inline constexpr const char* td_error = "report/td_error";     ///< [B]
 // The act step (appended in 20.1):
 inline constexpr const char* act_h2 = "act/h2";                ///< [M,H2] online trunk at the acting observations
 inline constexpr const char* act_q = "act/q";                  ///< [M,D,A] written by the primary's act stages
+inline constexpr const char* act_params = "act/params";        ///< [P] the acting snapshot of θ (20.2)
 // Per head (suffix the head's instance name): "loss/<h>" [1] and "dtrunk/<h>" [B,H2] (the head's
 // ∂L/∂h2, unmasked: the engine applies the trunk's top ReLU to every head's at once).
 }  // namespace buf

@@ -114,6 +114,8 @@ struct TrainingSpec {
   std::int64_t learning_starts = 1000;
   int train_every = 1;                 ///< environment steps between training steps
   int gradient_steps = 1;              ///< training steps each time
+  int act_refresh = 1;                 ///< training steps between refreshes of the acting snapshot
+  std::string dataset;                 ///< offline: a file of transitions ("" → learn from env)
   EpsilonSpec epsilon;
   ReplaySpec replay;
   EvalSpec eval;

@@ -21,7 +21,8 @@ namespace dqn {
 /// table into their plugins (Backend::device, Backend::fail), reordered the table and this
 /// descriptor and split the version into major.minor; 20.1 added the act step
 /// (BuildContext::act_rows, BuildContext::act_stage, buf::act_h2, buf::act_q); 20.2 the device
-/// replay's ops (Backend::replay_insert, replay_sample, replay_priorities).
+/// replay's ops (Backend::replay_insert, replay_sample, replay_priorities) and the acting snapshot
+/// (Resolver::act_param, buf::act_params).
 inline constexpr std::uint32_t kAbiMajor = 20;
 inline constexpr std::uint32_t kAbiMinor = 2;
 

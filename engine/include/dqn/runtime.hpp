@@ -74,11 +74,27 @@ class Runtime {
   /// without blocking whether that copy has landed.
   virtual void copy_to_host_async(void* dst, const void* src, std::size_t bytes, int slot) = 0;
   virtual bool ready(int slot) = 0;
-  /// The same host→device, from memory of alloc_host: the copy is queued behind the work already
-  /// on the stream (and what is queued after it sees the data).
-  virtual void copy_to_device_async(void* dst, const void* src, std::size_t bytes, int slot) = 0;
-  /// Blocks until slot's last copy has landed (before its host memory is written again).
+  /// Blocks until what was queued before slot's last event has run (before the host memory of a
+  /// copy is written again).
   virtual void wait(int slot) = 0;
+
+  /// Lanes of work outside a captured step. The learner's is the stream the step, the replay's
+  /// inserts and the reports go to; the actor's a second one, of higher priority, for the act step,
+  /// its copies and the snapshot it reads: work there never waits for the learner's queue unless
+  /// told to (wait_on). The CPU runs everything at once, in call order.
+  static constexpr int kLearnerLane = 0, kActorLane = 1;
+  /// Launches a captured graph on a lane (replay() launches on the learner's).
+  virtual void replay_on(int graph, int lane) = 0;
+  /// An asynchronous copy on a lane, either direction (host memory from alloc_host).
+  virtual void copy_on(void* dst, const void* src, std::size_t bytes, int lane) = 0;
+  /// Records slot's event on a lane (ready(slot) and wait(slot) ask about it).
+  virtual void record_on(int slot, int lane) = 0;
+  /// Makes a lane wait, on the device, for slot's last recorded event (the host does not wait).
+  virtual void wait_on(int lane, int slot) = 0;
+  /// Blocks until a lane's queue has run (the acting side's one wait per environment step).
+  virtual void sync_lane(int lane) = 0;
+  /// Event slots: 0 and 1 are the reports'; the engine numbers the others.
+  static constexpr int kEventSlots = 320;
   /// Wait for all queued work (never inside a step: only before saving or reading results).
   virtual void synchronize() = 0;
   virtual std::string describe() const = 0;

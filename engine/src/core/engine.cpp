@@ -113,6 +113,9 @@ struct Engine::HeadResolver final : Resolver {
   Real grad(const char* n) const noexcept override {
     return guard([&] { return e.reg_.param_in(e.grad_all_ + std::int64_t(head) * e.reg_.param_count(), n); }, Real{});
   }
+  Real act_param(const char* n) const noexcept override {
+    return guard([&] { return e.reg_.param_in(e.act_params_, n); }, Real{});
+  }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -147,6 +150,7 @@ Engine::~Engine() {
     for (auto*& p : report_host_)
       if (p) rt_->free_host(p), p = nullptr;
     free_replay_staging();
+    free_act_staging();
   }
   rt_.reset();  // the graph goes before the heads and their libraries
   heads_.clear();
@@ -216,6 +220,7 @@ void Engine::build(const PluginLoader& plugins) {
   reg_.declare("adam.v", DType::real, {P}, BufferKind::optimizer, "engine");
   reg_.declare("grad/all", DType::real, {H, P}, BufferKind::gradient, "engine");
   reg_.declare("grad/total", DType::real, {P}, BufferKind::gradient, "engine");
+  declare_act_snapshot();
   // Per head: its whole gradient row "grad/<head>", and a window of it per parameter,
   // "grad/<head>/<parameter>", for every parameter (a head's gradient may reach another head's
   // parameters: CQL's reaches c51's), so stages that write different tensors of one row (a layer's
@@ -828,6 +833,7 @@ void Engine::init_weights(std::uint64_t seed) {
     for (auto& x : u) x = float(x / norm);
     be.upload_reals(sn_u_[i], u.data(), p->rows);
   }
+  snapshot_now();
   if (be.status()) throw std::runtime_error(std::string("init_weights: ") + be.message());
 }
 
@@ -862,6 +868,7 @@ void Engine::load_weights(const st::File& f) {
   const std::int64_t t = f.get_scalar_i64("adam.step");
   if (t < 0) throw std::invalid_argument(where + ": adam.step is negative (" + std::to_string(t) + ")");
   be.upload(t_, &t, 8);
+  snapshot_now();
   if (be.status()) throw std::runtime_error(std::string("load_weights: ") + be.message());
 }
 

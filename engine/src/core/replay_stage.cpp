@@ -158,7 +158,11 @@ void Engine::bind_replay() {
   Backend& be = rt_->ops();
   const float one = 1.0f;
   be.upload(replay_.store.max_priority, &one, sizeof one);
-  for (int k = 0; k < kStagingSlots; ++k) replay_.pinned.push_back(rt_->alloc_host(replay_.stage_bytes));
+  // The ring of pinned blocks: as many as 64 MiB holds (2..kStagingSlotsMax), so that a loop
+  // running ahead of the device finds its block's last copy done long before it comes round.
+  const std::size_t slots = std::clamp<std::size_t>((std::size_t(64) << 20) / std::max<std::size_t>(replay_.stage_bytes, 1),
+                                                    2, kStagingSlotsMax);
+  for (std::size_t k = 0; k < slots; ++k) replay_.pinned.push_back(rt_->alloc_host(replay_.stage_bytes));
 }
 
 void Engine::free_replay_staging() noexcept {
@@ -173,8 +177,9 @@ void Engine::add_transitions(const Transitions& t, std::int64_t env_step) {
                                 std::to_string(replay_.rows) + " (the staging rows)");
   if (!t.states || !t.next_states || !t.actions || !t.rewards || !t.dones)
     throw std::invalid_argument("add_transitions: a null pointer");
-  const int slot = int(replay_.seq % kStagingSlots);
-  if (replay_.seq >= kStagingSlots) rt_->wait(kStagingSlot0 + slot);  // its last copy, issued kStagingSlots calls ago
+  const auto slots = std::int64_t(replay_.pinned.size());
+  const int slot = int(replay_.seq % slots);
+  if (replay_.seq >= slots) rt_->wait(kStagingSlot0 + slot);  // its last copy, issued a ring ago (done by now)
   char* host = static_cast<char*>(replay_.pinned[std::size_t(slot)]);
   const std::int64_t K = replay_.rows, S = net_.state, D = net_.branches, n = t.n;
   const std::uint32_t es = reg_.real_size();
@@ -193,7 +198,10 @@ void Engine::add_transitions(const Transitions& t, std::int64_t env_step) {
   put_reals(2 * K * S, t.rewards, n);
   put_reals(2 * K * S + K, t.dones, n);
   std::memcpy(host + (2 * K * S + 2 * K) * es, t.actions, std::size_t(n * D) * 4);
-  rt_->copy_to_device_async(replay_.stage_dev, host, replay_.stage_bytes, kStagingSlot0 + slot);
+  // On the learner's lane: the copy lands after the steps queued before it have read the replay,
+  // the insert follows it there.
+  rt_->copy_on(replay_.stage_dev, host, replay_.stage_bytes, Runtime::kLearnerLane);
+  rt_->record_on(kStagingSlot0 + slot, Runtime::kLearnerLane);
   ReplayInsert in = replay_.staged;
   in.n = n;
   in.env_step = env_step;

@@ -62,12 +62,16 @@ class CpuRuntime final : public Runtime {
   }
 
   bool ready(int /*slot*/) override { return true; }
-  void copy_to_device_async(void* dst, const void* src, std::size_t bytes, int /*slot*/) override {
-    if (bytes == 0) return;
-    if (!dst || !src) throw std::invalid_argument("cpu runtime: copy_to_device_async with a null pointer");
-    std::memcpy(dst, src, bytes);
-  }
   void wait(int /*slot*/) override {}
+  void replay_on(int /*graph*/, int /*lane*/) override {}
+  void copy_on(void* dst, const void* src, std::size_t bytes, int /*lane*/) override {
+    if (bytes == 0) return;
+    if (!dst || !src) throw std::invalid_argument("cpu runtime: copy_on with a null pointer");
+    std::memmove(dst, src, bytes);
+  }
+  void record_on(int /*slot*/, int /*lane*/) override {}
+  void wait_on(int /*lane*/, int /*slot*/) override {}
+  void sync_lane(int /*lane*/) override {}
   void synchronize() override {}
 
   std::string describe() const override {

@@ -288,12 +288,20 @@ std::vector<PipelineKey> make_pipeline_keys() {
               "environment steps of uniform-random actions that fill the replay before training starts"),
       integer("training.train_every", DQN_FIELD(training.train_every), 1, "environment steps between training steps"),
       integer("training.gradient_steps", DQN_FIELD(training.gradient_steps), 1, "training steps each time"),
+      integer("training.act_refresh", DQN_FIELD(training.act_refresh), 1,
+              "training steps between refreshes of the acting snapshot: the learner copies its parameters on "
+              "the device, and the actor takes the copy up once it has run (it never waits for the learner)"),
+      string("training.dataset", DQN_FIELD(training.dataset),
+             "a file of transitions to train from offline, with no environment (safetensors; or a Minari "
+             "dataset's HDF5 where libhdf5 is built in); empty: learn from training.env"),
       section("training.epsilon", "ε-greedy exploration, ε decaying linearly."),
       number("training.epsilon.start", DQN_FIELD(training.epsilon.start), closed(0, 1), "ε at the first step"),
       number("training.epsilon.end", DQN_FIELD(training.epsilon.end), closed(0, 1), "ε from decay_steps on"),
       integer("training.epsilon.decay_steps", DQN_FIELD(training.epsilon.decay_steps), 1,
               "environment steps over which ε goes from start to end"),
-      section("training.replay", "The replay buffer."),
+      section("training.replay",
+              "The replay buffer, where the backend computes (device memory on CUDA): the step draws its batch "
+              "from it and, prioritised, updates the priorities in the same step."),
       integer("training.replay.capacity", DQN_FIELD(training.replay.capacity), 1,
               "the transitions the replay holds (at least one batch)"),
       boolean("training.replay.prioritized", DQN_FIELD(training.replay.prioritized),

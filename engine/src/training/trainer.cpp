@@ -162,7 +162,8 @@ void Trainer::act(bool random_only) {
     terminated_[std::size_t(e)] = explore ? 1 : 0;  // scratch: explore flag until env_->step
     any_greedy = any_greedy || !explore;
   }
-  if (any_greedy) engine_.act(obs_.data(), N_, actions_.data());
+  // From the acting snapshot: waits for the act step only, never for the learner's queue.
+  if (any_greedy) engine_.act_snapshot(obs_.data(), N_, actions_.data());
   for (int e = 0; e < N_; ++e) {
     if (!terminated_[std::size_t(e)]) continue;
     for (int d = 0; d < D_; ++d) {
@@ -393,6 +394,11 @@ TrainResult Trainer::run() {
     if (env_steps_ >= t.learning_starts && replay_size() >= B) {
       for (; next_train_at <= env_steps_; next_train_at += t.train_every)
         for (int g = 0; g < t.gradient_steps; ++g) train_once();
+      // The acting snapshot follows the learner on the device (taken up once its copy has run).
+      if (train_steps_ - refreshed_at_ >= t.act_refresh) {
+        engine_.refresh_snapshot();
+        refreshed_at_ = train_steps_;
+      }
     } else {
       next_train_at = std::max(next_train_at, env_steps_ + t.train_every);
     }

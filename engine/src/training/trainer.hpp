@@ -1,7 +1,8 @@
 /** @file trainer.hpp
- *  @brief The training loop behind `dqn train`: N environment copies acting ε-greedily from a host
- *  copy of the online network, n-step replay (uniform or prioritized), the engine's step, periodic
- *  greedy evaluation on a separate environment, and a run directory that keeps what was written.
+ *  @brief The training loop behind `dqn train`: N environment copies acting ε-greedily through the
+ *  engine's act step on a snapshot of the online network, n-step transitions into the engine's
+ *  replay (where the step draws its batches), periodic greedy evaluation on a separate
+ *  environment, and a run directory that keeps what was written.
  */
 #pragma once
 
@@ -142,6 +143,7 @@ class Trainer {
   std::string run_dir_;
   std::ofstream metrics_;
   std::int64_t env_steps_ = 0, train_steps_ = 0, episodes_ = 0;
+  std::int64_t refreshed_at_ = 0;  ///< train_steps_ at the last refresh of the acting snapshot
   std::optional<double> last_eval_, best_eval_;
   std::int64_t best_eval_step_ = -1;
 

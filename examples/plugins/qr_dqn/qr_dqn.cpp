@@ -102,11 +102,12 @@ class QrHead final : public HeadBase {
     // own that only the update waits for
     stage(ctx, kMean, "loss.mean", {buf::td_error, buf::is_weights}, {loss_buffer()});
     // act: the online head over the act step's rows, the quantiles' mean Q into act/q
-    act_stage(ctx, kAct, "act", {buf::act_h2, "params"}, {own("act.hidden"), own("act.v"), own("act.adv"), buf::act_q});
+    act_stage(ctx, kAct, "act", {buf::act_h2, buf::act_params}, {own("act.hidden"), own("act.v"), own("act.adv"), buf::act_q});
   }
 
   void resolve(const Resolver& r) override {
     online_ = bdq::resolve(r, kPrefix, bdq::Which::online);
+    acting_params_ = bdq::resolve(r, kPrefix, bdq::Which::act);
     target_ = bdq::resolve(r, kPrefix, bdq::Which::target);
     grad_ = bdq::resolve(r, kPrefix, bdq::Which::grad);
     if (!online_.w1 || !target_.w1 || !grad_.w1) throw std::invalid_argument("qr_dqn's parameters are not there");
@@ -170,7 +171,7 @@ class QrHead final : public HeadBase {
         bdq::backward_weights_out(be, d_, grad_, B, fwd_, back_);
         break;
       case kAct:
-        bdq::forward(be, d_, online_, act_h2_, act_rows_, acting_);
+        bdq::forward(be, d_, acting_params_, act_h2_, act_rows_, acting_);
         qr::qr_values(be, values(acting_, act_rows_, Real{}, act_q_, nullptr, 0));
         break;
       default:
@@ -191,7 +192,7 @@ class QrHead final : public HeadBase {
   bdq::Dims d_;
   float kappa_ = 1.0f;
   int act_rows_ = 0;
-  bdq::Params online_{}, target_{}, grad_{};
+  bdq::Params online_{}, target_{}, grad_{}, acting_params_{};
   bdq::Acts fwd_{}, tfwd_{}, acting_{};
   bdq::BackScratch back_{};
   Real theta_, q_, target_theta_, dtheta_, h2_, target_h2_, act_h2_, act_q_, rewards_, dones_, weights_, td_, loss_,

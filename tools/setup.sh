@@ -5,7 +5,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-build}
 pkgs=(meson ninja-build pkg-config g++ libyaml-cpp-dev libboost-dev libspdlog-dev doctest-dev
-      libcli11-dev nlohmann-json3-dev python3-numpy python3-matplotlib
+      libcli11-dev nlohmann-json3-dev libhdf5-dev python3-numpy python3-matplotlib
       python3-torch)  # the golden suite's PyTorch peer (bench/torch_peer.py)
 missing=()
 for p in "${pkgs[@]}"; do

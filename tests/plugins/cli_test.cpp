@@ -615,3 +615,55 @@ TEST_CASE("cli.step.dump_has_aux_head_draws_and_metrics") {
     CHECK(f.has(std::string("clip.") + h));
   }
 }
+
+TEST_CASE("cli.collect_and_offline: datasets written whole, never over a file, and bad ones refused before a run") {
+  TempDir t;
+  // A policy to collect with: a short run (no training yet; its weights are the initial ones).
+  Run r = dqn_run("train " + quote(source_dir() + "/pipelines/default.yaml") + " --backend cpu -q --steps 200 --out " +
+                  quote(t.path("run")));
+  REQUIRE_MESSAGE(r.rc == 0, r.out);
+  const std::string data = t.path("data.safetensors");
+  r = dqn_run("collect " + quote(t.path("run")) + " --backend cpu --steps 400 --epsilon 0.2 --out " + quote(data));
+  REQUIRE_MESSAGE(r.rc == 0, r.out);
+  CHECK(has(r.out, "400 steps in"));
+  CHECK(has(r.out, "behaviour policy's mean return"));
+  const dqn::st::File f = dqn::st::read_file(data);
+  CHECK(f.get("states").shape == std::vector<std::int64_t>{400, 4});
+  CHECK(f.get("actions").shape == std::vector<std::int64_t>{400, 1});
+  CHECK(f.metadata.count("behaviour_return") == 1);
+  // An existing file is not replaced without --force (and is left as it was).
+  const auto before = fs::file_size(data);
+  r = dqn_run("collect " + quote(t.path("run")) + " --backend cpu --steps 80 --out " + quote(data));
+  CHECK(r.rc == 1);
+  CHECK(has(r.out, "exists; nothing was written (--force replaces it)"));
+  CHECK(fs::file_size(data) == before);
+  r = dqn_run("collect " + quote(t.path("run")) + " --backend cpu --steps 80 --force --out " + quote(data));
+  CHECK(r.rc == 0);
+  CHECK(dqn::st::read_file(data).get("states").shape == std::vector<std::int64_t>{80, 4});
+  // A weights file needs its pipeline.
+  r = dqn_run("collect " + quote(t.path("run") + "/weights.safetensors") + " --out " + quote(t.path("x.safetensors")));
+  CHECK(r.rc == 2);
+  CHECK(has(r.out, "name its pipeline with --pipeline"));
+
+  // Offline training from it works; a bad dataset stops before any run directory exists.
+  const std::string offline = quote(source_dir() + "/pipelines/offline.yaml");
+  r = dqn_run("train " + offline + " --backend cpu -q --steps 40 --set training.eval.every=20 --set training.eval.episodes=2 "
+              "--set training.dataset=" + quote(data) + " --out " + quote(t.path("off")));
+  REQUIRE_MESSAGE(r.rc == 0, r.out);
+  CHECK(has(r.out, "0 env steps, 40 training steps"));
+  CHECK(fs::exists(t.path("off") + "/best.safetensors"));
+  dqn::st::File bad = dqn::st::read_file(data);
+  const float nan = std::nanf("");
+  std::memcpy(bad.tensors.at("rewards").bytes.data() + 7 * 4, &nan, 4);
+  dqn::st::write_file(t.path("bad.safetensors"), bad);
+  r = dqn_run("train " + offline + " --backend cpu -q --set training.dataset=" + quote(t.path("bad.safetensors")) +
+              " --out " + quote(t.path("bad_run")));
+  CHECK(r.rc == 1);
+  CHECK_MESSAGE(has(r.out, "tensor 'rewards': element [7] is nan"), r.out);
+  CHECK_FALSE(fs::exists(t.path("bad_run")));
+  r = dqn_run("train " + offline + " --backend cpu -q --set training.dataset=" + quote(t.path("none.safetensors")) +
+              " --out " + quote(t.path("bad_run")));
+  CHECK(r.rc == 1);
+  CHECK(has(r.out, "none.safetensors"));
+  CHECK_FALSE(fs::exists(t.path("bad_run")));
+}

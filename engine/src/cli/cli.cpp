@@ -95,6 +95,19 @@ int dqn::cli_main(int argc, char** argv) {
       ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 31));
   bench_cmd->add_option("--replay", replays, "comma-separated replay kinds: uniform, prioritized");
 
+  CollectArgs collect;
+  auto* collect_cmd = app.add_subcommand(
+      "collect", "write a dataset of transitions from a trained policy acting ε-greedily (for training.dataset)");
+  add_common(collect_cmd, collect.common, true);
+  collect_cmd->add_option("source", collect.source, "a run directory, or a weights file (with --pipeline)")->required();
+  collect_cmd->add_option("--pipeline", collect.pipeline, "the weights' pipeline (a run directory has its own)");
+  collect_cmd->add_option("--steps", collect.steps, "environment steps over all copies")
+      ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 40));
+  collect_cmd->add_option("--epsilon", collect.epsilon, "probability of a uniform-random action")->check(CLI::Range(0.0, 1.0));
+  collect_cmd->add_option("--seed", collect.seed, "the environments' and the ε draws' seed");
+  collect_cmd->add_option("--out", collect.out, "the dataset file (safetensors)")->required();
+  collect_cmd->add_flag("--force", collect.force, "replace --out when it exists");
+
   CheckHeadArgs check;
   std::vector<std::string> check_extra;
   auto* check_cmd = app.add_subcommand(
@@ -143,6 +156,7 @@ int dqn::cli_main(int argc, char** argv) {
       for (auto& o : train_extra) train.common.overrides.push_back(o);
       return cmd_train(train);
     }
+    if (*collect_cmd) return cmd_collect(collect);
     if (*check_cmd) {
       for (auto& o : check_extra) check.common.overrides.push_back(o);
       return cmd_check_head(check);

@@ -55,6 +55,19 @@ struct BenchArgs {
 /// dqn bench --epoch (bench_epoch.cpp).
 int cmd_bench_epoch(const BenchArgs& a);
 
+struct CollectArgs {
+  Common common;
+  std::string source;    ///< a run directory (its pipeline.yaml and weights.safetensors) or a weights file
+  std::string pipeline;  ///< with a weights file
+  std::string out;
+  std::int64_t steps = 10000;
+  double epsilon = 0.05;
+  std::uint64_t seed = 1;
+  bool force = false;
+};
+/// dqn collect (collect.cpp).
+int cmd_collect(const CollectArgs& a);
+
 struct CheckHeadArgs {
   Common common;
   std::string pipeline;

@@ -9,6 +9,7 @@
 #include "pipeline/parse.hpp"
 #include "core/plugin_loader.hpp"
 #include "core/safetensors.hpp"
+#include "training/dataset.hpp"
 #include "training/trainer.hpp"
 
 namespace dqn::cli {
@@ -75,8 +76,25 @@ int cmd_train(const TrainArgs& a) {
 
   std::unique_ptr<Engine> engine;
   std::unique_ptr<Trainer> trainer;
+  // Offline: the whole dataset read and checked before anything is built or written.
+  TransitionBatch offline;
+  double behaviour = 0;
+  std::int64_t dataset_steps = 0, dataset_episodes = 0;
+  if (!spec.training.dataset.empty()) {
+    try {
+      const Dataset d = read_dataset(spec.training.dataset, spec.network);
+      behaviour = d.metadata.count("behaviour_return") ? std::stod(d.metadata.at("behaviour_return")) : d.mean_return();
+      dataset_steps = d.steps();
+      dataset_episodes = d.episodes();
+      offline = assemble_transitions(d, spec.n_step, spec.gamma);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "dqn train: %s: %s\n", a.pipeline.c_str(), e.what());
+      return 1;
+    }
+  }
+  const bool is_offline = !spec.training.dataset.empty();
   try {
-    engine = std::make_unique<Engine>(spec, loader, training_engine_options(spec));
+    engine = std::make_unique<Engine>(spec, loader, training_engine_options(spec, is_offline ? &offline : nullptr));
     if (!a.weights.empty())
       engine->load_weights(st::read_file(a.weights));
     else
@@ -85,12 +103,21 @@ int cmd_train(const TrainArgs& a) {
     topt.run_dir = a.out_dir;
     topt.pipeline_yaml = resolved;
     topt.progress = a.quiet ? TrainerOptions::Progress::none : TrainerOptions::Progress::automatic;
+    if (is_offline) topt.offline = &offline;
     trainer = std::make_unique<Trainer>(*engine, topt);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dqn train: %s: %s\n", a.pipeline.c_str(), e.what());
     return 1;
   }
-  if (!a.quiet)
+  if (!a.quiet && is_offline)
+    std::fprintf(stderr,
+                 "dqn train: pipeline '%s' on %s, offline from %s (%lld steps in %lld episodes, %lld transitions, "
+                 "behaviour policy's mean return %.1f), %lld training steps, seed %llu\n",
+                 spec.name.c_str(), engine->runtime().describe().c_str(), spec.training.dataset.c_str(),
+                 static_cast<long long>(dataset_steps), static_cast<long long>(dataset_episodes),
+                 static_cast<long long>(offline.size()), behaviour, static_cast<long long>(spec.training.total_steps),
+                 static_cast<unsigned long long>(spec.seed));
+  else if (!a.quiet)
     std::fprintf(stderr, "dqn train: pipeline '%s' on %s, %s x%d, %lld steps, seed %llu\n", spec.name.c_str(),
                  engine->runtime().describe().c_str(), spec.training.env.c_str(), spec.training.num_envs,
                  static_cast<long long>(spec.training.total_steps), static_cast<unsigned long long>(spec.seed));

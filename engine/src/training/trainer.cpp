@@ -112,17 +112,25 @@ Trainer::Trainer(Engine& engine, TrainerOptions opt)
     : engine_(engine),
       spec_(engine.spec()),
       opt_(std::move(opt)),
-      env_(make_training_env(spec_)),
-      eval_env_(make_env(spec_.training.env, spec_.training.eval.episodes, derive_seed(spec_.seed, kEvalStream))),
+      offline_(opt_.offline != nullptr),
+      env_(offline_ ? nullptr : make_training_env(spec_)),
+      eval_env_(offline_ && spec_.training.env.empty()
+                    ? nullptr
+                    : make_env(spec_.training.env, spec_.training.eval.episodes, derive_seed(spec_.seed, kEvalStream))),
       nstep_(spec_.network.state, spec_.network.branches, spec_.n_step, spec_.gamma, spec_.training.num_envs),
       N_(spec_.training.num_envs),
       S_(spec_.network.state),
       D_(spec_.network.branches),
       act_rng_(derive_seed(spec_.seed, kActStream)) {
-  if (!engine_.has_replay() || engine_.staging_rows() < nstep_.max_per_step())
+  if (!engine_.has_replay() || (!offline_ && engine_.staging_rows() < nstep_.max_per_step()))
     throw std::invalid_argument("trainer: the engine needs the training replay (EngineOptions::replay = "
                                 "training_replay(spec)): its step draws the batch from it");
-  branch_actions_ = env_->spec().branch_actions;
+  if (offline_ != !spec_.training.dataset.empty())
+    throw std::invalid_argument("trainer: training.dataset is " +
+                                (spec_.training.dataset.empty() ? std::string("not set") : "'" + spec_.training.dataset + "'") +
+                                " but the options " + (offline_ ? "bring" : "bring no") + " offline transitions");
+  if (eval_env_) check_env_fits(spec_, eval_env_->spec());
+  if (env_) branch_actions_ = env_->spec().branch_actions;
   if (opt_.log_every < 1) throw std::invalid_argument("trainer: log_every must be at least 1");
   const auto n = std::size_t(N_), s = std::size_t(S_);
   obs_.resize(n * s);
@@ -136,7 +144,7 @@ Trainer::Trainer(Engine& engine, TrainerOptions opt)
 }
 
 std::int64_t Trainer::replay_size() const {
-  return std::min(engine_.transitions_added(), spec_.training.replay.capacity);
+  return offline_ ? engine_.transitions_added() : std::min(engine_.transitions_added(), spec_.training.replay.capacity);
 }
 
 Trainer::~Trainer() = default;
@@ -249,6 +257,7 @@ EvalResult Trainer::evaluate(std::int64_t round) {
 void Trainer::save_weights(const std::string& file) {
   st::File f = engine_.save_state(false);
   f.metadata["env_steps"] = std::to_string(env_steps_);
+  if (offline_) f.metadata["dataset"] = spec_.training.dataset;
   f.metadata["train_steps"] = std::to_string(train_steps_);
   if (last_eval_) f.metadata["eval_return"] = std::to_string(*last_eval_);
   st::write_file((fs::path(run_dir_) / file).string(), f);
@@ -258,12 +267,12 @@ void Trainer::write_metrics(const std::optional<EvalResult>& eval, bool final_li
   using json = nlohmann::ordered_json;
   const double wall = std::chrono::duration<double>(Clock::now() - start_).count();
   const double dt = std::chrono::duration<double>(Clock::now() - last_log_time_).count();
-  if (dt > 0 && env_steps_ > last_log_steps_) steps_per_s_ = double(env_steps_ - last_log_steps_) / dt;
+  if (dt > 0 && clock() > last_log_steps_) steps_per_s_ = double(clock() - last_log_steps_) / dt;
   last_log_time_ = Clock::now();
-  last_log_steps_ = env_steps_;
+  last_log_steps_ = clock();
 
   json j;
-  j["step"] = env_steps_;
+  j["step"] = clock();
   j["train_steps"] = train_steps_;
   j["episodes"] = episodes_;
   if (recent_returns_.empty()) {
@@ -279,8 +288,8 @@ void Trainer::write_metrics(const std::optional<EvalResult>& eval, bool final_li
     j["eval_max"] = eval->max;
     j["eval_episodes"] = eval->episodes;
   }
-  j["epsilon"] = epsilon();
-  if (spec_.training.replay.prioritized) j["beta"] = beta_at(spec_.training, env_steps_);
+  if (!offline_) j["epsilon"] = epsilon();
+  if (spec_.training.replay.prioritized) j["beta"] = offline_ ? spec_.training.replay.beta_end : beta_at(spec_.training, env_steps_);
   std::optional<StepReport> rep;
   if (train_steps_ > 0) {
     rep = engine_.latest_report();  // a report late: reading it does not stall the step
@@ -328,25 +337,25 @@ void Trainer::progress(bool force_plain, bool final_line) {
   // than training, so an average since the start would promise too early an end).
   const double since_mark = std::chrono::duration<double>(now - rate_mark_time_).count();
   if (since_mark >= 1.0 || progress_rate_ <= 0) {
-    if (since_mark > 0 && env_steps_ > rate_mark_steps_) progress_rate_ = double(env_steps_ - rate_mark_steps_) / since_mark;
+    if (since_mark > 0 && clock() > rate_mark_steps_) progress_rate_ = double(clock() - rate_mark_steps_) / since_mark;
     rate_mark_time_ = now;
-    rate_mark_steps_ = env_steps_;
+    rate_mark_steps_ = clock();
   }
-  const double rate = progress_rate_ > 0 ? progress_rate_ : (wall > 0 ? double(env_steps_) / wall : 0);
+  const double rate = progress_rate_ > 0 ? progress_rate_ : (wall > 0 ? double(clock()) / wall : 0);
   char eval[64] = "-";
   if (last_eval_) std::snprintf(eval, sizeof eval, "%.1f (best %.1f)", *last_eval_, best_eval_.value_or(*last_eval_));
   char line[256];
   std::snprintf(line, sizeof line, "step %lld/%lld  eval %s  eps %.3f  %.0f steps/s  %s %s",
-                static_cast<long long>(env_steps_), static_cast<long long>(total), eval, epsilon(), rate,
+                static_cast<long long>(clock()), static_cast<long long>(total), eval, offline_ ? 0.0 : epsilon(), rate,
                 final_line ? "wall" : "ETA",
-                fmt_duration(final_line ? wall : rate > 0 ? double(total - env_steps_) / rate : -1).c_str());
+                fmt_duration(final_line ? wall : rate > 0 ? double(total - clock()) / rate : -1).c_str());
   if (tty_) {
     std::fprintf(opt_.progress_out, "\r\033[K%s%s", line, final_line ? "\n" : "");
     std::fflush(opt_.progress_out);
-  } else if (force_plain || final_line || env_steps_ - last_plain_ >= 10 * opt_.log_every) {
+  } else if (force_plain || final_line || clock() - last_plain_ >= 10 * opt_.log_every) {
     std::fprintf(opt_.progress_out, "%s\n", line);
     std::fflush(opt_.progress_out);
-    last_plain_ = env_steps_;
+    last_plain_ = clock();
   }
 }
 
@@ -369,7 +378,20 @@ TrainResult Trainer::run() {
   tty_ = !quiet_ && (opt_.progress == TrainerOptions::Progress::tty ||
                      (opt_.progress == TrainerOptions::Progress::automatic && isatty(fileno(opt_.progress_out))));
 
-  env_->reset(spec_.seed, obs_.data());
+  if (offline_) {
+    // The whole dataset into the replay once, β at beta_end (its schedule counts environment steps).
+    const TransitionBatch& d = *opt_.offline;
+    const std::int64_t K = engine_.staging_rows();
+    for (std::int64_t first = 0; first < d.size(); first += K) {
+      const std::int64_t n = std::min(K, d.size() - first);
+      const auto S = std::size_t(S_), D = std::size_t(D_), f = std::size_t(first);
+      engine_.add_transitions(Transitions{n, d.states.data() + f * S, d.next_states.data() + f * S,
+                                          d.actions.data() + f * D, d.rewards.data() + f, d.dones.data() + f},
+                              t.total_steps);
+    }
+  } else {
+    env_->reset(spec_.seed, obs_.data());
+  }
   TrainResult res;
   std::int64_t next_train_at = std::max<std::int64_t>(t.learning_starts, t.train_every);
   std::int64_t next_eval_at = t.eval.every, next_log_at = opt_.log_every;
@@ -379,19 +401,20 @@ TrainResult Trainer::run() {
 
   auto record_eval = [&](const EvalResult& ev) {
     last_eval_ = ev.mean;
-    last_eval_step = env_steps_;
+    last_eval_step = clock();
     save_weights("weights.safetensors");
     if (!best_eval_ || ev.mean > *best_eval_) {
       best_eval_ = ev.mean;
-      best_eval_step_ = env_steps_;
+      best_eval_step_ = clock();
       save_weights("best.safetensors");
     }
     if (t.stop_at_return != 0.0 && ev.mean >= t.stop_at_return) res.solved = true;
   };
 
-  while (env_steps_ < t.total_steps && !stop_requested()) {
-    act(env_steps_ < t.learning_starts);
-    if (env_steps_ >= t.learning_starts && replay_size() >= B) {
+  while (clock() < t.total_steps && !stop_requested()) {
+    if (offline_) {
+      train_once();
+    } else if (act(env_steps_ < t.learning_starts); env_steps_ >= t.learning_starts && replay_size() >= B) {
       for (; next_train_at <= env_steps_; next_train_at += t.train_every)
         for (int g = 0; g < t.gradient_steps; ++g) train_once();
       // The acting snapshot follows the learner on the device (taken up once its copy has run).
@@ -403,17 +426,17 @@ TrainResult Trainer::run() {
       next_train_at = std::max(next_train_at, env_steps_ + t.train_every);
     }
     std::optional<EvalResult> ev;
-    if (env_steps_ >= next_eval_at) {
-      while (next_eval_at <= env_steps_) next_eval_at += t.eval.every;
+    if (eval_env_ && clock() >= next_eval_at) {
+      while (next_eval_at <= clock()) next_eval_at += t.eval.every;
       EvalResult r = evaluate(eval_round++);
       if (r.complete) {
         record_eval(r);
         ev = r;
       }
     }
-    const bool log_now = env_steps_ >= next_log_at;
-    while (next_log_at <= env_steps_) next_log_at += opt_.log_every;
-    const bool last = res.solved || env_steps_ >= t.total_steps;
+    const bool log_now = clock() >= next_log_at;
+    while (next_log_at <= clock()) next_log_at += opt_.log_every;
+    const bool last = res.solved || clock() >= t.total_steps;
     if (ev && last) {  // the final line below carries this evaluation
       pending = ev;
       break;
@@ -424,7 +447,7 @@ TrainResult Trainer::run() {
 
   // The end: a last evaluation unless one just ran or a stop was asked for, then the weights.
   std::optional<EvalResult> line_eval = pending;
-  if (!line_eval && last_eval_step != env_steps_ && !stop_requested()) {
+  if (!line_eval && eval_env_ && last_eval_step != clock() && !stop_requested()) {
     EvalResult r = evaluate(eval_round++);
     if (r.complete) {
       record_eval(r);
@@ -440,7 +463,7 @@ TrainResult Trainer::run() {
   res.env_steps = env_steps_;
   res.train_steps = train_steps_;
   res.episodes = episodes_;
-  res.final_eval = last_eval_step == env_steps_ ? last_eval_ : std::nullopt;
+  res.final_eval = last_eval_step == clock() ? last_eval_ : std::nullopt;
   res.last_eval = last_eval_;
   res.last_eval_step = last_eval_step;
   res.best_eval = best_eval_;

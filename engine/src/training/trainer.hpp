@@ -39,10 +39,15 @@ double beta_at(const TrainingSpec& t, std::int64_t env_step);
 /// The replay a training run's engine needs (EngineOptions::replay): training.replay, β over
 /// training.total_steps, staging for one environment step of every copy.
 EngineReplay training_replay(const PipelineSpec& spec);
-/// Engine options for a training run: the training replay.
-inline EngineOptions training_engine_options(const PipelineSpec& spec) {
+/// Engine options for a training run: the training replay; offline, one that holds every
+/// transition of the dataset.
+inline EngineOptions training_engine_options(const PipelineSpec& spec, const TransitionBatch* offline = nullptr) {
   EngineOptions o;
   o.replay = training_replay(spec);
+  if (offline) {
+    o.replay->spec.capacity = std::max<std::int64_t>(offline->size(), spec.batch);
+    o.replay->staging_rows = int(std::min<std::int64_t>(o.replay->spec.capacity, 4096));
+  }
   return o;
 }
 
@@ -67,6 +72,10 @@ struct TrainerOptions {
   std::FILE* progress_out = stderr;
   /// Called after each metrics line is written (tests stop a run from here).
   std::function<void(Trainer&)> after_metrics_line;
+  /// Offline (training.dataset): the dataset's n-step transitions (assemble_transitions), loaded
+  /// into the replay at the start; no environment steps, and total_steps, eval.every and the
+  /// metrics' step count training steps. Must outlive run().
+  const TransitionBatch* offline = nullptr;
 };
 
 struct TrainResult {
@@ -94,6 +103,9 @@ class Trainer {
   /// Writes pipeline.yaml first, metrics.jsonl line by line (flushed), weights.safetensors at
   /// each evaluation and at the end, best.safetensors on each new best evaluation.
   TrainResult run();
+
+  /// The run's clock: environment steps, or training steps offline.
+  std::int64_t clock() const { return offline_ ? train_steps_ : env_steps_; }
 
   /// Async-signal-safe (one lock-free atomic store): the loop finishes its current iteration,
   /// writes the final weights, closes the metrics and returns with interrupted = true.
@@ -125,6 +137,7 @@ class Trainer {
   const PipelineSpec& spec_;
   TrainerOptions opt_;
   std::atomic<bool> stop_{false};
+  bool offline_ = false;
   static_assert(std::atomic<bool>::is_always_lock_free, "request_stop must be async-signal-safe");
 
   std::unique_ptr<VecEnv> env_, eval_env_;

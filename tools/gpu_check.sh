@@ -104,6 +104,22 @@ if [ "$mode" = quick ]; then pack; exit 0; fi
 if [ "$mode" = epoch ]; then
   python3 bench/compare.py --dqn $build/tools/dqn --pipeline pipelines/ref.yaml --batch 256 --precision tf32 --epoch \
     --json-out "$out/compare_epoch.json" 2>"$out/compare_epoch.err" | tee -a "$summary" || tail -5 "$out/compare_epoch.err"
+  # dqn train's training steps per second in the learner-bound run against the epoch benchmark of
+  # the same pipeline (the median of the metrics lines once learning has run a while).
+  $build/tools/dqn bench --epoch pipelines/learner_bound.yaml --backend cuda --replay prioritized --json \
+    >"$out/bench_learner_bound.json" 2>&1
+  $build/tools/dqn train pipelines/learner_bound.yaml --backend cuda --steps 12000 -q --out "$out/train_lb" \
+    --set training.eval.every=1000000 >"$out/train_lb.log" 2>&1
+  python3 - "$out/train_lb/metrics.jsonl" "$out/bench_learner_bound.json" <<'PY' | tee -a "$summary"
+import json, statistics, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+tps = [m["train_steps_per_s"] for m in lines if m.get("train_steps", 0) > 8000 and not m.get("final")]
+bench = [json.loads(l) for l in open(sys.argv[2]) if l.startswith("{")]
+epoch = [b for b in bench if b.get("replay") == "prioritized"][0]["steps_per_s"]
+train = statistics.median(tps)
+print(f"learner-bound dqn train: {train:.0f} training steps/s; dqn bench --epoch (prioritized): {epoch:.0f}; "
+      f"ratio {train / epoch:.2f}")
+PY
   for tool in memcheck racecheck; do
     timeout "${SAN_BOX:-150}" meson test -C $build --no-rebuild --setup $tool gpu.step \
       --test-args='-tc=gpu.replay.*' >"$out/san_${tool}_replay.log" 2>&1

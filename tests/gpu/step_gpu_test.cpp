@@ -15,9 +15,7 @@
 #include <string>
 #include <vector>
 
-#if DQN_HAVE_CUPTI
-#include <cupti.h>
-#endif
+#include "cupti_count.hpp"
 
 #include "dqn/head.hpp"
 #include "core/engine.hpp"
@@ -333,28 +331,11 @@ TEST_CASE("gpu.step.nan_skips_on_device") {
 
 #if DQN_HAVE_CUPTI
 namespace {
-std::mutex g_mu;
-std::map<std::string, long> g_calls;
-bool g_on = false;
-
-void CUPTIAPI on_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackId, const void* data) {
-  const auto* cb = static_cast<const CUpti_CallbackData*>(data);
-  if (cb->callbackSite != CUPTI_API_ENTER) return;
-  std::lock_guard<std::mutex> lock(g_mu);
-  if (!g_on) return;
-  g_calls[std::string(domain == CUPTI_CB_DOMAIN_RUNTIME_API ? "runtime:" : "driver:") + cb->functionName]++;
-}
-
 // Over 1,000 steps the only CUDA calls are graph launches and the asynchronous report copies
 // (a copy and an event record each report_every steps): no synchronize, no allocation, no
 // blocking copy, no query of anything.
 // With `replay` (uniform or prioritized) the step draws its batch from a replay of its own.
 void check_zero_syncs(const std::string& text, const std::string& replay = "") {
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    g_calls.clear();  // nothing left from an earlier run
-    g_on = false;
-  }
   const PipelineSpec spec = parse(text);
   std::unique_ptr<Engine> e;
   if (replay.empty()) {
@@ -384,35 +365,11 @@ void check_zero_syncs(const std::string& text, const std::string& replay = "") {
   }
   for (int i = 0; i < 10; ++i) e->step();
   e->read_report();
-  // Unsubscribed on every way out (a failed REQUIRE included): CUPTI takes one subscriber at a time.
-  struct Subscription {
-    CUpti_SubscriberHandle handle{};
-    bool active = false;
-    ~Subscription() {
-      if (active) cuptiUnsubscribe(handle);
-    }
-  } sub;
-  REQUIRE(cuptiSubscribe(&sub.handle, reinterpret_cast<CUpti_CallbackFunc>(on_api), nullptr) == CUPTI_SUCCESS);
-  sub.active = true;
-  REQUIRE(cuptiEnableDomain(1, sub.handle, CUPTI_CB_DOMAIN_RUNTIME_API) == CUPTI_SUCCESS);
-  REQUIRE(cuptiEnableDomain(1, sub.handle, CUPTI_CB_DOMAIN_DRIVER_API) == CUPTI_SUCCESS);
+  gpu_test::CallCount count;
   const auto lookups = e->registry().lookups();
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    g_on = true;
-  }
+  count.set_on(true);
   for (int i = 0; i < 1000; ++i) e->step();
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    g_on = false;
-  }
-  cuptiUnsubscribe(sub.handle);
-  sub.active = false;
-  std::map<std::string, long> calls;
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    calls.swap(g_calls);
-  }
+  const std::map<std::string, long> calls = count.stop();
   long launches = 0, copies = 0, records = 0;
   for (const auto& [name, n] : calls) {
     MESSAGE(name << " × " << n);

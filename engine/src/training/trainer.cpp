@@ -268,8 +268,10 @@ void Trainer::write_metrics(const std::optional<EvalResult>& eval, bool final_li
   const double wall = std::chrono::duration<double>(Clock::now() - start_).count();
   const double dt = std::chrono::duration<double>(Clock::now() - last_log_time_).count();
   if (dt > 0 && clock() > last_log_steps_) steps_per_s_ = double(clock() - last_log_steps_) / dt;
+  if (dt > 0) train_steps_per_s_ = double(train_steps_ - last_log_train_steps_) / dt;
   last_log_time_ = Clock::now();
   last_log_steps_ = clock();
+  last_log_train_steps_ = train_steps_;
 
   json j;
   j["step"] = clock();
@@ -290,11 +292,14 @@ void Trainer::write_metrics(const std::optional<EvalResult>& eval, bool final_li
   }
   if (!offline_) j["epsilon"] = epsilon();
   if (spec_.training.replay.prioritized) j["beta"] = offline_ ? spec_.training.replay.beta_end : beta_at(spec_.training, env_steps_);
-  std::optional<StepReport> rep;
-  if (train_steps_ > 0) {
-    rep = engine_.latest_report();  // a report late: reading it does not stall the step
-    if (!rep) rep = engine_.read_report();
+  // The newest report that has landed (copied every report_every steps, read a report late):
+  // reading it never waits for the learner; before the first one lands the line has nulls.
+  if (train_steps_ > 0 && final_line) {
+    last_report_ = engine_.read_report();  // the run is over: the last step's own report
+  } else if (train_steps_ > 0) {
+    if (std::optional<StepReport> r = engine_.latest_report()) last_report_ = std::move(r);
   }
+  const std::optional<StepReport>& rep = last_report_;
   for (const std::string& h : engine_.head_names()) {
     j["loss." + h] = nullptr;
     j["grad_norm." + h] = nullptr;
@@ -314,6 +319,7 @@ void Trainer::write_metrics(const std::optional<EvalResult>& eval, bool final_li
   j["replay_size"] = replay_size();
   if (rep && rep->replay && spec_.training.replay.prioritized) j["max_priority"] = rep->replay->max_priority;
   j["steps_per_s"] = steps_per_s_;
+  j["train_steps_per_s"] = train_steps_per_s_;  // since the line before (the step's throughput in the loop)
   j["wall_s"] = wall;
   if (final_line) {
     j["final"] = true;

@@ -122,6 +122,7 @@ class Trainer {
   /// ε the loop uses at its current environment step.
   double epsilon() const { return epsilon_at(spec_.training.epsilon, env_steps_); }
   std::int64_t env_steps() const { return env_steps_; }
+  std::int64_t train_steps() const { return train_steps_; }
 
   /// runs_root/<name>-<YYYYmmdd-HHMMSS> (local time), with -2, -3, … if that exists already.
   static std::string default_run_dir(const std::string& runs_root, const std::string& name);
@@ -157,6 +158,7 @@ class Trainer {
   std::ofstream metrics_;
   std::int64_t env_steps_ = 0, train_steps_ = 0, episodes_ = 0;
   std::int64_t refreshed_at_ = 0;  ///< train_steps_ at the last refresh of the acting snapshot
+  std::optional<StepReport> last_report_;  ///< the newest report seen (metrics lines)
   std::optional<double> last_eval_, best_eval_;
   std::int64_t best_eval_step_ = -1;
 
@@ -165,7 +167,8 @@ class Trainer {
   std::int64_t rate_mark_steps_ = 0;
   double progress_rate_ = 0;
   std::int64_t last_log_steps_ = 0;
-  double steps_per_s_ = 0;
+  double steps_per_s_ = 0, train_steps_per_s_ = 0;
+  std::int64_t last_log_train_steps_ = 0;
   bool tty_ = false, quiet_ = false;
   std::int64_t last_plain_ = 0;
 };

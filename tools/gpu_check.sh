@@ -120,6 +120,10 @@ train = statistics.median(tps)
 print(f"learner-bound dqn train: {train:.0f} training steps/s; dqn bench --epoch (prioritized): {epoch:.0f}; "
       f"ratio {train / epoch:.2f}")
 PY
+  # default.yaml learning CartPole on CUDA, three seeds (backend auto picks the GPU)
+  meson test -C $build --no-rebuild --print-errorlogs learning.cartpole >"$out/learning.log" 2>&1
+  rc=$?; cp $build/meson-logs/testlog.txt "$out/learning_testlog.txt" 2>/dev/null
+  note "learning.cartpole on CUDA: rc=$rc $(grep -E 'OK: seed|FAIL' "$out/learning_testlog.txt" | tr '\n' ' ')"
   for tool in memcheck racecheck; do
     timeout "${SAN_BOX:-150}" meson test -C $build --no-rebuild --setup $tool gpu.step \
       --test-args='-tc=gpu.replay.*' >"$out/san_${tool}_replay.log" 2>&1

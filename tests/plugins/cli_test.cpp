@@ -640,6 +640,15 @@ TEST_CASE("cli.collect_and_offline: datasets written whole, never over a file, a
   r = dqn_run("collect " + quote(t.path("run")) + " --backend cpu --steps 80 --force --out " + quote(data));
   CHECK(r.rc == 0);
   CHECK(dqn::st::read_file(data).get("states").shape == std::vector<std::int64_t>{80, 4});
+  // Interrupted (SIGINT, as Ctrl-C), it writes nothing: the file there stays as it was.
+  const auto kept = fs::file_size(data);
+  r = dqn_run("collect " + quote(t.path("run")) + " --backend cpu --steps 1000000000000 --force --out " + quote(data),
+              "timeout --preserve-status -s INT 2");
+  CHECK(r.rc == 130);
+  CHECK_MESSAGE(has(r.out, "stopped by a signal after"), r.out);
+  CHECK(has(r.out, "nothing was written"));
+  CHECK(fs::file_size(data) == kept);
+  CHECK(dqn::st::read_file(data).get("states").shape == std::vector<std::int64_t>{80, 4});
   // A weights file needs its pipeline.
   r = dqn_run("collect " + quote(t.path("run") + "/weights.safetensors") + " --out " + quote(t.path("x.safetensors")));
   CHECK(r.rc == 2);

@@ -1,9 +1,12 @@
 // The pipeline DSL: valid and invalid pipelines side by side, budgets, overrides, round trips.
 #include <doctest/doctest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <string>
 #include <vector>
@@ -937,4 +940,74 @@ TEST_CASE("pipeline.no_catalog") {
   auto errs = errors_of("heads: [{plugin: c51, role: primary, x: [1, 2]}]\n", ParseOptions{});
   REQUIRE(errs.size() == 1);
   CHECK(errs[0].why().find("a head param is one value") != std::string::npos);
+}
+
+TEST_CASE("pipeline.bounded_input") {
+  // Aliases that repeat aliases: 9 lines that would expand to 10^9 values.
+  std::string bomb = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i < 10; ++i) {
+    const std::string p = "*a" + std::to_string(i - 1);
+    bomb += "a" + std::to_string(i) + ": &a" + std::to_string(i) + " [" + p;
+    for (int k = 1; k < 10; ++k) bomb += ", " + p;
+    bomb += "]\n";
+  }
+  auto errs = errors_of(bomb + kPrimary);
+  REQUIRE(errs.size() == 1);
+  CHECK(contains_msg(errs).find("the document expands to more than 100000 values (aliases that repeat aliases?)") !=
+        std::string::npos);
+  CHECK(errs[0].where().file == "t.yaml");
+  CHECK(errs[0].where().line >= 1);  // (an aliased value is placed at its anchor)
+  // A text or an override value beyond any pipeline's size.
+  errs = errors_of(std::string((std::size_t(1) << 20) + 1, '#'));
+  REQUIRE(errs.size() == 1);
+  CHECK(contains_msg(errs).find("the text is 1048577 bytes; a pipeline is at most 1048576") != std::string::npos);
+  ParseOptions o = with_catalog();
+  o.overrides = {"name=" + std::string(70000, 'x')};
+  errs = errors_of(kPrimary, o);
+  REQUIRE(errs.size() == 1);
+  CHECK(contains_msg(errs).find("the value is 70000 bytes; an override value is at most 65536") != std::string::npos);
+  // 80,000 keys under one map (an unknown key: each walked once) and a duplicate among them.
+  std::string many = kPrimary + "bogus:\n";
+  for (int i = 0; i < 80000; ++i) many += "  k" + std::to_string(i) + ": 1\n";
+  many += "  k7: 2\n";
+  errs = errors_of(many);
+  const std::string msgs = contains_msg(errs);
+  CHECK(msgs.find("duplicate key 'k7'") != std::string::npos);
+  CHECK(msgs.find("unknown key") != std::string::npos);
+}
+
+TEST_CASE("pipeline.files_that_are_not_pipelines") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("dqn-pipeline-files-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  auto error_of = [](const std::string& path) {
+    try {
+      load_pipeline(path, with_catalog());
+    } catch (const PipelineErrors& e) {
+      return std::string(e.errors().at(0).what());
+    }
+    return std::string("accepted");
+  };
+  // [path, what the error says, why]
+  const std::string fifo = (dir / "fifo.yaml").string();
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);  // would block a reader forever
+  const std::string big = (dir / "big.yaml").string();
+  {
+    std::ofstream(big) << "name: x\n";
+    fs::resize_file(big, std::uintmax_t(100) << 20);  // 100 MB
+  }
+  struct Case { std::string path, says, why; };
+  const Case cases[] = {
+      {fifo, "not a regular file (a FIFO)", "a FIFO"},
+      {"/dev/zero", "not a regular file (a device)", "an endless device"},
+      {dir.string(), "not a regular file (a directory)", "a directory"},
+      {big, "the file is 104857600 bytes; a pipeline is at most 1048576", "100 MB"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.why);
+    const std::string what = error_of(c.path);
+    CHECK_MESSAGE(what.find(c.says) != std::string::npos, what);
+    CHECK(what.rfind(c.path + ":", 0) == 0);  // the error names the file
+  }
+  fs::remove_all(dir);
 }

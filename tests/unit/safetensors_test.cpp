@@ -503,6 +503,14 @@ TEST_CASE("safetensors.reject_unreadable") {
     std::string what = error_of(path, [&] { (void)dqn::st::read_file(path); });
     CHECK_MESSAGE(what.find("not a regular file") != std::string::npos, what);
   }
+  SUBCASE("a FIFO (an open would wait for a writer forever) and an endless device") {
+    const std::string path = tmp / "fifo.safetensors";
+    REQUIRE(mkfifo(path.c_str(), 0600) == 0);
+    std::string what = error_of(path, [&] { (void)dqn::st::read_file(path); });
+    CHECK_MESSAGE(what.find("not a regular file") != std::string::npos, what);
+    what = error_of("/dev/zero", [&] { (void)dqn::st::read_file("/dev/zero"); });
+    CHECK_MESSAGE(what.find("not a regular file") != std::string::npos, what);
+  }
   SUBCASE("a real file cut short, in its data and in its header") {
     File f;
     const float v[8] = {1, 2, 3, 4, 5, 6, 7, 8};

@@ -537,7 +537,8 @@ File parse(const std::vector<std::uint8_t>& image, const std::string& path) {
 }
 
 File read_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO would block the open until a writer came; it is refused below instead.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw Error(path, "cannot open: " + errno_text(errno));
   struct Closer {
     int fd;

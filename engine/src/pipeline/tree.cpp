@@ -5,6 +5,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <unordered_map>
 #include <utility>
 
 #include "pipeline/parse.hpp"
@@ -14,6 +15,9 @@ namespace dqn::dsl {
 namespace {
 
 constexpr int kMaxDepth = 32;  // deeper than any pipeline; also stops recursive aliases (&a [*a])
+/// Values a document may expand to: far more than any pipeline holds, and it stops aliases that
+/// repeat aliases (a few lines that expand exponentially) after a bounded amount of work.
+constexpr std::size_t kMaxNodes = 100000;
 
 /// Where nodes of one YAML text are: a file (positions from marks) or an override (one place).
 struct Origin {
@@ -26,8 +30,14 @@ struct Origin {
 };
 
 bool convert(const YAML::Node& y, const Origin& origin, int depth, const std::string& path,
-             Node& out, std::vector<PipelineError>& errs) {
+             Node& out, std::vector<PipelineError>& errs, std::size_t& nodes) {
   out.loc = origin.at(y.Mark());
+  if (++nodes > kMaxNodes) {
+    errs.emplace_back(out.loc, path, "", "the document expands to more than " + std::to_string(kMaxNodes) +
+                                             " values (aliases that repeat aliases?)",
+                      "a pipeline holds a few hundred values; write them out or use fewer aliases");
+    return false;
+  }
   if (depth > kMaxDepth) {
     errs.emplace_back(out.loc, path, "", "nested deeper than " + std::to_string(kMaxDepth) +
                                              " levels (a recursive alias?)");
@@ -46,7 +56,7 @@ bool convert(const YAML::Node& y, const Origin& origin, int depth, const std::st
       std::size_t i = 0;
       for (const auto& item : y) {
         out.items.emplace_back();
-        if (!convert(item, origin, depth + 1, index_path(path, i++), out.items.back(), errs))
+        if (!convert(item, origin, depth + 1, index_path(path, i++), out.items.back(), errs, nodes))
           return false;
       }
       return true;
@@ -63,7 +73,7 @@ bool convert(const YAML::Node& y, const Origin& origin, int depth, const std::st
           continue;
         }
         e.key = k.Scalar();
-        if (!convert(v, origin, depth + 1, join_path(path, e.key), e.value, errs))
+        if (!convert(v, origin, depth + 1, join_path(path, e.key), e.value, errs, nodes))
           return false;
         // `key:` with nothing after it: yaml-cpp marks the null at the next token; point at the key.
         if (e.value.kind == Node::Kind::null &&
@@ -119,13 +129,19 @@ std::string render(const Node& n, std::size_t limit) {
 Node read_document(const std::string& yaml_text, const std::string& source_name) {
   std::vector<PipelineError> errs;
   Node root;
+  if (yaml_text.size() > kMaxPipelineBytes)
+    throw PipelineErrors({PipelineError(SourceLoc{source_name, 0, 0}, "", "",
+                                        "the text is " + std::to_string(yaml_text.size()) +
+                                            " bytes; a pipeline is at most " + std::to_string(kMaxPipelineBytes),
+                                        "a pipeline is a few KB of YAML: is this the right file?")});
   try {
     std::vector<YAML::Node> docs = YAML::LoadAll(yaml_text);
     if (docs.size() > 1) {
       errs.emplace_back(Origin{source_name}.at(docs[1].Mark()), "", "",
                         "a pipeline file holds one YAML document; found a second (after '---')");
     }
-    if (!docs.empty()) convert(docs[0], Origin{source_name}, 0, "", root, errs);
+    std::size_t nodes = 0;
+    if (!docs.empty()) convert(docs[0], Origin{source_name}, 0, "", root, errs, nodes);
   } catch (const YAML::Exception& e) {
     std::string hint;
     if (e.msg.find("tab") != std::string::npos) hint = "indent with spaces, not tabs";
@@ -142,16 +158,14 @@ void find_duplicates(const Node& n, const std::string& path, std::vector<Pipelin
     for (std::size_t i = 0; i < n.items.size(); ++i)
       find_duplicates(n.items[i], index_path(path, i), errs);
   } else if (n.kind == Node::Kind::map) {
+    std::unordered_map<std::string, std::size_t> first;  // each key's first entry
     for (std::size_t i = 0; i < n.entries.size(); ++i) {
       const Entry& e = n.entries[i];
-      for (std::size_t j = 0; j < i; ++j) {
-        if (n.entries[j].key != e.key) continue;
+      const auto [at, fresh] = first.emplace(e.key, i);
+      if (!fresh)
         errs.emplace_back(e.key_loc, join_path(path, e.key), render(e.value),
-                          "duplicate key '" + e.key + "' (first given at " +
-                              n.entries[j].key_loc.str() + ")",
+                          "duplicate key '" + e.key + "' (first given at " + n.entries[at->second].key_loc.str() + ")",
                           "a YAML map keeps one value per key; remove one of them");
-        break;
-      }
       find_duplicates(e.value, join_path(path, e.key), errs);
     }
   }
@@ -169,8 +183,15 @@ void apply_override(Node& root, const std::string& text, std::vector<PipelineErr
   std::string value_text = trim(text.substr(eq + 1));
   Node value;
   try {
+    if (value_text.size() > kMaxOverrideBytes) {
+      errs.emplace_back(SourceLoc{"<override '" + key + "=…'>", 0, 0}, key, "",
+                        "the value is " + std::to_string(value_text.size()) + " bytes; an override value is at most " +
+                            std::to_string(kMaxOverrideBytes));
+      return;
+    }
     YAML::Node y = YAML::Load(value_text);
-    if (!convert(y, Origin{loc.file, true}, 1, key, value, errs)) return;
+    std::size_t nodes = 0;
+    if (!convert(y, Origin{loc.file, true}, 1, key, value, errs, nodes)) return;
     value.loc = loc;
   } catch (const YAML::Exception& e) {
     errs.emplace_back(loc, key, value_text, "not a YAML value: " + e.msg,

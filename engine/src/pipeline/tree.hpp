@@ -17,6 +17,10 @@ namespace dqn::dsl {
 
 struct Entry;
 
+/// Bounds on what is read: a pipeline's text and an override's value (a pipeline is a few KB).
+inline constexpr std::size_t kMaxPipelineBytes = std::size_t(1) << 20;
+inline constexpr std::size_t kMaxOverrideBytes = std::size_t(64) << 10;
+
 struct Node {
   enum class Kind { null, scalar, seq, map };
   Kind kind = Kind::null;
@@ -40,8 +44,9 @@ std::string index_path(const std::string& path, std::size_t i);
 std::string render(const Node& n, std::size_t limit = 60);
 
 /// The one YAML document of `yaml_text` as a tree (a null root for an empty text, placed at 1:1).
-/// Throws PipelineErrors for a YAML syntax error, a second document, or nesting deeper than any
-/// pipeline (a recursive alias).
+/// Throws PipelineErrors for a text over kMaxPipelineBytes, a YAML syntax error, a second
+/// document, nesting deeper than any pipeline (a recursive alias), or more values than any
+/// pipeline holds (aliases that repeat aliases).
 Node read_document(const std::string& yaml_text, const std::string& source_name);
 
 /// yaml-cpp accepts `{a: 1, a: 2}` and lookups see only one; every map is checked here.

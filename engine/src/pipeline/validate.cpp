@@ -3,6 +3,8 @@
  *  the rules between keys, heads and plugin params, and collects every error it finds (file:line:column,
  *  key path, value, why) before throwing. parse_pipeline and load_pipeline start here.
  */
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -668,6 +670,22 @@ PipelineSpec parse_pipeline(const std::string& yaml_text, const std::string& sou
 }
 
 PipelineSpec load_pipeline(const std::string& path, const ParseOptions& opt) {
+  // A FIFO or a device would block or never end: only a regular file of a bounded size is read.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    auto refuse = [&](const std::string& why, const std::string& hint) {
+      throw PipelineErrors({PipelineError(SourceLoc{path, 0, 0}, "", "", why, hint)});
+    };
+    if (!S_ISREG(st.st_mode))
+      refuse(std::string("not a regular file (") +
+                 (S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISDIR(st.st_mode) ? "a directory" : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : "a special file") +
+                 "): a pipeline is read from a file",
+             "write the pipeline to a file first");
+    if (std::uint64_t(st.st_size) > dsl::kMaxPipelineBytes)
+      refuse("the file is " + std::to_string(st.st_size) + " bytes; a pipeline is at most " +
+                 std::to_string(dsl::kMaxPipelineBytes),
+             "a pipeline is a few KB of YAML: is this the right file?");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw PipelineErrors({PipelineError(SourceLoc{path, 0, 0}, "", "",

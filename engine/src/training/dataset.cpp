@@ -4,6 +4,9 @@
  */
 #include "training/dataset.hpp"
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -112,6 +115,9 @@ void Dataset::check(const NetworkSpec& net) const {
 Dataset read_dataset(const std::string& path, const NetworkSpec& net) {
   Dataset d;
   if (ends_with(path, ".h5") || ends_with(path, ".hdf5")) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) throw DatasetError("dataset '" + path + "': cannot open it: " + std::strerror(errno));
+    if (!S_ISREG(st.st_mode)) throw DatasetError("dataset '" + path + "': not a regular file");
     d = read_minari_hdf5(path);
   } else {
     const st::File f = st::read_file(path);

@@ -299,4 +299,20 @@ TEST_CASE("step.checkpoint_roundtrip") {
   st::File shape = f;
   shape.put_f32("trunk.0.bias", {3}, std::vector<float>(3, 0.f).data());
   CHECK_THROWS_WITH(b->load_weights(shape), doctest::Contains("trunk.0.bias"));
+  // Values that cannot be trained from are refused, and a refused file changes nothing.
+  const std::vector<double> before = b->host_buffer("params"), v_before = b->host_buffer("adam.v");
+  st::File nan = f;
+  const float bad = std::nanf("");
+  std::memcpy(nan.tensors.at("adam.m.trunk.1.weight").bytes.data() + 4 * 9, &bad, 4);
+  CHECK_THROWS_WITH(b->load_weights(nan), doctest::Contains("tensor 'adam.m.trunk.1.weight': element 9 is nan"));
+  st::File negative = f;
+  const float minus = -0.5f;
+  std::memcpy(negative.tensors.at("adam.v.trunk.0.bias").bytes.data(), &minus, 4);
+  CHECK_THROWS_WITH(b->load_weights(negative), doctest::Contains("must be finite and >= 0"));
+  CHECK(b->host_buffer("params") == before);
+  CHECK(b->host_buffer("adam.v") == v_before);
+  // A batch with a non-finite state is refused, naming it.
+  HostBatch hb = HostBatch::random(spec, 2);
+  hb.next_states[std::size_t(3 * hb.S + 1)] = std::numeric_limits<float>::infinity();
+  CHECK_THROWS_WITH_AS(b->set_batch(hb), doctest::Contains("next_states[3,1] is not finite"), std::invalid_argument);
 }

@@ -13,7 +13,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
@@ -446,6 +448,38 @@ TEST_CASE("cli.step.bad_weights_files") {
       CHECK_MESSAGE(has(r.out, part), part);
     }
     CHECK_FALSE(fs::exists(out));
+  }
+  // Values that cannot be trained from: the tensor and the first bad element named.
+  auto edited = [&](const std::string& name, const std::function<void(dqn::st::File&)>& edit) {
+    dqn::st::File f = dqn::st::read_file(w);
+    edit(f);
+    const std::string path = tmp.path(name);
+    dqn::st::write_file(path, f);
+    return path;
+  };
+  auto set = [](dqn::st::File& f, const std::string& t, std::size_t i, float v) {
+    std::memcpy(f.tensors.at(t).bytes.data() + i * 4, &v, 4);
+  };
+  const std::vector<std::pair<std::string, std::string>> bad_values = {
+      {edited("nan.safetensors", [&](dqn::st::File& f) { set(f, "c51.value.0.weight", 17, std::nanf("")); }),
+       "tensor 'c51.value.0.weight': element 17 is nan (must be finite)"},
+      {edited("inf_target.safetensors",
+              [&](dqn::st::File& f) { set(f, "target.trunk.1.bias", 3, std::numeric_limits<float>::infinity()); }),
+       "tensor 'target.trunk.1.bias': element 3 is inf (must be finite)"},
+      {edited("negative_v.safetensors", [&](dqn::st::File& f) { set(f, "adam.v.trunk.0.weight", 5, -1.0f); }),
+       "tensor 'adam.v.trunk.0.weight': element 5 is -1.000000 (must be finite and >= 0)"},
+      {edited("huge_step.safetensors",
+              [&](dqn::st::File& f) {
+                const std::int64_t t = std::numeric_limits<std::int64_t>::max() - 1;
+                f.put_i64("adam.step", {}, &t);
+              }),
+       "adam.step is 9223372036854775806, beyond 2^53 steps"},
+  };
+  for (const auto& [path, says] : bad_values) {
+    INFO(path);
+    const Run r = dqn_run(base + " --weights " + quote(path) + " --random-batch 1");
+    CHECK(r.rc != 0);
+    CHECK_MESSAGE(has(r.out, says), r.out);
   }
   // A missing weights file names itself too.
   const Run gone = dqn_run(base + " --weights " + quote(tmp.path("gone.safetensors")) + " --random-batch 1");

@@ -72,6 +72,12 @@ void HostBatch::check(const PipelineSpec& spec, const std::string& what) const {
   if (states.size() != n || next_states.size() != n || actions.size() != std::size_t(B) * std::size_t(D) ||
       rewards.size() != std::size_t(B) || dones.size() != std::size_t(B) || is_weights.size() != std::size_t(B))
     bad("tensor sizes do not match B, S, D");
+  for (const auto& [name, v] : {std::pair<const char*, const std::vector<float>*>{"states", &states},
+                                {"next_states", &next_states}})
+    for (std::size_t i = 0; i < v->size(); ++i)
+      if (!std::isfinite((*v)[i]))
+        bad(std::string(name) + "[" + std::to_string(i / std::size_t(S)) + "," + std::to_string(i % std::size_t(S)) +
+            "] is not finite");
   for (std::size_t i = 0; i < actions.size(); ++i)
     if (actions[i] < 0 || actions[i] >= spec.network.actions)
       bad("actions[" + std::to_string(i / std::size_t(D)) + "," + std::to_string(i % std::size_t(D)) + "] = " +

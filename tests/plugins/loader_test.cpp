@@ -349,6 +349,16 @@ TEST_CASE("loader.create_errors") {
     const std::string m = thrown([&] { (void)loader.create(c.plugin, info); });
     for (const auto& p : c.parts) CHECK_MESSAGE(has(m, p), "'" << p << "' not in: " << m);
   }
+  // Thrown things that are no std::exception, and a message that fills the whole buffer unterminated.
+  info.role = Role::auxiliary;
+  info.instance = "int";
+  std::string m = thrown([&] { (void)loader.create("thrower", info); });
+  CHECK(has(m, "plugin 'thrower'"));
+  CHECK(has(m, "threw from create() for head 'int'"));
+  info.instance = "flood";
+  m = thrown([&] { (void)loader.create("refuser", info); });
+  CHECK(has(m, "could not create head 'flood': " + std::string(1024, 'x')));
+  CHECK_FALSE(has(m, std::string(1025, 'x')));
 }
 
 TEST_CASE("loader.pipeline_with_missing_plugin_names_the_search_path") {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <cstring>
 #include <sstream>
 #include <stdexcept>
 
@@ -204,9 +205,11 @@ HeadHandle PluginLoader::create(const std::string& plugin, const HeadCreateInfo&
       throw std::runtime_error("plugin '" + plugin + "' (" + p.path + ") threw from create() for head '" +
                                (info.instance ? info.instance : "?") + "'");
     }
+    // The message as far as the buffer goes: a plugin may fill it without a terminating NUL.
+    const std::string why(err, ::strnlen(err, sizeof err));
     if (!h)
       throw std::runtime_error("plugin '" + plugin + "' (" + p.path + ") could not create head '" +
-                               (info.instance ? info.instance : "?") + "': " + (err[0] ? err : "no reason given"));
+                               (info.instance ? info.instance : "?") + "': " + (why.empty() ? "no reason given" : why));
     return HeadHandle(h, p);
   }
   std::string known;

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -21,14 +22,30 @@ std::atomic<bool> g_counting{false};
 }  // namespace
 
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"  // malloc/free back these replacements
-// Count every heap allocation made while g_counting is set (the per-step no-allocation test).
-void* operator new(std::size_t n) {
+// Count every heap allocation made while g_counting is set (the per-step no-allocation test). Every
+// form is replaced (array, sized, aligned), so that no allocation made by one allocator is freed by
+// another (AddressSanitizer reports such a pair).
+namespace {
+void* counted(std::size_t n, std::size_t align) {
   if (g_counting.load(std::memory_order_relaxed)) g_allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
+  n = n ? n : 1;
+  void* p = align > alignof(std::max_align_t) ? std::aligned_alloc(align, (n + align - 1) / align * align) : std::malloc(n);
+  if (!p) throw std::bad_alloc();
+  return p;
 }
+}  // namespace
+void* operator new(std::size_t n) { return counted(n, 0); }
+void* operator new[](std::size_t n) { return counted(n, 0); }
+void* operator new(std::size_t n, std::align_val_t a) { return counted(n, std::size_t(a)); }
+void* operator new[](std::size_t n, std::align_val_t a) { return counted(n, std::size_t(a)); }
 void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
 
 namespace {
 using namespace dqn;

@@ -56,6 +56,11 @@ def main():
             fail("dqn-engine.pc's Cflags do not say DQN_WITH_CUDA as its cuda variable does")
         if cuda.group(1) == "true" and ("-lcudart" not in pc or "nvcc_flags=" not in pc):
             fail("dqn-engine.pc of a CUDA build lacks the runtime library or the nvcc flags")
+        # its abi variable is the one the installed plugin.hpp declares
+        hpp = open(os.path.join(prefix, "include", "dqn", "plugin.hpp")).read()
+        want = ".".join(re.search(rf"kAbi{part} = (\d+);", hpp).group(1) for part in ("Major", "Minor"))
+        if f"abi={want}\n" not in pc:
+            fail(f"dqn-engine.pc's abi variable is not {want}, the installed plugin.hpp's")
         # 2. the shared library exports the SDK only
         nm = sdk.must(["nm", "-D", "--defined-only", "-C", lib], "listing the library's symbols")
         names = [" ".join(l.split()[2:]) for l in nm.stdout.splitlines() if len(l.split()) >= 3]

@@ -1011,3 +1011,30 @@ TEST_CASE("pipeline.files_that_are_not_pipelines") {
   }
   fs::remove_all(dir);
 }
+
+TEST_CASE("pipeline.network_fits_its_environment") {
+  // With the environments given (as dqn train and dqn collect give them), the network must fit
+  // training.env, each misfit at its network key; without them nothing is checked.
+  ParseOptions o = with_catalog();
+  o.environments = [](const std::string& name) -> std::optional<EnvShape> {
+    if (name == "CartPole-v1") return EnvShape{4, {2}};
+    return std::nullopt;
+  };
+  const std::string net = "network: {state: 6, trunk: [8], head_hidden: 4, branches: 2, actions: 2, atoms: 5, v_min: 0, "
+                          "v_max: 1}\n";
+  auto errs = errors_of(net + kPrimary + "training: {total_steps: 100}\n", o);
+  REQUIRE(errs.size() == 2);
+  CHECK(std::string(errs[0].what()).rfind("t.yaml:1:18: key 'network.state' = '6': the environment CartPole-v1 has 4 "
+                                          "observation features", 0) == 0);
+  CHECK(errs[0].hint() == "set network.state: 4");
+  CHECK(errs[1].key() == "network.branches");
+  CHECK(errors_of(net + kPrimary + "training: {total_steps: 100}\n").empty());  // not asked to check
+  const std::string fits = "network: {state: 4, trunk: [8], head_hidden: 4, branches: 1, actions: 3, atoms: 5}\n";
+  errs = errors_of(fits + kPrimary + "training: {env: CartPole-v1}\n", o);
+  REQUIRE(errs.size() == 1);
+  CHECK(std::string(errs[0].what()).find("CartPole-v1's branch 0 has 2 actions") != std::string::npos);
+  // A support that float arithmetic cannot hold.
+  errs = errors_of("network: {v_max: 1e39}\n" + kPrimary);
+  REQUIRE(errs.size() == 1);
+  CHECK(errs[0].key() == "network.v_max");
+}

@@ -59,7 +59,9 @@ int cmd_collect(const CollectArgs& a) {
   }
   PluginLoader loader(PluginLoader::search_path_from(a.common.plugin_path));
   PipelineSpec spec;
-  if (!load(a.common, pipeline, spec)) return 1;
+  Common c = a.common;
+  c.trains = true;
+  if (!load(c, pipeline, spec)) return 1;
   try {
     Engine e(spec, loader);
     e.load_weights(st::read_file(weights));

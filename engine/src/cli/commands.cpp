@@ -10,6 +10,7 @@
 #include "pipeline/schema.hpp"
 #include "core/plugin_loader.hpp"
 #include "core/safetensors.hpp"
+#include "training/env/env.hpp"
 
 namespace dqn::cli {
 
@@ -44,6 +45,7 @@ bool load_with(const PluginLoader& loader, const Common& c, const std::string& f
   opt.overrides = c.overrides;
   if (!c.backend.empty()) opt.overrides.push_back("backend=" + c.backend);
   opt.plugins = &loader;
+  if (c.trains) opt.environments = environment_shapes();
   try {
     out = load_pipeline(file, opt);
     if (resolved) *resolved = to_yaml(out, loader);

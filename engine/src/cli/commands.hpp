@@ -19,6 +19,7 @@ struct Common {
   std::string plugin_path;             ///< --plugin-path (colon-separated)
   std::vector<std::string> overrides;  ///< key.path=value
   std::string backend;                 ///< --backend cpu|cuda (empty: the pipeline's)
+  bool trains = false;                 ///< the command acts in training.env: its network must fit it
 };
 
 struct StepArgs {

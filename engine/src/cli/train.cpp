@@ -10,6 +10,7 @@
 #include "core/plugin_loader.hpp"
 #include "core/safetensors.hpp"
 #include "training/dataset.hpp"
+#include "training/env/env.hpp"
 #include "training/trainer.hpp"
 
 namespace dqn::cli {
@@ -62,6 +63,7 @@ int cmd_train(const TrainArgs& a) {
   if (a.seed >= 0) opt.overrides.push_back("seed=" + std::to_string(a.seed));
   if (a.total_steps >= 0) opt.overrides.push_back("training.total_steps=" + std::to_string(a.total_steps));
   opt.plugins = &loader;
+  opt.environments = environment_shapes();
   PipelineSpec spec;
   std::string resolved;
   try {

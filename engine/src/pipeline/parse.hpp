@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +26,12 @@ class PluginCatalog {
   virtual std::string search_path() const = 0;         ///< human text, e.g. "/a:/b"
 };
 
+/// What an environment offers the network (ParseOptions::environments).
+struct EnvShape {
+  int obs_dim = 0;
+  std::vector<int> branch_actions;  ///< actions per branch
+};
+
 struct ParseOptions {
   /// "key.path=value", applied to the YAML tree after the file and before validation. The value
   /// is a YAML scalar or flow node ("network.trunk=[64,64]"); list elements are addressed by
@@ -33,6 +41,11 @@ struct ParseOptions {
   /// Null: plugin names, head params and auxiliary default budgets are not checked or filled.
   /// A schema entry whose default_value is null is a required param.
   const PluginCatalog* plugins = nullptr;
+  /// Set by what trains (dqn train, dqn collect): the shape of the environment named (nullopt: no
+  /// such environment), and a network that does not fit training.env is an error at the
+  /// network's keys. Null: not checked (a step workload, whose resolved file still lists the
+  /// training defaults).
+  std::function<std::optional<EnvShape>(const std::string&)> environments;
 };
 
 /// Reads and validates `path`; throws PipelineErrors (every error found in one pass).

@@ -223,8 +223,9 @@ std::vector<PipelineKey> make_pipeline_keys() {
               "D: action dimensions (branches), each choosing one of `actions`"),
       integer("network.actions", DQN_FIELD(network.actions), 1, "A: the actions of each branch"),
       integer("network.atoms", DQN_FIELD(network.atoms), 2, "Z: the atoms of the return distribution's support"),
-      number("network.v_min", DQN_FIELD(network.v_min), any(), "the support's lowest return (below v_max)"),
-      number("network.v_max", DQN_FIELD(network.v_max), any(), "the support's highest return"),
+      number("network.v_min", DQN_FIELD(network.v_min), closed(-1e9, 1e9),
+             "the support's lowest return (below v_max; the atoms are floats: rescale rewards beyond ±1e9)"),
+      number("network.v_max", DQN_FIELD(network.v_max), closed(-1e9, 1e9), "the support's highest return"),
 
       key("heads", Type::heads,
           "The loss heads: exactly one primary and any auxiliaries, each a map of the keys below and its "

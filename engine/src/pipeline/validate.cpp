@@ -32,8 +32,9 @@ using Fields = std::map<std::string, const Entry*>;
 
 class Validator {
  public:
-  Validator(const PluginCatalog* catalog, std::string source)
-      : catalog_(catalog), source_(std::move(source)) {}
+  Validator(const PluginCatalog* catalog, std::function<std::optional<EnvShape>(const std::string&)> environments,
+            std::string source)
+      : catalog_(catalog), environments_(std::move(environments)), source_(std::move(source)) {}
 
   std::vector<PipelineError> errors;
 
@@ -87,7 +88,10 @@ class Validator {
                         const PluginDescriptor* d);
   void check_heads(const Node& heads_node, PipelineSpec& spec, std::vector<HeadWork>& work);
 
+  void check_environment(const PipelineSpec& spec);
+
   const PluginCatalog* catalog_;
+  std::function<std::optional<EnvShape>(const std::string&)> environments_;
   std::string source_;
   SourceLoc top_loc_;
   /// The node of every key the pipeline gives, by path: where the rules between keys point.
@@ -350,7 +354,10 @@ void Validator::check_section(const std::string& section, const Node& n, const P
     const Node* blame = vmax ? vmax : vmin;
     fail(blame ? blame->loc : n.loc, blame == vmin ? "network.v_min" : "network.v_max", blame ? render(*blame) : "",
          "v_min (" + fmt(spec.network.v_min) + ") must be below v_max (" + fmt(spec.network.v_max) + ")");
-  } else if (section.empty() && spec.training.replay.capacity < spec.batch) {
+  } else if (section.empty() && environments_) {
+    check_environment(spec);
+  }
+  if (section.empty() && spec.training.replay.capacity < spec.batch) {
     const Node* blame = at("training.replay.capacity");
     if (!blame) blame = at("batch");
     const std::string capacity = std::to_string(spec.training.replay.capacity);
@@ -358,6 +365,38 @@ void Validator::check_section(const std::string& section, const Node& n, const P
          "the replay holds " + capacity + " transitions, fewer than one batch (" + std::to_string(spec.batch) + ")",
          "make training.replay.capacity at least the batch size");
   }
+}
+
+/// A pipeline about to train checked against its environment's shape, at the network keys that
+/// do not fit.
+void Validator::check_environment(const PipelineSpec& spec) {
+  if (spec.training.env.empty()) return;
+  auto at = [&](const std::string& path) -> SourceLoc {
+    auto it = given_.find(path);
+    if (it != given_.end()) return it->second->loc;
+    auto sec = given_.lower_bound(path.substr(0, path.find('.') + 1));
+    return sec != given_.end() ? sec->second->loc : top_loc_;
+  };
+  const std::optional<EnvShape> env = environments_(spec.training.env);
+  if (!env) return;  // (an unknown name is training.env's own error)
+  const std::string where = "the environment " + spec.training.env;
+  const NetworkSpec& n = spec.network;
+  if (env->obs_dim != n.state)
+    fail(at("network.state"), "network.state", std::to_string(n.state),
+         where + " has " + std::to_string(env->obs_dim) + " observation features",
+         "set network.state: " + std::to_string(env->obs_dim));
+  if (int(env->branch_actions.size()) != n.branches)
+    fail(at("network.branches"), "network.branches", std::to_string(n.branches),
+         where + " has " + std::to_string(env->branch_actions.size()) + " action branches",
+         "set network.branches: " + std::to_string(env->branch_actions.size()));
+  else
+    for (std::size_t d = 0; d < env->branch_actions.size(); ++d)
+      if (env->branch_actions[d] != n.actions) {
+        fail(at("network.actions"), "network.actions", std::to_string(n.actions),
+             where + "'s branch " + std::to_string(d) + " has " + std::to_string(env->branch_actions[d]) + " actions",
+             "set network.actions: " + std::to_string(env->branch_actions[d]));
+        break;
+      }
 }
 
 PipelineSpec Validator::run(const Node& root) {
@@ -658,7 +697,7 @@ PipelineSpec parse_pipeline(const std::string& yaml_text, const std::string& sou
   for (const auto& o : opt.overrides) apply_override(root, o, errs);
   find_duplicates(root, "", errs);
 
-  Validator v(opt.plugins, source_name);
+  Validator v(opt.plugins, opt.environments, source_name);
   PipelineSpec spec = v.run(root);
   errs.insert(errs.end(), v.errors.begin(), v.errors.end());
   if (!errs.empty()) {

@@ -77,4 +77,16 @@ std::vector<std::string> env_names() {
   return names;
 }
 
+std::function<std::optional<EnvShape>(const std::string&)> environment_shapes() {
+  return [](const std::string& name) -> std::optional<EnvShape> {
+    {
+      Registry& r = registry();
+      std::lock_guard<std::mutex> lock(r.mutex);
+      if (!r.factories.count(name)) return std::nullopt;
+    }
+    const std::unique_ptr<VecEnv> env = make_env(name, 1, 0);
+    return EnvShape{env->spec().obs_dim, env->spec().branch_actions};
+  };
+}
+
 }  // namespace dqn

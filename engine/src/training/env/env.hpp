@@ -7,8 +7,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "pipeline/parse.hpp"
 
 namespace dqn {
 
@@ -46,6 +49,10 @@ void register_env(const std::string& name, EnvFactory factory);
 /// Throws std::invalid_argument for an unknown name ("unknown environment 'X' (known: …)") or
 /// num_envs < 1.
 std::unique_ptr<VecEnv> make_env(const std::string& name, int num_envs, std::uint64_t seed);
+
+/// The validator's view of the registered environments (ParseOptions::environments): the shape
+/// of the one named, nullopt for a name none registered.
+std::function<std::optional<EnvShape>(const std::string&)> environment_shapes();
 
 /// The registered names, sorted.
 std::vector<std::string> env_names();

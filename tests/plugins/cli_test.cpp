@@ -710,3 +710,27 @@ TEST_CASE("cli.collect_and_offline: datasets written whole, never over a file, a
   CHECK(has(r.out, "none.safetensors"));
   CHECK_FALSE(fs::exists(t.path("bad_run")));
 }
+
+TEST_CASE("cli.train: --out naming a directory that holds anything is refused and left as it was") {
+  TempDir t;
+  const std::string run = t.path("run");
+  fs::create_directories(run);
+  const std::string metrics = t.file("run/metrics.jsonl", "{\"step\": 1}\n");
+  t.file("run/weights.safetensors", "not touched");
+  const auto before = fs::last_write_time(metrics);
+  const Run r = dqn_run("train " + quote(source_dir() + "/pipelines/default.yaml") + " --backend cpu -q --steps 100 --out " +
+                        quote(run));
+  CHECK(r.rc == 1);
+  CHECK_MESSAGE(has(r.out, "is a directory that is not empty"), r.out);
+  CHECK(has(r.out, "a run never writes over another"));
+  CHECK_FALSE(has(r.out, "what was written so far"));
+  CHECK(read_text(metrics) == "{\"step\": 1}\n");
+  CHECK(fs::last_write_time(metrics) == before);
+  CHECK(read_text(t.path("run/weights.safetensors")) == "not touched");
+  CHECK_FALSE(fs::exists(t.path("run/pipeline.yaml")));
+  // An empty directory is fine.
+  fs::create_directories(t.path("empty"));
+  CHECK(dqn_run("train " + quote(source_dir() + "/pipelines/default.yaml") + " --backend cpu -q --steps 100 --out " +
+                quote(t.path("empty"))).rc == 0);
+  CHECK(fs::exists(t.path("empty/metrics.jsonl")));
+}

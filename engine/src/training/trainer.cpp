@@ -368,10 +368,23 @@ void Trainer::progress(bool force_plain, bool final_line) {
 TrainResult Trainer::run() {
   const TrainingSpec& t = spec_.training;
   start_ = last_log_time_ = rate_mark_time_ = Clock::now();
-  run_dir_ = !opt_.run_dir.empty() ? opt_.run_dir
-             : !t.out_dir.empty()  ? t.out_dir
-                                   : default_run_dir(opt_.runs_root, spec_.name);
+  const std::string dir = !opt_.run_dir.empty() ? opt_.run_dir
+                         : !t.out_dir.empty()  ? t.out_dir
+                                               : default_run_dir(opt_.runs_root, spec_.name);
   std::error_code ec;
+  // A run never writes over another: a directory that holds anything is refused before a byte
+  // is written (an empty one, or none, is fine).
+  if (fs::exists(dir, ec) && !(fs::is_directory(dir, ec) && fs::is_empty(dir, ec))) {
+    std::string what = fs::is_directory(dir, ec) ? "a directory that is not empty" : "a file";
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      what += " (it holds " + e.path().filename().string() + (fs::is_directory(e.path(), ec) ? "/" : "") + ", …)";
+      break;
+    }
+    throw std::runtime_error("the run directory '" + dir + "' is " + what +
+                             ": a run never writes over another; choose another --out (or training.out_dir), or "
+                             "remove it");
+  }
+  run_dir_ = dir;
   fs::create_directories(run_dir_, ec);
   if (ec) throw std::runtime_error("cannot create the run directory '" + run_dir_ + "': " + ec.message());
   write_text_atomic(fs::path(run_dir_) / "pipeline.yaml",

@@ -333,3 +333,13 @@ TEST_CASE("step.checkpoint_roundtrip") {
   hb.next_states[std::size_t(3 * hb.S + 1)] = std::numeric_limits<float>::infinity();
   CHECK_THROWS_WITH_AS(b->set_batch(hb), doctest::Contains("next_states[3,1] is not finite"), std::invalid_argument);
 }
+
+TEST_CASE("step.sizes_the_ops_cannot_index_are_refused_before_allocating") {
+  // 2^31 elements or more in one buffer: named with its owner, before any memory is taken.
+  PipelineSpec spec = parse(tiny_pipeline(""));
+  spec.batch = 1 << 26;
+  spec.network.trunk[0] = 64;
+  CHECK_THROWS_WITH_AS(Engine(spec, loader()), doctest::Contains("more than the 2^31 - 1 the ops index"),
+                       std::invalid_argument);
+}
+

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -250,6 +251,14 @@ void Engine::build(const PluginLoader& plugins) {
   add_act_stage_back();
   reg_.declare("budget/reach", DType::i64, {H * kBudgetReach * 2}, BufferKind::optimizer, "engine");
 
+  // The ops index a buffer with 32-bit ints (the replay's own kernels with 64-bit ones).
+  for (const std::string& name : reg_.buffer_order()) {
+    const auto* b = reg_.find(name);
+    if (b->view_of.empty() && name.rfind("replay/", 0) != 0 && b->numel() > std::numeric_limits<std::int32_t>::max())
+      throw std::invalid_argument("buffer '" + name + "' (" + b->owner + ") would hold " + std::to_string(b->numel()) +
+                                  " elements, more than the 2^31 - 1 the ops index: lower batch or the network's "
+                                  "sizes (network.trunk, head_hidden, branches, actions, atoms)");
+  }
   reg_.freeze(*rt_);
   bind_engine();
   bind_replay();

@@ -206,7 +206,21 @@ void Registry::freeze(Runtime& rt) {
     b.offset_bytes = p.offset_bytes + static_cast<std::size_t>(b.view_offset) * element_size(b.dtype);
   }
   arena_bytes_ = align_up(std::max<std::size_t>(off, kAlign));
-  base_ = static_cast<char*>(rt.alloc_arena(arena_bytes_));
+  try {
+    base_ = static_cast<char*>(rt.alloc_arena(arena_bytes_));
+  } catch (const std::exception& e) {
+    // Name what the memory is for, so the sizes to lower can be found (the largest three buffers).
+    std::vector<const Buffer*> big;
+    for (const auto& [name, b] : buffers_)
+      if (b.view_of.empty()) big.push_back(&b);
+    std::sort(big.begin(), big.end(), [](const Buffer* a, const Buffer* b) { return a->bytes > b->bytes; });
+    std::string list;
+    for (std::size_t i = 0; i < big.size() && i < 3; ++i)
+      list += (i ? ", " : "") + big[i]->name + " " + std::to_string(big[i]->bytes) + " bytes (" + big[i]->owner + ")";
+    throw std::runtime_error("cannot allocate the step's memory, " + std::to_string(arena_bytes_) +
+                             " bytes in one arena (" + e.what() + "); the largest buffers: " + list +
+                             ". Lower batch, the network's sizes or training.replay.capacity");
+  }
   ++allocations_;
   rt.ops().fill(Real{base_, real_size_}, 0.0f, static_cast<std::int64_t>(arena_bytes_ / real_size_));
 }

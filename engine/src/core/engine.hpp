@@ -120,11 +120,10 @@ class Engine {
   int staging_rows() const { return int(replay_.rows); }
   /// Synchronises and reads the replay's counters (tests, tools, the end of a run).
   ReplayState replay_state();
-  /// Synchronises and reads the slots the last step drew and their leaves (p^α; 1 for uniform).
+  /// Synchronises and reads the slots the last step drew.
   std::vector<std::int64_t> drawn_slots();
-  std::vector<double> leaves(std::int64_t first, std::int64_t count);
   /// The online parameters as one flat f32 vector laid out as registry().params() says
-  /// (synchronises: for actors that refresh their copy every so many steps).
+  /// (synchronises: for tests and tools).
   std::vector<float> online_params();
   /// Device pointers of the batch inputs, for a replay side that fills them directly.
   Real batch_states2() const { return states2_; }

@@ -248,19 +248,4 @@ std::vector<std::int64_t> Engine::drawn_slots() {
   return out;
 }
 
-std::vector<double> Engine::leaves(std::int64_t first, std::int64_t count) {
-  if (!replay_.on) throw std::logic_error("leaves: this engine has no replay");
-  const std::int64_t C = replay_.opt.spec.capacity;
-  if (first < 0 || count < 0 || first + count > C)
-    throw std::out_of_range("leaves: [" + std::to_string(first) + ", " + std::to_string(first + count) +
-                            ") is outside the replay's " + std::to_string(C) + " slots");
-  std::vector<double> out(std::size_t(count), 1.0);
-  if (!replay_.prioritized || count == 0) return out;
-  rt_->synchronize();
-  std::vector<replay::Node> nodes(static_cast<std::size_t>(count));
-  rt_->ops().download(nodes.data(), replay_.store.tree + first, nodes.size() * sizeof(replay::Node));
-  for (std::size_t i = 0; i < nodes.size(); ++i) out[i] = nodes[i].sum;
-  return out;
-}
-
 }  // namespace dqn

@@ -16,6 +16,7 @@
 #include "training/env/env.hpp"
 #include "pipeline/parse.hpp"
 #include "pipeline/schema.hpp"
+#include "pipeline/tree.hpp"
 
 using namespace dqn;
 
@@ -957,6 +958,12 @@ TEST_CASE("pipeline.bounded_input") {
         std::string::npos);
   CHECK(errs[0].where().file == "t.yaml");
   CHECK(errs[0].where().line >= 1);  // (an aliased value is placed at its anchor)
+  // A quoted value left open at the end of the file (with or without a last newline).
+  for (const std::string& open : {std::string("seed: 1\nname: 'abc"), std::string("seed: 1\nname: \"abc\n")}) {
+    CAPTURE(open);
+    errs = errors_of(open + "\n" + kPrimary);
+    CHECK(contains_msg(errors_of(open)).find("YAML syntax error") != std::string::npos);
+  }
   // A text or an override value beyond any pipeline's size.
   errs = errors_of(std::string((std::size_t(1) << 20) + 1, '#'));
   REQUIRE(errs.size() == 1);
@@ -1037,4 +1044,35 @@ TEST_CASE("pipeline.network_fits_its_environment") {
   errs = errors_of("network: {v_max: 1e39}\n" + kPrimary);
   REQUIRE(errs.size() == 1);
   CHECK(errs[0].key() == "network.v_max");
+}
+
+TEST_CASE("pipeline.quoted_values_left_open") {
+  // [text, whether it is read] — quotes open a value only at its start; comments, escapes and
+  // block scalars hold quotes of their own.
+  const std::pair<std::string, bool> cases[] = {
+      {"name: \"abc\n", false},
+      {"seed: 1\nname: \"abc", false},
+      {"a: [1, \"b\n", false},
+      {"name: \"a\\\"b\"\n", true},
+      {"name: 'it''s'\n", true},
+      {"name: don't\n", true},
+      {"name: x  # it's \"quoted\n", true},
+      {"\"key\": 1\n", true},
+      {"a: [\"x\", 'y', z]\n", true},
+      {"text: |\n  it's \"open\n  still\nb: 1\n", true},
+      {"name: a\"b\n", true},
+  };
+  for (const auto& [text, ok] : cases) {
+    CAPTURE(text);
+    bool read = true;
+    std::string what;
+    try {
+      (void)dqn::dsl::read_document(text, "q.yaml");
+    } catch (const PipelineErrors& e) {
+      read = false;
+      what = e.what();
+    }
+    CHECK(read == ok);
+    if (!ok) CHECK(what.find("q.yaml:") != std::string::npos);
+  }
 }

@@ -87,6 +87,61 @@ bool convert(const YAML::Node& y, const Origin& origin, int depth, const std::st
   return true;
 }
 
+/// Where a quoted scalar opens that the text never closes (yaml-cpp takes a double-quoted one left
+/// open at the end of the text as running to the end), or line 0. A quote opens a scalar only at a
+/// value's start (after `: `, `- `, `[`, `{`, `,` or the indentation); comments and block scalars
+/// (`|`, `>`) are skipped.
+SourceLoc unclosed_quote(const std::string& text, const std::string& source) {
+  int line = 1, col = 0, block_indent = -1, open_line = 0, open_col = 0;
+  char quote = 0;        // the open quote, or 0
+  bool at_start = true;  // the next non-blank character starts a value
+  int indent = 0;
+  bool line_begin = true;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    ++col;
+    if (c == '\n') {
+      ++line, col = 0, line_begin = true, indent = 0;
+      if (!quote) at_start = true;
+      continue;
+    }
+    if (line_begin && c == ' ') {
+      ++indent;
+      continue;
+    }
+    if (line_begin) {
+      line_begin = false;
+      if (block_indent >= 0 && indent > block_indent) {  // inside a block scalar: skip the line
+        while (i + 1 < text.size() && text[i + 1] != '\n') ++i;
+        continue;
+      }
+      block_indent = -1;
+    }
+    if (quote == '"') {
+      if (c == '\\') ++i, ++col;
+      else if (c == '"') quote = 0, at_start = false;
+      continue;
+    }
+    if (quote == '\'') {
+      if (c == '\'' && i + 1 < text.size() && text[i + 1] == '\'') ++i, ++col;
+      else if (c == '\'') quote = 0, at_start = false;
+      continue;
+    }
+    if (c == '#' && (i == 0 || text[i - 1] == ' ' || text[i - 1] == '\t')) {  // a comment
+      while (i + 1 < text.size() && text[i + 1] != '\n') ++i;
+      continue;
+    }
+    if (c == ' ' || c == '\t') continue;
+    if ((c == '"' || c == '\'') && at_start) {
+      quote = c, open_line = line, open_col = col;
+      continue;
+    }
+    if ((c == '|' || c == '>') && at_start) block_indent = indent;
+    at_start = c == ':' || c == '-' || c == '[' || c == '{' || c == ',' || c == '?';
+  }
+  return quote ? SourceLoc{source, open_line, open_col} : SourceLoc{source, 0, 0};
+}
+
 const Node* map_get(const Node& n, const std::string& key) {
   if (n.kind != Node::Kind::map) return nullptr;
   for (const auto& e : n.entries)
@@ -142,6 +197,9 @@ Node read_document(const std::string& yaml_text, const std::string& source_name)
     }
     std::size_t nodes = 0;
     if (!docs.empty()) convert(docs[0], Origin{source_name}, 0, "", root, errs, nodes);
+    if (const SourceLoc q = unclosed_quote(yaml_text, source_name); q.line > 0)
+      errs.emplace_back(q, "", "", "YAML syntax error: a quoted value opens here and is never closed",
+                        "close the quote");
   } catch (const YAML::Exception& e) {
     std::string hint;
     if (e.msg.find("tab") != std::string::npos) hint = "indent with spaces, not tabs";

@@ -23,8 +23,8 @@ std::atomic<bool> g_counting{false};
 
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"  // malloc/free back these replacements
 // Count every heap allocation made while g_counting is set (the per-step no-allocation test). Every
-// form is replaced (array, sized, aligned), so that no allocation made by one allocator is freed by
-// another (AddressSanitizer reports such a pair).
+// form is replaced (array, sized, aligned, nothrow), so that no allocation made by one allocator is
+// freed by another (AddressSanitizer reports such a pair).
 namespace {
 void* counted(std::size_t n, std::size_t align) {
   if (g_counting.load(std::memory_order_relaxed)) g_allocations.fetch_add(1, std::memory_order_relaxed);
@@ -38,6 +38,26 @@ void* operator new(std::size_t n) { return counted(n, 0); }
 void* operator new[](std::size_t n) { return counted(n, 0); }
 void* operator new(std::size_t n, std::align_val_t a) { return counted(n, std::size_t(a)); }
 void* operator new[](std::size_t n, std::align_val_t a) { return counted(n, std::size_t(a)); }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return counted(n, 0);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept { return operator new(n, t); }
+void* operator new(std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
+  try {
+    return counted(n, std::size_t(a));
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t n, std::align_val_t a, const std::nothrow_t& t) noexcept { return operator new(n, a, t); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }

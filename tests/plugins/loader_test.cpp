@@ -373,7 +373,7 @@ TEST_CASE("loader.pipeline_with_missing_plugin_names_the_search_path") {
       "batch: 4\n";
   std::string message;
   try {
-    (void)parse_pipeline(yaml, "missing.yaml", ParseOptions{.overrides = {}, .plugins = &loader});
+    (void)parse_pipeline(yaml, "missing.yaml", ParseOptions{.overrides = {}, .plugins = &loader, .environments = {}});
     FAIL_CHECK("parsed a pipeline naming a missing plugin");
   } catch (const PipelineErrors& e) {
     message = e.what();
@@ -388,7 +388,8 @@ TEST_CASE("loader.pipeline_with_missing_plugin_names_the_search_path") {
   CHECK(has(message, "search path: " + plugin_dir()));
   // The same pipeline with only the real plugin parses.
   const std::string good = yaml.substr(0, yaml.find("  - {plugin: c52")) + "batch: 4\n";
-  CHECK_NOTHROW((void)parse_pipeline(good, "good.yaml", ParseOptions{.overrides = {}, .plugins = &loader}));
+  CHECK_NOTHROW(
+      (void)parse_pipeline(good, "good.yaml", ParseOptions{.overrides = {}, .plugins = &loader, .environments = {}}));
 }
 
 TEST_CASE("loader.head_keeps_its_library_loaded") {
@@ -431,7 +432,8 @@ TEST_CASE("loader.head_keeps_its_library_loaded") {
 TEST_CASE("loader.third_party_head_runs_with_c51") {
   auto loader = std::make_unique<PluginLoader>(std::vector<std::string>{plugin_dir(), fixtures_dir()});
   const PipelineSpec spec =
-      parse_pipeline(kThirdPartyPipeline, "third_party.yaml", ParseOptions{.overrides = {}, .plugins = loader.get()});
+      parse_pipeline(kThirdPartyPipeline, "third_party.yaml",
+                     ParseOptions{.overrides = {}, .plugins = loader.get(), .environments = {}});
   auto engine_ptr = std::make_unique<Engine>(spec, *loader);
   Engine& engine = *engine_ptr;
   // The engine's heads hold their libraries: the loader may go before the engine is used.

@@ -222,12 +222,6 @@ void check_slot(int slot) {
 }
 }  // namespace
 
-void CudaRuntime::copy_to_host_async(void* dst, const void* src, std::size_t bytes, int slot) {
-  check_slot(slot);
-  DQN_CUDA_THROW(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, backend_.stream()));
-  DQN_CUDA_THROW(cudaEventRecord(events_[static_cast<std::size_t>(slot)], backend_.stream()));
-}
-
 void CudaRuntime::wait(int slot) {
   check_slot(slot);
   DQN_CUDA_THROW(cudaEventSynchronize(events_[static_cast<std::size_t>(slot)]));

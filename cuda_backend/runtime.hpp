@@ -52,7 +52,6 @@ class CudaRuntime final : public Runtime {
     if (p && cudaFreeHost(p) != cudaSuccess) cudaGetLastError();
   }
 
-  void copy_to_host_async(void* dst, const void* src, std::size_t bytes, int slot) override;
   bool ready(int slot) override;
   void wait(int slot) override;
   void replay_on(int graph, int lane) override;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -70,9 +71,15 @@ class Runtime {
   /// Host memory the device can copy into asynchronously (pinned for CUDA).
   virtual void* alloc_host(std::size_t bytes) = 0;
   virtual void free_host(void* p) noexcept = 0;
-  /// Enqueue an async copy device→host of `bytes` into slot `slot`'s event; ready(slot) asks
-  /// without blocking whether that copy has landed.
-  virtual void copy_to_host_async(void* dst, const void* src, std::size_t bytes, int slot) = 0;
+  /// Enqueue an async copy device→host of `bytes` on the learner's lane, marked by slot `slot`'s
+  /// event; ready(slot) asks without blocking whether that copy has landed.
+  void copy_to_host_async(void* dst, const void* src, std::size_t bytes, int slot) {
+    if (slot < 0 || slot >= kEventSlots)
+      throw std::runtime_error("runtime: event slot " + std::to_string(slot) + " out of range [0, " +
+                               std::to_string(kEventSlots) + ")");
+    copy_on(dst, src, bytes, kLearnerLane);
+    record_on(slot, kLearnerLane);
+  }
   virtual bool ready(int slot) = 0;
   /// Blocks until what was queued before slot's last event has run (before the host memory of a
   /// copy is written again).

@@ -48,7 +48,7 @@ struct ReplayStats {
 /// The replay's counters, read between steps (Engine::replay_state).
 struct ReplayState {
   std::int64_t next = 0, size = 0, env_step = 0, draws = 0, inserted = 0;
-  double max_priority = 1, total_priority = 0, min_leaf = 0;
+  double max_priority = 1, total_priority = 0;
 };
 
 /// One batch on the host (docs/step-math.md, "A batch is").

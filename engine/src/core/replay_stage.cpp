@@ -234,7 +234,6 @@ ReplayState Engine::replay_state() {
     replay::Node root{};
     be.download(&root, replay_.store.tree + t.offset[t.levels - 1], sizeof root);
     s.total_priority = root.sum;
-    s.min_leaf = root.min;
   }
   if (be.status() != 0) throw std::runtime_error(std::string("replay_state: ") + be.message());
   return s;

@@ -55,12 +55,6 @@ class CpuRuntime final : public Runtime {
     if (p) ::operator delete(p, std::align_val_t{kAlignment});
   }
 
-  void copy_to_host_async(void* dst, const void* src, std::size_t bytes, int /*slot*/) override {
-    if (bytes == 0) return;
-    if (!dst || !src) throw std::invalid_argument("cpu runtime: copy_to_host_async with a null pointer");
-    std::memcpy(dst, src, bytes);
-  }
-
   bool ready(int /*slot*/) override { return true; }
   void wait(int /*slot*/) override {}
   void replay_on(int /*graph*/, int /*lane*/) override {}

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../replay_harness.hpp"
+#include "../test_util.hpp"
 #include "core/engine.hpp"
 #include "core/plugin_loader.hpp"
 #include "dqn_config.h"
@@ -18,6 +19,8 @@
 using namespace dqn;
 using dqn::test::Draw;
 using dqn::test::ReplayHarness;
+using dqn::test::loader;
+using dqn::test::source_dir;
 
 namespace {
 
@@ -72,16 +75,6 @@ void run_pair(bool per) {
     }
   }
   CHECK(p.cpu.cursor() == p.gpu.cursor());
-}
-
-std::string source_dir() {
-  if (const char* d = std::getenv("DQN_SOURCE_DIR"); d && *d) return d;
-  return DQN_SOURCE_DIR;
-}
-
-const PluginLoader& loader() {
-  static const PluginLoader l(PluginLoader::search_path_from(""));
-  return l;
 }
 
 }  // namespace

@@ -17,8 +17,10 @@
 #include "pipeline/parse.hpp"
 #include "pipeline/schema.hpp"
 #include "pipeline/tree.hpp"
+#include "../test_util.hpp"
 
 using namespace dqn;
+using dqn::test::source_dir;
 
 namespace {
 
@@ -110,11 +112,6 @@ PipelineError only_error(const std::string& text, const ParseOptions& o = with_c
 }
 
 const std::string kPrimary = "heads: [{plugin: c51, role: primary}]\n";
-
-std::string source_dir() {
-  if (const char* d = std::getenv("DQN_SOURCE_DIR"); d && *d) return d;
-  return DQN_SOURCE_DIR;
-}
 
 /// Every setting of two specs (not where they came from).
 void check_same(const PipelineSpec& a, const PipelineSpec& b) {

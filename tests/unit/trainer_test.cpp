@@ -20,21 +20,14 @@
 #include "core/safetensors.hpp"
 #include "training/schedule.hpp"
 #include "training/trainer.hpp"
+#include "../test_util.hpp"
 
 using namespace dqn;
+using test::loader;
+using test::source_dir;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string source_dir() {
-  if (const char* d = std::getenv("DQN_SOURCE_DIR"); d && *d) return d;
-  return DQN_SOURCE_DIR;
-}
-
-const PluginLoader& loader() {
-  static const PluginLoader l(PluginLoader::search_path_from(""));
-  return l;
-}
 
 /// The default pipeline, made small and short for a unit test.
 PipelineSpec small_default(std::vector<std::string> extra = {}) {
@@ -48,17 +41,8 @@ PipelineSpec small_default(std::vector<std::string> extra = {}) {
 }
 
 /// A fresh directory under the system temp dir, removed when the test ends.
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& tag) {
-    path = fs::temp_directory_path() / ("dqn-trainer-test-" + std::to_string(getpid()) + "-" + tag);
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct TempDir : test::TempDir {
+  explicit TempDir(const std::string& tag) : test::TempDir("dqn-trainer-test", tag) {}
 };
 
 std::vector<nlohmann::json> read_metrics(const fs::path& file) {

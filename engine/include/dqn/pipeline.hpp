@@ -116,6 +116,8 @@ struct TrainingSpec {
   int gradient_steps = 1;              ///< training steps each time
   int act_refresh = 1;                 ///< training steps between refreshes of the acting snapshot
   std::string dataset;                 ///< offline: a file of transitions ("" → learn from env)
+  std::int64_t checkpoint_every = 10000;  ///< steps of the run's clock between checkpoints (0: none)
+  int checkpoint_keep = 3;             ///< the newest checkpoints kept
   EpsilonSpec epsilon;
   ReplaySpec replay;
   EvalSpec eval;

@@ -64,13 +64,16 @@ int dqn::cli_main(int argc, char** argv) {
   std::vector<std::string> train_extra;
   auto* train_cmd = app.add_subcommand("train", "train an agent on the pipeline's environment");
   add_common(train_cmd, train.common, true);
-  train_cmd->add_option("pipeline", train.pipeline, "pipeline file")->required();
+  train_cmd->add_option("pipeline", train.pipeline, "pipeline file (not with --resume)");
   train_cmd->add_option("overrides", train_extra, "key.path=value overrides");
   train_cmd->add_option("--out", train.out_dir, "run directory (default runs/<name>-<timestamp>)");
   train_cmd->add_option("--seed", train.seed, "override the pipeline's seed");
   train_cmd->add_option("--steps", train.total_steps, "override training.total_steps");
   train_cmd->add_option("--weights", train.weights, "start from this weights file");
   train_cmd->add_flag("-q,--quiet", train.quiet, "no progress lines");
+  train_cmd->add_option("--resume", train.resume,
+                        "continue the run in this directory from its newest whole checkpoint, exactly as it would "
+                        "have gone on (its own pipeline.yaml; only --backend and -q may be given with it)");
 
   BenchArgs bench;
   std::vector<std::string> bench_extra;

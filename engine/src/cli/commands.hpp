@@ -33,6 +33,7 @@ struct StepArgs {
 struct TrainArgs {
   Common common;
   std::string pipeline, out_dir, weights;
+  std::string resume;  ///< a run directory to continue
   std::int64_t seed = -1;
   std::int64_t total_steps = -1;
   bool quiet = false;

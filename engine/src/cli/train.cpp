@@ -2,6 +2,11 @@
 #include <csignal>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
 #include <memory>
 
 #include "commands.hpp"
@@ -9,6 +14,7 @@
 #include "pipeline/parse.hpp"
 #include "core/plugin_loader.hpp"
 #include "core/safetensors.hpp"
+#include "training/checkpoint.hpp"
 #include "training/dataset.hpp"
 #include "training/env/env.hpp"
 #include "training/trainer.hpp"
@@ -53,6 +59,40 @@ class StopSignals {
 }  // namespace
 
 int cmd_train(const TrainArgs& a) {
+  const bool resuming = !a.resume.empty();
+  std::string pipeline_path = a.pipeline, pipeline_text;
+  if (resuming) {
+    // The run goes on as it was set up: its own pipeline.yaml, seed, steps and directory.
+    std::vector<std::string> extra;
+    if (!a.pipeline.empty()) extra.push_back("a pipeline file or override ('" + a.pipeline + "')");
+    if (!a.common.overrides.empty()) extra.push_back("overrides ('" + a.common.overrides.front() + "')");
+    if (!a.out_dir.empty()) extra.push_back("--out");
+    if (!a.weights.empty()) extra.push_back("--weights");
+    if (a.seed >= 0) extra.push_back("--seed");
+    if (a.total_steps >= 0) extra.push_back("--steps");
+    if (!extra.empty()) {
+      std::string list;
+      for (std::size_t i = 0; i < extra.size(); ++i) list += (i ? ", " : "") + extra[i];
+      std::fprintf(stderr,
+                   "dqn train: --resume continues the run with its own pipeline.yaml, seed, steps and directory, so "
+                   "these cannot be given with it: %s (only --backend, --plugin-path and -q can)\n",
+                   list.c_str());
+      return 2;
+    }
+    std::error_code ec;
+    pipeline_path = (std::filesystem::path(a.resume) / "pipeline.yaml").string();
+    if (!std::filesystem::is_directory(a.resume, ec) || !std::filesystem::is_regular_file(pipeline_path, ec)) {
+      std::fprintf(stderr, "dqn train: --resume '%s': %s\n", a.resume.c_str(),
+                   std::filesystem::is_directory(a.resume, ec) ? "holds no pipeline.yaml: not a run directory of dqn train"
+                                                               : "no such directory");
+      return 1;
+    }
+    std::ifstream in(pipeline_path, std::ios::binary);
+    pipeline_text.assign(std::istreambuf_iterator<char>(in), {});
+  } else if (a.pipeline.empty()) {
+    std::fprintf(stderr, "dqn train: a pipeline file is required (or --resume RUN_DIR to continue a run)\n");
+    return 2;
+  }
   PluginLoader loader(PluginLoader::search_path_from(a.common.plugin_path));
   for (const auto& p : loader.problems()) std::fprintf(stderr, "warning: %s\n", p.c_str());
 
@@ -67,11 +107,11 @@ int cmd_train(const TrainArgs& a) {
   PipelineSpec spec;
   std::string resolved;
   try {
-    spec = load_pipeline(a.pipeline, opt);
-    resolved = to_yaml(spec, loader);
+    spec = load_pipeline(pipeline_path, opt);
+    resolved = resuming ? pipeline_text : to_yaml(spec, loader);
   } catch (const PipelineErrors& e) {
     for (const auto& err : e.errors()) std::fprintf(stderr, "%s\n", err.what());
-    std::fprintf(stderr, "%s: %zu error%s\n", a.pipeline.c_str(), e.errors().size(),
+    std::fprintf(stderr, "%s: %zu error%s\n", pipeline_path.c_str(), e.errors().size(),
                  e.errors().size() == 1 ? "" : "s");
     return 1;
   }
@@ -90,25 +130,37 @@ int cmd_train(const TrainArgs& a) {
       dataset_episodes = d.episodes();
       offline = assemble_transitions(d, spec.n_step, spec.gamma);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "dqn train: %s: %s\n", a.pipeline.c_str(), e.what());
+      std::fprintf(stderr, "dqn train: %s: %s\n", pipeline_path.c_str(), e.what());
       return 1;
     }
   }
   const bool is_offline = !spec.training.dataset.empty();
+  // Resuming: the newest checkpoint that reads back whole; each one passed over is named.
+  checkpoint::Search found;
+  if (resuming) {
+    found = checkpoint::newest(a.resume, pipeline_text);
+    for (const std::string& s : found.skipped) std::fprintf(stderr, "dqn train: checkpoint %s\n", s.c_str());
+    if (!found.found) {
+      std::fprintf(stderr, "dqn train: --resume '%s': no whole checkpoint in %s/checkpoints%s\n", a.resume.c_str(),
+                   a.resume.c_str(), found.skipped.empty() ? " (none was written yet)" : "");
+      return 1;
+    }
+  }
   try {
     engine = std::make_unique<Engine>(spec, loader, training_engine_options(spec, is_offline ? &offline : nullptr));
     if (!a.weights.empty())
       engine->load_weights(st::read_file(a.weights));
-    else
+    else if (!resuming)
       engine->init_weights(spec.seed);
     TrainerOptions topt;
-    topt.run_dir = a.out_dir;
+    topt.run_dir = resuming ? a.resume : a.out_dir;
+    if (resuming) topt.resume = &found.found->file;
     topt.pipeline_yaml = resolved;
     topt.progress = a.quiet ? TrainerOptions::Progress::none : TrainerOptions::Progress::automatic;
     if (is_offline) topt.offline = &offline;
     trainer = std::make_unique<Trainer>(*engine, topt);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "dqn train: %s: %s\n", a.pipeline.c_str(), e.what());
+    std::fprintf(stderr, "dqn train: %s: %s\n", pipeline_path.c_str(), e.what());
     return 1;
   }
   if (!a.quiet && is_offline)
@@ -119,6 +171,10 @@ int cmd_train(const TrainArgs& a) {
                  static_cast<long long>(dataset_steps), static_cast<long long>(dataset_episodes),
                  static_cast<long long>(offline.size()), behaviour, static_cast<long long>(spec.training.total_steps),
                  static_cast<unsigned long long>(spec.seed));
+  if (resuming)
+    std::fprintf(stderr, "dqn train: resuming '%s' from %s (step %lld of %lld)\n", a.resume.c_str(),
+                 found.found->path.c_str(), static_cast<long long>(found.found->clock),
+                 static_cast<long long>(spec.training.total_steps));
   else if (!a.quiet)
     std::fprintf(stderr, "dqn train: pipeline '%s' on %s, %s x%d, %lld steps, seed %llu\n", spec.name.c_str(),
                  engine->runtime().describe().c_str(), spec.training.env.c_str(), spec.training.num_envs,
@@ -155,12 +211,16 @@ int cmd_train(const TrainArgs& a) {
               r.solved ? ", solved (stop_at_return reached)" : "");
   std::printf("  weights: %s/weights.safetensors (best: best.safetensors), metrics: %s/metrics.jsonl\n",
               r.run_dir.c_str(), r.run_dir.c_str());
+  for (const std::string& e : r.write_errors) std::fprintf(stderr, "dqn train: not written: %s\n", e.c_str());
   if (r.interrupted) {
     std::fprintf(stderr, "dqn train: stopped by %s after %lld env steps; final weights and metrics are written\n",
                  g_signal == SIGTERM ? "SIGTERM" : "SIGINT", static_cast<long long>(r.env_steps));
+    if (!r.checkpoint.empty())
+      std::fprintf(stderr, "dqn train: checkpoint %s; continue with: dqn train --resume %s\n", r.checkpoint.c_str(),
+                   r.run_dir.c_str());
     return 130;
   }
-  return 0;
+  return r.write_errors.empty() ? 0 : 1;
 }
 
 }  // namespace dqn::cli

@@ -108,6 +108,15 @@ class Engine {
 
   void set_batch(const HostBatch& b);
 
+  /// A checkpoint's engine part (synchronising): every buffer that lives across steps (parameters,
+  /// target, optimizer and spectral-norm state, the replay with its tree and cursors, the acting
+  /// snapshot, the step counter the random draws count from, the report) as exact bytes, and the
+  /// host counters that go with them. Restoring it continues bit for bit where it was taken.
+  void checkpoint_to(st::File& f);
+  /// Throws std::invalid_argument naming the checkpoint and the tensor when it does not fit this
+  /// engine (another pipeline); nothing is written then.
+  void restore_checkpoint(const st::File& f);
+
   // --- the replay (EngineOptions::replay) ---
   bool has_replay() const { return replay_.on; }
   /// Appends transitions to the replay without waiting for the step: they go through pinned

@@ -306,6 +306,25 @@ void File::put_i64(const std::string& name, std::vector<std::int64_t> shape,
   put(name, make_tensor(path, name, DType::I64, std::move(shape), data));
 }
 
+void File::put_raw(const std::string& name, DType dtype, std::vector<std::int64_t> shape, const void* data) {
+  Tensor t;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  const auto nbytes = checked_nbytes(t.shape, dtype_size(dtype));
+  if (!nbytes) throw Error(path, "put " + squote(name) + ": shape " + shape_str(t.shape) + " has a negative dimension or overflows");
+  const auto* p = static_cast<const std::uint8_t*>(data);
+  if (*nbytes) t.bytes.assign(p, p + *nbytes);
+  put(name, std::move(t));
+}
+
+void File::get_raw(const std::string& name, DType dtype, const std::vector<std::int64_t>& shape, void* out) const {
+  const Tensor& t = get(name);
+  if (t.dtype != dtype || t.shape != shape)
+    throw Error(path, "tensor " + squote(name) + " is " + dtype_name(t.dtype) + " " + shape_str(t.shape) + ", expected " +
+                          dtype_name(dtype) + " " + shape_str(shape));
+  if (!t.bytes.empty()) std::memcpy(out, t.bytes.data(), t.bytes.size());
+}
+
 bool File::has(const std::string& name) const { return tensors.count(name) != 0; }
 
 const Tensor& File::get(const std::string& name) const {

@@ -66,6 +66,12 @@ class File {
   void put_i32(const std::string& name, std::vector<std::int64_t> shape, const std::int32_t* data);
   void put_i64(const std::string& name, std::vector<std::int64_t> shape, const std::int64_t* data);
 
+  /// Adds numel(shape) elements of `dtype` copied from data as they are (bit-exact state).
+  void put_raw(const std::string& name, DType dtype, std::vector<std::int64_t> shape, const void* data);
+  /// Copies a tensor's bytes into out; Error naming the tensor unless its dtype and shape are
+  /// exactly these.
+  void get_raw(const std::string& name, DType dtype, const std::vector<std::int64_t>& shape, void* out) const;
+
   bool has(const std::string& name) const;
   /// Error naming the missing tensor and listing a few present ones (closest names first).
   const Tensor& get(const std::string& name) const;

@@ -292,6 +292,12 @@ std::vector<PipelineKey> make_pipeline_keys() {
       integer("training.act_refresh", DQN_FIELD(training.act_refresh), 1,
               "training steps between refreshes of the acting snapshot: the learner copies its parameters on "
               "the device, and the actor takes the copy up once it has run (it never waits for the learner)"),
+      integer("training.checkpoint_every", DQN_FIELD(training.checkpoint_every), 0,
+              "environment steps (offline: training steps) between checkpoints in the run directory's "
+              "checkpoints/, from which `dqn train --resume` continues exactly; one is also written on SIGINT or "
+              "SIGTERM; 0: none"),
+      integer("training.checkpoint_keep", DQN_FIELD(training.checkpoint_keep), 1,
+              "the newest checkpoints kept (older ones are removed once a newer one is written whole)"),
       string("training.dataset", DQN_FIELD(training.dataset),
              "a file of transitions to train from offline, with no environment (safetensors; or a Minari "
              "dataset's HDF5 where libhdf5 is built in); empty: learn from training.env"),

@@ -97,4 +97,35 @@ void NStepAssembler::add(const float* obs, const std::int32_t* actions, const fl
   }
 }
 
+void NStepAssembler::save_state(st::File& f, const std::string& prefix) const {
+  const std::int64_t N = num_envs_, n = n_step_;
+  f.put_raw(prefix + "obs", st::DType::F32, {N, n, obs_dim_}, pend_obs_.data());
+  f.put_raw(prefix + "actions", st::DType::I32, {N, n, branches_}, pend_act_.data());
+  f.put_raw(prefix + "rewards", st::DType::F32, {N, n}, pend_rew_.data());
+  f.put_raw(prefix + "head", st::DType::I32, {N}, pend_head_.data());
+  f.put_raw(prefix + "count", st::DType::I32, {N}, pend_count_.data());
+}
+
+void NStepAssembler::load_state(const st::File& f, const std::string& prefix) {
+  const std::int64_t N = num_envs_, n = n_step_;
+  std::vector<float> obs(pend_obs_.size()), rew(pend_rew_.size());
+  std::vector<std::int32_t> act(pend_act_.size());
+  std::vector<int> head(pend_head_.size()), count(pend_count_.size());
+  f.get_raw(prefix + "obs", st::DType::F32, {N, n, obs_dim_}, obs.data());
+  f.get_raw(prefix + "actions", st::DType::I32, {N, n, branches_}, act.data());
+  f.get_raw(prefix + "rewards", st::DType::F32, {N, n}, rew.data());
+  f.get_raw(prefix + "head", st::DType::I32, {N}, head.data());
+  f.get_raw(prefix + "count", st::DType::I32, {N}, count.data());
+  for (std::size_t e = 0; e < head.size(); ++e)
+    if (head[e] < 0 || head[e] >= n_step_ || count[e] < 0 || count[e] > n_step_)
+      throw std::invalid_argument("n-step state in '" + f.path + "': env copy " + std::to_string(e) + " has window head " +
+                                  std::to_string(head[e]) + " and count " + std::to_string(count[e]) + " (n_step " +
+                                  std::to_string(n_step_) + ")");
+  pend_obs_ = std::move(obs);
+  pend_act_ = std::move(act);
+  pend_rew_ = std::move(rew);
+  pend_head_ = std::move(head);
+  pend_count_ = std::move(count);
+}
+
 }  // namespace dqn

@@ -6,9 +6,11 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/engine.hpp"
+#include "core/safetensors.hpp"
 
 namespace dqn {
 
@@ -49,6 +51,10 @@ class NStepAssembler {
   /// The most transitions one add() appends: every copy flushing a full window.
   int max_per_step() const { return num_envs_ * n_step_; }
   int n_step() const { return n_step_; }
+  /// The pending windows as tensors named prefix + … (checkpoints), and back: load_state throws
+  /// st::Error / std::invalid_argument naming the tensor when they do not fit, changing nothing.
+  void save_state(st::File& f, const std::string& prefix) const;
+  void load_state(const st::File& f, const std::string& prefix);
   double gamma() const { return gamma_; }
 
  private:

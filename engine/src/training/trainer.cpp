@@ -49,19 +49,6 @@ std::string fmt_duration(double s) {
   return buf;
 }
 
-void write_text_atomic(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << text;
-    f.flush();
-    if (!f) throw std::runtime_error("cannot write '" + tmp.string() + "'");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) throw std::runtime_error("cannot rename '" + tmp.string() + "' to '" + path.string() + "': " + ec.message());
-}
-
 /// Checks that the pipeline's network fits the environment it trains on.
 void check_env_fits(const PipelineSpec& spec, const EnvSpec& env) {
   const NetworkSpec& n = spec.network;
@@ -263,6 +250,21 @@ void Trainer::save_weights(const std::string& file) {
   st::write_file((fs::path(run_dir_) / file).string(), f);
 }
 
+void Trainer::save_weights_noted(const std::string& file, TrainResult& res) {
+  try {
+    save_weights(file);
+  } catch (const std::exception& e) {
+    res.write_errors.push_back(e.what());
+    note(std::string("warning: the run goes on without it: ") + e.what());
+  }
+}
+
+void Trainer::note(const std::string& text) const {
+  if (!opt_.progress_out) return;
+  std::fprintf(opt_.progress_out, "%s%s\n", tty_ ? "\r\033[K" : "", text.c_str());
+  std::fflush(opt_.progress_out);
+}
+
 void Trainer::write_metrics(const std::optional<EvalResult>& eval, bool final_line) {
   using json = nlohmann::ordered_json;
   const double wall = std::chrono::duration<double>(Clock::now() - start_).count();
@@ -368,123 +370,133 @@ void Trainer::progress(bool force_plain, bool final_line) {
 TrainResult Trainer::run() {
   const TrainingSpec& t = spec_.training;
   start_ = last_log_time_ = rate_mark_time_ = Clock::now();
-  const std::string dir = !opt_.run_dir.empty() ? opt_.run_dir
-                         : !t.out_dir.empty()  ? t.out_dir
-                                               : default_run_dir(opt_.runs_root, spec_.name);
-  std::error_code ec;
-  // A run never writes over another: a directory that holds anything is refused before a byte
-  // is written (an empty one, or none, is fine).
-  if (fs::exists(dir, ec) && !(fs::is_directory(dir, ec) && fs::is_empty(dir, ec))) {
-    std::string what = fs::is_directory(dir, ec) ? "a directory that is not empty" : "a file";
-    for (const auto& e : fs::directory_iterator(dir, ec)) {
-      what += " (it holds " + e.path().filename().string() + (fs::is_directory(e.path(), ec) ? "/" : "") + ", …)";
-      break;
-    }
-    throw std::runtime_error("the run directory '" + dir + "' is " + what +
-                             ": a run never writes over another; choose another --out (or training.out_dir), or "
-                             "remove it");
-  }
-  run_dir_ = dir;
-  fs::create_directories(run_dir_, ec);
-  if (ec) throw std::runtime_error("cannot create the run directory '" + run_dir_ + "': " + ec.message());
-  write_text_atomic(fs::path(run_dir_) / "pipeline.yaml",
-                    opt_.pipeline_yaml.empty() ? to_yaml(spec_) : opt_.pipeline_yaml);
-  const fs::path metrics_path = fs::path(run_dir_) / "metrics.jsonl";
-  metrics_.open(metrics_path, std::ios::binary | std::ios::trunc);
-  if (!metrics_) throw std::runtime_error("cannot open '" + metrics_path.string() + "' for writing");
-
+  pipeline_text_ = opt_.pipeline_yaml.empty() ? to_yaml(spec_) : opt_.pipeline_yaml;
   quiet_ = opt_.progress == TrainerOptions::Progress::none || !opt_.progress_out;
   tty_ = !quiet_ && (opt_.progress == TrainerOptions::Progress::tty ||
                      (opt_.progress == TrainerOptions::Progress::automatic && isatty(fileno(opt_.progress_out))));
-
-  if (offline_) {
-    // The whole dataset into the replay once, β at beta_end (its schedule counts environment steps).
-    const TransitionBatch& d = *opt_.offline;
-    const std::int64_t K = engine_.staging_rows();
-    for (std::int64_t first = 0; first < d.size(); first += K) {
-      const std::int64_t n = std::min(K, d.size() - first);
-      const auto S = std::size_t(S_), D = std::size_t(D_), f = std::size_t(first);
-      engine_.add_transitions(Transitions{n, d.states.data() + f * S, d.next_states.data() + f * S,
-                                          d.actions.data() + f * D, d.rewards.data() + f, d.dones.data() + f},
-                              t.total_steps);
-    }
-  } else {
-    env_->reset(spec_.seed, obs_.data());
-  }
   TrainResult res;
-  std::int64_t next_train_at = std::max<std::int64_t>(t.learning_starts, t.train_every);
-  std::int64_t next_eval_at = t.eval.every, next_log_at = opt_.log_every;
-  std::int64_t eval_round = 0, last_eval_step = -1;
+  if (opt_.resume) {
+    open_resumed_run(*opt_.resume);
+    restore(*opt_.resume);
+  } else {
+    open_new_run();
+    if (offline_) {
+      // The whole dataset into the replay once, β at beta_end (its schedule counts environment steps).
+      const TransitionBatch& d = *opt_.offline;
+      const std::int64_t K = engine_.staging_rows();
+      for (std::int64_t first = 0; first < d.size(); first += K) {
+        const std::int64_t n = std::min(K, d.size() - first);
+        const auto S = std::size_t(S_), D = std::size_t(D_), f = std::size_t(first);
+        engine_.add_transitions(Transitions{n, d.states.data() + f * S, d.next_states.data() + f * S,
+                                            d.actions.data() + f * D, d.rewards.data() + f, d.dones.data() + f},
+                                t.total_steps);
+      }
+    } else {
+      env_->reset(spec_.seed, obs_.data());
+    }
+    loop_ = Loop{};
+    loop_.next_train_at = std::max<std::int64_t>(t.learning_starts, t.train_every);
+    loop_.next_eval_at = t.eval.every;
+    loop_.next_log_at = opt_.log_every;
+    loop_.next_checkpoint_at = t.checkpoint_every > 0 ? t.checkpoint_every : std::numeric_limits<std::int64_t>::max();
+  }
   std::optional<EvalResult> pending;
   const std::int64_t B = spec_.batch;
 
   auto record_eval = [&](const EvalResult& ev) {
     last_eval_ = ev.mean;
-    last_eval_step = clock();
-    save_weights("weights.safetensors");
+    loop_.last_eval_step = clock();
+    save_weights_noted("weights.safetensors", res);
     if (!best_eval_ || ev.mean > *best_eval_) {
       best_eval_ = ev.mean;
       best_eval_step_ = clock();
-      save_weights("best.safetensors");
+      save_weights_noted("best.safetensors", res);
     }
     if (t.stop_at_return != 0.0 && ev.mean >= t.stop_at_return) res.solved = true;
   };
 
-  while (clock() < t.total_steps && !stop_requested()) {
-    if (offline_) {
-      train_once();
-    } else if (act(env_steps_ < t.learning_starts); env_steps_ >= t.learning_starts && replay_size() >= B) {
-      for (; next_train_at <= env_steps_; next_train_at += t.train_every)
-        for (int g = 0; g < t.gradient_steps; ++g) train_once();
-      // The acting snapshot follows the learner on the device (taken up once its copy has run).
-      if (train_steps_ - refreshed_at_ >= t.act_refresh) {
-        engine_.refresh_snapshot();
-        refreshed_at_ = train_steps_;
+  // A checkpoint taken while an evaluation was cut short resumes with that evaluation.
+  bool finish_iteration = opt_.resume && !loop_.iteration_done;
+  while (true) {
+    if (!finish_iteration) {
+      if (clock() >= t.total_steps || stop_requested()) break;
+      if (offline_) {
+        train_once();
+      } else if (act(env_steps_ < t.learning_starts); env_steps_ >= t.learning_starts && replay_size() >= B) {
+        for (; loop_.next_train_at <= env_steps_; loop_.next_train_at += t.train_every)
+          for (int g = 0; g < t.gradient_steps; ++g) train_once();
+        // The acting snapshot follows the learner on the device (taken up once its copy has run).
+        if (train_steps_ - refreshed_at_ >= t.act_refresh) {
+          engine_.refresh_snapshot();
+          refreshed_at_ = train_steps_;
+        }
+      } else {
+        loop_.next_train_at = std::max(loop_.next_train_at, env_steps_ + t.train_every);
       }
-    } else {
-      next_train_at = std::max(next_train_at, env_steps_ + t.train_every);
     }
+    finish_iteration = false;
     std::optional<EvalResult> ev;
-    if (eval_env_ && clock() >= next_eval_at) {
-      while (next_eval_at <= clock()) next_eval_at += t.eval.every;
-      EvalResult r = evaluate(eval_round++);
-      if (r.complete) {
-        record_eval(r);
-        ev = r;
+    if (eval_env_ && clock() >= loop_.next_eval_at) {
+      const std::int64_t due = loop_.next_eval_at;
+      while (loop_.next_eval_at <= clock()) loop_.next_eval_at += t.eval.every;
+      EvalResult r = evaluate(loop_.eval_round++);
+      if (!r.complete) {  // a stop cut it short: the stop's checkpoint leaves it to do
+        loop_.next_eval_at = due;
+        --loop_.eval_round;
+        loop_.iteration_done = false;
+        break;
       }
+      record_eval(r);
+      ev = r;
     }
-    const bool log_now = clock() >= next_log_at;
-    while (next_log_at <= clock()) next_log_at += opt_.log_every;
+    loop_.iteration_done = true;
+    const bool log_now = clock() >= loop_.next_log_at;
+    while (loop_.next_log_at <= clock()) loop_.next_log_at += opt_.log_every;
     const bool last = res.solved || clock() >= t.total_steps;
     if (ev && last) {  // the final line below carries this evaluation
       pending = ev;
       break;
     }
     if ((ev || log_now) && !last) write_metrics(ev, false);  // else the final line follows
+    if (!last && clock() >= loop_.next_checkpoint_at) {
+      while (loop_.next_checkpoint_at <= clock()) loop_.next_checkpoint_at += t.checkpoint_every;
+      save_checkpoint(res);
+    }
     progress(ev.has_value(), false);
   }
+  // Stopped before the end: a checkpoint to resume from (unless this very state has one).
+  if (stop_requested() && !res.solved && clock() < t.total_steps && t.checkpoint_every > 0 &&
+      (checkpoint_clock_ != clock() || !loop_.iteration_done))
+    save_checkpoint(res);
 
   // The end: a last evaluation unless one just ran or a stop was asked for, then the weights.
   std::optional<EvalResult> line_eval = pending;
-  if (!line_eval && eval_env_ && last_eval_step != clock() && !stop_requested()) {
-    EvalResult r = evaluate(eval_round++);
+  if (!line_eval && eval_env_ && loop_.last_eval_step != clock() && !stop_requested()) {
+    EvalResult r = evaluate(loop_.eval_round++);
     if (r.complete) {
       record_eval(r);
       line_eval = r;
     }
   }
-  save_weights("weights.safetensors");
+  // The final weights, and the final line even when they cannot be written.
+  std::string weights_error;
+  try {
+    save_weights("weights.safetensors");
+  } catch (const std::exception& e) {
+    weights_error = e.what();
+  }
   write_metrics(line_eval, true);
   progress(true, true);
   metrics_.close();
+  if (!weights_error.empty()) throw std::runtime_error("the final weights could not be written: " + weights_error);
 
   res.run_dir = run_dir_;
   res.env_steps = env_steps_;
   res.train_steps = train_steps_;
   res.episodes = episodes_;
-  res.final_eval = last_eval_step == clock() ? last_eval_ : std::nullopt;
+  res.final_eval = loop_.last_eval_step == clock() ? last_eval_ : std::nullopt;
   res.last_eval = last_eval_;
-  res.last_eval_step = last_eval_step;
+  res.last_eval_step = loop_.last_eval_step;
   res.best_eval = best_eval_;
   res.best_eval_step = best_eval_step_;
   res.interrupted = stop_requested();

@@ -76,6 +76,9 @@ struct TrainerOptions {
   /// into the replay at the start; no environment steps, and total_steps, eval.every and the
   /// metrics' step count training steps. Must outlive run().
   const TransitionBatch* offline = nullptr;
+  /// Set: continue the run in run_dir from this checkpoint (checkpoint::newest over that
+  /// directory, with pipeline_yaml its pipeline.yaml) instead of starting one. Must outlive run().
+  const st::File* resume = nullptr;
 };
 
 struct TrainResult {
@@ -87,6 +90,10 @@ struct TrainResult {
   bool solved = false;       ///< an evaluation reached training.stop_at_return
   bool interrupted = false;  ///< request_stop() ended it
   double wall_s = 0;
+  std::string checkpoint;  ///< the last checkpoint written ("" if none)
+  /// Files that could not be written while the run went on (a weights file, a checkpoint): each
+  /// error's text, also printed when it happened.
+  std::vector<std::string> write_errors;
 };
 
 /// One training run. The engine must already hold its starting weights (init or loaded).
@@ -101,7 +108,10 @@ class Trainer {
 
   /// Runs to training.total_steps, an evaluation reaching stop_at_return, or request_stop().
   /// Writes pipeline.yaml first, metrics.jsonl line by line (flushed), weights.safetensors at
-  /// each evaluation and at the end, best.safetensors on each new best evaluation.
+  /// each evaluation and at the end, best.safetensors on each new best evaluation, a checkpoint
+  /// every training.checkpoint_every steps and when stopped. Resuming (TrainerOptions::resume), it
+  /// restores everything the checkpoint holds, moves the metrics lines written after it aside
+  /// (metrics.after-step-<clock>.jsonl) and goes on exactly as the run would have.
   TrainResult run();
 
   /// The run's clock: environment steps, or training steps offline.
@@ -130,6 +140,14 @@ class Trainer {
  private:
   void act(bool random_only);
   void train_once();
+  void open_new_run();
+  void open_resumed_run(const st::File& ck);
+  void restore(const st::File& ck);
+  /// Writes a checkpoint at the current clock; a failure is noted in res and printed, not thrown.
+  void save_checkpoint(TrainResult& res);
+  /// Saves a weights file; a failure is noted in res and printed, not thrown.
+  void save_weights_noted(const std::string& file, TrainResult& res);
+  void note(const std::string& text) const;
   void write_metrics(const std::optional<EvalResult>& eval, bool final_line);
   void save_weights(const std::string& file);
   void progress(bool force_plain, bool final_line);
@@ -161,6 +179,15 @@ class Trainer {
   std::optional<StepReport> last_report_;  ///< the newest report seen (metrics lines)
   std::optional<double> last_eval_, best_eval_;
   std::int64_t best_eval_step_ = -1;
+  /// Where the loop stands (saved in checkpoints).
+  struct Loop {
+    std::int64_t next_train_at = 0, next_eval_at = 0, next_log_at = 0, next_checkpoint_at = 0;
+    std::int64_t eval_round = 0, last_eval_step = -1;
+    /// false: the iteration's evaluation was cut short by a stop, and a resume redoes it first.
+    bool iteration_done = true;
+  } loop_;
+  std::string pipeline_text_;          ///< pipeline.yaml as written (its hash seals checkpoints)
+  std::int64_t checkpoint_clock_ = -1;  ///< the clock of the last checkpoint written
 
   using Clock = std::chrono::steady_clock;
   Clock::time_point start_, last_log_time_, last_draw_{}, rate_mark_time_;

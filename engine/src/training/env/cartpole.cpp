@@ -130,4 +130,44 @@ void CartPoleVecEnv::set_state(int i, const std::array<double, 4>& s) {
   theta_dot_.at(k) = s[3];
 }
 
+void CartPoleVecEnv::save_state(st::File& f, const std::string& prefix) const {
+  const std::vector<std::int64_t> n{n_};
+  f.put_raw(prefix + "x", st::DType::F64, n, x_.data());
+  f.put_raw(prefix + "x_dot", st::DType::F64, n, x_dot_.data());
+  f.put_raw(prefix + "theta", st::DType::F64, n, theta_.data());
+  f.put_raw(prefix + "theta_dot", st::DType::F64, n, theta_dot_.data());
+  f.put_raw(prefix + "episode_steps", st::DType::I32, n, steps_.data());
+  f.put_raw(prefix + "rng", st::DType::U8, {n_, 8}, rng_.data());
+}
+
+void CartPoleVecEnv::load_state(const st::File& f, const std::string& prefix) {
+  const auto n = static_cast<std::size_t>(n_);
+  const std::vector<std::int64_t> shape{n_};
+  std::vector<double> x(n), xd(n), th(n), thd(n);
+  std::vector<int> steps(n);
+  std::vector<std::uint64_t> rng(n);
+  f.get_raw(prefix + "x", st::DType::F64, shape, x.data());
+  f.get_raw(prefix + "x_dot", st::DType::F64, shape, xd.data());
+  f.get_raw(prefix + "theta", st::DType::F64, shape, th.data());
+  f.get_raw(prefix + "theta_dot", st::DType::F64, shape, thd.data());
+  f.get_raw(prefix + "episode_steps", st::DType::I32, shape, steps.data());
+  f.get_raw(prefix + "rng", st::DType::U8, {n_, 8}, rng.data());
+  for (std::size_t i = 0; i < n; ++i) {
+    for (const auto* v : {&x, &xd, &th, &thd})
+      if (!std::isfinite((*v)[i]))
+        throw std::invalid_argument("CartPole-v1 state in '" + f.path + "': copy " + std::to_string(i) +
+                                    " has a non-finite value");
+    if (steps[i] < 0 || steps[i] >= C::max_episode_steps)
+      throw std::invalid_argument("CartPole-v1 state in '" + f.path + "': tensor '" + prefix + "episode_steps' element " +
+                                  std::to_string(i) + " is " + std::to_string(steps[i]) + " (must be in [0, " +
+                                  std::to_string(C::max_episode_steps) + "))");
+  }
+  x_ = std::move(x);
+  x_dot_ = std::move(xd);
+  theta_ = std::move(th);
+  theta_dot_ = std::move(thd);
+  steps_ = std::move(steps);
+  rng_ = std::move(rng);
+}
+
 }  // namespace dqn

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "training/env/env.hpp"
@@ -43,6 +44,8 @@ class CartPoleVecEnv final : public VecEnv {
   void reset(std::uint64_t seed, float* obs) override;
   void step(const std::int32_t* actions, float* next_obs, float* rewards,
             std::uint8_t* terminated, std::uint8_t* truncated, float* final_obs) override;
+  void save_state(st::File& f, const std::string& prefix) const override;
+  void load_state(const st::File& f, const std::string& prefix) override;
 
   /// For tests and diagnostics: the exact double state of copy i, and overriding it
   /// (the episode's step count is left as it is).

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/safetensors.hpp"
 #include "pipeline/parse.hpp"
 
 namespace dqn {
@@ -37,6 +38,12 @@ class VecEnv {
   /// out of range.
   virtual void step(const std::int32_t* actions, float* next_obs, float* rewards,
                     std::uint8_t* terminated, std::uint8_t* truncated, float* final_obs) = 0;
+  /// Every copy's whole state (dynamics, episode step counts, random generators) as tensors named
+  /// prefix + …, so that after load_state the copies step on exactly as they would have (the
+  /// training checkpoints). load_state throws st::Error / std::invalid_argument naming the tensor
+  /// when the file's state does not fit these copies, and then changes nothing.
+  virtual void save_state(st::File& f, const std::string& prefix) const = 0;
+  virtual void load_state(const st::File& f, const std::string& prefix) = 0;
 };
 
 /// Makes `num_envs` copies seeded from `seed` (the same as a later reset(seed, …)).

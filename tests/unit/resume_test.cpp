@@ -1,0 +1,220 @@
+// Checkpoints and resuming through the API: a run stopped in the middle of an evaluation resumes
+// with that evaluation and ends as the uninterrupted run does; a checkpoint of another pipeline is
+// refused naming the tensor; checkpoint files are sealed, pruned to the newest K, and a torn,
+// damaged or half-written one is passed over with the reason.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "dqn_config.h"
+#include "core/engine.hpp"
+#include "core/plugin_loader.hpp"
+#include "core/safetensors.hpp"
+#include "pipeline/parse.hpp"
+#include "training/checkpoint.hpp"
+#include "training/env/env.hpp"
+#include "training/trainer.hpp"
+#include "../test_util.hpp"
+
+using namespace dqn;
+using test::loader;
+using test::source_dir;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir : test::TempDir {
+  explicit TempDir(const std::string& tag) : test::TempDir("dqn-resume-test", tag) {}
+};
+
+// CartPole whose evaluation copies (the instance made with kEvalCopies copies) ask the trainer to
+// stop after a set number of their steps, once armed: a stop that lands inside an evaluation.
+constexpr int kEvalCopies = 3;
+Trainer* g_stop_target = nullptr;
+std::int64_t g_stop_from = -1;  ///< the evaluation at this env step stops after its 5th step
+
+class StopInEval final : public VecEnv {
+ public:
+  StopInEval(int n, std::uint64_t seed) : inner_(make_env("CartPole-v1", n, seed)), eval_(n == kEvalCopies) {}
+  const EnvSpec& spec() const override { return inner_->spec(); }
+  int num_envs() const override { return inner_->num_envs(); }
+  void reset(std::uint64_t seed, float* obs) override { inner_->reset(seed, obs); }
+  void step(const std::int32_t* a, float* next, float* r, std::uint8_t* term, std::uint8_t* trunc, float* fin) override {
+    inner_->step(a, next, r, term, trunc, fin);
+    if (eval_ && g_stop_target && g_stop_from >= 0 && g_stop_target->env_steps() >= g_stop_from && ++calls_ == 5)
+      g_stop_target->request_stop();
+  }
+  void save_state(st::File& f, const std::string& p) const override { inner_->save_state(f, p); }
+  void load_state(const st::File& f, const std::string& p) override { inner_->load_state(f, p); }
+
+ private:
+  std::unique_ptr<VecEnv> inner_;
+  bool eval_;
+  int calls_ = 0;
+};
+
+PipelineSpec small(std::vector<std::string> extra = {}) {
+  static const bool registered = [] {
+    register_env("StopInEval-v0", [](int n, std::uint64_t seed) { return std::make_unique<StopInEval>(n, seed); });
+    return true;
+  }();
+  (void)registered;
+  ParseOptions o;
+  o.plugins = &loader();
+  o.environments = environment_shapes();
+  o.overrides = {"backend=cpu", "training.env=StopInEval-v0", "training.num_envs=4", "training.total_steps=800",
+                 "training.learning_starts=200", "training.eval.every=200",
+                 "training.eval.episodes=" + std::to_string(kEvalCopies), "training.stop_at_return=0",
+                 "training.epsilon.decay_steps=400", "training.checkpoint_every=100", "training.checkpoint_keep=2"};
+  for (auto& e : extra) o.overrides.push_back(e);
+  return load_pipeline(source_dir() + "/pipelines/default.yaml", o);
+}
+
+TrainerOptions quiet(const fs::path& dir) {
+  TrainerOptions o;
+  o.run_dir = dir.string();
+  o.progress = TrainerOptions::Progress::none;
+  o.progress_out = nullptr;
+  o.log_every = 100;
+  return o;
+}
+
+std::vector<nlohmann::json> rows(const fs::path& file) {
+  std::ifstream in(file);
+  std::vector<nlohmann::json> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    for (const char* k : {"wall_s", "steps_per_s", "train_steps_per_s"}) j.erase(k);  // times, not results
+    out.push_back(j);
+  }
+  return out;
+}
+
+std::vector<std::uint8_t> bytes_of(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+}  // namespace
+
+TEST_CASE("resume.stopped_inside_an_evaluation_ends_as_the_uninterrupted_run") {
+  TempDir tmp("eval");
+  const PipelineSpec spec = small();
+  Engine a(spec, loader(), training_engine_options(spec));
+  a.init_weights(spec.seed);
+  Trainer full(a, quiet(tmp.path / "full"));
+  const TrainResult rf = full.run();
+  REQUIRE_FALSE(rf.interrupted);
+
+  Engine b(spec, loader(), training_engine_options(spec));
+  b.init_weights(spec.seed);
+  TrainResult rs;
+  {
+    Trainer part(b, quiet(tmp.path / "part"));
+    g_stop_target = &part;
+    g_stop_from = 400;  // CartPole's episodes last at least 8 steps: the stop lands inside it
+    rs = part.run();
+    g_stop_target = nullptr;
+    g_stop_from = -1;
+  }
+  REQUIRE(rs.interrupted);
+  REQUIRE_FALSE(rs.checkpoint.empty());
+  const checkpoint::Search found = checkpoint::newest((tmp.path / "part").string(), to_yaml(spec));
+  REQUIRE(found.found);
+  CHECK(found.found->path == rs.checkpoint);
+  const nlohmann::json state = nlohmann::json::parse(found.found->file.metadata.at("trainer"));
+  CHECK_FALSE(state["loop"]["iteration_done"].get<bool>());  // the evaluation is still to do
+
+  Engine c(spec, loader(), training_engine_options(spec));
+  TrainerOptions o = quiet(tmp.path / "part");
+  o.resume = &found.found->file;
+  Trainer resumed(c, o);
+  const TrainResult rr = resumed.run();
+  CHECK_FALSE(rr.interrupted);
+  CHECK(rr.env_steps == rf.env_steps);
+  CHECK(rr.best_eval == rf.best_eval);
+  CHECK(c.online_params() == a.online_params());
+  CHECK(rows(tmp.path / "part" / "metrics.jsonl") == rows(tmp.path / "full" / "metrics.jsonl"));
+  CHECK(bytes_of(tmp.path / "part" / "weights.safetensors") == bytes_of(tmp.path / "full" / "weights.safetensors"));
+  // The interrupted run's final line went aside; only the newest two checkpoints are kept.
+  CHECK(fs::exists(tmp.path / "part" / ("metrics.after-step-" + std::to_string(found.found->clock) + ".jsonl")));
+  int kept = 0;
+  for (const auto& e : fs::directory_iterator(tmp.path / "part" / checkpoint::kFolder)) kept += e.is_regular_file();
+  CHECK(kept == 2);
+
+  // A finished run is not resumed.
+  const checkpoint::Search again = checkpoint::newest((tmp.path / "part").string(), to_yaml(spec));
+  REQUIRE(again.found);
+  Engine d(spec, loader(), training_engine_options(spec));
+  TrainerOptions o2 = quiet(tmp.path / "part");
+  o2.resume = &again.found->file;
+  Trainer done(d, o2);
+  CHECK_THROWS_WITH(done.run(), doctest::Contains("there is nothing to resume"));
+}
+
+TEST_CASE("resume.checkpoint_files") {
+  TempDir tmp("files");
+  const PipelineSpec spec = small({"training.total_steps=400", "training.checkpoint_keep=3"});
+  Engine e(spec, loader(), training_engine_options(spec));
+  e.init_weights(spec.seed);
+  Trainer t(e, quiet(tmp.path / "run"));
+  t.run();
+  const fs::path dir = tmp.path / "run" / checkpoint::kFolder;
+  const std::string text = to_yaml(spec);
+  // 100, 200, 300 written (400 is the end: the run's own files hold it); all three kept.
+  for (int c : {100, 200, 300}) CHECK(fs::exists(checkpoint::path_for((tmp.path / "run").string(), c)));
+
+  SUBCASE("the newest whole one is found") {
+    const checkpoint::Search s = checkpoint::newest((tmp.path / "run").string(), text);
+    REQUIRE(s.found);
+    CHECK(s.found->clock == 300);
+    CHECK(s.skipped.empty());
+  }
+  SUBCASE("torn, damaged and half-written files are passed over with the reason") {
+    const std::string p300 = checkpoint::path_for((tmp.path / "run").string(), 300);
+    const std::string p200 = checkpoint::path_for((tmp.path / "run").string(), 200);
+    fs::resize_file(p300, fs::file_size(p300) / 2);  // torn
+    {
+      std::fstream f(p200, std::ios::in | std::ios::out | std::ios::binary);  // one bit flipped in the data
+      f.seekp(std::streamoff(fs::file_size(p200) - 100));
+      char c = 0;
+      f.read(&c, 1);
+      f.seekp(std::streamoff(fs::file_size(p200) - 100));
+      c = char(c ^ 0x10);
+      f.write(&c, 1);
+    }
+    std::ofstream(p300 + ".tmp.4242") << "half";
+    const checkpoint::Search s = checkpoint::newest((tmp.path / "run").string(), text);
+    REQUIRE(s.found);
+    CHECK(s.found->clock == 100);
+    REQUIRE(s.skipped.size() == 3);
+    CHECK(s.skipped[0].find("an interrupted write") != std::string::npos);
+    CHECK_FALSE(fs::exists(p300 + ".tmp.4242"));
+    CHECK(s.skipped[1].find("step-000000000300") != std::string::npos);
+    CHECK(s.skipped[1].find("truncated") != std::string::npos);
+    CHECK(s.skipped[2].find("step-000000000200") != std::string::npos);
+    CHECK(s.skipped[2].find("damaged") != std::string::npos);
+  }
+  SUBCASE("another pipeline.yaml's checkpoints are not taken") {
+    const checkpoint::Search s = checkpoint::newest((tmp.path / "run").string(), text + "# edited\n");
+    CHECK_FALSE(s.found);
+    REQUIRE(s.skipped.size() == 3);
+    CHECK(s.skipped[0].find("another pipeline.yaml") != std::string::npos);
+  }
+  SUBCASE("an engine of another shape refuses the checkpoint, naming the tensor") {
+    const checkpoint::Search s = checkpoint::newest((tmp.path / "run").string(), text);
+    REQUIRE(s.found);
+    const PipelineSpec wider = small({"network.trunk=[32,32]"});
+    Engine other(wider, loader(), training_engine_options(wider));
+    CHECK_THROWS_WITH(other.restore_checkpoint(s.found->file),
+                      doctest::Contains("it was written by another pipeline"));
+    CHECK_THROWS_WITH(other.restore_checkpoint(s.found->file), doctest::Contains("tensor 'engine/"));
+  }
+}

@@ -16,45 +16,11 @@ namespace dqn::cli {
 
 namespace {
 
-constexpr std::int64_t kFillChunk = 65536;  ///< transitions per add_transitions while filling
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-/// splitmix64: random transitions for the fill, fast enough for a million of them.
-struct Gen {
-  std::uint64_t x;
-  std::uint64_t next() {
-    std::uint64_t z = (x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  float unit() { return float(next() >> 40) * (1.0f / 16777216.0f); }  // [0, 1)
-};
-
-/// Fills the engine's replay with `n` random transitions (states in [-1, 1], rewards in [-1, 1],
-/// 10 % dones, uniform actions), as the environments would, through add_transitions.
-void fill(Engine& e, const PipelineSpec& spec, std::int64_t n) {
-  const int S = spec.network.state, D = spec.network.branches, A = spec.network.actions;
-  const std::int64_t K = std::min<std::int64_t>(e.staging_rows(), kFillChunk);
-  const auto rows = static_cast<std::size_t>(K);
-  std::vector<float> st(rows * std::size_t(S)), nx(st.size()), rw(rows), dn(rows);
-  std::vector<std::int32_t> ac(rows * std::size_t(D));
-  Gen g{spec.seed * 7919 + 17};
-  for (std::int64_t done = 0; done < n;) {
-    const std::int64_t k = std::min(K, n - done);
-    for (auto& v : st) v = 2 * g.unit() - 1;
-    for (auto& v : nx) v = 2 * g.unit() - 1;
-    for (auto& v : rw) v = 2 * g.unit() - 1;
-    for (auto& v : dn) v = g.unit() < 0.1f ? 1.0f : 0.0f;
-    for (auto& v : ac) v = std::int32_t(g.next() % std::uint64_t(A));
-    e.add_transitions(Transitions{k, st.data(), nx.data(), ac.data(), rw.data(), dn.data()}, done + k);
-    done += k;
-  }
 }
 
 }  // namespace
@@ -92,13 +58,13 @@ int cmd_bench_epoch(const BenchArgs& a) {
           r.spec.capacity = std::max<std::int64_t>(a.replay_size, b);
           r.spec.prioritized = kind == "prioritized";
           r.beta_steps = r.spec.capacity;  // the fill's env steps: β at beta_end from there on
-          r.staging_rows = int(std::min<std::int64_t>(kFillChunk, r.spec.capacity));
+          r.staging_rows = int(std::min<std::int64_t>(kReplayFillChunk, r.spec.capacity));
           eo.replay = r;
         }
         Engine e(spec, loader, eo);
         e.init_weights(spec.seed);
         if (replay)
-          fill(e, spec, eo.replay->spec.capacity);
+          fill_replay_random(e, eo.replay->spec.capacity);
         else
           e.set_batch(HostBatch::random(spec, 1));
         for (int i = 0; i < a.warmup; ++i) e.step();

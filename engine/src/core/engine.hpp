@@ -324,4 +324,11 @@ class Engine {
   LanePlan lanes_;  ///< where the captured step's stages run (empty: not captured)
 };
 
+/// Transitions a fill_replay_random call adds at once (the staging rows a filled engine wants).
+inline constexpr std::int64_t kReplayFillChunk = 65536;
+/// Fills the engine's replay with n random transitions for its pipeline's shapes (states and
+/// rewards in [-1, 1], 10 % dones, uniform actions; seeded from the pipeline's seed), through
+/// add_transitions as the environments would: for benchmarks and tools.
+void fill_replay_random(Engine& e, std::int64_t n);
+
 }  // namespace dqn

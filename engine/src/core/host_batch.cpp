@@ -2,7 +2,9 @@
  *  @brief A batch on the host (engine.hpp's HostBatch): random batches for a pipeline's shapes,
  *  batch files, and the checks that name the tensor and index of bad data.
  */
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -10,6 +12,40 @@
 #include "core/engine.hpp"
 
 namespace dqn {
+
+namespace {
+/// splitmix64: random transitions for the fill, fast enough for a million of them.
+struct Gen {
+  std::uint64_t x;
+  std::uint64_t next() {
+    std::uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  float unit() { return float(next() >> 40) * (1.0f / 16777216.0f); }  // [0, 1)
+};
+}  // namespace
+
+void fill_replay_random(Engine& e, std::int64_t n) {
+  const PipelineSpec& spec = e.spec();
+  const int S = spec.network.state, D = spec.network.branches, A = spec.network.actions;
+  const std::int64_t K = std::min<std::int64_t>(e.staging_rows(), kReplayFillChunk);
+  const auto rows = static_cast<std::size_t>(K);
+  std::vector<float> st(rows * std::size_t(S)), nx(st.size()), rw(rows), dn(rows);
+  std::vector<std::int32_t> ac(rows * std::size_t(D));
+  Gen g{spec.seed * 7919 + 17};
+  for (std::int64_t done = 0; done < n;) {
+    const std::int64_t k = std::min(K, n - done);
+    for (auto& v : st) v = 2 * g.unit() - 1;
+    for (auto& v : nx) v = 2 * g.unit() - 1;
+    for (auto& v : rw) v = 2 * g.unit() - 1;
+    for (auto& v : dn) v = g.unit() < 0.1f ? 1.0f : 0.0f;
+    for (auto& v : ac) v = std::int32_t(g.next() % std::uint64_t(A));
+    e.add_transitions(Transitions{k, st.data(), nx.data(), ac.data(), rw.data(), dn.data()}, done + k);
+    done += k;
+  }
+}
 
 HostBatch HostBatch::random(const PipelineSpec& spec, std::uint64_t seed) {
   HostBatch b;

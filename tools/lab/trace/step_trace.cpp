@@ -7,6 +7,8 @@
 // With programmatic launch a node's "start" is when its first block is placed, which may be
 // before the node it waits for ends.
 // Usage: dqn-trace PIPELINE [key=value ...] [--batch N] [--precision P] [--steps N] [--update-clock]
+//        [--replay uniform|prioritized [--replay-size N]]  (the step drawing from a full replay, as
+//        `dqn bench --epoch` times it)
 #include <cupti.h>
 #include <cxxabi.h>
 
@@ -198,7 +200,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> overrides;
   int batch = 0, steps = 200, warmup = 200, clock_steps = 50;
   bool update_clock = false;
-  std::string precision;
+  std::string precision, replay;
+  std::int64_t replay_size = 1000000;
   app.add_option("pipeline", pipeline, "pipeline file")->required();
   app.add_option("overrides", overrides, "key.path=value overrides");
   app.add_option("--plugin-path", plugin_path, "plugin directories (colon-separated)");
@@ -211,6 +214,10 @@ int main(int argc, char** argv) {
                "(after the trace)");
   app.add_option("--clock-steps", clock_steps, "with --update-clock: replays whose update stamps are read")
       ->check(CLI::Range(1, 100000));
+  app.add_option("--replay", replay, "the step draws its batch from a full replay of this kind")
+      ->check(CLI::IsMember({"uniform", "prioritized"}));
+  app.add_option("--replay-size", replay_size, "with --replay: transitions in it")
+      ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 31));
   CLI11_PARSE(app, argc, argv);
 
   using namespace dqn;
@@ -240,9 +247,22 @@ int main(int argc, char** argv) {
   std::unique_ptr<Engine> engine;
   try {
     cuda::lab::record_update_clock(update_clock);  // (read when the engine's CUDA runtime is made)
-    engine = std::make_unique<Engine>(spec, loader);
+    EngineOptions eo;
+    if (!replay.empty()) {
+      EngineReplay r;
+      r.spec = spec.training.replay;
+      r.spec.capacity = std::max<std::int64_t>(replay_size, spec.batch);
+      r.spec.prioritized = replay == "prioritized";
+      r.beta_steps = r.spec.capacity;
+      r.staging_rows = int(std::min<std::int64_t>(kReplayFillChunk, r.spec.capacity));
+      eo.replay = r;
+    }
+    engine = std::make_unique<Engine>(spec, loader, eo);
     engine->init_weights(spec.seed);
-    engine->set_batch(HostBatch::random(spec, 1));
+    if (eo.replay)
+      fill_replay_random(*engine, eo.replay->spec.capacity);
+    else
+      engine->set_batch(HostBatch::random(spec, 1));
     for (int i = 0; i < warmup; ++i) engine->step();
     engine->runtime().synchronize();
   } catch (const std::exception& ex) {

@@ -39,6 +39,36 @@ __device__ void reduce_node(std::int64_t* tree, const Tree& t, int l, std::int64
   if (lane == 0) set_node(tree, t.offset[l] + node, v);
 }
 
+/// The same by a quad of lanes (q = 0..3 of four consecutive lanes, `mask` theirs), bit for bit:
+/// lane q loads children q, q+4, …, q+28 and adds them as the warp's butterfly pairs them (i with
+/// i+16, then i+8, then i+4), and the quad finishes with xor 2 and xor 1. Its eight loads are
+/// independent, so a level costs one round trip to L2 for up to blockDim/4 nodes at once.
+__device__ void reduce_node_quad(std::int64_t* tree, const Tree& t, int l, std::int64_t node, int q, unsigned mask) {
+  const std::int64_t first = node * replay::kFan, present = t.size[l - 1] - first;
+  const std::int64_t base = t.offset[l - 1] + first;
+  Node c[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int i = q + 4 * j;
+    c[j] = i < present ? node_at(tree, base + i) : Node{0.0f, replay::inf()};
+  }
+  float s16[4], m16[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    s16[j] = __fadd_rn(c[j].sum, c[j + 4].sum);
+    m16[j] = c[j + 4].min < c[j].min ? c[j + 4].min : c[j].min;
+  }
+  const float s8a = __fadd_rn(s16[0], s16[2]), s8b = __fadd_rn(s16[1], s16[3]);
+  const float m8a = fminf(m16[0], m16[2]), m8b = fminf(m16[1], m16[3]);
+  Node v{__fadd_rn(s8a, s8b), fminf(m8a, m8b)};
+  for (int off = 2; off > 0; off >>= 1) {
+    const float s = __shfl_xor_sync(mask, v.sum, off), m = __shfl_xor_sync(mask, v.min, off);
+    v.sum = __fadd_rn(v.sum, s);
+    v.min = m < v.min ? m : v.min;
+  }
+  if (q == 0) set_node(tree, t.offset[l] + node, v);
+}
+
 /// Recomputes, level by level, the ancestors of the leaves in [lo, hi] and (when lo2 <= hi2) in
 /// [lo2, hi2]: every node of those ranges at each level, one warp each.
 __device__ void update_ranges(std::int64_t* tree, const Tree& t, std::int64_t lo, std::int64_t hi, std::int64_t lo2,
@@ -203,15 +233,18 @@ __global__ void __launch_bounds__(kTreeThreads) priorities_kernel(ReplayPrioriti
     for (int w = 0; w < warps; ++w) m = fmaxf(m, top_sh[w]);
     *r.max_priority = m;
   }
-  // The ancestors, level by level; a row whose node the row before shares skips it (the drawn
-  // slots come sorted from the stratified sample, so each node is recomputed once).
+  // The ancestors, level by level, a quad of lanes a row; a row whose node the row before shares
+  // skips it (the drawn slots come sorted from the stratified sample, so each node is recomputed
+  // once).
   const Tree t = replay::tree_layout(r.capacity);
+  const int q = threadIdx.x & 3, quads = blockDim.x >> 2;
+  const unsigned mask = 0xfu << (lane & ~3);
   for (int l = 1; l < t.levels; ++l) {
     const int sh = replay::kFanShift * l;
-    for (int k = warp; k < a.B; k += warps) {
+    for (int k = threadIdx.x >> 2; k < a.B; k += quads) {
       const std::int64_t node = a.indices[k] >> sh;
       if (k > 0 && (a.indices[k - 1] >> sh) == node) continue;
-      reduce_node(r.tree, t, l, node);
+      reduce_node_quad(r.tree, t, l, node, q, mask);
     }
     __syncthreads();
   }

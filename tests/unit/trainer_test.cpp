@@ -363,7 +363,7 @@ TEST_CASE("trainer.prioritized_replay_takes_td_errors") {
   // raise it above its initial 1, on the device, inside the step.
   const ReplayState st = engine.replay_state();
   CHECK(st.max_priority > 1.0);
-  CHECK(st.draws == 101);
+  CHECK(st.draws == 102);  // a batch before the first step, then the next one at the end of each
   CHECK(st.size == trainer.replay_size());
   const auto lines = read_metrics(tmp.path / "run" / "metrics.jsonl");
   for (const auto& m : lines) {

@@ -199,7 +199,6 @@ void Engine::build(const PluginLoader& plugins) {
   declare_engine_buffers();
   declare_replay_buffers();
   declare_act_buffers();
-  add_replay_stage_front();
   add_engine_stages_front();
   add_act_stage_front();
   for (std::size_t h = 0; h < heads_.size(); ++h) {
@@ -644,8 +643,7 @@ void Engine::trunk_weights_layer(Backend& be, int i) {
 
 // ---------------------------------------------------------------------------------------------
 void Engine::step() {
-  if (replay_.on && replay_.added == 0)
-    throw std::logic_error("step: the replay is empty (add_transitions before the first step)");
+  prime_replay_batch();
   if (captured_) {
     rt_->replay();
   } else {
@@ -656,6 +654,7 @@ void Engine::step() {
 }
 
 void Engine::step_uncaptured() {
+  prime_replay_batch();
   for (auto i : order_) stages_[i].run(rt_->ops());
   ++steps_;
 }

@@ -21,8 +21,8 @@
 namespace dqn {
 
 /// The replay the step draws its batch from (EngineOptions::replay): resident where the backend
-/// computes, filled by add_transitions, sampled by the step's first stage and (prioritised)
-/// re-weighted from td_error by its last.
+/// computes, filled by add_transitions; the step's last stages re-weight it from td_error
+/// (prioritised) and then draw the next step's batch (the first step's is drawn before it).
 struct EngineReplay {
   ReplaySpec spec;              ///< capacity, prioritized, alpha, beta_start/end, priority_eps
   std::int64_t beta_steps = 1;  ///< env steps over which β goes from beta_start to beta_end
@@ -129,7 +129,7 @@ class Engine {
   int staging_rows() const { return int(replay_.rows); }
   /// Synchronises and reads the replay's counters (tests, tools, the end of a run).
   ReplayState replay_state();
-  /// Synchronises and reads the slots the last step drew.
+  /// Synchronises and reads the slots of the batch drawn last: the one the next step trains on.
   std::vector<std::int64_t> drawn_slots();
   /// The online parameters as one flat f32 vector laid out as registry().params() says
   /// (synchronises: for tests and tools).
@@ -240,8 +240,9 @@ class Engine {
   void finish_act(void* out, std::size_t bytes);
   StepReport parse_report(const std::vector<unsigned char>& bytes) const;
   void declare_replay_buffers();
-  void add_replay_stage_front();
   void add_replay_stage_back();
+  /// Draws the first step's batch (uncaptured, once): every step then draws the next one last.
+  void prime_replay_batch();
   void bind_replay();
   void free_replay_staging() noexcept;
   ReplayStore replay_store() const;
@@ -258,6 +259,8 @@ class Engine {
     void* stage_dev = nullptr;
     std::vector<void*> pinned;     ///< the staging ring
     std::int64_t seq = 0, added = 0;
+    std::size_t sample_stage = 0;  ///< the stage that draws the next step's batch
+    bool primed = false;           ///< the batch buffers hold a drawn batch
   } replay_;
   static constexpr int kStagingSlot0 = 8;   ///< the staging ring's event slots from here on
   static constexpr int kStagingSlotsMax = 256;

@@ -18,9 +18,14 @@ namespace {
 constexpr const char* kPrefix = "engine/";
 constexpr const char* kReportCopy = "engine.report_copy/";
 
-bool saved(const Registry::Buffer& b) {
-  return b.view_of.empty() &&
-         (b.kind == BufferKind::parameter || b.kind == BufferKind::optimizer || b.kind == BufferKind::report);
+/// What lives across steps; with a replay, also the batch the last step drew for the next.
+bool saved(const Registry::Buffer& b, bool replay) {
+  if (!b.view_of.empty()) return false;
+  if (b.kind == BufferKind::parameter || b.kind == BufferKind::optimizer || b.kind == BufferKind::report) return true;
+  if (!replay) return false;
+  for (const char* name : {buf::states2, buf::actions, buf::rewards, buf::dones, buf::is_weights})
+    if (b.name == name) return true;
+  return false;
 }
 
 st::DType file_dtype(DType d, std::uint32_t real_size) {
@@ -36,7 +41,7 @@ void Engine::checkpoint_to(st::File& f) {
   Backend& be = rt_->ops();
   for (const std::string& name : reg_.buffer_order()) {
     const Registry::Buffer& b = *reg_.find(name);
-    if (!saved(b)) continue;
+    if (!saved(b, replay_.on)) continue;
     st::Tensor t;
     t.dtype = file_dtype(b.dtype, reg_.real_size());
     t.shape = {b.numel()};
@@ -51,6 +56,7 @@ void Engine::checkpoint_to(st::File& f) {
   j["report_step"] = {report_step_[0], report_step_[1]};
   j["replay_seq"] = replay_.seq;
   j["replay_added"] = replay_.added;
+  j["replay_primed"] = replay_.primed;
   j["snapshot"] = {{"pending", snap_.pending}, {"acted", snap_.acted}, {"adopted", snap_.adopted}};
   for (int s = 0; s < 2; ++s) {
     if (report_step_[s] < 0) continue;
@@ -82,7 +88,7 @@ void Engine::restore_checkpoint(const st::File& f) {
   std::size_t expected = 0;
   for (const std::string& name : reg_.buffer_order()) {
     const Registry::Buffer& b = *reg_.find(name);
-    if (!saved(b)) continue;
+    if (!saved(b, replay_.on)) continue;
     ++expected;
     const std::string key = kPrefix + name;
     if (!f.has(key)) throw bad("tensor '" + key + "' is missing: it was written by another pipeline");
@@ -99,7 +105,7 @@ void Engine::restore_checkpoint(const st::File& f) {
     throw bad("it holds " + std::to_string(present) + " engine buffers, this engine has " + std::to_string(expected) +
               ": it was written by another pipeline");
   std::int64_t steps = 0, seq = 0, rstep[2] = {-1, -1}, replay_seq = 0, replay_added = 0, adopted = 0;
-  bool pending = false, acted = false;
+  bool pending = false, acted = false, primed = false;
   try {
     steps = j.at("steps").get<std::int64_t>();
     seq = j.at("report_seq").get<std::int64_t>();
@@ -107,6 +113,7 @@ void Engine::restore_checkpoint(const st::File& f) {
     rstep[1] = j.at("report_step").at(1).get<std::int64_t>();
     replay_seq = j.at("replay_seq").get<std::int64_t>();
     replay_added = j.at("replay_added").get<std::int64_t>();
+    primed = j.at("replay_primed").get<bool>();
     pending = j.at("snapshot").at("pending").get<bool>();
     acted = j.at("snapshot").at("acted").get<bool>();
     adopted = j.at("snapshot").at("adopted").get<std::int64_t>();
@@ -126,7 +133,7 @@ void Engine::restore_checkpoint(const st::File& f) {
   Backend& be = rt_->ops();
   for (const std::string& name : reg_.buffer_order()) {
     const Registry::Buffer& b = *reg_.find(name);
-    if (saved(b)) be.upload(reg_.base() + b.offset_bytes, f.get(kPrefix + name).bytes.data(), b.bytes);
+    if (saved(b, replay_.on)) be.upload(reg_.base() + b.offset_bytes, f.get(kPrefix + name).bytes.data(), b.bytes);
   }
   for (int s = 0; s < 2; ++s) {
     report_step_[s] = rstep[s];
@@ -136,6 +143,7 @@ void Engine::restore_checkpoint(const st::File& f) {
   report_seq_ = seq;
   replay_.seq = replay_seq;
   replay_.added = replay_added;
+  replay_.primed = primed;
   snap_.pending = pending;
   snap_.acted = acted;
   snap_.adopted = adopted;

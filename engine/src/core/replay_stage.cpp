@@ -69,7 +69,7 @@ void Engine::declare_replay_buffers() {
     reg_.declare(kTree, DType::i64, {replay::tree_layout(C).nodes}, keep, "engine");
     reg_.declare(kOwner, DType::i32, {C}, keep, "engine");
   }
-  reg_.declare(kIndices, DType::i64, {spec_.batch}, BufferKind::activation, "engine");
+  reg_.declare(kIndices, DType::i64, {spec_.batch}, keep, "engine");  // drawn by one step, read by the next
   reg_.declare(kStats, DType::real, {kReplayStats}, BufferKind::report, "engine");
   // One staging block, laid out states, next states, rewards, dones (reals), actions (i32 last,
   // so the reals stay aligned for an f64 backend): what one add_transitions copies.
@@ -78,10 +78,23 @@ void Engine::declare_replay_buffers() {
   reg_.declare(kStaging, DType::i32, {std::int64_t(replay_.stage_bytes / 4)}, BufferKind::input, "engine");
 }
 
-void Engine::add_replay_stage_front() {
+void Engine::add_replay_stage_back() {
   if (!replay_.on) return;
+  if (replay_.prioritized)
+    stages_.push_back(Stage{"replay.priorities", "engine", {buf::td_error, kIndices, kTree, kOwner, kMaxPriority},
+                            {kTree, kOwner, kMaxPriority}, [this](Backend& be) {
+                              ReplayPriorities p;
+                              p.store = replay_.store;
+                              p.indices = replay_.indices;
+                              p.td_error = td_error_;
+                              p.B = spec_.batch;
+                              be.replay_priorities(p);
+                            }});
+  // The next step's batch, drawn last: after the priorities this step set, and beside the update,
+  // off the step's critical path (the first step's batch is drawn by prime_replay_batch).
   std::vector<std::string> reads{kStates, kNextStates, kActions, kRewards, kDones, kCursor, kMaxPriority};
   if (replay_.prioritized) reads.push_back(kTree);
+  replay_.sample_stage = stages_.size();
   stages_.push_back(Stage{"replay.sample", "engine", reads,
                           {buf::states2, buf::actions, buf::rewards, buf::dones, buf::is_weights, kIndices, kStats,
                            kCursor},
@@ -104,17 +117,11 @@ void Engine::add_replay_stage_front() {
                           }});
 }
 
-void Engine::add_replay_stage_back() {
-  if (!replay_.on || !replay_.prioritized) return;
-  stages_.push_back(Stage{"replay.priorities", "engine", {buf::td_error, kIndices, kTree, kOwner, kMaxPriority},
-                          {kTree, kOwner, kMaxPriority}, [this](Backend& be) {
-                            ReplayPriorities p;
-                            p.store = replay_.store;
-                            p.indices = replay_.indices;
-                            p.td_error = td_error_;
-                            p.B = spec_.batch;
-                            be.replay_priorities(p);
-                          }});
+void Engine::prime_replay_batch() {
+  if (!replay_.on || replay_.primed) return;
+  if (replay_.added == 0) throw std::logic_error("step: the replay is empty (add_transitions before the first step)");
+  stages_[replay_.sample_stage].run(rt_->ops());  // on the learner's stream, after the inserts queued there
+  replay_.primed = true;
 }
 
 ReplayStore Engine::replay_store() const {

@@ -81,8 +81,9 @@ std::vector<std::size_t> schedule(const std::vector<Stage>& stages, const Regist
     u.readers.erase(std::unique(u.readers.begin(), u.readers.end()), u.readers.end());
     for (std::size_t k = 1; k < u.writers.size(); ++k) edge(u.writers[k - 1], u.writers[k]);
     const auto* b = reg.find(name);
-    if (b && persistent(b->kind)) {
-      // Program order: a reader sees the writes declared before it, and precedes later writes.
+    if (b && (persistent(b->kind) || b->kind == BufferKind::input)) {
+      // Program order: a reader sees the writes declared before it, and precedes later writes
+      // (state kept across steps, and inputs that a late stage fills for the next step).
       for (auto r : u.readers)
         for (auto w : u.writers) {
           if (w < r) edge(w, r);

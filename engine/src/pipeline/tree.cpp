@@ -3,10 +3,13 @@
  */
 #include "pipeline/tree.hpp"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
+#include <sstream>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "pipeline/parse.hpp"
 #include "pipeline/text.hpp"
@@ -181,6 +184,24 @@ std::string render(const Node& n, std::size_t limit) {
 }
 
 
+namespace {
+
+/// Where each document of a text starts, from yaml-cpp's event parser (no nodes built).
+struct DocumentStarts : YAML::EventHandler {
+  std::vector<YAML::Mark> starts;
+  void OnDocumentStart(const YAML::Mark& m) override { starts.push_back(m); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
+}  // namespace
+
 Node read_document(const std::string& yaml_text, const std::string& source_name) {
   std::vector<PipelineError> errs;
   Node root;
@@ -190,13 +211,26 @@ Node read_document(const std::string& yaml_text, const std::string& source_name)
                                             " bytes; a pipeline is at most " + std::to_string(kMaxPipelineBytes),
                                         "a pipeline is a few KB of YAML: is this the right file?")});
   try {
-    std::vector<YAML::Node> docs = YAML::LoadAll(yaml_text);
-    if (docs.size() > 1) {
-      errs.emplace_back(Origin{source_name}.at(docs[1].Mark()), "", "",
-                        "a pipeline file holds one YAML document; found a second (after '---')");
+    // The documents counted first, two at most: yaml-cpp (0.7, 0.8) reads a stray ',' as an empty
+    // document that never ends, repeated without consuming the text (jbeder/yaml-cpp#1040), which
+    // LoadAll would collect until memory runs out.
+    std::istringstream in(yaml_text);
+    YAML::Parser parser(in);
+    DocumentStarts docs;
+    while (docs.starts.size() < 2 && parser.HandleNextDocument(docs)) {
     }
+    if (docs.starts.size() > 1 && docs.starts[1].pos == docs.starts[0].pos) {
+      errs.emplace_back(Origin{source_name}.at(docs.starts[0]), "", "",
+                        "YAML syntax error: the parser cannot read past this point (a ',' or another flow "
+                        "indicator outside [ ] or { }?)",
+                        "quote the value, or put the list in [ ]");
+      throw PipelineErrors(std::move(errs));
+    }
+    if (docs.starts.size() > 1)
+      errs.emplace_back(Origin{source_name}.at(docs.starts[1]), "", "",
+                        "a pipeline file holds one YAML document; found a second (after '---')");
     std::size_t nodes = 0;
-    if (!docs.empty()) convert(docs[0], Origin{source_name}, 0, "", root, errs, nodes);
+    if (!docs.starts.empty()) convert(YAML::Load(yaml_text), Origin{source_name}, 0, "", root, errs, nodes);
     if (const SourceLoc q = unclosed_quote(yaml_text, source_name); q.line > 0)
       errs.emplace_back(q, "", "", "YAML syntax error: a quoted value opens here and is never closed",
                         "close the quote");

@@ -113,47 +113,52 @@ void Dataset::check(const NetworkSpec& net) const {
 }
 
 Dataset read_dataset(const std::string& path, const NetworkSpec& net) {
-  Dataset d;
   if (ends_with(path, ".h5") || ends_with(path, ".hdf5")) {
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) throw DatasetError("dataset '" + path + "': cannot open it: " + std::strerror(errno));
     if (!S_ISREG(st.st_mode)) throw DatasetError("dataset '" + path + "': not a regular file");
-    d = read_minari_hdf5(path);
-  } else {
-    const st::File f = st::read_file(path);
-    d.path = path;
-    const st::Tensor& s = f.get("states");
-    if (s.shape.size() != 2)
-      throw DatasetError("dataset '" + path + "': tensor 'states' has shape " + st::shape_str(s.shape) +
-                         ", expected [steps, " + std::to_string(net.state) + "]");
-    const std::int64_t N = s.shape[0];
-    d.S = int(s.shape[1]);
-    d.states = f.get_f32("states");
-    d.next_states = f.get_f32("next_states", s.shape);
-    d.rewards = f.get_f32("rewards", {N});
-    const st::Tensor& dn = f.get("dones");
-    if (dn.shape != std::vector<std::int64_t>{N})
-      throw DatasetError("dataset '" + path + "': tensor 'dones' has shape " + st::shape_str(dn.shape) + ", expected [" +
-                         std::to_string(N) + "] (one per step of 'states')");
-    d.dones = flags(f, "dones");
-    const st::Tensor& a = f.get("actions");
-    if (a.shape.size() == 1 && a.shape[0] == N) {
-      d.D = 1;
-    } else if (a.shape.size() == 2 && a.shape[0] == N) {
-      d.D = int(a.shape[1]);
-    } else {
-      throw DatasetError("dataset '" + path + "': tensor 'actions' has shape " + st::shape_str(a.shape) + ", expected [" +
-                         std::to_string(N) + ", " + std::to_string(net.branches) + "] (or [" + std::to_string(N) +
-                         "] for one branch)");
-    }
-    d.actions = f.get_i32("actions");
-    const st::Tensor& ee = f.get("episode_ends");
-    if (ee.shape.size() != 1)
-      throw DatasetError("dataset '" + path + "': tensor 'episode_ends' has shape " + st::shape_str(ee.shape) +
-                         ", expected [episodes]");
-    d.episode_ends = f.get_i64("episode_ends");
-    d.metadata = f.metadata;
+    Dataset d = read_minari_hdf5(path);
+    d.check(net);
+    return d;
   }
+  return dataset_from(st::read_file(path), net);
+}
+
+Dataset dataset_from(const st::File& f, const NetworkSpec& net) {
+  Dataset d;
+  const std::string& path = f.path;
+  d.path = path;
+  const st::Tensor& s = f.get("states");
+  if (s.shape.size() != 2)
+    throw DatasetError("dataset '" + path + "': tensor 'states' has shape " + st::shape_str(s.shape) +
+                       ", expected [steps, " + std::to_string(net.state) + "]");
+  const std::int64_t N = s.shape[0];
+  d.S = int(s.shape[1]);
+  d.states = f.get_f32("states");
+  d.next_states = f.get_f32("next_states", s.shape);
+  d.rewards = f.get_f32("rewards", {N});
+  const st::Tensor& dn = f.get("dones");
+  if (dn.shape != std::vector<std::int64_t>{N})
+    throw DatasetError("dataset '" + path + "': tensor 'dones' has shape " + st::shape_str(dn.shape) + ", expected [" +
+                       std::to_string(N) + "] (one per step of 'states')");
+  d.dones = flags(f, "dones");
+  const st::Tensor& a = f.get("actions");
+  if (a.shape.size() == 1 && a.shape[0] == N) {
+    d.D = 1;
+  } else if (a.shape.size() == 2 && a.shape[0] == N) {
+    d.D = int(a.shape[1]);
+  } else {
+    throw DatasetError("dataset '" + path + "': tensor 'actions' has shape " + st::shape_str(a.shape) + ", expected [" +
+                       std::to_string(N) + ", " + std::to_string(net.branches) + "] (or [" + std::to_string(N) +
+                       "] for one branch)");
+  }
+  d.actions = f.get_i32("actions");
+  const st::Tensor& ee = f.get("episode_ends");
+  if (ee.shape.size() != 1)
+    throw DatasetError("dataset '" + path + "': tensor 'episode_ends' has shape " + st::shape_str(ee.shape) +
+                       ", expected [episodes]");
+  d.episode_ends = f.get_i64("episode_ends");
+  d.metadata = f.metadata;
   d.check(net);
   return d;
 }

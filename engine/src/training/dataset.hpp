@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/safetensors.hpp"
 #include "dqn/pipeline.hpp"
 #include "training/replay.hpp"
 
@@ -49,6 +50,8 @@ struct Dataset {
 /// Reads a dataset by its extension: .h5/.hdf5 (Minari; needs libhdf5) or else safetensors, and
 /// checks it against the network. Throws DatasetError (and st::Error for an unreadable file).
 Dataset read_dataset(const std::string& path, const NetworkSpec& net);
+/// The same from a safetensors file already read (its path names it in errors).
+Dataset dataset_from(const st::File& f, const NetworkSpec& net);
 /// A Minari dataset's HDF5: groups episode_<k> with observations [T+1, S], actions [T] or [T, D],
 /// rewards [T], terminations [T], truncations [T]. DatasetError when libhdf5 is not built in.
 Dataset read_minari_hdf5(const std::string& path);

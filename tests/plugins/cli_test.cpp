@@ -4,6 +4,8 @@
 // --explain, bench on the CPU reference (its JSON and table, refused input), and docs/pipeline.md against
 // `dqn doc pipeline`.
 #include <doctest/doctest.h>
+
+#include <csignal>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -193,6 +195,22 @@ TEST_CASE("cli.plugins") {
                       std::to_string(dqn::kAbiMajor) + "." + std::to_string(dqn::kAbiMinor)));
   CHECK(has(f.out, "not loaded: plugin '" + fixtures + "/libdqn_not_a_plugin.so': no 'dqn_plugin_descriptor' symbol"));
   CHECK(has(f.out, "\nc51 "));  // still found after the fixtures
+  // A library that crashes while being loaded: reported, and the listing goes on; commands that do
+  // not need it never open it.
+  const std::string crashing = env_or_fail("DQN_TEST_CRASHING");
+  const Run c = dqn_run("plugins --plugin-path " + quote(crashing));
+  INFO(c.out);
+  CHECK(c.rc == 0);
+  CHECK(has(c.out, "not loaded: plugin '" + crashing + "/libdqn_crasher.so': crashed while being loaded or described (signal " +
+                       std::to_string(SIGABRT)));
+  CHECK(has(c.out, "\nc51 "));
+  const Run v = dqn_run("validate " + quote(c51_yaml()) + " --plugin-path " + quote(crashing));
+  INFO(v.out);
+  CHECK(v.rc == 0);
+  CHECK(has(v.out, ": ok ("));
+  const Run s = dqn_run("step " + quote(c51_yaml()) + " --backend cpu --random-batch 1 --steps 1 --plugin-path " + quote(crashing));
+  INFO(s.out);
+  CHECK(s.rc == 0);
   // Nothing on the path: said so, and a failing exit.
   TempDir empty;
   const Run none = dqn_run("plugins", "DQN_PLUGIN_PATH=" + quote(empty.dir.string()));

@@ -289,6 +289,7 @@ TEST_CASE("loader.listing_reports_bad_files_and_continues") {
   fs::create_directory(tmp.dir / "libdqn_dir.so");  // ignored: not a regular file
   const std::string nowhere = (tmp.dir / "does-not-exist").string();
   PluginLoader loader({plugin_dir(), fixtures_dir(), tmp.dir.string(), nowhere});
+  (void)loader.plugins();  // opens every library, in search order
   // Everything usable was loaded, from every directory...
   for (const char* n : {"c51", "h2_l2", "refuser", "thrower", "old_minor"}) CHECK_MESSAGE(loader.find(n) != nullptr, n);
   for (const char* n : {"wrong_abi", "newer_minor", "unresolved"}) CHECK_MESSAGE(loader.find(n) == nullptr, n);
@@ -392,6 +393,25 @@ TEST_CASE("loader.pipeline_with_missing_plugin_names_the_search_path") {
       (void)parse_pipeline(good, "good.yaml", ParseOptions{.overrides = {}, .plugins = &loader, .environments = {}}));
 }
 
+TEST_CASE("loader.opens_only_what_is_asked_for") {
+  PluginLoader loader({plugin_dir(), fixtures_dir()});
+  CHECK(loader.files().size() > 10);
+  REQUIRE(loader.find("c51") != nullptr);  // libdqn_c51.so, by its name
+  CHECK(loader.problems().empty());         // no broken fixture was opened
+  for (const char* f : {"wrong_abi", "unresolved", "h2_l2"}) CHECK_MESSAGE(!is_loaded(fixture(f)), f);
+  REQUIRE(loader.find("h2_l2") != nullptr);
+  CHECK(is_loaded(fixture("h2_l2")));
+  CHECK_FALSE(is_loaded(fixture("wrong_abi")));
+  // Names for suggestions come from the files not opened, without opening them.
+  const std::vector<std::string> names = loader.names();
+  CHECK(std::find(names.begin(), names.end(), "wrong_abi") != names.end());
+  CHECK_FALSE(is_loaded(fixture("wrong_abi")));
+  // A name no file is named for opens the rest, in order, and is then not found.
+  CHECK(loader.find("no_such_head") == nullptr);
+  CHECK(is_loaded(fixture("old_minor")));
+  CHECK_FALSE(loader.problems().empty());
+}
+
 TEST_CASE("loader.head_keeps_its_library_loaded") {
   const std::string path = fixture("h2_l2");
   REQUIRE_FALSE(is_loaded(path));
@@ -409,9 +429,10 @@ TEST_CASE("loader.head_keeps_its_library_loaded") {
   HeadHandle head;
   {
     PluginLoader loader({fixtures_dir()});
-    CHECK(is_loaded(path));
+    CHECK_FALSE(is_loaded(path));  // opened when asked for
     head = loader.create("h2_l2", info);
     REQUIRE(head.get() != nullptr);
+    CHECK(is_loaded(path));
     CHECK(head.plugin().library.use_count() == 2);  // the loader's and the head's
   }
   // The loader is gone; the head alone holds the library, which is still mapped and callable.

@@ -1,6 +1,8 @@
 // dqn plugins / doc / validate / step, and the pipeline loading they share.
 #include "commands.hpp"
+#include "plugin_scan.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -46,6 +48,15 @@ bool load_with(const PluginLoader& loader, const Common& c, const std::string& f
   if (!c.backend.empty()) opt.overrides.push_back("backend=" + c.backend);
   opt.plugins = &loader;
   if (c.trains) opt.environments = environment_shapes();
+  // The libraries this pipeline made the loader open, and could not use, are warned about.
+  const std::size_t known = loader.problems().size();
+  struct Warn {
+    const PluginLoader& l;
+    std::size_t from;
+    ~Warn() {
+      for (std::size_t i = from; i < l.problems().size(); ++i) std::fprintf(stderr, "warning: %s\n", l.problems()[i].c_str());
+    }
+  } warn{loader, known};
   try {
     out = load_pipeline(file, opt);
     if (resolved) *resolved = to_yaml(out, loader);
@@ -65,10 +76,22 @@ bool load(const Common& c, const std::string& file, PipelineSpec& out, std::stri
 int cmd_plugins(const Common& c) {
   PluginLoader loader = make_loader(c);
   std::printf("search path: %s\n", loader.search_path().c_str());
-  if (loader.plugins().empty()) std::printf("no plugins found\n");
-  for (const auto& p : loader.plugins()) std::printf("\n%s", describe_plugin(p).c_str());
-  for (const auto& p : loader.problems()) std::printf("\nnot loaded: %s\n", p.c_str());
-  return loader.plugins().empty() ? 1 : 0;
+  // Each library in a child process: one that crashes or hangs while loading is reported, and the
+  // listing goes on. The first one found with a name is the one used, as when loading.
+  std::vector<std::string> found, problems;
+  for (const ScannedPlugin& s : scan_plugins(loader.files())) {
+    if (!s.problem.empty()) {
+      problems.push_back(s.problem);
+    } else if (std::find(found.begin(), found.end(), s.name) != found.end()) {
+      problems.push_back(s.path + ": plugin '" + s.name + "' is found earlier on the search path, which is the one used");
+    } else {
+      found.push_back(s.name);
+      std::printf("\n%s", s.text.c_str());
+    }
+  }
+  if (found.empty()) std::printf("no plugins found\n");
+  for (const auto& p : problems) std::printf("\nnot loaded: %s\n", p.c_str());
+  return found.empty() ? 1 : 0;
 }
 
 int cmd_doc_pipeline(const Common& c) {
@@ -87,8 +110,9 @@ int cmd_doc_pipeline(const Common& c) {
       "`cuda.gemm=cublaslt`); `dqn step FILE --print-pipeline` prints the pipeline fully resolved.\n"
       "\n";
   PluginLoader loader = make_loader(c);
+  const bool none = loader.plugins().empty();  // (opens every library)
   print_problems(loader);
-  if (loader.plugins().empty()) {
+  if (none) {
     std::fprintf(stderr, "dqn doc pipeline: no plugins found (search path: %s); the reference lists their params\n",
                  loader.search_path().c_str());
     return 1;
@@ -99,7 +123,6 @@ int cmd_doc_pipeline(const Common& c) {
 
 int cmd_validate(const Common& c, const std::vector<std::string>& files) {
   PluginLoader loader = make_loader(c);
-  print_problems(loader);
   int bad = 0;
   for (const auto& f : files) {
     PipelineSpec spec;
@@ -119,7 +142,6 @@ int cmd_validate(const Common& c, const std::vector<std::string>& files) {
 
 int cmd_step(const StepArgs& a) {
   PluginLoader loader = make_loader(a.common);
-  print_problems(loader);
   PipelineSpec spec;
   std::string resolved;
   if (!load_with(loader, a.common, a.pipeline, spec, &resolved)) return 1;

@@ -94,7 +94,6 @@ int cmd_train(const TrainArgs& a) {
     return 2;
   }
   PluginLoader loader(PluginLoader::search_path_from(a.common.plugin_path));
-  for (const auto& p : loader.problems()) std::fprintf(stderr, "warning: %s\n", p.c_str());
 
   // --seed and --steps are overrides like any other, so the resolved pipeline records them.
   ParseOptions opt;
@@ -109,6 +108,8 @@ int cmd_train(const TrainArgs& a) {
   try {
     spec = load_pipeline(pipeline_path, opt);
     resolved = resuming ? pipeline_text : to_yaml(spec, loader);
+    // The libraries the pipeline's plugins made the loader open, and could not use.
+    for (const auto& p : loader.problems()) std::fprintf(stderr, "warning: %s\n", p.c_str());
   } catch (const PipelineErrors& e) {
     for (const auto& err : e.errors()) std::fprintf(stderr, "%s\n", err.what());
     std::fprintf(stderr, "%s: %zu error%s\n", pipeline_path.c_str(), e.errors().size(),

@@ -144,6 +144,7 @@ LoadedPlugin PluginLoader::load_file(const std::string& path) {
 }
 
 PluginLoader::PluginLoader(std::vector<std::string> search_path) : dirs_(std::move(search_path)) {
+  // Only listed here: a library is opened when a plugin it may hold is asked for.
   for (const auto& dir : dirs_) {
     std::error_code ec;
     if (!fs::is_directory(dir, ec)) continue;
@@ -153,35 +154,81 @@ PluginLoader::PluginLoader(std::vector<std::string> search_path) : dirs_(std::mo
       if (e.is_regular_file(ec) && name.rfind("lib", 0) == 0 && e.path().extension() == ".so") files.push_back(e.path());
     }
     std::sort(files.begin(), files.end());
-    for (const auto& f : files) {
-      try {
-        LoadedPlugin p = load_file(f.string());
-        const auto first = std::find_if(plugins_.begin(), plugins_.end(), [&](const LoadedPlugin& q) {
-          return std::string(q.descriptor->name) == p.descriptor->name;
-        });
-        if (first != plugins_.end()) {
-          // The first one on the path wins; a later one is reported, not silently used.
-          problems_.push_back(f.string() + ": plugin '" + p.descriptor->name + "' already loaded from " + first->path +
-                              " (the first one found on the search path is used)");
-          continue;
-        }
-        plugins_.push_back(std::move(p));
-      } catch (const std::exception& e) {
-        problems_.push_back(e.what());
-      }
-    }
+    for (const auto& f : files) files_.push_back(Candidate{f.string(), false});
   }
 }
 
-const PluginDescriptor* PluginLoader::find(const std::string& name) const {
+void PluginLoader::open(std::size_t i) const {
+  Candidate& c = files_[i];
+  if (c.opened) return;
+  c.opened = true;
+  try {
+    LoadedPlugin p = load_file(c.path);
+    const auto first = std::find_if(plugins_.begin(), plugins_.end(), [&](const LoadedPlugin& q) {
+      return std::string(q.descriptor->name) == p.descriptor->name;
+    });
+    if (first != plugins_.end()) {
+      // The first one found is used; another is reported, not silently used.
+      problems_.push_back(c.path + ": plugin '" + p.descriptor->name + "' already loaded from " + first->path +
+                          " (the first one found on the search path is used)");
+      return;
+    }
+    plugins_.push_back(std::move(p));
+  } catch (const std::exception& e) {
+    problems_.push_back(e.what());
+  }
+}
+
+void PluginLoader::open_all() const {
+  for (std::size_t i = 0; i < files_.size(); ++i) open(i);
+}
+
+const LoadedPlugin* PluginLoader::loaded(const std::string& name) const {
   for (const auto& p : plugins_)
-    if (name == p.descriptor->name) return p.descriptor;
+    if (name == p.descriptor->name) return &p;
   return nullptr;
 }
 
+const LoadedPlugin* PluginLoader::locate(const std::string& name) const {
+  if (const LoadedPlugin* p = loaded(name)) return p;
+  // The files named for it first (libdqn_<name>.so, lib<name>.so) along the search path, then the rest.
+  for (std::size_t i = 0; i < files_.size(); ++i)
+    if (name_from_file(files_[i].path) == name) {
+      open(i);
+      if (const LoadedPlugin* p = loaded(name)) return p;
+    }
+  for (std::size_t i = 0; i < files_.size(); ++i) {
+    open(i);
+    if (const LoadedPlugin* p = loaded(name)) return p;
+  }
+  return nullptr;
+}
+
+const PluginDescriptor* PluginLoader::find(const std::string& name) const {
+  const LoadedPlugin* p = locate(name);
+  return p ? p->descriptor : nullptr;
+}
+
 std::vector<std::string> PluginLoader::names() const {
+  // The plugins loaded, and those the files not opened yet are named for (opening them to be sure
+  // would run every library's code to spell-check one name).
   std::vector<std::string> out;
   for (const auto& p : plugins_) out.emplace_back(p.descriptor->name);
+  for (const auto& c : files_) {
+    const std::string n = name_from_file(c.path);
+    if (!c.opened && std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
+  }
+  return out;
+}
+
+const std::vector<LoadedPlugin>& PluginLoader::plugins() const {
+  open_all();
+  return plugins_;
+}
+
+std::vector<std::string> PluginLoader::files() const {
+  std::vector<std::string> out;
+  for (const auto& c : files_) out.push_back(c.path);
   return out;
 }
 
@@ -192,8 +239,8 @@ std::string PluginLoader::search_path() const {
 }
 
 HeadHandle PluginLoader::create(const std::string& plugin, const HeadCreateInfo& info) const {
-  for (const auto& p : plugins_) {
-    if (plugin != p.descriptor->name) continue;
+  if (const LoadedPlugin* found = locate(plugin)) {
+    const LoadedPlugin& p = *found;
     char err[1024] = {0};
     Head* h = nullptr;
     try {  // create() must not throw across the boundary; one that does is reported, not fatal

@@ -45,7 +45,10 @@ class HeadHandle {
 
 class PluginLoader : public PluginCatalog {
  public:
-  /// Scans each directory (non-recursively) for lib*.so files exporting the descriptor symbol.
+  /// Lists each directory's lib*.so files (non-recursively) without opening any: a library is
+  /// opened when a plugin it may hold is asked for (find, create), the files named for that plugin
+  /// (libdqn_<name>.so, lib<name>.so) first along the search path, then the others in order; the
+  /// first library found to hold a plugin is the one used. plugins() opens them all.
   explicit PluginLoader(std::vector<std::string> search_path);
 
   /// The search path: the command-line value (colon-separated) if given, then $DQN_PLUGIN_PATH,
@@ -65,17 +68,31 @@ class PluginLoader : public PluginCatalog {
   std::vector<std::string> names() const override;
   std::string search_path() const override;
 
-  const std::vector<LoadedPlugin>& plugins() const { return plugins_; }
-  /// Libraries that were found but could not be used, each "path: reason".
+  /// Every plugin on the search path (opens every library).
+  const std::vector<LoadedPlugin>& plugins() const;
+  /// The library files on the search path, in search order (none opened by this).
+  std::vector<std::string> files() const;
+  /// Libraries opened so far that could not be used, each "path: reason".
   const std::vector<std::string>& problems() const { return problems_; }
 
   /// Creates a head; throws std::runtime_error naming the plugin and its message on failure.
   HeadHandle create(const std::string& plugin, const HeadCreateInfo& info) const;
 
  private:
+  struct Candidate {
+    std::string path;
+    bool opened = false;
+  };
+  void open(std::size_t i) const;  ///< opens files_[i] once, into plugins_ or problems_
+  void open_all() const;
+  const LoadedPlugin* loaded(const std::string& name) const;
+  const LoadedPlugin* locate(const std::string& name) const;  ///< opens what it must
+
   std::vector<std::string> dirs_;
-  std::vector<LoadedPlugin> plugins_;
-  std::vector<std::string> problems_;
+  // Opened on demand from const lookups (PluginCatalog's interface), hence mutable; not thread-safe.
+  mutable std::vector<Candidate> files_;
+  mutable std::vector<LoadedPlugin> plugins_;
+  mutable std::vector<std::string> problems_;
 };
 
 /// Human description of a plugin and its schema (for `dqn plugins`).

@@ -50,8 +50,20 @@ struct Reader {
     if (rank < 1 || rank > 2) fail(where, "has " + std::to_string(rank) + " dimensions, expected 1 or 2 (nested observation spaces are not read)");
     dims.assign(std::size_t(rank), 0);
     H5Sget_simple_extent_dims(space.id, dims.data(), nullptr);
+    // The header's shape checked against what the file holds before anything is allocated from
+    // it: no overflow, at most 2^31 elements (the engine's largest buffer), and no more bytes than
+    // 256 times the dataset's stored bytes (compression rarely reaches that).
     std::size_t n = 1;
-    for (hsize_t d : dims) n *= std::size_t(d);
+    std::string shape;
+    for (hsize_t d : dims) {
+      shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+      if (d != 0 && n > (std::size_t(1) << 31) / std::size_t(d)) fail(where, "has shape [" + shape + ", …]: more than 2^31 elements");
+      n *= std::size_t(d);
+    }
+    const hsize_t stored = H5Dget_storage_size(ds.id);
+    if (n * 8 > std::size_t(stored) * 256 + (std::size_t(1) << 20))
+      fail(where, "has shape [" + shape + "] (" + std::to_string(n) + " elements) but only " + std::to_string(stored) +
+                      " bytes stored in the file: a damaged header");
     Handle ftype{H5Dget_type(ds.id), H5Tclose};
     H5T_class_t cls = H5Tget_class(ftype.id);
     hid_t base = ftype.id;

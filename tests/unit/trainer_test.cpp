@@ -301,6 +301,27 @@ TEST_CASE("trainer.short_run_writes_the_run_dir") {
   CHECK(other.online_params() == engine.online_params());
 }
 
+TEST_CASE("trainer.a_file_that_cannot_be_written_does_not_stop_the_run") {
+  TempDir tmp("unwritable");
+  const PipelineSpec spec = small_default();
+  Engine engine(spec, loader(), training_engine_options(spec));
+  engine.init_weights(spec.seed);
+  TrainerOptions opt = quiet_options(tmp.path / "run");
+  opt.progress_out = nullptr;
+  // Before the first evaluation, best.safetensors becomes a folder: no file can be renamed over it.
+  opt.after_metrics_line = [&](Trainer& t) { fs::create_directories(fs::path(t.run_dir()) / "best.safetensors"); };
+  Trainer trainer(engine, opt);
+  const TrainResult r = trainer.run();
+  CHECK_FALSE(r.interrupted);
+  CHECK(r.env_steps == spec.training.total_steps);
+  REQUIRE_FALSE(r.write_errors.empty());
+  CHECK(r.write_errors[0].find("best.safetensors") != std::string::npos);
+  // The run went on to its end: the final weights and the final metrics line are there.
+  const st::File w = st::read_file((tmp.path / "run" / "weights.safetensors").string());
+  CHECK(online_from_file(w, engine.registry()) == engine.online_params());
+  CHECK(read_metrics(tmp.path / "run" / "metrics.jsonl").back().value("final", false));
+}
+
 TEST_CASE("trainer.stop_request_keeps_valid_weights") {
   TempDir tmp("stop");
   const PipelineSpec spec = small_default();

@@ -3,17 +3,20 @@
 # the benchmark against the PyTorch peer (C51 alone and all four heads), the pipeline's cuda:
 # choices against the defaults, and compute-sanitizer on the update, head and loss ops and on whole
 # steps. Logs and JSON go to ${OUT:-out}/; a short summary is printed last.
-# Usage: tools/gpu_check.sh [quick|bench|fast|verify|epoch]   quick: build, tests, step; bench: build and
+# Usage: tools/gpu_check.sh [quick|bench|fast|verify|epoch|sanitize]   quick: build, tests, step; bench: build and
 # benchmarks only; fast: build, tests, step, then the two comparisons at B 256 and the replayed
 # steps' kernel timelines (dqn-trace) (for iterating on kernels: about half the device time of a
 # full run); verify: build, the gpu suite alone, step, the C51 timeline with the update's phases,
 # the C51 comparison at B 256 against the graph peer (what a change to the default kernels needs
 # first, in about 150 s); epoch: build, the gpu suite, the epoch comparison drawing from a full
-# replay (uniform and prioritised, B 256, tf32) and compute-sanitizer on the replay's kernels.
+# replay (uniform and prioritised, B 256, tf32) and compute-sanitizer on the replay's kernels;
+# sanitize: build, then compute-sanitizer over whole captured steps (tools/gpu_sanitize_steps.sh:
+# every head, each precision, the device replay, dqn train on CUDA) with each tool of SANITIZE_STEP.
 # Environment: CHOICES="cuda.x=a ..." runs only those rows of the cuda: choices against the
 # defaults (cuda.x=a,cuda.y=b sets both for one row); SANITIZE_OPS / SANITIZE_STEP the
-# compute-sanitizer tools (default memcheck racecheck / memcheck initcheck); SAN_BOX each one's time
-# box in seconds.
+# compute-sanitizer tools (default memcheck racecheck / memcheck initcheck, in sanitize mode
+# memcheck initcheck racecheck); SAN_BOX each one's time box in seconds; SAN_JOBS how many
+# sanitized whole steps run at once.
 set -uo pipefail
 mode=${1:-all}
 all="heads.1.enabled=true heads.2.enabled=true heads.3.enabled=true"
@@ -44,6 +47,7 @@ trace() {
   sed -n '/^update clock/,$p' "$out/trace_full.txt" >>"$summary"
 }
 t0=$(date +%s)
+compute-sanitizer --version 2>/dev/null | tail -1 | tee -a "$summary"
 if [ ! -f $build/build.ninja ]; then
   meson setup $build -Dcuda=enabled --buildtype=release >"$out/setup.log" 2>&1 || { tail -40 "$out/setup.log"; exit 1; }
 fi
@@ -51,6 +55,14 @@ ninja -C $build -k 0 -j"$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error|FAI
 note "build: $(( $(date +%s) - t0 )) s, $(grep -c 'warning' "$out/build.log") warning lines"
 export DQN_PLUGIN_PATH=$PWD/$build/plugins
 
+if [ "$mode" = sanitize ]; then
+  # shellcheck disable=SC2086
+  BUILD=$build LOGS=$out tools/gpu_sanitize_steps.sh --box "${SAN_BOX:-300}" --jobs "${SAN_JOBS:-4}" \
+    ${SANITIZE_STEP:-memcheck initcheck racecheck} | tee -a "$summary"
+  note "total: $(( $(date +%s) - t0 )) s"
+  pack
+  exit 0
+fi
 if [ "$mode" != bench ]; then
   t1=$(date +%s)
   suites=(--suite gpu --suite unit --suite numeric --suite plugins)

@@ -450,13 +450,15 @@ std::unique_ptr<Runtime> make_cuda_runtime(const CudaSpec& cuda, Precision preci
   return std::make_unique<cuda::CudaRuntime>(cuda, precision, device);
 }
 
-bool cuda_available() noexcept {
+int cuda_device_count() noexcept {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     cudaGetLastError();
-    return false;
+    return 0;
   }
-  return count > 0;
+  return count;
 }
+
+bool cuda_available() noexcept { return cuda_device_count() > 0; }
 
 }  // namespace dqn

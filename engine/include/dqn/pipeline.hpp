@@ -169,6 +169,9 @@ struct PipelineSpec {
   double gamma = 0.99;
   int n_step = 1;
   int report_every = 100;
+  /// The devices the step runs on, one data-parallel rank each (empty: every GPU the machine has;
+  /// the CPU backend runs as many ranks as listed, as threads, one rank for "all").
+  std::vector<int> devices{0};
   CudaSpec cuda;
   TrainingSpec training;
 

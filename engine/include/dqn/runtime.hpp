@@ -128,5 +128,7 @@ DQN_API std::unique_ptr<Runtime> make_cpu_runtime(bool f64);
 DQN_API std::unique_ptr<Runtime> make_cuda_runtime(const CudaSpec& cuda, Precision precision, int device);
 /// True when the CUDA backend is built and a device is present.
 DQN_API bool cuda_available() noexcept;
+/// GPUs present (0 without the CUDA backend or a driver).
+DQN_API int cuda_device_count() noexcept;
 
 }  // namespace dqn

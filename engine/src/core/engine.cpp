@@ -116,11 +116,16 @@ struct Engine::HeadResolver final : Resolver {
   }
 };
 
+BackendKind resolve_backend(const PipelineSpec& spec, std::optional<BackendKind> override_backend) {
+  if (override_backend) return *override_backend;
+  if (spec.backend_auto) return cuda_available() ? BackendKind::cuda : BackendKind::cpu;
+  return spec.backend;
+}
+
 // ---------------------------------------------------------------------------------------------
 Engine::Engine(const PipelineSpec& spec, const PluginLoader& plugins, const EngineOptions& opt)
     : spec_(spec), opt_(opt) {
-  backend_ = opt.backend ? *opt.backend : spec.backend;
-  if (!opt.backend && spec.backend_auto) backend_ = cuda_available() ? BackendKind::cuda : BackendKind::cpu;
+  backend_ = resolve_backend(spec, opt.backend);
   if (backend_ == BackendKind::cuda && opt.f64)
     throw std::invalid_argument("the f64 reference exists on the cpu backend only");
   const auto& n = spec.network;
@@ -135,7 +140,14 @@ Engine::Engine(const PipelineSpec& spec, const PluginLoader& plugins, const Engi
   net_.atoms = n.atoms;
   net_.v_min = float(n.v_min);
   net_.v_max = float(n.v_max);
-  rt_ = backend_ == BackendKind::cuda ? make_cuda_runtime(spec.cuda, spec.precision, opt.device) : make_cpu_runtime(opt.f64);
+  int device = opt.device;
+  if (opt.group) {
+    if (opt.rank < 0 || opt.rank >= opt.group->ranks())
+      throw std::invalid_argument("rank " + std::to_string(opt.rank) + " outside the group's " +
+                                  std::to_string(opt.group->ranks()) + " ranks");
+    device = opt.group->devices()[std::size_t(opt.rank)];
+  }
+  rt_ = backend_ == BackendKind::cuda ? make_cuda_runtime(spec.cuda, spec.precision, device) : make_cpu_runtime(opt.f64);
   build(plugins);
 }
 
@@ -451,6 +463,7 @@ void Engine::add_engine_stages_back() {
     stages_.push_back(Stage{"trunk.weights." + li, "engine", wreads, wwrites,
                             [this, i](Backend& be) { trunk_weights_layer(be, i); }});
   }
+  if (opt_.group) add_rank_stages();
   // Budgets, Adam, spectral norm and the target update: one stage, one op (a backend may fuse it;
   // the CUDA backend does, as thread-block clusters).
   std::vector<std::string> writes{"grad/total", "report/norms", "report/clips", "report/total_loss", "opt/skip",
@@ -564,22 +577,26 @@ void Engine::trunk_forward_layer(Backend& be, int i, bool target) { be.gemm(trun
 // from the arena's zero fill, so the norms need only these ranges (the all-heads step read four
 // whole rows where under half of it can be non-zero). Merged into at most kBudgetReach ranges
 // (closing the smallest gaps: zeros add nothing).
-void Engine::upload_budget_reach() {
+std::vector<std::pair<std::int64_t, std::int64_t>> Engine::gradient_writes(std::size_t h) const {
   const std::int64_t P = reg_.param_count();
+  const std::string g = "grad/" + head_names_[h];
+  std::vector<std::pair<std::int64_t, std::int64_t>> r;
+  for (const auto& st : stages_)
+    for (const auto& w : st.writes) {
+      if (w == g) {
+        r.emplace_back(0, P);
+      } else if (w.size() > g.size() + 1 && w.compare(0, g.size() + 1, g + "/") == 0) {
+        if (const auto* p = reg_.find_param(w.substr(g.size() + 1))) r.emplace_back(p->offset, p->offset + p->stored());
+      }
+    }
+  return r;
+}
+
+void Engine::upload_budget_reach() {
   std::vector<std::int64_t> reach(heads_.size() * kBudgetReach * 2, 0);
   budget_reach_max_ = 0;
   for (std::size_t h = 0; h < heads_.size(); ++h) {
-    const std::string g = "grad/" + head_names_[h];
-    std::vector<std::pair<std::int64_t, std::int64_t>> r;
-    for (const auto& st : stages_)
-      for (const auto& w : st.writes) {
-        if (w == g) {
-          r.emplace_back(0, P);
-        } else if (w.size() > g.size() + 1 && w.compare(0, g.size() + 1, g + "/") == 0) {
-          if (const auto* p = reg_.find_param(w.substr(g.size() + 1))) r.emplace_back(p->offset, p->offset + p->stored());
-        }
-      }
-    const auto m = merge_ranges(std::move(r), std::size_t(kBudgetReach));
+    const auto m = merge_ranges(gradient_writes(h), std::size_t(kBudgetReach));
     std::int64_t len = 0;
     for (std::size_t q = 0; q < m.size(); ++q) {
       reach[(h * kBudgetReach + q) * 2] = m[q].first;

@@ -13,6 +13,7 @@
 
 #include "dqn/pipeline.hpp"
 #include "core/plugin_loader.hpp"
+#include "core/rank_group.hpp"
 #include "core/registry.hpp"
 #include "dqn/runtime.hpp"
 #include "core/safetensors.hpp"
@@ -61,6 +62,8 @@ struct HostBatch {
   /// importance weights in [0.5, 1.5], rewards in [-1, 1]).
   static HostBatch random(const PipelineSpec& spec, std::uint64_t seed);
   static HostBatch from_file(const st::File& f, const std::string& what);
+  /// Rows [first, first + n) (a rank's share of a global batch); throws std::out_of_range outside.
+  HostBatch rows(int first, int n) const;
   void to_file(st::File& f) const;
   /// Throws std::invalid_argument naming the tensor when shapes or values don't fit the spec.
   void check(const PipelineSpec& spec, const std::string& what) const;
@@ -84,7 +87,17 @@ struct EngineOptions {
   int device = 0;
   /// Set: the step samples its batch from a replay of its own (set_batch is then overwritten).
   std::optional<EngineReplay> replay;
+  /// Data parallel: this engine is rank `rank` of `group` (on the group's device for that rank).
+  /// Each step then averages every head's gradient over the ranks, inside the step, before the
+  /// budgets; parameters are broadcast from rank 0 whenever they are initialised or loaded. Every
+  /// rank must make the same calls (the collectives wait for each other). Null: one rank.
+  std::shared_ptr<RankGroup> group;
+  int rank = 0;
 };
+
+/// The backend an engine built from `spec` runs on: the override, else the pipeline's (auto: cuda
+/// when a GPU is found).
+BackendKind resolve_backend(const PipelineSpec& spec, std::optional<BackendKind> override_backend);
 
 class Engine {
  public:
@@ -204,6 +217,11 @@ class Engine {
   std::vector<float> act_values(const float* obs, int rows);
   /// The primary head's instance name.
   const std::string& primary_name() const { return head_names_[primary_]; }
+  /// Data-parallel ranks this engine steps with (1: alone), and its own.
+  int ranks() const { return opt_.group ? opt_.group->ranks() : 1; }
+  int rank() const { return opt_.rank; }
+  /// The gradient all-reduce's buckets (stage name, elements per rank), in the order they run.
+  const std::vector<std::pair<std::string, std::int64_t>>& reduce_buckets() const { return buckets_; }
 
  private:
   struct BuildCtx;
@@ -214,6 +232,14 @@ class Engine {
   void add_engine_stages_back();
   void bind_engine();
   void upload_budget_reach();
+  /// Where head h's gradient row is written, as the stages declare it ([begin, end) in the row).
+  std::vector<std::pair<std::int64_t, std::int64_t>> gradient_writes(std::size_t h) const;
+  // --- data parallel (engine_ranks.cpp) ---
+  /// The gradient all-reduce's stages (EngineOptions::group): its buckets, each averaging the
+  /// gradient rows one part of the backward has finished, in a chain (one collective at a time).
+  void add_rank_stages();
+  /// Rank 0's parameters, target, optimizer and spectral-norm state into every rank (init and loads).
+  void broadcast_state();
   Gemm trunk_layer_gemm(int i, bool target) const;  ///< trunk layer i's forward of one network
   void trunk_forward_layer(Backend& be, int i, bool target);
   void trunk_backward_layer(Backend& be, int i);
@@ -325,6 +351,7 @@ class Engine {
   std::int64_t steps_ = 0, captures_ = 0;
   bool captured_ = false;
   LanePlan lanes_;  ///< where the captured step's stages run (empty: not captured)
+  std::vector<std::pair<std::string, std::int64_t>> buckets_;  ///< reduce_buckets()
 };
 
 /// Transitions a fill_replay_random call adds at once (the staging rows a filled engine wants).

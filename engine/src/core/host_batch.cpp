@@ -47,6 +47,27 @@ void fill_replay_random(Engine& e, std::int64_t n) {
   }
 }
 
+HostBatch HostBatch::rows(int first, int n) const {
+  if (first < 0 || n < 0 || first + n > B)
+    throw std::out_of_range("batch rows [" + std::to_string(first) + ", " + std::to_string(first + n) +
+                            ") outside its " + std::to_string(B));
+  HostBatch r;
+  r.B = n;
+  r.S = S;
+  r.D = D;
+  auto slice = [&](const auto& v, int width) {
+    using V = std::decay_t<decltype(v)>;
+    return V(v.begin() + std::ptrdiff_t(first) * width, v.begin() + std::ptrdiff_t(first + n) * width);
+  };
+  r.states = slice(states, S);
+  r.next_states = slice(next_states, S);
+  r.actions = slice(actions, D);
+  r.rewards = slice(rewards, 1);
+  r.dones = slice(dones, 1);
+  r.is_weights = slice(is_weights, 1);
+  return r;
+}
+
 HostBatch HostBatch::random(const PipelineSpec& spec, std::uint64_t seed) {
   HostBatch b;
   b.B = spec.batch;

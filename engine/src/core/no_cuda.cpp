@@ -10,5 +10,6 @@ std::unique_ptr<Runtime> make_cuda_runtime(const CudaSpec&, Precision, int) {
 }
 
 bool cuda_available() noexcept { return false; }
+int cuda_device_count() noexcept { return 0; }
 
 }  // namespace dqn

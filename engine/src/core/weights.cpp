@@ -46,6 +46,7 @@ void Engine::init_weights(std::uint64_t seed) {
     for (auto& x : u) x = float(x / norm);
     be.upload_reals(sn_u_[i], u.data(), p->rows);
   }
+  broadcast_state();
   snapshot_now();
   if (be.status()) throw std::runtime_error(std::string("init_weights: ") + be.message());
 }
@@ -105,6 +106,7 @@ void Engine::load_weights(const st::File& f) {
     be.upload_reals(sn_u_[i], us[i].data(), p->rows);
   }
   be.upload(t_, &t, 8);
+  broadcast_state();
   snapshot_now();
   if (be.status()) throw std::runtime_error(std::string("load_weights: ") + be.message());
 }

@@ -170,6 +170,30 @@ PipelineKey trunk() {
   return k;
 }
 
+PipelineKey devices() {
+  PipelineKey k = key("devices", Type::integer_list,
+                      "the GPUs the step runs on, data-parallel: a list of device ordinals, or all (every GPU "
+                      "found); one rank each, each drawing `batch` transitions (the global batch is batch × ranks) "
+                      "from a replay of its own, the gradients averaged over the ranks before the budgets; the "
+                      "cpu backend runs as many ranks as listed (all: one), as threads");
+  k.integers = {0, 1023, false};
+  k.min_items = 1;
+  k.max_items = 64;
+  k.items = "devices";
+  k.shape = "a list of device ordinals, or all";
+  k.example = "[0, 1]";
+  k.word = "all";
+  k.unique = true;
+  k.get = [](const PipelineSpec& s) {
+    return KeyValue{std::vector<std::int64_t>(s.devices.begin(), s.devices.end())};
+  };
+  k.set = [](PipelineSpec& s, const KeyValue& v) {
+    const auto& d = std::get<std::vector<std::int64_t>>(v);
+    s.devices.assign(d.begin(), d.end());
+  };
+  return k;
+}
+
 PipelineKey adam_betas() {
   PipelineKey k = key("optimizer.adam.betas", Type::number_pair,
                       "β1 and β2: the decay rates of Adam's first and second moment estimates");
@@ -247,11 +271,12 @@ std::vector<PipelineKey> make_pipeline_keys() {
       section("target", "The target network's update: give `polyak` or `period`, not both."),
       target_polyak(),
       target_period(),
-      integer("batch", DQN_FIELD(batch), 1, "B: the transitions of one training step"),
+      integer("batch", DQN_FIELD(batch), 1, "B: the transitions of one training step (on each device)"),
       number("gamma", DQN_FIELD(gamma), fraction_with_one(), "γ: the discount factor"),
       integer("n_step", DQN_FIELD(n_step), 1, "n: rewards are n-step discounted sums; targets bootstrap with γ^n"),
       integer("report_every", DQN_FIELD(report_every), 1,
               "training steps between asynchronous reports (losses, gradient norms, clips, budgets)"),
+      devices(),
 
       section("cuda",
               "The CUDA backend's choices: which kernels run and how they are launched, never the step's "
@@ -420,6 +445,7 @@ std::string value_text(const PipelineKey& k, const KeyValue& v) {
   if (auto d = std::get_if<double>(&v)) return dsl::format_double(*d);
   if (auto s = std::get_if<std::string>(&v)) return k.type == Type::choice ? *s : dsl::quote(*s);
   std::vector<std::string> items;
+  if (auto list = std::get_if<std::vector<std::int64_t>>(&v); list && list->empty() && !k.word.empty()) return k.word;
   if (auto list = std::get_if<std::vector<std::int64_t>>(&v))
     for (std::int64_t i : *list) items.push_back(std::to_string(i));
   if (auto pair = std::get_if<std::array<double, 2>>(&v))
@@ -444,7 +470,7 @@ std::string range_text(const PipelineKey& k) {
     }
     case Type::integer_list:
       return std::to_string(k.min_items) + " to " + std::to_string(k.max_items) + " " + k.items + ", each " +
-             k.integers.text();
+             k.integers.text() + (k.unique ? ", none twice" : "") + (k.word.empty() ? "" : "; or `" + k.word + "`");
     case Type::number_pair: return "each " + k.numbers.text();
     case Type::section:
     case Type::heads:

@@ -58,6 +58,9 @@ struct PipelineKey {
   std::string shape;    ///< integer_list, number_pair: the form messages expect ("a list of layer widths")
   std::string example;  ///< integer_list, number_pair: the hint after a wrong form ("[256, 256]")
   std::string default_note;  ///< the default, where it is not one value of a default spec (head keys)
+  /// integer_list: a word accepted instead of a list, read as the empty list ("all" for devices)
+  std::string word;
+  bool unique = false;  ///< integer_list: no element twice
   std::function<KeyValue(const PipelineSpec&)> get;  ///< null for sections, heads and head keys
   std::function<void(PipelineSpec&, const KeyValue&)> set;
   /// Null: always written. Else to_yaml leaves the key out where this is false (target.polyak and

@@ -247,6 +247,8 @@ std::optional<KeyValue> Validator::read_value(const PipelineKey& k, const Node& 
 /// A list is read whole or not at all: one bad element keeps the default.
 std::optional<KeyValue> Validator::read_list(const PipelineKey& k, const Node& v, const std::string& path) {
   const bool pair = k.type == Type::number_pair;
+  if (!k.word.empty() && v.kind == Node::Kind::scalar && !v.quoted && v.text == k.word)
+    return KeyValue{std::vector<std::int64_t>{}};
   if (v.kind != Node::Kind::seq || (pair && v.items.size() != 2)) {
     fail(v, path, "expected " + k.shape + got(v), "e.g. " + k.example);
     return std::nullopt;
@@ -266,6 +268,14 @@ std::optional<KeyValue> Validator::read_list(const PipelineKey& k, const Node& v
   for (std::size_t i = 0; i < v.items.size(); ++i)
     if (auto x = as_int_in(v.items[i], index_path(path, i), k.integers)) values.push_back(*x);
   if (values.size() != v.items.size()) return std::nullopt;
+  if (k.unique)
+    for (std::size_t i = 1; i < values.size(); ++i)
+      for (std::size_t j = 0; j < i; ++j)
+        if (values[i] == values[j]) {
+          fail(v.items[i], index_path(path, i),
+               std::to_string(values[i]) + " is listed twice (also at index " + std::to_string(j) + ")");
+          return std::nullopt;
+        }
   return KeyValue{values};
 }
 

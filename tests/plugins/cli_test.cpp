@@ -619,7 +619,7 @@ TEST_CASE("cli.bench: the CPU reference timed per configuration, a JSON object o
   const Run t = dqn_run("bench " + small + " --batch 8");
   INFO(t.out);
   REQUIRE(t.rc == 0);
-  CHECK(has(t.out, "pipeline   prec    batch    device_us"));
+  CHECK(has(t.out, "pipeline   prec    batch ranks    device_us"));
   CHECK(has(t.out, "\nc51        tf32        8 "));
   // the table says when the times are the CPU reference's (the JSON rows carry "backend")
   CHECK(has(t.out, "note: timed on the CPU reference backend"));
@@ -666,6 +666,46 @@ TEST_CASE("cli.step.dump_has_aux_head_draws_and_metrics") {
     CHECK(f.has(std::string("grad_norm.") + h));
     CHECK(f.has(std::string("clip.") + h));
   }
+}
+
+TEST_CASE("cli.step.devices: ranks split the global batch; the dump is one step on all of it") {
+  // two CPU ranks of batch 8 against one of batch 16, on the same 16 rows (all four heads, shrunk)
+  TempDir tmp;
+  const std::string base = "step " + quote(source_dir() + "/pipelines/ref.yaml") +
+                           " --backend cpu heads.1.enabled=true heads.2.enabled=true heads.3.enabled=true"
+                           " network.trunk=[16,16] network.head_hidden=8 --random-batch 2 --steps 2 ";
+  const std::string two = tmp.path("two.safetensors"), one = tmp.path("one.safetensors");
+  const Run r2 = dqn_run(base + "batch=8 devices=[0,1] --out " + quote(two));
+  REQUIRE_MESSAGE(r2.rc == 0, r2.out);
+  CHECK(has(r2.out, "2 ranks of batch 8 (host)"));
+  const Run r1 = dqn_run(base + "batch=16 --out " + quote(one));
+  REQUIRE_MESSAGE(r1.rc == 0, r1.out);
+  const dqn::st::File f2 = dqn::st::read_file(two), f1 = dqn::st::read_file(one);
+  CHECK(f2.get("td_error").shape == std::vector<std::int64_t>{16});
+  CHECK(f2.get("ensemble.disagreement").shape == std::vector<std::int64_t>{16});
+  CHECK(f2.get("iqn.tau").shape == std::vector<std::int64_t>{2, 16, 32});
+  // C51, the ensemble and CQL draw nothing: their losses and the rows' td_error match one rank on
+  // all rows (IQN's fractions are drawn per rank's rows, so its loss differs)
+  for (const char* t : {"loss.c51", "loss.ensemble", "loss.cql", "td_error"}) {
+    INFO(t);
+    const auto a = f2.get_f32(t), b = f1.get_f32(t);
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-4));
+  }
+  // a batch file must hold every rank's rows
+  const std::string bf = tmp.path("b.safetensors");
+  REQUIRE(dqn_run(base + "batch=8 --save-batch " + quote(bf)).rc == 0);
+  const Run short_file = dqn_run("step " + quote(source_dir() + "/pipelines/c51.yaml") +
+                                 " --backend cpu network.trunk=[16,16] batch=8 devices=[0,1] --batch " + quote(bf));
+  CHECK(short_file.rc != 0);
+  CHECK(has(short_file.out, ": 8 rows; 2 devices of batch 8 step on 16"));
+  // the commands that run one device refuse more, and write nothing
+  const std::string run = tmp.path("run");
+  const Run t = dqn_run("train " + quote(source_dir() + "/pipelines/default.yaml") + " --set devices=[0,1] --out " +
+                        quote(run));
+  CHECK(t.rc != 0);
+  CHECK(has(t.out, "devices: 2 devices: dqn train runs on one"));
+  CHECK_FALSE(fs::exists(run));
 }
 
 TEST_CASE("cli.collect_and_offline: datasets written whole, never over a file, and bad ones refused before a run") {

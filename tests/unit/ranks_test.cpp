@@ -146,10 +146,7 @@ TEST_CASE("ranks.the_all_reduce_follows_the_backward") {
   std::vector<std::vector<std::pair<std::string, std::vector<std::string>>>> waits(2);
   std::vector<std::vector<std::pair<std::string, std::int64_t>>> buckets(2);
   run_ranks(*group, [&](int rank) {
-    EngineOptions eo;
-    eo.group = group;
-    eo.rank = rank;
-    Engine e(spec, loader(), eo);
+    Engine e(spec, loader(), EngineOptions::of_rank(group, rank));
     waits[std::size_t(rank)] = e.stage_waits();
     buckets[std::size_t(rank)] = e.reduce_buckets();
   });
@@ -188,10 +185,7 @@ TEST_CASE("ranks.a_non_finite_gradient_on_one_rank_skips_the_step_on_every_rank"
   std::vector<std::vector<double>> before(2), after(2);
   std::vector<std::int64_t> skipped(2);
   run_ranks(*group, [&](int rank) {
-    EngineOptions eo;
-    eo.group = group;
-    eo.rank = rank;
-    Engine e(spec, loader(), eo);
+    Engine e(spec, loader(), EngineOptions::of_rank(group, rank));
     e.init_weights(spec.seed);
     e.set_batch(HostBatch::random(spec, 5 + std::uint64_t(rank)));
     if (rank == 1) e.host_write(buf::rewards, 2, std::numeric_limits<double>::quiet_NaN());
@@ -212,10 +206,7 @@ TEST_CASE("ranks.a_rank_that_fails_stops_the_others") {
   std::vector<int> stepped(3, 0);
   CHECK_THROWS_WITH_AS(run_ranks(*group,
                                  [&](int rank) {
-                                   EngineOptions eo;
-                                   eo.group = group;
-                                   eo.rank = rank;
-                                   Engine e(spec, loader(), eo);
+                                   Engine e(spec, loader(), EngineOptions::of_rank(group, rank));
                                    if (rank == 2) throw std::invalid_argument("rank two's batch is bad");
                                    e.init_weights(spec.seed);  // broadcasts: waits for rank 2
                                    ++stepped[std::size_t(rank)];

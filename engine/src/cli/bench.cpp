@@ -1,5 +1,8 @@
-// dqn bench: device time per step from events over thousands of replays, median of repeats.
+// dqn bench: device time per step from events over thousands of replays, median of repeats. With
+// several devices, every rank steps on a batch of its own and rank 0's events time the group (the
+// all-reduce couples the ranks), and the step's all-reduce is also timed alone.
 #include <algorithm>
+#include <barrier>
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -8,6 +11,7 @@
 #include "core/engine.hpp"
 #include "pipeline/parse.hpp"
 #include "core/plugin_loader.hpp"
+#include "core/rank_group.hpp"
 
 namespace dqn::cli {
 
@@ -39,58 +43,106 @@ int cmd_bench(const BenchArgs& a) {
       PipelineSpec spec;
       if (!load(c, a.pipeline, spec)) return 1;
       if (spec.training.replay.capacity < b) spec.training.replay.capacity = b;
-      Engine e(spec, loader);
-      if (e.backend() == BackendKind::cpu && !cpu_noted) {
-        std::fprintf(stderr,
-                     "note: timed on the CPU reference backend (no GPU backend in use): float arithmetic whatever "
-                     "the precision column says, and host wall-clock time per step\n");
-        cpu_noted = true;
+      const BackendKind backend = resolve_backend(spec, std::nullopt);
+      const std::vector<int> devices = rank_devices(spec, backend);
+      const int R = int(devices.size());
+      const std::shared_ptr<RankGroup> group = R > 1 ? make_rank_group(backend, devices) : nullptr;
+      std::barrier together(R);  // the ranks start each timed stretch at once
+      struct Result {
+        std::vector<double> device_us, host_us, reduce_us;
+        StepReport rep;
+        std::string runtime;
+        std::size_t arena = 0, peak = 0;
+        std::int64_t nodes = 0, captures = 0;
+        std::vector<std::string> heads;
+        BackendKind backend = BackendKind::cpu;
+      } res;
+      auto work = [&](int rank) {
+        Engine e(spec, loader, EngineOptions::of_rank(group, rank));
+        const bool first = rank == 0;
+        if (first && e.backend() == BackendKind::cpu && !cpu_noted) {
+          std::fprintf(stderr,
+                       "note: timed on the CPU reference backend (no GPU backend in use): float arithmetic whatever "
+                       "the precision column says, and host wall-clock time per step\n");
+          cpu_noted = true;
+        }
+        e.init_weights(spec.seed);
+        e.set_batch(HostBatch::random(spec, 1 + std::uint64_t(rank)));
+        for (int i = 0; i < a.warmup; ++i) e.step();
+        for (int r = 0; r < a.repeats; ++r) {
+          e.runtime().synchronize();
+          together.arrive_and_wait();
+          // --profile-range: only the timed replays inside the profiler's range (not the capture,
+          // the autotuning's thousands of launches or the warm-up)
+          if (a.profile_range) e.runtime().profile_range(true);
+          const double us = e.runtime().time_us([&] {
+            for (int i = 0; i < a.iters; ++i) e.step();
+          }) / a.iters;
+          if (a.profile_range) e.runtime().profile_range(false);
+          if (first) res.device_us.push_back(us);
+          // Host time to enqueue a step, from an idle stream and a short burst: thousands of
+          // launches in a row fill the launch queue, and then the host waits for the device.
+          const int burst = std::min(a.iters, kEnqueueBurst);
+          e.runtime().synchronize();
+          together.arrive_and_wait();
+          const auto t0 = std::chrono::steady_clock::now();
+          for (int i = 0; i < burst; ++i) e.step();
+          if (first)
+            res.host_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+                                  burst);
+          e.runtime().synchronize();
+          if (group) {  // the step's all-reduce alone, its buckets outside the graph
+            together.arrive_and_wait();
+            const double ar = e.runtime().time_us([&] {
+              for (int i = 0; i < a.iters; ++i) e.all_reduce_gradients();
+            }) / a.iters;
+            if (first) res.reduce_us.push_back(ar);
+          }
+        }
+        if (!first) return;
+        res.rep = e.read_report();
+        res.runtime = e.runtime().describe();
+        res.arena = e.registry().arena_bytes();
+        res.peak = e.runtime().peak_bytes();
+        res.nodes = e.graph_nodes();
+        res.captures = e.captures();
+        res.heads = e.head_names();
+        res.backend = e.backend();
+      };
+      if (group) {
+        run_ranks(*group, work);
+      } else {
+        work(0);
       }
-      e.init_weights(spec.seed);
-      e.set_batch(HostBatch::random(spec, 1));
-      for (int i = 0; i < a.warmup; ++i) e.step();
-      std::vector<double> device_us, host_us;
-      for (int r = 0; r < a.repeats; ++r) {
-        // --profile-range: only the timed replays inside the profiler's range (not the capture,
-        // the autotuning's thousands of launches or the warm-up)
-        if (a.profile_range) e.runtime().profile_range(true);
-        device_us.push_back(e.runtime().time_us([&] {
-          for (int i = 0; i < a.iters; ++i) e.step();
-        }) / a.iters);
-        if (a.profile_range) e.runtime().profile_range(false);
-        // Host time to enqueue a step, from an idle stream and a short burst: thousands of
-        // launches in a row fill the launch queue, and then the host waits for the device.
-        const int burst = std::min(a.iters, kEnqueueBurst);
-        e.runtime().synchronize();
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int i = 0; i < burst; ++i) e.step();
-        host_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
-                          burst);
-        e.runtime().synchronize();
-      }
-      const StepReport rep = e.read_report();
-      const double med = median(device_us);
-      const double mn = *std::min_element(device_us.begin(), device_us.end());
-      const double mx = *std::max_element(device_us.begin(), device_us.end());
-      const double arena_mib = double(e.registry().arena_bytes()) / (1024.0 * 1024.0);
+      const StepReport& rep = res.rep;
+      const double med = median(res.device_us);
+      const double mn = *std::min_element(res.device_us.begin(), res.device_us.end());
+      const double mx = *std::max_element(res.device_us.begin(), res.device_us.end());
+      const double arena_mib = double(res.arena) / (1024.0 * 1024.0);
+      const double samples = 1e6 / med * double(b) * R;
+      const double reduce = group ? median(res.reduce_us) : 0.0;
       if (a.json) {
-        nlohmann::json j{{"impl", "dqn"}, {"pipeline", spec.name}, {"backend", to_string(e.backend())},
-                         {"precision", prec}, {"batch", b}, {"heads", e.head_names()},
+        nlohmann::json j{{"impl", "dqn"}, {"pipeline", spec.name}, {"backend", to_string(res.backend)},
+                         {"precision", prec}, {"batch", b}, {"heads", res.heads},
                          {"us_per_step_median", med}, {"us_min", mn}, {"us_max", mx},
-                         {"host_us_per_step", median(host_us)}, {"steps_per_s", 1e6 / med},
+                         {"host_us_per_step", median(res.host_us)}, {"steps_per_s", 1e6 / med},
+                         {"ranks", R}, {"devices", devices}, {"samples_per_s", samples},
+                         {"allreduce_us", reduce}, {"collectives", group ? group->describe() : "none"},
                          {"iters", a.iters}, {"repeats", a.repeats}, {"warmup", a.warmup},
-                         {"arena_bytes", e.registry().arena_bytes()}, {"peak_bytes", e.runtime().peak_bytes()},
-                         {"graph_nodes", e.graph_nodes()}, {"captures", e.captures()},
+                         {"arena_bytes", res.arena}, {"peak_bytes", res.peak},
+                         {"graph_nodes", res.nodes}, {"captures", res.captures},
                          {"skipped_steps", rep.skipped_steps}, {"loss_total", rep.total_loss},
-                         {"device", e.runtime().describe()}};
+                         {"device", res.runtime}};
         std::printf("%s\n", j.dump().c_str());
       } else {
         if (!header_done)
-          std::printf("%-10s %-6s %6s %12s %12s %12s %10s %12s %8s\n", "pipeline", "prec", "batch", "device_us",
-                      "min_us", "host_us", "steps/s", "arena_MiB", "nodes");
+          std::printf("%-10s %-6s %6s %5s %12s %12s %12s %10s %12s %12s %12s %8s\n", "pipeline", "prec", "batch",
+                      "ranks", "device_us", "min_us", "host_us", "steps/s", "samples/s", "allreduce_us", "arena_MiB",
+                      "nodes");
         header_done = true;
-        std::printf("%-10s %-6s %6d %12.2f %12.2f %12.2f %10.0f %12.2f %8lld\n", spec.name.c_str(), prec.c_str(), b, med,
-                    mn, median(host_us), 1e6 / med, arena_mib, static_cast<long long>(e.graph_nodes()));
+        std::printf("%-10s %-6s %6d %5d %12.2f %12.2f %12.2f %10.0f %12.0f %12.2f %12.2f %8lld\n", spec.name.c_str(),
+                    prec.c_str(), b, R, med, mn, median(res.host_us), 1e6 / med, samples, reduce, arena_mib,
+                    static_cast<long long>(res.nodes));
       }
       std::fflush(stdout);
     }

@@ -50,6 +50,7 @@ int cmd_bench_epoch(const BenchArgs& a) {
         c.overrides.push_back("report_every=1000000000");
         PipelineSpec spec;
         if (!load(c, a.pipeline, spec)) return 1;
+        require_one_device(spec, "dqn bench --epoch");
         EngineOptions eo;
         const bool replay = kind != "none";
         if (replay) {

@@ -63,6 +63,7 @@ int cmd_collect(const CollectArgs& a) {
   c.trains = true;
   if (!load(c, pipeline, spec)) return 1;
   try {
+    require_one_device(spec, "dqn collect");
     Engine e(spec, loader);
     e.load_weights(st::read_file(weights));
     const int N = spec.training.num_envs, S = spec.network.state, D = spec.network.branches;

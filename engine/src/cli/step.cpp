@@ -83,10 +83,7 @@ int cmd_step(const StepArgs& a) {
 
   std::vector<RankOut> outs(static_cast<std::size_t>(R));
   auto work = [&](int rank) {
-    EngineOptions eo;
-    eo.group = group;
-    eo.rank = rank;
-    Engine engine(spec, loader, eo);
+    Engine engine(spec, loader, EngineOptions::of_rank(group, rank));
     const bool first = rank == 0;
     if (first && a.explain) std::printf("%s", engine.explain().c_str());
     if (!a.weights.empty()) {

@@ -148,6 +148,7 @@ int cmd_train(const TrainArgs& a) {
     }
   }
   try {
+    require_one_device(spec, "dqn train");
     engine = std::make_unique<Engine>(spec, loader, training_engine_options(spec, is_offline ? &offline : nullptr));
     if (!a.weights.empty())
       engine->load_weights(st::read_file(a.weights));

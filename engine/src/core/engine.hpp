@@ -93,6 +93,13 @@ struct EngineOptions {
   /// rank must make the same calls (the collectives wait for each other). Null: one rank.
   std::shared_ptr<RankGroup> group;
   int rank = 0;
+  /// Options for rank `rank` of `group`, the rest as default.
+  static EngineOptions of_rank(std::shared_ptr<RankGroup> group, int rank) {
+    EngineOptions o;
+    o.group = std::move(group);
+    o.rank = rank;
+    return o;
+  }
 };
 
 /// The backend an engine built from `spec` runs on: the override, else the pipeline's (auto: cuda
@@ -220,8 +227,17 @@ class Engine {
   /// Data-parallel ranks this engine steps with (1: alone), and its own.
   int ranks() const { return opt_.group ? opt_.group->ranks() : 1; }
   int rank() const { return opt_.rank; }
+  /// The seed of this rank's own random streams (its replay's draws): the pipeline's on rank 0,
+  /// another per rank, so that the ranks draw other batches.
+  std::uint64_t rank_seed() const {
+    return opt_.rank == 0 ? spec_.seed : spec_.seed ^ (0x9E3779B97F4A7C15ull * std::uint64_t(opt_.rank));
+  }
   /// The gradient all-reduce's buckets (stage name, elements per rank), in the order they run.
   const std::vector<std::pair<std::string, std::int64_t>>& reduce_buckets() const { return buckets_; }
+  /// The step's all-reduce alone, its buckets enqueued in order outside the graph (every rank at
+  /// once): what `dqn bench` times as the reduction's share of a step. The gradients are averaged
+  /// again, so the parameters stay as they are only if no step follows on them.
+  void all_reduce_gradients();
 
  private:
   struct BuildCtx;

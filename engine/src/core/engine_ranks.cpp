@@ -86,6 +86,11 @@ void Engine::add_rank_stages() {
   }
 }
 
+void Engine::all_reduce_gradients() {
+  for (auto i : order_)
+    if (stages_[i].name.rfind("ranks.reduce.", 0) == 0) stages_[i].run(rt_->ops());
+}
+
 void Engine::broadcast_state() {
   if (!opt_.group) return;
   rt_->synchronize();

@@ -34,7 +34,7 @@ void fill_replay_random(Engine& e, std::int64_t n) {
   const auto rows = static_cast<std::size_t>(K);
   std::vector<float> st(rows * std::size_t(S)), nx(st.size()), rw(rows), dn(rows);
   std::vector<std::int32_t> ac(rows * std::size_t(D));
-  Gen g{spec.seed * 7919 + 17};
+  Gen g{e.rank_seed() * 7919 + 17};
   for (std::int64_t done = 0; done < n;) {
     const std::int64_t k = std::min(K, n - done);
     for (auto& v : st) v = 2 * g.unit() - 1;

@@ -102,7 +102,7 @@ void Engine::add_replay_stage_back() {
                             ReplaySample s;
                             s.store = replay_.store;
                             s.B = spec_.batch;
-                            s.seed = spec_.seed;
+                            s.seed = rank_seed();
                             s.states2 = states2_;
                             s.actions = actions_;
                             s.rewards = rewards_;

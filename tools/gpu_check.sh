@@ -3,7 +3,7 @@
 # the benchmark against the PyTorch peer (C51 alone and all four heads), the pipeline's cuda:
 # choices against the defaults, and compute-sanitizer on the update, head and loss ops and on whole
 # steps. Logs and JSON go to ${OUT:-out}/; a short summary is printed last.
-# Usage: tools/gpu_check.sh [quick|bench|fast|verify|epoch|sanitize]   quick: build, tests, step; bench: build and
+# Usage: tools/gpu_check.sh [quick|bench|fast|verify|epoch|sanitize|scaling]   quick: build, tests, step; bench: build and
 # benchmarks only; fast: build, tests, step, then the two comparisons at B 256 and the replayed
 # steps' kernel timelines (dqn-trace) (for iterating on kernels: about half the device time of a
 # full run); verify: build, the gpu suite alone, step, the C51 timeline with the update's phases,
@@ -11,7 +11,9 @@
 # first, in about 150 s); epoch: build, the gpu suite, the epoch comparison drawing from a full
 # replay (uniform and prioritised, B 256, tf32) and compute-sanitizer on the replay's kernels;
 # sanitize: build, then compute-sanitizer over whole captured steps (tools/gpu_sanitize_steps.sh:
-# every head, each precision, the device replay, dqn train on CUDA) with each tool of SANITIZE_STEP.
+# every head, each precision, the device replay, dqn train on CUDA) with each tool of SANITIZE_STEP;
+# scaling: build, gpu.ranks, then dqn bench (C51 and all four heads, B 256 and 4096 per GPU, tf32)
+# on 1, 2, 4 and 8 GPUs, as many as the machine has (steps/s, samples/s, the all-reduce's time).
 # Environment: CHOICES="cuda.x=a ..." runs only those rows of the cuda: choices against the
 # defaults (cuda.x=a,cuda.y=b sets both for one row); SANITIZE_OPS / SANITIZE_STEP the
 # compute-sanitizer tools (default memcheck racecheck / memcheck initcheck, in sanitize mode
@@ -50,6 +52,7 @@ t0=$(date +%s)
 compute-sanitizer --version 2>/dev/null | tail -1 | tee -a "$summary"
 if [ ! -f $build/build.ninja ]; then
   meson setup $build -Dcuda=enabled --buildtype=release >"$out/setup.log" 2>&1 || { tail -40 "$out/setup.log"; exit 1; }
+  note "$(grep -m1 -o 'NCCL: .*' "$out/setup.log" || echo 'NCCL: not found (gpu.ranks skips; -Dnccl_root=DIR)')"
 fi
 ninja -C $build -k 0 -j"$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error|FAILED" "$out/build.log" | head -40; exit 1; }
 note "build: $(( $(date +%s) - t0 )) s, $(grep -c 'warning' "$out/build.log") warning lines"
@@ -59,6 +62,31 @@ if [ "$mode" = sanitize ]; then
   # shellcheck disable=SC2086
   BUILD=$build LOGS=$out tools/gpu_sanitize_steps.sh --box "${SAN_BOX:-300}" --jobs "${SAN_JOBS:-4}" \
     ${SANITIZE_STEP:-memcheck initcheck racecheck} | tee -a "$summary"
+  note "total: $(( $(date +%s) - t0 )) s"
+  pack
+  exit 0
+fi
+if [ "$mode" = scaling ]; then
+  $build/tests/test_gpu_step -tc='gpu.ranks*' >"$out/ranks.log" 2>&1
+  note "gpu.ranks: rc=$? $(grep -E '^\[doctest\] (test cases|assertions)|skipped:' "$out/ranks.log" | tr -s ' ' | tr '\n' ' ')"
+  gpus=$(nvidia-smi -L | grep -c '^GPU')
+  for n in 1 2 4 8; do
+    [ "$n" -le "$gpus" ] || break
+    devices=$(seq -s, 0 $((n - 1)))
+    for extra in "" "$all"; do
+      # shellcheck disable=SC2086
+      $build/tools/dqn bench pipelines/ref.yaml $extra "devices=[$devices]" --batch 256,4096 --precision tf32 --json \
+        >>"$out/compare_scaling.json" 2>>"$out/scaling.err"
+    done
+  done
+  python3 - "$out/compare_scaling.json" <<'PY' | tee -a "$summary"
+import json, sys
+for l in open(sys.argv[1]):
+    if l.startswith("{"):
+        j = json.loads(l)
+        print(f"{len(j['heads'])} heads B {j['batch']:5d} x {j['ranks']} GPUs: {j['us_per_step_median']:9.2f} us/step "
+              f"{j['steps_per_s']:9.0f} steps/s {j['samples_per_s']:11.0f} samples/s all-reduce {j['allreduce_us']:7.2f} us")
+PY
   note "total: $(( $(date +%s) - t0 )) s"
   pack
   exit 0

@@ -78,14 +78,18 @@ if [ "$mode" = scaling ]; then
       $build/tools/dqn bench pipelines/ref.yaml $extra "devices=[$devices]" --batch 256,4096 --precision tf32 --json \
         >>"$out/compare_scaling.json" 2>>"$out/scaling.err"
     done
+    # C51 drawing every batch from a full prioritised replay of each rank's own
+    $build/tools/dqn bench --epoch pipelines/ref.yaml "devices=[$devices]" --replay prioritized --precision tf32 \
+      --json | grep '"replay":"prioritized"' >>"$out/compare_scaling.json" 2>>"$out/scaling.err"
   done
   python3 - "$out/compare_scaling.json" <<'PY' | tee -a "$summary"
 import json, sys
 for l in open(sys.argv[1]):
     if l.startswith("{"):
         j = json.loads(l)
-        print(f"{len(j['heads'])} heads B {j['batch']:5d} x {j['ranks']} GPUs: {j['us_per_step_median']:9.2f} us/step "
-              f"{j['steps_per_s']:9.0f} steps/s {j['samples_per_s']:11.0f} samples/s all-reduce {j['allreduce_us']:7.2f} us")
+        print(f"{len(j['heads'])} heads B {j['batch']:5d} x {j['ranks']} GPUs{' epoch' if j.get('mode') else ''}: "
+              f"{j['us_per_step_median']:9.2f} us/step {j['steps_per_s']:9.0f} steps/s {j['samples_per_s']:11.0f} "
+              f"samples/s all-reduce {j.get('allreduce_us', float('nan')):7.2f} us")
 PY
   note "total: $(( $(date +%s) - t0 )) s"
   pack

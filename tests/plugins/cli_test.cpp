@@ -699,6 +699,13 @@ TEST_CASE("cli.step.devices: ranks split the global batch; the dump is one step 
                                  " --backend cpu network.trunk=[16,16] batch=8 devices=[0,1] --batch " + quote(bf));
   CHECK(short_file.rc != 0);
   CHECK(has(short_file.out, ": 8 rows; 2 devices of batch 8 step on 16"));
+  // the epoch benchmark: every rank fills and draws from a replay of its own
+  const Run ep = dqn_run("bench --epoch " + quote(source_dir() + "/pipelines/c51.yaml") +
+                         " --backend cpu network.trunk=[16,16] batch=8 devices=[0,1] --replay uniform --replay-size 64"
+                         " --epoch-steps 2 --repeats 1 --warmup 0 --json");
+  REQUIRE_MESSAGE(ep.rc == 0, ep.out);
+  CHECK(has(ep.out, "\"ranks\":2"));
+  CHECK(has(ep.out, "\"replay\":\"uniform\",\"replay_size\":64"));
   // the commands that run one device refuse more, and write nothing
   const std::string run = tmp.path("run");
   const Run t = dqn_run("train " + quote(source_dir() + "/pipelines/default.yaml") + " --set devices=[0,1] --out " +

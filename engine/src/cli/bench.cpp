@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "bench_common.hpp"
 #include "commands.hpp"
 #include "core/engine.hpp"
 #include "pipeline/parse.hpp"
@@ -17,12 +18,6 @@ namespace dqn::cli {
 
 namespace {
 constexpr int kEnqueueBurst = 64;  ///< steps enqueued back to back to time the host side
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 }  // namespace
 
 int cmd_bench(const BenchArgs& a) {
@@ -48,15 +43,8 @@ int cmd_bench(const BenchArgs& a) {
       const int R = int(devices.size());
       const std::shared_ptr<RankGroup> group = R > 1 ? make_rank_group(backend, devices) : nullptr;
       std::barrier together(R);  // the ranks start each timed stretch at once
-      struct Result {
-        std::vector<double> device_us, host_us, reduce_us;
-        StepReport rep;
-        std::string runtime;
-        std::size_t arena = 0, peak = 0;
-        std::int64_t nodes = 0, captures = 0;
-        std::vector<std::string> heads;
-        BackendKind backend = BackendKind::cpu;
-      } res;
+      std::vector<double> device_us, host_us, reduce_us;  // rank 0's
+      EngineFacts res;
       auto work = [&](int rank) {
         Engine e(spec, loader, EngineOptions::of_rank(group, rank));
         const bool first = rank == 0;
@@ -79,7 +67,7 @@ int cmd_bench(const BenchArgs& a) {
             for (int i = 0; i < a.iters; ++i) e.step();
           }) / a.iters;
           if (a.profile_range) e.runtime().profile_range(false);
-          if (first) res.device_us.push_back(us);
+          if (first) device_us.push_back(us);
           // Host time to enqueue a step, from an idle stream and a short burst: thousands of
           // launches in a row fill the launch queue, and then the host waits for the device.
           const int burst = std::min(a.iters, kEnqueueBurst);
@@ -88,7 +76,7 @@ int cmd_bench(const BenchArgs& a) {
           const auto t0 = std::chrono::steady_clock::now();
           for (int i = 0; i < burst; ++i) e.step();
           if (first)
-            res.host_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+            host_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
                                   burst);
           e.runtime().synchronize();
           if (group) {  // the step's all-reduce alone, its buckets outside the graph
@@ -96,36 +84,24 @@ int cmd_bench(const BenchArgs& a) {
             const double ar = e.runtime().time_us([&] {
               for (int i = 0; i < a.iters; ++i) e.all_reduce_gradients();
             }) / a.iters;
-            if (first) res.reduce_us.push_back(ar);
+            if (first) reduce_us.push_back(ar);
           }
         }
-        if (!first) return;
-        res.rep = e.read_report();
-        res.runtime = e.runtime().describe();
-        res.arena = e.registry().arena_bytes();
-        res.peak = e.runtime().peak_bytes();
-        res.nodes = e.graph_nodes();
-        res.captures = e.captures();
-        res.heads = e.head_names();
-        res.backend = e.backend();
+        if (first) res = EngineFacts::of(e);
       };
-      if (group) {
-        run_ranks(*group, work);
-      } else {
-        work(0);
-      }
-      const StepReport& rep = res.rep;
-      const double med = median(res.device_us);
-      const double mn = *std::min_element(res.device_us.begin(), res.device_us.end());
-      const double mx = *std::max_element(res.device_us.begin(), res.device_us.end());
+      run_ranks(group.get(), work);
+      const StepReport& rep = res.report;
+      const double med = median(device_us);
+      const double mn = *std::min_element(device_us.begin(), device_us.end());
+      const double mx = *std::max_element(device_us.begin(), device_us.end());
       const double arena_mib = double(res.arena) / (1024.0 * 1024.0);
       const double samples = 1e6 / med * double(b) * R;
-      const double reduce = group ? median(res.reduce_us) : 0.0;
+      const double reduce = group ? median(reduce_us) : 0.0;
       if (a.json) {
         nlohmann::json j{{"impl", "dqn"}, {"pipeline", spec.name}, {"backend", to_string(res.backend)},
                          {"precision", prec}, {"batch", b}, {"heads", res.heads},
                          {"us_per_step_median", med}, {"us_min", mn}, {"us_max", mx},
-                         {"host_us_per_step", median(res.host_us)}, {"steps_per_s", 1e6 / med},
+                         {"host_us_per_step", median(host_us)}, {"steps_per_s", 1e6 / med},
                          {"ranks", R}, {"devices", devices}, {"samples_per_s", samples},
                          {"allreduce_us", reduce}, {"collectives", group ? group->describe() : "none"},
                          {"iters", a.iters}, {"repeats", a.repeats}, {"warmup", a.warmup},
@@ -141,7 +117,7 @@ int cmd_bench(const BenchArgs& a) {
                       "nodes");
         header_done = true;
         std::printf("%-10s %-6s %6d %5d %12.2f %12.2f %12.2f %10.0f %12.0f %12.2f %12.2f %8lld\n", spec.name.c_str(),
-                    prec.c_str(), b, R, med, mn, median(res.host_us), 1e6 / med, samples, reduce, arena_mib,
+                    prec.c_str(), b, R, med, mn, median(host_us), 1e6 / med, samples, reduce, arena_mib,
                     static_cast<long long>(res.nodes));
       }
       std::fflush(stdout);

@@ -1,29 +1,23 @@
 // dqn bench --epoch: the time of an epoch of training steps that draw their batches from a full
 // replay on the device (uniform and prioritised), beside the bare step on a fixed batch; CUDA
-// events around each whole epoch, median of repeats.
+// events around each whole epoch, median of repeats. With several devices each rank draws from a
+// replay of its own.
 #include <algorithm>
+#include <barrier>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "bench_common.hpp"
 #include "commands.hpp"
 #include "core/engine.hpp"
 #include "core/plugin_loader.hpp"
+#include "core/rank_group.hpp"
 #include "pipeline/parse.hpp"
 
 namespace dqn::cli {
 
-namespace {
-
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-}  // namespace
 
 int cmd_bench_epoch(const BenchArgs& a) {
   PluginLoader loader(PluginLoader::search_path_from(a.common.plugin_path));
@@ -50,7 +44,6 @@ int cmd_bench_epoch(const BenchArgs& a) {
         c.overrides.push_back("report_every=1000000000");
         PipelineSpec spec;
         if (!load(c, a.pipeline, spec)) return 1;
-        require_one_device(spec, "dqn bench --epoch");
         EngineOptions eo;
         const bool replay = kind != "none";
         if (replay) {
@@ -62,41 +55,64 @@ int cmd_bench_epoch(const BenchArgs& a) {
           r.staging_rows = int(std::min<std::int64_t>(kReplayFillChunk, r.spec.capacity));
           eo.replay = r;
         }
-        Engine e(spec, loader, eo);
-        e.init_weights(spec.seed);
-        if (replay)
-          fill_replay_random(e, eo.replay->spec.capacity);
-        else
-          e.set_batch(HostBatch::random(spec, 1));
-        for (int i = 0; i < a.warmup; ++i) e.step();
-        std::vector<double> epoch_us;
-        for (int r = 0; r < a.repeats; ++r)
-          epoch_us.push_back(e.runtime().time_us([&] {
-            for (int i = 0; i < a.epoch_steps; ++i) e.step();
-          }));
-        const StepReport rep = e.read_report();
+        const BackendKind backend = resolve_backend(spec, std::nullopt);
+        const std::vector<int> devices = rank_devices(spec, backend);
+        const int R = int(devices.size());
+        const std::shared_ptr<RankGroup> group = R > 1 ? make_rank_group(backend, devices) : nullptr;
+        std::barrier together(R);  // the ranks start each timed epoch at once
+        std::vector<double> epoch_us;  // rank 0's
+        std::int64_t size = 0;
+        EngineFacts res;
+        // Each rank fills a replay of its own (seeded per rank) and draws from it; rank 0's events
+        // time the group (the all-reduce couples the ranks).
+        auto work = [&](int rank) {
+          EngineOptions ro = eo;
+          ro.group = group;
+          ro.rank = rank;
+          Engine e(spec, loader, ro);
+          e.init_weights(spec.seed);
+          if (replay)
+            fill_replay_random(e, ro.replay->spec.capacity);
+          else
+            e.set_batch(HostBatch::random(spec, 1 + std::uint64_t(rank)));
+          for (int i = 0; i < a.warmup; ++i) e.step();
+          for (int r = 0; r < a.repeats; ++r) {
+            e.runtime().synchronize();
+            together.arrive_and_wait();
+            const double us = e.runtime().time_us([&] {
+              for (int i = 0; i < a.epoch_steps; ++i) e.step();
+            });
+            if (rank == 0) epoch_us.push_back(us);
+          }
+          if (rank != 0) return;
+          res = EngineFacts::of(e);
+          size = replay ? e.replay_state().size : 0;
+        };
+        run_ranks(group.get(), work);
+        const StepReport& rep = res.report;
         const double med = median(epoch_us), per_step = med / a.epoch_steps;
-        const std::int64_t size = replay ? e.replay_state().size : 0;
         if (a.json) {
           nlohmann::json j{{"impl", "dqn"}, {"mode", "epoch"}, {"pipeline", spec.name},
-                           {"backend", to_string(e.backend())}, {"precision", prec}, {"batch", b},
-                           {"heads", e.head_names()}, {"replay", kind}, {"replay_size", size},
+                           {"backend", to_string(res.backend)}, {"precision", prec}, {"batch", b},
+                           {"heads", res.heads}, {"replay", kind}, {"replay_size", size},
+                           {"ranks", R}, {"devices", devices}, {"samples_per_s", 1e6 / per_step * double(b) * R},
                            {"epoch_steps", a.epoch_steps}, {"epoch_s", med * 1e-6},
                            {"us_per_step_median", per_step},
                            {"us_min", *std::min_element(epoch_us.begin(), epoch_us.end()) / a.epoch_steps},
                            {"us_max", *std::max_element(epoch_us.begin(), epoch_us.end()) / a.epoch_steps},
                            {"steps_per_s", 1e6 / per_step}, {"repeats", a.repeats}, {"warmup", a.warmup},
-                           {"arena_bytes", e.registry().arena_bytes()}, {"graph_nodes", e.graph_nodes()},
+                           {"arena_bytes", res.arena}, {"graph_nodes", res.nodes},
                            {"skipped_steps", rep.skipped_steps}, {"loss_total", rep.total_loss},
-                           {"device", e.runtime().describe()}};
+                           {"device", res.runtime}};
           std::printf("%s\n", j.dump().c_str());
         } else {
           if (!header_done)
-            std::printf("%-10s %-6s %6s %-12s %10s %8s %10s %12s %10s\n", "pipeline", "prec", "batch", "replay",
-                        "size", "steps", "epoch_s", "us/step", "steps/s");
+            std::printf("%-10s %-6s %6s %5s %-12s %10s %8s %10s %12s %10s\n", "pipeline", "prec", "batch", "ranks",
+                        "replay", "size", "steps", "epoch_s", "us/step", "steps/s");
           header_done = true;
-          std::printf("%-10s %-6s %6d %-12s %10lld %8d %10.4f %12.2f %10.0f\n", spec.name.c_str(), prec.c_str(), b,
-                      kind.c_str(), static_cast<long long>(size), a.epoch_steps, med * 1e-6, per_step, 1e6 / per_step);
+          std::printf("%-10s %-6s %6d %5d %-12s %10lld %8d %10.4f %12.2f %10.0f\n", spec.name.c_str(), prec.c_str(), b,
+                      R, kind.c_str(), static_cast<long long>(size), a.epoch_steps, med * 1e-6, per_step,
+                      1e6 / per_step);
         }
         std::fflush(stdout);
       }

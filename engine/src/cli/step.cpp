@@ -123,11 +123,7 @@ int cmd_step(const StepArgs& a) {
     }
     if (first && !a.out.empty()) out.dump = engine.save_state(true);
   };
-  if (group) {
-    run_ranks(*group, work);
-  } else {
-    work(0);
-  }
+  run_ranks(group.get(), work);
   if (!want_steps) return 0;
 
   const StepReport& r = outs[0].report;

@@ -68,5 +68,12 @@ std::shared_ptr<RankGroup> make_rank_group(BackendKind backend, std::vector<int>
 /// aborts the group (so the others leave their collectives) and its error is rethrown, naming the
 /// rank and its device; errors of the others that only report the abort are dropped.
 void run_ranks(RankGroup& group, const std::function<void(int rank)>& fn);
+/// The same, or fn(0) where there is no group (one rank).
+inline void run_ranks(RankGroup* group, const std::function<void(int rank)>& fn) {
+  if (group)
+    run_ranks(*group, fn);
+  else
+    fn(0);
+}
 
 }  // namespace dqn

@@ -46,7 +46,10 @@ void Engine::add_rank_stages() {
       heads.names.push_back("grad/" + head_names_[std::size_t(h)] + "/" + p.name);
       row.emplace_back(lo, hi);
     }
-    for (const auto& r : merge_ranges(std::move(row), row.size() + 1))
+    // One range a row, from the first parameter the head's gradient reaches to the last: what lies
+    // between (alignment padding, another head's parameters it does not reach) is zero on every
+    // rank, and one call a row keeps the group's launch small.
+    for (const auto& r : merge_ranges(std::move(row), 1))
       heads.at.emplace_back(h * P + r.first, h * P + r.second);
   }
   buckets.push_back(std::move(heads));

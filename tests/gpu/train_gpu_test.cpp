@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/engine.hpp"
+#include "core/rank_group.hpp"
 #include "dqn_config.h"
 #include "cupti_count.hpp"
 #include "engine_gpu_util.hpp"
@@ -20,13 +21,17 @@
 using namespace dqn;
 
 #if DQN_HAVE_CUPTI
-TEST_CASE("gpu.train.zero_learner_syncs_between_reports") {
+namespace {
+/// The learner-bound run with `group` in its engine (null: none), counted between two reports.
+void check_zero_syncs(const std::shared_ptr<RankGroup>& group) {
   ParseOptions o;
   o.plugins = &engine_gpu::loader();
   o.overrides = {"backend=cuda", "training.total_steps=3600", "training.eval.every=1000000", "training.stop_at_return=0",
                  "training.epsilon.decay_steps=2000"};
   const PipelineSpec spec = load_pipeline(std::string(DQN_SOURCE_DIR) + "/pipelines/learner_bound.yaml", o);
-  Engine engine(spec, engine_gpu::loader(), training_engine_options(spec));
+  EngineOptions eo = training_engine_options(spec);
+  eo.group = group;
+  Engine engine(spec, engine_gpu::loader(), eo);
   engine.init_weights(spec.seed);
   gpu_test::CallCount count;
   std::int64_t from_env = -1, to_env = -1, from_train = -1, to_train = -1;
@@ -76,6 +81,16 @@ TEST_CASE("gpu.train.zero_learner_syncs_between_reports") {
   CHECK(launches >= train_steps);
   CHECK(launches <= train_steps + env_steps);
 }
+}  // namespace
+
+TEST_CASE("gpu.train.zero_learner_syncs_between_reports") { check_zero_syncs(nullptr); }
+
+#if DQN_HAVE_NCCL
+// The same with the gradient all-reduce's NCCL calls in the captured step (a group of one rank).
+TEST_CASE("gpu.train.zero_learner_syncs_between_reports_with_nccl_in_the_graph") {
+  check_zero_syncs(make_nccl_group({0}));
+}
+#endif
 #else
 TEST_CASE("gpu.train.zero_learner_syncs_between_reports" * doctest::skip() *
           doctest::description("built without CUPTI: no call counts")) {}

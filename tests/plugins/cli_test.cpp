@@ -706,13 +706,19 @@ TEST_CASE("cli.step.devices: ranks split the global batch; the dump is one step 
   REQUIRE_MESSAGE(ep.rc == 0, ep.out);
   CHECK(has(ep.out, "\"ranks\":2"));
   CHECK(has(ep.out, "\"replay\":\"uniform\",\"replay_size\":64"));
-  // the commands that run one device refuse more, and write nothing
+  // training over two CPU ranks: one run directory, and a policy dqn collect acts with (on one)
   const std::string run = tmp.path("run");
-  const Run t = dqn_run("train " + quote(source_dir() + "/pipelines/default.yaml") + " --set devices=[0,1] --out " +
-                        quote(run));
-  CHECK(t.rc != 0);
-  CHECK(has(t.out, "devices: 2 devices: dqn train runs on one"));
-  CHECK_FALSE(fs::exists(run));
+  const Run t = dqn_run("train " + quote(source_dir() + "/pipelines/default.yaml") +
+                        " --backend cpu -q --steps 304 --set devices=[0,1] --out " + quote(run));
+  REQUIRE_MESSAGE(t.rc == 0, t.out);
+  CHECK(has(t.out, "304 env steps on each of 2 ranks (608 in all)"));
+  CHECK(has(t.out, "writes no checkpoints: it cannot be resumed"));
+  CHECK(has(read_text(run + "/metrics.jsonl"), "\"ranks\":2,\"env_steps_all_ranks\":608"));
+  const Run c = dqn_run("collect " + quote(run) + " --backend cpu --steps 40 --out " + quote(tmp.path("d.safetensors")));
+  CHECK_MESSAGE(c.rc == 0, c.out);
+  // a run over several devices is not resumed
+  const Run again = dqn_run("train --resume " + quote(run));
+  CHECK(again.rc != 0);
 }
 
 TEST_CASE("cli.collect_and_offline: datasets written whole, never over a file, and bad ones refused before a run") {

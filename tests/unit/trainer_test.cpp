@@ -495,3 +495,69 @@ TEST_CASE("trainer.acting_snapshot_follows_the_learner_when_refreshed") {
   engine.act(b.states.data(), spec.training.num_envs, a.data());
   CHECK(engine.host_buffer("act/params") == engine.host_buffer("params"));
 }
+
+TEST_CASE("trainer.ranks: two ranks train as one run: one directory, merged metrics, one stop, the same parameters") {
+  TempDir tmp("ranks");
+  const PipelineSpec spec = small_default({"devices=[0,1]", "training.total_steps=2000"});
+  auto group = make_host_group({0, 1});
+  std::vector<TrainResult> res(2);
+  std::vector<std::vector<double>> params(2);
+  run_ranks(*group, [&](int rank) {
+    EngineOptions eo = training_engine_options(spec);
+    eo.group = group;
+    eo.rank = rank;
+    Engine e(spec, loader(), eo);
+    e.init_weights(spec.seed);
+    TrainerOptions o = quiet_options(tmp.path / "run");
+    o.ranks = group.get();
+    o.rank = rank;
+    // Only rank 1 is asked to stop: every rank stops at the same iteration all the same.
+    if (rank == 1)
+      o.after_metrics_line = [](Trainer& t) {
+        if (t.env_steps() >= 1200) t.request_stop();
+      };
+    Trainer t(e, o);
+    res[std::size_t(rank)] = t.run();
+    params[std::size_t(rank)] = e.host_buffer("params");
+  });
+  CHECK(res[0].interrupted);
+  CHECK(res[1].interrupted);
+  CHECK(res[0].env_steps == res[1].env_steps);
+  CHECK(res[0].env_steps < 2000);
+  CHECK(res[0].train_steps == res[1].train_steps);
+  CHECK(res[0].train_steps > 0);
+  CHECK(res[0].env_steps_all_ranks == 2 * res[0].env_steps);
+  CHECK(res[0].ranks == 2);
+  CHECK(params[0] == params[1]);  // bit-identical after the run
+  // rank 0 wrote the one run directory; its lines count both ranks' environment steps
+  const auto lines = read_metrics(tmp.path / "run" / "metrics.jsonl");
+  REQUIRE(lines.size() >= 3);
+  for (const auto& j : lines) {
+    CHECK(j["ranks"] == 2);
+    CHECK(j["env_steps_all_ranks"].get<std::int64_t>() == 2 * j["step"].get<std::int64_t>());
+  }
+  CHECK(lines.back()["final"] == true);
+  CHECK(lines.back()["interrupted"] == true);
+  CHECK(lines.back()["episodes"].get<std::int64_t>() == res[0].episodes);
+  CHECK(fs::exists(tmp.path / "run" / "weights.safetensors"));
+  CHECK_FALSE(fs::exists(tmp.path / "run" / "checkpoints"));  // none over several devices
+  // the ranks explored on environments of their own: their episodes differ from one rank's run
+  TempDir one_dir("ranks-one");
+  const PipelineSpec one = small_default({"training.total_steps=2000"});
+  Engine e(one, loader(), training_engine_options(one));
+  e.init_weights(one.seed);
+  Trainer t(e, quiet_options(one_dir.path / "run"));
+  const TrainResult alone = t.run();
+  CHECK(res[0].episodes != 2 * alone.episodes);
+  // offline and resumed runs stay on one device
+  auto two = make_host_group({0, 1});
+  EngineOptions eo = training_engine_options(spec);
+  eo.group = two;
+  Engine e2(spec, loader(), eo);
+  TrainerOptions o = quiet_options(tmp.path / "other");
+  o.ranks = two.get();
+  st::File ck;
+  o.resume = &ck;
+  CHECK_THROWS_WITH_AS(Trainer(e2, o), "devices: 2 devices: resuming a run runs on one device (devices: [N])",
+                       std::invalid_argument);
+}

@@ -12,6 +12,7 @@
 #include "core/engine.hpp"
 #include "core/plugin_loader.hpp"
 #include "core/safetensors.hpp"
+#include "core/rank_group.hpp"
 #include "pipeline/parse.hpp"
 #include "training/dataset.hpp"
 #include "training/env/env.hpp"
@@ -63,8 +64,10 @@ int cmd_collect(const CollectArgs& a) {
   c.trains = true;
   if (!load(c, pipeline, spec)) return 1;
   try {
-    require_one_device(spec, "dqn collect");
-    Engine e(spec, loader);
+    // Acting needs no other rank: the first of the pipeline's devices (a run trained on several).
+    EngineOptions eo;
+    eo.device = rank_devices(spec, resolve_backend(spec, std::nullopt)).front();
+    Engine e(spec, loader, eo);
     e.load_weights(st::read_file(weights));
     const int N = spec.training.num_envs, S = spec.network.state, D = spec.network.branches;
     std::unique_ptr<VecEnv> env = make_env(spec.training.env, N, a.seed);

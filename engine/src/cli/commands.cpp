@@ -11,18 +11,10 @@
 #include "pipeline/parse.hpp"
 #include "pipeline/schema.hpp"
 #include "core/plugin_loader.hpp"
-#include "core/rank_group.hpp"
 #include "core/safetensors.hpp"
 #include "training/env/env.hpp"
 
 namespace dqn::cli {
-
-void require_one_device(const PipelineSpec& spec, const std::string& command) {
-  const std::vector<int> d = rank_devices(spec, resolve_backend(spec, std::nullopt));
-  if (d.size() > 1)
-    throw std::invalid_argument("devices: " + std::to_string(d.size()) + " devices: " + command +
-                                " runs on one (give devices: [N]); dqn step and dqn bench run data-parallel");
-}
 
 PluginLoader make_loader(const Common& c) { return PluginLoader(PluginLoader::search_path_from(c.plugin_path)); }
 

@@ -96,9 +96,6 @@ bool load(const Common& c, const std::string& file, PipelineSpec& out, std::stri
 /// The same with the plugins of `loader` (kept alive by the caller for the engine it builds).
 bool load_with(const PluginLoader& loader, const Common& c, const std::string& file, PipelineSpec& out,
                std::string* resolved_yaml = nullptr);
-/// Throws std::invalid_argument naming `devices` when the pipeline lists more than one device for
-/// a command that runs one (`command`: "dqn train").
-void require_one_device(const PipelineSpec& spec, const std::string& command);
 /// The plugin loader for the command's --plugin-path (then $DQN_PLUGIN_PATH).
 PluginLoader make_loader(const Common& c);
 /// Writes `text` to `path` through a temporary file and a rename; prints why and returns false on failure.

@@ -8,11 +8,13 @@
 #include <string>
 #include <vector>
 #include <memory>
+#include <optional>
 
 #include "commands.hpp"
 #include "core/engine.hpp"
 #include "pipeline/parse.hpp"
 #include "core/plugin_loader.hpp"
+#include "core/rank_group.hpp"
 #include "core/safetensors.hpp"
 #include "training/checkpoint.hpp"
 #include "training/dataset.hpp"
@@ -117,8 +119,6 @@ int cmd_train(const TrainArgs& a) {
     return 1;
   }
 
-  std::unique_ptr<Engine> engine;
-  std::unique_ptr<Trainer> trainer;
   // Offline: the whole dataset read and checked before anything is built or written.
   TransitionBatch offline;
   double behaviour = 0;
@@ -147,50 +147,84 @@ int cmd_train(const TrainArgs& a) {
       return 1;
     }
   }
+  // One rank per device (devices:), each on a thread of its own; rank 0 writes the run directory,
+  // prints, and is the one a signal reaches (the ranks agree on stopping every iteration).
+  std::shared_ptr<RankGroup> group;
   try {
-    require_one_device(spec, "dqn train");
-    engine = std::make_unique<Engine>(spec, loader, training_engine_options(spec, is_offline ? &offline : nullptr));
-    if (!a.weights.empty())
-      engine->load_weights(st::read_file(a.weights));
-    else if (!resuming)
-      engine->init_weights(spec.seed);
-    TrainerOptions topt;
-    topt.run_dir = resuming ? a.resume : a.out_dir;
-    if (resuming) topt.resume = &found.found->file;
-    topt.pipeline_yaml = resolved;
-    topt.progress = a.quiet ? TrainerOptions::Progress::none : TrainerOptions::Progress::automatic;
-    if (is_offline) topt.offline = &offline;
-    trainer = std::make_unique<Trainer>(*engine, topt);
+    const BackendKind backend = resolve_backend(spec, std::nullopt);
+    const std::vector<int> devices = rank_devices(spec, backend);
+    if (devices.size() > 1) group = make_rank_group(backend, devices);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dqn train: %s: %s\n", pipeline_path.c_str(), e.what());
     return 1;
   }
-  if (!a.quiet && is_offline)
-    std::fprintf(stderr,
-                 "dqn train: pipeline '%s' on %s, offline from %s (%lld steps in %lld episodes, %lld transitions, "
-                 "behaviour policy's mean return %.1f), %lld training steps, seed %llu\n",
-                 spec.name.c_str(), engine->runtime().describe().c_str(), spec.training.dataset.c_str(),
-                 static_cast<long long>(dataset_steps), static_cast<long long>(dataset_episodes),
-                 static_cast<long long>(offline.size()), behaviour, static_cast<long long>(spec.training.total_steps),
-                 static_cast<unsigned long long>(spec.seed));
-  if (resuming)
-    std::fprintf(stderr, "dqn train: resuming '%s' from %s (step %lld of %lld)\n", a.resume.c_str(),
-                 found.found->path.c_str(), static_cast<long long>(found.found->clock),
-                 static_cast<long long>(spec.training.total_steps));
-  else if (!a.quiet)
-    std::fprintf(stderr, "dqn train: pipeline '%s' on %s, %s x%d, %lld steps, seed %llu\n", spec.name.c_str(),
-                 engine->runtime().describe().c_str(), spec.training.env.c_str(), spec.training.num_envs,
-                 static_cast<long long>(spec.training.total_steps), static_cast<unsigned long long>(spec.seed));
-
+  const int R = group ? group->ranks() : 1;
   TrainResult r;
+  int rc = 0;
+  auto work = [&](int rank) {
+    const bool first = rank == 0;
+    const std::string who = R > 1 ? " (rank " + std::to_string(rank) + ")" : "";
+    std::unique_ptr<Engine> engine;
+    std::unique_ptr<Trainer> trainer;
+    try {
+      EngineOptions eo = training_engine_options(spec, is_offline ? &offline : nullptr);
+      eo.group = group;
+      eo.rank = rank;
+      engine = std::make_unique<Engine>(spec, loader, eo);
+      if (!a.weights.empty())
+        engine->load_weights(st::read_file(a.weights));
+      else if (!resuming)
+        engine->init_weights(spec.seed);
+      TrainerOptions topt;
+      topt.run_dir = resuming ? a.resume : a.out_dir;
+      if (resuming) topt.resume = &found.found->file;
+      topt.pipeline_yaml = resolved;
+      topt.progress = a.quiet || !first ? TrainerOptions::Progress::none : TrainerOptions::Progress::automatic;
+      if (!first) topt.progress_out = nullptr;
+      if (is_offline) topt.offline = &offline;
+      topt.ranks = group.get();
+      topt.rank = rank;
+      trainer = std::make_unique<Trainer>(*engine, topt);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "dqn train: %s%s: %s\n", pipeline_path.c_str(), who.c_str(), e.what());
+      rc = 1;
+      throw;
+    }
+    if (first && !a.quiet && is_offline)
+      std::fprintf(stderr,
+                   "dqn train: pipeline '%s' on %s, offline from %s (%lld steps in %lld episodes, %lld transitions, "
+                   "behaviour policy's mean return %.1f), %lld training steps, seed %llu\n",
+                   spec.name.c_str(), engine->runtime().describe().c_str(), spec.training.dataset.c_str(),
+                   static_cast<long long>(dataset_steps), static_cast<long long>(dataset_episodes),
+                   static_cast<long long>(offline.size()), behaviour, static_cast<long long>(spec.training.total_steps),
+                   static_cast<unsigned long long>(spec.seed));
+    if (first && resuming)
+      std::fprintf(stderr, "dqn train: resuming '%s' from %s (step %lld of %lld)\n", a.resume.c_str(),
+                   found.found->path.c_str(), static_cast<long long>(found.found->clock),
+                   static_cast<long long>(spec.training.total_steps));
+    else if (first && !a.quiet)
+      std::fprintf(stderr, "dqn train: pipeline '%s' on %s%s, %s x%d%s, %lld steps, seed %llu\n", spec.name.c_str(),
+                   engine->runtime().describe().c_str(),
+                   R > 1 ? (", " + std::to_string(R) + " ranks (" + group->describe() + ")").c_str() : "",
+                   spec.training.env.c_str(), spec.training.num_envs, R > 1 ? " on each" : "",
+                   static_cast<long long>(spec.training.total_steps), static_cast<unsigned long long>(spec.seed));
+    try {
+      std::optional<StopSignals> signals;
+      if (first) signals.emplace(*trainer);
+      TrainResult mine = trainer->run();
+      if (first) r = std::move(mine);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "dqn train: error%s: %s\n", who.c_str(), e.what());
+      if (!trainer->run_dir().empty())
+        std::fprintf(stderr, "dqn train: what was written so far is in %s\n", trainer->run_dir().c_str());
+      rc = 1;
+      throw;
+    }
+  };
   try {
-    StopSignals signals(*trainer);
-    r = trainer->run();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dqn train: error: %s\n", e.what());
-    if (!trainer->run_dir().empty())
-      std::fprintf(stderr, "dqn train: what was written so far is in %s\n", trainer->run_dir().c_str());
-    return 1;
+    run_ranks(group.get(), work);
+  } catch (const std::exception&) {
+    return rc ? rc : 1;
   }
 
   auto eval_text = [](const std::optional<double>& v) {
@@ -200,8 +234,11 @@ int cmd_train(const TrainArgs& a) {
     return std::string(buf);
   };
   std::printf("run directory: %s\n", r.run_dir.c_str());
-  std::printf("  %lld env steps, %lld training steps, %lld episodes, %.1f s, %lld skipped steps\n",
-              static_cast<long long>(r.env_steps), static_cast<long long>(r.train_steps),
+  const std::string over = r.ranks > 1 ? " on each of " + std::to_string(r.ranks) + " ranks (" +
+                                              std::to_string(r.env_steps_all_ranks) + " in all)"
+                                        : "";
+  std::printf("  %lld env steps%s, %lld training steps, %lld episodes, %.1f s, %lld skipped steps\n",
+              static_cast<long long>(r.env_steps), over.c_str(), static_cast<long long>(r.train_steps),
               static_cast<long long>(r.episodes), r.wall_s, static_cast<long long>(r.skipped_steps));
   if (r.final_eval)
     std::printf("  final eval return %s (mean of %d greedy episodes)", eval_text(r.final_eval).c_str(),

@@ -59,7 +59,7 @@ class NcclGroup final : public RankGroup {
 
   // Aborting a communicator ends its pending operations, so ranks waiting for a failed one's part
   // of a reduction get an error instead of waiting forever.
-  void abort(int, const std::string&) noexcept override {
+  void abort_collectives(int, const std::string&) noexcept override {
     std::lock_guard lock(m_);
     if (aborted_) return;
     aborted_ = true;

@@ -108,7 +108,7 @@ class HostGroup final : public RankGroup {
     barrier_.wait();
   }
 
-  void abort(int rank, const std::string& why) noexcept override {
+  void abort_collectives(int rank, const std::string& why) noexcept override {
     barrier_.abort("rank " + std::to_string(rank) + " failed: " + why);
   }
   std::string describe() const override { return "host"; }
@@ -130,6 +130,39 @@ class HostGroup final : public RankGroup {
 };
 
 }  // namespace
+
+struct RankGroup::Host {
+  explicit Host(int n) : barrier(n), posted(std::size_t(n)) {}
+  AbortableBarrier barrier;
+  std::vector<std::vector<double>> posted;
+};
+
+RankGroup::RankGroup(std::vector<int> devices)
+    : devices_(std::move(devices)), host_(std::make_shared<Host>(std::max(1, int(devices_.size())))) {}
+
+void RankGroup::abort(int rank, const std::string& why) noexcept {
+  host_->barrier.abort("rank " + std::to_string(rank) + " failed: " + why);
+  abort_collectives(rank, why);
+}
+
+std::vector<double> RankGroup::host_sum(int rank, const std::vector<double>& values) {
+  if (ranks() == 1) return values;
+  host_->posted[std::size_t(rank)] = values;
+  host_->barrier.wait();
+  std::vector<double> sum(values.size(), 0.0);
+  for (int r = 0; r < ranks(); ++r) {
+    const auto& v = host_->posted[std::size_t(r)];
+    if (v.size() != values.size()) {
+      const std::string why = "host_sum: rank " + std::to_string(rank) + " passes " + std::to_string(values.size()) +
+                              " values, rank " + std::to_string(r) + " " + std::to_string(v.size());
+      abort(rank, why);
+      throw std::logic_error(why);
+    }
+    for (std::size_t i = 0; i < v.size(); ++i) sum[i] += v[i];
+  }
+  host_->barrier.wait();  // every rank has read the others' values before any posts again
+  return sum;
+}
 
 std::vector<int> rank_devices(const PipelineSpec& spec, BackendKind backend) {
   if (backend != BackendKind::cuda) {

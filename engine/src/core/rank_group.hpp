@@ -38,17 +38,25 @@ class RankGroup {
                                void* stream) = 0;
   /// Rank 0's `bytes` at `data` into every other rank's, then waits for it (between steps).
   virtual void broadcast(int rank, void* data, std::size_t bytes, void* stream) = 0;
-  /// A rank failed: every rank waiting in a collective, or entering one later, throws instead of
-  /// waiting for it (CUDA: the communicators are aborted).
-  virtual void abort(int rank, const std::string& why) noexcept = 0;
+  /// A rank failed: every rank waiting in a collective or in host_sum, or entering one later,
+  /// throws instead of waiting for it (CUDA: the communicators are aborted).
+  void abort(int rank, const std::string& why) noexcept;
+  /// The ranks' threads agreeing on the host, whatever the backend (the training loop's stops and
+  /// counters): every rank passes its values (the same count on each) and gets their element-wise
+  /// sums over the ranks, added in rank order. Blocks until every rank has called.
+  std::vector<double> host_sum(int rank, const std::vector<double>& values);
   /// The collectives' library, for --explain and benchmarks ("host", "NCCL 2.27.5").
   virtual std::string describe() const = 0;
 
  protected:
-  explicit RankGroup(std::vector<int> devices) : devices_(std::move(devices)) {}
+  explicit RankGroup(std::vector<int> devices);
+  /// What a group's own collectives do on abort (after host_sum's waiters are released).
+  virtual void abort_collectives(int rank, const std::string& why) noexcept = 0;
 
  private:
   std::vector<int> devices_;
+  struct Host;
+  std::shared_ptr<Host> host_;  ///< host_sum's rendezvous
 };
 
 /// The pipeline's ranks on a backend: CUDA, its `devices` (empty: every GPU found; each checked

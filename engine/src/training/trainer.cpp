@@ -99,6 +99,8 @@ Trainer::Trainer(Engine& engine, TrainerOptions opt)
     : engine_(engine),
       spec_(engine.spec()),
       opt_(std::move(opt)),
+      multi_(opt_.ranks && opt_.ranks->ranks() > 1),
+      writer_(!multi_ || opt_.rank == 0),
       offline_(opt_.offline != nullptr),
       env_(offline_ ? nullptr : make_training_env(spec_)),
       eval_env_(offline_ && spec_.training.env.empty()
@@ -108,7 +110,11 @@ Trainer::Trainer(Engine& engine, TrainerOptions opt)
       N_(spec_.training.num_envs),
       S_(spec_.network.state),
       D_(spec_.network.branches),
-      act_rng_(derive_seed(spec_.seed, kActStream)) {
+      act_rng_(derive_seed(engine.rank_seed(), kActStream)) {
+  if (multi_ && (offline_ || opt_.resume))
+    throw std::invalid_argument(std::string("devices: ") + std::to_string(opt_.ranks->ranks()) + " devices: " +
+                                (offline_ ? "offline training (training.dataset)" : "resuming a run") +
+                                " runs on one device (devices: [N])");
   if (!engine_.has_replay() || (!offline_ && engine_.staging_rows() < nstep_.max_per_step()))
     throw std::invalid_argument("trainer: the engine needs the training replay (EngineOptions::replay = "
                                 "training_replay(spec)): its step draws the batch from it");
@@ -242,6 +248,7 @@ EvalResult Trainer::evaluate(std::int64_t round) {
 }
 
 void Trainer::save_weights(const std::string& file) {
+  if (!writer_) return;
   st::File f = engine_.save_state(false);
   f.metadata["env_steps"] = std::to_string(env_steps_);
   if (offline_) f.metadata["dataset"] = spec_.training.dataset;
@@ -278,13 +285,21 @@ void Trainer::write_metrics(const std::optional<EvalResult>& eval, bool final_li
   json j;
   j["step"] = clock();
   j["train_steps"] = train_steps_;
-  j["episodes"] = episodes_;
-  if (recent_returns_.empty()) {
+  // Over several devices: every rank's environment steps, episodes and recent returns.
+  double recent = 0;
+  for (double x : recent_returns_) recent += x;
+  const std::vector<double> all =
+      multi_ ? opt_.ranks->host_sum(opt_.rank, {double(env_steps_), double(episodes_), recent, double(recent_returns_.size())})
+             : std::vector<double>{double(env_steps_), double(episodes_), recent, double(recent_returns_.size())};
+  if (multi_) {
+    j["ranks"] = opt_.ranks->ranks();
+    j["env_steps_all_ranks"] = std::int64_t(all[0]);
+  }
+  j["episodes"] = std::int64_t(all[1]);
+  if (all[3] == 0) {
     j["episode_return"] = nullptr;
   } else {
-    double s = 0;
-    for (double x : recent_returns_) s += x;
-    j["episode_return"] = s / double(recent_returns_.size());
+    j["episode_return"] = all[2] / all[3];
   }
   if (eval) {
     j["eval_return"] = eval->mean;
@@ -326,6 +341,10 @@ void Trainer::write_metrics(const std::optional<EvalResult>& eval, bool final_li
   if (final_line) {
     j["final"] = true;
     if (stop_requested()) j["interrupted"] = true;
+  }
+  if (!writer_) {
+    if (opt_.after_metrics_line) opt_.after_metrics_line(*this);
+    return;
   }
   metrics_ << j.dump() << '\n';
   metrics_.flush();
@@ -379,7 +398,10 @@ TrainResult Trainer::run() {
     open_resumed_run(*opt_.resume);
     restore(*opt_.resume);
   } else {
-    open_new_run();
+    if (writer_) open_new_run();
+    if (writer_ && multi_ && t.checkpoint_every > 0)
+      note("note: a run over " + std::to_string(opt_.ranks->ranks()) +
+           " devices writes no checkpoints: it cannot be resumed (training.checkpoint_every is not used)");
     if (offline_) {
       // The whole dataset into the replay once, β at beta_end (its schedule counts environment steps).
       const TransitionBatch& d = *opt_.offline;
@@ -392,7 +414,7 @@ TrainResult Trainer::run() {
                                 t.total_steps);
       }
     } else {
-      env_->reset(spec_.seed, obs_.data());
+      env_->reset(engine_.rank_seed(), obs_.data());
     }
     loop_ = Loop{};
     loop_.next_train_at = std::max<std::int64_t>(t.learning_starts, t.train_every);
@@ -419,6 +441,9 @@ TrainResult Trainer::run() {
   bool finish_iteration = opt_.resume && !loop_.iteration_done;
   while (true) {
     if (!finish_iteration) {
+      // Several devices: every rank stops at the same iteration (each rank's steps wait for the
+      // others' in the all-reduce).
+      if (multi_) agreed_stop_ = opt_.ranks->host_sum(opt_.rank, {stop_.load() ? 1.0 : 0.0})[0] > 0;
       if (clock() >= t.total_steps || stop_requested()) break;
       if (offline_) {
         train_once();
@@ -460,12 +485,12 @@ TrainResult Trainer::run() {
     if ((ev || log_now) && !last) write_metrics(ev, false);  // else the final line follows
     if (!last && clock() >= loop_.next_checkpoint_at) {
       while (loop_.next_checkpoint_at <= clock()) loop_.next_checkpoint_at += t.checkpoint_every;
-      save_checkpoint(res);
+      if (!multi_) save_checkpoint(res);
     }
-    progress(ev.has_value(), false);
+    if (writer_) progress(ev.has_value(), false);
   }
   // Stopped before the end: a checkpoint to resume from (unless this very state has one).
-  if (stop_requested() && !res.solved && clock() < t.total_steps && t.checkpoint_every > 0 &&
+  if (!multi_ && stop_requested() && !res.solved && clock() < t.total_steps && t.checkpoint_every > 0 &&
       (checkpoint_clock_ != clock() || !loop_.iteration_done))
     save_checkpoint(res);
 
@@ -486,7 +511,7 @@ TrainResult Trainer::run() {
     weights_error = e.what();
   }
   write_metrics(line_eval, true);
-  progress(true, true);
+  if (writer_) progress(true, true);
   metrics_.close();
   if (!weights_error.empty()) throw std::runtime_error("the final weights could not be written: " + weights_error);
 
@@ -494,6 +519,13 @@ TrainResult Trainer::run() {
   res.env_steps = env_steps_;
   res.train_steps = train_steps_;
   res.episodes = episodes_;
+  res.env_steps_all_ranks = env_steps_;
+  if (multi_) {
+    const auto all = opt_.ranks->host_sum(opt_.rank, {double(env_steps_), double(episodes_)});
+    res.env_steps_all_ranks = std::int64_t(all[0]);
+    res.episodes = std::int64_t(all[1]);
+    res.ranks = opt_.ranks->ranks();
+  }
   res.final_eval = loop_.last_eval_step == clock() ? last_eval_ : std::nullopt;
   res.last_eval = last_eval_;
   res.last_eval_step = loop_.last_eval_step;

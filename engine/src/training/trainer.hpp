@@ -79,11 +79,24 @@ struct TrainerOptions {
   /// Set: continue the run in run_dir from this checkpoint (checkpoint::newest over that
   /// directory, with pipeline_yaml its pipeline.yaml) instead of starting one. Must outlive run().
   const st::File* resume = nullptr;
+  /// Several devices: this trainer is rank `rank` of the engine's group (EngineOptions::group),
+  /// one trainer per rank, each on its own thread. Every rank runs the whole schedule on its own
+  /// environment copies (seeded per rank) and replay; the ranks agree on stopping once per loop
+  /// iteration, every rank evaluates (the same parameters, the same evaluation seeds: the same
+  /// result); rank 0 alone writes the run directory, its metrics lines counting every rank's
+  /// environment steps and episodes. No checkpoints are written (a run over several devices cannot
+  /// be resumed); offline training and resuming run on one device.
+  RankGroup* ranks = nullptr;
+  int rank = 0;
 };
 
 struct TrainResult {
   std::string run_dir;
   std::int64_t env_steps = 0, train_steps = 0, episodes = 0, skipped_steps = 0;
+  /// Several devices: the environment steps of every rank (env_steps is each rank's clock), and
+  /// episodes counts every rank's.
+  std::int64_t env_steps_all_ranks = 0;
+  int ranks = 1;
   std::optional<double> final_eval;  ///< the evaluation at the last step, if one ran there
   std::optional<double> last_eval, best_eval;
   std::int64_t last_eval_step = -1, best_eval_step = -1;
@@ -120,7 +133,9 @@ class Trainer {
   /// Async-signal-safe (one lock-free atomic store): the loop finishes its current iteration,
   /// writes the final weights, closes the metrics and returns with interrupted = true.
   void request_stop() noexcept { stop_.store(true, std::memory_order_relaxed); }
-  bool stop_requested() const noexcept { return stop_.load(std::memory_order_relaxed); }
+  /// Whether the run stops: asked for here, or over several devices, asked for on any rank by the
+  /// last iteration's agreement.
+  bool stop_requested() const noexcept { return multi_ ? agreed_stop_ : stop_.load(std::memory_order_relaxed); }
 
   /// Greedy evaluation over training.eval.episodes episodes on the evaluation environment,
   /// reset with a seed derived from the pipeline's seed and `round`.
@@ -156,6 +171,9 @@ class Trainer {
   const PipelineSpec& spec_;
   TrainerOptions opt_;
   std::atomic<bool> stop_{false};
+  bool multi_ = false;        ///< one of several ranks (TrainerOptions::ranks)
+  bool writer_ = true;        ///< writes the run directory (rank 0)
+  bool agreed_stop_ = false;  ///< multi_: the ranks' agreement, once per iteration
   bool offline_ = false;
   static_assert(std::atomic<bool>::is_always_lock_free, "request_stop must be async-signal-safe");
 

@@ -19,7 +19,7 @@ HEADERS = ["backend.hpp", "bdq.hpp", "cli.hpp", "device.cuh", "dist_device.cuh",
            "head_base.hpp", "own_ops.hpp", "philox.h", "pipeline.hpp", "plugin.hpp", "runtime.hpp"]
 BUILTIN = ["c51", "cql", "ensemble", "iqn"]
 # What libdqn_engine.so may export (engine/libdqn_engine.map): the SDK's functions and exceptions.
-SDK_SYMBOL = re.compile(r"^(dqn::(cli_main|make_cpu_runtime|make_cuda_runtime|cuda_available|to_string|"
+SDK_SYMBOL = re.compile(r"^(dqn::(cli_main|make_cpu_runtime|make_cuda_runtime|cuda_available|cuda_device_count|to_string|"
                         r"update_cluster_text|SourceLoc::|PipelineError::|PipelineErrors::)|"
                         r"(typeinfo|typeinfo name|vtable) for dqn::PipelineErrors?$)")
 # Small sizes: the checks take seconds on two cores.

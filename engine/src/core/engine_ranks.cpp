@@ -78,12 +78,16 @@ void Engine::add_rank_stages() {
     std::vector<std::string> writes = bk.names;
     writes.push_back("ranks/order");
     const bool with_losses = bk.name == "ranks.reduce.heads";
-    stages_.push_back(Stage{bk.name, "engine", bk.names, writes, [this, at = bk.at, with_losses](Backend& be) {
+    // The ranges' pointers are known once the arena is bound: made on the first run, kept (the CPU
+    // runs the stage every step).
+    stages_.push_back(Stage{bk.name, "engine", bk.names, writes,
+                            [this, at = bk.at, with_losses, ranges = std::vector<RankGroup::Range>{}](Backend& be) mutable {
                               const DeviceContext* dc = be.device();
                               if (dc && dc->planning) return;  // sizing the step: nothing to reduce
-                              std::vector<RankGroup::Range> ranges;
-                              for (const auto& [lo, hi] : at) ranges.push_back({(grad_all_ + lo).p, hi - lo});
-                              if (with_losses) ranges.push_back({losses_.p, std::int64_t(heads_.size())});
+                              if (ranges.empty()) {
+                                for (const auto& [lo, hi] : at) ranges.push_back({(grad_all_ + lo).p, hi - lo});
+                                if (with_losses) ranges.push_back({losses_.p, std::int64_t(heads_.size())});
+                              }
                               opt_.group->all_reduce_mean(opt_.rank, ranges, reg_.real_size(), dc ? dc->stream : nullptr);
                             }});
   }

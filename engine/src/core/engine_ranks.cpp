@@ -31,10 +31,11 @@ void Engine::add_rank_stages() {
     std::string name;
     std::vector<std::string> names;                         // the views it reads and writes
     std::vector<std::pair<std::int64_t, std::int64_t>> at;  // [begin, end) in grad/all
+    bool losses = false;                                    // the heads' losses too
   };
   std::vector<Bucket> buckets;
   // The heads' own parameters: per head, those of its row that a stage writes.
-  Bucket heads{"ranks.reduce.heads", {"report/losses"}, {}};
+  Bucket heads{"ranks.reduce.heads", {"report/losses"}, {}, true};
   for (std::int64_t h = 0; h < H; ++h) {
     const auto writes = gradient_writes(std::size_t(h));
     std::vector<std::pair<std::int64_t, std::int64_t>> row;
@@ -73,11 +74,11 @@ void Engine::add_rank_stages() {
   for (auto& bk : buckets) {
     std::int64_t n = 0;
     for (const auto& [lo, hi] : bk.at) n += hi - lo;
-    if (bk.name == "ranks.reduce.heads") n += H;  // the losses
+    if (bk.losses) n += H;
     buckets_.emplace_back(bk.name, n);
     std::vector<std::string> writes = bk.names;
     writes.push_back("ranks/order");
-    const bool with_losses = bk.name == "ranks.reduce.heads";
+    const bool with_losses = bk.losses;
     // The ranges' pointers are known once the arena is bound: made on the first run, kept (the CPU
     // runs the stage every step).
     stages_.push_back(Stage{bk.name, "engine", bk.names, writes,

@@ -207,11 +207,14 @@ void CudaBackend::weighted_mean(Real out, Real x, Real w, std::int64_t n) noexce
                                       n > 0 ? w.as<const float>() : nullptr, n));
 }
 
-void CudaBackend::uniform(const Uniform& a) noexcept {
+void CudaBackend::uniform(const Uniform& a) noexcept { uniform_from(a, 0); }
+
+void CudaBackend::uniform_from(const Uniform& a, std::int64_t first) noexcept {
   constexpr const char* op = "uniform";
   if (a.n < 0) return fail(op, "negative size");
+  if (first < 0) return fail(op, "negative first value");
   if (a.n == 0 || !real_ok(a.out, op, "out") || planning_) return;
-  DQN_CUDA_OK(op, cuda::uniform(stream_, a));
+  DQN_CUDA_OK(op, cuda::uniform(stream_, a, first));
 }
 
 namespace {

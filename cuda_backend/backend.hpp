@@ -239,6 +239,7 @@ class CudaBackend final : public Backend {
   void axpy(Real y, Real x, float alpha, std::int64_t n) noexcept override;
   void weighted_mean(Real out, Real x, Real w, std::int64_t n) noexcept override;
   void uniform(const Uniform& a) noexcept override;
+  void uniform_from(const Uniform& a, std::int64_t first) noexcept override;
   void replay_insert(const ReplayInsert& a) noexcept override;
   void replay_sample(const ReplaySample& a) noexcept override;
   void replay_priorities(const ReplayPriorities& a) noexcept override;

@@ -193,7 +193,8 @@ cudaError_t axpy(cudaStream_t s, float* y, const float* x, float alpha, std::int
 /// out[0] = (1/n) Σ w[i]·x[i] in double, one block in a fixed order (n = 0: 0), launched without
 /// programmatic serialization.
 cudaError_t weighted_mean(cudaStream_t s, float* out, const float* x, const float* w, std::int64_t n);
-cudaError_t uniform(cudaStream_t s, const Uniform& a);
+/// Values first … first + n − 1 of the draw a describes.
+cudaError_t uniform(cudaStream_t s, const Uniform& a, std::int64_t first);
 
 /// The device replay (ReplayInsert, ReplaySample, ReplayPriorities; arguments checked by the caller).
 cudaError_t replay_insert(cudaStream_t s, const ReplayInsert& a);

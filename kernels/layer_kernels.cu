@@ -143,11 +143,11 @@ __global__ void axpy_kernel(float* y, const float* x, float alpha, std::int64_t 
 }
 
 __global__ void uniform_kernel(float* out, std::int64_t n, std::uint64_t seed, std::uint32_t stream,
-                               const std::int64_t* step_p) {
+                               const std::int64_t* step_p, std::int64_t first) {
   dev::pdl_entry();
   const std::uint64_t step = step_p ? static_cast<std::uint64_t>(*step_p) : 0;
   for (std::int64_t i = grid_start(); i < n; i += grid_step())
-    out[i] = philox::uniform(seed, step, stream, static_cast<std::uint64_t>(i));
+    out[i] = philox::uniform(seed, step, stream, static_cast<std::uint64_t>(first + i));
 }
 
 __global__ void to_bf16_kernel(__nv_bfloat16* dst, const float* src, int rows, int cols, std::int64_t ld,
@@ -292,8 +292,8 @@ cudaError_t axpy(cudaStream_t s, float* y, const float* x, float alpha, std::int
   return cudaGetLastError();
 }
 
-cudaError_t uniform(cudaStream_t s, const Uniform& a) {
-  launch(uniform_kernel, blocks_for(a.n), kThreads, 0, s, a.out.as<float>(), a.n, a.seed, a.stream, a.step);
+cudaError_t uniform(cudaStream_t s, const Uniform& a, std::int64_t first) {
+  launch(uniform_kernel, blocks_for(a.n), kThreads, 0, s, a.out.as<float>(), a.n, a.seed, a.stream, a.step, first);
   return cudaGetLastError();
 }
 

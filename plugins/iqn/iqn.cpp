@@ -58,6 +58,7 @@ class IqnHead final : public HeadBase {
     auto p = [&](const char* n, int rows, int cols, int fan_in, std::uint32_t flags = 0) {
       param(ctx, n, rows, cols, fan_in, kParamAlign | flags);  // each tensor on 16 bytes
     };
+    row0_ = ctx.batch_offset();  // the rank's first row of the global batch: its share of the draws
     p("iqn.embed.weight", H2_, c_.E, c_.E);
     p("iqn.embed.bias", H2_, 0, c_.E);
     p("iqn.0.weight", Hh_, H2_, H2_);
@@ -200,7 +201,7 @@ class IqnHead final : public HeadBase {
     const int rows = batch() * n;
     Uniform u;
     u.out = s.tau; u.n = std::int64_t(rows); u.seed = seed(); u.stream = stream; u.step = step_;
-    be.uniform(u);
+    be.uniform_from(u, row0_ * n);  // τ is [B, n] row-major: this rank's rows of the global draw
     cosine_embedding(be, s.cos, s.tau, rows, c_.E);
     dense(be, s.cos, c_.E, p.we, p.be, s.phi, H2_, rows, Act::relu);
     hadamard(be, s.x, h2, s.phi, batch(), n, H2_);
@@ -249,6 +250,7 @@ class IqnHead final : public HeadBase {
   Pass pass_{}, tpass_{};
   Real dq_, dhq_, dx_, ones_, h2_, target_h2_, rewards_, dones_, weights_, loss_, dtrunk_;
   std::int64_t* step_ = nullptr;
+  std::int64_t row0_ = 0;
   std::int32_t* actions_ = nullptr;
   std::int32_t* a_star_ = nullptr;
   std::int64_t* sums_ = nullptr;  ///< the loss's device scratch (quantile_huber_sums words)

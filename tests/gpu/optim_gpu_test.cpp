@@ -272,6 +272,13 @@ TEST_CASE("gpu.ops.uniform: the same Philox numbers as the CPU, keyed by the dev
     const auto got = gpu.get(ud.out, n);
     expect_same_bits(got, ref, "uniform");
     for (float x : got) REQUIRE((x > 0.0f && x < 1.0f));
+    // uniform_from: values 600 … 1000 of the same draw
+    Uniform part = ud;
+    part.out = gpu.poisoned(n - 600);
+    part.n = n - 600;
+    gpu.ops.uniform_from(part, 600);
+    gpu.ok();
+    expect_same_bits(gpu.get(part.out, n - 600), std::vector<float>(ref.begin() + 600, ref.end()), "uniform_from");
   }
 }
 

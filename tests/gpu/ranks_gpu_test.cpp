@@ -27,7 +27,8 @@ std::string pipeline(int batch, bool all_heads) {
   std::string heads = "  - {plugin: c51, role: primary}\n";
   if (all_heads)
     heads += "  - {plugin: ensemble, role: auxiliary, budget: 0.1, members: 4}\n"
-             "  - {plugin: cql, role: auxiliary, budget: 0.1}\n";
+             "  - {plugin: cql, role: auxiliary, budget: 0.1}\n"
+             "  - {plugin: iqn, role: auxiliary, budget: 0.2, quantiles: 32, target_quantiles: 32, embed: 64}\n";
   return "name: ranks\nseed: 3\nbackend: cuda\nprecision: fp32\n"
          "network: {state: 64, trunk: [256, 256], head_hidden: 128, branches: 3, actions: 5, atoms: 51, "
          "v_min: -10, v_max: 10}\nheads:\n" + heads + "batch: " + std::to_string(batch) +

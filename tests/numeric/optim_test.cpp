@@ -406,6 +406,21 @@ TEST_CASE("ops.uniform") {
   // A null step pointer means step 0.
   const std::int64_t zero = 0;
   CHECK(draw(*be.f64, 7, 1, nullptr) == draw(*be.f64, 7, 1, &zero));
+
+  // uniform_from(u, first): values first … first + n − 1 of the same draw (a rank's rows of it)
+  for (Backend* b : {be.f64.get(), be.f32.get()}) {
+    CAPTURE(b->name());
+    const std::int64_t first = 4000, m = 1000;
+    Vec part(b->real_size(), static_cast<std::size_t>(m));
+    dqn::Uniform u;
+    u.out = part.r(), u.n = m, u.seed = 7, u.stream = 1, u.step = &step;
+    b->uniform_from(u, first);
+    REQUIRE(b->status() == 0);
+    CHECK(part.get() == Vd(x.begin() + first, x.begin() + first + m));
+    b->uniform_from(u, -1);
+    CHECK(b->status() != 0);
+    CHECK(std::string(b->message()).find("negative first value") != std::string::npos);
+  }
 }
 
 TEST_CASE("ops.memory.fill_copy_axpy") {

@@ -49,9 +49,10 @@ extern "C" const dqn::PluginDescriptor* dqn_plugin_descriptor();
 
 TEST_CASE("abi.version") {
   CHECK(kAbiMajor == 20u);  // bump together with every table in this file
-  CHECK(kAbiMinor == 2u);   // 20.1: the act step (BuildContext's last two slots, buf::act_*);
+  CHECK(kAbiMinor == 3u);   // 20.1: the act step (BuildContext's last two slots, buf::act_*);
                             // 20.2: the replay ops (Backend's last three slots), the acting snapshot
-                            // (Resolver::act_param, buf::act_params)
+                            // (Resolver::act_param, buf::act_params); 20.3: a rank's share of a
+                            // per-row draw (BuildContext::batch_offset, Backend::uniform_from)
   CHECK(std::is_same_v<std::remove_cv_t<decltype(kAbiMajor)>, std::uint32_t>);
   CHECK(std::is_same_v<std::remove_cv_t<decltype(kAbiMinor)>, std::uint32_t>);
   // Every field the loader reads was there at minor 0, so an older minor's descriptor is whole.
@@ -335,6 +336,7 @@ TEST_CASE("abi.interface_vtable_slots") {
       {"BuildContext::fail", slot_of(&BuildContext::fail), 5, ""},
       {"BuildContext::act_rows", slot_of(&BuildContext::act_rows), 6, "20.1: appended"},
       {"BuildContext::act_stage", slot_of(&BuildContext::act_stage), 7, "20.1"},
+      {"BuildContext::batch_offset", slot_of(&BuildContext::batch_offset), 8, "20.3: appended"},
       {"Resolver::real", slot_of(&Resolver::real), 0, ""},
       {"Resolver::i32", slot_of(&Resolver::i32), 1, ""},
       {"Resolver::i64", slot_of(&Resolver::i64), 2, ""},
@@ -380,6 +382,7 @@ TEST_CASE("abi.interface_vtable_slots") {
       {"Backend::replay_insert", slot_of(&Backend::replay_insert), 37, "20.2: appended"},
       {"Backend::replay_sample", slot_of(&Backend::replay_sample), 38, "20.2"},
       {"Backend::replay_priorities", slot_of(&Backend::replay_priorities), 39, "20.2"},
+      {"Backend::uniform_from", slot_of(&Backend::uniform_from), 40, "20.3: appended"},
   });
 }
 #endif

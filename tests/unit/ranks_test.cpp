@@ -27,8 +27,7 @@ const PluginLoader& loader() {
   return l;
 }
 
-// Small awkward sizes; auxiliary heads without random draws (IQN draws its fractions per row of its
-// own batch, so its ranks draw other fractions than one rank over the whole batch would).
+// Small awkward sizes.
 std::string pipeline(int batch, const std::string& heads, const std::string& extra = "") {
   return "name: ranks\nseed: 7\nbackend: cpu\nprecision: fp32\n"
          "network: {state: 5, trunk: [7, 6], head_hidden: 4, branches: 2, actions: 3, atoms: 5, v_min: -2, v_max: 2}\n"
@@ -39,6 +38,9 @@ std::string pipeline(int batch, const std::string& heads, const std::string& ext
 const std::string kC51 = "  - {plugin: c51, role: primary}\n";
 const std::string kThree = kC51 + "  - {plugin: ensemble, role: auxiliary, budget: 0.2, members: 2}\n"
                                   "  - {plugin: cql, role: auxiliary, budget: 0.1}\n";
+// All four: IQN draws its fractions per row of the global batch (each rank its rows' share).
+const std::string kFour =
+    kThree + "  - {plugin: iqn, role: auxiliary, budget: 0.2, quantiles: 3, target_quantiles: 4, embed: 4}\n";
 
 PipelineSpec parse(const std::string& text, std::vector<std::string> overrides = {}) {
   ParseOptions o;
@@ -84,7 +86,7 @@ double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) 
 }  // namespace
 
 TEST_CASE("ranks.two_ranks_on_halves_step_as_one_rank_on_the_whole_batch") {
-  for (const std::string& heads : {kC51, kThree}) {
+  for (const std::string& heads : {kC51, kThree, kFour}) {
     CAPTURE(heads);
     const int B = 6, steps = 4;
     const PipelineSpec whole = parse(pipeline(2 * B, heads));
@@ -118,6 +120,17 @@ TEST_CASE("ranks.two_ranks_on_halves_step_as_one_rank_on_the_whole_batch") {
       }
       CHECK(e->host_buffer(buf::step)[0] == steps);
     }
+    if (heads == kFour)  // the last step's fractions: each rank's rows of the whole batch's draw
+      for (const char* tau : {"iqn/tau", "iqn/tau_target"}) {
+        CAPTURE(tau);
+        const std::vector<double> all = one.host_buffer(tau);
+        const std::vector<double> r0 = two.engines[0]->host_buffer(tau), r1 = two.engines[1]->host_buffer(tau);
+        REQUIRE(all.size() == r0.size() + r1.size());
+        std::vector<double> joined = r0;
+        joined.insert(joined.end(), r1.begin(), r1.end());
+        CHECK(joined == all);
+        CHECK(r0 != r1);
+      }
   }
 }
 

@@ -146,7 +146,8 @@ struct TargetUpdate {
   const std::int32_t* skip;
 };
 
-/// Counter-based uniform(0,1) numbers: out[i] = philox(seed, counter = *step, stream, i).
+/// Counter-based uniform(0,1) numbers: out[i] = philox(seed, counter = *step, stream, i) (from
+/// Backend::uniform_from(a, first): philox(…, first + i)).
 struct Uniform {
   Real out;
   std::int64_t n = 0;
@@ -427,6 +428,11 @@ class Backend {
   virtual void replay_insert(const ReplayInsert& a) noexcept = 0;
   virtual void replay_sample(const ReplaySample& a) noexcept = 0;
   virtual void replay_priorities(const ReplayPriorities& a) noexcept = 0;
+
+  // --- appended in 20.3: data parallel ---
+  /// Values first … first + n − 1 of the draw `a` describes (uniform(a) is uniform_from(a, 0)):
+  /// a rank's share of one draw over the global batch (BuildContext::batch_offset).
+  virtual void uniform_from(const Uniform& a, std::int64_t first) noexcept = 0;
 
   /// head_forward as the ops it is made of: three GEMMs (bias and ReLU in their epilogues) and
   /// dueling_dist.

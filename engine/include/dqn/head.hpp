@@ -85,6 +85,12 @@ class BuildContext {
   /// see "The primary's contract" below). Run with Head::run like any stage; reads and writes
   /// buffers like one. Only the primary's act stages run.
   virtual int act_stage(const StageDesc& desc) noexcept = 0;
+  // --- appended in 20.3 (data parallel) ---
+  /// The global batch row of this rank's first batch row: rank × batch() (0 on one GPU). A head
+  /// whose draws are per batch row takes them from there on (Backend::uniform_from with first =
+  /// batch_offset() × values per row), so that the ranks together draw what one GPU draws for
+  /// the global batch.
+  virtual std::int64_t batch_offset() const noexcept = 0;
 };
 
 /// Bind-time interface: resolved pointers, looked up once. Unknown names give null and record

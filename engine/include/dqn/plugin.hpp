@@ -22,9 +22,10 @@ namespace dqn {
 /// descriptor and split the version into major.minor; 20.1 added the act step
 /// (BuildContext::act_rows, BuildContext::act_stage, buf::act_h2, buf::act_q); 20.2 the device
 /// replay's ops (Backend::replay_insert, replay_sample, replay_priorities) and the acting snapshot
-/// (Resolver::act_param, buf::act_params).
+/// (Resolver::act_param, buf::act_params); 20.3 a rank's share of a per-row draw
+/// (BuildContext::batch_offset, Backend::uniform_from).
 inline constexpr std::uint32_t kAbiMajor = 20;
-inline constexpr std::uint32_t kAbiMinor = 2;
+inline constexpr std::uint32_t kAbiMinor = 3;
 
 /// The exported symbol every plugin defines (through DQN_PLUGIN_EXPORT below).
 inline constexpr const char* kDescriptorSymbol = "dqn_plugin_descriptor";

@@ -56,6 +56,7 @@ struct Engine::BuildCtx final : BuildContext {
   }
   int stage(const StageDesc& d) noexcept override { return add(d, e.stages_); }
   std::int32_t act_rows() const noexcept override { return e.act_rows_; }
+  std::int64_t batch_offset() const noexcept override { return std::int64_t(e.opt_.rank) * e.spec_.batch; }
   /// The act stages of an auxiliary are accepted and never run (only the primary acts).
   int act_stage(const StageDesc& d) noexcept override {
     std::vector<Stage> dropped;

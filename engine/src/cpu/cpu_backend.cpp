@@ -440,13 +440,15 @@ class CpuBackend final : public Backend {
     out.as<T>()[0] = static_cast<T>(n > 0 ? total / static_cast<double>(n) : 0.0);
   }
 
-  void uniform(const Uniform& a) noexcept override {
+  void uniform(const Uniform& a) noexcept override { uniform_from(a, 0); }
+  void uniform_from(const Uniform& a, std::int64_t first) noexcept override {
     if (a.n < 0) return fail("uniform", "negative size");
+    if (first < 0) return fail("uniform", "negative first value");
     if (a.n == 0 || !real_ok(a.out, "uniform", "out")) return;
     const std::uint64_t step = a.step ? static_cast<std::uint64_t>(*a.step) : 0;
     T* out = a.out.as<T>();
     for (std::int64_t i = 0; i < a.n; ++i)
-      out[i] = static_cast<T>(philox::uniform(a.seed, step, a.stream, static_cast<std::uint64_t>(i)));
+      out[i] = static_cast<T>(philox::uniform(a.seed, step, a.stream, static_cast<std::uint64_t>(first + i)));
   }
 
   // --- the device replay (here: host memory) -----------------------------------------------

@@ -712,13 +712,21 @@ TEST_CASE("cli.step.devices: ranks split the global batch; the dump is one step 
                         " --backend cpu -q --steps 304 --set devices=[0,1] --out " + quote(run));
   REQUIRE_MESSAGE(t.rc == 0, t.out);
   CHECK(has(t.out, "304 env steps on each of 2 ranks (608 in all)"));
-  CHECK(has(t.out, "writes no checkpoints: it cannot be resumed"));
   CHECK(has(read_text(run + "/metrics.jsonl"), "\"ranks\":2,\"env_steps_all_ranks\":608"));
   const Run c = dqn_run("collect " + quote(run) + " --backend cpu --steps 40 --out " + quote(tmp.path("d.safetensors")));
   CHECK_MESSAGE(c.rc == 0, c.out);
-  // a run over several devices is not resumed
-  const Run again = dqn_run("train --resume " + quote(run));
-  CHECK(again.rc != 0);
+  // stopped (SIGINT), a run over several devices leaves a checkpoint of every rank's state and
+  // resumes from it to its end
+  const std::string run2 = tmp.path("run2");
+  const Run stopped = dqn_run("train " + quote(source_dir() + "/pipelines/default.yaml") +
+                                  " --backend cpu -q --steps 5000 --set devices=[0,1] --out " + quote(run2),
+                              "timeout --preserve-status -s INT 3");
+  REQUIRE_MESSAGE(stopped.rc == 130, stopped.out);
+  CHECK_MESSAGE(has(stopped.out, "continue with: dqn train --resume"), stopped.out);
+  const Run resumed = dqn_run("train -q --resume " + quote(run2));
+  REQUIRE_MESSAGE(resumed.rc == 0, resumed.out);
+  CHECK(has(resumed.out, "5000 env steps on each of 2 ranks (10000 in all)"));
+  CHECK(has(read_text(run2 + "/metrics.jsonl"), "\"ranks\":2,\"env_steps_all_ranks\":10000"));
 }
 
 TEST_CASE("cli.collect_and_offline: datasets written whole, never over a file, and bad ones refused before a run") {

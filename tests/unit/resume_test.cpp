@@ -1,5 +1,6 @@
 // Checkpoints and resuming through the API: a run stopped in the middle of an evaluation resumes
-// with that evaluation and ends as the uninterrupted run does; a checkpoint of another pipeline is
+// with that evaluation and ends as the uninterrupted run does, and so does a run over two ranks
+// (devices), whose checkpoint holds both ranks' states; a checkpoint of another pipeline is
 // refused naming the tensor; checkpoint files are sealed, pruned to the newest K, and a torn,
 // damaged or half-written one is passed over with the reason.
 #include <doctest/doctest.h>
@@ -15,6 +16,7 @@
 #include "dqn_config.h"
 #include "core/engine.hpp"
 #include "core/plugin_loader.hpp"
+#include "core/rank_group.hpp"
 #include "core/safetensors.hpp"
 #include "pipeline/parse.hpp"
 #include "training/checkpoint.hpp"
@@ -102,6 +104,37 @@ std::vector<std::uint8_t> bytes_of(const fs::path& p) {
   return {std::istreambuf_iterator<char>(in), {}};
 }
 
+/// A run over two CPU ranks into `dir` (resumed from `resume` when set; rank 1 asks to stop once
+/// past `stop_at` environment steps when positive): rank 0's result and each rank's parameters.
+struct TwoRanks {
+  TrainResult res;
+  std::vector<std::vector<double>> params{2};
+};
+TwoRanks run_two_ranks(const PipelineSpec& spec, const fs::path& dir, const st::File* resume, std::int64_t stop_at) {
+  TwoRanks out;
+  auto group = make_host_group({0, 1});
+  run_ranks(*group, [&](int rank) {
+    EngineOptions eo = training_engine_options(spec);
+    eo.group = group;
+    eo.rank = rank;
+    Engine e(spec, loader(), eo);
+    if (!resume) e.init_weights(spec.seed);
+    TrainerOptions o = quiet(dir);
+    o.ranks = group.get();
+    o.rank = rank;
+    o.resume = resume;
+    if (rank == 1 && stop_at > 0)
+      o.after_metrics_line = [stop_at](Trainer& t) {
+        if (t.env_steps() >= stop_at) t.request_stop();
+      };
+    Trainer t(e, o);
+    const TrainResult r = t.run();
+    if (rank == 0) out.res = r;
+    out.params[std::size_t(rank)] = e.host_buffer("params");
+  });
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("resume.stopped_inside_an_evaluation_ends_as_the_uninterrupted_run") {
@@ -157,6 +190,46 @@ TEST_CASE("resume.stopped_inside_an_evaluation_ends_as_the_uninterrupted_run") {
   o2.resume = &again.found->file;
   Trainer done(d, o2);
   CHECK_THROWS_WITH(done.run(), doctest::Contains("there is nothing to resume"));
+}
+
+TEST_CASE("resume.two_ranks_stopped_and_resumed_end_as_the_uninterrupted_run") {
+  TempDir tmp("ranks");
+  const PipelineSpec spec = small({"devices=[0,1]", "training.env=CartPole-v1"});
+  const TwoRanks full = run_two_ranks(spec, tmp.path / "full", nullptr, 0);
+  REQUIRE_FALSE(full.res.interrupted);
+  const TwoRanks part = run_two_ranks(spec, tmp.path / "part", nullptr, 400);
+  REQUIRE(part.res.interrupted);
+  REQUIRE_FALSE(part.res.checkpoint.empty());
+  const checkpoint::Search found = checkpoint::newest((tmp.path / "part").string(), to_yaml(spec));
+  REQUIRE(found.found);
+  CHECK(found.found->path == part.res.checkpoint);
+  // one file, every rank's state: rank 1's replay and environments beside rank 0's
+  const st::File& ck = found.found->file;
+  CHECK(ck.metadata.at("ranks") == "2");
+  CHECK(ck.metadata.count("rank.1/trainer") == 1);
+  CHECK(ck.has("trainer/obs"));
+  CHECK(ck.has("rank.1/trainer/obs"));
+  CHECK(ck.get("trainer/obs").bytes != ck.get("rank.1/trainer/obs").bytes);
+
+  // on one device: refused before anything in the run directory changes
+  {
+    const auto before = bytes_of(tmp.path / "part" / "metrics.jsonl");
+    Engine one(spec, loader(), training_engine_options(spec));
+    TrainerOptions o = quiet(tmp.path / "part");
+    o.resume = &ck;
+    Trainer t(one, o);
+    CHECK_THROWS_WITH(t.run(), doctest::Contains("holds the state of 2 ranks (devices) but this run has 1"));
+    CHECK(bytes_of(tmp.path / "part" / "metrics.jsonl") == before);
+  }
+
+  const TwoRanks resumed = run_two_ranks(spec, tmp.path / "part", &ck, 0);
+  CHECK_FALSE(resumed.res.interrupted);
+  CHECK(resumed.res.env_steps == full.res.env_steps);
+  CHECK(resumed.res.env_steps_all_ranks == full.res.env_steps_all_ranks);
+  CHECK(resumed.params[0] == full.params[0]);
+  CHECK(resumed.params[1] == full.params[0]);
+  CHECK(rows(tmp.path / "part" / "metrics.jsonl") == rows(tmp.path / "full" / "metrics.jsonl"));
+  CHECK(bytes_of(tmp.path / "part" / "weights.safetensors") == bytes_of(tmp.path / "full" / "weights.safetensors"));
 }
 
 TEST_CASE("resume.checkpoint_files") {

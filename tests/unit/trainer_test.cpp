@@ -540,7 +540,6 @@ TEST_CASE("trainer.ranks: two ranks train as one run: one directory, merged metr
   CHECK(lines.back()["interrupted"] == true);
   CHECK(lines.back()["episodes"].get<std::int64_t>() == res[0].episodes);
   CHECK(fs::exists(tmp.path / "run" / "weights.safetensors"));
-  CHECK_FALSE(fs::exists(tmp.path / "run" / "checkpoints"));  // none over several devices
   // the ranks explored on environments of their own: their episodes differ from one rank's run
   TempDir one_dir("ranks-one");
   const PipelineSpec one = small_default({"training.total_steps=2000"});
@@ -549,15 +548,15 @@ TEST_CASE("trainer.ranks: two ranks train as one run: one directory, merged metr
   Trainer t(e, quiet_options(one_dir.path / "run"));
   const TrainResult alone = t.run();
   CHECK(res[0].episodes != 2 * alone.episodes);
-  // offline and resumed runs stay on one device
+  // offline runs stay on one device (resuming over several: resume_test)
   auto two = make_host_group({0, 1});
   EngineOptions eo = training_engine_options(spec);
   eo.group = two;
   Engine e2(spec, loader(), eo);
   TrainerOptions o = quiet_options(tmp.path / "other");
   o.ranks = two.get();
-  st::File ck;
-  o.resume = &ck;
-  CHECK_THROWS_WITH_AS(Trainer(e2, o), "devices: 2 devices: resuming a run runs on one device (devices: [N])",
+  const TransitionBatch none;
+  o.offline = &none;
+  CHECK_THROWS_WITH_AS(Trainer(e2, o), "devices: 2 devices: offline training (training.dataset) runs on one device (devices: [N])",
                        std::invalid_argument);
 }

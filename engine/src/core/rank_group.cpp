@@ -135,10 +135,14 @@ struct RankGroup::Host {
   explicit Host(int n) : barrier(n), posted(std::size_t(n)) {}
   AbortableBarrier barrier;
   std::vector<std::vector<double>> posted;
+  std::vector<void*> gathered;
+  bool first_result = false;
 };
 
 RankGroup::RankGroup(std::vector<int> devices)
-    : devices_(std::move(devices)), host_(std::make_shared<Host>(std::max(1, int(devices_.size())))) {}
+    : devices_(std::move(devices)), host_(std::make_shared<Host>(std::max(1, int(devices_.size())))) {
+  host_->gathered.resize(host_->posted.size());
+}
 
 void RankGroup::abort(int rank, const std::string& why) noexcept {
   host_->barrier.abort("rank " + std::to_string(rank) + " failed: " + why);
@@ -162,6 +166,17 @@ std::vector<double> RankGroup::host_sum(int rank, const std::vector<double>& val
   }
   host_->barrier.wait();  // every rank has read the others' values before any posts again
   return sum;
+}
+
+bool RankGroup::host_gather(int rank, void* mine, const std::function<bool(const std::vector<void*>&)>& on_first) {
+  if (ranks() == 1) return on_first({mine});
+  host_->gathered[std::size_t(rank)] = mine;
+  host_->barrier.wait();
+  if (rank == 0) host_->first_result = on_first(host_->gathered);
+  host_->barrier.wait();  // rank 0 is done with every rank's object
+  const bool result = host_->first_result;
+  host_->barrier.wait();  // every rank has read the result before any gathers again
+  return result;
 }
 
 std::vector<int> rank_devices(const PipelineSpec& spec, BackendKind backend) {

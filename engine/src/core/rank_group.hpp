@@ -45,6 +45,10 @@ class RankGroup {
   /// counters): every rank passes its values (the same count on each) and gets their element-wise
   /// sums over the ranks, added in rank order. Blocks until every rank has called.
   std::vector<double> host_sum(int rank, const std::vector<double>& values);
+  /// Hands every rank's host object to rank 0: rank 0 runs on_first with each rank's `mine`, in
+  /// rank order, while the others wait (a checkpoint of every rank's state, written once), and
+  /// every rank gets what it returned. on_first must not throw; it runs on rank 0 only.
+  bool host_gather(int rank, void* mine, const std::function<bool(const std::vector<void*>&)>& on_first);
   /// The collectives' library, for --explain and benchmarks ("host", "NCCL 2.27.5").
   virtual std::string describe() const = 0;
 

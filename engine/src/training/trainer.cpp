@@ -111,10 +111,9 @@ Trainer::Trainer(Engine& engine, TrainerOptions opt)
       S_(spec_.network.state),
       D_(spec_.network.branches),
       act_rng_(derive_seed(engine.rank_seed(), kActStream)) {
-  if (multi_ && (offline_ || opt_.resume))
-    throw std::invalid_argument(std::string("devices: ") + std::to_string(opt_.ranks->ranks()) + " devices: " +
-                                (offline_ ? "offline training (training.dataset)" : "resuming a run") +
-                                " runs on one device (devices: [N])");
+  if (multi_ && offline_)
+    throw std::invalid_argument(std::string("devices: ") + std::to_string(opt_.ranks->ranks()) +
+                                " devices: offline training (training.dataset) runs on one device (devices: [N])");
   if (!engine_.has_replay() || (!offline_ && engine_.staging_rows() < nstep_.max_per_step()))
     throw std::invalid_argument("trainer: the engine needs the training replay (EngineOptions::replay = "
                                 "training_replay(spec)): its step draws the batch from it");
@@ -395,13 +394,14 @@ TrainResult Trainer::run() {
                      (opt_.progress == TrainerOptions::Progress::automatic && isatty(fileno(opt_.progress_out))));
   TrainResult res;
   if (opt_.resume) {
-    open_resumed_run(*opt_.resume);
-    restore(*opt_.resume);
+    // Over several devices, this rank's part of the checkpoint (every rank's state is in it).
+    std::optional<st::File> part;
+    if (multi_ || opt_.resume->metadata.count(kRanksKey)) part = rank_part(*opt_.resume);
+    const st::File& ck = part ? *part : *opt_.resume;
+    if (writer_) open_resumed_run(ck);
+    restore(ck);
   } else {
     if (writer_) open_new_run();
-    if (writer_ && multi_ && t.checkpoint_every > 0)
-      note("note: a run over " + std::to_string(opt_.ranks->ranks()) +
-           " devices writes no checkpoints: it cannot be resumed (training.checkpoint_every is not used)");
     if (offline_) {
       // The whole dataset into the replay once, β at beta_end (its schedule counts environment steps).
       const TransitionBatch& d = *opt_.offline;
@@ -485,12 +485,12 @@ TrainResult Trainer::run() {
     if ((ev || log_now) && !last) write_metrics(ev, false);  // else the final line follows
     if (!last && clock() >= loop_.next_checkpoint_at) {
       while (loop_.next_checkpoint_at <= clock()) loop_.next_checkpoint_at += t.checkpoint_every;
-      if (!multi_) save_checkpoint(res);
+      save_checkpoint(res);
     }
     if (writer_) progress(ev.has_value(), false);
   }
   // Stopped before the end: a checkpoint to resume from (unless this very state has one).
-  if (!multi_ && stop_requested() && !res.solved && clock() < t.total_steps && t.checkpoint_every > 0 &&
+  if (stop_requested() && !res.solved && clock() < t.total_steps && t.checkpoint_every > 0 &&
       (checkpoint_clock_ != clock() || !loop_.iteration_done))
     save_checkpoint(res);
 

@@ -84,8 +84,9 @@ struct TrainerOptions {
   /// environment copies (seeded per rank) and replay; the ranks agree on stopping once per loop
   /// iteration, every rank evaluates (the same parameters, the same evaluation seeds: the same
   /// result); rank 0 alone writes the run directory, its metrics lines counting every rank's
-  /// environment steps and episodes. No checkpoints are written (a run over several devices cannot
-  /// be resumed); offline training and resuming run on one device.
+  /// environment steps and episodes, and its checkpoints holding every rank's state (the same
+  /// `resume` file is passed to every rank; each takes its part). Offline training runs on one
+  /// device.
   RankGroup* ranks = nullptr;
   int rank = 0;
 };
@@ -158,6 +159,11 @@ class Trainer {
   void open_new_run();
   void open_resumed_run(const st::File& ck);
   void restore(const st::File& ck);
+  /// This rank's part of a checkpoint over several devices: rank 0's tensors and metadata as they
+  /// are, rank r's under "rank.<r>/" (kRanksKey: how many). Throws std::invalid_argument when the
+  /// checkpoint holds another number of ranks than this run has.
+  st::File rank_part(const st::File& ck) const;
+  static constexpr const char* kRanksKey = "ranks";
   /// Writes a checkpoint at the current clock; a failure is noted in res and printed, not thrown.
   void save_checkpoint(TrainResult& res);
   /// Saves a weights file; a failure is noted in res and printed, not thrown.

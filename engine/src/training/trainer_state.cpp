@@ -125,10 +125,20 @@ void Trainer::open_resumed_run(const st::File& ck) {
   if (!metrics_) throw std::runtime_error("cannot open '" + metrics_path.string() + "' for writing");
 }
 
+namespace {
+/// "rank.<r>/": where rank r's tensors and metadata are in a checkpoint over several devices.
+std::string rank_prefix(int r) { return "rank." + std::to_string(r) + "/"; }
+}  // namespace
+
 void Trainer::save_checkpoint(TrainResult& res) {
   using json = nlohmann::json;
+  // This rank's state; over several devices every rank's goes into rank 0's file.
+  struct Part {
+    st::File file;
+    std::string error;
+  } mine;
   try {
-    st::File f;
+    st::File& f = mine.file;
     engine_.checkpoint_to(f);
     const auto N = std::int64_t(N_), S = std::int64_t(S_);
     if (env_) {
@@ -155,15 +165,77 @@ void Trainer::save_checkpoint(TrainResult& res) {
                  {"iteration_done", loop_.iteration_done}};
     j["act_rng"] = rng.str();
     j["wall_s"] = std::chrono::duration<double>(Clock::now() - start_).count();
-    j["metrics_bytes"] = std::int64_t(metrics_.tellp());
+    j["metrics_bytes"] = writer_ ? std::int64_t(metrics_.tellp()) : std::int64_t(0);
     j["log"] = {last_log_steps_, last_log_train_steps_, last_plain_};
     f.metadata["trainer"] = j.dump();
-    res.checkpoint = checkpoint::write(run_dir_, clock(), pipeline_text_, std::move(f), spec_.training.checkpoint_keep);
-    checkpoint_clock_ = clock();
   } catch (const std::exception& e) {
-    res.write_errors.push_back(e.what());
-    note(std::string("warning: no checkpoint at step ") + std::to_string(clock()) + ", the run goes on: " + e.what());
+    mine.error = e.what();
   }
+  auto write = [&](const std::vector<void*>& parts) {
+    try {
+      st::File& f = static_cast<Part*>(parts[0])->file;
+      for (std::size_t r = 0; r < parts.size(); ++r)
+        if (const std::string& why = static_cast<Part*>(parts[r])->error; !why.empty())
+          throw std::runtime_error(parts.size() > 1 ? "rank " + std::to_string(r) + ": " + why : why);
+      if (parts.size() > 1) {
+        f.metadata[kRanksKey] = std::to_string(parts.size());
+        for (std::size_t r = 1; r < parts.size(); ++r) {
+          st::File& other = static_cast<Part*>(parts[r])->file;
+          const std::string prefix = rank_prefix(int(r));
+          for (auto& [name, t] : other.tensors) f.tensors[prefix + name] = std::move(t);
+          for (auto& [key, value] : other.metadata) f.metadata[prefix + key] = value;
+        }
+      }
+      res.checkpoint = checkpoint::write(run_dir_, clock(), pipeline_text_, std::move(f), spec_.training.checkpoint_keep);
+      return true;
+    } catch (const std::exception& e) {
+      res.write_errors.push_back(e.what());
+      note(std::string("warning: no checkpoint at step ") + std::to_string(clock()) + ", the run goes on: " + e.what());
+      return false;
+    }
+  };
+  // Every rank learns whether it was written, so that all take the same path at the stop.
+  if (multi_ ? opt_.ranks->host_gather(opt_.rank, &mine, write) : write({&mine})) checkpoint_clock_ = clock();
+}
+
+st::File Trainer::rank_part(const st::File& ck) const {
+  const int ranks = multi_ ? opt_.ranks->ranks() : 1;
+  int saved = 1;
+  if (auto it = ck.metadata.find(kRanksKey); it != ck.metadata.end()) {
+    try {
+      saved = std::stoi(it->second);
+    } catch (const std::exception&) {
+      saved = -1;
+    }
+    if (saved < 2 || std::to_string(saved) != it->second)
+      throw std::invalid_argument("checkpoint '" + ck.path + "': metadata '" + kRanksKey + "' = '" + it->second +
+                                  "' is not a number of ranks (2 or more)");
+  }
+  if (saved != ranks)
+    throw std::invalid_argument("checkpoint '" + ck.path + "' holds the state of " + std::to_string(saved) +
+                                (saved == 1 ? " rank" : " ranks") + " (devices) but this run has " +
+                                std::to_string(ranks) + ": resume it on as many devices");
+  st::File part;
+  part.path = ck.path;
+  const int rank = multi_ ? opt_.rank : 0;
+  const std::string prefix = rank_prefix(rank);
+  auto is_rank_key = [](const std::string& k) { return k.rfind("rank.", 0) == 0; };
+  // The file's own metadata (its seal, rank 0's trainer state); rank r's own entries replace them.
+  for (const auto& [key, value] : ck.metadata)
+    if (!is_rank_key(key)) part.metadata[key] = value;
+  if (rank == 0) {
+    for (const auto& [name, t] : ck.tensors)
+      if (!is_rank_key(name)) part.tensors[name] = t;
+  } else {
+    for (const auto& [key, value] : ck.metadata)
+      if (key.rfind(prefix, 0) == 0) part.metadata[key.substr(prefix.size())] = value;
+    for (const auto& [name, t] : ck.tensors)
+      if (name.rfind(prefix, 0) == 0) part.tensors[name.substr(prefix.size())] = t;
+    if (part.tensors.empty() || !ck.metadata.count(prefix + "trainer"))
+      throw std::invalid_argument("checkpoint '" + ck.path + "': no state of rank " + std::to_string(rank) +
+                                  " (tensors and metadata '" + prefix + "…')");
+  }
+  return part;
 }
 
 void Trainer::restore(const st::File& ck) {

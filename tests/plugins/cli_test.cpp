@@ -774,6 +774,13 @@ TEST_CASE("cli.collect_and_offline: datasets written whole, never over a file, a
   REQUIRE_MESSAGE(r.rc == 0, r.out);
   CHECK(has(r.out, "0 env steps, 40 training steps"));
   CHECK(fs::exists(t.path("off") + "/best.safetensors"));
+  // over two ranks: each holds the whole dataset and trains on batches of its own
+  r = dqn_run("train " + offline + " --backend cpu --steps 40 --set training.eval.every=20 --set training.eval.episodes=2 "
+              "--set devices=[0,1] --set training.dataset=" + quote(data) + " --out " + quote(t.path("off2")));
+  REQUIRE_MESSAGE(r.rc == 0, r.out);
+  CHECK(has(r.out, "2 ranks (host), offline from"));
+  CHECK(has(r.out, "the whole of it in each rank's replay"));
+  CHECK(has(r.out, "0 env steps, 40 training steps on each of 2 ranks"));
   dqn::st::File bad = dqn::st::read_file(data);
   const float nan = std::nanf("");
   std::memcpy(bad.tensors.at("rewards").bytes.data() + 7 * 4, &nan, 4);

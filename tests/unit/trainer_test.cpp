@@ -548,15 +548,56 @@ TEST_CASE("trainer.ranks: two ranks train as one run: one directory, merged metr
   Trainer t(e, quiet_options(one_dir.path / "run"));
   const TrainResult alone = t.run();
   CHECK(res[0].episodes != 2 * alone.episodes);
-  // offline runs stay on one device (resuming over several: resume_test)
-  auto two = make_host_group({0, 1});
-  EngineOptions eo = training_engine_options(spec);
-  eo.group = two;
-  Engine e2(spec, loader(), eo);
-  TrainerOptions o = quiet_options(tmp.path / "other");
-  o.ranks = two.get();
-  const TransitionBatch none;
-  o.offline = &none;
-  CHECK_THROWS_WITH_AS(Trainer(e2, o), "devices: 2 devices: offline training (training.dataset) runs on one device (devices: [N])",
-                       std::invalid_argument);
+}
+
+TEST_CASE("trainer.ranks_offline: every rank holds the whole dataset and draws batches of its own") {
+  TempDir tmp("ranks-offline");
+  ParseOptions po;
+  po.plugins = &loader();
+  po.overrides = {"backend=cpu", "devices=[0,1]", "training.dataset=unit.safetensors", "training.total_steps=40",
+                  "training.eval.every=20", "training.eval.episodes=2", "batch=16"};
+  const PipelineSpec spec = load_pipeline(source_dir() + "/pipelines/offline.yaml", po);
+  TransitionBatch data;
+  data.S = 4;
+  data.D = 1;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-0.2f, 0.2f);
+  for (int i = 0; i < 300; ++i) {
+    float s[4], n[4];
+    for (int k = 0; k < 4; ++k) s[k] = u(rng), n[k] = u(rng);
+    const std::int32_t a = std::int32_t(i % 2);
+    data.push(s, &a, 1.0f, n, i % 20 == 19);
+  }
+  auto group = make_host_group({0, 1});
+  std::vector<TrainResult> res(2);
+  std::vector<std::vector<double>> params(2), first_batch(2);
+  std::vector<std::int64_t> replay(2);
+  run_ranks(*group, [&](int rank) {
+    EngineOptions eo = training_engine_options(spec, &data);
+    eo.group = group;
+    eo.rank = rank;
+    Engine e(spec, loader(), eo);
+    e.init_weights(spec.seed);
+    TrainerOptions o = quiet_options(tmp.path / "run");
+    o.offline = &data;
+    o.ranks = group.get();
+    o.rank = rank;
+    Trainer t(e, o);
+    res[std::size_t(rank)] = t.run();
+    replay[std::size_t(rank)] = t.replay_size();
+    params[std::size_t(rank)] = e.host_buffer("params");
+    first_batch[std::size_t(rank)] = e.host_buffer(buf::states2);
+  });
+  CHECK(res[0].train_steps == 40);
+  CHECK(res[1].train_steps == 40);
+  CHECK(res[0].ranks == 2);
+  CHECK(replay[0] == 300);  // the whole dataset on each rank
+  CHECK(replay[1] == 300);
+  CHECK(params[0] == params[1]);  // bit-identical
+  CHECK(first_batch[0] != first_batch[1]);  // batches of their own
+  const auto lines = read_metrics(tmp.path / "run" / "metrics.jsonl");
+  REQUIRE(lines.size() >= 2);
+  CHECK(lines.back()["ranks"] == 2);
+  CHECK(lines.back()["train_steps"] == 40);
+  CHECK(lines.back()["final"] == true);
 }

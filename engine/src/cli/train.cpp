@@ -190,24 +190,25 @@ int cmd_train(const TrainArgs& a) {
       rc = 1;
       throw;
     }
-    if (first && !a.quiet && is_offline)
-      std::fprintf(stderr,
-                   "dqn train: pipeline '%s' on %s, offline from %s (%lld steps in %lld episodes, %lld transitions, "
-                   "behaviour policy's mean return %.1f), %lld training steps, seed %llu\n",
-                   spec.name.c_str(), engine->runtime().describe().c_str(), spec.training.dataset.c_str(),
-                   static_cast<long long>(dataset_steps), static_cast<long long>(dataset_episodes),
-                   static_cast<long long>(offline.size()), behaviour, static_cast<long long>(spec.training.total_steps),
-                   static_cast<unsigned long long>(spec.seed));
+    const std::string ranks_text = R > 1 ? ", " + std::to_string(R) + " ranks (" + group->describe() + ")" : "";
     if (first && resuming)
       std::fprintf(stderr, "dqn train: resuming '%s' from %s (step %lld of %lld)\n", a.resume.c_str(),
                    found.found->path.c_str(), static_cast<long long>(found.found->clock),
                    static_cast<long long>(spec.training.total_steps));
+    else if (first && !a.quiet && is_offline)
+      std::fprintf(stderr,
+                   "dqn train: pipeline '%s' on %s%s, offline from %s (%lld steps in %lld episodes, %lld transitions, "
+                   "behaviour policy's mean return %.1f%s), %lld training steps, seed %llu\n",
+                   spec.name.c_str(), engine->runtime().describe().c_str(), ranks_text.c_str(),
+                   spec.training.dataset.c_str(), static_cast<long long>(dataset_steps),
+                   static_cast<long long>(dataset_episodes), static_cast<long long>(offline.size()), behaviour,
+                   R > 1 ? "; the whole of it in each rank's replay" : "",
+                   static_cast<long long>(spec.training.total_steps), static_cast<unsigned long long>(spec.seed));
     else if (first && !a.quiet)
       std::fprintf(stderr, "dqn train: pipeline '%s' on %s%s, %s x%d%s, %lld steps, seed %llu\n", spec.name.c_str(),
-                   engine->runtime().describe().c_str(),
-                   R > 1 ? (", " + std::to_string(R) + " ranks (" + group->describe() + ")").c_str() : "",
-                   spec.training.env.c_str(), spec.training.num_envs, R > 1 ? " on each" : "",
-                   static_cast<long long>(spec.training.total_steps), static_cast<unsigned long long>(spec.seed));
+                   engine->runtime().describe().c_str(), ranks_text.c_str(), spec.training.env.c_str(),
+                   spec.training.num_envs, R > 1 ? " on each" : "", static_cast<long long>(spec.training.total_steps),
+                   static_cast<unsigned long long>(spec.seed));
     try {
       std::optional<StopSignals> signals;
       if (first) signals.emplace(*trainer);
@@ -234,12 +235,14 @@ int cmd_train(const TrainArgs& a) {
     return std::string(buf);
   };
   std::printf("run directory: %s\n", r.run_dir.c_str());
-  const std::string over = r.ranks > 1 ? " on each of " + std::to_string(r.ranks) + " ranks (" +
-                                              std::to_string(r.env_steps_all_ranks) + " in all)"
-                                        : "";
-  std::printf("  %lld env steps%s, %lld training steps, %lld episodes, %.1f s, %lld skipped steps\n",
+  // Over several devices: online, each rank's environment steps (and all of them); offline, each
+  // rank's training steps (each on a batch of its own from the whole dataset).
+  const std::string each = r.ranks > 1 ? " on each of " + std::to_string(r.ranks) + " ranks" : "";
+  const std::string over = r.ranks > 1 && !is_offline ? each + " (" + std::to_string(r.env_steps_all_ranks) + " in all)" : "";
+  std::printf("  %lld env steps%s, %lld training steps%s, %lld episodes, %.1f s, %lld skipped steps\n",
               static_cast<long long>(r.env_steps), over.c_str(), static_cast<long long>(r.train_steps),
-              static_cast<long long>(r.episodes), r.wall_s, static_cast<long long>(r.skipped_steps));
+              is_offline ? each.c_str() : "", static_cast<long long>(r.episodes), r.wall_s,
+              static_cast<long long>(r.skipped_steps));
   if (r.final_eval)
     std::printf("  final eval return %s (mean of %d greedy episodes)", eval_text(r.final_eval).c_str(),
                 spec.training.eval.episodes);

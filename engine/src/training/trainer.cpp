@@ -111,9 +111,6 @@ Trainer::Trainer(Engine& engine, TrainerOptions opt)
       S_(spec_.network.state),
       D_(spec_.network.branches),
       act_rng_(derive_seed(engine.rank_seed(), kActStream)) {
-  if (multi_ && offline_)
-    throw std::invalid_argument(std::string("devices: ") + std::to_string(opt_.ranks->ranks()) +
-                                " devices: offline training (training.dataset) runs on one device (devices: [N])");
   if (!engine_.has_replay() || (!offline_ && engine_.staging_rows() < nstep_.max_per_step()))
     throw std::invalid_argument("trainer: the engine needs the training replay (EngineOptions::replay = "
                                 "training_replay(spec)): its step draws the batch from it");

@@ -6,7 +6,9 @@
 #   epoch_{c51,all}: `dqn bench --epoch` drawing every batch from the replay on the device, uniform
 #     and prioritised (the sample, the priority update and the tree), 3 steps an epoch;
 #   train_{uniform,prioritized}: `dqn train pipelines/default.yaml` on CUDA: acting, n-step inserts
-#     into the device replay, training steps, a checkpoint read back from the device.
+#     into the device replay, training steps, a checkpoint read back from the device;
+#   lt_all_bf16: step_all_bf16's cuBLASLt calls (logged by the library) replayed by cuBLASLt alone
+#     (tools/lab/dqn-lt-replay): what a tool reports there is the library's, not the engine's.
 # One line per run: tool, workload, rc (0 clean, 1 an error or hazard, 124 out of time), seconds,
 # the tool's summary line; then "TOOL: N clean, N failed, N out of time" for each tool.
 # Usage: tools/gpu_sanitize_steps.sh [--only REGEX] [--set KEY=VALUE]... [--san-arg ARG]...
@@ -65,6 +67,8 @@ for kind in uniform prioritized; do
     --set training.checkpoint_every=1080 --set training.stop_at_return=0"
 done
 
+[ -x "$build/tools/lab/dqn-lt-replay" ] && cmd[lt_all_bf16]="$build/tools/lab/dqn-lt-replay $work/lt_all_bf16.log"
+
 run_one() {  # run_one TOOL NAME
   local tool=$1 name=$2 w log t0 rc secs summary line
   w=$work/$tool$tag-$name; mkdir -p "$w"
@@ -85,6 +89,11 @@ run_one() {  # run_one TOOL NAME
 names=()
 for n in $(printf '%s\n' "${!cmd[@]}" | sort); do [[ $n =~ $only ]] && names+=("$n"); done
 [ ${#names[@]} -gt 0 ] || { echo "gpu_sanitize_steps.sh: --only '$only' matches no workload" >&2; exit 2; }
+if [[ " ${names[*]} " == *" lt_all_bf16 "* ]]; then  # the library's log of the step's calls, once
+  # shellcheck disable=SC2086
+  CUBLASLT_LOG_LEVEL=2 CUBLASLT_LOG_FILE=$work/lt_all_bf16.log ${cmd[step_all_bf16]//@W@/$work} >/dev/null 2>&1 ||
+    echo "gpu_sanitize_steps.sh: step_all_bf16 failed without a tool: lt_all_bf16 replays what it logged" >&2
+fi
 running=0
 for tool in "${tools[@]}"; do
   for n in "${names[@]}"; do

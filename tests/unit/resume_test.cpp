@@ -222,6 +222,20 @@ TEST_CASE("resume.two_ranks_stopped_and_resumed_end_as_the_uninterrupted_run") {
     CHECK(bytes_of(tmp.path / "part" / "metrics.jsonl") == before);
   }
 
+  // a checkpoint whose rank parts do not match is refused, the directory untouched
+  {
+    const auto before = bytes_of(tmp.path / "part" / "metrics.jsonl");
+    st::File three = ck;
+    three.metadata["ranks"] = "3";
+    CHECK_THROWS_WITH(run_two_ranks(spec, tmp.path / "part", &three, 0),
+                      doctest::Contains("holds the state of 3 ranks (devices) but this run has 2"));
+    st::File missing = ck;
+    for (auto it = missing.tensors.begin(); it != missing.tensors.end();)
+      it = it->first.rfind("rank.1/", 0) == 0 ? missing.tensors.erase(it) : std::next(it);
+    CHECK_THROWS_WITH(run_two_ranks(spec, tmp.path / "part", &missing, 0), doctest::Contains("no state of rank 1"));
+    CHECK(bytes_of(tmp.path / "part" / "metrics.jsonl") == before);
+  }
+
   const TwoRanks resumed = run_two_ranks(spec, tmp.path / "part", &ck, 0);
   CHECK_FALSE(resumed.res.interrupted);
   CHECK(resumed.res.env_steps == full.res.env_steps);

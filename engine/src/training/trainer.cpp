@@ -395,8 +395,11 @@ TrainResult Trainer::run() {
     std::optional<st::File> part;
     if (multi_ || opt_.resume->metadata.count(kRanksKey)) part = rank_part(*opt_.resume);
     const st::File& ck = part ? *part : *opt_.resume;
-    if (writer_) open_resumed_run(ck);
+    // Everything restored in memory, on every rank, before the run directory is touched: a
+    // checkpoint that cannot be resumed leaves the directory as it was.
     restore(ck);
+    if (multi_) opt_.ranks->host_sum(opt_.rank, {0.0});
+    if (writer_) open_resumed_run(ck);
   } else {
     if (writer_) open_new_run();
     if (offline_) {

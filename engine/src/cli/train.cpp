@@ -160,7 +160,6 @@ int cmd_train(const TrainArgs& a) {
   }
   const int R = group ? group->ranks() : 1;
   TrainResult r;
-  int rc = 0;
   auto work = [&](int rank) {
     const bool first = rank == 0;
     const std::string who = R > 1 ? " (rank " + std::to_string(rank) + ")" : "";
@@ -187,7 +186,6 @@ int cmd_train(const TrainArgs& a) {
       trainer = std::make_unique<Trainer>(*engine, topt);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "dqn train: %s%s: %s\n", pipeline_path.c_str(), who.c_str(), e.what());
-      rc = 1;
       throw;
     }
     const std::string ranks_text = R > 1 ? ", " + std::to_string(R) + " ranks (" + group->describe() + ")" : "";
@@ -218,14 +216,13 @@ int cmd_train(const TrainArgs& a) {
       std::fprintf(stderr, "dqn train: error%s: %s\n", who.c_str(), e.what());
       if (!trainer->run_dir().empty())
         std::fprintf(stderr, "dqn train: what was written so far is in %s\n", trainer->run_dir().c_str());
-      rc = 1;
       throw;
     }
   };
   try {
     run_ranks(group.get(), work);
   } catch (const std::exception&) {
-    return rc ? rc : 1;
+    return 1;  // each rank's error was printed where it was caught
   }
 
   auto eval_text = [](const std::optional<double>& v) {

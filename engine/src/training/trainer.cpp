@@ -392,8 +392,7 @@ TrainResult Trainer::run() {
   TrainResult res;
   if (opt_.resume) {
     // Over several devices, this rank's part of the checkpoint (every rank's state is in it).
-    std::optional<st::File> part;
-    if (multi_ || opt_.resume->metadata.count(kRanksKey)) part = rank_part(*opt_.resume);
+    const std::optional<st::File> part = rank_part(*opt_.resume);
     const st::File& ck = part ? *part : *opt_.resume;
     // Everything restored in memory, on every rank, before the run directory is touched: a
     // checkpoint that cannot be resumed leaves the directory as it was.

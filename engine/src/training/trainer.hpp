@@ -159,10 +159,11 @@ class Trainer {
   void open_new_run();
   void open_resumed_run(const st::File& ck);
   void restore(const st::File& ck);
-  /// This rank's part of a checkpoint over several devices: rank 0's tensors and metadata as they
-  /// are, rank r's under "rank.<r>/" (kRanksKey: how many). Throws std::invalid_argument when the
-  /// checkpoint holds another number of ranks than this run has.
-  st::File rank_part(const st::File& ck) const;
+  /// This rank's part of a checkpoint: rank 0's state is under the file's own names (nullopt: the
+  /// file as it is), rank r's under "rank.<r>/" (kRanksKey: how many), given back under those
+  /// names. Throws std::invalid_argument when the checkpoint holds another number of ranks than
+  /// this run has, or lacks this rank's part.
+  std::optional<st::File> rank_part(const st::File& ck) const;
   static constexpr const char* kRanksKey = "ranks";
   /// Writes a checkpoint at the current clock; a failure is noted in res and printed, not thrown.
   void save_checkpoint(TrainResult& res);

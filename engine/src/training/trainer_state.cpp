@@ -198,7 +198,7 @@ void Trainer::save_checkpoint(TrainResult& res) {
   if (multi_ ? opt_.ranks->host_gather(opt_.rank, &mine, write) : write({&mine})) checkpoint_clock_ = clock();
 }
 
-st::File Trainer::rank_part(const st::File& ck) const {
+std::optional<st::File> Trainer::rank_part(const st::File& ck) const {
   const int ranks = multi_ ? opt_.ranks->ranks() : 1;
   int saved = 1;
   if (auto it = ck.metadata.find(kRanksKey); it != ck.metadata.end()) {
@@ -215,26 +215,22 @@ st::File Trainer::rank_part(const st::File& ck) const {
     throw std::invalid_argument("checkpoint '" + ck.path + "' holds the state of " + std::to_string(saved) +
                                 (saved == 1 ? " rank" : " ranks") + " (devices) but this run has " +
                                 std::to_string(ranks) + ": resume it on as many devices");
+  // Rank 0's state is under the file's own names (restoring reads those and nothing else).
+  if (!multi_ || opt_.rank == 0) return std::nullopt;
+  const std::string prefix = rank_prefix(opt_.rank);
   st::File part;
   part.path = ck.path;
-  const int rank = multi_ ? opt_.rank : 0;
-  const std::string prefix = rank_prefix(rank);
-  auto is_rank_key = [](const std::string& k) { return k.rfind("rank.", 0) == 0; };
-  // The file's own metadata (its seal, rank 0's trainer state); rank r's own entries replace them.
+  // The file's own metadata (its seal), rank r's own entries (its trainer state) over it.
   for (const auto& [key, value] : ck.metadata)
-    if (!is_rank_key(key)) part.metadata[key] = value;
-  if (rank == 0) {
-    for (const auto& [name, t] : ck.tensors)
-      if (!is_rank_key(name)) part.tensors[name] = t;
-  } else {
-    for (const auto& [key, value] : ck.metadata)
-      if (key.rfind(prefix, 0) == 0) part.metadata[key.substr(prefix.size())] = value;
-    for (const auto& [name, t] : ck.tensors)
-      if (name.rfind(prefix, 0) == 0) part.tensors[name.substr(prefix.size())] = t;
-    if (part.tensors.empty() || !ck.metadata.count(prefix + "trainer"))
-      throw std::invalid_argument("checkpoint '" + ck.path + "': no state of rank " + std::to_string(rank) +
-                                  " (tensors and metadata '" + prefix + "…')");
-  }
+    if (key.rfind(prefix, 0) == 0)
+      part.metadata[key.substr(prefix.size())] = value;
+    else
+      part.metadata.emplace(key, value);
+  for (const auto& [name, t] : ck.tensors)
+    if (name.rfind(prefix, 0) == 0) part.tensors[name.substr(prefix.size())] = t;
+  if (part.tensors.empty() || !ck.metadata.count(prefix + "trainer"))
+    throw std::invalid_argument("checkpoint '" + ck.path + "': no state of rank " + std::to_string(opt_.rank) +
+                                " (tensors and metadata '" + prefix + "…')");
   return part;
 }
 

@@ -24,7 +24,7 @@
 
 #include "cpu/cpu_backend.hpp"
 #include "dqn/runtime.hpp"
-#include "lab.hpp"
+#include "cuda/cuda_lab.hpp"
 
 namespace gpu_ops {
 using namespace dqn;

@@ -22,7 +22,7 @@
 #include "pipeline/parse.hpp"
 #include "core/plugin_loader.hpp"
 #include "engine_gpu_util.hpp"
-#include "lab.hpp"
+#include "cuda/cuda_lab.hpp"
 
 namespace {
 using namespace dqn;

@@ -86,6 +86,7 @@ ParseOptions with_catalog(std::vector<std::string> overrides = {}) {
   ParseOptions o;
   o.plugins = &kCatalog;
   o.overrides = std::move(overrides);
+  o.env_names = env_names();
   return o;
 }
 

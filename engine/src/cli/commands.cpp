@@ -49,6 +49,7 @@ bool load_with(const PluginLoader& loader, const Common& c, const std::string& f
   opt.overrides = c.overrides;
   if (!c.backend.empty()) opt.overrides.push_back("backend=" + c.backend);
   opt.plugins = &loader;
+  opt.env_names = env_names();
   if (c.trains) opt.environments = environment_shapes();
   // The libraries this pipeline made the loader open, and could not use, are warned about.
   const std::size_t known = loader.problems().size();

@@ -105,6 +105,7 @@ int cmd_train(const TrainArgs& a) {
   if (a.total_steps >= 0) opt.overrides.push_back("training.total_steps=" + std::to_string(a.total_steps));
   opt.plugins = &loader;
   opt.environments = environment_shapes();
+  opt.env_names = env_names();
   PipelineSpec spec;
   std::string resolved;
   try {

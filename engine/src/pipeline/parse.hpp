@@ -46,6 +46,9 @@ struct ParseOptions {
   /// network's keys. Null: not checked (a step workload, whose resolved file still lists the
   /// training defaults).
   std::function<std::optional<EnvShape>(const std::string&)> environments;
+  /// The environments training.env may name (what the command line registers); empty: the name
+  /// is not checked.
+  std::vector<std::string> env_names;
 };
 
 /// Reads and validates `path`; throws PipelineErrors (every error found in one pass).

@@ -20,7 +20,6 @@
 #include "pipeline/schema.hpp"
 #include "pipeline/text.hpp"
 #include "pipeline/tree.hpp"
-#include "training/env/env.hpp"
 
 namespace dqn {
 namespace {
@@ -33,8 +32,9 @@ using Fields = std::map<std::string, const Entry*>;
 class Validator {
  public:
   Validator(const PluginCatalog* catalog, std::function<std::optional<EnvShape>(const std::string&)> environments,
-            std::string source)
-      : catalog_(catalog), environments_(std::move(environments)), source_(std::move(source)) {}
+            std::vector<std::string> env_names, std::string source)
+      : catalog_(catalog), environments_(std::move(environments)), env_names_(std::move(env_names)),
+        source_(std::move(source)) {}
 
   std::vector<PipelineError> errors;
 
@@ -92,6 +92,7 @@ class Validator {
 
   const PluginCatalog* catalog_;
   std::function<std::optional<EnvShape>(const std::string&)> environments_;
+  std::vector<std::string> env_names_;
   std::string source_;
   SourceLoc top_loc_;
   /// The node of every key the pipeline gives, by path: where the rules between keys point.
@@ -339,8 +340,8 @@ bool Validator::may_read_section(const std::string& section, const Node& n, cons
 void Validator::check_key(const PipelineKey& k, const Node& v, const PipelineSpec& spec) {
   if (k.path == "name" && (spec.name.empty() || spec.name.find('/') != std::string::npos)) {
     fail(v, "name", "a pipeline name is non-empty and has no '/'", "it names the run directory (runs/<name>-<time>)");
-  } else if (k.path == "training.env") {
-    const std::vector<std::string> known = env_names();
+  } else if (k.path == "training.env" && !env_names_.empty()) {
+    const std::vector<std::string>& known = env_names_;
     if (spec.training.env.empty()) {
       fail(v, "training.env", "the environment name is empty", "environments: " + join(known));
     } else if (std::find(known.begin(), known.end(), spec.training.env) == known.end()) {
@@ -707,7 +708,7 @@ PipelineSpec parse_pipeline(const std::string& yaml_text, const std::string& sou
   for (const auto& o : opt.overrides) apply_override(root, o, errs);
   find_duplicates(root, "", errs);
 
-  Validator v(opt.plugins, opt.environments, source_name);
+  Validator v(opt.plugins, opt.environments, opt.env_names, source_name);
   PipelineSpec spec = v.run(root);
   errs.insert(errs.end(), v.errors.begin(), v.errors.end());
   if (!errs.empty()) {

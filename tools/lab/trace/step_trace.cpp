@@ -27,7 +27,7 @@
 #include "core/engine.hpp"
 #include "pipeline/parse.hpp"
 #include "core/plugin_loader.hpp"
-#include "lab.hpp"
+#include "cuda/cuda_lab.hpp"
 
 namespace {
 

@@ -14,8 +14,8 @@
 namespace dqn {
 namespace {
 
-struct Registry {
-  Registry() {
+struct EnvFactories {
+  EnvFactories() {
     factories.emplace(kCartPoleName, [](int num_envs, std::uint64_t seed) {
       return std::unique_ptr<VecEnv>(std::make_unique<CartPoleVecEnv>(num_envs, seed));
     });
@@ -24,8 +24,8 @@ struct Registry {
   std::map<std::string, EnvFactory> factories;  // ordered: env_names() comes out sorted
 };
 
-Registry& registry() {
-  static Registry r;
+EnvFactories& factories() {
+  static EnvFactories r;
   return r;
 }
 
@@ -43,7 +43,7 @@ std::string joined_names(const std::map<std::string, EnvFactory>& m) {
 void register_env(const std::string& name, EnvFactory factory) {
   if (name.empty()) throw std::invalid_argument("register_env: empty environment name");
   if (!factory) throw std::invalid_argument("register_env: empty factory for '" + name + "'");
-  Registry& r = registry();
+  EnvFactories& r = factories();
   std::lock_guard<std::mutex> lock(r.mutex);
   if (!r.factories.emplace(name, std::move(factory)).second)
     throw std::invalid_argument("register_env: environment '" + name + "' is already registered");
@@ -52,7 +52,7 @@ void register_env(const std::string& name, EnvFactory factory) {
 std::unique_ptr<VecEnv> make_env(const std::string& name, int num_envs, std::uint64_t seed) {
   EnvFactory factory;
   {
-    Registry& r = registry();
+    EnvFactories& r = factories();
     std::lock_guard<std::mutex> lock(r.mutex);
     auto it = r.factories.find(name);
     if (it == r.factories.end())
@@ -69,7 +69,7 @@ std::unique_ptr<VecEnv> make_env(const std::string& name, int num_envs, std::uin
 }
 
 std::vector<std::string> env_names() {
-  Registry& r = registry();
+  EnvFactories& r = factories();
   std::lock_guard<std::mutex> lock(r.mutex);
   std::vector<std::string> names;
   names.reserve(r.factories.size());
@@ -80,7 +80,7 @@ std::vector<std::string> env_names() {
 std::function<std::optional<EnvShape>(const std::string&)> environment_shapes() {
   return [](const std::string& name) -> std::optional<EnvShape> {
     {
-      Registry& r = registry();
+      EnvFactories& r = factories();
       std::lock_guard<std::mutex> lock(r.mutex);
       if (!r.factories.count(name)) return std::nullopt;
     }

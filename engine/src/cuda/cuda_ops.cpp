@@ -1,4 +1,4 @@
-/** @file backend.cpp
+/** @file cuda_ops.cpp
  *  @brief The CUDA backend's set-up, lanes, scratch and error records, the context heads launch
  *  their own kernels through, and its element and distribution ops (each checks its arguments,
  *  then launches its kernel on the lane's stream).
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "head_kernels.cuh"
-#include "backend.hpp"
+#include "cuda/cuda_ops.hpp"
 #include "dqn/replay_tree.h"
 
 namespace dqn::cuda {

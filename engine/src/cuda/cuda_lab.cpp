@@ -1,14 +1,14 @@
-/** @file lab.cpp
+/** @file cuda_lab.cpp
  *  @brief The CUDA runtime's facts for tests and measurement tools (lab.hpp).
  */
-#include "lab.hpp"
+#include "cuda/cuda_lab.hpp"
 
 #include <cuda_runtime.h>
 
 #include <atomic>
 #include <stdexcept>
 
-#include "runtime.hpp"
+#include "cuda/graph_runtime.hpp"
 
 namespace dqn::cuda::lab {
 namespace {

@@ -1,4 +1,4 @@
-/** @file gemm.cpp
+/** @file cuda_gemm.cpp
  *  @brief The CUDA backend's GEMM: the cuBLASLt plan of each problem (descriptors, heuristic, fused
  *  epilogue), tile_gemm where autotuning or the pipeline chose it, split-k for tall reductions.
  */
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "backend.hpp"
+#include "cuda/cuda_ops.hpp"
 
 namespace dqn::cuda {
 

@@ -1,4 +1,4 @@
-/** @file runtime.hpp
+/** @file graph_runtime.hpp
  *  @brief The CUDA runtime: the arena, planning, graph capture over the backend's lanes and
  *  replay, node priorities from the graph's critical paths, and pinned report copies.
  */
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "backend.hpp"
+#include "cuda/cuda_ops.hpp"
 #include "dqn/runtime.hpp"
 
 namespace dqn::cuda {

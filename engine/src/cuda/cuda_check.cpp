@@ -1,7 +1,7 @@
-/** @file check.cpp
+/** @file cuda_check.cpp
  *  @brief CUDA and cuBLAS failures as text, and the throwing checks.
  */
-#include "check.hpp"
+#include "cuda/cuda_check.hpp"
 
 #include <stdexcept>
 

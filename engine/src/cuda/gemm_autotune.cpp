@@ -1,4 +1,4 @@
-/** @file autotune.cpp
+/** @file gemm_autotune.cpp
  *  @brief Autotuning: each GEMM problem's candidates (cuBLASLt algorithms, tile_gemm shapes) timed
  *  once, outside capture, in small replayed graphs; the fastest kept, and shared with the process's
  *  other backends so that engines built alike run the same kernels.
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "backend.hpp"
+#include "cuda/cuda_ops.hpp"
 
 namespace dqn::cuda {
 

@@ -1,4 +1,4 @@
-/** @file check.hpp
+/** @file cuda_check.hpp
  *  @brief CUDA and cuBLAS failures as text (the statement, file:line and device), and the macros
  *  the backend's host code checks calls with: inside ops a failure is recorded and the op
  *  returns; outside (creation, runtime methods) it throws.

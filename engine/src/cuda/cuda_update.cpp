@@ -1,4 +1,4 @@
-/** @file update.cpp
+/** @file cuda_update.cpp
  *  @brief The CUDA backend's optimiser ops: budgets, Adam, spectral norm, the target update, and the
  *  fused update as thread-block clusters where the device launches them.
  */
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "backend.hpp"
+#include "cuda/cuda_ops.hpp"
 
 namespace dqn::cuda {
 

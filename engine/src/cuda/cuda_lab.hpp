@@ -1,4 +1,4 @@
-/** @file lab.hpp
+/** @file cuda_lab.hpp
  *  @brief What the tests and the measurement tools (tools/lab/) read of the CUDA backend beyond
  *  the engine's runtime interface: how its fused update runs, and that update's phase stamps.
  *  The engine never calls any of it.

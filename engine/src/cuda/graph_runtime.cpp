@@ -1,4 +1,4 @@
-/** @file runtime.cpp
+/** @file graph_runtime.cpp
  *  @brief The CUDA runtime's capture, replay, graph introspection and report copies, and the
  *  factory the engine calls (make_cuda_runtime).
  */
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime.hpp"
+#include "cuda/graph_runtime.hpp"
 
 namespace dqn::cuda {
 

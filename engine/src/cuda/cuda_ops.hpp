@@ -1,4 +1,4 @@
-/** @file backend.hpp
+/** @file cuda_ops.hpp
  *  @brief The CUDA op table's class: one non-blocking stream per lane (and a side stream each),
  *  cuBLAS/cuBLASLt with an explicit workspace, planned scratch, and the ops over the kernels of
  *  kernels/. Ops never allocate, synchronise or read device memory from the host, so any sequence
@@ -22,11 +22,11 @@
 #include <tuple>
 #include <vector>
 
-#include "check.hpp"
+#include "cuda/cuda_check.hpp"
 #include "cuda_kernels.cuh"
 #include "dqn/backend.hpp"
 #include "dqn/pipeline.hpp"
-#include "lab.hpp"
+#include "cuda/cuda_lab.hpp"
 
 namespace dqn::cuda {
 

@@ -13,16 +13,19 @@
 #include <utility>
 #include <vector>
 
+#include "core/engine_ops.hpp"
 #include "dqn/backend.hpp"
-#include "dqn/pipeline.hpp"
 
 namespace dqn::cuda {
 
+/// Programmatic dependent launch's policies (the pipeline's cuda.pdl, CudaSpec::Pdl, in its order).
+enum class PdlMode : int { automatic = 0, small = 1, all = 2, off = 3 };
+
 /// The launch policy of the kernels launched on stream s from now on: programmatic dependent
-/// launch as `mode` says (CudaSpec::Pdl), `wide` while s captures a step spread over many lanes
+/// launch as `mode` says, `wide` while s captures a step spread over many lanes
 /// (automatic then keeps it for kernels with at most 16 KiB of dynamic shared memory). A stream
 /// never set launches as (automatic, not wide). The same results in every policy.
-void set_stream_pdl(cudaStream_t s, CudaSpec::Pdl mode, bool wide) noexcept;
+void set_stream_pdl(cudaStream_t s, PdlMode mode, bool wide) noexcept;
 /// Drops s's policy (before the stream is destroyed: its handle may be reused).
 void forget_stream_pdl(cudaStream_t s) noexcept;
 /// Whether a kernel with `shared` bytes of dynamic shared memory launches on s with programmatic

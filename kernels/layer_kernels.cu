@@ -12,7 +12,7 @@
 #include <unordered_map>
 
 #include "cuda_kernels.cuh"
-#include "dqn/philox.h"
+#include "core/philox.h"
 #include "kernel_common.cuh"
 
 namespace dqn::cuda {
@@ -176,7 +176,7 @@ __global__ void scale_matrix_kernel(float* c, int rows, int cols, std::int64_t l
 namespace {
 /// Each stream's launch policy (set_stream_pdl); a stream not listed launches with the default.
 struct StreamPdl {
-  CudaSpec::Pdl mode = CudaSpec::Pdl::automatic;
+  PdlMode mode = PdlMode::automatic;
   bool wide = false;
 };
 std::mutex& stream_pdl_mutex() {
@@ -189,7 +189,7 @@ std::unordered_map<cudaStream_t, StreamPdl>& stream_pdl() {
 }
 }  // namespace
 
-void set_stream_pdl(cudaStream_t s, CudaSpec::Pdl mode, bool wide) noexcept {
+void set_stream_pdl(cudaStream_t s, PdlMode mode, bool wide) noexcept {
   try {
     std::lock_guard<std::mutex> lock(stream_pdl_mutex());
     stream_pdl()[s] = StreamPdl{mode, wide};
@@ -211,10 +211,10 @@ std::int64_t pdl_shared_limit(cudaStream_t s) noexcept {
     if (const auto it = stream_pdl().find(s); it != stream_pdl().end()) p = it->second;
   }
   switch (p.mode) {
-    case CudaSpec::Pdl::off: return -1;
-    case CudaSpec::Pdl::all: return kAny;
-    case CudaSpec::Pdl::small: return kSmall;
-    case CudaSpec::Pdl::automatic: return p.wide ? kSmall : kAny;
+    case PdlMode::off: return -1;
+    case PdlMode::all: return kAny;
+    case PdlMode::small: return kSmall;
+    case PdlMode::automatic: return p.wide ? kSmall : kAny;
   }
   return kAny;
 }

@@ -7,7 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda_kernels.cuh"
-#include "dqn/replay_tree.h"
+#include "core/replay_tree.h"
 #include "kernel_common.cuh"
 
 namespace dqn::cuda {

@@ -302,8 +302,10 @@ __device__ __forceinline__ void cluster_unstage(const float* st, ClusterTile& r)
   }
 }
 
-/// Thread 0 stamps slot `slot` of its block (UpdateClockSlot): %globaltimer, and clock64 in the
-/// slot kUpdateClockSlots further on. Nothing when the plan has no clock.
+#if DQN_LAB
+/// A lab build (meson -Dlab=true): thread 0 stamps slot `slot` of its block (UpdateClockSlot):
+/// %globaltimer, and clock64 in the slot kUpdateClockSlots further on. Nothing when the plan has
+/// no clock.
 __device__ __forceinline__ void clock_stamp(const ClusterPlan& pl, int slot) {
   if (!pl.clock || threadIdx.x != 0 || static_cast<int>(blockIdx.x) >= pl.clock_blocks) return;
   std::uint64_t t;
@@ -312,6 +314,10 @@ __device__ __forceinline__ void clock_stamp(const ClusterPlan& pl, int slot) {
   b[slot] = t;
   b[kUpdateClockSlots + slot] = static_cast<std::uint64_t>(clock64());
 }
+#define DQN_LAB_STAMP(pl, slot) clock_stamp(pl, slot)
+#else
+#define DQN_LAB_STAMP(pl, slot) ((void)0)
+#endif
 
 /// Σ over the cluster's blocks, in rank order, of element i of the shared array p (each block's own
 /// copy, through distributed shared memory): every block gets the same sum.
@@ -347,7 +353,7 @@ __global__ void __launch_bounds__(update_threads(V), (V & kUpdateWide) ? 1 : 2)
   constexpr bool Wide = (V & kUpdateWide) != 0, Mapped = (V & (kUpdateSplit | kUpdateWide)) != 0;
   constexpr int NT = update_threads(V);
   constexpr std::int64_t kTile = kTileOf<NT>;
-  clock_stamp(pl, kClockPlaced);  // (the clock is no buffer of the kernels this one waits for)
+  DQN_LAB_STAMP(pl, kClockPlaced);  // (the clock is no buffer of the kernels this one waits for)
   namespace cg = cooperative_groups;
   extern __shared__ double cu_shared[];
   __shared__ float clip_sh[kUpdateMaxHeads + 4];  // + 4: see budget()
@@ -434,7 +440,7 @@ __global__ void __launch_bounds__(update_threads(V), (V & kUpdateWide) ? 1 : 2)
   double* px = pw + static_cast<std::int64_t>(CS) * pl.max_cols;  // [CS]: their Σ x²
   if (push) asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
   dev::pdl_entry();
-  clock_stamp(pl, kClockWaited);
+  DQN_LAB_STAMP(pl, kClockWaited);
   const double bc1 = pl.step[0], bc2 = pl.step[1];
   const auto t_new = static_cast<long long>(pl.step[2]);
   cluster_load_grads<NT>(x, lo, min(hi, lo + kTile), reg);
@@ -442,7 +448,7 @@ __global__ void __launch_bounds__(update_threads(V), (V & kUpdateWide) ? 1 : 2)
   // (budget_clips' barriers publish ush)
   const bool writer = !Wide && blockIdx.x == 0;  // (the main launch's block 0 stores the step's reports)
   const bool finite = budget_clips(b, partial, nchunks, clip_sh, writer);
-  clock_stamp(pl, kClockClips);
+  DQN_LAB_STAMP(pl, kClockClips);
   if (finite && writer && threadIdx.x == 0) *u.adam.t = t_new;
   x.finite = finite;
   if (finite)
@@ -450,8 +456,8 @@ __global__ void __launch_bounds__(update_threads(V), (V & kUpdateWide) ? 1 : 2)
   const bool target_on = finite && (tu.period == 0 || t_new % tu.period == 0);
   if (!normed) {
     if (tile >= tiles) {
-      clock_stamp(pl, kClockAdam);
-      clock_stamp(pl, kClockExit);
+      DQN_LAB_STAMP(pl, kClockAdam);
+      DQN_LAB_STAMP(pl, kClockExit);
       return;
     }
     // the block's tiles (the first loaded already)
@@ -466,8 +472,8 @@ __global__ void __launch_bounds__(update_threads(V), (V & kUpdateWide) ? 1 : 2)
       cluster_load<NT>(x, s, e, every && target_on, reg);
       cluster_store<NT>(x, s, e, target_on, reg);
     }
-    clock_stamp(pl, kClockAdam);
-    clock_stamp(pl, kClockExit);
+    DQN_LAB_STAMP(pl, kClockAdam);
+    DQN_LAB_STAMP(pl, kClockExit);
     return;
   }
   cg::cluster_group cluster = cg::this_cluster();
@@ -512,11 +518,11 @@ __global__ void __launch_bounds__(update_threads(V), (V & kUpdateWide) ? 1 : 2)
   };
   tile_step(lo, true);
   for (std::int64_t s = lo + kTile; s < hi; s += kTile) tile_step(s, false);
-  clock_stamp(pl, kClockAdam);
+  DQN_LAB_STAMP(pl, kClockAdam);
   if (!finite || rows == 0 || cols == 0) {  // the same in every block of the cluster
     if (tstaged) dev::cp_async_wait<0>();  // (no copy outlives the block)
     if (push) asm volatile("barrier.cluster.wait;\n" ::: "memory");  // (its arrival's phase closed)
-    clock_stamp(pl, kClockExit);
+    DQN_LAB_STAMP(pl, kClockExit);
     return;
   }
   double* part = cu_shared;          // [max_cols]: Σ over this block's rows of W[r, c] u[r]
@@ -554,7 +560,7 @@ __global__ void __launch_bounds__(update_threads(V), (V & kUpdateWide) ? 1 : 2)
     }
   }
   cluster.sync();
-  clock_stamp(pl, kClockWtu);
+  DQN_LAB_STAMP(pl, kClockWtu);
   // Wᵀu: the blocks' sums in rank order, the same in every block
   double vsq = 0.0;
   double* v = vv;  // v = Wᵀu / ‖Wᵀu‖ (in part with pl.gather)
@@ -588,12 +594,12 @@ __global__ void __launch_bounds__(update_threads(V), (V & kUpdateWide) ? 1 : 2)
       vsq += w * w;
     }
   }
-  clock_stamp(pl, kClockGather);  // (thread 0's share of the gather)
+  DQN_LAB_STAMP(pl, kClockGather);  // (thread 0's share of the gather)
   const double vn = sqrt(block_sum(vsq, sh));  // its barriers also publish v
   const double vnorm = vn < 1e-12 ? 1e-12 : vn;
   for (int c = threadIdx.x; c < cols; c += NT) v[c] /= vnorm;
   __syncthreads();
-  clock_stamp(pl, kClockV);
+  DQN_LAB_STAMP(pl, kClockV);
   // x = W v for this block's rows: a warp per row, lanes along the row
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int r = r0 + warp; r < r1; r += NT / 32) {
@@ -605,7 +611,7 @@ __global__ void __launch_bounds__(update_threads(V), (V & kUpdateWide) ? 1 : 2)
     if (lane == 0) xr[r - r0] = xs;
   }
   __syncthreads();
-  clock_stamp(pl, kClockWv);
+  DQN_LAB_STAMP(pl, kClockWv);
   if (warp == 0) {
     double sq = 0.0;
     for (int r = lane; r < r1 - r0; r += 32) sq += xr[r] * xr[r];
@@ -618,7 +624,7 @@ __global__ void __launch_bounds__(update_threads(V), (V & kUpdateWide) ? 1 : 2)
     }
   }
   cluster.sync();
-  clock_stamp(pl, kClockSigma);
+  DQN_LAB_STAMP(pl, kClockSigma);
   double sigma2;
   if (push) {
     sigma2 = 0.0;
@@ -675,10 +681,10 @@ __global__ void __launch_bounds__(update_threads(V), (V & kUpdateWide) ? 1 : 2)
       }
     }
   }
-  clock_stamp(pl, kClockScaled);
+  DQN_LAB_STAMP(pl, kClockScaled);
   // no block leaves while another may still read its shared memory (push: none reads another's)
   if (!push) cluster.sync();
-  clock_stamp(pl, kClockExit);
+  DQN_LAB_STAMP(pl, kClockExit);
 }
 
 }  // namespace

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "dqn/backend.hpp"
-#include "dqn/replay_tree.h"
-#include "dqn/runtime.hpp"
+#include "core/replay_tree.h"
+#include "core/runtime.hpp"
 
 namespace dqn::test {
 
@@ -42,7 +42,7 @@ class ReplayHarness {
                       o_brew = take(B * 4), o_bdone = take(B * 4), o_bw = take(B * 4), o_bidx = take(B * 8),
                       o_stats = take(kReplayStats * 4), o_td = take(B * 4);
     base_ = static_cast<char*>(rt_->alloc_arena(at));
-    Backend& be = rt_->ops();
+    EngineBackend& be = rt_->ops();
     std::vector<char> zero(at, 0);
     be.upload(base_, zero.data(), at);
     auto real = [&](std::size_t off) { return Real{base_ + off, 4}; };
@@ -105,7 +105,7 @@ class ReplayHarness {
 
   void insert(const std::vector<float>& st, const std::vector<float>& nx, const std::vector<std::int32_t>& ac,
               const std::vector<float>& rw, const std::vector<float>& dn, std::int64_t n, std::int64_t env_step) {
-    Backend& be = rt_->ops();
+    EngineBackend& be = rt_->ops();
     be.upload(in_.states.p, st.data(), std::size_t(n * S_) * 4);
     be.upload(in_.next_states.p, nx.data(), std::size_t(n * S_) * 4);
     be.upload(const_cast<std::int32_t*>(in_.actions), ac.data(), std::size_t(n * D_) * 4);
@@ -120,7 +120,7 @@ class ReplayHarness {
 
   Draw sample(int B, std::uint64_t seed, float beta_start = 0.4f, float beta_end = 1.0f, std::int64_t beta_steps = 1) {
     if (B > Bmax_) throw std::invalid_argument("harness: B above max_batch");
-    Backend& be = rt_->ops();
+    EngineBackend& be = rt_->ops();
     ReplaySample a = sample_;
     a.B = B;
     a.seed = seed;
@@ -150,7 +150,7 @@ class ReplayHarness {
   }
 
   void priorities(const std::vector<std::int64_t>& idx, const std::vector<float>& td) {
-    Backend& be = rt_->ops();
+    EngineBackend& be = rt_->ops();
     be.upload(sample_.indices, idx.data(), idx.size() * 8);
     be.upload(td_.p, td.data(), td.size() * 4);
     ReplayPriorities p;

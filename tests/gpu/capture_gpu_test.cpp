@@ -93,7 +93,7 @@ struct MiniStep {
   }
 
   void enqueue() {
-    Backend& ops = gpu.ops;
+    EngineBackend& ops = gpu.ops;
     Gemm g1;  // y1 = relu(x W1ᵀ + b1)
     g1.tb = true;
     g1.m = B;

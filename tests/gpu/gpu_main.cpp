@@ -4,7 +4,7 @@
 
 #include <cstdio>
 
-#include "dqn/runtime.hpp"
+#include "core/runtime.hpp"
 
 int main(int argc, char** argv) {
   if (!dqn::cuda_available()) {

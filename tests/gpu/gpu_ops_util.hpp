@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "cpu/cpu_backend.hpp"
-#include "dqn/runtime.hpp"
+#include "core/runtime.hpp"
 #include "cuda/cuda_lab.hpp"
 
 namespace gpu_ops {
@@ -180,7 +180,7 @@ class Gpu {
   std::unique_ptr<Runtime> rt_;
 
  public:
-  Backend& ops;
+  EngineBackend& ops;
 
  private:
   char* base_ = nullptr;
@@ -200,7 +200,7 @@ inline void expect_same_reals(Gpu& ga, Gpu& gb, const std::string& what, const s
 }
 
 struct Cpu {
-  std::unique_ptr<Backend> ops = make_cpu_backend(false);
+  std::unique_ptr<EngineBackend> ops = make_cpu_backend(false);
   void ok() { REQUIRE_MESSAGE(ops->status() == 0, ops->message()); }
 };
 

@@ -634,8 +634,17 @@ TEST_CASE("gpu.step.update_paths: the fused update's choices where its grid is r
   }
 }
 
+TEST_CASE("gpu.step.update_clock_absent: a build that is not a lab build has no phase stamps" *
+          doctest::skip(DQN_LAB != 0 || !cuda::lab::cluster_launch_available())) {
+  CHECK_FALSE(cuda::lab::record_update_clock(true));
+  auto e = make(parse(pipeline("tf32")), BackendKind::cuda);
+  e->step();
+  e->runtime().synchronize();
+  CHECK(cuda::lab::update_clock(e->runtime()).stamps.empty());
+}
+
 TEST_CASE("gpu.step.update_clock: the cluster update's phase stamps (dqn-trace --update-clock) in order, no result "
-          "changed" * doctest::skip(!cuda::lab::cluster_launch_available())) {
+          "changed (a lab build)" * doctest::skip(DQN_LAB == 0 || !cuda::lab::cluster_launch_available())) {
   // The stamps dqn-trace reads (lab::update_clock): per block %globaltimer then clock64 at placed,
   // waited, clips, Adam, Wᵀu, gather, v, W v, σ, scaled, exit; a normed matrix's blocks reach them
   // all in that order, the other blocks placed … Adam and exit.

@@ -15,8 +15,9 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sdk  # noqa: E402
 
+# The SDK's headers: what a plugin includes, and cli.hpp (with export.hpp) for the one exported function.
 HEADERS = ["backend.hpp", "bdq.hpp", "cli.hpp", "device.cuh", "dist_device.cuh", "export.hpp", "head.hpp",
-           "head_base.hpp", "own_ops.hpp", "philox.h", "pipeline.hpp", "plugin.hpp", "runtime.hpp"]
+           "head_base.hpp", "own_ops.hpp", "plugin.hpp"]
 BUILTIN = ["c51", "cql", "ensemble", "iqn"]
 # What libdqn_engine.so may export (engine/libdqn_engine.map): the SDK's functions and exceptions.
 SDK_SYMBOL = re.compile(r"^(dqn::(cli_main|make_cpu_runtime|make_cuda_runtime|cuda_available|cuda_device_count|to_string|"
@@ -40,6 +41,9 @@ def main():
         for h in HEADERS:
             if not os.path.isfile(os.path.join(prefix, "include", "dqn", h)):
                 fail(f"include/dqn/{h} is not installed")
+        extra = sorted(set(os.listdir(os.path.join(prefix, "include", "dqn"))) - set(HEADERS))
+        if extra:
+            fail(f"include/dqn holds headers no plugin or exported function needs: {', '.join(extra)}")
         lib = os.path.join(libdir, "libdqn_engine.so")
         if not os.path.exists(lib):
             fail("libdqn_engine.so is not installed beside the pkgconfig folder")

@@ -17,14 +17,15 @@
 #include <vector>
 
 #include "cpu/cpu_backend.hpp"
-#include "dqn/philox.h"
-#include "dqn/runtime.hpp"
+#include "core/philox.h"
+#include "core/runtime.hpp"
 
 
 namespace ops_util {
 
 
 using dqn::Backend;
+using dqn::EngineBackend;
 using dqn::Real;
 using Vd = std::vector<double>;
 
@@ -130,8 +131,8 @@ double grad_err(Vec& x, const Vd& analytic, Loss&& loss) {
 }
 
 struct Backends {
-  std::unique_ptr<Backend> f64 = dqn::make_cpu_backend(true);
-  std::unique_ptr<Backend> f32 = dqn::make_cpu_backend(false);
+  std::unique_ptr<EngineBackend> f64 = dqn::make_cpu_backend(true);
+  std::unique_ptr<EngineBackend> f32 = dqn::make_cpu_backend(false);
 };
 
 // ---- naive references -------------------------------------------------------------------------

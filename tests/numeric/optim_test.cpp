@@ -10,7 +10,7 @@ namespace {
 
 /// Everything one budget call reads and writes, on one backend.
 struct BudgetRig {
-  BudgetRig(Backend& be, const Vd& grads, const Vd& fractions, const Vd& losses, float G)
+  BudgetRig(EngineBackend& be, const Vd& grads, const Vd& fractions, const Vd& losses, float G)
       : es(be.real_size()),
         H(static_cast<int>(fractions.size())),
         P(static_cast<std::int64_t>(grads.size() / fractions.size())),
@@ -51,7 +51,7 @@ TEST_CASE("ops.budget.primary_alone") {
   const float G = 10.0f;
   SUBCASE("norm above G clips to G") {
     const Vd g = scaled(rng.vec(P), 25.0);
-    for (Backend* b : {be.f64.get(), be.f32.get()}) {
+    for (EngineBackend* b : {be.f64.get(), be.f32.get()}) {
       BudgetRig r(*b, g, {1.0}, {0.75}, G);
       b->budget(r.a);
       REQUIRE(b->status() == 0);
@@ -67,7 +67,7 @@ TEST_CASE("ops.budget.primary_alone") {
   }
   SUBCASE("norm below G leaves g bit-identical") {
     const Vd g = scaled(rng.vec(P), 4.0);
-    for (Backend* b : {be.f64.get(), be.f32.get()}) {
+    for (EngineBackend* b : {be.f64.get(), be.f32.get()}) {
       BudgetRig r(*b, g, {1.0}, {0.75}, G);
       b->budget(r.a);
       CHECK(r.skip == 0);
@@ -91,7 +91,7 @@ TEST_CASE("ops.budget.two_heads") {
     Vd gr = grads;
     if (small)  // head 1 at norm 1.5, inside its budget of 2: unclipped
       for (int i = 0; i < P; ++i) gr[P + i] *= 1.5 / 7.0;
-    auto run = [&](Backend& b) {
+    auto run = [&](EngineBackend& b) {
       BudgetRig r(b, gr, {0.8, 0.2}, {1.5, -0.25}, G);
       b.budget(r.a);
       REQUIRE(b.status() == 0);
@@ -124,7 +124,7 @@ TEST_CASE("ops.budget.nonfinite_skips_updates") {
   // target update (Polyak and a due hard copy) leave every array bit-identical.
   Backends be;
   for (double bad : {kNaN, kInf, -kInf}) {
-    for (Backend* b : {be.f64.get(), be.f32.get()}) {
+    for (EngineBackend* b : {be.f64.get(), be.f32.get()}) {
       CAPTURE(bad);
       CAPTURE(b->name());
       const std::uint32_t es = b->real_size();
@@ -178,7 +178,7 @@ TEST_CASE("ops.adam.two_steps") {
   // step 1 m = 1, v = 1, m̂ = 2, v̂ = 4 → θ = 1 − .1·2/(2+ε); step 2 (lr .05, g = −2)
   // m = −.5, v = 1.75, m̂ = −2/3, v̂ = 4 → θ += .05/3.
   Backends be;
-  for (Backend* b : {be.f64.get(), be.f32.get()}) {
+  for (EngineBackend* b : {be.f64.get(), be.f32.get()}) {
     CAPTURE(b->name());
     const std::uint32_t es = b->real_size();
     Vec theta(es, Vd{1.0, -0.5, 2.0}), g(es, Vd{2.0, -1.0, 0.5}), m(es, 3), v(es, 3), lr(es, Vd{0.1});
@@ -216,7 +216,7 @@ TEST_CASE("ops.adam.f32_vs_f64") {
   const Vd theta0 = rng.vec(P);
   std::vector<Vd> gs;
   for (int s = 0; s < 5; ++s) gs.push_back(rng.vec(P));
-  auto run = [&](Backend& b) {
+  auto run = [&](EngineBackend& b) {
     const std::uint32_t es = b.real_size();
     Vec theta(es, theta0), g(es, P), m(es, P), v(es, P), lr(es, Vd{1e-3});
     std::int64_t t = 0;
@@ -265,7 +265,7 @@ TEST_CASE("ops.spectral_norm.power_iteration") {
   const int r0 = 7, c0 = 13, r1 = 13, c1 = 5;
   const Vd W0 = rng.vec(r0 * c0), W1 = rng.vec(r1 * c1);
   const double s0 = dense_sigma(W0, r0, c0), s1 = dense_sigma(W1, r1, c1);
-  for (Backend* b : {be.f64.get(), be.f32.get()}) {
+  for (EngineBackend* b : {be.f64.get(), be.f32.get()}) {
     CAPTURE(b->name());
     const std::uint32_t es = b->real_size();
     Vec w0(es, W0), w1(es, W1), u0(es, scaled(rng.vec(r0), 1.0)), u1(es, scaled(rng.vec(r1), 1.0));
@@ -292,7 +292,7 @@ TEST_CASE("ops.spectral_norm.power_iteration") {
 
 TEST_CASE("ops.spectral_norm.rescales_to_sigma_max") {
   Backends be;
-  Backend& b = *be.f64;
+  EngineBackend& b = *be.f64;
   Rng rng(19);
   const int rows = 7, cols = 13;
   const Vd W = rng.vec(rows * cols);
@@ -322,7 +322,7 @@ TEST_CASE("ops.target_update.polyak") {
   Rng rng(20);
   const int P = 23;
   const Vd T0 = rng.vec(P), TH = rng.vec(P);
-  auto run = [&](Backend& b) {
+  auto run = [&](EngineBackend& b) {
     Vec target(b.real_size(), T0), params(b.real_size(), TH);
     std::int64_t t = 7;
     const std::int32_t skip = 0;
@@ -348,7 +348,7 @@ TEST_CASE("ops.target_update.hard_period") {
   Backends be;
   Rng rng(21);
   const int P = 23;
-  for (Backend* b : {be.f64.get(), be.f32.get()}) {
+  for (EngineBackend* b : {be.f64.get(), be.f32.get()}) {
     const std::uint32_t es = b->real_size();
     Vec target(es, rng.vec(P)), params(es, rng.vec(P));
     std::int64_t t = 0;
@@ -374,7 +374,7 @@ TEST_CASE("ops.uniform") {
   Backends be;
   const std::int64_t n = 100003;
   const std::int64_t step = 41;
-  auto draw = [&](Backend& b, std::uint64_t seed, std::uint32_t stream, const std::int64_t* st) {
+  auto draw = [&](EngineBackend& b, std::uint64_t seed, std::uint32_t stream, const std::int64_t* st) {
     Vec out(b.real_size(), static_cast<std::size_t>(n));
     dqn::Uniform u;
     u.out = out.r(), u.n = n, u.seed = seed, u.stream = stream, u.step = st;
@@ -408,7 +408,7 @@ TEST_CASE("ops.uniform") {
   CHECK(draw(*be.f64, 7, 1, nullptr) == draw(*be.f64, 7, 1, &zero));
 
   // uniform_from(u, first): values first … first + n − 1 of the same draw (a rank's rows of it)
-  for (Backend* b : {be.f64.get(), be.f32.get()}) {
+  for (EngineBackend* b : {be.f64.get(), be.f32.get()}) {
     CAPTURE(b->name());
     const std::int64_t first = 4000, m = 1000;
     Vec part(b->real_size(), static_cast<std::size_t>(m));
@@ -428,7 +428,7 @@ TEST_CASE("ops.memory.fill_copy_axpy") {
   Rng rng(22);
   const int n = 19;
   const Vd X = rng.vec(n), Y = rng.vec(n);
-  for (Backend* b : {be.f64.get(), be.f32.get()}) {
+  for (EngineBackend* b : {be.f64.get(), be.f32.get()}) {
     CAPTURE(b->name());
     const std::uint32_t es = b->real_size();
     Vec x(es, X), y(es, Y), z(es, n + 2, -7.0);
@@ -450,7 +450,7 @@ TEST_CASE("ops.memory.upload_download") {
   const int n = 11;
   std::vector<float> host(n);
   for (float& h : host) h = static_cast<float>(rng.uniform());
-  for (Backend* b : {be.f64.get(), be.f32.get()}) {
+  for (EngineBackend* b : {be.f64.get(), be.f32.get()}) {
     CAPTURE(b->name());
     const std::uint32_t es = b->real_size();
     Vec dev(es, n, kNaN);

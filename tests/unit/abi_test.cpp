@@ -48,11 +48,8 @@ DQN_PLUGIN_EXPORT(kSelf)
 extern "C" const dqn::PluginDescriptor* dqn_plugin_descriptor();
 
 TEST_CASE("abi.version") {
-  CHECK(kAbiMajor == 20u);  // bump together with every table in this file
-  CHECK(kAbiMinor == 3u);   // 20.1: the act step (BuildContext's last two slots, buf::act_*);
-                            // 20.2: the replay ops (Backend's last three slots), the acting snapshot
-                            // (Resolver::act_param, buf::act_params); 20.3: a rank's share of a
-                            // per-row draw (BuildContext::batch_offset, Backend::uniform_from)
+  CHECK(kAbiMajor == 21u);  // bump together with every table in this file
+  CHECK(kAbiMinor == 0u);
   CHECK(std::is_same_v<std::remove_cv_t<decltype(kAbiMajor)>, std::uint32_t>);
   CHECK(std::is_same_v<std::remove_cv_t<decltype(kAbiMinor)>, std::uint32_t>);
   // Every field the loader reads was there at minor 0, so an older minor's descriptor is whole.
@@ -153,7 +150,6 @@ TEST_CASE("abi.op_argument_layout") {
   CHECK(std::is_standard_layout_v<Real>);
   CHECK(std::is_trivially_copyable_v<Real>);
   CHECK(std::is_standard_layout_v<Gemm>);
-  CHECK(std::is_standard_layout_v<SpectralMatrix>);
   CHECK(std::is_standard_layout_v<HeadForward>);
   CHECK(std::is_standard_layout_v<HeadBackward>);
   CHECK(std::is_standard_layout_v<DeviceContext>);
@@ -194,11 +190,6 @@ TEST_CASE("abi.op_argument_layout") {
       {"Gemm::stride2_bias", offsetof(Gemm, stride2_bias), 224, ""},
       {"Gemm::stride2_mask", offsetof(Gemm, stride2_mask), 232, ""},
       {"Gemm::sum_batch", offsetof(Gemm, sum_batch), 240, "then 4 bytes of padding"},
-      {"sizeof(SpectralMatrix)", sizeof(SpectralMatrix), 40, "uploaded as a table the kernel reads"},
-      {"SpectralMatrix::w", offsetof(SpectralMatrix, w), 0, ""},
-      {"SpectralMatrix::u", offsetof(SpectralMatrix, u), 16, ""},
-      {"SpectralMatrix::rows", offsetof(SpectralMatrix, rows), 32, ""},
-      {"SpectralMatrix::cols", offsetof(SpectralMatrix, cols), 36, ""},
       {"sizeof(HeadForward)", sizeof(HeadForward), 264, ""},
       {"HeadForward::x", offsetof(HeadForward, x), 0, ""},
       {"HeadForward::ldx", offsetof(HeadForward, ldx), 16, ""},
@@ -334,16 +325,16 @@ TEST_CASE("abi.interface_vtable_slots") {
       {"BuildContext::buffer", slot_of(&BuildContext::buffer), 3, ""},
       {"BuildContext::stage", slot_of(&BuildContext::stage), 4, ""},
       {"BuildContext::fail", slot_of(&BuildContext::fail), 5, ""},
-      {"BuildContext::act_rows", slot_of(&BuildContext::act_rows), 6, "20.1: appended"},
-      {"BuildContext::act_stage", slot_of(&BuildContext::act_stage), 7, "20.1"},
-      {"BuildContext::batch_offset", slot_of(&BuildContext::batch_offset), 8, "20.3: appended"},
+      {"BuildContext::act_rows", slot_of(&BuildContext::act_rows), 6, ""},
+      {"BuildContext::act_stage", slot_of(&BuildContext::act_stage), 7, ""},
+      {"BuildContext::batch_offset", slot_of(&BuildContext::batch_offset), 8, ""},
       {"Resolver::real", slot_of(&Resolver::real), 0, ""},
       {"Resolver::i32", slot_of(&Resolver::i32), 1, ""},
       {"Resolver::i64", slot_of(&Resolver::i64), 2, ""},
       {"Resolver::param", slot_of(&Resolver::param), 3, ""},
       {"Resolver::target", slot_of(&Resolver::target), 4, ""},
       {"Resolver::grad", slot_of(&Resolver::grad), 5, ""},
-      {"Resolver::act_param", slot_of(&Resolver::act_param), 6, "20.2: appended"},
+      {"Resolver::act_param", slot_of(&Resolver::act_param), 6, ""},
       {"Backend::name", slot_of(&Backend::name), 2, "the op table, in header order"},
       {"Backend::real_size", slot_of(&Backend::real_size), 3, ""},
       {"Backend::is_device", slot_of(&Backend::is_device), 4, ""},
@@ -365,24 +356,12 @@ TEST_CASE("abi.interface_vtable_slots") {
       {"Backend::dueling_dist", slot_of(&Backend::dueling_dist), 20, ""},
       {"Backend::head_forward", slot_of(&Backend::head_forward), 21, ""},
       {"Backend::head_backward_inputs", slot_of(&Backend::head_backward_inputs), 22, ""},
-      {"Backend::budget", slot_of(&Backend::budget), 23, ""},
-      {"Backend::adam", slot_of(&Backend::adam), 24, ""},
-      {"Backend::spectral_norm", slot_of(&Backend::spectral_norm), 25, ""},
-      {"Backend::target_update", slot_of(&Backend::target_update), 26, ""},
-      {"Backend::update", slot_of(&Backend::update), 27, ""},
-      {"Backend::weighted_mean", slot_of(&Backend::weighted_mean), 28, ""},
-      {"Backend::fill", slot_of(&Backend::fill), 29, ""},
-      {"Backend::copy", slot_of(&Backend::copy), 30, ""},
-      {"Backend::axpy", slot_of(&Backend::axpy), 31, ""},
-      {"Backend::uniform", slot_of(&Backend::uniform), 32, ""},
-      {"Backend::upload", slot_of(&Backend::upload), 33, ""},
-      {"Backend::download", slot_of(&Backend::download), 34, ""},
-      {"Backend::upload_reals", slot_of(&Backend::upload_reals), 35, ""},
-      {"Backend::download_reals", slot_of(&Backend::download_reals), 36, "the last slot of 20.1"},
-      {"Backend::replay_insert", slot_of(&Backend::replay_insert), 37, "20.2: appended"},
-      {"Backend::replay_sample", slot_of(&Backend::replay_sample), 38, "20.2"},
-      {"Backend::replay_priorities", slot_of(&Backend::replay_priorities), 39, "20.2"},
-      {"Backend::uniform_from", slot_of(&Backend::uniform_from), 40, "20.3: appended"},
+      {"Backend::weighted_mean", slot_of(&Backend::weighted_mean), 23, ""},
+      {"Backend::fill", slot_of(&Backend::fill), 24, ""},
+      {"Backend::copy", slot_of(&Backend::copy), 25, ""},
+      {"Backend::axpy", slot_of(&Backend::axpy), 26, ""},
+      {"Backend::uniform", slot_of(&Backend::uniform), 27, ""},
+      {"Backend::uniform_from", slot_of(&Backend::uniform_from), 28, "the last slot of 21.0"},
   });
 }
 #endif

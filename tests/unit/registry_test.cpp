@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/registry.hpp"
-#include "dqn/runtime.hpp"
+#include "core/runtime.hpp"
 
 using namespace dqn;
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/registry.hpp"
-#include "dqn/runtime.hpp"
+#include "core/runtime.hpp"
 #include "core/scheduler.hpp"
 
 using namespace dqn;

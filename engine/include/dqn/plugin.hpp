@@ -17,15 +17,8 @@ namespace dqn {
 /// struct a plugin fills (the engine reads only what the plugin's minor has), a buffer name. So a
 /// plugin built for an older minor loads and works unchanged. Anything else — a changed signature,
 /// order or layout, a method added to Head (which plugins implement) — is a major change.
-/// History: one number per change up to 19; 20.0 moved the built-in heads' own ops out of the op
-/// table into their plugins (Backend::device, Backend::fail), reordered the table and this
-/// descriptor and split the version into major.minor; 20.1 added the act step
-/// (BuildContext::act_rows, BuildContext::act_stage, buf::act_h2, buf::act_q); 20.2 the device
-/// replay's ops (Backend::replay_insert, replay_sample, replay_priorities) and the acting snapshot
-/// (Resolver::act_param, buf::act_params); 20.3 a rank's share of a per-row draw
-/// (BuildContext::batch_offset, Backend::uniform_from).
-inline constexpr std::uint32_t kAbiMajor = 20;
-inline constexpr std::uint32_t kAbiMinor = 3;
+inline constexpr std::uint32_t kAbiMajor = 21;
+inline constexpr std::uint32_t kAbiMinor = 0;
 
 /// The exported symbol every plugin defines (through DQN_PLUGIN_EXPORT below).
 inline constexpr const char* kDescriptorSymbol = "dqn_plugin_descriptor";

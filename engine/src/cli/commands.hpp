@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "dqn/pipeline.hpp"
+#include "pipeline/spec.hpp"
 
 namespace dqn {
 class PluginLoader;

@@ -132,7 +132,7 @@ void Engine::run_act(const float* obs, int rows, bool fresh) {
     for (std::size_t i = 0; i < n; ++i) d[i] = obs[i];
   }
   rt_->copy_on(act_states_.p, snap_.obs_host, n * reg_.real_size(), Runtime::kActorLane);
-  Backend& be = rt_->ops();
+  EngineBackend& be = rt_->ops();
   if (captured_) {
     rt_->replay_on(Runtime::kActGraph, Runtime::kActorLane);
   } else {

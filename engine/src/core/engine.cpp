@@ -11,7 +11,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "dqn/philox.h"
+#include "core/philox.h"
 #include "pipeline/parse.hpp"
 #include "spdlog/spdlog.h"
 
@@ -475,7 +475,7 @@ void Engine::add_engine_stages_back() {
   if (sn_count_ > 0) reads.push_back("sn/table");
   reads.push_back("budget/reach");
   for (const auto& [p, u] : sn_params_) reads.push_back(u);
-  stages_.push_back(Stage{"update", "engine", reads, writes, [this](Backend& be) {
+  stages_.push_back(Stage{"update", "engine", reads, writes, [this](Backend&) {
                             Update u;
                             Budget& b = u.budget;
                             b.grads = grad_all_; b.fractions = fractions_dev_; b.norms = norms_; b.clips = clips_;
@@ -492,7 +492,7 @@ void Engine::add_engine_stages_back() {
                             TargetUpdate& t = u.target;
                             t.target = target_; t.params = params_; t.P = reg_.param_count();
                             t.tau = float(spec_.target.polyak); t.period = spec_.target.period; t.t = t_; t.skip = skip_;
-                            be.update(u);
+                            rt_->ops().update(u);
                           }, true});
 }
 
@@ -827,15 +827,15 @@ StepReport Engine::read_report() {
 void Engine::set_batch(const HostBatch& b) {
   b.check(spec_, "batch");
   rt_->synchronize();
-  Backend& be = rt_->ops();
+  EngineOps& io = rt_->ops();
   const std::int64_t n = std::int64_t(b.B) * b.S;
-  be.upload_reals(states2_, b.states.data(), n);
-  be.upload_reals(states2_ + n, b.next_states.data(), n);
-  be.upload(actions_, b.actions.data(), b.actions.size() * 4);
-  be.upload_reals(rewards_, b.rewards.data(), b.B);
-  be.upload_reals(dones_, b.dones.data(), b.B);
-  be.upload_reals(weights_, b.is_weights.data(), b.B);
-  if (be.status()) throw std::runtime_error(std::string("set_batch: ") + be.message());
+  io.upload_reals(states2_, b.states.data(), n);
+  io.upload_reals(states2_ + n, b.next_states.data(), n);
+  io.upload(actions_, b.actions.data(), b.actions.size() * 4);
+  io.upload_reals(rewards_, b.rewards.data(), b.B);
+  io.upload_reals(dones_, b.dones.data(), b.B);
+  io.upload_reals(weights_, b.is_weights.data(), b.B);
+  if (rt_->ops().status()) throw std::runtime_error(std::string("set_batch: ") + rt_->ops().message());
 }
 
 std::vector<std::pair<std::string, std::vector<std::string>>> Engine::stage_waits() const {

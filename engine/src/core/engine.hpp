@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "dqn/pipeline.hpp"
+#include "pipeline/spec.hpp"
 #include "core/plugin_loader.hpp"
 #include "core/rank_group.hpp"
 #include "core/registry.hpp"
-#include "dqn/runtime.hpp"
+#include "core/runtime.hpp"
 #include "core/safetensors.hpp"
 #include "core/scheduler.hpp"
 

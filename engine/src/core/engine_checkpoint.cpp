@@ -38,7 +38,7 @@ st::DType file_dtype(DType d, std::uint32_t real_size) {
 
 void Engine::checkpoint_to(st::File& f) {
   rt_->synchronize();  // every queued step, staging copy, refresh and report copy has run
-  Backend& be = rt_->ops();
+  EngineBackend& be = rt_->ops();
   for (const std::string& name : reg_.buffer_order()) {
     const Registry::Buffer& b = *reg_.find(name);
     if (!saved(b, replay_.on)) continue;
@@ -130,7 +130,7 @@ void Engine::restore_checkpoint(const st::File& f) {
   }
 
   rt_->synchronize();
-  Backend& be = rt_->ops();
+  EngineBackend& be = rt_->ops();
   for (const std::string& name : reg_.buffer_order()) {
     const Registry::Buffer& b = *reg_.find(name);
     if (saved(b, replay_.on)) be.upload(reg_.base() + b.offset_bytes, f.get(kPrefix + name).bytes.data(), b.bytes);

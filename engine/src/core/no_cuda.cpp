@@ -1,7 +1,7 @@
 // Built when the CUDA backend is not: the engine still links, and asking for cuda says why not.
 #include <stdexcept>
 
-#include "dqn/runtime.hpp"
+#include "core/runtime.hpp"
 
 namespace dqn {
 

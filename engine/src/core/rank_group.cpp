@@ -14,7 +14,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "dqn/runtime.hpp"
+#include "core/runtime.hpp"
 
 namespace dqn {
 namespace {

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "dqn/pipeline.hpp"
+#include "pipeline/spec.hpp"
 
 namespace dqn {
 

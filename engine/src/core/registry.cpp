@@ -5,7 +5,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "dqn/runtime.hpp"
+#include "core/runtime.hpp"
 
 namespace dqn {
 

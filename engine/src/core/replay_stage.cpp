@@ -9,7 +9,7 @@
 #include <string>
 
 #include "core/engine.hpp"
-#include "dqn/replay_tree.h"
+#include "core/replay_tree.h"
 
 namespace dqn {
 
@@ -82,13 +82,13 @@ void Engine::add_replay_stage_back() {
   if (!replay_.on) return;
   if (replay_.prioritized)
     stages_.push_back(Stage{"replay.priorities", "engine", {buf::td_error, kIndices, kTree, kOwner, kMaxPriority},
-                            {kTree, kOwner, kMaxPriority}, [this](Backend& be) {
+                            {kTree, kOwner, kMaxPriority}, [this](Backend&) {
                               ReplayPriorities p;
                               p.store = replay_.store;
                               p.indices = replay_.indices;
                               p.td_error = td_error_;
                               p.B = spec_.batch;
-                              be.replay_priorities(p);
+                              rt_->ops().replay_priorities(p);
                             }});
   // The next step's batch, drawn last: after the priorities this step set, and beside the update,
   // off the step's critical path (the first step's batch is drawn by prime_replay_batch).
@@ -98,7 +98,7 @@ void Engine::add_replay_stage_back() {
   stages_.push_back(Stage{"replay.sample", "engine", reads,
                           {buf::states2, buf::actions, buf::rewards, buf::dones, buf::is_weights, kIndices, kStats,
                            kCursor},
-                          [this](Backend& be) {
+                          [this](Backend&) {
                             ReplaySample s;
                             s.store = replay_.store;
                             s.B = spec_.batch;
@@ -113,7 +113,7 @@ void Engine::add_replay_stage_back() {
                             s.beta_start = float(replay_.opt.spec.beta_start);
                             s.beta_end = float(replay_.opt.spec.beta_end);
                             s.beta_steps = replay_.opt.beta_steps;
-                            be.replay_sample(s);
+                            rt_->ops().replay_sample(s);
                           }});
 }
 
@@ -162,7 +162,7 @@ void Engine::bind_replay() {
   in.rewards = Real{base + 2 * K * S * es, es};
   in.dones = Real{base + (2 * K * S + K) * es, es};
   in.actions = reinterpret_cast<const std::int32_t*>(base + (2 * K * S + 2 * K) * es);
-  Backend& be = rt_->ops();
+  EngineBackend& be = rt_->ops();
   const float one = 1.0f;
   be.upload(replay_.store.max_priority, &one, sizeof one);
   // The ring of pinned blocks: as many as 64 MiB holds (2..kStagingSlotsMax), so that a loop
@@ -213,7 +213,7 @@ void Engine::add_transitions(const Transitions& t, std::int64_t env_step) {
   ReplayInsert in = replay_.staged;
   in.n = n;
   in.env_step = env_step;
-  Backend& be = rt_->ops();
+  EngineBackend& be = rt_->ops();
   be.replay_insert(in);
   if (be.status() != 0) throw std::runtime_error(std::string("add_transitions: ") + be.message());
   ++replay_.seq;
@@ -223,7 +223,7 @@ void Engine::add_transitions(const Transitions& t, std::int64_t env_step) {
 ReplayState Engine::replay_state() {
   if (!replay_.on) throw std::logic_error("replay_state: this engine has no replay");
   rt_->synchronize();
-  Backend& be = rt_->ops();
+  EngineBackend& be = rt_->ops();
   std::int64_t cur[kReplayCursor] = {};
   be.download(cur, replay_.store.cursor, sizeof cur);
   float top = 1.0f;

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "core/engine.hpp"
-#include "dqn/philox.h"
+#include "core/philox.h"
 
 namespace dqn {
 
@@ -17,7 +17,7 @@ constexpr std::uint32_t kSnStream = 0x5EEDu;
 
 void Engine::init_weights(std::uint64_t seed) {
   rt_->synchronize();
-  Backend& be = rt_->ops();
+  EngineBackend& be = rt_->ops();
   const std::int64_t P = reg_.param_count();
   std::vector<float> host(std::size_t(P), 0.0f);
   const auto& ps = reg_.params();
@@ -53,7 +53,7 @@ void Engine::init_weights(std::uint64_t seed) {
 
 void Engine::load_weights(const st::File& f) {
   rt_->synchronize();
-  Backend& be = rt_->ops();
+  EngineBackend& be = rt_->ops();
   const std::string where = f.path.empty() ? std::string("weights") : f.path;
   std::vector<std::string> missing;
   for (const auto& p : reg_.params())
@@ -113,7 +113,7 @@ void Engine::load_weights(const st::File& f) {
 
 st::File Engine::save_state(bool dump) {
   rt_->synchronize();
-  Backend& be = rt_->ops();
+  EngineBackend& be = rt_->ops();
   st::File f;
   std::vector<float> tmp;
   auto put = [&](const std::string& name, Real src, std::vector<std::int64_t> shape, std::int64_t n) {

@@ -12,13 +12,13 @@
 #include <vector>
 
 #include "cpu/cpu_replay.hpp"
-#include "dqn/philox.h"
+#include "core/philox.h"
 
 namespace dqn {
 namespace {
 
 template <class T>
-class CpuBackend final : public Backend {
+class CpuBackend final : public EngineBackend {
  public:
   const char* name() const noexcept override { return sizeof(T) == 8 ? "cpu-f64" : "cpu"; }
   std::uint32_t real_size() const noexcept override { return sizeof(T); }
@@ -598,7 +598,7 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(bool f64) {
+std::unique_ptr<EngineBackend> make_cpu_backend(bool f64) {
   if (f64) return std::make_unique<CpuBackend<double>>();
   return std::make_unique<CpuBackend<float>>();
 }

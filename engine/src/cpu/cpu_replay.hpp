@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "dqn/backend.hpp"
-#include "dqn/replay_tree.h"
+#include "core/replay_tree.h"
 
 namespace dqn::cpu_replay {
 

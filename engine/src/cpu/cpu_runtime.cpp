@@ -10,7 +10,7 @@
 #include <string>
 
 #include "cpu/cpu_backend.hpp"
-#include "dqn/runtime.hpp"
+#include "core/runtime.hpp"
 
 namespace dqn {
 namespace {
@@ -30,7 +30,7 @@ class CpuRuntime final : public Runtime {
   CpuRuntime(const CpuRuntime&) = delete;
   CpuRuntime& operator=(const CpuRuntime&) = delete;
 
-  Backend& ops() noexcept override { return *ops_; }
+  EngineBackend& ops() noexcept override { return *ops_; }
 
   void* alloc_arena(std::size_t bytes) override {
     if (arena_)
@@ -78,7 +78,7 @@ class CpuRuntime final : public Runtime {
   std::size_t peak_bytes() const noexcept override { return arena_bytes_; }
 
  private:
-  std::unique_ptr<Backend> ops_;
+  std::unique_ptr<EngineBackend> ops_;
   bool f64_;
   void* arena_ = nullptr;
   std::size_t arena_bytes_ = 0;

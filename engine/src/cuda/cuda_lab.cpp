@@ -38,7 +38,11 @@ bool cluster_launch_available() noexcept {
   return ok != 0;
 }
 
-void record_update_clock(bool on) noexcept { g_update_clock = on; }
+bool record_update_clock(bool on) noexcept {
+  if (!DQN_LAB) return false;
+  g_update_clock = on;
+  return true;
+}
 bool update_clock_wanted() noexcept { return g_update_clock; }
 
 UpdateClock update_clock(const Runtime& rt) { return cuda_runtime(rt).backend().update_clock(); }

@@ -30,7 +30,9 @@ bool cluster_launch_available() noexcept;
 
 /// From now on, the CUDA runtimes this process makes have their cluster update's blocks stamp
 /// their phases into device memory (for dqn-trace --update-clock; every replay then writes them).
-void record_update_clock(bool on) noexcept;
+/// Only a lab build (meson -Dlab=true) has the stamps: elsewhere nothing changes and it returns
+/// false.
+bool record_update_clock(bool on) noexcept;
 bool update_clock_wanted() noexcept;
 
 /// Where a cluster update's time goes: per block of its last run, `slots` %globaltimer stamps

@@ -17,7 +17,7 @@
 
 #include "head_kernels.cuh"
 #include "cuda/cuda_ops.hpp"
-#include "dqn/replay_tree.h"
+#include "core/replay_tree.h"
 
 namespace dqn::cuda {
 
@@ -32,7 +32,7 @@ CudaBackend::CudaBackend(const CudaSpec& spec, Precision precision, int device)
     // different lanes may run concurrently.
     for (auto& st : streams_) {
       DQN_CUDA_THROW(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-      cuda::set_stream_pdl(st, spec_.pdl, false);
+      cuda::set_stream_pdl(st, pdl_mode(spec_.pdl), false);
     }
     for (auto& e : side_events_) DQN_CUDA_THROW(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     stream_ = streams_[0];
@@ -61,8 +61,9 @@ CudaBackend::CudaBackend(const CudaSpec& spec, Precision precision, int device)
     // the cluster update where the device launches such clusters (CudaSpec::update_cluster: the
     // size, or off: the update's separate kernels)
     if (spec_.update_cluster >= 0) update_cluster_ = cuda::update_cluster_size(spec_.update_cluster);
-    // a measurement tool asked for the cluster update's phase stamps (lab::record_update_clock)
-    if (update_cluster_ > 0 && lab::update_clock_wanted()) {
+    // a measurement tool asked for the cluster update's phase stamps (a lab build's
+    // lab::record_update_clock)
+    if (DQN_LAB && update_cluster_ > 0 && lab::update_clock_wanted()) {
       DQN_CUDA_THROW(cudaMalloc(&clock_, kClockBytes));
       DQN_CUDA_THROW(cudaMemset(clock_, 0, kClockBytes));
       note_device_bytes(kClockBytes);

@@ -2,9 +2,10 @@
  *  @brief The CUDA op table's class: one non-blocking stream per lane (and a side stream each),
  *  cuBLAS/cuBLASLt with an explicit workspace, planned scratch, and the ops over the kernels of
  *  kernels/. Ops never allocate, synchronise or read device memory from the host, so any sequence
- *  of them can be captured into one graph as it is. The methods are defined by role: backend.cpp
- *  (set-up, lanes, errors, the element and head ops), gemm.cpp (GEMM planning and launch),
- *  autotune.cpp (timing candidates), update.cpp (the optimiser's ops).
+ *  of them can be captured into one graph as it is. It implements the plugins' op table and the
+ *  engine's own ops (core/engine_ops.hpp). The methods are defined by role: cuda_ops.cpp (set-up,
+ *  lanes, errors, the element and head ops, the replay), cuda_gemm.cpp (GEMM planning and launch),
+ *  gemm_autotune.cpp (timing candidates), cuda_update.cpp (the optimiser's ops).
  */
 #pragma once
 
@@ -22,11 +23,12 @@
 #include <tuple>
 #include <vector>
 
+#include "core/engine_ops.hpp"
 #include "cuda/cuda_check.hpp"
+#include "cuda/cuda_lab.hpp"
 #include "cuda_kernels.cuh"
 #include "dqn/backend.hpp"
-#include "dqn/pipeline.hpp"
-#include "cuda/cuda_lab.hpp"
+#include "pipeline/spec.hpp"
 
 namespace dqn::cuda {
 
@@ -51,6 +53,17 @@ inline const char* precision_name(Precision p) {
     case Precision::bf16: return "bf16";
   }
   return "?";
+}
+
+/// The kernels' launch policy for the pipeline's cuda.pdl.
+inline PdlMode pdl_mode(CudaSpec::Pdl p) {
+  switch (p) {
+    case CudaSpec::Pdl::automatic: return PdlMode::automatic;
+    case CudaSpec::Pdl::small: return PdlMode::small;
+    case CudaSpec::Pdl::all: return PdlMode::all;
+    case CudaSpec::Pdl::off: return PdlMode::off;
+  }
+  return PdlMode::automatic;
 }
 
 /// One column-major problem for cuBLASLt (the row-major Gemm with operands swapped), the key of
@@ -157,7 +170,7 @@ std::map<TuneKey, TunedAlgo>& tuned_algos();
 /// The tile_gemm choice per problem (-1: cuBLASLt, else the tile shape), shared like tuned_algos.
 std::map<TuneKey, int>& tuned_tiles();
 
-class CudaBackend final : public Backend {
+class CudaBackend final : public EngineBackend {
  public:
   CudaBackend(const CudaSpec& spec, Precision precision, int device);
   ~CudaBackend() override { release(); }
@@ -304,7 +317,7 @@ class CudaBackend final : public Backend {
   /// captured spreads over many lanes (pdl_for).
   void set_wide(bool wide) noexcept {
     for (cudaStream_t st : streams_)
-      if (st) cuda::set_stream_pdl(st, spec_.pdl, wide);
+      if (st) cuda::set_stream_pdl(st, pdl_mode(spec_.pdl), wide);
   }
   /// The pipeline's cuda: section as this backend applies it (for describe()).
   std::string options_text() const;

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "cuda/cuda_ops.hpp"
-#include "dqn/runtime.hpp"
+#include "core/runtime.hpp"
 
 namespace dqn::cuda {
 
@@ -22,7 +22,7 @@ class CudaRuntime final : public Runtime {
   CudaRuntime(const CudaSpec& spec, Precision precision, int device);
   ~CudaRuntime() override { release(); }
 
-  Backend& ops() noexcept override { return backend_; }
+  EngineBackend& ops() noexcept override { return backend_; }
 
   void* alloc_arena(std::size_t bytes) override;
   void plan_begin() override;

@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "dqn/pipeline.hpp"
+#include "pipeline/spec.hpp"
 #include "dqn/plugin.hpp"
 #include "pipeline/schema.hpp"
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "dqn/pipeline.hpp"
+#include "pipeline/spec.hpp"
 #include "dqn/plugin.hpp"
 
 namespace dqn {

@@ -15,7 +15,7 @@
 #include <variant>
 #include <vector>
 
-#include "dqn/pipeline.hpp"
+#include "pipeline/spec.hpp"
 #include "pipeline/parse.hpp"
 
 namespace dqn {

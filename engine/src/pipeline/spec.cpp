@@ -1,7 +1,7 @@
 /** @file pipeline.cpp
  *  @brief The plain pipeline types: where a value came from, how errors read, small helpers.
  */
-#include "dqn/pipeline.hpp"
+#include "pipeline/spec.hpp"
 
 #include <cmath>
 #include <utility>

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "dqn/pipeline.hpp"
+#include "pipeline/spec.hpp"
 
 namespace dqn::dsl {
 

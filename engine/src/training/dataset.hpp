@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "core/safetensors.hpp"
-#include "dqn/pipeline.hpp"
+#include "pipeline/spec.hpp"
 #include "training/replay.hpp"
 
 namespace dqn {

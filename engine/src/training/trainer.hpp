@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "dqn/backend.hpp"
-#include "dqn/pipeline.hpp"
+#include "pipeline/spec.hpp"
 #include "core/engine.hpp"
 #include "training/env/env.hpp"
 #include "core/registry.hpp"

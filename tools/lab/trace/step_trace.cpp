@@ -246,7 +246,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dqn-trace: no CUPTI resource callbacks: graph nodes will be matched by rank\n");
   std::unique_ptr<Engine> engine;
   try {
-    cuda::lab::record_update_clock(update_clock);  // (read when the engine's CUDA runtime is made)
+    // (read when the engine's CUDA runtime is made)
+    if (!cuda::lab::record_update_clock(update_clock) && update_clock) {
+      std::printf("update clock: this build has no phase stamps (a lab build has them: meson setup -Dlab=true)\n");
+      update_clock = false;
+    }
     EngineOptions eo;
     if (!replay.empty()) {
       EngineReplay r;

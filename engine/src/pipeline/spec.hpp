@@ -1,4 +1,4 @@
-/** @file pipeline.hpp
+/** @file spec.hpp
  *  @brief A parsed, validated pipeline: plain structs. Every value remembers where in which file
  *  it came from, so later checks (plugins, budgets) can still point at file:line:column.
  */
@@ -11,12 +11,11 @@
 #include <variant>
 #include <vector>
 
-#include "dqn/export.hpp"
 #include "dqn/plugin.hpp"
 
 namespace dqn {
 
-struct DQN_API SourceLoc {
+struct SourceLoc {
   std::string file;
   int line = 0;    ///< 1-based; 0 when unknown (defaults, overrides)
   int column = 0;  ///< 1-based
@@ -24,7 +23,7 @@ struct DQN_API SourceLoc {
 };
 
 /// A configuration error: where, which key, what value, why, and an optional hint.
-class DQN_API PipelineError : public std::runtime_error {
+class PipelineError : public std::runtime_error {
  public:
   PipelineError(SourceLoc where, std::string key, std::string value, std::string why,
                 std::string hint = {});
@@ -40,7 +39,7 @@ class DQN_API PipelineError : public std::runtime_error {
 };
 
 /// Several errors found in one pass (validation keeps going where it can).
-class DQN_API PipelineErrors : public std::runtime_error {
+class PipelineErrors : public std::runtime_error {
  public:
   explicit PipelineErrors(std::vector<PipelineError> errors);
   const std::vector<PipelineError>& errors() const noexcept { return errors_; }
@@ -180,13 +179,13 @@ struct PipelineSpec {
   const HeadSpec& primary() const;
 };
 
-DQN_API const char* to_string(BackendKind b);
-DQN_API const char* to_string(Precision p);
-DQN_API const char* to_string(Role r);
-DQN_API const char* to_string(CudaSpec::Gemm g);
-DQN_API const char* to_string(CudaSpec::TileLoads t);
-DQN_API const char* to_string(CudaSpec::Pdl p);
+const char* to_string(BackendKind b);
+const char* to_string(Precision p);
+const char* to_string(Role r);
+const char* to_string(CudaSpec::Gemm g);
+const char* to_string(CudaSpec::TileLoads t);
+const char* to_string(CudaSpec::Pdl p);
 /// "auto", "8", "16" or "off".
-DQN_API std::string update_cluster_text(int blocks);
+std::string update_cluster_text(int blocks);
 
 }  // namespace dqn

@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "dqn/backend.hpp"
-#include "dqn/philox.h"
+#include "core/engine_ops.hpp"
+#include "core/philox.h"
 
 namespace dqn::replay {
 

@@ -13,16 +13,17 @@
 #include <string>
 #include <vector>
 
+#include "core/engine_ops.hpp"
 #include "dqn/backend.hpp"
-#include "dqn/export.hpp"
-#include "dqn/pipeline.hpp"
+#include "pipeline/spec.hpp"
 
 namespace dqn {
 
 class Runtime {
  public:
   virtual ~Runtime() = default;
-  virtual Backend& ops() noexcept = 0;
+  /// The backend: the op table the stages run on, and the engine's own ops.
+  virtual EngineBackend& ops() noexcept = 0;
   /// One allocation for the whole arena (called once, at freeze). Aligned to 256 bytes.
   virtual void* alloc_arena(std::size_t bytes) = 0;
   /// Dry run: while planning, ops record what scratch they need and do no work; plan_end()
@@ -122,13 +123,13 @@ class Runtime {
   virtual void profile_range(bool /*on*/) noexcept {}
 };
 
-DQN_API std::unique_ptr<Runtime> make_cpu_runtime(bool f64);
+std::unique_ptr<Runtime> make_cpu_runtime(bool f64);
 /// Null when the engine was built without CUDA; throws when no usable GPU is present.
 /// The CUDA runtime for `cuda` (the pipeline's `cuda:` section) on `device`.
-DQN_API std::unique_ptr<Runtime> make_cuda_runtime(const CudaSpec& cuda, Precision precision, int device);
+std::unique_ptr<Runtime> make_cuda_runtime(const CudaSpec& cuda, Precision precision, int device);
 /// True when the CUDA backend is built and a device is present.
-DQN_API bool cuda_available() noexcept;
+bool cuda_available() noexcept;
 /// GPUs present (0 without the CUDA backend or a driver).
-DQN_API int cuda_device_count() noexcept;
+int cuda_device_count() noexcept;
 
 }  // namespace dqn

@@ -30,7 +30,7 @@ for r in $(seq "$rounds"); do
       heads=""; [ $cfg = all ] && heads=$all
       # shellcheck disable=SC2086
       us=$(DQN_PLUGIN_PATH=$vplugins $vdqn bench pipelines/ref.yaml $heads $ov --batch 256 --precision tf32 2>/dev/null |
-        awk '$1 == "ref" {print $4}')
+        awk '$1 == "pipeline" {for (i = 1; i <= NF; i++) if ($i == "device_us") c = i} $1 == "ref" && c {print $c}')
       res["$v|$cfg"]+="$us "
       echo "round $r, $v, $cfg: ${us:-failed} us"  # as it goes: a call cut off by its time box keeps these
     done

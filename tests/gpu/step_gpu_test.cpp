@@ -252,12 +252,12 @@ TEST_CASE("gpu.step.fraction_and_lr_change_without_recapture") {
   auto e = make(spec, BackendKind::cuda);
   e->step();
   const double n = e->read_report().grad_norms[0];
-  e->set_fraction(0, 0.5);
+  e->update().set_fraction(0, 0.5);
   e->step();
   const StepReport r = e->read_report();
   CHECK(r.clips[0] == doctest::Approx(std::min(1.0, 0.5 * 0.001 / (r.grad_norms[0] + 1e-6))).epsilon(1e-5));
   CHECK(n > 0);
-  e->set_lr(0.5);
+  e->update().set_lr(0.5);
   e->step();
   CHECK(e->captures() == 1);
 }
@@ -279,10 +279,10 @@ TEST_CASE("gpu.step.aux_fraction_change_without_recapture") {
   auto check_clips = [&](const StepReport& r) {
     REQUIRE(r.clips.size() == 4);
     for (std::size_t h = 0; h < 4; ++h) {
-      INFO("head " << r.heads[h] << ", fraction " << e->fractions()[h] << ", norm " << r.grad_norms[h]);
+      INFO("head " << r.heads[h] << ", fraction " << e->update().fractions()[h] << ", norm " << r.grad_norms[h]);
       CHECK(r.grad_norms[h] > 0);
-      CHECK(r.fractions[h] == e->fractions()[h]);
-      const double want = std::min(1.0, e->fractions()[h] * G / (r.grad_norms[h] + 1e-6));
+      CHECK(r.fractions[h] == e->update().fractions()[h]);
+      const double want = std::min(1.0, e->update().fractions()[h] * G / (r.grad_norms[h] + 1e-6));
       CHECK_MESSAGE(near(r.clips[h], want, 1e-5), "clip " << r.clips[h] << ", want " << want);
     }
   };
@@ -290,12 +290,12 @@ TEST_CASE("gpu.step.aux_fraction_change_without_recapture") {
   check_clips(e->read_report());
   // The fractions may not sum above 1: the primary gives up most of its share first (its clip
   // stays below 1: 0.1·G over a norm of about 0.1), and CQL's cut comes before the ensemble's raise.
-  e->set_fraction(0, 0.1);
+  e->update().set_fraction(0, 0.1);
   struct Change { std::size_t head; double f; };
   for (const Change c : {Change{1, 0.02}, Change{3, 0.03}, Change{2, 0.8}}) {
-    const double old_f = e->fractions()[c.head];
-    e->set_fraction(c.head, c.f);
-    CHECK(e->fractions()[c.head] == c.f);
+    const double old_f = e->update().fractions()[c.head];
+    e->update().set_fraction(c.head, c.f);
+    CHECK(e->update().fractions()[c.head] == c.f);
     e->step();
     const StepReport r = e->read_report();
     INFO("changed " << r.heads[c.head] << " from " << old_f << " to " << c.f);
@@ -304,7 +304,7 @@ TEST_CASE("gpu.step.aux_fraction_change_without_recapture") {
     const double n = r.grad_norms[c.head];
     CHECK(!near(std::min(1.0, old_f * G / (n + 1e-6)), std::min(1.0, c.f * G / (n + 1e-6)), 0.1));
   }
-  e->set_lr(0.5);
+  e->update().set_lr(0.5);
   e->step();
   check_clips(e->read_report());
   CHECK(e->captures() == 1);

@@ -133,7 +133,7 @@ TEST_CASE("heads.budget.c51_cql") {
   PipelineSpec spec = parse(tiny_pipeline("  - {plugin: cql}\n", "max_grad_norm: 0.0001\n"));
   auto e = make(spec, true);
   REQUIRE(e->head_names() == std::vector<std::string>{"c51", "cql"});
-  const auto f = e->fractions();
+  const auto f = e->update().fractions();
   CHECK(f[1] == doctest::Approx(0.1));  // cql's default budget
   CHECK(f[0] + f[1] == doctest::Approx(1.0).epsilon(1e-15));
   e->step();
@@ -152,8 +152,8 @@ TEST_CASE("heads.budget.c51_cql") {
   CHECK(norm(e->host_buffer("grad/total")) <= G * (1 + 1e-6));
 
   // A fraction changed between steps takes effect on the next step.
-  e->set_fraction(1, 0.02);
-  e->set_fraction(0, 0.98);
+  e->update().set_fraction(1, 0.02);
+  e->update().set_fraction(0, 0.98);
   e->step();
   r = e->read_report();
   CHECK(r.fractions[1] == doctest::Approx(0.02));
@@ -247,7 +247,7 @@ TEST_CASE("heads.budget.c51_cql_ensemble") {
   PipelineSpec spec = parse(tiny_pipeline("  - {plugin: cql}\n  - {plugin: ensemble, members: 2}\n", "max_grad_norm: 0.0001\n"));
   auto e = make(spec, true);
   REQUIRE(e->head_names() == std::vector<std::string>{"c51", "cql", "ensemble"});
-  const auto f = e->fractions();
+  const auto f = e->update().fractions();
   CHECK(f[0] == doctest::Approx(0.8));
   CHECK(f[1] == doctest::Approx(0.1));
   CHECK(f[2] == doctest::Approx(0.1));
@@ -329,7 +329,7 @@ TEST_CASE("heads.budget.full") {
                                           "max_grad_norm: 0.0001\n"));
   auto e = make(spec, true);
   REQUIRE(e->head_names() == std::vector<std::string>{"c51", "iqn", "ensemble", "cql"});
-  const auto f = e->fractions();
+  const auto f = e->update().fractions();
   CHECK(f[0] == doctest::Approx(0.6));
   CHECK(f[1] == doctest::Approx(0.2));
   CHECK(f[0] + f[1] + f[2] + f[3] == doctest::Approx(1.0).epsilon(1e-15));
@@ -341,8 +341,8 @@ TEST_CASE("heads.budget.full") {
     CHECK(r.clips[h] * r.grad_norms[h] <= f[h] * G * (1 + 1e-6));
   }
   CHECK(norm(e->host_buffer("grad/total")) <= G * (1 + 1e-6));
-  e->set_fraction(1, 0.05);
-  e->set_fraction(0, 0.75);
+  e->update().set_fraction(1, 0.05);
+  e->update().set_fraction(0, 0.75);
   e->step();
   r = e->read_report();
   CHECK(r.clips[1] == doctest::Approx(0.05 * G / (r.grad_norms[1] + 1e-6)).epsilon(1e-5));
@@ -355,10 +355,10 @@ TEST_CASE("heads.budget.fractions_sum_to_at_most_one") {
   // moves budget between heads in one call.
   PipelineSpec spec = parse(tiny_pipeline("  - {plugin: cql}\n", "max_grad_norm: 0.001\n"));
   auto e = make(spec, true);
-  REQUIRE(e->fractions() == std::vector<double>{0.9, 0.1});
+  REQUIRE(e->update().fractions() == std::vector<double>{0.9, 0.1});
   std::string message;
   try {
-    e->set_fraction(1, 0.3);
+    e->update().set_fraction(1, 0.3);
   } catch (const std::invalid_argument& x) {
     message = x.what();
   }
@@ -367,17 +367,17 @@ TEST_CASE("heads.budget.fractions_sum_to_at_most_one") {
   CHECK(message.find("c51 0.9") != std::string::npos);
   CHECK(message.find("cql 0.3") != std::string::npos);
   CHECK(message.find("nothing was changed") != std::string::npos);
-  CHECK(e->fractions() == std::vector<double>{0.9, 0.1});
+  CHECK(e->update().fractions() == std::vector<double>{0.9, 0.1});
   e->step();
   StepReport r = e->read_report();
   CHECK(r.fractions[1] == doctest::Approx(0.1));  // the device kept the old fraction too
   CHECK(r.clips[1] == doctest::Approx(std::min(1.0, 0.1 * 0.001 / (r.grad_norms[1] + 1e-6))).epsilon(1e-5));
-  CHECK_THROWS_AS(e->set_fractions({0.9, 0.2}), std::invalid_argument);
-  CHECK_THROWS_AS(e->set_fractions({0.7}), std::invalid_argument);
-  CHECK_THROWS_AS(e->set_fractions({-0.1, 0.2}), std::invalid_argument);
-  e->set_fractions({0.7, 0.3});  // budget moved from c51 to CQL in one call
-  CHECK(e->fractions() == std::vector<double>{0.7, 0.3});
-  e->set_fraction(1, 0.05);  // a smaller share is fine: the sum may stay below 1
+  CHECK_THROWS_AS(e->update().set_fractions({0.9, 0.2}), std::invalid_argument);
+  CHECK_THROWS_AS(e->update().set_fractions({0.7}), std::invalid_argument);
+  CHECK_THROWS_AS(e->update().set_fractions({-0.1, 0.2}), std::invalid_argument);
+  e->update().set_fractions({0.7, 0.3});  // budget moved from c51 to CQL in one call
+  CHECK(e->update().fractions() == std::vector<double>{0.7, 0.3});
+  e->update().set_fraction(1, 0.05);  // a smaller share is fine: the sum may stay below 1
   e->step();
   r = e->read_report();
   CHECK(r.fractions[0] == doctest::Approx(0.7));

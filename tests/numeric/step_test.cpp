@@ -196,15 +196,15 @@ TEST_CASE("step.budget.primary_alone_takes_full_norm") {
 TEST_CASE("step.budget.fraction_changes_between_steps") {
   PipelineSpec spec = parse(tiny_pipeline("max_grad_norm: 0.001\n"));
   auto e = make(spec, true);
-  e->set_fraction(0, 0.25);
+  e->update().set_fraction(0, 0.25);
   e->step();
   const StepReport r = e->read_report();
   CHECK(r.clips[0] == doctest::Approx(0.25 * 0.001 / (r.grad_norms[0] + 1e-6)).epsilon(1e-6));
   CHECK(norm(e->host_buffer("grad/total")) == doctest::Approx(0.25 * 0.001).epsilon(1e-3));
-  CHECK_THROWS_AS(e->set_fraction(0, 1.5), std::invalid_argument);
-  CHECK_THROWS_AS(e->set_fraction(3, 0.5), std::out_of_range);
-  CHECK_THROWS_AS(e->set_fractions({0.5, 0.5}), std::invalid_argument);  // one head
-  CHECK(e->fractions() == std::vector<double>{0.25});
+  CHECK_THROWS_AS(e->update().set_fraction(0, 1.5), std::invalid_argument);
+  CHECK_THROWS_AS(e->update().set_fraction(3, 0.5), std::out_of_range);
+  CHECK_THROWS_AS(e->update().set_fractions({0.5, 0.5}), std::invalid_argument);  // one head
+  CHECK(e->update().fractions() == std::vector<double>{0.25});
 }
 
 TEST_CASE("step.nonfinite_gradient_skips_every_update") {

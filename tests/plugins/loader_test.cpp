@@ -462,9 +462,9 @@ TEST_CASE("loader.third_party_head_runs_with_c51") {
   CHECK(is_loaded(fixture("h2_l2")));
   REQUIRE(engine.head_names() == std::vector<std::string>{"c51", "h2_l2"});
   CHECK(engine.backend() == BackendKind::cpu);
-  REQUIRE(engine.fractions().size() == 2);
-  CHECK(engine.fractions()[0] == doctest::Approx(0.9));  // the primary takes 1 − the plugin's default 0.1
-  CHECK(engine.fractions()[1] == doctest::Approx(0.1));
+  REQUIRE(engine.update().fractions().size() == 2);
+  CHECK(engine.update().fractions()[0] == doctest::Approx(0.9));  // the primary takes 1 − the plugin's default 0.1
+  CHECK(engine.update().fractions()[1] == doctest::Approx(0.1));
 
   // Its stages are scheduled among the engine's: penalty (declared second) before report, both
   // after the trunk and before the budget; its trunk backward after its penalty.

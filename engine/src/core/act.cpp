@@ -35,7 +35,7 @@ void Engine::add_act_stage_front() {
   for (int i = 0; i < L; ++i) writes.push_back(act_layer(i, L));
   act_stages_.push_back(Stage{"act.trunk", "engine", {kActStates, buf::act_params}, writes, [this, L](Backend& be) {
                                 for (int i = 0; i < L; ++i) {
-                                  Gemm g = trunk_layer_gemm(i, false);
+                                  Gemm g = trunk_->layer_gemm(i, false);
                                   g.m = act_rows_;
                                   g.a = i > 0 ? act_a_[std::size_t(i - 1)] : act_states_;
                                   g.b = act_w_[std::size_t(i)];

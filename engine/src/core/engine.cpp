@@ -1,5 +1,4 @@
-// The engine: step construction (registry + stages + schedule), trunk, budgets/Adam/SN/target,
-// capture and replay, checkpoints and reports.
+// The engine: step construction (registry + stages + schedule), capture and replay.
 #include "core/engine.hpp"
 
 #include <algorithm>
@@ -169,14 +168,13 @@ Engine::~Engine() {
 
 void Engine::build(const PluginLoader& plugins) {
   const int B = spec_.batch;
-  const int L = net_.trunk_layers;
   // Trunk parameters first (engine-owned), then each head's.
-  for (int i = 0; i < L; ++i) {
-    const int in = i == 0 ? net_.state : net_.trunk[i - 1];
-    const std::string p = "trunk." + std::to_string(i);
-    reg_.declare_param(p + ".weight", net_.trunk[i], in, in, kParamSpectralNorm | kParamAlign, "engine");
-    reg_.declare_param(p + ".bias", net_.trunk[i], 0, in, kParamAlign, "engine");
+  trunk_ = std::make_unique<TrunkStages>();
+  {
+    StepBuild b = step_build();
+    trunk_->declare_params(b);
   }
+  std::vector<double> fractions;
 
   // Heads: create from their plugins with resolved parameters and budgets.
   std::vector<std::vector<std::string>> storage;
@@ -204,15 +202,17 @@ void Engine::build(const PluginLoader& plugins) {
     if (hs.role == Role::primary) primary_ = heads_.size();
     heads_.push_back(plugins.create(hs.plugin, info));
     head_names_.push_back(inst);
-    fractions_.push_back(f);
+    fractions.push_back(f);
   }
   if (heads_.empty()) throw std::invalid_argument("pipeline has no enabled head");
+  update_ = std::make_unique<UpdateStages>(std::move(fractions));
 
   act_rows_ = std::max({1, spec_.training.num_envs, spec_.training.eval.episodes});
-  declare_engine_buffers();
+  StepBuild b = step_build();
+  declare_shared_buffers(b);
   declare_replay_buffers();
   declare_act_buffers();
-  add_engine_stages_front();
+  trunk_->add_front_stages(b);
   add_act_stage_front();
   for (std::size_t h = 0; h < heads_.size(); ++h) {
     BuildCtx ctx(*this, h, head_names_[h]);
@@ -242,37 +242,25 @@ void Engine::build(const PluginLoader& plugins) {
     for (const auto& p : reg_.params())
       reg_.declare_view(g + "/" + p.name, "grad/all", std::int64_t(h) * P + p.offset, {p.numel()}, "engine");
   }
-  if (spec_.spectral_norm.enabled) {
-    for (const auto& p : reg_.params()) {
-      if (!(p.flags & kParamSpectralNorm) || p.cols == 0) continue;
-      // Only the trunk and the primary head are normed (docs/step-math.md: 2 + 2 + 2D matrices).
-      const bool primary_owned = p.owner == "engine" || p.owner == head_names_[primary_];
-      if (!primary_owned) continue;
-      const std::string u = "sn.u." + p.name;
-      reg_.declare(u, DType::real, {p.rows}, BufferKind::optimizer, "engine");
-      sn_params_.emplace_back(p.name, u);
-      sn_max_rows_ = std::max(sn_max_rows_, p.rows);
-      sn_max_cols_ = std::max(sn_max_cols_, p.cols);
-    }
-    sn_count_ = int(sn_params_.size());
-    const std::int64_t words = (std::int64_t(sn_count_) * std::int64_t(sizeof(SpectralMatrix)) + 7) / 8;
-    reg_.declare("sn/table", DType::i64, {std::max<std::int64_t>(words, 1)}, BufferKind::optimizer, "engine");
-  }
-  add_engine_stages_back();
+  update_->declare_after_heads(b);
+  trunk_->add_back_stages(b);
+  if (opt_.group) add_rank_stages();
+  update_->add_back_stages(b);
   add_replay_stage_back();
   add_act_stage_back();
-  reg_.declare("budget/reach", DType::i64, {H * kBudgetReach * 2}, BufferKind::optimizer, "engine");
 
   // The ops index a buffer with 32-bit ints (the replay's own kernels with 64-bit ones).
   for (const std::string& name : reg_.buffer_order()) {
-    const auto* b = reg_.find(name);
-    if (b->view_of.empty() && name.rfind("replay/", 0) != 0 && b->numel() > std::numeric_limits<std::int32_t>::max())
-      throw std::invalid_argument("buffer '" + name + "' (" + b->owner + ") would hold " + std::to_string(b->numel()) +
+    const auto* d = reg_.find(name);
+    if (d->view_of.empty() && name.rfind("replay/", 0) != 0 && d->numel() > std::numeric_limits<std::int32_t>::max())
+      throw std::invalid_argument("buffer '" + name + "' (" + d->owner + ") would hold " + std::to_string(d->numel()) +
                                   " elements, more than the 2^31 - 1 the ops index: lower batch or the network's "
                                   "sizes (network.trunk, head_hidden, branches, actions, atoms)");
   }
   reg_.freeze(*rt_);
-  bind_engine();
+  bind_shared();
+  trunk_->bind(b);
+  update_->bind(b);
   bind_replay();
   bind_act();
   for (std::size_t h = 0; h < heads_.size(); ++h) {
@@ -285,18 +273,7 @@ void Engine::build(const PluginLoader& plugins) {
   order_ = schedule(stages_, reg_);
   schedule(act_stages_, reg_);  // checks the act stages' names (they run in declaration order)
 
-  // Constants in device memory: lr, budget fractions, the spectral-norm table.
-  set_lr(spec_.adam.lr);
-  set_fractions(fractions_);
-  if (sn_count_ > 0) {
-    std::vector<SpectralMatrix> table;
-    for (std::size_t i = 0; i < sn_params_.size(); ++i) {
-      const auto* p = reg_.find_param(sn_params_[i].first);
-      table.push_back(SpectralMatrix{params_ + p->offset, sn_u_[i], p->rows, p->cols});
-    }
-    rt_->ops().upload(sn_table_, table.data(), table.size() * sizeof(SpectralMatrix));
-  }
-  upload_budget_reach();
+  update_->upload(b);
   const auto [rb, re] = reg_.report_range();
   report_begin_ = rb;
   report_bytes_ = re - rb;
@@ -356,30 +333,18 @@ void Engine::check_capture(const Stage& s) {
                            "it must not synchronise, allocate, or copy to or from the host");
 }
 
-void Engine::declare_engine_buffers() {
+StepBuild Engine::step_build() { return StepBuild{spec_, net_, head_names_, primary_, reg_, *rt_, stages_}; }
+
+void Engine::declare_shared_buffers(StepBuild& b) {
   const std::int64_t B = spec_.batch, S = net_.state, D = net_.branches;
   const std::int64_t H = std::int64_t(heads_.size());
-  const int L = net_.trunk_layers;
-  const std::int64_t H2 = net_.h2();
   reg_.declare(buf::states2, DType::real, {2 * B, S}, BufferKind::input, "engine");
   reg_.declare(buf::actions, DType::i32, {B, D}, BufferKind::input, "engine");
   reg_.declare(buf::rewards, DType::real, {B}, BufferKind::input, "engine");
   reg_.declare(buf::dones, DType::real, {B}, BufferKind::input, "engine");
   reg_.declare(buf::is_weights, DType::real, {B}, BufferKind::input, "engine");
-  for (int i = 0; i < L; ++i) {
-    const bool last = i == L - 1;
-    const std::string online = last ? std::string(buf::h2) : "trunk/a" + std::to_string(i);
-    const std::string target = last ? std::string(buf::target_h2) : "target/a" + std::to_string(i);
-    const std::int64_t w = net_.trunk[i];
-    reg_.declare(online, DType::real, {2 * B, w}, BufferKind::activation, "engine");
-    reg_.declare(target, DType::real, {B, w}, BufferKind::activation, "engine");
-    if (!last)  // the last layer's gradient is dtrunk/all
-      reg_.declare("trunk/dz" + std::to_string(i), DType::real, {H * B, net_.trunk[i]}, BufferKind::scratch, "engine");
-  }
-  reg_.declare(buf::step, DType::i64, {1}, BufferKind::optimizer, "engine");
-  reg_.declare("opt/lr", DType::real, {1}, BufferKind::optimizer, "engine");
-  reg_.declare("opt/fractions", DType::real, {H}, BufferKind::optimizer, "engine");
-  reg_.declare("opt/skip", DType::i32, {1}, BufferKind::scratch, "engine");
+  trunk_->declare_buffers(b);
+  update_->declare_buffers(b);
   reg_.declare(buf::a_star, DType::i32, {B, D}, BufferKind::activation, "engine");
   // The report block: one contiguous range, copied to the host in one async copy.
   reg_.declare("report/losses", DType::real, {H}, BufferKind::report, "engine");
@@ -388,277 +353,32 @@ void Engine::declare_engine_buffers() {
   reg_.declare("report/total_loss", DType::real, {1}, BufferKind::report, "engine");
   reg_.declare(buf::td_error, DType::real, {B}, BufferKind::report, "engine");
   reg_.declare("report/skipped", DType::i64, {1}, BufferKind::report, "engine");
-  for (std::size_t h = 0; h < heads_.size(); ++h) {
+  for (std::size_t h = 0; h < heads_.size(); ++h)
     reg_.declare_view("loss/" + head_names_[h], "report/losses", std::int64_t(h), {1}, "engine");
-  }
-  // Every head's ∂L/∂h2 in one block, so the trunk backward runs once for all heads.
-  reg_.declare("dtrunk/all", DType::real, {H * B, H2}, BufferKind::gradient, "engine");
-  for (std::size_t h = 0; h < heads_.size(); ++h) {
-    reg_.declare_view("dtrunk/" + head_names_[h], "dtrunk/all", std::int64_t(h) * B * H2, {B, H2}, "engine");
-  }
 }
 
-void Engine::add_engine_stages_front() {
-  const int L = net_.trunk_layers;
-  std::vector<std::string> acts, tacts;
-  for (int i = 0; i < L; ++i) {
-    const bool last = i == L - 1;
-    acts.push_back(last ? std::string(buf::h2) : "trunk/a" + std::to_string(i));
-    tacts.push_back(last ? std::string(buf::target_h2) : "target/a" + std::to_string(i));
-  }
-  // The online trunk a stage per layer (trunk.forward.<i>), the target's one stage, two roots of
-  // the step's graph that start in no fixed order. (Making the target chain wait for the online
-  // first layer, one root, measured slower for C51 on the H200, 91.70 against 88.98 µs: waiting
-  // delays the target chain, which then holds the loss back; declaring the target's stage first,
-  // so that it is captured first, measured slower too: 91.09-93.13 against 86.17-86.59 µs on an
-  // H100, 2026-12-05.)
-  for (int i = 0; i < L; ++i) {
-    std::vector<std::string> reads{i == 0 ? std::string(buf::states2) : acts[std::size_t(i - 1)], "params"};
-    stages_.push_back(Stage{"trunk.forward." + std::to_string(i), "engine", reads, {acts[std::size_t(i)]},
-                            [this, i](Backend& be) { trunk_forward_layer(be, i, false); }});
-  }
-  stages_.push_back(Stage{"target.trunk.forward", "engine", {buf::states2, "target"}, tacts,
-                          [this, L](Backend& be) {
-                            for (int i = 0; i < L; ++i) trunk_forward_layer(be, i, true);
-                          }});
-}
-
-void Engine::add_engine_stages_back() {
-  const int L = net_.trunk_layers;
-  std::vector<std::string> acts, dz;  // per layer its activation and its gradient (masked in place)
-  for (int i = 0; i < L; ++i) {
-    acts.push_back(i == L - 1 ? std::string(buf::h2) : "trunk/a" + std::to_string(i));
-    dz.push_back(i == L - 1 ? std::string("dtrunk/all") : "trunk/dz" + std::to_string(i));
-  }
-  // One trunk backward for every head: the heads' ∂L/∂h2 stacked [H·B, H2], the top layer's ReLU
-  // mask in one pass, then per layer d(input) as one GEMM over H·B rows that also applies the
-  // layer below's mask (Gemm::mask), bias gradients as column sums over every head and dW as one
-  // GEMM batched over heads. A stage per layer for the input side (trunk.backward.<i>: the top
-  // layer's mask, d(input); the first layer has none below the top); its bias gradient
-  // (trunk.bias.<i>) and weight gradient (trunk.weights.<i>) need only the masked gradient and so
-  // run beside the layers below.
-  for (int i = L - 1; i >= 0; --i) {
-    const std::string li = std::to_string(i);
-    const std::string& dz_i = dz[std::size_t(i)];
-    const bool top = i == L - 1;
-    if (top || i > 0) {
-      std::vector<std::string> reads{dz_i}, writes;
-      if (top) {
-        reads.push_back(acts[std::size_t(i)]);
-        writes.push_back(dz_i);
-      }
-      if (i > 0) {
-        reads.push_back(acts[std::size_t(i - 1)]);
-        reads.push_back("params");
-        writes.push_back(dz[std::size_t(i - 1)]);
-      }
-      stages_.push_back(Stage{"trunk.backward." + li, "engine", reads, writes,
-                              [this, i](Backend& be) { trunk_backward_layer(be, i); }});
-    }
-    std::vector<std::string> bwrites;
-    for (const auto& h : head_names_) bwrites.push_back("grad/" + h + "/trunk." + li + ".bias");
-    stages_.push_back(Stage{"trunk.bias." + li, "engine", {dz_i}, bwrites,
-                            [this, i](Backend& be) { trunk_bias_layer(be, i); }});
-    std::vector<std::string> wreads{dz_i, i == 0 ? std::string(buf::states2) : acts[std::size_t(i - 1)]}, wwrites;
-    for (const auto& h : head_names_) wwrites.push_back("grad/" + h + "/trunk." + li + ".weight");
-    stages_.push_back(Stage{"trunk.weights." + li, "engine", wreads, wwrites,
-                            [this, i](Backend& be) { trunk_weights_layer(be, i); }});
-  }
-  if (opt_.group) add_rank_stages();
-  // Budgets, Adam, spectral norm and the target update: one stage, one op (a backend may fuse it;
-  // the CUDA backend does, as thread-block clusters).
-  std::vector<std::string> writes{"grad/total", "report/norms", "report/clips", "report/total_loss", "opt/skip",
-                                  "report/skipped", "params", "adam.m", "adam.v", buf::step, "target"};
-  for (const auto& [p, u] : sn_params_) writes.push_back(u);
-  std::vector<std::string> reads{"grad/all", "opt/fractions", "report/losses", "opt/lr", "params", "target",
-                                 "adam.m", "adam.v", buf::step};
-  if (sn_count_ > 0) reads.push_back("sn/table");
-  reads.push_back("budget/reach");
-  for (const auto& [p, u] : sn_params_) reads.push_back(u);
-  stages_.push_back(Stage{"update", "engine", reads, writes, [this](Backend&) {
-                            Update u;
-                            Budget& b = u.budget;
-                            b.grads = grad_all_; b.fractions = fractions_dev_; b.norms = norms_; b.clips = clips_;
-                            b.g = grad_total_; b.losses = losses_; b.total_loss = total_loss_; b.skip = skip_;
-                            b.skipped = skipped_; b.H = int(heads_.size()); b.P = reg_.param_count();
-                            b.max_grad_norm = float(spec_.max_grad_norm);
-                            b.reach = budget_reach_; b.reach_max = budget_reach_max_;
-                            Adam& a = u.adam;
-                            a.params = params_; a.g = grad_total_; a.m = adam_m_; a.v = adam_v_; a.P = reg_.param_count();
-                            a.t = t_; a.lr = lr_; a.beta1 = float(spec_.adam.beta1); a.beta2 = float(spec_.adam.beta2);
-                            a.eps = float(spec_.adam.eps); a.skip = skip_;
-                            u.sn_mats = sn_table_; u.sn_count = sn_count_; u.sn_max_rows = sn_max_rows_;
-                            u.sn_max_cols = sn_max_cols_; u.sigma_max = float(spec_.spectral_norm.sigma_max);
-                            TargetUpdate& t = u.target;
-                            t.target = target_; t.params = params_; t.P = reg_.param_count();
-                            t.tau = float(spec_.target.polyak); t.period = spec_.target.period; t.t = t_; t.skip = skip_;
-                            rt_->ops().update(u);
-                          }, true});
-}
-
-void Engine::bind_engine() {
+void Engine::bind_shared() {
   params_ = reg_.real("params");
   target_ = reg_.real("target");
   adam_m_ = reg_.real("adam.m");
   adam_v_ = reg_.real("adam.v");
   grad_all_ = reg_.real("grad/all");
-  grad_total_ = reg_.real("grad/total");
-  lr_ = reg_.real("opt/lr");
-  fractions_dev_ = reg_.real("opt/fractions");
   states2_ = reg_.real(buf::states2);
   actions_ = reg_.i32(buf::actions);
   rewards_ = reg_.real(buf::rewards);
   dones_ = reg_.real(buf::dones);
   weights_ = reg_.real(buf::is_weights);
   t_ = reg_.i64(buf::step);
-  skip_ = reg_.i32("opt/skip");
-  skipped_ = reg_.i64("report/skipped");
   losses_ = reg_.real("report/losses");
-  norms_ = reg_.real("report/norms");
-  clips_ = reg_.real("report/clips");
-  total_loss_ = reg_.real("report/total_loss");
   td_error_ = reg_.real(buf::td_error);
-  dtrunk_all_ = reg_.real("dtrunk/all");
-  const int L = net_.trunk_layers;
-  for (int i = 0; i < L; ++i) {
-    const std::string p = "trunk." + std::to_string(i);
-    trunk_w_.push_back(reg_.param_in(params_, p + ".weight"));
-    trunk_b_.push_back(reg_.param_in(params_, p + ".bias"));
-    trunk_tw_.push_back(reg_.param_in(target_, p + ".weight"));
-    trunk_tb_.push_back(reg_.param_in(target_, p + ".bias"));
-    const bool last = i == L - 1;
-    trunk_a_.push_back(reg_.real(last ? std::string(buf::h2) : "trunk/a" + std::to_string(i)));
-    trunk_ta_.push_back(reg_.real(last ? std::string(buf::target_h2) : "target/a" + std::to_string(i)));
-    trunk_dz_.push_back(last ? dtrunk_all_ : reg_.real("trunk/dz" + std::to_string(i)));
-  }
-  const std::int64_t P = reg_.param_count();
-  for (std::size_t h = 0; h < heads_.size(); ++h) {
-    const Real g = grad_all_ + std::int64_t(h) * P;
-    trunk_gw_.emplace_back();
-    trunk_gb_.emplace_back();
-    for (int i = 0; i < L; ++i) {
-      const std::string p = "trunk." + std::to_string(i);
-      trunk_gw_.back().push_back(reg_.param_in(g, p + ".weight"));
-      trunk_gb_.back().push_back(reg_.param_in(g, p + ".bias"));
-    }
-  }
-  for (const auto& [p, u] : sn_params_) sn_u_.push_back(reg_.real(u));
-  if (sn_count_ > 0) sn_table_ = reinterpret_cast<SpectralMatrix*>(reg_.i64("sn/table"));
-  budget_reach_ = reg_.i64("budget/reach");
-  const auto* rb = reg_.find("report/losses");
   const std::size_t base = reg_.report_range().first;
-  rl_.losses = rb->offset_bytes - base;
+  rl_.losses = reg_.find("report/losses")->offset_bytes - base;
   rl_.norms = reg_.find("report/norms")->offset_bytes - base;
   rl_.clips = reg_.find("report/clips")->offset_bytes - base;
   rl_.total = reg_.find("report/total_loss")->offset_bytes - base;
   rl_.td = reg_.find(buf::td_error)->offset_bytes - base;
   rl_.skipped = reg_.find("report/skipped")->offset_bytes - base;
 }
-
-// h_i = relu(W_i h_{i-1} + b_i); online over states ‖ next_states (2B rows), target over s'.
-// Trunk layer i of the online network (on states2: 2B rows) or of the target (on next_states).
-Gemm Engine::trunk_layer_gemm(int i, bool target) const {
-  const int B = spec_.batch;
-  const auto& a = target ? trunk_ta_ : trunk_a_;
-  const auto& w = target ? trunk_tw_ : trunk_w_;
-  const auto& b = target ? trunk_tb_ : trunk_b_;
-  Gemm g;
-  g.tb = true; g.m = target ? B : 2 * B; g.n = net_.trunk[i]; g.k = i == 0 ? net_.state : net_.trunk[i - 1];
-  g.a = i > 0 ? a[std::size_t(i - 1)] : target ? states2_ + std::int64_t(B) * net_.state : states2_;
-  g.lda = g.k; g.b = w[std::size_t(i)]; g.ldb = g.k; g.c = a[std::size_t(i)]; g.ldc = g.n;
-  g.weight_operand = 2;
-  g.bias = b[std::size_t(i)]; g.act = Act::relu;  // fused epilogue
-  return g;
-}
-
-void Engine::trunk_forward_layer(Backend& be, int i, bool target) { be.gemm(trunk_layer_gemm(i, target)); }
-
-// Budget::reach: head h's gradient row is written only where the stages say ("grad/<h>" whole, or
-// "grad/<h>/<param>": its parameters, the trunk's, another head's it reaches); the rest stays 0
-// from the arena's zero fill, so the norms need only these ranges (the all-heads step read four
-// whole rows where under half of it can be non-zero). Merged into at most kBudgetReach ranges
-// (closing the smallest gaps: zeros add nothing).
-std::vector<std::pair<std::int64_t, std::int64_t>> Engine::gradient_writes(std::size_t h) const {
-  const std::int64_t P = reg_.param_count();
-  const std::string g = "grad/" + head_names_[h];
-  std::vector<std::pair<std::int64_t, std::int64_t>> r;
-  for (const auto& st : stages_)
-    for (const auto& w : st.writes) {
-      if (w == g) {
-        r.emplace_back(0, P);
-      } else if (w.size() > g.size() + 1 && w.compare(0, g.size() + 1, g + "/") == 0) {
-        if (const auto* p = reg_.find_param(w.substr(g.size() + 1))) r.emplace_back(p->offset, p->offset + p->stored());
-      }
-    }
-  return r;
-}
-
-void Engine::upload_budget_reach() {
-  std::vector<std::int64_t> reach(heads_.size() * kBudgetReach * 2, 0);
-  budget_reach_max_ = 0;
-  for (std::size_t h = 0; h < heads_.size(); ++h) {
-    const auto m = merge_ranges(gradient_writes(h), std::size_t(kBudgetReach));
-    std::int64_t len = 0;
-    for (std::size_t q = 0; q < m.size(); ++q) {
-      reach[(h * kBudgetReach + q) * 2] = m[q].first;
-      reach[(h * kBudgetReach + q) * 2 + 1] = m[q].second;
-      len += m[q].second - m[q].first;
-    }
-    budget_reach_max_ = std::max(budget_reach_max_, len);
-  }
-  rt_->ops().upload(budget_reach_, reach.data(), reach.size() * sizeof(std::int64_t));
-}
-
-// Backprop every head's gradient (rows of `states`) through trunk layer i: at the top layer
-// (dtrunk/all: the heads' ∂L_h/∂h_L) its ReLU mask first; below the first layer, d(input) with
-// the layer below's mask applied (so its gradient arrives masked).
-void Engine::trunk_backward_layer(Backend& be, int i) {
-  const int B = spec_.batch, H = int(heads_.size());
-  const int w = net_.trunk[i];
-  const int in_w = i == 0 ? net_.state : net_.trunk[i - 1];
-  const Real dz = trunk_dz_[i];  // [H·B, w]
-  if (i == net_.trunk_layers - 1) trunk_top_mask(be, i);
-  if (i == 0) return;
-  Gemm gx;  // d(in) = dz · W over all H·B rows, masked by layer i − 1's activation (period B rows)
-  gx.m = H * B; gx.n = in_w; gx.k = w;
-  gx.a = dz; gx.lda = w; gx.b = trunk_w_[i]; gx.ldb = in_w; gx.c = trunk_dz_[i - 1]; gx.ldc = in_w;
-  gx.weight_operand = 2;
-  gx.mask = trunk_a_[i - 1]; gx.ldmask = in_w; gx.mask_rows = B;
-  be.gemm(gx);
-}
-
-// The top layer's ReLU mask on every head's ∂L/∂h (rows 0..B of the 2B activation block are
-// `states`: the same mask for every head).
-void Engine::trunk_top_mask(Backend& be, int i) {
-  const int B = spec_.batch, H = int(heads_.size());
-  const int w = net_.trunk[i];
-  be.relu_bias_grad(trunk_dz_[i], trunk_a_[i], Real{}, B, w, w, H, std::int64_t(B) * w, 0, 0);
-}
-
-// db_h = Σ_rows dz_h of trunk layer i from its masked gradient, every head in one op (grad/all
-// rows are P apart).
-void Engine::trunk_bias_layer(Backend& be, int i) {
-  const int B = spec_.batch, H = int(heads_.size());
-  const int w = net_.trunk[i];
-  be.relu_bias_grad(trunk_dz_[i], Real{}, trunk_gb_[0][i], B, w, w, H, std::int64_t(B) * w, 0, reg_.param_count());
-}
-
-// dW_h = dz_hᵀ · in of trunk layer i from its masked gradient, batched over heads (grad/all rows
-// are P apart).
-void Engine::trunk_weights_layer(Backend& be, int i) {
-  const int B = spec_.batch, H = int(heads_.size());
-  const std::int64_t P = reg_.param_count();
-  const int w = net_.trunk[i];
-  const int in_w = i == 0 ? net_.state : net_.trunk[i - 1];
-  Gemm gw;
-  gw.ta = true; gw.m = w; gw.n = in_w; gw.k = B;
-  gw.a = trunk_dz_[i]; gw.lda = w; gw.stride_a = std::int64_t(B) * w;
-  gw.b = i == 0 ? states2_ : trunk_a_[i - 1]; gw.ldb = in_w; gw.stride_b = 0;
-  gw.c = trunk_gw_[0][i]; gw.ldc = in_w; gw.stride_c = P;
-  gw.batch = H;
-  be.gemm(gw);
-}
-
 // ---------------------------------------------------------------------------------------------
 void Engine::step() {
   prime_replay_batch();
@@ -717,47 +437,6 @@ void Engine::host_write(const std::string& name, std::int64_t index, double valu
   rt_->ops().upload(reg_.base() + b->offset_bytes + std::size_t(index) * es, bytes, es);
 }
 
-void Engine::set_fraction(std::size_t head, double f) {
-  if (head >= fractions_.size()) throw std::out_of_range("set_fraction: no head " + std::to_string(head));
-  std::vector<double> all = fractions_;
-  all[head] = f;
-  set_fractions(all);
-}
-
-void Engine::set_fractions(const std::vector<double>& f) {
-  if (f.size() != fractions_.size())
-    throw std::invalid_argument("set_fractions: " + std::to_string(f.size()) + " fractions for " +
-                                std::to_string(fractions_.size()) + " heads");
-  double sum = 0.0;
-  for (std::size_t h = 0; h < f.size(); ++h) {
-    if (!(f[h] >= 0.0 && f[h] <= 1.0))
-      throw std::invalid_argument("set_fraction: head " + std::to_string(h) + " (" + head_names_[h] +
-                                  "): a fraction must be in [0,1], got " + std::to_string(f[h]) +
-                                  "; nothing was changed");
-    sum += f[h];
-  }
-  // The budgets share max_grad_norm: the clipped gradients' norms add up to at most Σ f_h · G.
-  if (sum > 1.0 + kFractionSlack) {
-    std::ostringstream text;
-    text << "set_fraction: the fractions would sum to " << sum << " (";
-    for (std::size_t h = 0; h < f.size(); ++h) text << (h ? ", " : "") << head_names_[h] << " " << f[h];
-    text << "), more than 1: lower another head's first (or set them together with set_fractions); nothing "
-            "was changed";
-    throw std::invalid_argument(text.str());
-  }
-  std::vector<float> v(f.begin(), f.end());
-  rt_->ops().upload_reals(fractions_dev_, v.data(), std::int64_t(v.size()));
-  if (rt_->ops().status() != 0) throw std::runtime_error(std::string("set_fraction: ") + rt_->ops().message());
-  fractions_ = f;
-}
-
-void Engine::set_lr(double lr) {
-  if (!(lr > 0.0)) throw std::invalid_argument("set_lr: learning rate must be > 0");
-  const float v = float(lr);
-  rt_->ops().upload_reals(lr_, &v, 1);
-  if (rt_->ops().status() != 0) throw std::runtime_error(std::string("set_lr: ") + rt_->ops().message());
-}
-
 void Engine::request_report() {
   const int slot = int(report_seq_ % 2);
   rt_->copy_to_host_async(report_host_[slot], reg_.base() + report_begin_, report_bytes_, slot);
@@ -794,7 +473,7 @@ StepReport Engine::parse_report(const std::vector<unsigned char>& bytes) const {
   };
   StepReport r;
   r.heads = head_names_;
-  r.fractions = fractions_;
+  r.fractions = update_->fractions();
   for (std::size_t h = 0; h < heads_.size(); ++h) {
     r.losses.push_back(real_at(rl_.losses, h));
     r.grad_norms.push_back(real_at(rl_.norms, h));
@@ -859,7 +538,7 @@ std::string Engine::explain() const {
        << " (not used by the cpu backend)\n";
   os << "heads:";
   for (std::size_t h = 0; h < heads_.size(); ++h)
-    os << "  " << head_names_[h] << " (" << heads_[h].plugin().descriptor->name << ", budget " << fractions_[h] << ")";
+    os << "  " << head_names_[h] << " (" << heads_[h].plugin().descriptor->name << ", budget " << update_->fractions()[h] << ")";
   const auto deps = dependencies(stages_, order_, reg_);
   os << "\nstages in order (" << order_.size() << "):\n" << dqn::explain(stages_, order_, &deps);
   os << "registry:\n" << reg_.layout_text();

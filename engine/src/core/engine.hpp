@@ -18,6 +18,8 @@
 #include "core/runtime.hpp"
 #include "core/safetensors.hpp"
 #include "core/scheduler.hpp"
+#include "core/trunk_stages.hpp"
+#include "core/update_stages.hpp"
 
 namespace dqn {
 
@@ -177,16 +179,9 @@ class Engine {
   void request_report();
   std::optional<StepReport> latest_report();
 
-  /// Budget fractions and learning rate live in device memory: changed here, read by the next
-  /// replay, no re-capture. Each fraction lies in [0, 1] and together they sum to at most 1 (the
-  /// budgets share max_grad_norm); a change that breaks either throws std::invalid_argument and
-  /// changes nothing. set_fractions changes every head's at once (moving budget between heads).
-  void set_fraction(std::size_t head, double f);
-  void set_fractions(const std::vector<double>& f);
-  /// How far above 1 the fractions' sum may round (0.98 + 0.02 and the like).
-  static constexpr double kFractionSlack = 1e-9;
-  void set_lr(double lr);
-  const std::vector<double>& fractions() const { return fractions_; }
+  /// The update: the budgets' fractions and the learning rate, changeable between steps.
+  UpdateStages& update() { return *update_; }
+  const UpdateStages& update() const { return *update_; }
 
   std::int64_t steps() const { return steps_; }
   std::int64_t captures() const { return captures_; }
@@ -243,25 +238,16 @@ class Engine {
   struct BuildCtx;
   struct HeadResolver;
   void build(const PluginLoader& plugins);
-  void declare_engine_buffers();
-  void add_engine_stages_front();
-  void add_engine_stages_back();
-  void bind_engine();
-  void upload_budget_reach();
-  /// Where head h's gradient row is written, as the stages declare it ([begin, end) in the row).
-  std::vector<std::pair<std::int64_t, std::int64_t>> gradient_writes(std::size_t h) const;
+  StepBuild step_build();
+  /// The step's shared buffers: the batch, a*, the report block.
+  void declare_shared_buffers(StepBuild& b);
+  void bind_shared();
   // --- data parallel (engine_ranks.cpp) ---
   /// The gradient all-reduce's stages (EngineOptions::group): its buckets, each averaging the
   /// gradient rows one part of the backward has finished, in a chain (one collective at a time).
   void add_rank_stages();
   /// Rank 0's parameters, target, optimizer and spectral-norm state into every rank (init and loads).
   void broadcast_state();
-  Gemm trunk_layer_gemm(int i, bool target) const;  ///< trunk layer i's forward of one network
-  void trunk_forward_layer(Backend& be, int i, bool target);
-  void trunk_backward_layer(Backend& be, int i);
-  void trunk_top_mask(Backend& be, int i);
-  void trunk_bias_layer(Backend& be, int i);
-  void trunk_weights_layer(Backend& be, int i);
   void capture_stages();
   /// While capturing, after stage s ran: throws when s broke the capture (a plugin stage that
   /// synchronised, allocated or copied to the host), naming its plugin and the stage.
@@ -314,9 +300,10 @@ class Engine {
   // Heads are declared before the runtime so they (and their libraries) outlive its graph.
   std::vector<HeadHandle> heads_;
   std::vector<std::string> head_names_;
-  std::vector<double> fractions_;
   std::unique_ptr<Runtime> rt_;
   Registry reg_;
+  std::unique_ptr<TrunkStages> trunk_;
+  std::unique_ptr<UpdateStages> update_;
   std::vector<Stage> stages_;
   std::vector<std::size_t> order_;
   std::size_t primary_ = 0;          ///< the primary head's index in heads_
@@ -338,24 +325,11 @@ class Engine {
   // the last act step on the actor's, a direct refresh for act().
   static constexpr int kEvRefreshed = 2, kEvTakenUp = 3, kEvActed = 4, kEvFresh = 5;
 
-  // Resolved once at build.
-  Real params_, target_, adam_m_, adam_v_, grad_all_, grad_total_, lr_, fractions_dev_;
+  // The shared buffers, resolved once at build.
+  Real params_, target_, adam_m_, adam_v_, grad_all_, losses_, td_error_;
   Real states2_, rewards_, dones_, weights_;
   std::int32_t* actions_ = nullptr;
   std::int64_t* t_ = nullptr;
-  std::int32_t* skip_ = nullptr;
-  std::int64_t* skipped_ = nullptr;
-  Real losses_, norms_, clips_, total_loss_, td_error_;
-  std::vector<Real> trunk_w_, trunk_b_, trunk_tw_, trunk_tb_, trunk_a_, trunk_ta_;
-  std::vector<Real> trunk_dz_;  ///< per layer its gradient [H·B, width]; the last is dtrunk_all_
-  std::vector<std::vector<Real>> trunk_gw_, trunk_gb_;  // per head
-  Real dtrunk_all_;                                     // [H·B, H2]
-  SpectralMatrix* sn_table_ = nullptr;
-  std::int64_t* budget_reach_ = nullptr;  ///< [H, kBudgetReach, 2] (Budget::reach), from the stages' writes
-  std::int64_t budget_reach_max_ = 0;
-  int sn_count_ = 0, sn_max_rows_ = 0, sn_max_cols_ = 0;
-  std::vector<std::pair<std::string, std::string>> sn_params_;  // param name, u buffer name
-  std::vector<Real> sn_u_;
 
   // Report offsets inside the report range.
   struct ReportLayout { std::size_t losses, norms, clips, total, td, skipped, replay; } rl_{};

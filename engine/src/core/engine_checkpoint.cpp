@@ -148,10 +148,7 @@ void Engine::restore_checkpoint(const st::File& f) {
   snap_.acted = acted;
   snap_.adopted = adopted;
   // The budget fractions the report carries are the device's.
-  std::vector<float> fr(fractions_.size());
-  be.download_reals(fr.data(), fractions_dev_, std::int64_t(fr.size()));
-  rt_->synchronize();
-  fractions_.assign(fr.begin(), fr.end());
+  update_->read_fractions();
   if (be.status()) throw std::runtime_error(std::string("restore_checkpoint: ") + be.message());
 }
 

@@ -37,7 +37,7 @@ void Engine::add_rank_stages() {
   // The heads' own parameters: per head, those of its row that a stage writes.
   Bucket heads{"ranks.reduce.heads", {"report/losses"}, {}, true};
   for (std::int64_t h = 0; h < H; ++h) {
-    const auto writes = gradient_writes(std::size_t(h));
+    const auto writes = gradient_writes(stages_, reg_, head_names_[std::size_t(h)]);
     std::vector<std::pair<std::int64_t, std::int64_t>> row;
     for (const auto& p : reg_.params()) {
       if (p.owner == "engine") continue;
@@ -104,7 +104,7 @@ void Engine::broadcast_state() {
   rt_->synchronize();
   const DeviceContext* dc = rt_->ops().device();
   std::vector<std::string> names{"params", "target", "adam.m", "adam.v", buf::step};
-  for (const auto& [p, u] : sn_params_) names.push_back(u);
+  for (const auto& [p, u] : update_->normed()) names.push_back(u);
   for (const auto& name : names) {
     const auto* b = reg_.find(name);
     opt_.group->broadcast(opt_.rank, reg_.base() + b->offset_bytes, b->bytes, dc ? dc->stream : nullptr);

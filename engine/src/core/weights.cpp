@@ -34,8 +34,8 @@ void Engine::init_weights(std::uint64_t seed) {
   be.upload_reals(adam_v_, zeros.data(), P);
   const std::int64_t zero = 0;
   be.upload(t_, &zero, 8);
-  for (std::size_t i = 0; i < sn_params_.size(); ++i) {
-    const auto* p = reg_.find_param(sn_params_[i].first);
+  for (std::size_t i = 0; i < update_->normed().size(); ++i) {
+    const auto* p = reg_.find_param(update_->normed()[i].first);
     std::vector<float> u(std::size_t(p->rows));
     double norm = 0;
     for (int r = 0; r < p->rows; ++r) {
@@ -44,7 +44,7 @@ void Engine::init_weights(std::uint64_t seed) {
     }
     norm = std::sqrt(std::max(norm, 1e-30));
     for (auto& x : u) x = float(x / norm);
-    be.upload_reals(sn_u_[i], u.data(), p->rows);
+    be.upload_reals(update_->normed_vectors()[i], u.data(), p->rows);
   }
   broadcast_state();
   snapshot_now();
@@ -59,7 +59,7 @@ void Engine::load_weights(const st::File& f) {
   for (const auto& p : reg_.params())
     for (const std::string& name : {p.name, "target." + p.name, "adam.m." + p.name, "adam.v." + p.name})
       if (!f.has(name)) missing.push_back(name);
-  for (const auto& [p, u] : sn_params_)
+  for (const auto& [p, u] : update_->normed())
     if (!f.has(u)) missing.push_back(u);
   if (!f.has("adam.step")) missing.push_back("adam.step");
   if (!missing.empty()) {
@@ -89,10 +89,10 @@ void Engine::load_weights(const st::File& f) {
     }
   }
   std::vector<std::vector<float>> us;
-  for (std::size_t i = 0; i < sn_params_.size(); ++i) {
-    const auto* p = reg_.find_param(sn_params_[i].first);
-    us.push_back(f.get_f32(sn_params_[i].second, {p->rows}));
-    first_bad(sn_params_[i].second, us.back(), false);
+  for (std::size_t i = 0; i < update_->normed().size(); ++i) {
+    const auto* p = reg_.find_param(update_->normed()[i].first);
+    us.push_back(f.get_f32(update_->normed()[i].second, {p->rows}));
+    first_bad(update_->normed()[i].second, us.back(), false);
   }
   std::size_t k = 0;
   for (const auto& p : reg_.params()) {
@@ -101,9 +101,9 @@ void Engine::load_weights(const st::File& f) {
     be.upload_reals(adam_m_ + p.offset, values[k++].data(), p.numel());
     be.upload_reals(adam_v_ + p.offset, values[k++].data(), p.numel());
   }
-  for (std::size_t i = 0; i < sn_params_.size(); ++i) {
-    const auto* p = reg_.find_param(sn_params_[i].first);
-    be.upload_reals(sn_u_[i], us[i].data(), p->rows);
+  for (std::size_t i = 0; i < update_->normed().size(); ++i) {
+    const auto* p = reg_.find_param(update_->normed()[i].first);
+    be.upload_reals(update_->normed_vectors()[i], us[i].data(), p->rows);
   }
   be.upload(t_, &t, 8);
   broadcast_state();
@@ -127,9 +127,9 @@ st::File Engine::save_state(bool dump) {
     put("adam.m." + p.name, adam_m_ + p.offset, p.shape(), p.numel());
     put("adam.v." + p.name, adam_v_ + p.offset, p.shape(), p.numel());
   }
-  for (std::size_t i = 0; i < sn_params_.size(); ++i) {
-    const auto* p = reg_.find_param(sn_params_[i].first);
-    put(sn_params_[i].second, sn_u_[i], {p->rows}, p->rows);
+  for (std::size_t i = 0; i < update_->normed().size(); ++i) {
+    const auto* p = reg_.find_param(update_->normed()[i].first);
+    put(update_->normed()[i].second, update_->normed_vectors()[i], {p->rows}, p->rows);
   }
   std::int64_t t = 0;
   be.download(&t, t_, 8);

@@ -157,8 +157,7 @@ Engine::~Engine() {
       rt_->synchronize();
     } catch (...) {
     }
-    for (auto*& p : report_host_)
-      if (p) rt_->free_host(p), p = nullptr;
+    reports_.release(*rt_);
     free_replay_staging();
     free_act_staging();
   }
@@ -274,13 +273,7 @@ void Engine::build(const PluginLoader& plugins) {
   schedule(act_stages_, reg_);  // checks the act stages' names (they run in declaration order)
 
   update_->upload(b);
-  const auto [rb, re] = reg_.report_range();
-  report_begin_ = rb;
-  report_bytes_ = re - rb;
-  for (auto*& p : report_host_) {
-    p = static_cast<unsigned char*>(rt_->alloc_host(std::max<std::size_t>(report_bytes_, 8)));
-    std::memset(p, 0, std::max<std::size_t>(report_bytes_, 8));
-  }
+  reports_.bind(reg_, *rt_, replay_.on ? kReplayStatsBuffer : nullptr);
   if (rt_->ops().status() != 0) throw std::runtime_error(std::string("backend error during build: ") + rt_->ops().message());
 
   // Plan (scratch sizes) of both steps, then capture each once; from here on nothing is looked up.
@@ -337,7 +330,6 @@ StepBuild Engine::step_build() { return StepBuild{spec_, net_, head_names_, prim
 
 void Engine::declare_shared_buffers(StepBuild& b) {
   const std::int64_t B = spec_.batch, S = net_.state, D = net_.branches;
-  const std::int64_t H = std::int64_t(heads_.size());
   reg_.declare(buf::states2, DType::real, {2 * B, S}, BufferKind::input, "engine");
   reg_.declare(buf::actions, DType::i32, {B, D}, BufferKind::input, "engine");
   reg_.declare(buf::rewards, DType::real, {B}, BufferKind::input, "engine");
@@ -346,15 +338,7 @@ void Engine::declare_shared_buffers(StepBuild& b) {
   trunk_->declare_buffers(b);
   update_->declare_buffers(b);
   reg_.declare(buf::a_star, DType::i32, {B, D}, BufferKind::activation, "engine");
-  // The report block: one contiguous range, copied to the host in one async copy.
-  reg_.declare("report/losses", DType::real, {H}, BufferKind::report, "engine");
-  reg_.declare("report/norms", DType::real, {H}, BufferKind::report, "engine");
-  reg_.declare("report/clips", DType::real, {H}, BufferKind::report, "engine");
-  reg_.declare("report/total_loss", DType::real, {1}, BufferKind::report, "engine");
-  reg_.declare(buf::td_error, DType::real, {B}, BufferKind::report, "engine");
-  reg_.declare("report/skipped", DType::i64, {1}, BufferKind::report, "engine");
-  for (std::size_t h = 0; h < heads_.size(); ++h)
-    reg_.declare_view("loss/" + head_names_[h], "report/losses", std::int64_t(h), {1}, "engine");
+  reports_.declare(reg_, head_names_, spec_.batch);
 }
 
 void Engine::bind_shared() {
@@ -371,13 +355,6 @@ void Engine::bind_shared() {
   t_ = reg_.i64(buf::step);
   losses_ = reg_.real("report/losses");
   td_error_ = reg_.real(buf::td_error);
-  const std::size_t base = reg_.report_range().first;
-  rl_.losses = reg_.find("report/losses")->offset_bytes - base;
-  rl_.norms = reg_.find("report/norms")->offset_bytes - base;
-  rl_.clips = reg_.find("report/clips")->offset_bytes - base;
-  rl_.total = reg_.find("report/total_loss")->offset_bytes - base;
-  rl_.td = reg_.find(buf::td_error)->offset_bytes - base;
-  rl_.skipped = reg_.find("report/skipped")->offset_bytes - base;
 }
 // ---------------------------------------------------------------------------------------------
 void Engine::step() {
@@ -388,7 +365,7 @@ void Engine::step() {
     for (auto i : order_) stages_[i].run(rt_->ops());
   }
   ++steps_;
-  if (spec_.report_every > 0 && steps_ % spec_.report_every == 0) request_report();
+  if (spec_.report_every > 0 && steps_ % spec_.report_every == 0) reports_.request(*rt_, reg_, steps_);
 }
 
 void Engine::step_uncaptured() {
@@ -437,71 +414,9 @@ void Engine::host_write(const std::string& name, std::int64_t index, double valu
   rt_->ops().upload(reg_.base() + b->offset_bytes + std::size_t(index) * es, bytes, es);
 }
 
-void Engine::request_report() {
-  const int slot = int(report_seq_ % 2);
-  rt_->copy_to_host_async(report_host_[slot], reg_.base() + report_begin_, report_bytes_, slot);
-  report_step_[slot] = steps_;
-  ++report_seq_;
-}
+std::optional<StepReport> Engine::latest_report() { return reports_.latest(*rt_, update_->fractions()); }
 
-std::optional<StepReport> Engine::latest_report() {
-  // Newest first; ready() never blocks.
-  for (int k = 0; k < 2; ++k) {
-    const int slot = int((report_seq_ - 1 - k) % 2 + 2) % 2;
-    if (report_seq_ - 1 - k < 0 || report_step_[slot] < 0) continue;
-    if (!rt_->ready(slot)) continue;
-    std::vector<unsigned char> bytes(report_host_[slot], report_host_[slot] + report_bytes_);
-    StepReport r = parse_report(bytes);
-    r.step_index = report_step_[slot];
-    r.adam_step = -1;
-    return r;
-  }
-  return std::nullopt;
-}
-
-StepReport Engine::parse_report(const std::vector<unsigned char>& bytes) const {
-  const std::uint32_t es = reg_.real_size();
-  auto real_at = [&](std::size_t off, std::size_t i) -> double {
-    if (es == 8) {
-      double v;
-      std::memcpy(&v, bytes.data() + off + i * 8, 8);
-      return v;
-    }
-    float v;
-    std::memcpy(&v, bytes.data() + off + i * 4, 4);
-    return v;
-  };
-  StepReport r;
-  r.heads = head_names_;
-  r.fractions = update_->fractions();
-  for (std::size_t h = 0; h < heads_.size(); ++h) {
-    r.losses.push_back(real_at(rl_.losses, h));
-    r.grad_norms.push_back(real_at(rl_.norms, h));
-    r.clips.push_back(real_at(rl_.clips, h));
-  }
-  r.total_loss = real_at(rl_.total, 0);
-  for (int b = 0; b < spec_.batch; ++b) r.td_error.push_back(float(real_at(rl_.td, std::size_t(b))));
-  std::memcpy(&r.skipped_steps, bytes.data() + rl_.skipped, 8);
-  if (replay_.on) {
-    ReplayStats st;
-    st.size = std::int64_t(real_at(rl_.replay, 0));
-    st.beta = real_at(rl_.replay, 1);
-    st.max_priority = real_at(rl_.replay, 2);
-    st.total_priority = real_at(rl_.replay, 3);
-    r.replay = st;
-  }
-  r.step_index = steps_;
-  return r;
-}
-
-StepReport Engine::read_report() {
-  rt_->synchronize();
-  std::vector<unsigned char> bytes(report_bytes_);
-  rt_->ops().download(bytes.data(), reg_.base() + report_begin_, report_bytes_);
-  StepReport r = parse_report(bytes);
-  rt_->ops().download(&r.adam_step, t_, 8);
-  return r;
-}
+StepReport Engine::read_report() { return reports_.read(*rt_, reg_, update_->fractions(), steps_, t_); }
 
 void Engine::set_batch(const HostBatch& b) {
   b.check(spec_, "batch");

@@ -18,6 +18,7 @@
 #include "core/runtime.hpp"
 #include "core/safetensors.hpp"
 #include "core/scheduler.hpp"
+#include "core/step_reports.hpp"
 #include "core/trunk_stages.hpp"
 #include "core/update_stages.hpp"
 
@@ -42,11 +43,6 @@ struct Transitions {
   const float* dones = nullptr;        ///< [n] 1: no bootstrap
 };
 
-/// The replay as the last report saw it (StepReport::replay).
-struct ReplayStats {
-  std::int64_t size = 0;
-  double beta = 0, max_priority = 1, total_priority = 0;
-};
 
 /// The replay's counters, read between steps (Engine::replay_state).
 struct ReplayState {
@@ -71,17 +67,6 @@ struct HostBatch {
   void check(const PipelineSpec& spec, const std::string& what) const;
 };
 
-/// What a step reports (docs/step-math.md, "What a step reports"), read on the host.
-struct StepReport {
-  std::vector<std::string> heads;
-  std::vector<double> losses, grad_norms, clips, fractions;
-  double total_loss = 0;
-  std::vector<float> td_error;
-  std::int64_t skipped_steps = 0;
-  std::int64_t adam_step = 0;
-  std::int64_t step_index = 0;  ///< host steps taken when this report was copied
-  std::optional<ReplayStats> replay;  ///< with a replay: what the report's step drew from
-};
 
 struct EngineOptions {
   bool f64 = false;  ///< CPU reference in double precision (gradient checks)
@@ -174,9 +159,8 @@ class Engine {
 
   /// Synchronises and reads the current report (between steps, never inside the loop).
   StepReport read_report();
-  /// Enqueues an asynchronous copy of the report into pinned memory (done by step() every
-  /// report_every steps); latest_report() returns the newest copy that has landed, if any.
-  void request_report();
+  /// The newest of the report's asynchronous copies (step() enqueues one every report_every
+  /// steps) that has landed, if any.
   std::optional<StepReport> latest_report();
 
   /// The update: the budgets' fractions and the learning rate, changeable between steps.
@@ -266,7 +250,6 @@ class Engine {
   void run_act(const float* obs, int rows, bool fresh);
   /// Waits for the actor's lane and copies `bytes` of what run_act left in the pinned output.
   void finish_act(void* out, std::size_t bytes);
-  StepReport parse_report(const std::vector<unsigned char>& bytes) const;
   void declare_replay_buffers();
   void add_replay_stage_back();
   /// Draws the first step's batch (uncaptured, once): every step then draws the next one last.
@@ -331,18 +314,16 @@ class Engine {
   std::int32_t* actions_ = nullptr;
   std::int64_t* t_ = nullptr;
 
-  // Report offsets inside the report range.
-  struct ReportLayout { std::size_t losses, norms, clips, total, td, skipped, replay; } rl_{};
-  std::size_t report_begin_ = 0, report_bytes_ = 0;
-  unsigned char* report_host_[2] = {nullptr, nullptr};
-  std::int64_t report_step_[2] = {-1, -1};
-  std::int64_t report_seq_ = 0;
+  StepReports reports_;
 
   std::int64_t steps_ = 0, captures_ = 0;
   bool captured_ = false;
   LanePlan lanes_;  ///< where the captured step's stages run (empty: not captured)
   std::vector<std::pair<std::string, std::int64_t>> buckets_;  ///< reduce_buckets()
 };
+
+/// The replay's statistics in the report block (ReplayStats).
+inline constexpr const char* kReplayStatsBuffer = "report/replay";
 
 /// Transitions a fill_replay_random call adds at once (the staging rows a filled engine wants).
 inline constexpr std::int64_t kReplayFillChunk = 65536;

@@ -3,6 +3,7 @@
 // step counter behind every random draw, the report with its running skip count) as its exact
 // bytes, and the host counters that go with them (steps, report copies, staging and snapshot
 // hand-offs). Restoring checks everything against this engine's layout before writing anything.
+#include <array>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -52,18 +53,18 @@ void Engine::checkpoint_to(st::File& f) {
   nlohmann::json j;
   j["real_size"] = reg_.real_size();
   j["steps"] = steps_;
-  j["report_seq"] = report_seq_;
-  j["report_step"] = {report_step_[0], report_step_[1]};
+  j["report_seq"] = reports_.requests();
+  j["report_step"] = {reports_.copy_step(0), reports_.copy_step(1)};
   j["replay_seq"] = replay_.seq;
   j["replay_added"] = replay_.added;
   j["replay_primed"] = replay_.primed;
   j["snapshot"] = {{"pending", snap_.pending}, {"acted", snap_.acted}, {"adopted", snap_.adopted}};
   for (int s = 0; s < 2; ++s) {
-    if (report_step_[s] < 0) continue;
+    if (reports_.copy_step(s) < 0) continue;
     st::Tensor t;
     t.dtype = st::DType::U8;
-    t.shape = {std::int64_t(report_bytes_)};
-    t.bytes.assign(report_host_[s], report_host_[s] + report_bytes_);
+    t.shape = {std::int64_t(reports_.bytes())};
+    t.bytes.assign(reports_.copy(s), reports_.copy(s) + reports_.bytes());
     f.put(kReportCopy + std::to_string(s), std::move(t));
   }
   f.metadata["engine"] = j.dump();
@@ -126,7 +127,7 @@ void Engine::restore_checkpoint(const st::File& f) {
   for (int s = 0; s < 2; ++s) {
     if (rstep[s] < 0) continue;
     const std::string key = kReportCopy + std::to_string(s);
-    if (!f.has(key) || f.get(key).bytes.size() != report_bytes_) throw bad("tensor '" + key + "' missing or of another size");
+    if (!f.has(key) || f.get(key).bytes.size() != reports_.bytes()) throw bad("tensor '" + key + "' missing or of another size");
   }
 
   rt_->synchronize();
@@ -135,12 +136,11 @@ void Engine::restore_checkpoint(const st::File& f) {
     const Registry::Buffer& b = *reg_.find(name);
     if (saved(b, replay_.on)) be.upload(reg_.base() + b.offset_bytes, f.get(kPrefix + name).bytes.data(), b.bytes);
   }
-  for (int s = 0; s < 2; ++s) {
-    report_step_[s] = rstep[s];
-    if (rstep[s] >= 0) std::memcpy(report_host_[s], f.get(kReportCopy + std::to_string(s)).bytes.data(), report_bytes_);
-  }
+  std::array<const unsigned char*, 2> copies{nullptr, nullptr};
+  for (int s = 0; s < 2; ++s)
+    if (rstep[s] >= 0) copies[std::size_t(s)] = f.get(kReportCopy + std::to_string(s)).bytes.data();
+  reports_.restore(seq, {rstep[0], rstep[1]}, copies);
   steps_ = steps;
-  report_seq_ = seq;
   replay_.seq = replay_seq;
   replay_.added = replay_added;
   replay_.primed = primed;

@@ -25,7 +25,7 @@ constexpr const char* kCursor = "replay/cursor";
 constexpr const char* kMaxPriority = "replay/max_priority";
 constexpr const char* kIndices = "replay/indices";
 constexpr const char* kStaging = "replay/staging";
-constexpr const char* kStats = "report/replay";
+constexpr const char* kStats = kReplayStatsBuffer;
 constexpr std::int64_t kDefaultStagingRows = 4096;
 
 std::string num(double v) {
@@ -150,7 +150,6 @@ void Engine::bind_replay() {
   replay_.store = replay_store();
   replay_.indices = reg_.i64(kIndices);
   replay_.stats = reg_.real(kStats);
-  rl_.replay = reg_.find(kStats)->offset_bytes - reg_.report_range().first;
   const std::int64_t K = replay_.rows, S = net_.state;
   const std::uint32_t es = reg_.real_size();
   char* base = reinterpret_cast<char*>(reg_.i32(kStaging));

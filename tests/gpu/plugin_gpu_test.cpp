@@ -82,19 +82,19 @@ TEST_CASE("gpu.act: the act step's graph against the CPU reference, and acting w
   const PipelineSpec spec = parse(pipeline("fp32"));
   auto gpu = make(spec, BackendKind::cuda);
   auto cpu = make(spec, BackendKind::cpu);
-  REQUIRE(gpu->act_rows() == 11);  // the larger of num_envs and eval.episodes
+  REQUIRE(gpu->actor().rows() == 11);  // the larger of num_envs and eval.episodes
   const int S = 37, D = 3, A = 5;
   for (const int rows : {1, 5, 11}) {
     CAPTURE(rows);
     const auto obs = observations(rows, S, unsigned(rows));
-    const auto qg = gpu->act_values(obs.data(), rows);
-    const auto qc = cpu->act_values(obs.data(), rows);
+    const auto qg = gpu->actor().act_values(obs.data(), rows);
+    const auto qc = cpu->actor().act_values(obs.data(), rows);
     REQUIRE(qg.size() == std::size_t(rows * D * A));
     double worst = 0;
     for (std::size_t i = 0; i < qg.size(); ++i) worst = std::max(worst, std::fabs(double(qg[i]) - double(qc[i])));
     CHECK(worst < 1e-4);  // fp32 GEMMs against the CPU's double sums, Q within [-10, 10]
     std::vector<std::int32_t> act(std::size_t(rows * D), -1);
-    gpu->act(obs.data(), rows, act.data());
+    gpu->actor().act(obs.data(), rows, act.data());
     for (int k = 0; k < rows * D; ++k) {
       const float* row = qg.data() + std::size_t(k) * A;
       CHECK(act[std::size_t(k)] == int(std::max_element(row, row + A) - row));
@@ -102,15 +102,15 @@ TEST_CASE("gpu.act: the act step's graph against the CPU reference, and acting w
   }
   // After training steps the act step reads the new online parameters (no copy to refresh).
   const auto obs = observations(4, S, 9);
-  const auto before = gpu->act_values(obs.data(), 4);
+  const auto before = gpu->actor().act_values(obs.data(), 4);
   gpu->set_batch(HostBatch::random(spec, 2));
   for (int i = 0; i < 20; ++i) gpu->step();
-  const auto after = gpu->act_values(obs.data(), 4);
+  const auto after = gpu->actor().act_values(obs.data(), 4);
   double moved = 0;
   for (std::size_t i = 0; i < before.size(); ++i) moved = std::max(moved, std::fabs(double(after[i]) - double(before[i])));
   CHECK(moved > 1e-6);
   CHECK(gpu->captures() == 1);
-  CHECK_THROWS_AS(gpu->act_values(obs.data(), 12), std::invalid_argument);
+  CHECK_THROWS_AS(gpu->actor().act_values(obs.data(), 12), std::invalid_argument);
 }
 
 TEST_CASE("gpu.plugins.qr_dqn: the example primary's own kernels against its host twin, 100 steps") {
@@ -156,7 +156,7 @@ TEST_CASE("gpu.plugins.qr_dqn: the example primary's own kernels against its hos
     }
     // Acting through the example's own act stage, on both backends.
     const auto obs = observations(5, 37, 2);
-    const auto qg = gpu->act_values(obs.data(), 5), qc = cpu->act_values(obs.data(), 5);
+    const auto qg = gpu->actor().act_values(obs.data(), 5), qc = cpu->actor().act_values(obs.data(), 5);
     CHECK(rel(std::vector<double>(qg.begin(), qg.end()), std::vector<double>(qc.begin(), qc.end())) < 10 * c.params);
     CHECK(gpu->captures() == 1);
   }

@@ -118,7 +118,7 @@ TEST_CASE("trainer.epsilon_governs_exploration") {
       std::vector<float> s(S);
       for (std::size_t k = 0; k < S; ++k) s[k] = float(states[std::size_t(i) * S + k]);
       std::int32_t a = -1;
-      engine.act(s.data(), 1, &a);
+      engine.actor().act(s.data(), 1, &a);
       same += a == std::int32_t(actions[std::size_t(i)]) ? 1 : 0;
     }
     REQUIRE(n > 100);
@@ -161,8 +161,8 @@ TEST_CASE("trainer.act_step_matches_engine_q") {
   const std::vector<double> engine_q = engine.host_buffer("c51/q");  // [2B, D, A]: states first
   REQUIRE(engine_q.size() == std::size_t(2 * B * D * A));
 
-  REQUIRE(engine.act_rows() >= B);
-  const std::vector<float> qv = engine.act_values(batch.states.data(), B);  // the act step's: the primary's act stage
+  REQUIRE(engine.actor().rows() >= B);
+  const std::vector<float> qv = engine.actor().act_values(batch.states.data(), B);  // the act step's: the primary's act stage
   REQUIRE(qv.size() == std::size_t(B * D * A));
   const float* q = qv.data();
 
@@ -216,7 +216,7 @@ TEST_CASE("trainer.act_step_matches_engine_q") {
 
   // Greedy actions: the branch-wise argmax of the engine's Q, ties to the lowest index.
   std::vector<std::int32_t> act(std::size_t(B * D), -1);
-  engine.act(batch.states.data(), B, act.data());
+  engine.actor().act(batch.states.data(), B, act.data());
   for (int r = 0; r < B; ++r)
     for (int d = 0; d < D; ++d) {
       const double* row = engine_q.data() + (r * D + d) * A;
@@ -224,8 +224,8 @@ TEST_CASE("trainer.act_step_matches_engine_q") {
       CHECK(act[std::size_t(r * D + d)] == best);
     }
 
-  CHECK_THROWS_AS(engine.act_values(batch.states.data(), engine.act_rows() + 1), std::invalid_argument);
-  CHECK_THROWS_AS(engine.act(batch.states.data(), 0, act.data()), std::invalid_argument);
+  CHECK_THROWS_AS(engine.actor().act_values(batch.states.data(), engine.actor().rows() + 1), std::invalid_argument);
+  CHECK_THROWS_AS(engine.actor().act(batch.states.data(), 0, act.data()), std::invalid_argument);
 }
 
 TEST_CASE("trainer.short_run_writes_the_run_dir") {
@@ -483,16 +483,16 @@ TEST_CASE("trainer.acting_snapshot_follows_the_learner_when_refreshed") {
   const std::vector<double> after = engine.host_buffer("params");
   CHECK(engine.host_buffer("act/params") != after);  // behind the learner
   std::vector<std::int32_t> a(std::size_t(spec.training.num_envs));
-  engine.act_snapshot(b.states.data(), spec.training.num_envs, a.data());
-  CHECK(engine.snapshot_refreshes() == 0);
+  engine.actor().act_snapshot(b.states.data(), spec.training.num_envs, a.data());
+  CHECK(engine.actor().snapshot_refreshes() == 0);
   CHECK(engine.host_buffer("act/params") != after);
-  engine.refresh_snapshot();
+  engine.actor().refresh_snapshot();
   engine.step();  // a refresh holds the parameters as the steps queued before it leave them
-  engine.act_snapshot(b.states.data(), spec.training.num_envs, a.data());
-  CHECK(engine.snapshot_refreshes() == 1);
+  engine.actor().act_snapshot(b.states.data(), spec.training.num_envs, a.data());
+  CHECK(engine.actor().snapshot_refreshes() == 1);
   CHECK(engine.host_buffer("act/params") == after);
   // act(): the current parameters, whatever the snapshot held.
-  engine.act(b.states.data(), spec.training.num_envs, a.data());
+  engine.actor().act(b.states.data(), spec.training.num_envs, a.data());
   CHECK(engine.host_buffer("act/params") == engine.host_buffer("params"));
 }
 

@@ -92,7 +92,7 @@ int cmd_collect(const CollectArgs& a) {
     sigaction(SIGTERM, &sa, &old_term);
     std::int64_t steps = 0;
     while (steps < a.steps && !g_stop) {
-      e.act_snapshot(obs.data(), N, act.data());  // the loaded weights: the snapshot is them
+      e.actor().act_snapshot(obs.data(), N, act.data());  // the loaded weights: the snapshot is them
       for (std::size_t k = 0; k < n; ++k)
         if (coin(rng) < a.epsilon)
           for (std::size_t j = 0; j < dd; ++j)

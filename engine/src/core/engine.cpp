@@ -54,12 +54,12 @@ struct Engine::BuildCtx final : BuildContext {
     }
   }
   int stage(const StageDesc& d) noexcept override { return add(d, e.stages_); }
-  std::int32_t act_rows() const noexcept override { return e.act_rows_; }
+  std::int32_t act_rows() const noexcept override { return e.act_->rows(); }
   std::int64_t batch_offset() const noexcept override { return std::int64_t(e.opt_.rank) * e.spec_.batch; }
   /// The act stages of an auxiliary are accepted and never run (only the primary acts).
   int act_stage(const StageDesc& d) noexcept override {
     std::vector<Stage> dropped;
-    return add(d, head == e.primary_ ? e.act_stages_ : dropped);
+    return add(d, head == e.primary_ ? e.act_->stages() : dropped);
   }
   int add(const StageDesc& d, std::vector<Stage>& to) noexcept {
     try {
@@ -112,7 +112,7 @@ struct Engine::HeadResolver final : Resolver {
     return guard([&] { return e.reg_.param_in(e.grad_all_ + std::int64_t(head) * e.reg_.param_count(), n); }, Real{});
   }
   Real act_param(const char* n) const noexcept override {
-    return guard([&] { return e.reg_.param_in(e.act_params_, n); }, Real{});
+    return guard([&] { return e.reg_.param_in(e.act_->snapshot(), n); }, Real{});
   }
 };
 
@@ -159,7 +159,7 @@ Engine::~Engine() {
     }
     reports_.release(*rt_);
     free_replay_staging();
-    free_act_staging();
+    if (act_) act_->release();
   }
   rt_.reset();  // the graph goes before the heads and their libraries
   heads_.clear();
@@ -206,13 +206,13 @@ void Engine::build(const PluginLoader& plugins) {
   if (heads_.empty()) throw std::invalid_argument("pipeline has no enabled head");
   update_ = std::make_unique<UpdateStages>(std::move(fractions));
 
-  act_rows_ = std::max({1, spec_.training.num_envs, spec_.training.eval.episodes});
+  act_ = std::make_unique<ActStages>(*trunk_, std::max({1, spec_.training.num_envs, spec_.training.eval.episodes}));
   StepBuild b = step_build();
   declare_shared_buffers(b);
   declare_replay_buffers();
-  declare_act_buffers();
+  act_->declare_buffers(b);
   trunk_->add_front_stages(b);
-  add_act_stage_front();
+  act_->add_front_stages(b);
   for (std::size_t h = 0; h < heads_.size(); ++h) {
     BuildCtx ctx(*this, h, head_names_[h]);
     if (heads_[h]->declare(ctx) != 0) {
@@ -229,7 +229,7 @@ void Engine::build(const PluginLoader& plugins) {
   reg_.declare("adam.v", DType::real, {P}, BufferKind::optimizer, "engine");
   reg_.declare("grad/all", DType::real, {H, P}, BufferKind::gradient, "engine");
   reg_.declare("grad/total", DType::real, {P}, BufferKind::gradient, "engine");
-  declare_act_snapshot();
+  act_->declare_after_heads(b);
   // Per head: its whole gradient row "grad/<head>", and a window of it per parameter,
   // "grad/<head>/<parameter>", for every parameter (a head's gradient may reach another head's
   // parameters: CQL's reaches c51's), so stages that write different tensors of one row (a layer's
@@ -246,7 +246,11 @@ void Engine::build(const PluginLoader& plugins) {
   if (opt_.group) add_rank_stages();
   update_->add_back_stages(b);
   add_replay_stage_back();
-  add_act_stage_back();
+  if (!act_->has_stage_of(head_names_[primary_]))
+    throw std::runtime_error("head '" + head_names_[primary_] + "' (" + heads_[primary_].plugin().path +
+                             ") is the primary but declared no act stage: a primary writes act/q for acting "
+                             "(BuildContext::act_stage; dqn/head.hpp, \"The primary's contract\")");
+  act_->add_back_stages(b);
 
   // The ops index a buffer with 32-bit ints (the replay's own kernels with 64-bit ones).
   for (const std::string& name : reg_.buffer_order()) {
@@ -261,7 +265,7 @@ void Engine::build(const PluginLoader& plugins) {
   trunk_->bind(b);
   update_->bind(b);
   bind_replay();
-  bind_act();
+  act_->bind(b);
   for (std::size_t h = 0; h < heads_.size(); ++h) {
     HeadResolver r(*this, h);
     if (heads_[h]->bind(r) != 0 || !r.message.empty()) {
@@ -270,7 +274,7 @@ void Engine::build(const PluginLoader& plugins) {
     }
   }
   order_ = schedule(stages_, reg_);
-  schedule(act_stages_, reg_);  // checks the act stages' names (they run in declaration order)
+  schedule(act_->stages(), reg_);  // checks the act stages' names (they run in declaration order)
 
   update_->upload(b);
   reports_.bind(reg_, *rt_, replay_.on ? kReplayStatsBuffer : nullptr);
@@ -280,13 +284,13 @@ void Engine::build(const PluginLoader& plugins) {
   if (rt_->captures()) {
     rt_->plan_begin();
     for (auto i : order_) stages_[i].run(rt_->ops());
-    for (auto& st : act_stages_) st.run(rt_->ops());
+    for (auto& st : act_->stages()) st.run(rt_->ops());
     rt_->plan_end();
     rt_->begin_capture(Runtime::kStepGraph);
     capture_stages();
     rt_->end_capture();
     if (rt_->ops().status() != 0) throw std::runtime_error(std::string("backend error during capture: ") + rt_->ops().message());
-    capture_act();
+    act_->capture([this](const Stage& s) { check_capture(s); });
     if (rt_->ops().status() != 0)
       throw std::runtime_error(std::string("backend error during the act step's capture: ") + rt_->ops().message());
     ++captures_;

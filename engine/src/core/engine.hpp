@@ -19,6 +19,7 @@
 #include "core/safetensors.hpp"
 #include "core/scheduler.hpp"
 #include "core/step_reports.hpp"
+#include "core/act_stages.hpp"
 #include "core/trunk_stages.hpp"
 #include "core/update_stages.hpp"
 
@@ -181,26 +182,9 @@ class Engine {
   /// The stage order and the registry layout (`dqn step --explain`).
   std::string explain() const;
 
-  // --- the act step: the online trunk, the primary's act stages, the branch-wise argmax ---
-  /// Rows the act step takes at once (the larger of training.num_envs and training.eval.episodes).
-  int act_rows() const { return act_rows_; }
-  /// The act step reads a snapshot of the online parameters, on the actor's lane. act() gives the
-  /// greedy action of every branch for obs [rows, S] into actions [rows, D] (rows <= act_rows())
-  /// from the current parameters: it brings the snapshot up to date first, so the actor waits, on
-  /// the device, for the learner's queued steps. For evaluation and tools. Throws on bad rows.
-  void act(const float* obs, int rows, std::int32_t* actions);
-  /// The same from the snapshot as it stands (after taking up a refresh whose copy has run): waits
-  /// only for the act step and its copies on the actor's lane, never for the learner's queue. What
-  /// the training loop acts with.
-  void act_snapshot(const float* obs, int rows, std::int32_t* actions);
-  /// Queues, on the learner's lane, a copy of the parameters as the steps queued so far leave
-  /// them; act_snapshot takes the newest such copy up once it has run.
-  void refresh_snapshot();
-  /// Refreshes taken up by the actor so far.
-  std::int64_t snapshot_refreshes() const { return snap_.adopted; }
-  /// The primary's Q-values [rows, D, A] for obs [rows, S] (what act() takes the argmax of), from
-  /// the current parameters.
-  std::vector<float> act_values(const float* obs, int rows);
+  /// The act step: the online trunk, the primary's act stages, the branch-wise argmax, over a
+  /// snapshot of the parameters.
+  ActStages& actor() { return *act_; }
   /// The primary head's instance name.
   const std::string& primary_name() const { return head_names_[primary_]; }
   /// Data-parallel ranks this engine steps with (1: alone), and its own.
@@ -236,20 +220,6 @@ class Engine {
   /// While capturing, after stage s ran: throws when s broke the capture (a plugin stage that
   /// synchronised, allocated or copied to the host), naming its plugin and the stage.
   void check_capture(const Stage& s);
-  static constexpr const char* kActStates = "act/states";    ///< [M,S] the acting observations
-  static constexpr const char* kActActions = "act/actions";  ///< i32 [M,D] their greedy actions
-  void declare_act_buffers();
-  void declare_act_snapshot();  ///< once the parameters are counted
-  void snapshot_now();          ///< the snapshot = the parameters (synchronising; init and loads)
-  void free_act_staging() noexcept;
-  void add_act_stage_front();
-  void add_act_stage_back();
-  void bind_act();
-  void capture_act();
-  /// The act step on the actor's lane over obs; `fresh`: from the current parameters.
-  void run_act(const float* obs, int rows, bool fresh);
-  /// Waits for the actor's lane and copies `bytes` of what run_act left in the pinned output.
-  void finish_act(void* out, std::size_t bytes);
   void declare_replay_buffers();
   void add_replay_stage_back();
   /// Draws the first step's batch (uncaptured, once): every step then draws the next one last.
@@ -287,26 +257,10 @@ class Engine {
   Registry reg_;
   std::unique_ptr<TrunkStages> trunk_;
   std::unique_ptr<UpdateStages> update_;
+  std::unique_ptr<ActStages> act_;
   std::vector<Stage> stages_;
   std::vector<std::size_t> order_;
   std::size_t primary_ = 0;          ///< the primary head's index in heads_
-  int act_rows_ = 1;                 ///< M
-  std::vector<Stage> act_stages_;    ///< the act step's stages, in order
-  Real act_states_, act_q_;
-  std::vector<Real> act_a_;          ///< the act step's trunk activations
-  std::int32_t* act_actions_ = nullptr;
-  std::vector<Real> act_w_, act_b_;  ///< the trunk's weights and biases in the snapshot
-  Real act_params_, act_next_;       ///< the snapshot the act step reads; a refresh lands in act_next_ first
-  struct Snapshot {
-    bool pending = false, acted = false;
-    std::int64_t adopted = 0;
-    void* obs_host = nullptr;        ///< pinned [M, S] reals
-    void* out_host = nullptr;        ///< pinned: the act step's actions or Q-values
-    std::size_t out_bytes = 0;
-  } snap_;
-  // Event slots (Runtime::record_on): the refresh's copy on the learner's lane, its take-up and
-  // the last act step on the actor's, a direct refresh for act().
-  static constexpr int kEvRefreshed = 2, kEvTakenUp = 3, kEvActed = 4, kEvFresh = 5;
 
   // The shared buffers, resolved once at build.
   Real params_, target_, adam_m_, adam_v_, grad_all_, losses_, td_error_;

@@ -58,7 +58,8 @@ void Engine::checkpoint_to(st::File& f) {
   j["replay_seq"] = replay_.seq;
   j["replay_added"] = replay_.added;
   j["replay_primed"] = replay_.primed;
-  j["snapshot"] = {{"pending", snap_.pending}, {"acted", snap_.acted}, {"adopted", snap_.adopted}};
+  const ActStages::SnapshotState snap = act_->snapshot_state();
+  j["snapshot"] = {{"pending", snap.pending}, {"acted", snap.acted}, {"adopted", snap.adopted}};
   for (int s = 0; s < 2; ++s) {
     if (reports_.copy_step(s) < 0) continue;
     st::Tensor t;
@@ -144,9 +145,7 @@ void Engine::restore_checkpoint(const st::File& f) {
   replay_.seq = replay_seq;
   replay_.added = replay_added;
   replay_.primed = primed;
-  snap_.pending = pending;
-  snap_.acted = acted;
-  snap_.adopted = adopted;
+  act_->restore_snapshot_state({pending, acted, adopted});
   // The budget fractions the report carries are the device's.
   update_->read_fractions();
   if (be.status()) throw std::runtime_error(std::string("restore_checkpoint: ") + be.message());

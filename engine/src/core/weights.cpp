@@ -47,7 +47,7 @@ void Engine::init_weights(std::uint64_t seed) {
     be.upload_reals(update_->normed_vectors()[i], u.data(), p->rows);
   }
   broadcast_state();
-  snapshot_now();
+  act_->snapshot_now();
   if (be.status()) throw std::runtime_error(std::string("init_weights: ") + be.message());
 }
 
@@ -107,7 +107,7 @@ void Engine::load_weights(const st::File& f) {
   }
   be.upload(t_, &t, 8);
   broadcast_state();
-  snapshot_now();
+  act_->snapshot_now();
   if (be.status()) throw std::runtime_error(std::string("load_weights: ") + be.message());
 }
 

@@ -160,7 +160,7 @@ void Trainer::act(bool random_only) {
     any_greedy = any_greedy || !explore;
   }
   // From the acting snapshot: waits for the act step only, never for the learner's queue.
-  if (any_greedy) engine_.act_snapshot(obs_.data(), N_, actions_.data());
+  if (any_greedy) engine_.actor().act_snapshot(obs_.data(), N_, actions_.data());
   for (int e = 0; e < N_; ++e) {
     if (!terminated_[std::size_t(e)]) continue;
     for (int d = 0; d < D_; ++d) {
@@ -215,7 +215,7 @@ EvalResult Trainer::evaluate(std::int64_t round) {
         std::memcpy(&compact[rows.size() * s], &obs[std::size_t(e) * s], s * sizeof(float));
         rows.push_back(e);
       }
-    engine_.act(compact.data(), int(rows.size()), compact_act.data());
+    engine_.actor().act(compact.data(), int(rows.size()), compact_act.data());
     for (std::size_t i = 0; i < rows.size(); ++i)
       std::memcpy(&act[std::size_t(rows[i]) * d], &compact_act[i * d], d * sizeof(std::int32_t));
     eval_env_->step(act.data(), next.data(), rew.data(), term.data(), trunc.data(), fin.data());
@@ -451,7 +451,7 @@ TrainResult Trainer::run() {
           for (int g = 0; g < t.gradient_steps; ++g) train_once();
         // The acting snapshot follows the learner on the device (taken up once its copy has run).
         if (train_steps_ - refreshed_at_ >= t.act_refresh) {
-          engine_.refresh_snapshot();
+          engine_.actor().refresh_snapshot();
           refreshed_at_ = train_steps_;
         }
       } else {

@@ -282,7 +282,7 @@ cudaError_t fill(cudaStream_t s, float* x, float value, std::int64_t n) {
 
 cudaError_t weighted_mean(cudaStream_t s, float* out, const float* x, const float* w, std::int64_t n) {
   // without programmatic serialization: a loss's mean is off the step's path, and its block,
-  // placed early, would wait on an SM beside the loss (b35f56d measured the loss start later so)
+  // placed early, would wait on an SM beside the loss (the loss then starts later)
   weighted_mean_kernel<<<1, kThreads, 0, s>>>(out, x, w, n);
   return cudaGetLastError();
 }

@@ -90,20 +90,19 @@ void UpdateStages::upload(StepBuild& b) {
     }
     ops.upload(const_cast<SpectralMatrix*>(u_.sn_mats), table.data(), table.size() * sizeof(SpectralMatrix));
   }
-  reach_.assign(heads_.size() * kBudgetReach * 2, 0);
-  reach_max_ = 0;
+  std::vector<std::int64_t> reach(heads_.size() * kBudgetReach * 2, 0);  // [H, kBudgetReach, 2]
+  u_.budget.reach_max = 0;
   for (std::size_t h = 0; h < heads_.size(); ++h) {
     const auto m = merge_ranges(gradient_writes(b.stages, b.reg, heads_[h]), std::size_t(kBudgetReach));
     std::int64_t len = 0;
     for (std::size_t q = 0; q < m.size(); ++q) {
-      reach_[(h * kBudgetReach + q) * 2] = m[q].first;
-      reach_[(h * kBudgetReach + q) * 2 + 1] = m[q].second;
+      reach[(h * kBudgetReach + q) * 2] = m[q].first;
+      reach[(h * kBudgetReach + q) * 2 + 1] = m[q].second;
       len += m[q].second - m[q].first;
     }
-    reach_max_ = std::max(reach_max_, len);
+    u_.budget.reach_max = std::max(u_.budget.reach_max, len);
   }
-  u_.budget.reach_max = reach_max_;
-  ops.upload(const_cast<std::int64_t*>(u_.budget.reach), reach_.data(), reach_.size() * sizeof(std::int64_t));
+  ops.upload(const_cast<std::int64_t*>(u_.budget.reach), reach.data(), reach.size() * sizeof(std::int64_t));
 }
 
 void UpdateStages::run(EngineOps& ops) const { ops.update(u_); }

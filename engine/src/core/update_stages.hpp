@@ -53,8 +53,6 @@ class UpdateStages final : public StageProvider {
   std::vector<std::pair<std::string, std::string>> sn_params_;  ///< parameter, u buffer
   std::vector<Real> sn_u_;
   int sn_max_rows_ = 0, sn_max_cols_ = 0;
-  std::vector<std::int64_t> reach_;  ///< [H, kBudgetReach, 2] (Budget::reach), from the stages' writes
-  std::int64_t reach_max_ = 0;
   Update u_;                         ///< the update's arguments, resolved at bind
 };
 

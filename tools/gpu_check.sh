@@ -10,7 +10,7 @@
 # the C51 comparison at B 256 against the graph peer (what a change to the default kernels needs
 # first, in about 150 s); epoch: build, the gpu suite, the epoch comparison drawing from a full
 # replay (uniform and prioritised, B 256, tf32) and compute-sanitizer on the replay's kernels;
-# sanitize: build, then compute-sanitizer over whole captured steps (tools/gpu_sanitize_steps.sh:
+# sanitize: build, then compute-sanitizer over whole captured steps (tools/sanitize.sh cuda:
 # every head, each precision, the device replay, dqn train on CUDA) with each tool of SANITIZE_STEP;
 # scaling: build, gpu.ranks, then dqn bench (C51 and all four heads, B 256 and 4096 per GPU, tf32)
 # on 1, 2, 4 and 8 GPUs, as many as the machine has (steps/s, samples/s, the all-reduce's time).
@@ -60,7 +60,7 @@ export DQN_PLUGIN_PATH=$PWD/$build/plugins
 
 if [ "$mode" = sanitize ]; then
   # shellcheck disable=SC2086
-  BUILD=$build LOGS=$out tools/gpu_sanitize_steps.sh --box "${SAN_BOX:-300}" --jobs "${SAN_JOBS:-4}" \
+  tools/sanitize.sh cuda --build $build --logs "$out" --box "${SAN_BOX:-300}" --jobs "${SAN_JOBS:-4}" \
     ${SANITIZE_STEP:-memcheck initcheck racecheck} | tee -a "$summary"
   note "total: $(( $(date +%s) - t0 )) s"
   pack

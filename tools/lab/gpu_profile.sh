@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine: per-kernel device time of the captured step (ncu, one kernel node at a time)
-# for the C51-only ref workload and ref with all heads, B 256, tf32. CSVs go to ${OUT:-out}/.
+# for the C51-only ref workload and ref with all heads, B 256, tf32. CSVs go to ${OUT:-out}/
+# (tools/lab/ncu_summary.py out/ncu_c51.csv: the last replayed step's kernels in order, and the total).
 # Usage: tools/lab/gpu_profile.sh [batch]   (NCU_CACHE=none: caches left warm between kernels, as in a replay;
 #        NCU_METRICS=list: other metrics than the duration, e.g. the memory traffic per kernel:
 #        NCU_METRICS=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct)

@@ -6,7 +6,7 @@
 //   CUBLASLT_LOG_LEVEL=2 CUBLASLT_LOG_FILE=lt.log dqn step pipelines/ref.yaml precision=bf16
 //     cuda.autotune=false --backend cuda --random-batch 1 --steps 1 --out /tmp/s.safetensors   (one line)
 //   compute-sanitizer --tool racecheck dqn-lt-replay lt.log
-// (tools/gpu_sanitize_steps.sh's lt_all_bf16 does this.) Usage: dqn-lt-replay LOG
+// (tools/sanitize.sh cuda's lt_all_bf16 does this.) Usage: dqn-lt-replay LOG
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <cerrno>

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "core/engine.hpp"
+#include "core/engine_access.hpp"
 #include "core/plugin_loader.hpp"
 #include "engine_gpu_util.hpp"
 
@@ -35,7 +35,7 @@ std::unique_ptr<Engine> make(const PipelineSpec& spec, BackendKind b) {
   EngineOptions eo;
   eo.backend = b;
   auto e = std::make_unique<Engine>(spec, loader(), eo);
-  e->init_weights(spec.seed);
+  init_weights(*e, spec.seed);
   return e;
 }
 
@@ -70,7 +70,7 @@ TEST_CASE("gpu.plugins.capture: a stage that synchronises or allocates is refuse
   const PipelineSpec spec =
       parse(pipeline("tf32", "  - {plugin: capture_probe, role: auxiliary, budget: 0.05, mode: kernel}\n"));
   auto e = make(spec, BackendKind::cuda);
-  e->set_batch(HostBatch::random(spec, 4));
+  set_batch(*e, HostBatch::random(spec, 4));
   for (int i = 0; i < 5; ++i) e->step();
   const StepReport r = e->read_report();
   CHECK(r.losses.at(1) == 0.0);
@@ -103,7 +103,7 @@ TEST_CASE("gpu.act: the act step's graph against the CPU reference, and acting w
   // After training steps the act step reads the new online parameters (no copy to refresh).
   const auto obs = observations(4, S, 9);
   const auto before = gpu->actor().act_values(obs.data(), 4);
-  gpu->set_batch(HostBatch::random(spec, 2));
+  set_batch(*gpu, HostBatch::random(spec, 2));
   for (int i = 0; i < 20; ++i) gpu->step();
   const auto after = gpu->actor().act_values(obs.data(), 4);
   double moved = 0;
@@ -130,8 +130,8 @@ TEST_CASE("gpu.plugins.qr_dqn: the example primary's own kernels against its hos
     auto gpu = make(spec, BackendKind::cuda);
     auto cpu = make(spec, BackendKind::cpu);
     const HostBatch batch = HostBatch::random(spec, 6);
-    gpu->set_batch(batch);
-    cpu->set_batch(batch);
+    set_batch(*gpu, batch);
+    set_batch(*cpu, batch);
     gpu->step();
     cpu->step();
     StepReport rg = gpu->read_report(), rc = cpu->read_report();
@@ -152,7 +152,7 @@ TEST_CASE("gpu.plugins.qr_dqn: the example primary's own kernels against its hos
     CHECK(rg.losses[0] == doctest::Approx(rc.losses[0]).epsilon(10 * c.loss));
     for (const char* b : {"params", "target"}) {
       INFO(std::string(b));
-      CHECK(rel(gpu->host_buffer(b), cpu->host_buffer(b)) < c.params);
+      CHECK(rel(host_buffer(*gpu, b), host_buffer(*cpu, b)) < c.params);
     }
     // Acting through the example's own act stage, on both backends.
     const auto obs = observations(5, 37, 2);

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "core/engine.hpp"
+#include "core/engine_access.hpp"
 #include "core/rank_group.hpp"
 #include "cupti_count.hpp"
 #include "dqn_config.h"
@@ -49,16 +49,16 @@ TEST_CASE("gpu.ranks.one_nccl_rank_in_the_graph_steps_as_no_group") {
     const PipelineSpec spec = engine_gpu::parse(pipeline(256, all));
     const HostBatch batch = HostBatch::random(spec, 5);
     Engine alone(spec, loader());
-    alone.init_weights(spec.seed);
-    alone.set_batch(batch);
+    init_weights(alone, spec.seed);
+    set_batch(alone, batch);
     EngineOptions eo;
     eo.group = make_nccl_group({0});
     MESSAGE("collectives: " << eo.group->describe());
     Engine ranked(spec, loader(), eo);
-    ranked.init_weights(spec.seed);
-    ranked.set_batch(batch);
-    CHECK(ranked.graph_nodes() > alone.graph_nodes());  // the buckets' NCCL nodes
-    REQUIRE(ranked.reduce_buckets().size() == 3);
+    init_weights(ranked, spec.seed);
+    set_batch(ranked, batch);
+    CHECK(ranked.runtime().graph_nodes() > alone.runtime().graph_nodes());  // the buckets' NCCL nodes
+    REQUIRE(ranked.parallel().buckets().size() == 3);
     for (int s = 0; s < 10; ++s) {
       alone.step();
       ranked.step();
@@ -66,7 +66,7 @@ TEST_CASE("gpu.ranks.one_nccl_rank_in_the_graph_steps_as_no_group") {
     // the mean over one rank is the rank's own gradient, to the bit
     for (const char* b : {"params", "target", "adam.m", "adam.v", "report/losses", "report/norms"}) {
       CAPTURE(b);
-      CHECK(bit_equal(ranked.host_buffer(b), alone.host_buffer(b)));
+      CHECK(bit_equal(host_buffer(ranked, b), host_buffer(alone, b)));
     }
   }
 }
@@ -77,8 +77,8 @@ TEST_CASE("gpu.ranks.replays_with_nccl_in_the_graph_make_no_synchronising_call")
   EngineOptions eo;
   eo.group = make_nccl_group({0});
   Engine e(spec, loader(), eo);
-  e.init_weights(spec.seed);
-  e.set_batch(HostBatch::random(spec, 5));
+  init_weights(e, spec.seed);
+  set_batch(e, HostBatch::random(spec, 5));
   for (int s = 0; s < 20; ++s) e.step();  // warm: NCCL's connections made, the report ring used
   e.runtime().synchronize();
   gpu_test::CallCount count;
@@ -113,29 +113,29 @@ TEST_CASE("gpu.ranks.two_gpus") {
     const PipelineSpec half = engine_gpu::parse(pipeline(B, true));
     const HostBatch batch = HostBatch::random(whole, 7);
     Engine one(whole, loader());
-    one.init_weights(whole.seed);
-    one.set_batch(batch);
+    init_weights(one, whole.seed);
+    set_batch(one, batch);
     for (int s = 0; s < 3; ++s) one.step();
     auto group = make_nccl_group({0, 1});
     std::vector<std::map<std::string, std::vector<double>>> got(2);
     run_ranks(*group, [&](int rank) {
       Engine e(half, loader(), EngineOptions::of_rank(group, rank));
-      e.init_weights(half.seed);
-      e.set_batch(batch.rows(rank * B, B));
+      init_weights(e, half.seed);
+      set_batch(e, batch.rows(rank * B, B));
       for (int s = 0; s < 3; ++s) e.step();
       for (const char* b : {"params", "target", "adam.m", "adam.v", "report/losses", "report/norms", "report/clips"})
-        got[std::size_t(rank)][b] = e.host_buffer(b);
+        got[std::size_t(rank)][b] = host_buffer(e, b);
     });
     // fp32 sums in another order: the tolerances of gpu.step's CUDA-against-CUDA comparisons
     for (const char* b : {"report/losses", "report/norms", "report/clips"}) {
       CAPTURE(b);
-      CHECK(rel(got[0][b], one.host_buffer(b)) < 1e-5);
+      CHECK(rel(got[0][b], host_buffer(one, b)) < 1e-5);
     }
     for (const char* b : {"params", "target"}) {
       CAPTURE(b);
-      CHECK(rel(got[0][b], one.host_buffer(b)) < 1e-5);
+      CHECK(rel(got[0][b], host_buffer(one, b)) < 1e-5);
     }
-    CHECK(rel(got[0]["adam.v"], one.host_buffer("adam.v")) < 1e-4);
+    CHECK(rel(got[0]["adam.v"], host_buffer(one, "adam.v")) < 1e-4);
     for (const auto& [name, v] : got[0]) CHECK(bit_equal(v, got[1][name]));
   }
   SUBCASE("parameters stay bit-identical over 1,000 steps") {
@@ -144,11 +144,11 @@ TEST_CASE("gpu.ranks.two_gpus") {
     std::vector<std::vector<double>> params(2), adam(2);
     run_ranks(*group, [&](int rank) {
       Engine e(spec, loader(), EngineOptions::of_rank(group, rank));
-      e.init_weights(spec.seed);
-      e.set_batch(HostBatch::random(spec, 100 + std::uint64_t(rank)));
+      init_weights(e, spec.seed);
+      set_batch(e, HostBatch::random(spec, 100 + std::uint64_t(rank)));
       for (int s = 0; s < 1000; ++s) e.step();
-      params[std::size_t(rank)] = e.host_buffer("params");
-      adam[std::size_t(rank)] = e.host_buffer("adam.v");
+      params[std::size_t(rank)] = host_buffer(e, "params");
+      adam[std::size_t(rank)] = host_buffer(e, "adam.v");
     });
     CHECK(bit_equal(params[0], params[1]));
     CHECK(bit_equal(adam[0], adam[1]));

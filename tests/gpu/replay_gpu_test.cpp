@@ -11,7 +11,7 @@
 
 #include "../replay_harness.hpp"
 #include "../test_util.hpp"
-#include "core/engine.hpp"
+#include "core/engine_access.hpp"
 #include "core/plugin_loader.hpp"
 #include "dqn_config.h"
 #include "pipeline/parse.hpp"
@@ -100,7 +100,7 @@ TEST_CASE("gpu.replay.engine_draws_as_the_cpu_engine") {
     r.staging_rows = 512;
     eo.replay = r;
     auto e = std::make_unique<Engine>(spec, loader(), eo);
-    e->init_weights(spec.seed);
+    init_weights(*e, spec.seed);
     return e;
   };
   auto c = make(BackendKind::cpu), g = make(BackendKind::cuda);
@@ -116,27 +116,27 @@ TEST_CASE("gpu.replay.engine_draws_as_the_cpu_engine") {
     for (auto& x : rw) x = u(rng);
     for (auto& x : ac) x = std::int32_t(rng() % 2);
     const Transitions t{n, st.data(), nx.data(), ac.data(), rw.data(), dn.data()};
-    c->add_transitions(t, (k + 1) * n);
-    g->add_transitions(t, (k + 1) * n);
+    c->replay().add(t, (k + 1) * n);
+    g->replay().add(t, (k + 1) * n);
   }
   c->step();
   g->step();
-  const std::vector<std::int64_t> slots = c->drawn_slots();
-  CHECK(slots == g->drawn_slots());
+  const std::vector<std::int64_t> slots = c->replay().drawn_slots();
+  CHECK(slots == g->replay().drawn_slots());
   // The batch is those slots' rows, in both.
-  const std::vector<double> cs = c->host_buffer("batch/states2"), gs = g->host_buffer("batch/states2");
+  const std::vector<double> cs = host_buffer(*c, "batch/states2"), gs = host_buffer(*g, "batch/states2");
   CHECK(cs == gs);
-  const std::vector<double> stored = g->host_buffer("replay/states");
+  const std::vector<double> stored = host_buffer(*g, "replay/states");
   for (std::size_t b = 0; b < slots.size(); ++b)
     for (int k = 0; k < S; ++k) CHECK(gs[b * std::size_t(S) + std::size_t(k)] == stored[std::size_t(slots[b]) * std::size_t(S) + std::size_t(k)]);
   // Priorities were updated inside the step: the leaves of the drawn slots moved off the start.
-  const ReplayState rc = c->replay_state(), rg = g->replay_state();
+  const ReplayState rc = c->replay().state(), rg = g->replay().state();
   CHECK(rg.draws == 2);  // the first batch, and the next one drawn at the end of the step
   CHECK(rg.size == 3500);
   CHECK(rg.max_priority == doctest::Approx(rc.max_priority).epsilon(1e-4));
   CHECK(rg.total_priority == doctest::Approx(rc.total_priority).epsilon(1e-4));
   for (int i = 0; i < 20; ++i) g->step();
-  CHECK(g->replay_state().draws == 22);
+  CHECK(g->replay().state().draws == 22);
   const StepReport rep = g->read_report();
   REQUIRE(rep.replay.has_value());
   CHECK(rep.replay->size == 3500);

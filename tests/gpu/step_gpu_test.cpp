@@ -18,7 +18,7 @@
 #include "cupti_count.hpp"
 
 #include "dqn/head.hpp"
-#include "core/engine.hpp"
+#include "core/engine_access.hpp"
 #include "pipeline/parse.hpp"
 #include "core/plugin_loader.hpp"
 #include "engine_gpu_util.hpp"
@@ -92,8 +92,8 @@ std::unique_ptr<Engine> make(const PipelineSpec& spec, BackendKind b) {
   EngineOptions eo;
   eo.backend = b;
   auto e = std::make_unique<Engine>(spec, loader(), eo);
-  e->init_weights(spec.seed);
-  e->set_batch(HostBatch::random(spec, 9));
+  init_weights(*e, spec.seed);
+  set_batch(*e, HostBatch::random(spec, 9));
   return e;
 }
 
@@ -124,7 +124,7 @@ bool bit_equal(const std::vector<double>& a, const std::vector<double>& b) {
 void check_same_bits(Engine& a, Engine& b, std::initializer_list<const char*> buffers) {
   for (const char* buf : buffers) {
     INFO(std::string(buf));
-    CHECK(bit_equal(a.host_buffer(buf), b.host_buffer(buf)));
+    CHECK(bit_equal(host_buffer(a, buf), host_buffer(b, buf)));
   }
 }
 
@@ -165,7 +165,7 @@ void compare_reports(Engine& gpu, Engine& cpu, const ReportTol& t, const char* w
 // a* is an argmax: where the backends pick different actions for some pair (a tie within
 // rounding), a step's reports are compared with the looser tolerances of diverged runs.
 bool same_a_star(Engine& gpu, Engine& cpu) {
-  const auto ag = gpu.host_buffer(buf::a_star), ac = cpu.host_buffer(buf::a_star);
+  const auto ag = host_buffer(gpu, buf::a_star), ac = host_buffer(cpu, buf::a_star);
   long differ = 0;
   for (std::size_t i = 0; i < ag.size() && i < ac.size(); ++i) differ += ag[i] != ac[i];
   if (differ) MESSAGE(differ << " of " << ag.size() << " a* differ: compared with the looser tolerances");
@@ -223,7 +223,7 @@ TEST_CASE("gpu.step.matches_cpu") {
     CHECK(rg.losses[0] == doctest::Approx(rc.losses[0]).epsilon(10 * c.loss));
     for (const char* b : {"params", "target", "adam.m", "sn.u.trunk.1.weight"}) {
       INFO(std::string(b));
-      CHECK(rel(gpu->host_buffer(b), cpu->host_buffer(b)) < (std::string(b) == "adam.m" ? 20 : 1) * c.params);
+      CHECK(rel(host_buffer(*gpu, b), host_buffer(*cpu, b)) < (std::string(b) == "adam.m" ? 20 : 1) * c.params);
     }
     CHECK(gpu->captures() == 1);
   }
@@ -310,20 +310,20 @@ TEST_CASE("gpu.step.aux_fraction_change_without_recapture") {
   CHECK(e->captures() == 1);
   // The four heads' stages fit the lanes: no stage of the captured step waits for one it does
   // not depend on.
-  CHECK(e->false_dependencies() == 0);
-  CHECK(e->lanes_used() > 1);
+  CHECK(e->plan().lanes.false_deps == 0);
+  CHECK(lanes_used(*e) > 1);
 }
 
 TEST_CASE("gpu.step.nan_skips_on_device") {
   const PipelineSpec spec = parse(pipeline("tf32"));
   auto e = make(spec, BackendKind::cuda);
   e->step();
-  const auto p = e->host_buffer("params"), t = e->host_buffer("target"), m = e->host_buffer("adam.m");
-  e->host_write("batch/is_weights", 3, std::nan(""));
+  const auto p = host_buffer(*e, "params"), t = host_buffer(*e, "target"), m = host_buffer(*e, "adam.m");
+  host_write(*e, "batch/is_weights", 3, std::nan(""));
   e->step();
-  CHECK(bit_equal(e->host_buffer("params"), p));
-  CHECK(bit_equal(e->host_buffer("target"), t));
-  CHECK(bit_equal(e->host_buffer("adam.m"), m));
+  CHECK(bit_equal(host_buffer(*e, "params"), p));
+  CHECK(bit_equal(host_buffer(*e, "target"), t));
+  CHECK(bit_equal(host_buffer(*e, "adam.m"), m));
   const StepReport r = e->read_report();
   CHECK(r.skipped_steps == 1);
   CHECK(r.adam_step == 1);
@@ -349,7 +349,7 @@ void check_zero_syncs(const std::string& text, const std::string& replay = "") {
     r.staging_rows = 4096;
     eo.replay = r;
     e = std::make_unique<Engine>(spec, loader(), eo);
-    e->init_weights(spec.seed);
+    init_weights(*e, spec.seed);
     const HostBatch b = HostBatch::random(spec, 9);  // its rows, repeated, fill the replay
     std::vector<float> st, nx, rw, dn;
     std::vector<std::int32_t> ac;
@@ -361,7 +361,7 @@ void check_zero_syncs(const std::string& text, const std::string& replay = "") {
       rw.push_back(b.rewards[i]);
       dn.push_back(b.dones[i]);
     }
-    e->add_transitions(Transitions{4096, st.data(), nx.data(), ac.data(), rw.data(), dn.data()}, 4096);
+    e->replay().add(Transitions{4096, st.data(), nx.data(), ac.data(), rw.data(), dn.data()}, 4096);
   }
   for (int i = 0; i < 10; ++i) e->step();
   e->read_report();
@@ -493,7 +493,7 @@ TEST_CASE("gpu.step.aux_heads_match_cpu") {
     compare_reports(*gpu, *cpu, hundred, "step 100");
     for (const BufTol& b : buffers) {
       INFO("buffer " << std::string(b.name));
-      const auto g = gpu->host_buffer(b.name), r = cpu->host_buffer(b.name);
+      const auto g = host_buffer(*gpu, b.name), r = host_buffer(*cpu, b.name);
       REQUIRE(g.size() == r.size());
       const double e = rel(g, r);
       CHECK_MESSAGE(e < b.tol, "‖Δ‖/‖ref‖ = " << e);
@@ -501,7 +501,7 @@ TEST_CASE("gpu.step.aux_heads_match_cpu") {
 
     // Step 101 from the GPU's state on both (weights, target, Adam moments and step, sn.u): each
     // head's loss, gradient norm and clip at trained weights, with one-step tolerances again.
-    cpu->load_weights(gpu->save_state(false));
+    load_weights(*cpu, save_weights(*gpu, false));
     gpu->step();
     cpu->step();
     compare_reports(*gpu, *cpu, same_a_star(*gpu, *cpu) ? one_step : hundred, "step 101 from the GPU's state");
@@ -558,7 +558,7 @@ TEST_CASE("gpu.step.reference_sizes_match_cpu") {
         bufs.emplace_back(std::string("sn.u.") + m + ".weight", c.u);
       for (const auto& [b, tol] : bufs) {
         INFO("buffer " << b);
-        const auto g = gpu->host_buffer(b), r = cpu->host_buffer(b);
+        const auto g = host_buffer(*gpu, b), r = host_buffer(*cpu, b);
         REQUIRE(g.size() == r.size());
         const double e = rel(g, r);
         CHECK_MESSAGE(e < tol, "‖Δ‖/‖ref‖ = " << e);
@@ -629,7 +629,7 @@ TEST_CASE("gpu.step.update_paths: the fused update's choices where its grid is r
                                         "report/clips"});
     for (const char* b : {"params", "target", "sn.u.trunk.1.weight"}) {
       INFO(std::string(b));
-      CHECK(rel(fused->host_buffer(b), separate->host_buffer(b)) < 1e-6);
+      CHECK(rel(host_buffer(*fused, b), host_buffer(*separate, b)) < 1e-6);
     }
   }
 }

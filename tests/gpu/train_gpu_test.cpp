@@ -10,7 +10,7 @@
 #include <map>
 #include <string>
 
-#include "core/engine.hpp"
+#include "core/engine_access.hpp"
 #include "core/rank_group.hpp"
 #include "dqn_config.h"
 #include "cupti_count.hpp"
@@ -32,7 +32,7 @@ void check_zero_syncs(const std::shared_ptr<RankGroup>& group) {
   EngineOptions eo = training_engine_options(spec);
   eo.group = group;
   Engine engine(spec, engine_gpu::loader(), eo);
-  engine.init_weights(spec.seed);
+  init_weights(engine, spec.seed);
   gpu_test::CallCount count;
   std::int64_t from_env = -1, to_env = -1, from_train = -1, to_train = -1;
   TrainerOptions opt;

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "core/engine.hpp"
+#include "core/engine_access.hpp"
 #include "core/grad_check.hpp"
 #include "pipeline/parse.hpp"
 #include "core/plugin_loader.hpp"
@@ -52,8 +52,8 @@ std::unique_ptr<Engine> make(const PipelineSpec& spec, bool f64, std::uint64_t b
   EngineOptions eo;
   eo.f64 = f64;
   auto e = std::make_unique<Engine>(spec, loader(), eo);
-  e->init_weights(spec.seed);
-  e->set_batch(HostBatch::random(spec, batch_seed));
+  init_weights(*e, spec.seed);
+  set_batch(*e, HostBatch::random(spec, batch_seed));
   return e;
 }
 
@@ -70,7 +70,7 @@ bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p,
 /// must get a non-zero gradient, the others an exactly zero one.
 void fd_check(Engine& e, const std::string& head, bool (*reaches)(const std::string&)) {
   e.forward_backward();
-  const std::vector<double> grad = e.host_buffer("grad/" + head);
+  const std::vector<double> grad = host_buffer(e, "grad/" + head);
   int checked = 0;
   for (const GradCheckRow& r : check_head_gradients(e, head)) {
     INFO(head << ": " << r.param << ": worst [" << r.worst_index << "] fd " << r.worst_fd << " analytic "
@@ -81,7 +81,7 @@ void fd_check(Engine& e, const std::string& head, bool (*reaches)(const std::str
   }
   CHECK(checked > 0);
   e.forward_backward();
-  CHECK(e.host_buffer("grad/" + head) == grad);
+  CHECK(host_buffer(e, "grad/" + head) == grad);
 }
 
 bool trunk_or_c51(const std::string& n) { return starts_with(n, "trunk.") || starts_with(n, "c51."); }
@@ -92,8 +92,8 @@ TEST_CASE("heads.cql.loss_matches_spec") {
   auto e = make(spec, true);
   e->forward_backward();
   const int B = spec.batch, D = spec.network.branches, A = spec.network.actions;
-  const auto q = e->host_buffer("c51/q");  // [2B, D, A], rows 0..B-1: states
-  const auto act = e->host_buffer("batch/actions");
+  const auto q = host_buffer(*e, "c51/q");  // [2B, D, A], rows 0..B-1: states
+  const auto act = host_buffer(*e, "batch/actions");
   double want = 0;
   for (int b = 0; b < B; ++b)
     for (int d = 0; d < D; ++d) {
@@ -102,7 +102,7 @@ TEST_CASE("heads.cql.loss_matches_spec") {
       want += std::log(s) - q[std::size_t((b * D + d) * A + int(act[std::size_t(b * D + d)]))];
     }
   want *= 0.75 / (B * D);  // α exact in f32
-  CHECK(e->host_buffer("loss/cql")[0] == doctest::Approx(want).epsilon(1e-12));
+  CHECK(host_buffer(*e, "loss/cql")[0] == doctest::Approx(want).epsilon(1e-12));
   CHECK(want > 0);
 }
 
@@ -115,7 +115,7 @@ TEST_CASE("heads.cql.fd_every_parameter") {
   auto p = make(alone, true);
   p->forward_backward();
   e->forward_backward();
-  const auto g0 = p->host_buffer("grad/c51"), g1 = e->host_buffer("grad/c51");
+  const auto g0 = host_buffer(*p, "grad/c51"), g1 = host_buffer(*e, "grad/c51");
   REQUIRE(g0.size() == g1.size());
   CHECK(g0 == g1);
 }
@@ -124,8 +124,8 @@ TEST_CASE("heads.cql.alpha_zero_gives_zero_gradient") {
   const PipelineSpec spec = parse(tiny_pipeline("  - {plugin: cql, alpha: 0}\n"));
   auto e = make(spec, true);
   e->forward_backward();
-  CHECK(e->host_buffer("loss/cql")[0] == 0.0);
-  CHECK(norm(e->host_buffer("grad/cql")) == 0.0);
+  CHECK(host_buffer(*e, "loss/cql")[0] == 0.0);
+  CHECK(norm(host_buffer(*e, "grad/cql")) == 0.0);
 }
 
 TEST_CASE("heads.budget.c51_cql") {
@@ -149,7 +149,7 @@ TEST_CASE("heads.budget.c51_cql") {
   }
   CHECK(r.total_loss == doctest::Approx(total).epsilon(1e-12));
   // ‖g‖ ≤ Σ_h c_h‖g_h‖ ≤ G.
-  CHECK(norm(e->host_buffer("grad/total")) <= G * (1 + 1e-6));
+  CHECK(norm(host_buffer(*e, "grad/total")) <= G * (1 + 1e-6));
 
   // A fraction changed between steps takes effect on the next step.
   e->update().set_fraction(1, 0.02);
@@ -171,10 +171,10 @@ TEST_CASE("heads.ensemble.loss_and_disagreement_match_spec") {
   auto e = make(spec, true);
   e->forward_backward();
   const int K = 4, B = spec.batch, D = spec.network.branches, A = spec.network.actions, Z = spec.network.atoms;
-  const auto logp = e->host_buffer("ensemble/logp");  // [K,B,D,A,Z]
-  const auto m = e->host_buffer("target/m");          // [B,D,Z]
-  const auto act = e->host_buffer("batch/actions");
-  const auto w = e->host_buffer("batch/is_weights");
+  const auto logp = host_buffer(*e, "ensemble/logp");  // [K,B,D,A,Z]
+  const auto m = host_buffer(*e, "target/m");          // [B,D,Z]
+  const auto act = host_buffer(*e, "batch/actions");
+  const auto w = host_buffer(*e, "batch/is_weights");
   REQUIRE(logp.size() == std::size_t(K) * B * D * A * Z);
   double want = 0;
   for (int k = 0; k < K; ++k)
@@ -188,10 +188,10 @@ TEST_CASE("heads.ensemble.loss_and_disagreement_match_spec") {
       want += w[std::size_t(b)] * lb / D;
     }
   want /= double(K) * B;
-  CHECK(e->host_buffer("loss/ensemble")[0] == doctest::Approx(want).epsilon(1e-12));
+  CHECK(host_buffer(*e, "loss/ensemble")[0] == doctest::Approx(want).epsilon(1e-12));
   // The members start from different weights, so they disagree; the metric is the mean std of Q.
-  const auto q = e->host_buffer("ensemble/q");  // [K,B,D,A]
-  const auto dis = e->host_buffer("ensemble/disagreement");
+  const auto q = host_buffer(*e, "ensemble/q");  // [K,B,D,A]
+  const auto dis = host_buffer(*e, "ensemble/disagreement");
   for (int b = 0; b < B; ++b) {
     double s = 0;
     for (int j = 0; j < D * A; ++j) {
@@ -217,7 +217,7 @@ TEST_CASE("heads.ensemble.fd_every_parameter") {
     text.replace(text.find("seed: 7"), 7, "seed: " + std::to_string(seed));
     auto c = make(parse(text), true);
     c->forward_backward();
-    const auto h = c->host_buffer("ensemble/hidden");  // [K,B,(1+D)Hh]
+    const auto h = host_buffer(*c, "ensemble/hidden");  // [K,B,(1+D)Hh]
     bool all_live = true;
     for (int k = 0; k < K; ++k)
       for (int g = 0; g < 1 + D; ++g) {
@@ -261,7 +261,7 @@ TEST_CASE("heads.budget.c51_cql_ensemble") {
     CHECK(r.clips[h] * r.grad_norms[h] <= f[h] * G * (1 + 1e-6));
     CHECK(r.clips[h] == doctest::Approx(f[h] * G / (r.grad_norms[h] + 1e-6)).epsilon(1e-6));
   }
-  CHECK(norm(e->host_buffer("grad/total")) <= G * (1 + 1e-6));
+  CHECK(norm(host_buffer(*e, "grad/total")) <= G * (1 + 1e-6));
 }
 
 namespace {
@@ -275,10 +275,10 @@ TEST_CASE("heads.iqn.loss_matches_spec") {
   e->forward_backward();
   const int B = spec.batch, D = spec.network.branches, A = spec.network.actions, N = 3, Nt = 4;
   const int ldq = (D * A + 3) / 4 * 4;  // q rows: D·A padded to 4 floats
-  const auto q = e->host_buffer("iqn/q"), qt = e->host_buffer("iqn/target.q"), tau = e->host_buffer("iqn/tau");
+  const auto q = host_buffer(*e, "iqn/q"), qt = host_buffer(*e, "iqn/target.q"), tau = host_buffer(*e, "iqn/tau");
   REQUIRE(q.size() == std::size_t(B) * N * ldq);
-  const auto act = e->host_buffer("batch/actions"), ast = e->host_buffer("target/a_star");
-  const auto r = e->host_buffer("batch/rewards"), dn = e->host_buffer("batch/dones"), w = e->host_buffer("batch/is_weights");
+  const auto act = host_buffer(*e, "batch/actions"), ast = host_buffer(*e, "target/a_star");
+  const auto r = host_buffer(*e, "batch/rewards"), dn = host_buffer(*e, "batch/dones"), w = host_buffer(*e, "batch/is_weights");
   double want = 0;
   for (int b = 0; b < B; ++b) {
     double L = 0;
@@ -295,25 +295,25 @@ TEST_CASE("heads.iqn.loss_matches_spec") {
     want += w[std::size_t(b)] * L / D;
   }
   // γⁿ travels as f32 (0.9f), hence the tolerance.
-  CHECK(e->host_buffer("loss/iqn")[0] == doctest::Approx(want / B).epsilon(1e-7));
+  CHECK(host_buffer(*e, "loss/iqn")[0] == doctest::Approx(want / B).epsilon(1e-7));
 }
 
 TEST_CASE("heads.iqn.tau_fresh_each_step_and_reproducible") {
   const PipelineSpec spec = parse(tiny_pipeline(kIqn));
   auto a = make(spec, true), b = make(spec, true);
   a->forward_backward();
-  const auto t0 = a->host_buffer("iqn/tau"), tt0 = a->host_buffer("iqn/tau_target");
+  const auto t0 = host_buffer(*a, "iqn/tau"), tt0 = host_buffer(*a, "iqn/tau_target");
   CHECK(t0.size() == std::size_t(spec.batch) * 3);
   CHECK(tt0.size() == std::size_t(spec.batch) * 4);
   for (double x : t0) CHECK((x >= 0 && x < 1));
   CHECK(std::vector<double>(t0.begin(), t0.begin() + 3) != std::vector<double>(tt0.begin(), tt0.begin() + 3));
   a->step();
   a->forward_backward();
-  CHECK(a->host_buffer("iqn/tau") != t0);  // keyed by the Adam step
+  CHECK(host_buffer(*a, "iqn/tau") != t0);  // keyed by the Adam step
   b->step();
   b->forward_backward();
-  CHECK(a->host_buffer("iqn/tau") == b->host_buffer("iqn/tau"));
-  CHECK(a->host_buffer("params") == b->host_buffer("params"));
+  CHECK(host_buffer(*a, "iqn/tau") == host_buffer(*b, "iqn/tau"));
+  CHECK(host_buffer(*a, "params") == host_buffer(*b, "params"));
 }
 
 TEST_CASE("heads.iqn.fd_every_parameter") {
@@ -340,7 +340,7 @@ TEST_CASE("heads.budget.full") {
     CHECK(r.grad_norms[h] > G);
     CHECK(r.clips[h] * r.grad_norms[h] <= f[h] * G * (1 + 1e-6));
   }
-  CHECK(norm(e->host_buffer("grad/total")) <= G * (1 + 1e-6));
+  CHECK(norm(host_buffer(*e, "grad/total")) <= G * (1 + 1e-6));
   e->update().set_fraction(1, 0.05);
   e->update().set_fraction(0, 0.75);
   e->step();
@@ -392,7 +392,7 @@ TEST_CASE("heads.stages.weight_gradients_beside_the_trunk_backward") {
   // stage waits for the trunk (they run side by side in the captured graph).
   PipelineSpec spec = parse(tiny_pipeline(std::string(kIqn) + "  - {plugin: ensemble, members: 2}\n  - {plugin: cql}\n"));
   auto e = make(spec, false);
-  const auto waits = e->stage_waits();
+  const auto waits = stage_waits(*e);
   auto of = [&](const std::string& stage) {
     for (const auto& [name, w] : waits)
       if (name == stage) return w;
@@ -449,12 +449,12 @@ TEST_CASE("heads.nonfinite_in_one_auxiliary_skips_the_step") {
   const auto* p = e->registry().find_param("iqn.1.bias");
   REQUIRE(p);
   // Every output bias (ReLU maps a NaN pre-activation to 0, so a hidden bias would not do).
-  const auto theta = e->host_buffer("params");
+  const auto theta = host_buffer(*e, "params");
   for (std::int64_t i = 0; i < p->numel(); ++i)
-    e->host_write("params", p->offset + i, std::numeric_limits<double>::quiet_NaN());
+    host_write(*e, "params", p->offset + i, std::numeric_limits<double>::quiet_NaN());
   const std::vector<std::string> state{"params", "target", "adam.m", "adam.v", "opt/t"};
   std::vector<std::vector<double>> before;
-  for (const auto& s : state) before.push_back(e->host_buffer(s));
+  for (const auto& s : state) before.push_back(host_buffer(*e, s));
   e->step();
   StepReport r = e->read_report();
   CHECK(std::isfinite(r.losses[0]));
@@ -464,11 +464,11 @@ TEST_CASE("heads.nonfinite_in_one_auxiliary_skips_the_step") {
   CHECK(r.adam_step == 1);
   for (std::size_t k = 0; k < state.size(); ++k) {
     INFO(state[k]);
-    const auto after = e->host_buffer(state[k]);
+    const auto after = host_buffer(*e, state[k]);
     REQUIRE(after.size() == before[k].size());
     CHECK(std::memcmp(after.data(), before[k].data(), after.size() * sizeof(double)) == 0);
   }
-  for (std::int64_t i = 0; i < p->numel(); ++i) e->host_write("params", p->offset + i, theta[std::size_t(p->offset + i)]);
+  for (std::int64_t i = 0; i < p->numel(); ++i) host_write(*e, "params", p->offset + i, theta[std::size_t(p->offset + i)]);
   e->step();
   r = e->read_report();
   CHECK(r.skipped_steps == 1);
@@ -485,8 +485,8 @@ TEST_CASE("heads.full_pipeline_f32_matches_f64_and_is_deterministic") {
     b->step();
     c->step();
   }
-  CHECK(a->host_buffer("params") == b->host_buffer("params"));
-  const auto pa = a->host_buffer("params"), pc = c->host_buffer("params");
+  CHECK(host_buffer(*a, "params") == host_buffer(*b, "params"));
+  const auto pa = host_buffer(*a, "params"), pc = host_buffer(*c, "params");
   double diff = 0, ref = 0;
   for (std::size_t i = 0; i < pa.size(); ++i) {
     diff += (pa[i] - pc[i]) * (pa[i] - pc[i]);
@@ -538,7 +538,7 @@ TEST_CASE("heads.layout.aligned_groups") {
   // The padding is never a parameter, and stays zero after steps.
   e->step();
   e->step();
-  const auto theta = e->host_buffer("params");
+  const auto theta = host_buffer(*e, "params");
   int pad = 0, nonzero = 0;
   for (std::size_t i = 0; i < covered.size(); ++i)
     if (!covered[i]) {
@@ -560,8 +560,8 @@ TEST_CASE("heads.budget.reach_covers_every_written_gradient") {
   const std::int64_t P = reg.param_count();
   e->step();
   e->step();
-  const auto reach = e->host_buffer("budget/reach");
-  const auto grads = e->host_buffer("grad/all");
+  const auto reach = host_buffer(*e, "budget/reach");
+  const auto grads = host_buffer(*e, "grad/all");
   const std::vector<std::string> heads{"c51", "iqn", "ensemble", "cql"};
   REQUIRE(reach.size() == heads.size() * kBudgetReach * 2);
   REQUIRE(grads.size() == heads.size() * std::size_t(P));

@@ -12,7 +12,7 @@
 #include <random>
 #include <string>
 
-#include "core/engine.hpp"
+#include "core/engine_access.hpp"
 #include "pipeline/parse.hpp"
 #include "core/plugin_loader.hpp"
 
@@ -101,14 +101,14 @@ std::unique_ptr<Engine> make(const PipelineSpec& spec, bool f64, std::uint64_t b
   EngineOptions eo;
   eo.f64 = f64;
   auto e = std::make_unique<Engine>(spec, loader(), eo);
-  e->init_weights(spec.seed);
-  e->set_batch(HostBatch::random(spec, batch_seed));
+  init_weights(*e, spec.seed);
+  set_batch(*e, HostBatch::random(spec, batch_seed));
   return e;
 }
 
 double loss_of(Engine& e) {
   e.forward_backward();
-  return e.host_buffer("loss/c51")[0];
+  return host_buffer(e, "loss/c51")[0];
 }
 
 double norm(const std::vector<double>& v) {
@@ -124,8 +124,8 @@ TEST_CASE("step.c51.fd_every_parameter") {
   const PipelineSpec spec = parse(tiny_pipeline("spectral_norm: {enabled: true, sigma_max: 2}\n"));
   auto e = make(spec, true);
   e->forward_backward();
-  const std::vector<double> grad = e->host_buffer("grad/c51");
-  const std::vector<double> theta = e->host_buffer("params");
+  const std::vector<double> grad = host_buffer(*e, "grad/c51");
+  const std::vector<double> theta = host_buffer(*e, "params");
   const double eps = 1e-6;
   std::mt19937 rng(11);
   int checked = 0;
@@ -138,11 +138,11 @@ TEST_CASE("step.c51.fd_every_parameter") {
     CHECK_MESSAGE(max_abs > 0, "no gradient reaches " << p.name);
     for (auto i : idx) {
       const std::int64_t at = p.offset + i;
-      e->host_write("params", at, theta[std::size_t(at)] + eps);
+      host_write(*e, "params", at, theta[std::size_t(at)] + eps);
       const double lp = loss_of(*e);
-      e->host_write("params", at, theta[std::size_t(at)] - eps);
+      host_write(*e, "params", at, theta[std::size_t(at)] - eps);
       const double lm = loss_of(*e);
-      e->host_write("params", at, theta[std::size_t(at)]);
+      host_write(*e, "params", at, theta[std::size_t(at)]);
       const double fd = (lp - lm) / (2 * eps);
       const double an = grad[std::size_t(at)];
       INFO(p.name << "[" << i << "]: fd " << fd << " analytic " << an);
@@ -153,7 +153,7 @@ TEST_CASE("step.c51.fd_every_parameter") {
   CHECK(checked == 6 * int(e->registry().params().size()));
   // Restored parameters give the original gradient back.
   e->forward_backward();
-  CHECK(e->host_buffer("grad/c51") == grad);
+  CHECK(host_buffer(*e, "grad/c51") == grad);
 }
 
 TEST_CASE("step.c51.loss_matches_report_and_td_error") {
@@ -165,7 +165,7 @@ TEST_CASE("step.c51.loss_matches_report_and_td_error") {
   CHECK(r.losses[0] > 0);
   CHECK(r.total_loss == doctest::Approx(r.losses[0]).epsilon(1e-12));
   // loss = (1/B) Σ w_b td_error(b)
-  const auto w = e->host_buffer("batch/is_weights");
+  const auto w = host_buffer(*e, "batch/is_weights");
   double s = 0;
   for (int b = 0; b < spec.batch; ++b) s += w[std::size_t(b)] * r.td_error[std::size_t(b)];
   CHECK(r.losses[0] == doctest::Approx(s / spec.batch).epsilon(1e-6));
@@ -180,8 +180,8 @@ TEST_CASE("step.budget.primary_alone_takes_full_norm") {
     PipelineSpec spec = parse(tiny_pipeline("max_grad_norm: " + std::to_string(G) + "\n"));
     auto e = make(spec, true);
     e->step();
-    const auto gh = e->host_buffer("grad/c51");
-    const auto g = e->host_buffer("grad/total");
+    const auto gh = host_buffer(*e, "grad/c51");
+    const auto g = host_buffer(*e, "grad/total");
     const StepReport r = e->read_report();
     CHECK(r.fractions[0] == 1.0);
     CHECK(r.grad_norms[0] == doctest::Approx(norm(gh)).epsilon(1e-12));
@@ -200,7 +200,7 @@ TEST_CASE("step.budget.fraction_changes_between_steps") {
   e->step();
   const StepReport r = e->read_report();
   CHECK(r.clips[0] == doctest::Approx(0.25 * 0.001 / (r.grad_norms[0] + 1e-6)).epsilon(1e-6));
-  CHECK(norm(e->host_buffer("grad/total")) == doctest::Approx(0.25 * 0.001).epsilon(1e-3));
+  CHECK(norm(host_buffer(*e, "grad/total")) == doctest::Approx(0.25 * 0.001).epsilon(1e-3));
   CHECK_THROWS_AS(e->update().set_fraction(0, 1.5), std::invalid_argument);
   CHECK_THROWS_AS(e->update().set_fraction(3, 0.5), std::out_of_range);
   CHECK_THROWS_AS(e->update().set_fractions({0.5, 0.5}), std::invalid_argument);  // one head
@@ -216,27 +216,27 @@ TEST_CASE("step.nonfinite_gradient_skips_every_update") {
     const std::vector<std::string> state{"params", "target", "adam.m", "adam.v", "opt/t",
                                          "sn.u.trunk.0.weight", "sn.u.c51.value.1.weight"};
     std::vector<std::vector<double>> before;
-    for (const auto& s : state) before.push_back(e->host_buffer(s));
+    for (const auto& s : state) before.push_back(host_buffer(*e, s));
     // An importance weight of NaN or Inf poisons the loss and so the gradient (a reward would
     // not: Tz is clamped to the support).
-    const double w0 = e->host_buffer("batch/is_weights")[0];
-    e->host_write("batch/is_weights", 0, bad);
+    const double w0 = host_buffer(*e, "batch/is_weights")[0];
+    host_write(*e, "batch/is_weights", 0, bad);
     e->step();
     for (std::size_t k = 0; k < state.size(); ++k) {
       INFO(state[k]);
-      const auto after = e->host_buffer(state[k]);
+      const auto after = host_buffer(*e, state[k]);
       REQUIRE(after.size() == before[k].size());
       for (std::size_t i = 0; i < after.size(); ++i) CHECK(std::memcmp(&after[i], &before[k][i], sizeof(double)) == 0);
     }
     StepReport r = e->read_report();
     CHECK(r.skipped_steps == 1);
     CHECK(r.adam_step == 1);
-    e->host_write("batch/is_weights", 0, w0);
+    host_write(*e, "batch/is_weights", 0, w0);
     e->step();
     r = e->read_report();
     CHECK(r.skipped_steps == 1);
     CHECK(r.adam_step == 2);
-    CHECK(e->host_buffer("params") != before[0]);
+    CHECK(host_buffer(*e, "params") != before[0]);
   }
 }
 
@@ -244,22 +244,22 @@ TEST_CASE("step.target.polyak_and_hard_period") {
   {
     PipelineSpec spec = parse(tiny_pipeline("target: {polyak: 0.25}\n"));
     auto e = make(spec, true);
-    const auto t0 = e->host_buffer("target");
+    const auto t0 = host_buffer(*e, "target");
     e->step();
-    const auto p1 = e->host_buffer("params");
-    const auto t1 = e->host_buffer("target");
+    const auto p1 = host_buffer(*e, "params");
+    const auto t1 = host_buffer(*e, "target");
     for (std::size_t i = 0; i < t1.size(); i += 7) CHECK(t1[i] == doctest::Approx(t0[i] + 0.25 * (p1[i] - t0[i])).epsilon(1e-12));
   }
   {
     PipelineSpec spec = parse(tiny_pipeline("target: {period: 3}\n"));
     auto e = make(spec, true);
-    const auto t0 = e->host_buffer("target");
+    const auto t0 = host_buffer(*e, "target");
     e->step();
     e->step();
-    CHECK(e->host_buffer("target") == t0);
-    CHECK(e->host_buffer("params") != t0);
+    CHECK(host_buffer(*e, "target") == t0);
+    CHECK(host_buffer(*e, "params") != t0);
     e->step();
-    CHECK(e->host_buffer("target") == e->host_buffer("params"));
+    CHECK(host_buffer(*e, "target") == host_buffer(*e, "params"));
   }
 }
 
@@ -289,8 +289,8 @@ TEST_CASE("step.deterministic_and_f32_matches_f64") {
     b->step();
     c->step();
   }
-  CHECK(a->host_buffer("params") == b->host_buffer("params"));
-  const auto pa = a->host_buffer("params"), pc = c->host_buffer("params");
+  CHECK(host_buffer(*a, "params") == host_buffer(*b, "params"));
+  const auto pa = host_buffer(*a, "params"), pc = host_buffer(*c, "params");
   double diff = 0, ref = 0;
   for (std::size_t i = 0; i < pa.size(); ++i) {
     diff += (pa[i] - pc[i]) * (pa[i] - pc[i]);
@@ -302,56 +302,56 @@ TEST_CASE("step.deterministic_and_f32_matches_f64") {
 TEST_CASE("step.adam_moves_params_and_counts") {
   const PipelineSpec spec = parse(tiny_pipeline());
   auto e = make(spec, true);
-  const auto p0 = e->host_buffer("params");
+  const auto p0 = host_buffer(*e, "params");
   e->forward_backward();
-  const auto g = e->host_buffer("grad/c51");
+  const auto g = host_buffer(*e, "grad/c51");
   e->step();
-  const auto p1 = e->host_buffer("params");
+  const auto p1 = host_buffer(*e, "params");
   // First Adam step: θ1 = θ0 − lr·g/(|g| + ε) elementwise (bias corrections cancel), clip 1 here.
   for (std::size_t i = 0; i < p0.size(); i += 5)
     CHECK(p1[i] == doctest::Approx(p0[i] - 1e-4 * g[i] / (std::fabs(g[i]) + 1e-8)).epsilon(1e-9));
-  CHECK(e->host_buffer("opt/t")[0] == 1);
+  CHECK(host_buffer(*e, "opt/t")[0] == 1);
 }
 
 TEST_CASE("step.checkpoint_roundtrip") {
   const PipelineSpec spec = parse(tiny_pipeline("spectral_norm: {enabled: true, sigma_max: 2}\n"));
   auto a = make(spec, false);
   for (int i = 0; i < 3; ++i) a->step();
-  const st::File f = a->save_state(false);
+  const st::File f = save_weights(*a, false);
   // 2 + 2 + 2D spectrally normed matrices.
   int sn = 0;
   for (const auto& n : f.names()) sn += n.rfind("sn.u.", 0) == 0;
   CHECK(sn == 2 + 2 + 2 * spec.network.branches);
   CHECK(f.get_scalar_i64("adam.step") == 3);
   auto b = make(spec, false);
-  b->load_weights(f);
+  load_weights(*b, f);
   a->step();
   b->step();
-  CHECK(a->host_buffer("params") == b->host_buffer("params"));
-  CHECK(a->host_buffer("target") == b->host_buffer("target"));
+  CHECK(host_buffer(*a, "params") == host_buffer(*b, "params"));
+  CHECK(host_buffer(*a, "target") == host_buffer(*b, "target"));
   // A file for another network is refused, naming what is missing.
   st::File wrong = f;
   wrong.tensors.erase("target.trunk.1.bias");
-  CHECK_THROWS_WITH_AS(b->load_weights(wrong), doctest::Contains("target.trunk.1.bias"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(load_weights(*b, wrong), doctest::Contains("target.trunk.1.bias"), std::invalid_argument);
   st::File shape = f;
   shape.put_f32("trunk.0.bias", {3}, std::vector<float>(3, 0.f).data());
-  CHECK_THROWS_WITH(b->load_weights(shape), doctest::Contains("trunk.0.bias"));
+  CHECK_THROWS_WITH(load_weights(*b, shape), doctest::Contains("trunk.0.bias"));
   // Values that cannot be trained from are refused, and a refused file changes nothing.
-  const std::vector<double> before = b->host_buffer("params"), v_before = b->host_buffer("adam.v");
+  const std::vector<double> before = host_buffer(*b, "params"), v_before = host_buffer(*b, "adam.v");
   st::File nan = f;
   const float bad = std::nanf("");
   std::memcpy(nan.tensors.at("adam.m.trunk.1.weight").bytes.data() + 4 * 9, &bad, 4);
-  CHECK_THROWS_WITH(b->load_weights(nan), doctest::Contains("tensor 'adam.m.trunk.1.weight': element 9 is nan"));
+  CHECK_THROWS_WITH(load_weights(*b, nan), doctest::Contains("tensor 'adam.m.trunk.1.weight': element 9 is nan"));
   st::File negative = f;
   const float minus = -0.5f;
   std::memcpy(negative.tensors.at("adam.v.trunk.0.bias").bytes.data(), &minus, 4);
-  CHECK_THROWS_WITH(b->load_weights(negative), doctest::Contains("must be finite and >= 0"));
-  CHECK(b->host_buffer("params") == before);
-  CHECK(b->host_buffer("adam.v") == v_before);
+  CHECK_THROWS_WITH(load_weights(*b, negative), doctest::Contains("must be finite and >= 0"));
+  CHECK(host_buffer(*b, "params") == before);
+  CHECK(host_buffer(*b, "adam.v") == v_before);
   // A batch with a non-finite state is refused, naming it.
   HostBatch hb = HostBatch::random(spec, 2);
   hb.next_states[std::size_t(3 * hb.S + 1)] = std::numeric_limits<float>::infinity();
-  CHECK_THROWS_WITH_AS(b->set_batch(hb), doctest::Contains("next_states[3,1] is not finite"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(set_batch(*b, hb), doctest::Contains("next_states[3,1] is not finite"), std::invalid_argument);
 }
 
 TEST_CASE("step.sizes_the_ops_cannot_index_are_refused_before_allocating") {

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "dqn_config.h"
-#include "core/engine.hpp"
+#include "core/engine_access.hpp"
 #include "pipeline/parse.hpp"
 #include "core/plugin_loader.hpp"
 
@@ -468,7 +468,7 @@ TEST_CASE("loader.third_party_head_runs_with_c51") {
 
   // Its stages are scheduled among the engine's: penalty (declared second) before report, both
   // after the trunk and before the budget; its trunk backward after its penalty.
-  const std::string explain = engine.explain();
+  const std::string explain = dqn::explain(engine);
   std::vector<std::string> order;
   {
     std::istringstream in(explain.substr(explain.find("stages in order")));
@@ -498,8 +498,8 @@ TEST_CASE("loader.third_party_head_runs_with_c51") {
   CHECK(pos("c51.loss") < pos("update"));
   CHECK(has(explain, "h2_l2/sum_sq"));  // its own buffer is in the arena
 
-  engine.init_weights(11);
-  engine.set_batch(HostBatch::random(spec, 5));
+  init_weights(engine, 11);
+  set_batch(engine, HostBatch::random(spec, 5));
   const Registry& reg = engine.registry();
   const std::int64_t lookups = reg.lookups();
   const int B = spec.batch, H2 = 7;
@@ -554,7 +554,7 @@ TEST_CASE("loader.third_party_head_runs_with_c51") {
   CHECK(reg.lookups_after_seal() == 0);
   CHECK(reg.arena_allocations() == 1);
   // A step dump carries the third-party head's report like ours.
-  const st::File dump = engine.save_state(true);
+  const st::File dump = save_weights(engine, true);
   for (const char* n : {"loss.h2_l2", "grad_norm.h2_l2", "clip.h2_l2", "loss.c51", "loss.total"})
     CHECK_MESSAGE(dump.has(n), n);
   CHECK(dump.get_scalar_f32("loss.h2_l2") == doctest::Approx(aux_losses.back()));

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "core/engine.hpp"
+#include "core/engine_access.hpp"
 #include "core/plugin_loader.hpp"
 #include "core/rank_group.hpp"
 #include "pipeline/parse.hpp"
@@ -68,8 +68,8 @@ Ranks run(const PipelineSpec& spec, int n, bool f64, const std::vector<HostBatch
     eo.group = r.group;
     eo.rank = rank;
     auto e = std::make_unique<Engine>(spec, loader(), eo);
-    e->init_weights(spec.seed);
-    e->set_batch(batches[std::size_t(rank)]);
+    init_weights(*e, spec.seed);
+    set_batch(*e, batches[std::size_t(rank)]);
     for (int s = 0; s < steps; ++s) e->step();
     r.engines[std::size_t(rank)] = std::move(e);
   });
@@ -96,12 +96,12 @@ TEST_CASE("ranks.two_ranks_on_halves_step_as_one_rank_on_the_whole_batch") {
     EngineOptions eo;
     eo.f64 = true;
     Engine one(whole, loader(), eo);
-    one.init_weights(whole.seed);
-    one.set_batch(batch);
+    init_weights(one, whole.seed);
+    set_batch(one, batch);
     for (int s = 0; s < steps; ++s) one.step();
 
     Ranks two = run(half, 2, true, {batch.rows(0, B), batch.rows(B, B)}, steps);
-    REQUIRE(two.engines[0]->reduce_buckets().size() == 3);  // the heads', trunk.1's, trunk.0's
+    REQUIRE(two.engines[0]->parallel().buckets().size() == 3);  // the heads', trunk.1's, trunk.0's
     // The clips are active (max_grad_norm 0.05), so a clip computed per rank would differ.
     const StepReport r1 = one.read_report();
     CHECK(*std::min_element(r1.clips.begin(), r1.clips.end()) < 1.0);
@@ -116,15 +116,15 @@ TEST_CASE("ranks.two_ranks_on_halves_step_as_one_rank_on_the_whole_batch") {
       CHECK(r2.total_loss == doctest::Approx(r1.total_loss).epsilon(1e-12));
       for (const char* name : {"params", "target", "adam.m", "adam.v"}) {
         CAPTURE(name);
-        CHECK(max_abs_diff(e->host_buffer(name), one.host_buffer(name)) < 1e-12);
+        CHECK(max_abs_diff(host_buffer(*e, name), host_buffer(one, name)) < 1e-12);
       }
-      CHECK(e->host_buffer(buf::step)[0] == steps);
+      CHECK(host_buffer(*e, buf::step)[0] == steps);
     }
     if (heads == kFour)  // the last step's fractions: each rank's rows of the whole batch's draw
       for (const char* tau : {"iqn/tau", "iqn/tau_target"}) {
         CAPTURE(tau);
-        const std::vector<double> all = one.host_buffer(tau);
-        const std::vector<double> r0 = two.engines[0]->host_buffer(tau), r1 = two.engines[1]->host_buffer(tau);
+        const std::vector<double> all = host_buffer(one, tau);
+        const std::vector<double> r0 = host_buffer(*two.engines[0], tau), r1 = host_buffer(*two.engines[1], tau);
         REQUIRE(all.size() == r0.size() + r1.size());
         std::vector<double> joined = r0;
         joined.insert(joined.end(), r1.begin(), r1.end());
@@ -141,16 +141,16 @@ TEST_CASE("ranks.parameters_stay_bit_identical_over_the_ranks") {
   Ranks three = run(spec, 3, false, batches, 60);
   for (const char* name : {"params", "target", "adam.m", "adam.v"}) {
     CAPTURE(name);
-    const auto first = three.engines[0]->host_buffer(name);
-    for (std::size_t r = 1; r < 3; ++r) CHECK(three.engines[r]->host_buffer(name) == first);  // exact
+    const auto first = host_buffer(*three.engines[0], name);
+    for (std::size_t r = 1; r < 3; ++r) CHECK(host_buffer(*three.engines[r], name) == first);  // exact
   }
   // and they moved: the ranks' batches differ, the averaged gradient is not rank 0's own
   EngineOptions eo;
   Engine alone(spec, loader(), eo);
-  alone.init_weights(spec.seed);
-  alone.set_batch(batches[0]);
+  init_weights(alone, spec.seed);
+  set_batch(alone, batches[0]);
   for (int s = 0; s < 60; ++s) alone.step();
-  CHECK(alone.host_buffer("params") != three.engines[0]->host_buffer("params"));
+  CHECK(host_buffer(alone, "params") != host_buffer(*three.engines[0], "params"));
 }
 
 TEST_CASE("ranks.the_all_reduce_follows_the_backward") {
@@ -160,8 +160,8 @@ TEST_CASE("ranks.the_all_reduce_follows_the_backward") {
   std::vector<std::vector<std::pair<std::string, std::int64_t>>> buckets(2);
   run_ranks(*group, [&](int rank) {
     Engine e(spec, loader(), EngineOptions::of_rank(group, rank));
-    waits[std::size_t(rank)] = e.stage_waits();
-    buckets[std::size_t(rank)] = e.reduce_buckets();
+    waits[std::size_t(rank)] = stage_waits(e);
+    buckets[std::size_t(rank)] = e.parallel().buckets();
   });
   CHECK(buckets[0] == buckets[1]);
   REQUIRE(buckets[0].size() == 3);
@@ -199,12 +199,12 @@ TEST_CASE("ranks.a_non_finite_gradient_on_one_rank_skips_the_step_on_every_rank"
   std::vector<std::int64_t> skipped(2);
   run_ranks(*group, [&](int rank) {
     Engine e(spec, loader(), EngineOptions::of_rank(group, rank));
-    e.init_weights(spec.seed);
-    e.set_batch(HostBatch::random(spec, 5 + std::uint64_t(rank)));
-    if (rank == 1) e.host_write(buf::rewards, 2, std::numeric_limits<double>::quiet_NaN());
-    before[std::size_t(rank)] = e.host_buffer("params");
+    init_weights(e, spec.seed);
+    set_batch(e, HostBatch::random(spec, 5 + std::uint64_t(rank)));
+    if (rank == 1) host_write(e, buf::rewards, 2, std::numeric_limits<double>::quiet_NaN());
+    before[std::size_t(rank)] = host_buffer(e, "params");
     e.step();
-    after[std::size_t(rank)] = e.host_buffer("params");
+    after[std::size_t(rank)] = host_buffer(e, "params");
     skipped[std::size_t(rank)] = e.read_report().skipped_steps;
   });
   CHECK(skipped == std::vector<std::int64_t>{1, 1});
@@ -221,7 +221,7 @@ TEST_CASE("ranks.a_rank_that_fails_stops_the_others") {
                                  [&](int rank) {
                                    Engine e(spec, loader(), EngineOptions::of_rank(group, rank));
                                    if (rank == 2) throw std::invalid_argument("rank two's batch is bad");
-                                   e.init_weights(spec.seed);  // broadcasts: waits for rank 2
+                                   init_weights(e, spec.seed);  // broadcasts: waits for rank 2
                                    ++stepped[std::size_t(rank)];
                                  }),
                        "rank two's batch is bad", std::invalid_argument);

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "dqn_config.h"
-#include "core/engine.hpp"
+#include "core/engine_access.hpp"
 #include "core/plugin_loader.hpp"
 #include "core/rank_group.hpp"
 #include "core/safetensors.hpp"
@@ -118,7 +118,7 @@ TwoRanks run_two_ranks(const PipelineSpec& spec, const fs::path& dir, const st::
     eo.group = group;
     eo.rank = rank;
     Engine e(spec, loader(), eo);
-    if (!resume) e.init_weights(spec.seed);
+    if (!resume) init_weights(e, spec.seed);
     TrainerOptions o = quiet(dir);
     o.ranks = group.get();
     o.rank = rank;
@@ -130,7 +130,7 @@ TwoRanks run_two_ranks(const PipelineSpec& spec, const fs::path& dir, const st::
     Trainer t(e, o);
     const TrainResult r = t.run();
     if (rank == 0) out.res = r;
-    out.params[std::size_t(rank)] = e.host_buffer("params");
+    out.params[std::size_t(rank)] = host_buffer(e, "params");
   });
   return out;
 }
@@ -141,13 +141,13 @@ TEST_CASE("resume.stopped_inside_an_evaluation_ends_as_the_uninterrupted_run") {
   TempDir tmp("eval");
   const PipelineSpec spec = small();
   Engine a(spec, loader(), training_engine_options(spec));
-  a.init_weights(spec.seed);
+  init_weights(a, spec.seed);
   Trainer full(a, quiet(tmp.path / "full"));
   const TrainResult rf = full.run();
   REQUIRE_FALSE(rf.interrupted);
 
   Engine b(spec, loader(), training_engine_options(spec));
-  b.init_weights(spec.seed);
+  init_weights(b, spec.seed);
   TrainResult rs;
   {
     Trainer part(b, quiet(tmp.path / "part"));
@@ -173,7 +173,7 @@ TEST_CASE("resume.stopped_inside_an_evaluation_ends_as_the_uninterrupted_run") {
   CHECK_FALSE(rr.interrupted);
   CHECK(rr.env_steps == rf.env_steps);
   CHECK(rr.best_eval == rf.best_eval);
-  CHECK(c.online_params() == a.online_params());
+  CHECK(online_params(c) == online_params(a));
   CHECK(rows(tmp.path / "part" / "metrics.jsonl") == rows(tmp.path / "full" / "metrics.jsonl"));
   CHECK(bytes_of(tmp.path / "part" / "weights.safetensors") == bytes_of(tmp.path / "full" / "weights.safetensors"));
   // The interrupted run's final line went aside; only the newest two checkpoints are kept.
@@ -250,7 +250,7 @@ TEST_CASE("resume.checkpoint_files") {
   TempDir tmp("files");
   const PipelineSpec spec = small({"training.total_steps=400", "training.checkpoint_keep=3"});
   Engine e(spec, loader(), training_engine_options(spec));
-  e.init_weights(spec.seed);
+  init_weights(e, spec.seed);
   Trainer t(e, quiet(tmp.path / "run"));
   t.run();
   const fs::path dir = tmp.path / "run" / checkpoint::kFolder;

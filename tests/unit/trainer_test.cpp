@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "dqn_config.h"
-#include "core/engine.hpp"
+#include "core/engine_access.hpp"
 #include "pipeline/parse.hpp"
 #include "core/plugin_loader.hpp"
 #include "core/safetensors.hpp"
@@ -105,13 +105,13 @@ TEST_CASE("trainer.epsilon_governs_exploration") {
         {"training.epsilon.start=" + std::to_string(eps_start), "training.epsilon.end=" + std::to_string(eps_end),
          "training.epsilon.decay_steps=" + std::to_string(decay), "training.train_every=1000000"});
     Engine engine(spec, loader(), training_engine_options(spec));
-    engine.init_weights(3);
+    init_weights(engine, 3);
     Trainer trainer(engine, quiet_options(tmp.path / "run"));
     const TrainResult r = trainer.run();
     CHECK(r.train_steps == 0);
     // The engine's replay as stored (its slots fill in time order).
-    const std::int64_t size = engine.replay_state().size;
-    const std::vector<double> states = engine.host_buffer("replay/states"), actions = engine.host_buffer("replay/actions");
+    const std::int64_t size = engine.replay().state().size;
+    const std::vector<double> states = host_buffer(engine, "replay/states"), actions = host_buffer(engine, "replay/actions");
     const std::size_t S = std::size_t(spec.network.state);
     int same = 0, n = 0;
     for (std::int64_t i = from; i < std::min(to, size); ++i, ++n) {
@@ -152,13 +152,13 @@ TEST_CASE("trainer.act_step_matches_engine_q") {
       "heads: [{plugin: c51, role: primary}]\n";
   const PipelineSpec spec = parse_pipeline(text, "tiny.yaml", o);
   Engine engine(spec, loader());  // no replay: the batch is set by hand
-  engine.init_weights(11);
+  init_weights(engine, 11);
   const int B = spec.batch, S = 4, D = 2, A = 3, Z = 7;
 
   HostBatch batch = HostBatch::random(spec, 5);
-  engine.set_batch(batch);
+  set_batch(engine, batch);
   engine.forward_backward();
-  const std::vector<double> engine_q = engine.host_buffer("c51/q");  // [2B, D, A]: states first
+  const std::vector<double> engine_q = host_buffer(engine, "c51/q");  // [2B, D, A]: states first
   REQUIRE(engine_q.size() == std::size_t(2 * B * D * A));
 
   REQUIRE(engine.actor().rows() >= B);
@@ -167,7 +167,7 @@ TEST_CASE("trainer.act_step_matches_engine_q") {
   const float* q = qv.data();
 
   // An independent reference, straight from docs/step-math.md's formulas in double precision.
-  const std::vector<float> P = engine.online_params();
+  const std::vector<float> P = online_params(engine);
   const Registry& reg = engine.registry();
   auto W = [&](const std::string& n) { return P.data() + reg.find_param(n)->offset; };
   auto dense = [&](const std::vector<double>& x, const std::string& layer, int out, bool relu) {
@@ -232,7 +232,7 @@ TEST_CASE("trainer.short_run_writes_the_run_dir") {
   TempDir tmp("short");
   const PipelineSpec spec = small_default();
   Engine engine(spec, loader(), training_engine_options(spec));
-  engine.init_weights(spec.seed);
+  init_weights(engine, spec.seed);
   const fs::path dir = tmp.path / "run";
   TrainerOptions opt = quiet_options(dir);
   opt.pipeline_yaml = to_yaml(spec, loader());
@@ -294,18 +294,18 @@ TEST_CASE("trainer.short_run_writes_the_run_dir") {
 
   // The final weights are the engine's state and load back.
   const st::File w = st::read_file((dir / "weights.safetensors").string());
-  CHECK(online_from_file(w, engine.registry()) == engine.online_params());
+  CHECK(online_from_file(w, engine.registry()) == online_params(engine));
   CHECK(w.get_scalar_i64("adam.step") == r.train_steps);
   Engine other(spec, loader());
-  other.load_weights(w);
-  CHECK(other.online_params() == engine.online_params());
+  load_weights(other, w);
+  CHECK(online_params(other) == online_params(engine));
 }
 
 TEST_CASE("trainer.a_file_that_cannot_be_written_does_not_stop_the_run") {
   TempDir tmp("unwritable");
   const PipelineSpec spec = small_default();
   Engine engine(spec, loader(), training_engine_options(spec));
-  engine.init_weights(spec.seed);
+  init_weights(engine, spec.seed);
   TrainerOptions opt = quiet_options(tmp.path / "run");
   opt.progress_out = nullptr;
   // Before the first evaluation, best.safetensors becomes a folder: no file can be renamed over it.
@@ -318,7 +318,7 @@ TEST_CASE("trainer.a_file_that_cannot_be_written_does_not_stop_the_run") {
   CHECK(r.write_errors[0].find("best.safetensors") != std::string::npos);
   // The run went on to its end: the final weights and the final metrics line are there.
   const st::File w = st::read_file((tmp.path / "run" / "weights.safetensors").string());
-  CHECK(online_from_file(w, engine.registry()) == engine.online_params());
+  CHECK(online_from_file(w, engine.registry()) == online_params(engine));
   CHECK(read_metrics(tmp.path / "run" / "metrics.jsonl").back().value("final", false));
 }
 
@@ -328,7 +328,7 @@ TEST_CASE("trainer.stop_request_keeps_valid_weights") {
 
   SUBCASE("stopped from inside the loop finishes that iteration") {
     Engine engine(spec, loader(), training_engine_options(spec));
-    engine.init_weights(spec.seed);
+    init_weights(engine, spec.seed);
     TrainerOptions opt = quiet_options(tmp.path / "mid");
     std::int64_t stop_at = -1;
     opt.after_metrics_line = [&](Trainer& t) {
@@ -349,13 +349,13 @@ TEST_CASE("trainer.stop_request_keeps_valid_weights") {
     CHECK(lines.back()["step"] == stop_at);
     const st::File w = st::read_file((tmp.path / "mid" / "weights.safetensors").string());
     Engine other(spec, loader());
-    other.load_weights(w);
-    CHECK(other.online_params() == engine.online_params());
+    load_weights(other, w);
+    CHECK(online_params(other) == online_params(engine));
     CHECK(w.get_scalar_i64("adam.step") == r.train_steps);
   }
   SUBCASE("stopped before it starts still writes the run dir") {
     Engine engine(spec, loader(), training_engine_options(spec));
-    engine.init_weights(spec.seed);
+    init_weights(engine, spec.seed);
     Trainer trainer(engine, quiet_options(tmp.path / "early"));
     trainer.request_stop();
     CHECK(trainer.stop_requested());
@@ -367,8 +367,8 @@ TEST_CASE("trainer.stop_request_keeps_valid_weights") {
     REQUIRE(lines.size() == 1);
     CHECK(lines[0].value("interrupted", false));
     Engine other(spec, loader());
-    other.load_weights(st::read_file((tmp.path / "early" / "weights.safetensors").string()));
-    CHECK(other.online_params() == engine.online_params());
+    load_weights(other, st::read_file((tmp.path / "early" / "weights.safetensors").string()));
+    CHECK(online_params(other) == online_params(engine));
   }
 }
 
@@ -376,13 +376,13 @@ TEST_CASE("trainer.prioritized_replay_takes_td_errors") {
   TempDir tmp("per");
   const PipelineSpec spec = small_default({"training.replay.prioritized=true", "training.total_steps=400"});
   Engine engine(spec, loader(), training_engine_options(spec));
-  engine.init_weights(spec.seed);
+  init_weights(engine, spec.seed);
   Trainer trainer(engine, quiet_options(tmp.path / "run"));
   const TrainResult r = trainer.run();
   CHECK(r.train_steps == 101);
   // New transitions enter at the largest priority seen; td errors (C51 cross-entropy, > 1 here)
   // raise it above its initial 1, on the device, inside the step.
-  const ReplayState st = engine.replay_state();
+  const ReplayState st = engine.replay().state();
   CHECK(st.max_priority > 1.0);
   CHECK(st.draws == 102);  // a batch before the first step, then the next one at the end of each
   CHECK(st.size == trainer.replay_size());
@@ -400,10 +400,10 @@ TEST_CASE("trainer.seeded_runs_repeat") {
   std::vector<nlohmann::json> evals[2];
   for (int k = 0; k < 2; ++k) {
     Engine engine(spec, loader(), training_engine_options(spec));
-    engine.init_weights(spec.seed);
+    init_weights(engine, spec.seed);
     Trainer trainer(engine, quiet_options(tmp.path / std::to_string(k)));
     trainer.run();
-    params[k] = engine.online_params();
+    params[k] = online_params(engine);
     for (auto& m : read_metrics(tmp.path / std::to_string(k) / "metrics.jsonl"))
       if (m.contains("eval_return")) evals[k].push_back(m["eval_return"]);
   }
@@ -419,7 +419,7 @@ TEST_CASE("trainer.network_must_fit_the_environment") {
   // c51.yaml is the 64-feature, 3x5-action benchmark workload: not CartPole's shapes.
   const PipelineSpec spec = load_pipeline(source_dir() + "/pipelines/c51.yaml", o);
   Engine engine(spec, loader(), training_engine_options(spec));
-  engine.init_weights(1);
+  init_weights(engine, 1);
   try {
     Trainer t(engine, {});
     FAIL("a 64-feature network was accepted for CartPole");
@@ -444,7 +444,7 @@ TEST_CASE("trainer.default_run_dir") {
   // With neither --out nor training.out_dir, run() writes under runs_root.
   const PipelineSpec spec = small_default({"training.total_steps=8"});
   Engine engine(spec, loader(), training_engine_options(spec));
-  engine.init_weights(1);
+  init_weights(engine, 1);
   TrainerOptions opt = quiet_options("");
   opt.runs_root = (tmp.path / "runs").string();
   Trainer trainer(engine, opt);
@@ -459,8 +459,8 @@ TEST_CASE("trainer.acting_snapshot_follows_the_learner_when_refreshed") {
   // queued and the actor takes it up; act() (evaluation) always acts on the current parameters.
   const PipelineSpec spec = small_default();
   Engine engine(spec, loader(), training_engine_options(spec));
-  engine.init_weights(5);
-  CHECK(engine.host_buffer("act/params") == engine.host_buffer("params"));
+  init_weights(engine, 5);
+  CHECK(host_buffer(engine, "act/params") == host_buffer(engine, "params"));
   const HostBatch b = HostBatch::random(spec, 3);
   const auto S = std::size_t(spec.network.state);
   std::vector<float> st, nx, rw, dn;
@@ -473,27 +473,27 @@ TEST_CASE("trainer.acting_snapshot_follows_the_learner_when_refreshed") {
     rw.push_back(b.rewards[i]);
     dn.push_back(b.dones[i]);
   }
-  for (std::int64_t first = 0; first < 2 * spec.batch; first += engine.staging_rows()) {
-    const std::int64_t n = std::min<std::int64_t>(engine.staging_rows(), 2 * spec.batch - first);
-    engine.add_transitions(Transitions{n, st.data() + first * long(S), nx.data() + first * long(S), ac.data() + first,
+  for (std::int64_t first = 0; first < 2 * spec.batch; first += engine.replay().staging_rows()) {
+    const std::int64_t n = std::min<std::int64_t>(engine.replay().staging_rows(), 2 * spec.batch - first);
+    engine.replay().add(Transitions{n, st.data() + first * long(S), nx.data() + first * long(S), ac.data() + first,
                                        rw.data() + first, dn.data() + first},
                            first + n);
   }
   for (int i = 0; i < 5; ++i) engine.step();
-  const std::vector<double> after = engine.host_buffer("params");
-  CHECK(engine.host_buffer("act/params") != after);  // behind the learner
+  const std::vector<double> after = host_buffer(engine, "params");
+  CHECK(host_buffer(engine, "act/params") != after);  // behind the learner
   std::vector<std::int32_t> a(std::size_t(spec.training.num_envs));
   engine.actor().act_snapshot(b.states.data(), spec.training.num_envs, a.data());
   CHECK(engine.actor().snapshot_refreshes() == 0);
-  CHECK(engine.host_buffer("act/params") != after);
+  CHECK(host_buffer(engine, "act/params") != after);
   engine.actor().refresh_snapshot();
   engine.step();  // a refresh holds the parameters as the steps queued before it leave them
   engine.actor().act_snapshot(b.states.data(), spec.training.num_envs, a.data());
   CHECK(engine.actor().snapshot_refreshes() == 1);
-  CHECK(engine.host_buffer("act/params") == after);
+  CHECK(host_buffer(engine, "act/params") == after);
   // act(): the current parameters, whatever the snapshot held.
   engine.actor().act(b.states.data(), spec.training.num_envs, a.data());
-  CHECK(engine.host_buffer("act/params") == engine.host_buffer("params"));
+  CHECK(host_buffer(engine, "act/params") == host_buffer(engine, "params"));
 }
 
 TEST_CASE("trainer.ranks: two ranks train as one run: one directory, merged metrics, one stop, the same parameters") {
@@ -507,7 +507,7 @@ TEST_CASE("trainer.ranks: two ranks train as one run: one directory, merged metr
     eo.group = group;
     eo.rank = rank;
     Engine e(spec, loader(), eo);
-    e.init_weights(spec.seed);
+    init_weights(e, spec.seed);
     TrainerOptions o = quiet_options(tmp.path / "run");
     o.ranks = group.get();
     o.rank = rank;
@@ -518,7 +518,7 @@ TEST_CASE("trainer.ranks: two ranks train as one run: one directory, merged metr
       };
     Trainer t(e, o);
     res[std::size_t(rank)] = t.run();
-    params[std::size_t(rank)] = e.host_buffer("params");
+    params[std::size_t(rank)] = host_buffer(e, "params");
   });
   CHECK(res[0].interrupted);
   CHECK(res[1].interrupted);
@@ -544,7 +544,7 @@ TEST_CASE("trainer.ranks: two ranks train as one run: one directory, merged metr
   TempDir one_dir("ranks-one");
   const PipelineSpec one = small_default({"training.total_steps=2000"});
   Engine e(one, loader(), training_engine_options(one));
-  e.init_weights(one.seed);
+  init_weights(e, one.seed);
   Trainer t(e, quiet_options(one_dir.path / "run"));
   const TrainResult alone = t.run();
   CHECK(res[0].episodes != 2 * alone.episodes);
@@ -577,7 +577,7 @@ TEST_CASE("trainer.ranks_offline: every rank holds the whole dataset and draws b
     eo.group = group;
     eo.rank = rank;
     Engine e(spec, loader(), eo);
-    e.init_weights(spec.seed);
+    init_weights(e, spec.seed);
     TrainerOptions o = quiet_options(tmp.path / "run");
     o.offline = &data;
     o.ranks = group.get();
@@ -585,8 +585,8 @@ TEST_CASE("trainer.ranks_offline: every rank holds the whole dataset and draws b
     Trainer t(e, o);
     res[std::size_t(rank)] = t.run();
     replay[std::size_t(rank)] = t.replay_size();
-    params[std::size_t(rank)] = e.host_buffer("params");
-    first_batch[std::size_t(rank)] = e.host_buffer(buf::states2);
+    params[std::size_t(rank)] = host_buffer(e, "params");
+    first_batch[std::size_t(rank)] = host_buffer(e, buf::states2);
   });
   CHECK(res[0].train_steps == 40);
   CHECK(res[1].train_steps == 40);

@@ -9,7 +9,7 @@
 
 #include "bench_common.hpp"
 #include "commands.hpp"
-#include "core/engine.hpp"
+#include "core/engine_access.hpp"
 #include "pipeline/parse.hpp"
 #include "core/plugin_loader.hpp"
 #include "core/rank_group.hpp"
@@ -54,8 +54,8 @@ int cmd_bench(const BenchArgs& a) {
                        "the precision column says, and host wall-clock time per step\n");
           cpu_noted = true;
         }
-        e.init_weights(spec.seed);
-        e.set_batch(HostBatch::random(spec, 1 + std::uint64_t(rank)));
+        init_weights(e, spec.seed);
+        set_batch(e, HostBatch::random(spec, 1 + std::uint64_t(rank)));
         for (int i = 0; i < a.warmup; ++i) e.step();
         for (int r = 0; r < a.repeats; ++r) {
           e.runtime().synchronize();
@@ -82,7 +82,7 @@ int cmd_bench(const BenchArgs& a) {
           if (group) {  // the step's all-reduce alone, its buckets outside the graph
             together.arrive_and_wait();
             const double ar = e.runtime().time_us([&] {
-              for (int i = 0; i < a.iters; ++i) e.all_reduce_gradients();
+              for (int i = 0; i < a.iters; ++i) e.parallel().all_reduce();
             }) / a.iters;
             if (first) reduce_us.push_back(ar);
           }

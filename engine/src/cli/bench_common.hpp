@@ -34,7 +34,7 @@ struct EngineFacts {
     f.runtime = e.runtime().describe();
     f.arena = e.registry().arena_bytes();
     f.peak = e.runtime().peak_bytes();
-    f.nodes = e.graph_nodes();
+    f.nodes = e.runtime().graph_nodes();
     f.captures = e.captures();
     f.heads = e.head_names();
     f.backend = e.backend();

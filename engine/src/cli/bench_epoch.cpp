@@ -11,7 +11,7 @@
 
 #include "bench_common.hpp"
 #include "commands.hpp"
-#include "core/engine.hpp"
+#include "core/engine_access.hpp"
 #include "core/plugin_loader.hpp"
 #include "core/rank_group.hpp"
 #include "pipeline/parse.hpp"
@@ -70,11 +70,11 @@ int cmd_bench_epoch(const BenchArgs& a) {
           ro.group = group;
           ro.rank = rank;
           Engine e(spec, loader, ro);
-          e.init_weights(spec.seed);
+          init_weights(e, spec.seed);
           if (replay)
             fill_replay_random(e, ro.replay->spec.capacity);
           else
-            e.set_batch(HostBatch::random(spec, 1 + std::uint64_t(rank)));
+            set_batch(e, HostBatch::random(spec, 1 + std::uint64_t(rank)));
           for (int i = 0; i < a.warmup; ++i) e.step();
           for (int r = 0; r < a.repeats; ++r) {
             e.runtime().synchronize();
@@ -86,7 +86,7 @@ int cmd_bench_epoch(const BenchArgs& a) {
           }
           if (rank != 0) return;
           res = EngineFacts::of(e);
-          size = replay ? e.replay_state().size : 0;
+          size = replay ? e.replay().state().size : 0;
         };
         run_ranks(group.get(), work);
         const StepReport& rep = res.report;

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "commands.hpp"
-#include "core/engine.hpp"
+#include "core/engine_access.hpp"
 #include "core/grad_check.hpp"
 #include "core/plugin_loader.hpp"
 
@@ -21,8 +21,8 @@ int cmd_check_head(const CheckHeadArgs& a) {
   eo.f64 = true;
   eo.backend = BackendKind::cpu;
   Engine engine(spec, loader, eo);
-  engine.init_weights(spec.seed);
-  engine.set_batch(HostBatch::random(spec, a.batch_seed));
+  init_weights(engine, spec.seed);
+  set_batch(engine, HostBatch::random(spec, a.batch_seed));
   for (const auto& h : a.heads) {
     const auto& names = engine.head_names();
     if (std::find(names.begin(), names.end(), h) == names.end()) {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "commands.hpp"
-#include "core/engine.hpp"
+#include "core/engine_access.hpp"
 #include "core/plugin_loader.hpp"
 #include "core/safetensors.hpp"
 #include "core/rank_group.hpp"
@@ -68,7 +68,7 @@ int cmd_collect(const CollectArgs& a) {
     EngineOptions eo;
     eo.device = rank_devices(spec, resolve_backend(spec, std::nullopt)).front();
     Engine e(spec, loader, eo);
-    e.load_weights(st::read_file(weights));
+    load_weights(e, st::read_file(weights));
     const int N = spec.training.num_envs, S = spec.network.state, D = spec.network.branches;
     std::unique_ptr<VecEnv> env = make_env(spec.training.env, N, a.seed);
     if (env->spec().obs_dim != S || int(env->spec().branch_actions.size()) != D)

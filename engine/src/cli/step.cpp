@@ -7,7 +7,7 @@
 #include <memory>
 
 #include "commands.hpp"
-#include "core/engine.hpp"
+#include "core/engine_access.hpp"
 #include "core/plugin_loader.hpp"
 #include "core/rank_group.hpp"
 #include "core/safetensors.hpp"
@@ -85,18 +85,18 @@ int cmd_step(const StepArgs& a) {
   auto work = [&](int rank) {
     Engine engine(spec, loader, EngineOptions::of_rank(group, rank));
     const bool first = rank == 0;
-    if (first && a.explain) std::printf("%s", engine.explain().c_str());
+    if (first && a.explain) std::printf("%s", explain(engine).c_str());
     if (!a.weights.empty()) {
-      engine.load_weights(st::read_file(a.weights));
+      load_weights(engine, st::read_file(a.weights));
     } else {
-      engine.init_weights(spec.seed);
+      init_weights(engine, spec.seed);
     }
     if (first && !a.init.empty()) {
-      st::write_file(a.init, engine.save_state(false));
+      st::write_file(a.init, save_weights(engine, false));
       std::printf("wrote initial weights to %s\n", a.init.c_str());
     }
     if (!want_steps) return;
-    engine.set_batch(R == 1 ? batch : batch.rows(rank * spec.batch, spec.batch));
+    set_batch(engine, R == 1 ? batch : batch.rows(rank * spec.batch, spec.batch));
     // Per-step draws some heads make (IQN's τ, τ'), kept for the dump (docs/step-math.md, "Step
     // dump"), and per-row metrics of the last step.
     RankOut& out = outs[std::size_t(rank)];
@@ -111,17 +111,17 @@ int cmd_step(const StepArgs& a) {
       engine.step();
       out.draws.resize(draws.size());
       for (std::size_t d = 0; d < draws.size(); ++d) {
-        const auto v = engine.host_buffer(draws[d].first);
+        const auto v = host_buffer(engine, draws[d].first);
         out.draws[d].insert(out.draws[d].end(), v.begin(), v.end());
       }
     }
     out.report = engine.read_report();
     out.runtime = engine.runtime().describe();
     for (const auto& [buffer, tensor] : metrics) {
-      const auto v = engine.host_buffer(buffer);
+      const auto v = host_buffer(engine, buffer);
       out.metrics.emplace_back(v.begin(), v.end());
     }
-    if (first && !a.out.empty()) out.dump = engine.save_state(true);
+    if (first && !a.out.empty()) out.dump = save_weights(engine, true);
   };
   run_ranks(group.get(), work);
   if (!want_steps) return 0;

@@ -11,7 +11,7 @@
 #include <optional>
 
 #include "commands.hpp"
-#include "core/engine.hpp"
+#include "core/engine_access.hpp"
 #include "pipeline/parse.hpp"
 #include "core/plugin_loader.hpp"
 #include "core/rank_group.hpp"
@@ -172,9 +172,9 @@ int cmd_train(const TrainArgs& a) {
       eo.rank = rank;
       engine = std::make_unique<Engine>(spec, loader, eo);
       if (!a.weights.empty())
-        engine->load_weights(st::read_file(a.weights));
+        load_weights(*engine, st::read_file(a.weights));
       else if (!resuming)
-        engine->init_weights(spec.seed);
+        init_weights(*engine, spec.seed);
       TrainerOptions topt;
       topt.run_dir = resuming ? a.resume : a.out_dir;
       if (resuming) topt.resume = &found.found->file;

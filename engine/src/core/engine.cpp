@@ -1,4 +1,5 @@
-// The engine: step construction (registry + stages + schedule), capture and replay.
+// The engine core: the step built from the heads and the engine's stage providers (registry,
+// stages, schedule), captured once, then replayed.
 #include "core/engine.hpp"
 
 #include <algorithm>
@@ -6,8 +7,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <random>
-#include <sstream>
 #include <stdexcept>
 
 #include "core/philox.h"
@@ -22,23 +21,25 @@ std::vector<std::string> to_strings(const char* const* p, std::uint32_t n) {
   for (std::uint32_t i = 0; i < n; ++i) out.emplace_back(p[i] ? p[i] : "");
   return out;
 }
-}  // namespace
 
-// ---------------------------------------------------------------------------------------------
-// Build-time context handed to heads.
-struct Engine::BuildCtx final : BuildContext {
-  Engine& e;
-  std::size_t head;
+/// What the build hands one head while it declares (BuildContext), errors kept with the head.
+struct HeadBuild final : BuildContext {
+  StepBuild& b;
+  Head* head;
+  bool primary;
+  std::int64_t offset;  ///< the head's batch rows in a global batch (data parallel)
+  ActStages& act;
   std::string owner;
   std::string message;
-  BuildCtx(Engine& en, std::size_t h, std::string o) : e(en), head(h), owner(std::move(o)) {}
+  HeadBuild(StepBuild& sb, Head* h, bool is_primary, std::int64_t batch_offset, ActStages& a, std::string o)
+      : b(sb), head(h), primary(is_primary), offset(batch_offset), act(a), owner(std::move(o)) {}
 
-  const NetworkDims& net() const noexcept override { return e.net_; }
-  std::int32_t batch() const noexcept override { return e.spec_.batch; }
+  const NetworkDims& net() const noexcept override { return b.net; }
+  std::int32_t batch() const noexcept override { return b.spec.batch; }
   int param(const char* name, std::int32_t rows, std::int32_t cols, std::int32_t fan_in,
             std::uint32_t flags) noexcept override {
     try {
-      e.reg_.declare_param(name, rows, cols, fan_in, flags, owner);
+      b.reg.declare_param(name, rows, cols, fan_in, flags, owner);
       return 0;
     } catch (const std::exception& ex) {
       return fail(ex.what());
@@ -47,19 +48,19 @@ struct Engine::BuildCtx final : BuildContext {
   int buffer(const char* name, DType dtype, const std::int64_t* shape, std::int32_t rank,
              BufferKind kind) noexcept override {
     try {
-      e.reg_.declare(name, dtype, std::vector<std::int64_t>(shape, shape + rank), kind, owner);
+      b.reg.declare(name, dtype, std::vector<std::int64_t>(shape, shape + rank), kind, owner);
       return 0;
     } catch (const std::exception& ex) {
       return fail(ex.what());
     }
   }
-  int stage(const StageDesc& d) noexcept override { return add(d, e.stages_); }
-  std::int32_t act_rows() const noexcept override { return e.act_->rows(); }
-  std::int64_t batch_offset() const noexcept override { return std::int64_t(e.opt_.rank) * e.spec_.batch; }
+  int stage(const StageDesc& d) noexcept override { return add(d, b.stages); }
+  std::int32_t act_rows() const noexcept override { return act.rows(); }
+  std::int64_t batch_offset() const noexcept override { return offset; }
   /// The act stages of an auxiliary are accepted and never run (only the primary acts).
   int act_stage(const StageDesc& d) noexcept override {
     std::vector<Stage> dropped;
-    return add(d, head == e.primary_ ? e.act_->stages() : dropped);
+    return add(d, primary ? act.stages() : dropped);
   }
   int add(const StageDesc& d, std::vector<Stage>& to) noexcept {
     try {
@@ -68,7 +69,7 @@ struct Engine::BuildCtx final : BuildContext {
       s.owner = owner;
       s.reads = to_strings(d.reads, d.n_reads);
       s.writes = to_strings(d.writes, d.n_writes);
-      Head* h = e.heads_[head].get();
+      Head* h = head;
       const std::int32_t tag = d.tag;
       s.run = [h, tag](Backend& be) { h->run(tag, be); };
       to.push_back(std::move(s));
@@ -83,12 +84,15 @@ struct Engine::BuildCtx final : BuildContext {
   }
 };
 
-// Bind-time resolution for one head: registry lookups, errors kept with the head's name.
-struct Engine::HeadResolver final : Resolver {
-  const Engine& e;
-  std::size_t head;
+/// Bind-time resolution for one head (Resolver): registry lookups, errors kept with the head.
+struct HeadBind final : Resolver {
+  const Registry& reg;
+  const StepBuffers& bufs;
+  Real grad_row;   ///< the head's row of grad/all
+  Real snapshot;   ///< the act step's parameters
   mutable std::string message;
-  HeadResolver(const Engine& en, std::size_t h) : e(en), head(h) {}
+  HeadBind(const Registry& r, const StepBuffers& sb, std::size_t head, Real snap)
+      : reg(r), bufs(sb), grad_row(sb.grad_all + std::int64_t(head) * r.param_count()), snapshot(snap) {}
 
   template <class F>
   auto guard(F&& f, decltype(f()) fallback) const noexcept -> decltype(f()) {
@@ -99,22 +103,35 @@ struct Engine::HeadResolver final : Resolver {
       return fallback;
     }
   }
-  Real real(const char* n) const noexcept override { return guard([&] { return e.reg_.real(n); }, Real{}); }
+  Real real(const char* n) const noexcept override { return guard([&] { return reg.real(n); }, Real{}); }
   std::int32_t* i32(const char* n) const noexcept override {
-    return guard([&] { return e.reg_.i32(n); }, static_cast<std::int32_t*>(nullptr));
+    return guard([&] { return reg.i32(n); }, static_cast<std::int32_t*>(nullptr));
   }
   std::int64_t* i64(const char* n) const noexcept override {
-    return guard([&] { return e.reg_.i64(n); }, static_cast<std::int64_t*>(nullptr));
+    return guard([&] { return reg.i64(n); }, static_cast<std::int64_t*>(nullptr));
   }
-  Real param(const char* n) const noexcept override { return guard([&] { return e.reg_.param_in(e.params_, n); }, Real{}); }
-  Real target(const char* n) const noexcept override { return guard([&] { return e.reg_.param_in(e.target_, n); }, Real{}); }
-  Real grad(const char* n) const noexcept override {
-    return guard([&] { return e.reg_.param_in(e.grad_all_ + std::int64_t(head) * e.reg_.param_count(), n); }, Real{});
-  }
-  Real act_param(const char* n) const noexcept override {
-    return guard([&] { return e.reg_.param_in(e.act_->snapshot(), n); }, Real{});
-  }
+  Real param(const char* n) const noexcept override { return guard([&] { return reg.param_in(bufs.params, n); }, Real{}); }
+  Real target(const char* n) const noexcept override { return guard([&] { return reg.param_in(bufs.target, n); }, Real{}); }
+  Real grad(const char* n) const noexcept override { return guard([&] { return reg.param_in(grad_row, n); }, Real{}); }
+  Real act_param(const char* n) const noexcept override { return guard([&] { return reg.param_in(snapshot, n); }, Real{}); }
 };
+
+/// Throws when stage s broke the capture (a plugin stage that synchronised, allocated or copied
+/// to the host), naming its plugin and the stage.
+void check_capture(Runtime& rt, const std::vector<HeadHandle>& heads, const std::vector<std::string>& names,
+                   const Stage& s) {
+  const std::string fault = rt.capture_fault();
+  if (fault.empty()) return;
+  std::string who = "the engine's stage '" + s.name + "'";
+  for (std::size_t h = 0; h < heads.size(); ++h)
+    if (names[h] == s.owner)
+      who = "plugin '" + std::string(heads[h].plugin().descriptor->name) + "' (" + heads[h].plugin().path +
+            "), head '" + s.owner + "', stage '" + s.name + "'";
+  throw std::runtime_error(who + " broke the CUDA graph capture: " + fault +
+                           ". A stage may only enqueue work on the backend's stream (DeviceContext::stream): "
+                           "it must not synchronise, allocate, or copy to or from the host");
+}
+}  // namespace
 
 BackendKind resolve_backend(const PipelineSpec& spec, std::optional<BackendKind> override_backend) {
   if (override_backend) return *override_backend;
@@ -158,21 +175,24 @@ Engine::~Engine() {
     } catch (...) {
     }
     reports_.release(*rt_);
-    free_replay_staging();
+    if (replay_) replay_->release();
     if (act_) act_->release();
   }
   rt_.reset();  // the graph goes before the heads and their libraries
   heads_.clear();
 }
 
+ReplayStages& Engine::replay() {
+  if (!replay_) throw std::logic_error("this engine has no replay (EngineOptions::replay)");
+  return *replay_;
+}
+
 void Engine::build(const PluginLoader& plugins) {
   const int B = spec_.batch;
+  StepBuild b{spec_, net_, head_names_, primary_, reg_, *rt_, plan_.stages};
   // Trunk parameters first (engine-owned), then each head's.
   trunk_ = std::make_unique<TrunkStages>();
-  {
-    StepBuild b = step_build();
-    trunk_->declare_params(b);
-  }
+  trunk_->declare_params(b);
   std::vector<double> fractions;
 
   // Heads: create from their plugins with resolved parameters and budgets.
@@ -204,17 +224,19 @@ void Engine::build(const PluginLoader& plugins) {
     fractions.push_back(f);
   }
   if (heads_.empty()) throw std::invalid_argument("pipeline has no enabled head");
+  b.primary = primary_;
   update_ = std::make_unique<UpdateStages>(std::move(fractions));
-
+  ranks_ = std::make_unique<RankStages>(opt_.group, opt_.rank, spec_.seed, *update_);
+  if (opt_.replay) replay_ = std::make_unique<ReplayStages>(*opt_.replay, ranks_->seed());
   act_ = std::make_unique<ActStages>(*trunk_, std::max({1, spec_.training.num_envs, spec_.training.eval.episodes}));
-  StepBuild b = step_build();
+
   declare_shared_buffers(b);
-  declare_replay_buffers();
+  if (replay_) replay_->declare_buffers(b);
   act_->declare_buffers(b);
   trunk_->add_front_stages(b);
   act_->add_front_stages(b);
   for (std::size_t h = 0; h < heads_.size(); ++h) {
-    BuildCtx ctx(*this, h, head_names_[h]);
+    HeadBuild ctx(b, heads_[h].get(), h == primary_, std::int64_t(opt_.rank) * B, *act_, head_names_[h]);
     if (heads_[h]->declare(ctx) != 0) {
       std::string why = ctx.message.empty() ? heads_[h]->error() : ctx.message;
       throw std::runtime_error("head '" + head_names_[h] + "' (" + heads_[h].plugin().path + "): declare failed: " + why);
@@ -243,9 +265,9 @@ void Engine::build(const PluginLoader& plugins) {
   }
   update_->declare_after_heads(b);
   trunk_->add_back_stages(b);
-  if (opt_.group) add_rank_stages();
+  ranks_->add_back_stages(b);
   update_->add_back_stages(b);
-  add_replay_stage_back();
+  if (replay_) replay_->add_back_stages(b);
   if (!act_->has_stage_of(head_names_[primary_]))
     throw std::runtime_error("head '" + head_names_[primary_] + "' (" + heads_[primary_].plugin().path +
                              ") is the primary but declared no act stage: a primary writes act/q for acting "
@@ -261,43 +283,54 @@ void Engine::build(const PluginLoader& plugins) {
                                   "sizes (network.trunk, head_hidden, branches, actions, atoms)");
   }
   reg_.freeze(*rt_);
-  bind_shared();
+  bufs_.params = reg_.real("params");
+  bufs_.target = reg_.real("target");
+  bufs_.adam_m = reg_.real("adam.m");
+  bufs_.adam_v = reg_.real("adam.v");
+  bufs_.grad_all = reg_.real("grad/all");
+  bufs_.states2 = reg_.real(buf::states2);
+  bufs_.actions = reg_.i32(buf::actions);
+  bufs_.rewards = reg_.real(buf::rewards);
+  bufs_.dones = reg_.real(buf::dones);
+  bufs_.is_weights = reg_.real(buf::is_weights);
+  bufs_.step = reg_.i64(buf::step);
   trunk_->bind(b);
   update_->bind(b);
-  bind_replay();
+  ranks_->bind(b);
+  if (replay_) replay_->bind(b);
   act_->bind(b);
   for (std::size_t h = 0; h < heads_.size(); ++h) {
-    HeadResolver r(*this, h);
+    HeadBind r(reg_, bufs_, h, act_->snapshot());
     if (heads_[h]->bind(r) != 0 || !r.message.empty()) {
       std::string why = r.message.empty() ? heads_[h]->error() : r.message;
       throw std::runtime_error("head '" + head_names_[h] + "': bind failed: " + why);
     }
   }
-  order_ = schedule(stages_, reg_);
+  plan_.order = schedule(plan_.stages, reg_);
   schedule(act_->stages(), reg_);  // checks the act stages' names (they run in declaration order)
 
   update_->upload(b);
-  reports_.bind(reg_, *rt_, replay_.on ? kReplayStatsBuffer : nullptr);
+  reports_.bind(reg_, *rt_, replay_ ? kReplayStatsBuffer : nullptr);
   if (rt_->ops().status() != 0) throw std::runtime_error(std::string("backend error during build: ") + rt_->ops().message());
 
   // Plan (scratch sizes) of both steps, then capture each once; from here on nothing is looked up.
   if (rt_->captures()) {
     rt_->plan_begin();
-    for (auto i : order_) stages_[i].run(rt_->ops());
+    for (auto i : plan_.order) plan_.stages[i].run(rt_->ops());
     for (auto& st : act_->stages()) st.run(rt_->ops());
     rt_->plan_end();
     rt_->begin_capture(Runtime::kStepGraph);
     capture_stages();
     rt_->end_capture();
     if (rt_->ops().status() != 0) throw std::runtime_error(std::string("backend error during capture: ") + rt_->ops().message());
-    act_->capture([this](const Stage& s) { check_capture(s); });
+    act_->capture([this](const Stage& s) { check_capture(*rt_, heads_, head_names_, s); });
     if (rt_->ops().status() != 0)
       throw std::runtime_error(std::string("backend error during the act step's capture: ") + rt_->ops().message());
     ++captures_;
-    captured_ = true;
+    plan_.captured = true;
   }
   reg_.seal();
-  spdlog::debug("engine: {} stages, {} parameters, arena {} bytes, backend {}", order_.size(), reg_.param_count(),
+  spdlog::debug("engine: {} stages, {} parameters, arena {} bytes, backend {}", plan_.order.size(), reg_.param_count(),
                 reg_.arena_bytes(), rt_->describe());
 }
 
@@ -305,32 +338,18 @@ void Engine::build(const PluginLoader& plugins) {
 // only for the stages it depends on while lanes last), so stages that share no buffer run
 // concurrently inside the one graph.
 void Engine::capture_stages() {
-  const LanePlan plan = plan_lanes(dependencies(stages_, order_, reg_), rt_->lanes());
-  rt_->capture_width(plan.used);
-  for (std::size_t k = 0; k < order_.size(); ++k) {
-    std::vector<int> after(plan.after[k].begin(), plan.after[k].end());
-    rt_->stage_begin(plan.lane[k], after);
-    stages_[order_[k]].run(rt_->ops());
-    check_capture(stages_[order_[k]]);
+  const LanePlan lanes = plan_lanes(dependencies(plan_.stages, plan_.order, reg_), rt_->lanes());
+  rt_->capture_width(lanes.used);
+  for (std::size_t k = 0; k < plan_.order.size(); ++k) {
+    const Stage& s = plan_.stages[plan_.order[k]];
+    std::vector<int> after(lanes.after[k].begin(), lanes.after[k].end());
+    rt_->stage_begin(lanes.lane[k], after);
+    s.run(rt_->ops());
+    check_capture(*rt_, heads_, head_names_, s);
     rt_->stage_done(int(k));
   }
-  lanes_ = plan;
+  plan_.lanes = lanes;
 }
-
-void Engine::check_capture(const Stage& s) {
-  const std::string fault = rt_->capture_fault();
-  if (fault.empty()) return;
-  std::string who = "the engine's stage '" + s.name + "'";
-  for (std::size_t h = 0; h < heads_.size(); ++h)
-    if (head_names_[h] == s.owner)
-      who = "plugin '" + std::string(heads_[h].plugin().descriptor->name) + "' (" + heads_[h].plugin().path +
-            "), head '" + s.owner + "', stage '" + s.name + "'";
-  throw std::runtime_error(who + " broke the CUDA graph capture: " + fault +
-                           ". A stage may only enqueue work on the backend's stream (DeviceContext::stream): "
-                           "it must not synchronise, allocate, or copy to or from the host");
-}
-
-StepBuild Engine::step_build() { return StepBuild{spec_, net_, head_names_, primary_, reg_, *rt_, stages_}; }
 
 void Engine::declare_shared_buffers(StepBuild& b) {
   const std::int64_t B = spec_.batch, S = net_.state, D = net_.branches;
@@ -345,130 +364,31 @@ void Engine::declare_shared_buffers(StepBuild& b) {
   reports_.declare(reg_, head_names_, spec_.batch);
 }
 
-void Engine::bind_shared() {
-  params_ = reg_.real("params");
-  target_ = reg_.real("target");
-  adam_m_ = reg_.real("adam.m");
-  adam_v_ = reg_.real("adam.v");
-  grad_all_ = reg_.real("grad/all");
-  states2_ = reg_.real(buf::states2);
-  actions_ = reg_.i32(buf::actions);
-  rewards_ = reg_.real(buf::rewards);
-  dones_ = reg_.real(buf::dones);
-  weights_ = reg_.real(buf::is_weights);
-  t_ = reg_.i64(buf::step);
-  losses_ = reg_.real("report/losses");
-  td_error_ = reg_.real(buf::td_error);
-}
 // ---------------------------------------------------------------------------------------------
 void Engine::step() {
-  prime_replay_batch();
-  if (captured_) {
+  if (replay_) replay_->prime();
+  if (plan_.captured) {
     rt_->replay();
   } else {
-    for (auto i : order_) stages_[i].run(rt_->ops());
+    for (auto i : plan_.order) plan_.stages[i].run(rt_->ops());
   }
   ++steps_;
   if (spec_.report_every > 0 && steps_ % spec_.report_every == 0) reports_.request(*rt_, reg_, steps_);
 }
 
 void Engine::step_uncaptured() {
-  prime_replay_batch();
-  for (auto i : order_) stages_[i].run(rt_->ops());
+  if (replay_) replay_->prime();
+  for (auto i : plan_.order) plan_.stages[i].run(rt_->ops());
   ++steps_;
 }
 
 void Engine::forward_backward() {
-  for (auto i : order_)
-    if (!stages_[i].update) stages_[i].run(rt_->ops());
-}
-
-std::vector<double> Engine::host_buffer(const std::string& name) {
-  const auto* b = reg_.find(name);
-  if (!b) throw std::invalid_argument("host_buffer: no buffer named '" + name + "'");
-  rt_->synchronize();
-  std::vector<unsigned char> raw(b->bytes);
-  rt_->ops().download(raw.data(), reg_.base() + b->offset_bytes, b->bytes);
-  std::vector<double> out(std::size_t(b->numel()));
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    if (b->dtype == DType::i32) {
-      std::int32_t v; std::memcpy(&v, raw.data() + i * 4, 4); out[i] = v;
-    } else if (b->dtype == DType::i64) {
-      std::int64_t v; std::memcpy(&v, raw.data() + i * 8, 8); out[i] = double(v);
-    } else if (reg_.real_size() == 8) {
-      std::memcpy(&out[i], raw.data() + i * 8, 8);
-    } else {
-      float v; std::memcpy(&v, raw.data() + i * 4, 4); out[i] = v;
-    }
-  }
-  return out;
-}
-
-void Engine::host_write(const std::string& name, std::int64_t index, double value) {
-  const auto* b = reg_.find(name);
-  if (!b) throw std::invalid_argument("host_write: no buffer named '" + name + "'");
-  if (index < 0 || index >= b->numel()) throw std::out_of_range("host_write: index outside '" + name + "'");
-  rt_->synchronize();
-  const std::size_t es = reg_.element_size(b->dtype);
-  unsigned char bytes[8];
-  if (b->dtype == DType::i32) { std::int32_t v = std::int32_t(value); std::memcpy(bytes, &v, 4); }
-  else if (b->dtype == DType::i64) { std::int64_t v = std::int64_t(value); std::memcpy(bytes, &v, 8); }
-  else if (es == 8) std::memcpy(bytes, &value, 8);
-  else { float v = float(value); std::memcpy(bytes, &v, 4); }
-  rt_->ops().upload(reg_.base() + b->offset_bytes + std::size_t(index) * es, bytes, es);
+  for (auto i : plan_.order)
+    if (!plan_.stages[i].update) plan_.stages[i].run(rt_->ops());
 }
 
 std::optional<StepReport> Engine::latest_report() { return reports_.latest(*rt_, update_->fractions()); }
 
-StepReport Engine::read_report() { return reports_.read(*rt_, reg_, update_->fractions(), steps_, t_); }
-
-void Engine::set_batch(const HostBatch& b) {
-  b.check(spec_, "batch");
-  rt_->synchronize();
-  EngineOps& io = rt_->ops();
-  const std::int64_t n = std::int64_t(b.B) * b.S;
-  io.upload_reals(states2_, b.states.data(), n);
-  io.upload_reals(states2_ + n, b.next_states.data(), n);
-  io.upload(actions_, b.actions.data(), b.actions.size() * 4);
-  io.upload_reals(rewards_, b.rewards.data(), b.B);
-  io.upload_reals(dones_, b.dones.data(), b.B);
-  io.upload_reals(weights_, b.is_weights.data(), b.B);
-  if (rt_->ops().status()) throw std::runtime_error(std::string("set_batch: ") + rt_->ops().message());
-}
-
-std::vector<std::pair<std::string, std::vector<std::string>>> Engine::stage_waits() const {
-  const auto deps = dependencies(stages_, order_, reg_);
-  std::vector<std::pair<std::string, std::vector<std::string>>> out;
-  for (std::size_t k = 0; k < order_.size(); ++k) {
-    std::vector<std::string> names;
-    for (auto j : deps[k]) names.push_back(stages_[order_[j]].name);
-    out.emplace_back(stages_[order_[k]].name, std::move(names));
-  }
-  return out;
-}
-
-std::string Engine::explain() const {
-  std::ostringstream os;
-  os << "pipeline '" << spec_.name << "' on " << rt_->describe() << "\n";
-  if (backend_ != BackendKind::cuda)  // (a CUDA runtime's describe() says how it applies them)
-    os << "cuda: autotune " << (spec_.cuda.autotune ? "true" : "false") << ", gemm " << to_string(spec_.cuda.gemm)
-       << ", tile_loads " << to_string(spec_.cuda.tile_loads) << ", update_cluster "
-       << update_cluster_text(spec_.cuda.update_cluster) << ", pdl " << to_string(spec_.cuda.pdl)
-       << " (not used by the cpu backend)\n";
-  os << "heads:";
-  for (std::size_t h = 0; h < heads_.size(); ++h)
-    os << "  " << head_names_[h] << " (" << heads_[h].plugin().descriptor->name << ", budget " << update_->fractions()[h] << ")";
-  const auto deps = dependencies(stages_, order_, reg_);
-  os << "\nstages in order (" << order_.size() << "):\n" << dqn::explain(stages_, order_, &deps);
-  os << "registry:\n" << reg_.layout_text();
-  if (captured_) {
-    os << "captured: 1 graph, " << rt_->graph_nodes() << " nodes over " << lanes_used() << " lane(s), "
-       << lanes_.false_deps << " stage(s) queued behind one they do not need:";
-    for (std::size_t k = 0; k < order_.size() && k < lanes_.lane.size(); ++k)
-      os << (k ? ", " : " ") << stages_[order_[k]].name << "@" << lanes_.lane[k];
-    os << "\n";
-  }
-  return os.str();
-}
+StepReport Engine::read_report() { return reports_.read(*rt_, reg_, update_->fractions(), steps_, bufs_.step); }
 
 }  // namespace dqn

@@ -42,7 +42,7 @@ void Engine::checkpoint_to(st::File& f) {
   EngineBackend& be = rt_->ops();
   for (const std::string& name : reg_.buffer_order()) {
     const Registry::Buffer& b = *reg_.find(name);
-    if (!saved(b, replay_.on)) continue;
+    if (!saved(b, replay_ != nullptr)) continue;
     st::Tensor t;
     t.dtype = file_dtype(b.dtype, reg_.real_size());
     t.shape = {b.numel()};
@@ -55,9 +55,10 @@ void Engine::checkpoint_to(st::File& f) {
   j["steps"] = steps_;
   j["report_seq"] = reports_.requests();
   j["report_step"] = {reports_.copy_step(0), reports_.copy_step(1)};
-  j["replay_seq"] = replay_.seq;
-  j["replay_added"] = replay_.added;
-  j["replay_primed"] = replay_.primed;
+  const ReplayStages::Counters rc = replay_ ? replay_->counters() : ReplayStages::Counters{};
+  j["replay_seq"] = rc.seq;
+  j["replay_added"] = rc.added;
+  j["replay_primed"] = rc.primed;
   const ActStages::SnapshotState snap = act_->snapshot_state();
   j["snapshot"] = {{"pending", snap.pending}, {"acted", snap.acted}, {"adopted", snap.adopted}};
   for (int s = 0; s < 2; ++s) {
@@ -90,7 +91,7 @@ void Engine::restore_checkpoint(const st::File& f) {
   std::size_t expected = 0;
   for (const std::string& name : reg_.buffer_order()) {
     const Registry::Buffer& b = *reg_.find(name);
-    if (!saved(b, replay_.on)) continue;
+    if (!saved(b, replay_ != nullptr)) continue;
     ++expected;
     const std::string key = kPrefix + name;
     if (!f.has(key)) throw bad("tensor '" + key + "' is missing: it was written by another pipeline");
@@ -124,7 +125,7 @@ void Engine::restore_checkpoint(const st::File& f) {
   }
   if (steps < 0 || seq < 0 || replay_seq < 0 || replay_added < 0 || adopted < 0)
     throw bad("a negative engine counter");
-  if (replay_added > 0 && !replay_.on) throw bad("it holds transitions but this engine has no replay");
+  if (replay_added > 0 && !replay_) throw bad("it holds transitions but this engine has no replay");
   for (int s = 0; s < 2; ++s) {
     if (rstep[s] < 0) continue;
     const std::string key = kReportCopy + std::to_string(s);
@@ -135,16 +136,14 @@ void Engine::restore_checkpoint(const st::File& f) {
   EngineBackend& be = rt_->ops();
   for (const std::string& name : reg_.buffer_order()) {
     const Registry::Buffer& b = *reg_.find(name);
-    if (saved(b, replay_.on)) be.upload(reg_.base() + b.offset_bytes, f.get(kPrefix + name).bytes.data(), b.bytes);
+    if (saved(b, replay_ != nullptr)) be.upload(reg_.base() + b.offset_bytes, f.get(kPrefix + name).bytes.data(), b.bytes);
   }
   std::array<const unsigned char*, 2> copies{nullptr, nullptr};
   for (int s = 0; s < 2; ++s)
     if (rstep[s] >= 0) copies[std::size_t(s)] = f.get(kReportCopy + std::to_string(s)).bytes.data();
   reports_.restore(seq, {rstep[0], rstep[1]}, copies);
   steps_ = steps;
-  replay_.seq = replay_seq;
-  replay_.added = replay_added;
-  replay_.primed = primed;
+  if (replay_) replay_->restore({replay_seq, replay_added, primed});
   act_->restore_snapshot_state({pending, acted, adopted});
   // The budget fractions the report carries are the device's.
   update_->read_fractions();

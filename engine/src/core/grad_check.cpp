@@ -16,13 +16,13 @@ std::vector<GradCheckRow> check_head_gradients(Engine& e, const std::string& hea
     throw std::invalid_argument("gradient check: no head named '" + head + "'");
   if (opt.samples < 1 || !(opt.eps > 0)) throw std::invalid_argument("gradient check: samples >= 1 and eps > 0");
   e.forward_backward();
-  const std::vector<double> grad = e.host_buffer("grad/" + head);
-  const std::vector<double> theta = e.host_buffer("params");
+  const std::vector<double> grad = host_buffer(e, "grad/" + head);
+  const std::vector<double> theta = host_buffer(e, "params");
   const std::string loss = "loss/" + head;
   auto loss_at = [&](std::int64_t at, double value) {
-    e.host_write("params", at, value);
+    host_write(e, "params", at, value);
     e.forward_backward();
-    return e.host_buffer(loss)[0];
+    return host_buffer(e, loss)[0];
   };
   std::mt19937_64 rng(opt.seed);
   std::vector<GradCheckRow> rows;
@@ -40,7 +40,7 @@ std::vector<GradCheckRow> check_head_gradients(Engine& e, const std::string& hea
       const std::int64_t at = p.offset + i;
       const double t0 = theta[std::size_t(at)];
       const double lp = loss_at(at, t0 + opt.eps), lm = loss_at(at, t0 - opt.eps);
-      e.host_write("params", at, t0);
+      host_write(e, "params", at, t0);
       const double fd = (lp - lm) / (2 * opt.eps), an = grad[std::size_t(at)];
       const double err = std::fabs(fd - an);
       const bool good = err <= opt.atol + opt.rtol * std::max(std::fabs(fd), r.scale);  // NaN fails

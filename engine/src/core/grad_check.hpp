@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "core/engine.hpp"
+#include "core/engine_access.hpp"
 
 namespace dqn {
 

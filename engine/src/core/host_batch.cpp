@@ -1,6 +1,6 @@
 /** @file host_batch.cpp
- *  @brief A batch on the host (engine.hpp's HostBatch): random batches for a pipeline's shapes,
- *  batch files, and the checks that name the tensor and index of bad data.
+ *  @brief A batch on the host (HostBatch): random batches for a pipeline's shapes, batch files,
+ *  and the checks that name the tensor and index of bad data; random transitions for a replay.
  */
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "core/engine.hpp"
+#include "core/engine_access.hpp"
 
 namespace dqn {
 
@@ -30,11 +30,11 @@ struct Gen {
 void fill_replay_random(Engine& e, std::int64_t n) {
   const PipelineSpec& spec = e.spec();
   const int S = spec.network.state, D = spec.network.branches, A = spec.network.actions;
-  const std::int64_t K = std::min<std::int64_t>(e.staging_rows(), kReplayFillChunk);
+  const std::int64_t K = std::min<std::int64_t>(e.replay().staging_rows(), kReplayFillChunk);
   const auto rows = static_cast<std::size_t>(K);
   std::vector<float> st(rows * std::size_t(S)), nx(st.size()), rw(rows), dn(rows);
   std::vector<std::int32_t> ac(rows * std::size_t(D));
-  Gen g{e.rank_seed() * 7919 + 17};
+  Gen g{e.parallel().seed() * 7919 + 17};
   for (std::int64_t done = 0; done < n;) {
     const std::int64_t k = std::min(K, n - done);
     for (auto& v : st) v = 2 * g.unit() - 1;
@@ -42,7 +42,7 @@ void fill_replay_random(Engine& e, std::int64_t n) {
     for (auto& v : rw) v = 2 * g.unit() - 1;
     for (auto& v : dn) v = g.unit() < 0.1f ? 1.0f : 0.0f;
     for (auto& v : ac) v = std::int32_t(g.next() % std::uint64_t(A));
-    e.add_transitions(Transitions{k, st.data(), nx.data(), ac.data(), rw.data(), dn.data()}, done + k);
+    e.replay().add(Transitions{k, st.data(), nx.data(), ac.data(), rw.data(), dn.data()}, done + k);
     done += k;
   }
 }

@@ -1,6 +1,6 @@
 /** @file replay.hpp
  *  @brief The host side of the replay: N environment copies' steps assembled into n-step
- *  transitions, which then go to the engine's replay (Engine::add_transitions) where the step
+ *  transitions, which then go to the engine's replay (ReplayStages::add) where the step
  *  samples them.
  */
 #pragma once
@@ -14,7 +14,7 @@
 
 namespace dqn {
 
-/// Transitions collected on the host, row-major; view() lends them to Engine::add_transitions.
+/// Transitions collected on the host, row-major; view() lends them to ReplayStages::add.
 struct TransitionBatch {
   int S = 0, D = 0;
   std::vector<float> states, next_states, rewards, dones;

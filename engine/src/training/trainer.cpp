@@ -110,8 +110,8 @@ Trainer::Trainer(Engine& engine, TrainerOptions opt)
       N_(spec_.training.num_envs),
       S_(spec_.network.state),
       D_(spec_.network.branches),
-      act_rng_(derive_seed(engine.rank_seed(), kActStream)) {
-  if (!engine_.has_replay() || (!offline_ && engine_.staging_rows() < nstep_.max_per_step()))
+      act_rng_(derive_seed(engine.parallel().seed(), kActStream)) {
+  if (!engine_.has_replay() || (!offline_ && engine_.replay().staging_rows() < nstep_.max_per_step()))
     throw std::invalid_argument("trainer: the engine needs the training replay (EngineOptions::replay = "
                                 "training_replay(spec)): its step draws the batch from it");
   if (offline_ != !spec_.training.dataset.empty())
@@ -133,7 +133,7 @@ Trainer::Trainer(Engine& engine, TrainerOptions opt)
 }
 
 std::int64_t Trainer::replay_size() const {
-  return offline_ ? engine_.transitions_added() : std::min(engine_.transitions_added(), spec_.training.replay.capacity);
+  return offline_ ? engine_.replay().added() : std::min(engine_.replay().added(), spec_.training.replay.capacity);
 }
 
 Trainer::~Trainer() = default;
@@ -174,7 +174,7 @@ void Trainer::act(bool random_only) {
   nstep_.add(obs_.data(), actions_.data(), rewards_.data(), final_obs_.data(), terminated_.data(), truncated_.data(),
              fresh_);
   // Into the engine's replay without waiting for the step (β's schedule reads the env step).
-  if (fresh_.size() > 0) engine_.add_transitions(fresh_.view(), env_steps_ + N_);
+  if (fresh_.size() > 0) engine_.replay().add(fresh_.view(), env_steps_ + N_);
   for (int e = 0; e < N_; ++e) {
     const auto ue = std::size_t(e);
     ep_return_[ue] += rewards_[ue];
@@ -245,7 +245,7 @@ EvalResult Trainer::evaluate(std::int64_t round) {
 
 void Trainer::save_weights(const std::string& file) {
   if (!writer_) return;
-  st::File f = engine_.save_state(false);
+  st::File f = dqn::save_weights(engine_, false);
   f.metadata["env_steps"] = std::to_string(env_steps_);
   if (offline_) f.metadata["dataset"] = spec_.training.dataset;
   f.metadata["train_steps"] = std::to_string(train_steps_);
@@ -404,16 +404,16 @@ TrainResult Trainer::run() {
     if (offline_) {
       // The whole dataset into the replay once, β at beta_end (its schedule counts environment steps).
       const TransitionBatch& d = *opt_.offline;
-      const std::int64_t K = engine_.staging_rows();
+      const std::int64_t K = engine_.replay().staging_rows();
       for (std::int64_t first = 0; first < d.size(); first += K) {
         const std::int64_t n = std::min(K, d.size() - first);
         const auto S = std::size_t(S_), D = std::size_t(D_), f = std::size_t(first);
-        engine_.add_transitions(Transitions{n, d.states.data() + f * S, d.next_states.data() + f * S,
+        engine_.replay().add(Transitions{n, d.states.data() + f * S, d.next_states.data() + f * S,
                                             d.actions.data() + f * D, d.rewards.data() + f, d.dones.data() + f},
                                 t.total_steps);
       }
     } else {
-      env_->reset(engine_.rank_seed(), obs_.data());
+      env_->reset(engine_.parallel().seed(), obs_.data());
     }
     loop_ = Loop{};
     loop_.next_train_at = std::max<std::int64_t>(t.learning_starts, t.train_every);

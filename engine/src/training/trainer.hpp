@@ -20,7 +20,7 @@
 
 #include "dqn/backend.hpp"
 #include "pipeline/spec.hpp"
-#include "core/engine.hpp"
+#include "core/engine_access.hpp"
 #include "training/env/env.hpp"
 #include "core/registry.hpp"
 #include "training/replay.hpp"

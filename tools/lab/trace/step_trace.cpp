@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "core/engine.hpp"
+#include "core/engine_access.hpp"
 #include "pipeline/parse.hpp"
 #include "core/plugin_loader.hpp"
 #include "cuda/cuda_lab.hpp"
@@ -262,11 +262,11 @@ int main(int argc, char** argv) {
       eo.replay = r;
     }
     engine = std::make_unique<Engine>(spec, loader, eo);
-    engine->init_weights(spec.seed);
+    init_weights(*engine, spec.seed);
     if (eo.replay)
       fill_replay_random(*engine, eo.replay->spec.capacity);
     else
-      engine->set_batch(HostBatch::random(spec, 1));
+      set_batch(*engine, HostBatch::random(spec, 1));
     for (int i = 0; i < warmup; ++i) engine->step();
     engine->runtime().synchronize();
   } catch (const std::exception& ex) {
@@ -316,7 +316,7 @@ int main(int argc, char** argv) {
   // The graph's own structure (stage and dependencies per node), matched to the records by
   // CUPTI's node id, or else by rank (nodes made in capture order get rising ids).
   const auto info = e.runtime().graph_node_info();
-  const auto waits = e.stage_waits();
+  const auto waits = stage_waits(e);
   std::map<std::uint64_t, int> node_index;  // CUPTI id → index in info
   {
     // Kernel nodes; if the records hold more (a copy done by a kernel), copies and sets too.

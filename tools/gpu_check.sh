@@ -6,7 +6,7 @@
 # Usage: tools/gpu_check.sh [quick|bench|fast|verify|epoch|sanitize|scaling]   quick: build, tests, step; bench: build and
 # benchmarks only; fast: build, tests, step, then the two comparisons at B 256 and the replayed
 # steps' kernel timelines (dqn-trace) (for iterating on kernels: about half the device time of a
-# full run); verify: build, the gpu suite alone, step, the C51 timeline with the update's phases,
+# full run); verify: build, the gpu suite alone, step, the C51 timeline,
 # the C51 comparison at B 256 against the graph peer (what a change to the default kernels needs
 # first, in about 150 s); epoch: build, the gpu suite, the epoch comparison drawing from a full
 # replay (uniform and prioritised, B 256, tf32) and compute-sanitizer on the replay's kernels;
@@ -38,15 +38,13 @@ pack() {
     find "$out" -maxdepth 1 -type f ! -name logs.tgz ! -name summary.txt ! -name 'compare_*.json' -delete
 }
 # The replayed step's kernel timeline (tools/lab/trace): C51 into the summary, all four heads into a
-# file (its update-kernel stamps into the summary too: --update-clock, after the traced replays).
+# file. (The update kernel's phase stamps need a lab build: meson -Dlab=true, dqn-trace --update-clock.)
 trace() {
-  $build/tools/lab/dqn-trace pipelines/ref.yaml --batch 256 --precision tf32 --update-clock >"$out/trace_c51.txt" 2>&1
+  $build/tools/lab/dqn-trace pipelines/ref.yaml --batch 256 --precision tf32 >"$out/trace_c51.txt" 2>&1
   cat "$out/trace_c51.txt" >>"$summary"; head -3 "$out/trace_c51.txt"
   # shellcheck disable=SC2086
-  $build/tools/lab/dqn-trace pipelines/ref.yaml $all --batch 256 --precision tf32 --update-clock \
-    >"$out/trace_full.txt" 2>&1
+  $build/tools/lab/dqn-trace pipelines/ref.yaml $all --batch 256 --precision tf32 >"$out/trace_full.txt" 2>&1
   head -3 "$out/trace_full.txt" | tee -a "$summary"
-  sed -n '/^update clock/,$p' "$out/trace_full.txt" >>"$summary"
 }
 t0=$(date +%s)
 compute-sanitizer --version 2>/dev/null | tail -1 | tee -a "$summary"
@@ -123,11 +121,10 @@ if [ "$mode" != bench ]; then
     --expect trunk.0.weight,target.trunk.0.weight,adam.m.trunk.0.weight,adam.v.trunk.0.weight,adam.step,c51.branch.2.1.weight,loss.c51,grad_norm.c51,clip.c51,loss.total,td_error,skipped_steps \
     >"$out/st_check.log" 2>&1; note "cuda dqn step + st_check rc=$?"
   if [ "$mode" = verify ]; then
-    # the C51 step's kernel timeline and the update's phases
-    $build/tools/lab/dqn-trace pipelines/ref.yaml --batch 256 --precision tf32 --update-clock >"$out/trace_c51.txt" 2>&1
+    # the C51 step's kernel timeline
+    $build/tools/lab/dqn-trace pipelines/ref.yaml --batch 256 --precision tf32 >"$out/trace_c51.txt" 2>&1
     head -3 "$out/trace_c51.txt" | tee -a "$summary"
-    sed -n '/^update clock/,$p' "$out/trace_c51.txt" >>"$summary"
-    python3 bench/compare.py --dqn $build/tools/dqn --pipeline pipelines/ref.yaml --batch 256 --precision tf32 \
+    python3 tools/bench/compare.py --dqn $build/tools/dqn --pipeline pipelines/ref.yaml --batch 256 --precision tf32 \
       --peer-modes graph --json-out "$out/compare_c51.json" 2>"$out/compare_c51.err" | tee -a "$summary" ||
       tail -5 "$out/compare_c51.err"
     note "total: $(( $(date +%s) - t0 )) s"
@@ -146,7 +143,7 @@ if [ "$mode" != bench ]; then
 fi
 if [ "$mode" = quick ]; then pack; exit 0; fi
 if [ "$mode" = epoch ]; then
-  python3 bench/compare.py --dqn $build/tools/dqn --pipeline pipelines/ref.yaml --batch 256 --precision tf32 --epoch \
+  python3 tools/bench/compare.py --dqn $build/tools/dqn --pipeline pipelines/ref.yaml --batch 256 --precision tf32 --epoch \
     --json-out "$out/compare_epoch.json" 2>"$out/compare_epoch.err" | tee -a "$summary" || tail -5 "$out/compare_epoch.err"
   # dqn train's training steps per second in the learner-bound run against the epoch benchmark of
   # the same pipeline (the median of the metrics lines once learning has run a while).
@@ -181,7 +178,7 @@ fi
 if [ "$mode" = fast ]; then
   for cfg in c51 full; do
     extra=""; [ $cfg = full ] && extra="--heads c51,iqn,ensemble,cql $(for s in $all; do printf -- '--set %s ' "$s"; done)"
-    python3 bench/compare.py --dqn $build/tools/dqn --pipeline pipelines/ref.yaml --batch 256 --precision tf32 $extra \
+    python3 tools/bench/compare.py --dqn $build/tools/dqn --pipeline pipelines/ref.yaml --batch 256 --precision tf32 $extra \
       --json-out "$out/compare_$cfg.json" 2>"$out/compare_$cfg.err" | tee -a "$summary" || tail -5 "$out/compare_$cfg.err"
   done
   trace
@@ -198,9 +195,9 @@ if [ "$mode" = fast ]; then
   exit 0
 fi
 # The engine and the PyTorch peer in one invocation each (ratio = peer / engine).
-python3 bench/compare.py --dqn $build/tools/dqn --pipeline pipelines/ref.yaml --batch 256,1024,4096 --precision tf32 \
+python3 tools/bench/compare.py --dqn $build/tools/dqn --pipeline pipelines/ref.yaml --batch 256,1024,4096 --precision tf32 \
   --json-out "$out/compare_c51.json" >"$out/compare_c51.txt" 2>"$out/compare_c51.err" || tail -5 "$out/compare_c51.err"
-python3 bench/compare.py --dqn $build/tools/dqn --pipeline pipelines/ref.yaml --batch 256,1024,4096 --precision tf32 \
+python3 tools/bench/compare.py --dqn $build/tools/dqn --pipeline pipelines/ref.yaml --batch 256,1024,4096 --precision tf32 \
   --heads c51,iqn,ensemble,cql $(for s in $all; do printf -- '--set %s ' "$s"; done) \
   --json-out "$out/compare_full.json" >"$out/compare_full.txt" 2>"$out/compare_full.err" || tail -5 "$out/compare_full.err"
 $build/tools/dqn bench pipelines/ref.yaml --batch 256,1024,4096 --precision fp32,bf16 >"$out/bench_prec.txt" 2>&1

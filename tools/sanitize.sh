@@ -89,16 +89,7 @@ host() {
     { grep -E "error|FAILED" "$build.ninja.log" | head -20; echo "0 passed, 1 failed, 0 skipped"; exit 1; }
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-  meson test -C "$build" --no-rebuild --print-errorlogs --num-processes "$(nproc)" --timeout-multiplier 4 "${args[@]}"
-  local rc=$? log="$build/meson-logs/testlog.json" passed=0 failed=0 skipped=0
-  if [ -f "$log" ]; then
-    passed=$(grep -c '"result": "OK"' "$log" || true)
-    skipped=$(grep -c '"result": "SKIP"' "$log" || true)
-    failed=$(grep -cE '"result": "(FAIL|TIMEOUT|ERROR|UNEXPECTEDPASS)"' "$log" || true)
-  fi
-  [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ] && failed=1
-  echo "${passed} passed, ${failed} failed, ${skipped} skipped"
-  exit "$rc"
+  "$here/tools/run_tests.sh" "$build" --no-rebuild --timeout-multiplier 4 "${args[@]}"
 }
 
 build_option() {  # build_option BUILD NAME: the configured value, lists comma-joined

@@ -2,7 +2,7 @@
 """Inspect a safetensors file written by dqn-engine: list its tensors and check expected names.
 
 Uses the `safetensors` package when it is installed (the reference reader); otherwise the
-project's own parser (bench/st_file.py: json + struct; numpy, when present, decodes the values)
+project's own parser (tools/bench/st_file.py: json + struct; numpy, when present, decodes the values)
 that applies the same checks.
 Exit status: 0 if the file is valid and every --expect name is present, 1 otherwise.
 """
@@ -14,8 +14,8 @@ import struct
 import sys
 from collections import Counter
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
-import st_file  # noqa: E402  the built-in parser, shared with bench/torch_peer.py
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench"))
+import st_file  # noqa: E402  the built-in parser, shared with tools/bench/torch_peer.py
 
 try:
     import numpy as np

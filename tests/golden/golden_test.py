@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The golden suite: the engine's CPU step against bench/torch_peer.py in float64.
+"""The golden suite: the engine's CPU step against tools/bench/torch_peer.py in float64.
 
 For one head set: seeded weights (`dqn step --init`), a random batch (`--random-batch
 --save-batch`), STEPS engine steps written as a dump, the same steps by the peer from the same
@@ -219,7 +219,7 @@ def self_check(engine, peer, heads):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dqn", required=True)
-    ap.add_argument("--peer", required=True, help="bench/torch_peer.py")
+    ap.add_argument("--peer", required=True, help="tools/bench/torch_peer.py")
     ap.add_argument("--pipeline", required=True)
     ap.add_argument("--heads", required=True, help="the pipeline's heads, primary first: c51,iqn,...")
     ap.add_argument("--hard-copy", action="store_true", help="target update: hard copy every 2 steps")
@@ -227,7 +227,7 @@ def main():
     a = ap.parse_args()
     heads = a.heads.split(",")
     sys.path.insert(0, os.path.dirname(os.path.abspath(a.peer)))
-    from torch_peer import load_file, save_file   # the safetensors package, else bench/st_file.py
+    from torch_peer import load_file, save_file   # the safetensors package, else tools/bench/st_file.py
 
     table = CONSTANTS + [HARD_COPY if a.hard_copy else POLYAK]
     table += [c for h in heads for c in HEAD_CONSTANTS[h]]

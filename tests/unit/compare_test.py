@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""unit.compare: bench/compare.py against stand-ins for `dqn bench` and the PyTorch peer (no GPU).
+"""unit.compare: tools/bench/compare.py against stand-ins for `dqn bench` and the PyTorch peer (no GPU).
 
 It checks that each batch size runs the engine and then the peer by itself and that its rows are
 printed and written to --json-out before the next batch starts. A run cut off or failing at a

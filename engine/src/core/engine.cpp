@@ -116,6 +116,39 @@ struct HeadBind final : Resolver {
   Real act_param(const char* n) const noexcept override { return guard([&] { return reg.param_in(snapshot, n); }, Real{}); }
 };
 
+/// The batch the step trains on and a*, declared before the parts declare theirs.
+void declare_batch(Registry& reg, const PipelineSpec& spec, const NetworkDims& net) {
+  const std::int64_t B = spec.batch, S = net.state, D = net.branches;
+  reg.declare(buf::states2, DType::real, {2 * B, S}, BufferKind::input, "engine");
+  reg.declare(buf::actions, DType::i32, {B, D}, BufferKind::input, "engine");
+  reg.declare(buf::rewards, DType::real, {B}, BufferKind::input, "engine");
+  reg.declare(buf::dones, DType::real, {B}, BufferKind::input, "engine");
+  reg.declare(buf::is_weights, DType::real, {B}, BufferKind::input, "engine");
+  reg.declare(buf::a_star, DType::i32, {B, D}, BufferKind::activation, "engine");
+}
+
+/// The flat parameter-shaped buffers, sized once every head has declared; per head its whole
+/// gradient row "grad/<head>" and a window of it per parameter, "grad/<head>/<parameter>", for
+/// every parameter (a head's gradient may reach another head's parameters: CQL's reaches c51's),
+/// so stages that write different tensors of one row (a layer's weight and bias gradients, the
+/// input side of a backward and its weight gradients) can say so and run side by side.
+void declare_parameter_buffers(Registry& reg, const std::vector<std::string>& heads) {
+  const std::int64_t P = reg.param_count();
+  const std::int64_t H = std::int64_t(heads.size());
+  reg.declare("params", DType::real, {P}, BufferKind::parameter, "engine");
+  reg.declare("target", DType::real, {P}, BufferKind::parameter, "engine");
+  reg.declare("adam.m", DType::real, {P}, BufferKind::optimizer, "engine");
+  reg.declare("adam.v", DType::real, {P}, BufferKind::optimizer, "engine");
+  reg.declare("grad/all", DType::real, {H, P}, BufferKind::gradient, "engine");
+  reg.declare("grad/total", DType::real, {P}, BufferKind::gradient, "engine");
+  for (std::size_t h = 0; h < heads.size(); ++h) {
+    const std::string g = "grad/" + heads[h];
+    reg.declare_view(g, "grad/all", std::int64_t(h) * P, {P}, "engine");
+    for (const auto& p : reg.params())
+      reg.declare_view(g + "/" + p.name, "grad/all", std::int64_t(h) * P + p.offset, {p.numel()}, "engine");
+  }
+}
+
 /// Throws when stage s broke the capture (a plugin stage that synchronised, allocated or copied
 /// to the host), naming its plugin and the stage.
 void check_capture(Runtime& rt, const std::vector<HeadHandle>& heads, const std::vector<std::string>& names,
@@ -192,7 +225,7 @@ void Engine::build(const PluginLoader& plugins) {
   StepBuild b{spec_, net_, head_names_, primary_, reg_, *rt_, plan_.stages};
   // Trunk parameters first (engine-owned), then each head's.
   trunk_ = std::make_unique<TrunkStages>();
-  trunk_->declare_params(b);
+  trunk_->declare_params(b);  // (the one part with parameters of its own: before the heads')
   std::vector<double> fractions;
 
   // Heads: create from their plugins with resolved parameters and budgets.
@@ -229,12 +262,13 @@ void Engine::build(const PluginLoader& plugins) {
   ranks_ = std::make_unique<RankStages>(opt_.group, opt_.rank, spec_.seed, *update_);
   if (opt_.replay) replay_ = std::make_unique<ReplayStages>(*opt_.replay, ranks_->seed());
   act_ = std::make_unique<ActStages>(*trunk_, std::max({1, spec_.training.num_envs, spec_.training.eval.episodes}));
+  parts_ = {trunk_.get(), ranks_.get(), update_.get(), &reports_};
+  if (replay_) parts_.push_back(replay_.get());
+  parts_.push_back(act_.get());
 
-  declare_shared_buffers(b);
-  if (replay_) replay_->declare_buffers(b);
-  act_->declare_buffers(b);
-  trunk_->add_front_stages(b);
-  act_->add_front_stages(b);
+  declare_batch(reg_, spec_, net_);
+  for (StageProvider* p : parts_) p->declare_buffers(b);
+  for (StageProvider* p : parts_) p->add_front_stages(b);
   for (std::size_t h = 0; h < heads_.size(); ++h) {
     HeadBuild ctx(b, heads_[h].get(), h == primary_, std::int64_t(opt_.rank) * B, *act_, head_names_[h]);
     if (heads_[h]->declare(ctx) != 0) {
@@ -242,37 +276,13 @@ void Engine::build(const PluginLoader& plugins) {
       throw std::runtime_error("head '" + head_names_[h] + "' (" + heads_[h].plugin().path + "): declare failed: " + why);
     }
   }
-  // The flat parameter-shaped buffers can be sized only now that every head has declared.
-  const std::int64_t P = reg_.param_count();
-  const std::int64_t H = std::int64_t(heads_.size());
-  reg_.declare("params", DType::real, {P}, BufferKind::parameter, "engine");
-  reg_.declare("target", DType::real, {P}, BufferKind::parameter, "engine");
-  reg_.declare("adam.m", DType::real, {P}, BufferKind::optimizer, "engine");
-  reg_.declare("adam.v", DType::real, {P}, BufferKind::optimizer, "engine");
-  reg_.declare("grad/all", DType::real, {H, P}, BufferKind::gradient, "engine");
-  reg_.declare("grad/total", DType::real, {P}, BufferKind::gradient, "engine");
-  act_->declare_after_heads(b);
-  // Per head: its whole gradient row "grad/<head>", and a window of it per parameter,
-  // "grad/<head>/<parameter>", for every parameter (a head's gradient may reach another head's
-  // parameters: CQL's reaches c51's), so stages that write different tensors of one row (a layer's
-  // weight and bias gradients, the input side of a backward and its weight gradients) can say so
-  // and run side by side.
-  for (std::size_t h = 0; h < heads_.size(); ++h) {
-    const std::string g = "grad/" + head_names_[h];
-    reg_.declare_view(g, "grad/all", std::int64_t(h) * P, {P}, "engine");
-    for (const auto& p : reg_.params())
-      reg_.declare_view(g + "/" + p.name, "grad/all", std::int64_t(h) * P + p.offset, {p.numel()}, "engine");
-  }
-  update_->declare_after_heads(b);
-  trunk_->add_back_stages(b);
-  ranks_->add_back_stages(b);
-  update_->add_back_stages(b);
-  if (replay_) replay_->add_back_stages(b);
+  declare_parameter_buffers(reg_, head_names_);
+  for (StageProvider* p : parts_) p->declare_after_heads(b);
+  for (StageProvider* p : parts_) p->add_back_stages(b);
   if (!act_->has_stage_of(head_names_[primary_]))
     throw std::runtime_error("head '" + head_names_[primary_] + "' (" + heads_[primary_].plugin().path +
                              ") is the primary but declared no act stage: a primary writes act/q for acting "
                              "(BuildContext::act_stage; dqn/head.hpp, \"The primary's contract\")");
-  act_->add_back_stages(b);
 
   // The ops index a buffer with 32-bit ints (the replay's own kernels with 64-bit ones).
   for (const std::string& name : reg_.buffer_order()) {
@@ -294,11 +304,7 @@ void Engine::build(const PluginLoader& plugins) {
   bufs_.dones = reg_.real(buf::dones);
   bufs_.is_weights = reg_.real(buf::is_weights);
   bufs_.step = reg_.i64(buf::step);
-  trunk_->bind(b);
-  update_->bind(b);
-  ranks_->bind(b);
-  if (replay_) replay_->bind(b);
-  act_->bind(b);
+  for (StageProvider* p : parts_) p->bind(b);
   for (std::size_t h = 0; h < heads_.size(); ++h) {
     HeadBind r(reg_, bufs_, h, act_->snapshot());
     if (heads_[h]->bind(r) != 0 || !r.message.empty()) {
@@ -309,8 +315,7 @@ void Engine::build(const PluginLoader& plugins) {
   plan_.order = schedule(plan_.stages, reg_);
   schedule(act_->stages(), reg_);  // checks the act stages' names (they run in declaration order)
 
-  update_->upload(b);
-  reports_.bind(reg_, *rt_, replay_ ? kReplayStatsBuffer : nullptr);
+  for (StageProvider* p : parts_) p->upload(b);
   if (rt_->ops().status() != 0) throw std::runtime_error(std::string("backend error during build: ") + rt_->ops().message());
 
   // Plan (scratch sizes) of both steps, then capture each once; from here on nothing is looked up.
@@ -351,18 +356,6 @@ void Engine::capture_stages() {
   plan_.lanes = lanes;
 }
 
-void Engine::declare_shared_buffers(StepBuild& b) {
-  const std::int64_t B = spec_.batch, S = net_.state, D = net_.branches;
-  reg_.declare(buf::states2, DType::real, {2 * B, S}, BufferKind::input, "engine");
-  reg_.declare(buf::actions, DType::i32, {B, D}, BufferKind::input, "engine");
-  reg_.declare(buf::rewards, DType::real, {B}, BufferKind::input, "engine");
-  reg_.declare(buf::dones, DType::real, {B}, BufferKind::input, "engine");
-  reg_.declare(buf::is_weights, DType::real, {B}, BufferKind::input, "engine");
-  trunk_->declare_buffers(b);
-  update_->declare_buffers(b);
-  reg_.declare(buf::a_star, DType::i32, {B, D}, BufferKind::activation, "engine");
-  reports_.declare(reg_, head_names_, spec_.batch);
-}
 
 // ---------------------------------------------------------------------------------------------
 void Engine::step() {

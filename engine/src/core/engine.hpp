@@ -128,8 +128,6 @@ class Engine {
 
  private:
   void build(const PluginLoader& plugins);
-  /// The step's shared buffers: the batch, a*, the report block.
-  void declare_shared_buffers(StepBuild& b);
   /// Captures the stages in order over the runtime's lanes, each checked for a broken capture.
   void capture_stages();
 
@@ -149,6 +147,10 @@ class Engine {
   std::unique_ptr<ReplayStages> replay_;  ///< null: no replay
   std::unique_ptr<ActStages> act_;
   StepReports reports_;
+  /// trunk, ranks, update, reports, replay (if any), act: every build hook runs over them in
+  /// this order (the all-reduce's stages before the update's, the report block before the
+  /// replay's statistics).
+  std::vector<StageProvider*> parts_;
   StepPlan plan_;
   StepBuffers bufs_;
   std::int64_t steps_ = 0, captures_ = 0;

@@ -11,6 +11,7 @@
 
 #include "core/engine_ops.hpp"
 #include "core/stage_provider.hpp"
+#include "core/step_reports.hpp"
 
 namespace dqn {
 
@@ -36,9 +37,6 @@ struct ReplayState {
   std::int64_t next = 0, size = 0, env_step = 0, draws = 0, inserted = 0;
   double max_priority = 1, total_priority = 0;
 };
-
-/// The replay's statistics in the report block (ReplayStats).
-inline constexpr const char* kReplayStatsBuffer = "report/replay";
 
 class ReplayStages final : public StageProvider {
  public:

@@ -9,7 +9,10 @@
 
 namespace dqn {
 
-void StepReports::declare(Registry& reg, const std::vector<std::string>& heads, int batch) {
+void StepReports::declare_buffers(StepBuild& b) {
+  Registry& reg = b.reg;
+  const std::vector<std::string>& heads = b.heads;
+  const int batch = b.spec.batch;
   heads_ = heads;
   batch_ = batch;
   const std::int64_t H = std::int64_t(heads.size());
@@ -23,7 +26,10 @@ void StepReports::declare(Registry& reg, const std::vector<std::string>& heads, 
     reg.declare_view("loss/" + heads[h], "report/losses", std::int64_t(h), {1}, "engine");
 }
 
-void StepReports::bind(const Registry& reg, Runtime& rt, const char* replay_stats) {
+void StepReports::bind(StepBuild& b) {
+  const Registry& reg = b.reg;
+  Runtime& rt = b.rt;
+  const char* replay_stats = reg.has(kReplayStatsBuffer) ? kReplayStatsBuffer : nullptr;
   real_size_ = reg.real_size();
   const auto [rb, re] = reg.report_range();
   begin_ = rb;

@@ -13,8 +13,12 @@
 
 #include "core/registry.hpp"
 #include "core/runtime.hpp"
+#include "core/stage_provider.hpp"
 
 namespace dqn {
+
+/// The replay's statistics in the report block (ReplayStats), declared by the replay after it.
+inline constexpr const char* kReplayStatsBuffer = "report/replay";
 
 /// The replay as the last report saw it (StepReport::replay).
 struct ReplayStats {
@@ -34,15 +38,15 @@ struct StepReport {
   std::optional<ReplayStats> replay;  ///< with a replay: what the report's step drew from
 };
 
-class StepReports {
+class StepReports final : public StageProvider {
  public:
   /// The report block: every head's loss, gradient norm and clip factor, the total loss, td_error
   /// and the skipped-step count, one contiguous range (with the replay's statistics, declared
   /// after it), and the views loss/<head>.
-  void declare(Registry& reg, const std::vector<std::string>& heads, int batch);
-  /// After freeze: the fields' offsets in the range (`replay_stats`: the replay's buffer, or null)
-  /// and the pinned copies.
-  void bind(const Registry& reg, Runtime& rt, const char* replay_stats);
+  void declare_buffers(StepBuild& b) override;
+  /// After freeze: the fields' offsets in the range (the replay's statistics where declared) and
+  /// the pinned copies.
+  void bind(StepBuild& b) override;
   void release(Runtime& rt) noexcept;
 
   /// Enqueues an asynchronous copy of the report into the next pinned copy (host step `step`).

@@ -9,21 +9,21 @@ target update) with ordinary PyTorch ops, in two uses:
    or captured whole as one ``torch.cuda.CUDAGraph``, in fp32 / tf32 / bf16.
 
        # C51 primary alone, graph-captured, tf32, at three batch sizes, JSON lines on stdout
-       python3 bench/torch_peer.py --mode graph --precision tf32 --batch 256,1024,4096 \\
+       python3 tools/bench/torch_peer.py --mode graph --precision tf32 --batch 256,1024,4096 \\
            --heads c51 --json
 
        # all four heads (C51 + IQN + ensemble + CQL)
-       python3 bench/torch_peer.py --mode graph --precision tf32 --batch 256,1024,4096 \\
+       python3 tools/bench/torch_peer.py --mode graph --precision tf32 --batch 256,1024,4096 \\
            --heads c51,iqn,ensemble,cql --json
 
        # everything: both head sets, eager and graph, every precision
-       python3 bench/torch_peer.py --mode eager,graph --precision fp32,tf32,bf16 \\
+       python3 tools/bench/torch_peer.py --mode eager,graph --precision fp32,tf32,bf16 \\
            --batch 256,1024,4096 --heads c51 --heads c51,iqn,ensemble,cql --json
 
 2. Golden reference (CPU, float64 by default; deterministic): N steps from a weights file and a
    batch file, writing a step dump (docs/step-math.md, "Files: weights, batches, step dumps").
 
-       python3 bench/torch_peer.py --golden WEIGHTS.safetensors BATCH.safetensors \\
+       python3 tools/bench/torch_peer.py --golden WEIGHTS.safetensors BATCH.safetensors \\
            --steps 100 --out DUMP.safetensors [--heads c51] [--device cpu] [--dtype float64]
 
    With IQN in --heads the batch file must carry the fractions ``iqn.tau [N_steps,B,N]`` and
@@ -31,7 +31,7 @@ target update) with ordinary PyTorch ops, in two uses:
    script does not reproduce that generator). To make a fresh (spec-initialised) weights file
    and a random batch to feed the golden run:
 
-       python3 bench/torch_peer.py --make-inputs WEIGHTS.safetensors BATCH.safetensors \\
+       python3 tools/bench/torch_peer.py --make-inputs WEIGHTS.safetensors BATCH.safetensors \\
            [--heads ...] [--batch 256] [--steps 100] [--seed 1]
 
 Network shapes come from the arguments (defaults: docs/step-math.md's ``ref`` workload) for the benchmark
@@ -48,7 +48,7 @@ Adam is written by hand (not torch.optim.Adam): docs/step-math.md's form, with t
 captured graph never syncs with the host.
 
 Requires torch (1.13 or later); the `safetensors` package where installed, else the project's
-own reader and writer (bench/st_file.py). numpy is not needed.
+own reader and writer (tools/bench/st_file.py). numpy is not needed.
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ import torch.nn.functional as F
 try:
     from safetensors.torch import load_file, save_file
 except ImportError:  # Debian 12 has no safetensors package: the project's own reader and writer
-    import st_file   # bench/st_file.py, beside this script
+    import st_file   # tools/bench/st_file.py, beside this script
 
     _ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
                   "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,

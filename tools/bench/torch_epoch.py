@@ -5,7 +5,7 @@ torch.randint; prioritised: a cumulative sum of p^α searched with stratified po
 weights (p_min/p_i)^β, priorities written back from td_error in the graph). Times whole epochs
 of graph replays with CUDA events, median of repeats; one JSON line per configuration.
 
-    python3 bench/torch_epoch.py --replay uniform,prioritized --replay-size 1000000 \
+    python3 tools/bench/torch_epoch.py --replay uniform,prioritized --replay-size 1000000 \
         --epoch-steps 2000 --batch 256 --precision tf32 --json
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The project's own safetensors reader and writer (json + struct, nothing else), for Pythons
 without the `safetensors` package (Debian 12 has none): tools/st_check.py reads with it and
-bench/torch_peer.py reads and writes with it when `import safetensors` fails.
+tools/bench/torch_peer.py reads and writes with it when `import safetensors` fails.
 
 A tensor is (dtype, shape, raw little-endian bytes); the caller decodes the bytes.
 """

@@ -3,7 +3,7 @@
 the ratio (peer time / engine time). Shapes and constants are read from the pipeline by `dqn`;
 the peer gets the same ones on its command line.
 
-    python3 bench/compare.py --dqn build-gpu/tools/dqn --pipeline pipelines/ref.yaml \
+    python3 tools/bench/compare.py --dqn build-gpu/tools/dqn --pipeline pipelines/ref.yaml \
         --batch 256,1024,4096 --precision tf32,fp32,bf16 [--heads c51] [--json-out FILE]
 
 With --epoch it compares training epochs that draw their batches from a full replay on the GPU

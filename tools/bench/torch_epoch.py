@@ -67,15 +67,7 @@ def epoch_one(args, sh, hp, heads, B: int, kind: str, precision: str) -> dict:
                 torch.maximum(max_p, p.max(), out=max_p)
 
     torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = tp.capture_graph(step)
     for _ in range(args.warmup):
         graph.replay()
     torch.cuda.synchronize()

@@ -646,6 +646,21 @@ def time_steps(run_once: Callable[[], None], iters: int, repeats: int) -> List[f
     return out
 
 
+def capture_graph(step):
+    """Warms `step` up on a side stream, then captures it as one CUDA graph (PyTorch's "CUDA
+    Graphs" notes); returns the graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
 def bench_one(args, sh: Shapes, hp: Hyper, heads: Tuple[str, ...], B: int, mode: str,
               precision: str) -> dict:
     device = torch.device("cuda")
@@ -661,16 +676,7 @@ def bench_one(args, sh: Shapes, hp: Hyper, heads: Tuple[str, ...], B: int, mode:
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     if mode == "graph":
-        # Warm up on a side stream, then capture the whole step (PyTorch "CUDA Graphs" notes).
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
+        graph = capture_graph(step)
         run_once, iters = graph.replay, args.iters
     else:
         run_once, iters = step, args.eager_iters

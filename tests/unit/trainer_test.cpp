@@ -1,15 +1,18 @@
 // The training loop: ε and β schedules as the loop uses them, the host actor against the engine's
-// own Q and an independent reference, the run directory, metrics.jsonl, stopping, prioritized replay.
+// own Q and an independent reference, the run directory, metrics.jsonl, stopping, prioritized replay;
+// its run log (metrics lines, the progress line, messages).
 #include <doctest/doctest.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -600,4 +603,173 @@ TEST_CASE("trainer.ranks_offline: every rank holds the whole dataset and draws b
   CHECK(lines.back()["ranks"] == 2);
   CHECK(lines.back()["train_steps"] == 40);
   CHECK(lines.back()["final"] == true);
+}
+
+namespace {
+
+/// What a stream the run log wrote to holds.
+std::string contents(std::FILE* f) {
+  std::fflush(f);
+  std::rewind(f);
+  std::string s;
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) s.append(buf, n);
+  return s;
+}
+
+/// Terminal or metrics text with its timings (rates, ETA, wall time) as T.
+std::string timings_masked(const std::string& text) {
+  static const std::regex json_time(R"re("(steps_per_s|train_steps_per_s|wall_s)":[-0-9.e+]+)re");
+  static const std::regex rate(R"re(\d+ steps/s)re"), eta(R"re((ETA|wall) [0-9:?]+)re");
+  std::string s = std::regex_replace(text, json_time, "\"$1\":T");
+  s = std::regex_replace(s, rate, "T steps/s");
+  return std::regex_replace(s, eta, "$1 T");
+}
+
+std::vector<std::string> lines_of(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  std::vector<std::string> out;
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("trainer.run_log: metrics lines, the progress line and messages from the values the loop hands over") {
+  TempDir tmp("run_log");
+  SUBCASE("metrics lines: keys in order, nulls before a report, several ranks, the final line") {
+    RunLog log(RunLog::Progress::none, nullptr, 100, 1000);
+    log.start();
+    log.open(tmp.path.string(), false);
+    MetricsValues v;
+    v.step = 100;
+    v.episodes = 3;
+    v.epsilon = 0.5;
+    v.heads = {"c51", "cql"};
+    v.replay_size = 100;
+    log.metrics_line(v);
+    v.step = 200;
+    v.train_steps = 50;
+    v.ranks = 2;
+    v.env_steps_all_ranks = 400;
+    v.episode_return = 12.5;
+    v.eval = EvalResult{20.0, 10.0, 30.0, 3, true};
+    v.beta = 0.75;
+    v.report = MetricsValues::Report{{{"c51", 1.5, 2.0, 1.0}, {"cql", 0.25, 0.5, 0.125}}, 1.75, 2};
+    v.max_priority = 3.0;
+    v.final_line = v.interrupted = true;
+    log.metrics_line(v);
+    log.close();
+    const auto lines = lines_of(tmp.path / RunLog::kMetricsFile);
+    REQUIRE(lines.size() == 2);
+    CHECK(timings_masked(lines[0]) ==
+          R"({"step":100,"train_steps":0,"episodes":3,"episode_return":null,"epsilon":0.5,)"
+          R"("loss.c51":null,"grad_norm.c51":null,"clip.c51":null,"loss.cql":null,"grad_norm.cql":null,"clip.cql":null,)"
+          R"("total_loss":null,"skipped_steps":0,"replay_size":100,"steps_per_s":T,"train_steps_per_s":T,"wall_s":T})");
+    CHECK(timings_masked(lines[1]) ==
+          R"({"step":200,"train_steps":50,"ranks":2,"env_steps_all_ranks":400,"episodes":3,"episode_return":12.5,)"
+          R"("eval_return":20.0,"eval_min":10.0,"eval_max":30.0,"eval_episodes":3,"epsilon":0.5,"beta":0.75,)"
+          R"("loss.c51":1.5,"grad_norm.c51":2.0,"clip.c51":1.0,"loss.cql":0.25,"grad_norm.cql":0.5,"clip.cql":0.125,)"
+          R"("total_loss":1.75,"skipped_steps":2,"replay_size":100,"max_priority":3.0,)"
+          R"("steps_per_s":T,"train_steps_per_s":T,"wall_s":T,"final":true,"interrupted":true})");
+    CHECK(log.marks().last_log_steps == 200);
+    CHECK(log.marks().last_log_train_steps == 50);
+  }
+  SUBCASE("a resumed run appends; a log with no file (another rank's) keeps its marks and writes nothing") {
+    MetricsValues v;
+    v.step = 100;
+    {
+      RunLog first(RunLog::Progress::none, nullptr, 100, 1000);
+      first.start();
+      first.open(tmp.path.string(), false);
+      first.metrics_line(v);
+      CHECK(first.metrics_bytes() == std::int64_t(fs::file_size(tmp.path / RunLog::kMetricsFile)));
+    }
+    const auto before = lines_of(tmp.path / RunLog::kMetricsFile);
+    RunLog resumed(RunLog::Progress::none, nullptr, 100, 1000);
+    resumed.start();
+    resumed.resume(5.0, {100, 0, 0});
+    resumed.open(tmp.path.string(), true);
+    v.step = 200;
+    resumed.metrics_line(v);
+    resumed.close();
+    const auto after = lines_of(tmp.path / RunLog::kMetricsFile);
+    REQUIRE(after.size() == 2);
+    CHECK(after[0] == before[0]);
+    RunLog other_rank(RunLog::Progress::none, nullptr, 100, 1000);
+    other_rank.start();
+    v.step = 300;
+    v.train_steps = 7;
+    other_rank.metrics_line(v);
+    CHECK(other_rank.marks().last_log_steps == 300);
+    CHECK(other_rank.marks().last_log_train_steps == 7);
+    CHECK(lines_of(tmp.path / RunLog::kMetricsFile) == after);
+  }
+  SUBCASE("a metrics file that cannot be opened or written is named") {
+    fs::create_directories(tmp.path / "dir" / RunLog::kMetricsFile);  // a folder where the file goes
+    RunLog log(RunLog::Progress::none, nullptr, 100, 1000);
+    log.start();
+    const std::string in_dir = (tmp.path / "dir" / RunLog::kMetricsFile).string();
+    CHECK_THROWS_WITH_AS(log.open((tmp.path / "dir").string(), false), ("cannot open '" + in_dir + "' for writing").c_str(),
+                         std::runtime_error);
+    if (fs::exists("/dev/full")) {  // every write to it fails (ENOSPC)
+      fs::create_directories(tmp.path / "full");
+      fs::create_symlink("/dev/full", tmp.path / "full" / RunLog::kMetricsFile);
+      RunLog full(RunLog::Progress::none, nullptr, 100, 1000);
+      full.start();
+      full.open((tmp.path / "full").string(), false);
+      const std::string file = (tmp.path / "full" / RunLog::kMetricsFile).string();
+      CHECK_THROWS_WITH_AS(full.metrics_line(MetricsValues{}), ("cannot write '" + file + "'").c_str(), std::runtime_error);
+    }
+  }
+  SUBCASE("plain lines where the output is no terminal: evaluations, every 10 x log_every, the end") {
+    std::FILE* f = std::tmpfile();
+    REQUIRE(f);
+    RunLog log(RunLog::Progress::automatic, f, 100, 5000);
+    log.start();
+    log.progress({100, {}, {}, 0.9}, false, false);   // not yet 10 x log_every since the last line
+    log.progress({1000, {}, {}, 0.8}, false, false);  // 10 x log_every
+    log.progress({1100, 20.0, 25.0, 0.7}, true, false);
+    log.note("dqn train: a message");
+    log.progress({5000, 20.0, 25.0, 0.1}, false, true);
+    CHECK(timings_masked(contents(f)) ==
+          "step 1000/5000  eval -  eps 0.800  T steps/s  ETA T\n"
+          "step 1100/5000  eval 20.0 (best 25.0)  eps 0.700  T steps/s  ETA T\n"
+          "dqn train: a message\n"
+          "step 5000/5000  eval 20.0 (best 25.0)  eps 0.100  T steps/s  wall T\n");
+    CHECK(log.marks().last_plain == 5000);
+    std::fclose(f);
+  }
+  SUBCASE("on a terminal one line redrawn in place, a message clearing it first; none: messages only") {
+    std::FILE* f = std::tmpfile();
+    REQUIRE(f);
+    RunLog tty(RunLog::Progress::tty, f, 100, 5000);
+    tty.start();
+    tty.progress({100, {}, {}, 0.9}, false, false);
+    tty.note("dqn train: a message");
+    tty.progress({5000, 20.0, 20.0, 0.1}, false, true);
+    CHECK(timings_masked(contents(f)) ==
+          "\r\033[Kstep 100/5000  eval -  eps 0.900  T steps/s  ETA T"
+          "\r\033[Kdqn train: a message\n"
+          "\r\033[Kstep 5000/5000  eval 20.0 (best 20.0)  eps 0.100  T steps/s  wall T\n");
+    std::fclose(f);
+    f = std::tmpfile();
+    REQUIRE(f);
+    RunLog none(RunLog::Progress::none, f, 100, 5000);
+    none.start();
+    none.progress({5000, {}, {}, 0.1}, true, true);
+    none.note("dqn train: a message");
+    CHECK(contents(f) == "dqn train: a message\n");
+    std::fclose(f);
+  }
+  SUBCASE("a resumed run's wall time goes on from its checkpoint's") {
+    RunLog log(RunLog::Progress::none, nullptr, 100, 1000);
+    log.start();
+    log.resume(100.0, {5, 6, 7});
+    CHECK(log.wall_s() >= 100.0);
+    CHECK(log.wall_s() < 200.0);
+    CHECK(log.marks().last_log_steps == 5);
+    CHECK(log.marks().last_log_train_steps == 6);
+    CHECK(log.marks().last_plain == 7);
+  }
 }

@@ -1,17 +1,14 @@
 /** @file trainer.cpp
- *  @brief The training loop: acting, replay, engine steps, evaluation, metrics and checkpoints.
+ *  @brief The training loop: acting, replay, engine steps, evaluation, and the points where it
+ *  writes metrics lines (through its RunLog) and checkpoints.
  */
 #include "training/trainer.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <limits>
-#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <utility>
 
@@ -36,17 +33,6 @@ std::uint64_t splitmix64(std::uint64_t x) {
 }
 std::uint64_t derive_seed(std::uint64_t seed, std::uint64_t stream, std::uint64_t index = 0) {
   return splitmix64(splitmix64(seed ^ (stream * 0xD1B54A32D192ED03ull)) + index);
-}
-
-std::string fmt_duration(double s) {
-  if (!(s >= 0) || !std::isfinite(s)) return "?";
-  const long t = long(s + 0.5);
-  char buf[32];
-  if (t >= 3600)
-    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
-  else
-    std::snprintf(buf, sizeof buf, "%ld:%02ld", t / 60, t % 60);
-  return buf;
 }
 
 /// Checks that the pipeline's network fits the environment it trains on.
@@ -110,7 +96,8 @@ Trainer::Trainer(Engine& engine, TrainerOptions opt)
       N_(spec_.training.num_envs),
       S_(spec_.network.state),
       D_(spec_.network.branches),
-      act_rng_(derive_seed(engine.parallel().seed(), kActStream)) {
+      act_rng_(derive_seed(engine.parallel().seed(), kActStream)),
+      log_(opt_.progress, opt_.progress_out, opt_.log_every, spec_.training.total_steps) {
   if (!engine_.has_replay() || (!offline_ && engine_.replay().staging_rows() < nstep_.max_per_step()))
     throw std::invalid_argument("trainer: the engine needs the training replay (EngineOptions::replay = "
                                 "training_replay(spec)): its step draws the batch from it");
@@ -258,29 +245,14 @@ void Trainer::save_weights_noted(const std::string& file, TrainResult& res) {
     save_weights(file);
   } catch (const std::exception& e) {
     res.write_errors.push_back(e.what());
-    note(std::string("warning: the run goes on without it: ") + e.what());
+    log_.note(std::string("warning: the run goes on without it: ") + e.what());
   }
 }
 
-void Trainer::note(const std::string& text) const {
-  if (!opt_.progress_out) return;
-  std::fprintf(opt_.progress_out, "%s%s\n", tty_ ? "\r\033[K" : "", text.c_str());
-  std::fflush(opt_.progress_out);
-}
-
 void Trainer::write_metrics(const std::optional<EvalResult>& eval, bool final_line) {
-  using json = nlohmann::ordered_json;
-  const double wall = std::chrono::duration<double>(Clock::now() - start_).count();
-  const double dt = std::chrono::duration<double>(Clock::now() - last_log_time_).count();
-  if (dt > 0 && clock() > last_log_steps_) steps_per_s_ = double(clock() - last_log_steps_) / dt;
-  if (dt > 0) train_steps_per_s_ = double(train_steps_ - last_log_train_steps_) / dt;
-  last_log_time_ = Clock::now();
-  last_log_steps_ = clock();
-  last_log_train_steps_ = train_steps_;
-
-  json j;
-  j["step"] = clock();
-  j["train_steps"] = train_steps_;
+  MetricsValues v;
+  v.step = clock();
+  v.train_steps = train_steps_;
   // Over several devices: every rank's environment steps, episodes and recent returns.
   double recent = 0;
   for (double x : recent_returns_) recent += x;
@@ -288,23 +260,14 @@ void Trainer::write_metrics(const std::optional<EvalResult>& eval, bool final_li
       multi_ ? opt_.ranks->host_sum(opt_.rank, {double(env_steps_), double(episodes_), recent, double(recent_returns_.size())})
              : std::vector<double>{double(env_steps_), double(episodes_), recent, double(recent_returns_.size())};
   if (multi_) {
-    j["ranks"] = opt_.ranks->ranks();
-    j["env_steps_all_ranks"] = std::int64_t(all[0]);
+    v.ranks = opt_.ranks->ranks();
+    v.env_steps_all_ranks = std::int64_t(all[0]);
   }
-  j["episodes"] = std::int64_t(all[1]);
-  if (all[3] == 0) {
-    j["episode_return"] = nullptr;
-  } else {
-    j["episode_return"] = all[2] / all[3];
-  }
-  if (eval) {
-    j["eval_return"] = eval->mean;
-    j["eval_min"] = eval->min;
-    j["eval_max"] = eval->max;
-    j["eval_episodes"] = eval->episodes;
-  }
-  if (!offline_) j["epsilon"] = epsilon();
-  if (spec_.training.replay.prioritized) j["beta"] = offline_ ? spec_.training.replay.beta_end : beta_at(spec_.training, env_steps_);
+  v.episodes = std::int64_t(all[1]);
+  if (all[3] != 0) v.episode_return = all[2] / all[3];
+  v.eval = eval;
+  if (!offline_) v.epsilon = epsilon();
+  if (spec_.training.replay.prioritized) v.beta = offline_ ? spec_.training.replay.beta_end : beta_at(spec_.training, env_steps_);
   // The newest report that has landed (copied every report_every steps, read a report late):
   // reading it never waits for the learner; before the first one lands the line has nulls.
   if (train_steps_ > 0 && final_line) {
@@ -312,83 +275,30 @@ void Trainer::write_metrics(const std::optional<EvalResult>& eval, bool final_li
   } else if (train_steps_ > 0) {
     if (std::optional<StepReport> r = engine_.latest_report()) last_report_ = std::move(r);
   }
-  const std::optional<StepReport>& rep = last_report_;
-  for (const std::string& h : engine_.head_names()) {
-    j["loss." + h] = nullptr;
-    j["grad_norm." + h] = nullptr;
-    j["clip." + h] = nullptr;
+  v.heads = engine_.head_names();
+  if (const std::optional<StepReport>& rep = last_report_) {
+    MetricsValues::Report& r = v.report.emplace();
+    for (std::size_t h = 0; h < rep->heads.size(); ++h)
+      r.heads.push_back({rep->heads[h], rep->losses[h], rep->grad_norms[h], rep->clips[h]});
+    r.total_loss = rep->total_loss;
+    r.skipped_steps = rep->skipped_steps;
+    if (rep->replay && spec_.training.replay.prioritized) v.max_priority = rep->replay->max_priority;
   }
-  j["total_loss"] = nullptr;
-  j["skipped_steps"] = 0;
-  if (rep) {
-    for (std::size_t h = 0; h < rep->heads.size(); ++h) {
-      j["loss." + rep->heads[h]] = rep->losses[h];
-      j["grad_norm." + rep->heads[h]] = rep->grad_norms[h];
-      j["clip." + rep->heads[h]] = rep->clips[h];
-    }
-    j["total_loss"] = rep->total_loss;
-    j["skipped_steps"] = rep->skipped_steps;
-  }
-  j["replay_size"] = replay_size();
-  if (rep && rep->replay && spec_.training.replay.prioritized) j["max_priority"] = rep->replay->max_priority;
-  j["steps_per_s"] = steps_per_s_;
-  j["train_steps_per_s"] = train_steps_per_s_;  // since the line before (the step's throughput in the loop)
-  j["wall_s"] = wall;
-  if (final_line) {
-    j["final"] = true;
-    if (stop_requested()) j["interrupted"] = true;
-  }
-  if (!writer_) {
-    if (opt_.after_metrics_line) opt_.after_metrics_line(*this);
-    return;
-  }
-  metrics_ << j.dump() << '\n';
-  metrics_.flush();
-  if (!metrics_) throw std::runtime_error("cannot write '" + (fs::path(run_dir_) / "metrics.jsonl").string() + "'");
+  v.replay_size = replay_size();
+  v.final_line = final_line;
+  v.interrupted = final_line && stop_requested();
+  log_.metrics_line(v);
   if (opt_.after_metrics_line) opt_.after_metrics_line(*this);
 }
 
-void Trainer::progress(bool force_plain, bool final_line) {
-  if (quiet_) return;
-  const Clock::time_point now = Clock::now();
-  // On a terminal, redraw at most five times a second (and always for an evaluation or the end).
-  if (tty_ && !force_plain && !final_line && now - last_draw_ < std::chrono::milliseconds(200)) return;
-  last_draw_ = now;
-  const std::int64_t total = spec_.training.total_steps;
-  const double wall = std::chrono::duration<double>(Clock::now() - start_).count();
-  // Env steps per second over the last second or more (the random-action warm-up is far faster
-  // than training, so an average since the start would promise too early an end).
-  const double since_mark = std::chrono::duration<double>(now - rate_mark_time_).count();
-  if (since_mark >= 1.0 || progress_rate_ <= 0) {
-    if (since_mark > 0 && clock() > rate_mark_steps_) progress_rate_ = double(clock() - rate_mark_steps_) / since_mark;
-    rate_mark_time_ = now;
-    rate_mark_steps_ = clock();
-  }
-  const double rate = progress_rate_ > 0 ? progress_rate_ : (wall > 0 ? double(clock()) / wall : 0);
-  char eval[64] = "-";
-  if (last_eval_) std::snprintf(eval, sizeof eval, "%.1f (best %.1f)", *last_eval_, best_eval_.value_or(*last_eval_));
-  char line[256];
-  std::snprintf(line, sizeof line, "step %lld/%lld  eval %s  eps %.3f  %.0f steps/s  %s %s",
-                static_cast<long long>(clock()), static_cast<long long>(total), eval, offline_ ? 0.0 : epsilon(), rate,
-                final_line ? "wall" : "ETA",
-                fmt_duration(final_line ? wall : rate > 0 ? double(total - clock()) / rate : -1).c_str());
-  if (tty_) {
-    std::fprintf(opt_.progress_out, "\r\033[K%s%s", line, final_line ? "\n" : "");
-    std::fflush(opt_.progress_out);
-  } else if (force_plain || final_line || clock() - last_plain_ >= 10 * opt_.log_every) {
-    std::fprintf(opt_.progress_out, "%s\n", line);
-    std::fflush(opt_.progress_out);
-    last_plain_ = clock();
-  }
+ProgressValues Trainer::progress_values() const {
+  return {clock(), last_eval_, best_eval_, offline_ ? 0.0 : epsilon()};
 }
 
 TrainResult Trainer::run() {
   const TrainingSpec& t = spec_.training;
-  start_ = last_log_time_ = rate_mark_time_ = Clock::now();
+  log_.start();
   pipeline_text_ = opt_.pipeline_yaml.empty() ? to_yaml(spec_) : opt_.pipeline_yaml;
-  quiet_ = opt_.progress == TrainerOptions::Progress::none || !opt_.progress_out;
-  tty_ = !quiet_ && (opt_.progress == TrainerOptions::Progress::tty ||
-                     (opt_.progress == TrainerOptions::Progress::automatic && isatty(fileno(opt_.progress_out))));
   TrainResult res;
   if (opt_.resume) {
     // Over several devices, this rank's part of the checkpoint (every rank's state is in it).
@@ -486,7 +396,7 @@ TrainResult Trainer::run() {
       while (loop_.next_checkpoint_at <= clock()) loop_.next_checkpoint_at += t.checkpoint_every;
       save_checkpoint(res);
     }
-    if (writer_) progress(ev.has_value(), false);
+    if (writer_) log_.progress(progress_values(), ev.has_value(), false);
   }
   // Stopped before the end: a checkpoint to resume from (unless this very state has one).
   if (stop_requested() && !res.solved && clock() < t.total_steps && t.checkpoint_every > 0 &&
@@ -510,8 +420,8 @@ TrainResult Trainer::run() {
     weights_error = e.what();
   }
   write_metrics(line_eval, true);
-  if (writer_) progress(true, true);
-  metrics_.close();
+  if (writer_) log_.progress(progress_values(), true, true);
+  log_.close();
   if (!weights_error.empty()) throw std::runtime_error("the final weights could not be written: " + weights_error);
 
   res.run_dir = run_dir_;
@@ -531,7 +441,7 @@ TrainResult Trainer::run() {
   res.best_eval = best_eval_;
   res.best_eval_step = best_eval_step_;
   res.interrupted = stop_requested();
-  res.wall_s = std::chrono::duration<double>(Clock::now() - start_).count();
+  res.wall_s = log_.wall_s();
   if (train_steps_ > 0) res.skipped_steps = engine_.read_report().skipped_steps;
   return res;
 }

@@ -7,10 +7,8 @@
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -24,6 +22,7 @@
 #include "training/env/env.hpp"
 #include "core/registry.hpp"
 #include "training/replay.hpp"
+#include "training/run_log.hpp"
 
 namespace dqn {
 
@@ -51,12 +50,6 @@ inline EngineOptions training_engine_options(const PipelineSpec& spec, const Tra
   return o;
 }
 
-struct EvalResult {
-  double mean = 0, min = 0, max = 0;
-  int episodes = 0;
-  bool complete = false;  ///< false when a stop request cut it short
-};
-
 class Trainer;
 
 struct TrainerOptions {
@@ -66,7 +59,7 @@ struct TrainerOptions {
   /// The resolved pipeline written first as pipeline.yaml; "" → to_yaml(spec) (no catalog).
   std::string pipeline_yaml;
   std::int64_t log_every = kLogEvery;
-  enum class Progress { automatic, tty, plain, none };
+  using Progress = RunLog::Progress;
   /// automatic: one line updated in place when `progress_out` is a terminal, else plain lines.
   Progress progress = Progress::automatic;
   std::FILE* progress_out = stderr;
@@ -169,10 +162,12 @@ class Trainer {
   void save_checkpoint(TrainResult& res);
   /// Saves a weights file; a failure is noted in res and printed, not thrown.
   void save_weights_noted(const std::string& file, TrainResult& res);
-  void note(const std::string& text) const;
+  /// A metrics line at the current clock (on every rank: the counts are summed over the ranks),
+  /// then TrainerOptions::after_metrics_line.
   void write_metrics(const std::optional<EvalResult>& eval, bool final_line);
+  /// What the progress line shows at the current clock.
+  ProgressValues progress_values() const;
   void save_weights(const std::string& file);
-  void progress(bool force_plain, bool final_line);
 
   Engine& engine_;
   const PipelineSpec& spec_;
@@ -198,7 +193,7 @@ class Trainer {
   std::size_t recent_next_ = 0;
 
   std::string run_dir_;
-  std::ofstream metrics_;
+  RunLog log_;  ///< metrics.jsonl, the progress line and messages
   std::int64_t env_steps_ = 0, train_steps_ = 0, episodes_ = 0;
   std::int64_t refreshed_at_ = 0;  ///< train_steps_ at the last refresh of the acting snapshot
   std::optional<StepReport> last_report_;  ///< the newest report seen (metrics lines)
@@ -213,16 +208,6 @@ class Trainer {
   } loop_;
   std::string pipeline_text_;          ///< pipeline.yaml as written (its hash seals checkpoints)
   std::int64_t checkpoint_clock_ = -1;  ///< the clock of the last checkpoint written
-
-  using Clock = std::chrono::steady_clock;
-  Clock::time_point start_, last_log_time_, last_draw_{}, rate_mark_time_;
-  std::int64_t rate_mark_steps_ = 0;
-  double progress_rate_ = 0;
-  std::int64_t last_log_steps_ = 0;
-  double steps_per_s_ = 0, train_steps_per_s_ = 0;
-  std::int64_t last_log_train_steps_ = 0;
-  bool tty_ = false, quiet_ = false;
-  std::int64_t last_plain_ = 0;
 };
 
 }  // namespace dqn

@@ -21,7 +21,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kMetrics = "metrics.jsonl";
+constexpr const char* kMetrics = RunLog::kMetricsFile;
 constexpr const char* kPipeline = "pipeline.yaml";
 
 void write_text_atomic(const fs::path& path, const std::string& text) {
@@ -78,9 +78,7 @@ void Trainer::open_new_run() {
   fs::create_directories(run_dir_, ec);
   if (ec) throw std::runtime_error("cannot create the run directory '" + run_dir_ + "': " + ec.message());
   write_text_atomic(fs::path(run_dir_) / kPipeline, pipeline_text_);
-  const fs::path metrics_path = fs::path(run_dir_) / kMetrics;
-  metrics_.open(metrics_path, std::ios::binary | std::ios::trunc);
-  if (!metrics_) throw std::runtime_error("cannot open '" + metrics_path.string() + "' for writing");
+  log_.open(run_dir_, false);
 }
 
 void Trainer::open_resumed_run(const st::File& ck) {
@@ -119,10 +117,9 @@ void Trainer::open_resumed_run(const st::File& ck) {
     write_text_atomic(aside, text.substr(std::size_t(bytes)));
     fs::resize_file(metrics_path, std::uintmax_t(bytes), ec);
     if (ec) throw std::runtime_error(where + "cannot cut " + metrics_path.string() + " back: " + ec.message());
-    note("dqn train: the metrics lines written after the checkpoint are in " + aside.string());
+    log_.note("dqn train: the metrics lines written after the checkpoint are in " + aside.string());
   }
-  metrics_.open(metrics_path, std::ios::binary | std::ios::app);
-  if (!metrics_) throw std::runtime_error("cannot open '" + metrics_path.string() + "' for writing");
+  log_.open(run_dir_, true);
 }
 
 namespace {
@@ -164,9 +161,10 @@ void Trainer::save_checkpoint(TrainResult& res) {
                  {"eval_round", loop_.eval_round},         {"last_eval_step", loop_.last_eval_step},
                  {"iteration_done", loop_.iteration_done}};
     j["act_rng"] = rng.str();
-    j["wall_s"] = std::chrono::duration<double>(Clock::now() - start_).count();
-    j["metrics_bytes"] = writer_ ? std::int64_t(metrics_.tellp()) : std::int64_t(0);
-    j["log"] = {last_log_steps_, last_log_train_steps_, last_plain_};
+    j["wall_s"] = log_.wall_s();
+    j["metrics_bytes"] = writer_ ? log_.metrics_bytes() : std::int64_t(0);
+    const RunLog::Marks marks = log_.marks();
+    j["log"] = {marks.last_log_steps, marks.last_log_train_steps, marks.last_plain};
     f.metadata["trainer"] = j.dump();
   } catch (const std::exception& e) {
     mine.error = e.what();
@@ -190,7 +188,7 @@ void Trainer::save_checkpoint(TrainResult& res) {
       return true;
     } catch (const std::exception& e) {
       res.write_errors.push_back(e.what());
-      note(std::string("warning: no checkpoint at step ") + std::to_string(clock()) + ", the run goes on: " + e.what());
+      log_.note(std::string("warning: no checkpoint at step ") + std::to_string(clock()) + ", the run goes on: " + e.what());
       return false;
     }
   };
@@ -311,11 +309,8 @@ void Trainer::restore(const st::File& ck) {
   act_rng_ = rng;
   obs_ = std::move(obs);
   ep_return_ = std::move(ep_return);
-  last_log_steps_ = log[0];
-  last_log_train_steps_ = log[1];
-  last_plain_ = log[2];
+  log_.resume(wall, RunLog::Marks{log[0], log[1], log[2]});
   checkpoint_clock_ = clock();
-  start_ = Clock::now() - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wall));
 }
 
 }  // namespace dqn

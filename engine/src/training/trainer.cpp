@@ -277,7 +277,8 @@ void Trainer::write_metrics(const std::optional<EvalResult>& eval, bool final_li
   }
   v.heads = engine_.head_names();
   if (const std::optional<StepReport>& rep = last_report_) {
-    MetricsValues::Report& r = v.report.emplace();
+    v.report = MetricsValues::Report{};
+    MetricsValues::Report& r = *v.report;
     for (std::size_t h = 0; h < rep->heads.size(); ++h)
       r.heads.push_back({rep->heads[h], rep->losses[h], rep->grad_norms[h], rep->clips[h]});
     r.total_loss = rep->total_loss;

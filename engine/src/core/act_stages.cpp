@@ -162,15 +162,8 @@ void ActStages::finish(void* out, std::size_t bytes) {
   std::memcpy(out, snap_.out_host, bytes);
 }
 
-void ActStages::act(const float* obs, int rows, std::int32_t* actions) {
-  run(obs, rows, true);
-  const std::size_t bytes = std::size_t(rows) * std::size_t(net_.branches) * sizeof(std::int32_t);
-  rt_->copy_on(snap_.out_host, actions_, bytes, Runtime::kActorLane);
-  finish(actions, bytes);
-}
-
-void ActStages::act_snapshot(const float* obs, int rows, std::int32_t* actions) {
-  run(obs, rows, false);
+void ActStages::greedy(const float* obs, int rows, bool fresh, std::int32_t* actions) {
+  run(obs, rows, fresh);
   const std::size_t bytes = std::size_t(rows) * std::size_t(net_.branches) * sizeof(std::int32_t);
   rt_->copy_on(snap_.out_host, actions_, bytes, Runtime::kActorLane);
   finish(actions, bytes);

@@ -41,11 +41,11 @@ class ActStages final : public StageProvider {
   /// The greedy action of every branch for obs [rows, S] into actions [rows, D] (rows <= rows())
   /// from the current parameters: it brings the snapshot up to date first, so the actor waits, on
   /// the device, for the learner's queued steps. For evaluation and tools. Throws on bad rows.
-  void act(const float* obs, int rows, std::int32_t* actions);
+  void act(const float* obs, int rows, std::int32_t* actions) { greedy(obs, rows, true, actions); }
   /// The same from the snapshot as it stands (after taking up a refresh whose copy has run): waits
   /// only for the act step and its copies on the actor's lane, never for the learner's queue. What
   /// the training loop acts with.
-  void act_snapshot(const float* obs, int rows, std::int32_t* actions);
+  void act_snapshot(const float* obs, int rows, std::int32_t* actions) { greedy(obs, rows, false, actions); }
   /// Queues, on the learner's lane, a copy of the parameters as the steps queued so far leave
   /// them; act_snapshot takes the newest such copy up once it has run.
   void refresh_snapshot();
@@ -70,6 +70,8 @@ class ActStages final : public StageProvider {
  private:
   /// The act step on the actor's lane over obs; `fresh`: from the current parameters.
   void run(const float* obs, int rows, bool fresh);
+  /// run(), then the greedy actions [rows, D] into `actions`.
+  void greedy(const float* obs, int rows, bool fresh, std::int32_t* actions);
   /// Waits for the actor's lane and copies `bytes` of what run() left in the pinned output.
   void finish(void* out, std::size_t bytes);
 

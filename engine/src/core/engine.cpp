@@ -3,13 +3,9 @@
 #include "core/engine.hpp"
 
 #include <algorithm>
-#include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <stdexcept>
 
-#include "core/philox.h"
 #include "pipeline/parse.hpp"
 #include "spdlog/spdlog.h"
 

@@ -52,10 +52,10 @@ void ReplayStages::declare_buffers(StepBuild& b) {
       throw std::invalid_argument(where + "beta_start and beta_end must be >= 0");
   }
   batch_ = b.spec.batch;
-  state_ = b.net.state;
-  branches_ = b.net.branches;
+  S_ = b.net.state;
+  D_ = b.net.branches;
   rows_ = std::min<std::int64_t>(opt_.staging_rows > 0 ? opt_.staging_rows : kDefaultStagingRows, r.capacity);
-  const std::int64_t C = r.capacity, S = state_, D = branches_, K = rows_;
+  const std::int64_t C = r.capacity, S = S_, D = D_, K = rows_;
   Registry& reg = b.reg;
   const auto keep = BufferKind::optimizer;  // state that lives across steps (read before it is written)
   reg.declare(kStates, DType::real, {C, S}, keep, "engine");
@@ -107,24 +107,24 @@ void ReplayStages::bind(StepBuild& b) {
   rt_ = &b.rt;
   real_size_ = reg.real_size();
   const ReplaySpec& r = opt_.spec;
-  store_.states = reg.real(kStates);
-  store_.next_states = reg.real(kNextStates);
-  store_.actions = reg.i32(kActions);
-  store_.rewards = reg.real(kRewards);
-  store_.dones = reg.real(kDones);
+  ReplayStore& store = draw_.store;
+  store.states = reg.real(kStates);
+  store.next_states = reg.real(kNextStates);
+  store.actions = reg.i32(kActions);
+  store.rewards = reg.real(kRewards);
+  store.dones = reg.real(kDones);
   if (r.prioritized) {
-    store_.tree = reg.i64(kTree);
-    store_.owner = reg.i32(kOwner);
+    store.tree = reg.i64(kTree);
+    store.owner = reg.i32(kOwner);
   }
-  store_.cursor = reg.i64(kCursor);
-  store_.max_priority = reinterpret_cast<float*>(reg.i32(kMaxPriority));
-  store_.capacity = r.capacity;
-  store_.S = int(state_);
-  store_.D = int(branches_);
-  store_.alpha = float(r.alpha);
-  store_.priority_eps = float(r.priority_eps);
+  store.cursor = reg.i64(kCursor);
+  store.max_priority = reinterpret_cast<float*>(reg.i32(kMaxPriority));
+  store.capacity = r.capacity;
+  store.S = int(S_);
+  store.D = int(D_);
+  store.alpha = float(r.alpha);
+  store.priority_eps = float(r.priority_eps);
 
-  draw_.store = store_;
   draw_.B = batch_;
   draw_.seed = seed_;
   draw_.states2 = reg.real(buf::states2);
@@ -138,25 +138,25 @@ void ReplayStages::bind(StepBuild& b) {
   draw_.beta_end = float(r.beta_end);
   draw_.beta_steps = opt_.beta_steps;
   if (r.prioritized) {
-    priorities_.store = store_;
+    priorities_.store = store;
     priorities_.indices = draw_.indices;
     priorities_.td_error = reg.real(buf::td_error);
     priorities_.B = batch_;
   }
 
-  const std::int64_t K = rows_, S = state_;
+  const std::int64_t K = rows_, S = S_;
   const std::uint32_t es = real_size_;
   char* base = reinterpret_cast<char*>(reg.i32(kStaging));
   stage_dev_ = base;
   ReplayInsert& in = staged_;
-  in.store = store_;
+  in.store = store;
   in.states = Real{base, es};
   in.next_states = Real{base + K * S * es, es};
   in.rewards = Real{base + 2 * K * S * es, es};
   in.dones = Real{base + (2 * K * S + K) * es, es};
   in.actions = reinterpret_cast<const std::int32_t*>(base + (2 * K * S + 2 * K) * es);
   const float one = 1.0f;
-  rt_->ops().upload(store_.max_priority, &one, sizeof one);
+  rt_->ops().upload(store.max_priority, &one, sizeof one);
   // The ring of pinned blocks: as many as 64 MiB holds (2..kStagingSlotsMax), so that a loop
   // running ahead of the device finds its block's last copy done long before it comes round.
   const std::size_t slots = std::clamp<std::size_t>((std::size_t(64) << 20) / std::max<std::size_t>(stage_bytes_, 1),
@@ -187,7 +187,7 @@ void ReplayStages::add(const Transitions& t, std::int64_t env_step) {
   // Its last copy was issued a ring ago: done by now unless the loop runs that far ahead of the device.
   if (seq_ >= slots && !rt_->ready(kStagingSlot0 + slot)) rt_->wait(kStagingSlot0 + slot);
   char* host = static_cast<char*>(pinned_[std::size_t(slot)]);
-  const std::int64_t K = rows_, S = state_, D = branches_, n = t.n;
+  const std::int64_t K = rows_, S = S_, D = D_, n = t.n;
   const std::uint32_t es = real_size_;
   auto put_reals = [&](std::int64_t at, const float* src, std::int64_t count) {
     if (es == 4) {
@@ -222,9 +222,9 @@ ReplayState ReplayStages::state() {
   rt_->synchronize();
   EngineBackend& be = rt_->ops();
   std::int64_t cur[kReplayCursor] = {};
-  be.download(cur, store_.cursor, sizeof cur);
+  be.download(cur, draw_.store.cursor, sizeof cur);
   float top = 1.0f;
-  be.download(&top, store_.max_priority, sizeof top);
+  be.download(&top, draw_.store.max_priority, sizeof top);
   ReplayState s;
   s.next = cur[kCurNext];
   s.size = cur[kCurSize];
@@ -236,7 +236,7 @@ ReplayState ReplayStages::state() {
   if (opt_.spec.prioritized) {
     const replay::Tree t = replay::tree_layout(opt_.spec.capacity);
     replay::Node root{};
-    be.download(&root, store_.tree + t.offset[t.levels - 1], sizeof root);
+    be.download(&root, draw_.store.tree + t.offset[t.levels - 1], sizeof root);
     s.total_priority = root.sum;
   }
   if (be.status() != 0) throw std::runtime_error(std::string("replay_state: ") + be.message());

@@ -82,12 +82,11 @@ class ReplayStages final : public StageProvider {
   std::uint64_t seed_ = 0;
   Runtime* rt_ = nullptr;
   int batch_ = 0;
-  std::int64_t state_ = 0, branches_ = 0;
+  std::int64_t S_ = 0, D_ = 0;  ///< observation features, action branches
   std::uint32_t real_size_ = 4;
   std::int64_t rows_ = 0;        ///< staging rows K
-  ReplayStore store_;
+  ReplaySample draw_;            ///< the sample stage's arguments (the store with them), resolved at bind
   ReplayInsert staged_;          ///< the device staging block (n, env_step set per call)
-  ReplaySample draw_;            ///< the sample stage's arguments, resolved at bind
   ReplayPriorities priorities_;  ///< the priority stage's, likewise
   std::size_t stage_bytes_ = 0;  ///< one staging block
   void* stage_dev_ = nullptr;

@@ -10,7 +10,6 @@
 namespace dqn {
 
 void UpdateStages::declare_buffers(StepBuild& b) {
-  spec_ = &b.spec;
   rt_ = &b.rt;
   heads_ = b.heads;
   const std::int64_t H = std::int64_t(b.heads.size());

@@ -46,7 +46,6 @@ class UpdateStages final : public StageProvider {
  private:
   void run(EngineOps& ops) const;
 
-  const PipelineSpec* spec_ = nullptr;
   Runtime* rt_ = nullptr;
   std::vector<std::string> heads_;
   std::vector<double> fractions_;

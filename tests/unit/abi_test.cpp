@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dqn/backend.hpp"
+#include "dqn/env.hpp"
 #include "dqn/head.hpp"
 #include "dqn/plugin.hpp"
 
@@ -38,7 +39,7 @@ void check_rows(const std::vector<Row>& rows) {
 
 // A test-local descriptor, exported through the SDK macro exactly as a plugin does it.
 const PluginDescriptor kSelf{kAbiMajor, kAbiMinor, sizeof(PluginDescriptor), PluginKind::head, "abi_self", "0",
-                             "the ABI test's own descriptor", 0.0, 0, 0, nullptr, nullptr, nullptr};
+                             "the ABI test's own descriptor", 0.0, 0, 0, nullptr, nullptr, nullptr, 0, nullptr};
 
 }  // namespace
 
@@ -49,11 +50,13 @@ extern "C" const dqn::PluginDescriptor* dqn_plugin_descriptor();
 
 TEST_CASE("abi.version") {
   CHECK(kAbiMajor == 21u);  // bump together with every table in this file
-  CHECK(kAbiMinor == 0u);
+  CHECK(kAbiMinor == 1u);
   CHECK(std::is_same_v<std::remove_cv_t<decltype(kAbiMajor)>, std::uint32_t>);
   CHECK(std::is_same_v<std::remove_cv_t<decltype(kAbiMinor)>, std::uint32_t>);
-  // Every field the loader reads was there at minor 0, so an older minor's descriptor is whole.
-  CHECK(kDescriptorSizeMinor0 == sizeof(PluginDescriptor));
+  // A head's fields were all there at minor 0, so an older minor's head descriptor is whole; the
+  // environment fields came in 21.1.
+  CHECK(kDescriptorSizeMinor0 == offsetof(PluginDescriptor, env_count));
+  CHECK(kDescriptorSizeMinor1 == sizeof(PluginDescriptor));
 }
 
 TEST_CASE("abi.descriptor_symbol") {
@@ -68,7 +71,7 @@ TEST_CASE("abi.descriptor_layout") {
   CHECK(std::is_standard_layout_v<PluginDescriptor>);
   CHECK(std::is_trivially_copyable_v<PluginDescriptor>);
   check_rows({
-      {"sizeof(PluginDescriptor)", sizeof(PluginDescriptor), 80, "the struct_size every plugin records"},
+      {"sizeof(PluginDescriptor)", sizeof(PluginDescriptor), 96, "the struct_size every plugin records (80 at 21.0)"},
       {"abi_major", offsetof(PluginDescriptor, abi_major), 0, "must stay first: read before anything else"},
       {"abi_minor", offsetof(PluginDescriptor, abi_minor), 4, "read with abi_major"},
       {"struct_size", offsetof(PluginDescriptor, struct_size), 8, "checked third"},
@@ -82,6 +85,53 @@ TEST_CASE("abi.descriptor_layout") {
       {"schema", offsetof(PluginDescriptor, schema), 56, ""},
       {"create", offsetof(PluginDescriptor, create), 64, ""},
       {"destroy", offsetof(PluginDescriptor, destroy), 72, "last field of minor 0"},
+      {"env_count", offsetof(PluginDescriptor, env_count), 80, "appended in 21.1"},
+      {"envs", offsetof(PluginDescriptor, envs), 88, "after 4 bytes of padding; last field of 21.1"},
+  });
+}
+
+TEST_CASE("abi.environment_layout") {
+  CHECK(std::is_standard_layout_v<EnvBranch>);
+  CHECK(std::is_standard_layout_v<EnvSpec>);
+  CHECK(std::is_standard_layout_v<EnvStep>);
+  CHECK(std::is_standard_layout_v<EnvCreateInfo>);
+  CHECK(std::is_standard_layout_v<EnvDescriptor>);
+  check_rows({
+      {"sizeof(EnvBranch)", sizeof(EnvBranch), 32, "an environment's spec points at an array of these"},
+      {"EnvBranch::bins", offsetof(EnvBranch, bins), 0, ""},
+      {"EnvBranch::continuous", offsetof(EnvBranch, continuous), 4, ""},
+      {"EnvBranch::lo", offsetof(EnvBranch, lo), 8, ""},
+      {"EnvBranch::hi", offsetof(EnvBranch, hi), 16, ""},
+      {"EnvBranch::name", offsetof(EnvBranch, name), 24, ""},
+      {"sizeof(EnvSpec)", sizeof(EnvSpec), 32, ""},
+      {"EnvSpec::name", offsetof(EnvSpec, name), 0, ""},
+      {"EnvSpec::obs_dim", offsetof(EnvSpec, obs_dim), 8, ""},
+      {"EnvSpec::n_branches", offsetof(EnvSpec, n_branches), 12, ""},
+      {"EnvSpec::branches", offsetof(EnvSpec, branches), 16, ""},
+      {"EnvSpec::max_episode_steps", offsetof(EnvSpec, max_episode_steps), 24, ""},
+      {"EnvSpec::reports_success", offsetof(EnvSpec, reports_success), 28, ""},
+      {"sizeof(EnvStep)", sizeof(EnvStep), 64, "the engine hands one to every step() call"},
+      {"EnvStep::actions", offsetof(EnvStep, actions), 0, ""},
+      {"EnvStep::next_obs", offsetof(EnvStep, next_obs), 8, ""},
+      {"EnvStep::rewards", offsetof(EnvStep, rewards), 16, ""},
+      {"EnvStep::terminated", offsetof(EnvStep, terminated), 24, ""},
+      {"EnvStep::truncated", offsetof(EnvStep, truncated), 32, ""},
+      {"EnvStep::final_obs", offsetof(EnvStep, final_obs), 40, ""},
+      {"EnvStep::success", offsetof(EnvStep, success), 48, ""},
+      {"EnvStep::unstable", offsetof(EnvStep, unstable), 56, ""},
+      {"sizeof(EnvCreateInfo)", sizeof(EnvCreateInfo), 40, ""},
+      {"EnvCreateInfo::task", offsetof(EnvCreateInfo, task), 0, ""},
+      {"EnvCreateInfo::num_envs", offsetof(EnvCreateInfo, num_envs), 8, ""},
+      {"EnvCreateInfo::seed", offsetof(EnvCreateInfo, seed), 16, ""},
+      {"EnvCreateInfo::params", offsetof(EnvCreateInfo, params), 24, ""},
+      {"EnvCreateInfo::n_params", offsetof(EnvCreateInfo, n_params), 32, ""},
+      {"sizeof(EnvDescriptor)", sizeof(EnvDescriptor), 48, "plugins export arrays of these"},
+      {"EnvDescriptor::task", offsetof(EnvDescriptor, task), 0, ""},
+      {"EnvDescriptor::description", offsetof(EnvDescriptor, description), 8, ""},
+      {"EnvDescriptor::schema_len", offsetof(EnvDescriptor, schema_len), 16, ""},
+      {"EnvDescriptor::schema", offsetof(EnvDescriptor, schema), 24, ""},
+      {"EnvDescriptor::create", offsetof(EnvDescriptor, create), 32, ""},
+      {"EnvDescriptor::destroy", offsetof(EnvDescriptor, destroy), 40, ""},
   });
 }
 
@@ -249,6 +299,7 @@ TEST_CASE("abi.enum_values") {
       {"sizeof(ParamType)", sizeof(ParamType), 4, ""},
       {"sizeof(Role)", sizeof(Role), 4, ""},
       {"sizeof(PluginKind)", sizeof(PluginKind), 4, ""},
+      {"sizeof(StateType)", sizeof(StateType), 4, ""},
       {"sizeof(DType)", sizeof(DType), 4, ""},
       {"sizeof(BufferKind)", sizeof(BufferKind), 4, ""},
       {"sizeof(Act)", sizeof(Act), 4, ""},
@@ -265,6 +316,13 @@ TEST_CASE("abi.enum_values") {
       {"Role::primary", std::int64_t(Role::primary), 0},
       {"Role::auxiliary", std::int64_t(Role::auxiliary), 1},
       {"PluginKind::head", std::int64_t(PluginKind::head), 0},
+      {"PluginKind::environment", std::int64_t(PluginKind::environment), 1},
+      {"StateType::f64", std::int64_t(StateType::f64), 0},
+      {"StateType::f32", std::int64_t(StateType::f32), 1},
+      {"StateType::i32", std::int64_t(StateType::i32), 2},
+      {"StateType::i64", std::int64_t(StateType::i64), 3},
+      {"StateType::u8", std::int64_t(StateType::u8), 4},
+      {"StateType::u64", std::int64_t(StateType::u64), 5},
       {"DType::real", std::int64_t(DType::real), 0},
       {"DType::i32", std::int64_t(DType::i32), 1},
       {"DType::i64", std::int64_t(DType::i64), 2},
@@ -362,6 +420,17 @@ TEST_CASE("abi.interface_vtable_slots") {
       {"Backend::axpy", slot_of(&Backend::axpy), 26, ""},
       {"Backend::uniform", slot_of(&Backend::uniform), 27, ""},
       {"Backend::uniform_from", slot_of(&Backend::uniform_from), 28, "the last slot of 21.0"},
+      {"Env::spec", slot_of(&Env::spec), 2, "environment plugins override these (21.1)"},
+      {"Env::num_envs", slot_of(&Env::num_envs), 3, ""},
+      {"Env::reset", slot_of(&Env::reset), 4, ""},
+      {"Env::step", slot_of(&Env::step), 5, ""},
+      {"Env::save_state", slot_of(&Env::save_state), 6, ""},
+      {"Env::load_state", slot_of(&Env::load_state), 7, ""},
+      {"StateWriter::put", slot_of(&StateWriter::put), 0, "environments call these; no virtual destructor"},
+      {"StateWriter::fail", slot_of(&StateWriter::fail), 1, ""},
+      {"StateReader::get", slot_of(&StateReader::get), 0, ""},
+      {"StateReader::fail", slot_of(&StateReader::fail), 1, ""},
+      {"StateReader::source", slot_of(&StateReader::source), 2, ""},
   });
 }
 #endif

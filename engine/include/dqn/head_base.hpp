@@ -28,6 +28,7 @@
 
 #include "dqn/backend.hpp"
 #include "dqn/head.hpp"
+#include "dqn/param_values.hpp"
 #include "dqn/plugin.hpp"
 
 namespace dqn {
@@ -38,12 +39,8 @@ class HeadBase : public Head {
   /// wrong type (the engine checked them against the schema).
   explicit HeadBase(const HeadCreateInfo& info)
       : name_(info.instance && *info.instance ? info.instance : "head"), role_(info.role), net_(*info.net),
-        batch_(info.batch), gamma_n_(info.gamma_n), seed_(info.seed), budget_(info.budget) {
-    for (std::uint32_t i = 0; i < info.n_params; ++i) {
-      const ParamValue& v = info.params[i];
-      if (v.key) values_[v.key] = Value{v.type, v.i, v.d, v.s ? v.s : ""};
-    }
-  }
+        batch_(info.batch), gamma_n_(info.gamma_n), seed_(info.seed), budget_(info.budget),
+        values_(name_, info.params, info.n_params) {}
 
   // --- the head's work (throw std::exception on a problem: the base reports it) ---
   /// Declares parameters, buffers and stages (Head::declare).
@@ -82,27 +79,10 @@ class HeadBase : public Head {
   double budget() const noexcept { return budget_; }
 
   // --- typed configuration values (the schema's keys, defaults filled in) ---
-  double number(const char* key) const {
-    const Value& v = value(key);
-    if (v.type == ParamType::integer) return static_cast<double>(v.i);
-    if (v.type != ParamType::number) throw wrong_type(key, "a number");
-    return v.d;
-  }
-  std::int64_t integer(const char* key) const {
-    const Value& v = value(key);
-    if (v.type != ParamType::integer) throw wrong_type(key, "an integer");
-    return v.i;
-  }
-  bool flag(const char* key) const {
-    const Value& v = value(key);
-    if (v.type != ParamType::boolean) throw wrong_type(key, "a boolean");
-    return v.i != 0;
-  }
-  const std::string& text(const char* key) const {
-    const Value& v = value(key);
-    if (v.type != ParamType::string) throw wrong_type(key, "a string");
-    return v.s;
-  }
+  double number(const char* key) const { return values_.number(key); }
+  std::int64_t integer(const char* key) const { return values_.integer(key); }
+  bool flag(const char* key) const { return values_.flag(key); }
+  const std::string& text(const char* key) const { return values_.text(key); }
 
   // --- names ---
   /// "<head>/<n>": a buffer of this head's own.
@@ -154,25 +134,11 @@ class HeadBase : public Head {
   static Real grad_param(const Resolver& r, const std::string& n) { return found(r.grad(n.c_str()), n); }
 
  private:
-  struct Value {
-    ParamType type = ParamType::number;
-    std::int64_t i = 0;
-    double d = 0.0;
-    std::string s;
-  };
   /// A declaration the engine refused: its status, the message already kept by the engine.
   struct Refused {
     int rc;
   };
 
-  const Value& value(const char* key) const {
-    const auto it = values_.find(key);
-    if (it == values_.end()) throw std::invalid_argument(name_ + ": no configuration value '" + std::string(key) + "'");
-    return it->second;
-  }
-  std::invalid_argument wrong_type(const char* key, const char* want) const {
-    return std::invalid_argument(name_ + ": configuration value '" + std::string(key) + "' is not " + want);
-  }
   static void refused(int rc) {
     if (rc != 0) throw Refused{rc};
   }
@@ -205,7 +171,7 @@ class HeadBase : public Head {
   float gamma_n_;
   std::uint64_t seed_;
   double budget_;
-  std::map<std::string, Value> values_;
+  ParamValues values_;
   std::map<std::int32_t, std::string> stages_;
   std::string error_;
 };

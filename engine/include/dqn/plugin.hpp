@@ -1,6 +1,7 @@
 /** @file plugin.hpp
- *  @brief The plugin ABI: one C-layout descriptor per loss-head plugin, ABI version first,
- *  exported under a single well-known symbol. Frozen by tests/unit/abi_test.cpp.
+ *  @brief The plugin ABI: one C-layout descriptor per plugin library (a loss head, or an
+ *  environment library offering one task or more), ABI version first, exported under a single
+ *  well-known symbol. Frozen by tests/unit/abi_test.cpp.
  */
 #pragma once
 
@@ -18,14 +19,14 @@ namespace dqn {
 /// plugin built for an older minor loads and works unchanged. Anything else — a changed signature,
 /// order or layout, a method added to Head (which plugins implement) — is a major change.
 inline constexpr std::uint32_t kAbiMajor = 21;
-inline constexpr std::uint32_t kAbiMinor = 0;
+inline constexpr std::uint32_t kAbiMinor = 1;
 
 /// The exported symbol every plugin defines (through DQN_PLUGIN_EXPORT below).
 inline constexpr const char* kDescriptorSymbol = "dqn_plugin_descriptor";
 
 enum class ParamType : std::int32_t { boolean = 0, integer = 1, number = 2, string = 3 };
 
-/// One configurable key of a head. Defaults are given as text in YAML syntax ("0.2", "true").
+/// One configurable key of a head or an environment task. Defaults are given as text in YAML syntax ("0.2", "true").
 struct ParamSchema {
   const char* key;
   ParamType type;
@@ -74,8 +75,11 @@ struct HeadCreateInfo {
 };
 
 class Head;
+struct EnvDescriptor;
 
-enum class PluginKind : std::int32_t { head = 0 };
+/// What a library offers: a loss head (create/destroy and the head fields), or environments (the
+/// tasks in envs, appended in 21.1; the head fields are then zero and null).
+enum class PluginKind : std::int32_t { head = 0, environment = 1 };
 
 struct PluginDescriptor {
   std::uint32_t abi_major;        ///< must stay the first field: read before anything else
@@ -92,11 +96,16 @@ struct PluginDescriptor {
   /// Returns a new head or null; on failure writes a message into err (errlen bytes).
   Head* (*create)(const HeadCreateInfo* info, char* err, std::uint32_t errlen);
   void (*destroy)(Head* head);
+  // --- appended in 21.1 (environment plugins) ---
+  std::uint32_t env_count;        ///< kind environment: the tasks offered (>= 1)
+  const EnvDescriptor* envs;      ///< [env_count]
   // --- a minor version appends fields here; the loader reads only the struct_size bytes a plugin has ---
 };
 
 /// The descriptor's size at minor 0 of this major: the smallest struct_size the loader takes.
 inline constexpr std::uint32_t kDescriptorSizeMinor0 = 80;
+/// The size from minor 1 on, which an environment plugin's descriptor has at least.
+inline constexpr std::uint32_t kDescriptorSizeMinor1 = 96;
 
 }  // namespace dqn
 

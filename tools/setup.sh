@@ -7,6 +7,7 @@ build=${1:-build}
 pkgs=(meson ninja-build pkg-config g++ libyaml-cpp-dev libboost-dev libspdlog-dev doctest-dev
       libcli11-dev nlohmann-json3-dev libhdf5-dev python3-numpy python3-matplotlib
       python3-torch  # the golden suite's PyTorch peer (tools/bench/torch_peer.py)
+      libmujoco-dev libmujoco-samples  # the mujoco environment plugin and its humanoid model
       clang-16 libclang-rt-16-dev)  # tools/sanitize.sh host, tools/fuzz.sh: its ASan, UBSan, libFuzzer
 missing=()
 for p in "${pkgs[@]}"; do

@@ -3,8 +3,10 @@
 holds the dqn program, the engine's shared library exporting the SDK's symbols only, the built-in
 plugins, the public headers and a relocatable dqn-engine.pc; the installed dqn finds its own
 plugins and no build tree's; examples/plugins/qr_dqn builds against that prefix alone, loads,
-passes `dqn check-head` and runs steps on the CPU.
+passes `dqn check-head` and runs steps on the CPU; examples/envs/pendulum builds against it alone, is
+listed with its spaces and trains on the CPU.
 Usage: install_test.py BUILD_ROOT SOURCE_ROOT"""
+import json
 import math
 import os
 import re
@@ -16,9 +18,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sdk  # noqa: E402
 
 # The SDK's headers: what a plugin includes, and cli.hpp (with export.hpp) for the one exported function.
-HEADERS = ["backend.hpp", "bdq.hpp", "cli.hpp", "device.cuh", "dist_device.cuh", "export.hpp", "head.hpp",
-           "head_base.hpp", "own_ops.hpp", "plugin.hpp"]
-BUILTIN = ["c51", "cql", "ensemble", "iqn"]
+HEADERS = ["backend.hpp", "bdq.hpp", "cli.hpp", "device.cuh", "dist_device.cuh", "env.hpp", "env_base.hpp",
+           "export.hpp", "head.hpp", "head_base.hpp", "own_ops.hpp", "param_values.hpp", "plugin.hpp"]
+BUILTIN = ["c51", "cql", "ensemble", "iqn", "cartpole", "reacher"]
 # What libdqn_engine.so may export (engine/libdqn_engine.map): the SDK's functions and exceptions.
 SDK_SYMBOL = re.compile(r"^(dqn::(cli_main|make_cpu_runtime|make_cuda_runtime|cuda_available|cuda_device_count|to_string|"
                         r"update_cluster_text|SourceLoc::|PipelineError::|PipelineErrors::)|"
@@ -98,7 +100,22 @@ def main():
         m = re.search(r"^\s+qr_dqn\s+loss (\S+)", p.stdout, re.M)
         if not m or not math.isfinite(float(m.group(1))) or float(m.group(1)) <= 0:
             fail("the steps' report has no positive finite qr_dqn loss")
-        print("OK: installed SDK, exports, plugin discovery, and the example built, checked and stepped")
+        # 5. the environment example, against the prefix alone: listed with its spaces, and trained
+        ex = sdk.build_example(source_root, libdir, tmp, name="pendulum", kind="envs")
+        p = sdk.must([dqn, "plugins", "--plugin-path", ex], "listing the environment example", env=env)
+        if "environment Pendulum-v1" not in p.stdout or "1 branch of 5 bins over [-2, 2]" not in p.stdout:
+            fail("the installed dqn does not list the pendulum example's task and spaces")
+        yaml = os.path.join(source_root, "examples", "envs", "pendulum", "pendulum.yaml")
+        run_dir = os.path.join(tmp, "pendulum-run")
+        sdk.must([dqn, "train", yaml, "--plugin-path", ex, "--backend", "cpu", "--out", run_dir, "-q",
+                  "training.total_steps=800", "training.learning_starts=200", "training.eval.every=400",
+                  "training.eval.episodes=2"] + SMALL, "training on the environment example", env=env)
+        lines = [l for l in open(os.path.join(run_dir, "metrics.jsonl")) if l.strip()]
+        last = json.loads(lines[-1])
+        if last.get("step") != 800 or last.get("train_steps", 0) <= 0 or not math.isfinite(last.get("eval_return", math.nan)):
+            fail(f"the pendulum run did not train 800 steps with an evaluation: {lines[-1]}")
+        print("OK: installed SDK, exports, plugin discovery, the head example built, checked and stepped, and the "
+              "environment example built, listed and trained")
 
 
 if __name__ == "__main__":

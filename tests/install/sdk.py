@@ -37,11 +37,11 @@ def install(build_root, tmp):
     return dest, libdir, os.path.dirname(bins[0])
 
 
-def build_example(source_root, libdir, tmp, name="qr_dqn"):
-    """Builds examples/plugins/<name> against the installed prefix; returns the folder holding
-    its plugin library."""
+def build_example(source_root, libdir, tmp, name="qr_dqn", kind="plugins"):
+    """Builds examples/<kind>/<name> (a head under plugins/, an environment under envs/) against the
+    installed prefix; returns the folder holding its plugin library."""
     src = os.path.join(tmp, name + "-src")
-    shutil.copytree(os.path.join(source_root, "examples", "plugins", name), src)
+    shutil.copytree(os.path.join(source_root, "examples", kind, name), src)
     bld = os.path.join(tmp, name + "-build")
     env = dict(os.environ, PKG_CONFIG_PATH=os.path.join(libdir, "pkgconfig"))
     env.pop("PKG_CONFIG_LIBDIR", None)

@@ -374,7 +374,7 @@ TEST_CASE("loader.pipeline_with_missing_plugin_names_the_search_path") {
       "batch: 4\n";
   std::string message;
   try {
-    (void)parse_pipeline(yaml, "missing.yaml", ParseOptions{.overrides = {}, .plugins = &loader, .environments = {}, .env_names = {}});
+    (void)parse_pipeline(yaml, "missing.yaml", ParseOptions{.overrides = {}, .plugins = &loader, .environments = {}, .program_envs = {}});
     FAIL_CHECK("parsed a pipeline naming a missing plugin");
   } catch (const PipelineErrors& e) {
     message = e.what();
@@ -390,7 +390,7 @@ TEST_CASE("loader.pipeline_with_missing_plugin_names_the_search_path") {
   // The same pipeline with only the real plugin parses.
   const std::string good = yaml.substr(0, yaml.find("  - {plugin: c52")) + "batch: 4\n";
   CHECK_NOTHROW(
-      (void)parse_pipeline(good, "good.yaml", ParseOptions{.overrides = {}, .plugins = &loader, .environments = {}, .env_names = {}}));
+      (void)parse_pipeline(good, "good.yaml", ParseOptions{.overrides = {}, .plugins = &loader, .environments = {}, .program_envs = {}}));
 }
 
 TEST_CASE("loader.opens_only_what_is_asked_for") {
@@ -454,7 +454,7 @@ TEST_CASE("loader.third_party_head_runs_with_c51") {
   auto loader = std::make_unique<PluginLoader>(std::vector<std::string>{plugin_dir(), fixtures_dir()});
   const PipelineSpec spec =
       parse_pipeline(kThirdPartyPipeline, "third_party.yaml",
-                     ParseOptions{.overrides = {}, .plugins = loader.get(), .environments = {}, .env_names = {}});
+                     ParseOptions{.overrides = {}, .plugins = loader.get(), .environments = {}, .program_envs = {}});
   auto engine_ptr = std::make_unique<Engine>(spec, *loader);
   Engine& engine = *engine_ptr;
   // The engine's heads hold their libraries: the loader may go before the engine is used.

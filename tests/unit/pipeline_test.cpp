@@ -12,8 +12,7 @@
 #include <vector>
 
 #include "dqn_config.h"
-#include "training/env/cartpole.hpp"
-#include "training/env/env.hpp"
+#include "training/env/vec_env.hpp"
 #include "pipeline/parse.hpp"
 #include "pipeline/schema.hpp"
 #include "pipeline/tree.hpp"
@@ -52,7 +51,7 @@ const ParamSchema kBrokenSchema[] = {
 PluginDescriptor make(const char* name, double budget, int primary, const ParamSchema* schema,
                       std::uint32_t n) {
   return PluginDescriptor{kAbiMajor, kAbiMinor, sizeof(PluginDescriptor), PluginKind::head, name, "0.1",
-                          "fake", budget, primary, n, schema, nullptr, nullptr};
+                          "fake", budget, primary, n, schema, nullptr, nullptr, 0, nullptr};
 }
 
 const PluginDescriptor kC51 = make("c51", 0.0, 1, nullptr, 0);
@@ -61,6 +60,31 @@ const PluginDescriptor kEnsemble = make("ensemble", 0.1, 0, kEnsembleSchema, 1);
 const PluginDescriptor kCql = make("cql", 0.1, 0, kCqlSchema, 1);
 const PluginDescriptor kProbe = make("probe", 0.05, 0, kProbeSchema, 3);
 const PluginDescriptor kBroken = make("broken", 0.05, 0, kBrokenSchema, 1);
+
+// Environment plugins, shaped like the real ones (the parser reads their tasks and schemas only).
+const ParamSchema kCartSchema[] = {
+    {"max_episode_steps", ParamType::integer, "500", "truncation", 1, 1e9},
+};
+const EnvDescriptor kCartTasks[] = {{"CartPole-v1", "balance", 1, kCartSchema, nullptr, nullptr}};
+const EnvDescriptor kClassicTasks[] = {{"Acrobot-v1", "swing", 0, nullptr, nullptr, nullptr},
+                                       {"true", "a task named like a boolean", 0, nullptr, nullptr, nullptr}};
+PluginDescriptor make_env_plugin(const char* name, const EnvDescriptor* tasks, std::uint32_t n) {
+  return PluginDescriptor{kAbiMajor, kAbiMinor, sizeof(PluginDescriptor), PluginKind::environment, name, "0.1", "fake",
+                          0.0, 0, 0, nullptr, nullptr, nullptr, n, tasks};
+}
+const PluginDescriptor kCartPlugin = make_env_plugin("cartpole", kCartTasks, 1);
+const PluginDescriptor kClassicPlugin = make_env_plugin("classic", kClassicTasks, 2);
+// The shipped pipelines' other environments, with the options they write.
+const ParamSchema kArmSchema[] = {
+    {"links", ParamType::integer, "4", "joints", 1, 16},
+    {"bins", ParamType::integer, "5", "controls per joint", 2, 1001},
+    {"model", ParamType::string, "\"\"", "MJCF file", -kInf, kInf},
+};
+const EnvDescriptor kReacherTasks[] = {{"reacher", "arm", 2, kArmSchema, nullptr, nullptr}};
+const EnvDescriptor kMujocoTasks[] = {{"humanoid_stand", "stand", 3, kArmSchema, nullptr, nullptr},
+                                      {"reacher", "arm", 3, kArmSchema, nullptr, nullptr}};
+const PluginDescriptor kReacherPlugin = make_env_plugin("reacher", kReacherTasks, 1);
+const PluginDescriptor kMujocoPlugin = make_env_plugin("mujoco", kMujocoTasks, 2);
 
 class FakeCatalog : public PluginCatalog {
  public:
@@ -77,7 +101,8 @@ class FakeCatalog : public PluginCatalog {
   std::string search_path() const override { return "/fake/plugins:/opt/dqn"; }
 
  private:
-  std::vector<const PluginDescriptor*> all_{&kC51, &kIqn, &kEnsemble, &kCql, &kProbe, &kBroken};
+  std::vector<const PluginDescriptor*> all_{&kC51, &kIqn, &kEnsemble, &kCql, &kProbe, &kBroken, &kCartPlugin, &kClassicPlugin,
+                                            &kReacherPlugin, &kMujocoPlugin};
 };
 
 const FakeCatalog kCatalog;
@@ -86,7 +111,6 @@ ParseOptions with_catalog(std::vector<std::string> overrides = {}) {
   ParseOptions o;
   o.plugins = &kCatalog;
   o.overrides = std::move(overrides);
-  o.env_names = env_names();
   return o;
 }
 
@@ -302,7 +326,7 @@ TEST_CASE("pipeline.invalid_table") {
     {"empty head list", "heads: []\n", "key 'heads' = '[]': needs at least one head", 1, 8},
     {"heads as a map", "heads: {plugin: c51}\n", "expected a list of heads, got a map", 1, 8},
     {"a head without a plugin", "heads:\n  - {role: primary}\n", "key 'heads[0].plugin': missing: every head names its plugin", 2, 5},
-    {"plugin not found", "heads:\n  - plugin: c52\n    role: primary\n", "plugin 'c52' not found, did you mean 'c51'?\n  hint: plugins found: c51, iqn, ensemble, cql, probe, broken (search path: /fake/plugins:/opt/dqn)", 2, 13},
+    {"plugin not found", "heads:\n  - plugin: c52\n    role: primary\n", "plugin 'c52' not found, did you mean 'c51'?\n  hint: plugins found: c51, iqn, ensemble, cql, probe, broken, cartpole, classic, reacher, mujoco (search path: /fake/plugins:/opt/dqn)", 2, 13},
     {"no primary", "heads: [{plugin: c51}, {plugin: iqn}]\n", "no primary head", 1, 8},
     {"two primaries", "heads:\n  - {plugin: c51, role: primary}\n  - {plugin: ensemble, role: primary}\n", "key 'heads[1].role' = 'primary': a second primary head (the first is heads[0] 'c51')", 3, 30},
     {"a plugin that cannot be primary", "heads: [{plugin: iqn, role: primary}]\n", "plugin 'iqn' cannot be the primary head", 1, 29},
@@ -321,9 +345,16 @@ TEST_CASE("pipeline.invalid_table") {
     {"a plugin whose default does not parse", "heads:\n  - {plugin: c51, role: primary}\n  - {plugin: broken}\n", "gives 'width' the default 'wide', which is not an integer", 3, 14},
     {"c51 as an auxiliary has no default budget", "heads:\n  - {plugin: c51, role: auxiliary}\n  - {plugin: c51, name: main, role: primary}\n", "plugin 'c51' has no default budget", 2, 25},
     {"replay smaller than a batch", "batch: 64\ntraining:\n  replay: {capacity: 32}\n" + P, "key 'training.replay.capacity' = '32': the replay holds 32 transitions, fewer than one batch (64)", 3, 22},
-    {"unknown environment, near a known one", "training: {env: CartPole-v0}\n" + P, "key 'training.env' = 'CartPole-v0': unknown environment, did you mean 'CartPole-v1'?\n  hint: environments: CartPole-v1", 1, 17},
-    {"unknown environment, nothing close", "training:\n  env: MountainCar\n" + P, "key 'training.env' = 'MountainCar': unknown environment\n  hint: environments: CartPole-v1", 2, 8},
-    {"empty environment name", "training: {env: \"\"}\n" + P, "key 'training.env': the environment name is empty", 1, 17},
+    {"unknown environment, near a known one", "training: {env: CartPole-v0}\n" + P, "key 'training.env' = 'CartPole-v0': unknown environment 'CartPole-v0', did you mean 'CartPole-v1'? (environments: cartpole (CartPole-v1), classic (Acrobot-v1, true), reacher (reacher), mujoco (humanoid_stand, reacher))", 1, 17},
+    {"unknown environment, nothing close", "training:\n  env: MountainCar\n" + P, "key 'training.env' = 'MountainCar': unknown environment 'MountainCar' (environments: cartpole (CartPole-v1), classic (Acrobot-v1, true), reacher (reacher), mujoco (humanoid_stand, reacher))", 2, 8},
+    {"a loss head named as the environment", "training: {env: iqn}\n" + P, "key 'training.env' = 'iqn': plugin 'iqn' is a loss head, not an environment", 1, 17},
+    {"an environment plugin's unknown task", "training:\n  env: {plugin: classic, task: Acrobot}\n" + P, "key 'training.env.task' = 'Acrobot': plugin 'classic' has no task 'Acrobot', did you mean 'Acrobot-v1'? (its tasks: Acrobot-v1, true)", 2, 32},
+    {"an unknown environment plugin", "training:\n  env: {plugin: gym}\n" + P, "key 'training.env.plugin' = 'gym': unknown environment plugin 'gym'", 2, 17},
+    {"an environment map naming nothing", "training:\n  env: {max_episode_steps: 3}\n" + P, "key 'training.env' = '{max_episode_steps: 3}': names no environment", 2, 8},
+    {"an environment option misspelt", "training:\n  env: {plugin: cartpole, max_steps: 3}\n" + P, "key 'training.env.max_steps' = '3': unknown key for task 'CartPole-v1'", 2, 38},
+    {"an environment option out of range", "training:\n  env: {plugin: cartpole, max_episode_steps: 0}\n" + P, "key 'training.env.max_episode_steps' = '0': must be in [1, 1e+09]", 2, 46},
+    {"an environment option of the wrong type", "training:\n  env: {plugin: cartpole, max_episode_steps: many}\n" + P, "key 'training.env.max_episode_steps' = 'many': expected an integer", 2, 46},
+    {"an environment given as a list", "training:\n  env: [cartpole]\n" + P, "key 'training.env' = '[cartpole]': expected an environment's name or a map", 2, 8},
     {"replay smaller than a batch, capacity not written there", "batch: 100000000\n" + P, "key 'training.replay.capacity' = '100000': the replay holds 100000 transitions, fewer than one batch (100000000)", 1, 8},
     {"negative learning_starts", "training:\n  learning_starts: -1\n" + P, "key 'training.learning_starts' = '-1': must be >= 0", 2, 20},
     {"epsilon start above one", "training: {epsilon: {start: 1.5}}\n" + P, "key 'training.epsilon.start' = '1.5': must be in [0, 1]", 1, 29},
@@ -400,7 +431,17 @@ TEST_CASE("pipeline.valid_table") {
     {"the primary need not come first", "heads:\n  - {plugin: iqn}\n  - {plugin: c51, role: primary}\n",
      [](const PipelineSpec& s) { return s.primary().plugin == "c51" && resolved_budget(s, 1) == doctest::Approx(0.8); }},
     {"empty document sections are absent: defaults", "training: {}\n" + kPrimary,
-     [](const PipelineSpec& s) { return s.training.env == "CartPole-v1"; }},
+     [](const PipelineSpec& s) { return s.training.env.plugin == "cartpole" && s.training.env.task == "CartPole-v1"; }},
+    {"an environment by its plugin's name, options beside it", "training: {env: {plugin: cartpole, max_episode_steps: 9}}\n" + kPrimary,
+     [](const PipelineSpec& s) { return s.training.env.task == "CartPole-v1" && std::get<std::int64_t>(s.training.env.options.at("max_episode_steps")) == 9; }},
+    {"a task found in its plugin", "training: {env: Acrobot-v1}\n" + kPrimary,
+     [](const PipelineSpec& s) { return s.training.env.plugin == "classic" && s.training.env.task == "Acrobot-v1"; }},
+    {"offline with no environment named: none", "training: {dataset: d.safetensors}\n" + kPrimary,
+     [](const PipelineSpec& s) { return s.training.env.none(); }},
+    {"offline evaluating on an environment", "training: {dataset: d.safetensors, env: CartPole-v1}\n" + kPrimary,
+     [](const PipelineSpec& s) { return s.training.env.task == "CartPole-v1"; }},
+    {"an empty name: no environment", "training: {env: \"\"}\n" + kPrimary,
+     [](const PipelineSpec& s) { return s.training.env.none(); }},
   };
   // clang-format on
   for (const Good& r : rows) {
@@ -455,7 +496,8 @@ TEST_CASE("pipeline.files") {
   CHECK(d.target.period == 0);
   CHECK(!d.spectral_norm.enabled);
   CHECK(d.report_every == 50);
-  CHECK(d.training.env == "CartPole-v1");
+  CHECK(d.training.env.task == "CartPole-v1");
+  CHECK(d.training.env.plugin == "cartpole");
   CHECK(d.training.num_envs == 8);
   CHECK(d.training.total_steps == 50000);
   CHECK(d.training.learning_starts == 1000);
@@ -675,19 +717,7 @@ TEST_CASE("pipeline.many_errors_one_pass") {
   CHECK(all.find("no primary head") != std::string::npos);
 }
 
-// Environment names the round trip writes; registering them is what an environment plugin does,
-// and the parser accepts every registered name.
-void register_round_trip_envs() {
-  static const bool once = [] {
-    for (const char* name : {"Acrobot-v1", "true"})
-      register_env(name, [](int n, std::uint64_t seed) { return make_env(kCartPoleName, n, seed); });
-    return true;
-  }();
-  (void)once;
-}
-
 TEST_CASE("pipeline.to_yaml_round_trip") {
-  register_round_trip_envs();
   const std::string text =
       "name: rt\nseed: 7\nbackend: cuda\nprecision: bf16\n"
       "network: {state: 8, trunk: [32, 16, 8], head_hidden: 24, branches: 2, actions: 3, atoms: 11,"
@@ -744,7 +774,7 @@ TEST_CASE("pipeline.to_yaml_round_trip") {
     a.gamma = 1.0 / 3.0;
     a.network.v_min = -1e-300;
     a.name = "it's: #not a comment";
-    a.training.env = "true";  // must stay a string
+    a.training.env = EnvChoice{"classic", "true", {}, {}, {}};  // a task that must stay a string
     a.training.out_dir = "tab\there";
     PipelineSpec b = parse_pipeline(to_yaml(a), "to_yaml", with_catalog());
     check_same(a, b);
@@ -828,6 +858,11 @@ TEST_CASE("pipeline.schema") {
   for (const PipelineKey& k : pipeline_keys()) {
     CAPTURE(k.path);
     if (k.type == PipelineKey::Type::section || k.type == PipelineKey::Type::heads) continue;
+    if (k.type == PipelineKey::Type::env) {  // a map, written and read back as one
+      CHECK(written.find("  env:\n    plugin: \"cartpole\"\n    task: \"CartPole-v1\"\n") != std::string::npos);
+      check_same(parse(kPrimary, with_catalog({"training.env={plugin: cartpole, task: CartPole-v1}"})), defaults);
+      continue;
+    }
     ++value_keys;
     CHECK(!k.meaning.empty());
     if (k.written && !k.written(defaults)) {  // target.period: 0 is the Polyak update, not a period
@@ -1022,15 +1057,18 @@ TEST_CASE("pipeline.network_fits_its_environment") {
   // With the environments given (as dqn train and dqn collect give them), the network must fit
   // training.env, each misfit at its network key; without them nothing is checked.
   ParseOptions o = with_catalog();
-  o.environments = [](const std::string& name) -> std::optional<EnvShape> {
-    if (name == "CartPole-v1") return EnvShape{4, {2}};
-    return std::nullopt;
+  o.environments = [](const EnvChoice& e) {
+    EnvProbe p;
+    p.found = e.task == "CartPole-v1" || e.task == "Acrobot-v1";
+    if (e.task == "CartPole-v1") p.shape = EnvShape{4, {2}};
+    if (e.task == "Acrobot-v1") p.error = "no physics here";
+    return p;
   };
   const std::string net = "network: {state: 6, trunk: [8], head_hidden: 4, branches: 2, actions: 2, atoms: 5, v_min: 0, "
                           "v_max: 1}\n";
   auto errs = errors_of(net + kPrimary + "training: {total_steps: 100}\n", o);
   REQUIRE(errs.size() == 2);
-  CHECK(std::string(errs[0].what()).rfind("t.yaml:1:18: key 'network.state' = '6': the environment CartPole-v1 has 4 "
+  CHECK(std::string(errs[0].what()).rfind("t.yaml:1:18: key 'network.state' = '6': the environment cartpole:CartPole-v1 has 4 "
                                           "observation features", 0) == 0);
   CHECK(errs[0].hint() == "set network.state: 4");
   CHECK(errs[1].key() == "network.branches");
@@ -1039,6 +1077,15 @@ TEST_CASE("pipeline.network_fits_its_environment") {
   errs = errors_of(fits + kPrimary + "training: {env: CartPole-v1}\n", o);
   REQUIRE(errs.size() == 1);
   CHECK(std::string(errs[0].what()).find("CartPole-v1's branch 0 has 2 actions") != std::string::npos);
+  // An environment that refuses its options; no environment online; none offline.
+  errs = errors_of(fits + kPrimary + "training: {env: Acrobot-v1}\n", o);
+  REQUIRE(errs.size() == 1);
+  CHECK(std::string(errs[0].what()).find("key 'training.env': the environment classic:Acrobot-v1 refused its options: no "
+                                         "physics here") != std::string::npos);
+  errs = errors_of(fits + kPrimary + "training: {env: \"\"}\n", o);
+  REQUIRE(errs.size() == 1);
+  CHECK(std::string(errs[0].what()).find("key 'training.env': an online run needs an environment") != std::string::npos);
+  CHECK(errors_of(net + kPrimary + "training: {dataset: d.safetensors}\n", o).empty());
   // A support that float arithmetic cannot hold.
   errs = errors_of("network: {v_max: 1e39}\n" + kPrimary);
   REQUIRE(errs.size() == 1);

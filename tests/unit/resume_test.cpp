@@ -20,7 +20,7 @@
 #include "core/safetensors.hpp"
 #include "pipeline/parse.hpp"
 #include "training/checkpoint.hpp"
-#include "training/env/env.hpp"
+#include "training/env/vec_env.hpp"
 #include "training/trainer.hpp"
 #include "../test_util.hpp"
 
@@ -41,36 +41,49 @@ constexpr int kEvalCopies = 3;
 Trainer* g_stop_target = nullptr;
 std::int64_t g_stop_from = -1;  ///< the evaluation at this env step stops after its 5th step
 
-class StopInEval final : public VecEnv {
+class StopInEval final : public Env {
  public:
-  StopInEval(int n, std::uint64_t seed) : inner_(make_env("CartPole-v1", n, seed)), eval_(n == kEvalCopies) {}
-  const EnvSpec& spec() const override { return inner_->spec(); }
-  int num_envs() const override { return inner_->num_envs(); }
-  void reset(std::uint64_t seed, float* obs) override { inner_->reset(seed, obs); }
-  void step(const std::int32_t* a, float* next, float* r, std::uint8_t* term, std::uint8_t* trunc, float* fin) override {
-    inner_->step(a, next, r, term, trunc, fin);
+  explicit StopInEval(const EnvCreateInfo& info) : eval_(info.num_envs == kEvalCopies) {
+    const ParamValue limit{"max_episode_steps", ParamType::integer, 500, 500.0, "500"};
+    const EnvCreateInfo cart{"CartPole-v1", info.num_envs, info.seed, &limit, 1};
+    char err[256] = {0};
+    inner_ = task().create(&cart, err, sizeof err);
+    if (!inner_) throw std::runtime_error(err);
+  }
+  ~StopInEval() override { task().destroy(inner_); }
+  const EnvSpec& spec() const noexcept override { return inner_->spec(); }
+  std::int32_t num_envs() const noexcept override { return inner_->num_envs(); }
+  int reset(std::uint64_t seed, std::int32_t b, std::int32_t e, float* obs, char* err, std::uint32_t n) noexcept override {
+    return inner_->reset(seed, b, e, obs, err, n);
+  }
+  int step(std::int32_t b, std::int32_t e, const EnvStep& io, char* err, std::uint32_t n) noexcept override {
+    const int rc = inner_->step(b, e, io, err, n);
     if (eval_ && g_stop_target && g_stop_from >= 0 && g_stop_target->env_steps() >= g_stop_from && ++calls_ == 5)
       g_stop_target->request_stop();
+    return rc;
   }
-  void save_state(st::File& f, const std::string& p) const override { inner_->save_state(f, p); }
-  void load_state(const st::File& f, const std::string& p) override { inner_->load_state(f, p); }
+  int save_state(StateWriter& w) const noexcept override { return inner_->save_state(w); }
+  int load_state(const StateReader& r) noexcept override { return inner_->load_state(r); }
 
  private:
-  std::unique_ptr<VecEnv> inner_;
+  /// CartPole-v1 from its plugin.
+  static const EnvDescriptor& task() { return loader().find("cartpole")->envs[0]; }
+  Env* inner_ = nullptr;
   bool eval_;
   int calls_ = 0;
 };
 
 PipelineSpec small(std::vector<std::string> extra = {}) {
   static const bool registered = [] {
-    register_env("StopInEval-v0", [](int n, std::uint64_t seed) { return std::make_unique<StopInEval>(n, seed); });
+    register_env("StopInEval-v0", [](const EnvCreateInfo& info) { return std::make_unique<StopInEval>(info); });
     return true;
   }();
   (void)registered;
   ParseOptions o;
   o.plugins = &loader();
   o.environments = environment_shapes();
-  o.overrides = {"backend=cpu", "training.env=StopInEval-v0", "training.num_envs=4", "training.total_steps=800",
+  o.program_envs = program_env_names();
+  o.overrides = {"backend=cpu", "training.env=StopInEval-v0", "training.env_threads=1", "training.num_envs=4", "training.total_steps=800",
                  "training.learning_starts=200", "training.eval.every=200",
                  "training.eval.episodes=" + std::to_string(kEvalCopies), "training.stop_at_return=0",
                  "training.epsilon.decay_steps=400", "training.checkpoint_every=100", "training.checkpoint_keep=2"};

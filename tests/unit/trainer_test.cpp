@@ -605,6 +605,46 @@ TEST_CASE("trainer.ranks_offline: every rank holds the whole dataset and draws b
   CHECK(lines.back()["final"] == true);
 }
 
+TEST_CASE("trainer.offline_any_shape: a dataset of 6 features and 3 branches trains with no environment") {
+  // Its observation size and branches come from the data; no environment is named, so none is
+  // made (CartPole's 4 features would not fit) and nothing is evaluated.
+  TempDir tmp("offline-shape");
+  ParseOptions po;
+  po.plugins = &loader();
+  po.environments = environment_shapes(&loader());
+  po.overrides = {"backend=cpu", "training.env=\"\"", "network.state=6", "network.branches=3", "network.actions=4",
+                  "training.dataset=shape.safetensors", "training.total_steps=30", "batch=16"};
+  const PipelineSpec spec = load_pipeline(source_dir() + "/pipelines/offline.yaml", po);
+  CHECK(spec.training.env.none());
+  // Left out altogether, with a dataset: none either.
+  const PipelineSpec absent = parse_pipeline("heads: [{plugin: c51, role: primary}]\nnetwork: {state: 6}\n"
+                                             "training: {dataset: shape.safetensors}\n", "absent.yaml", po);
+  CHECK(absent.training.env.none());
+  TransitionBatch data;
+  data.S = 6;
+  data.D = 3;
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int i = 0; i < 200; ++i) {
+    float s[6], n[6];
+    for (int k = 0; k < 6; ++k) s[k] = u(rng), n[k] = u(rng);
+    const std::int32_t a[3] = {std::int32_t(i % 4), std::int32_t((i / 4) % 4), std::int32_t((i / 16) % 4)};
+    data.push(s, a, u(rng), n, i % 25 == 24);
+  }
+  Engine e(spec, loader(), training_engine_options(spec, &data));
+  init_weights(e, spec.seed);
+  TrainerOptions o = quiet_options(tmp.path / "run");
+  o.offline = &data;
+  Trainer t(e, o);
+  const TrainResult r = t.run();
+  CHECK(r.train_steps == 30);
+  CHECK(!r.final_eval);
+  const auto lines = read_metrics(tmp.path / "run" / "metrics.jsonl");
+  REQUIRE(!lines.empty());
+  for (const auto& l : lines) CHECK(!l.contains("eval_return"));
+  CHECK(lines.back()["train_steps"] == 30);
+}
+
 namespace {
 
 /// What a stream the run log wrote to holds.
@@ -653,7 +693,7 @@ TEST_CASE("trainer.run_log: metrics lines, the progress line and messages from t
     v.ranks = 2;
     v.env_steps_all_ranks = 400;
     v.episode_return = 12.5;
-    v.eval = EvalResult{20.0, 10.0, 30.0, 3, true};
+    v.eval = EvalResult{20.0, 10.0, 30.0, 3, true, std::nullopt};
     v.beta = 0.75;
     v.report = MetricsValues::Report{{{"c51", 1.5, 2.0, 1.0}, {"cql", 0.25, 0.5, 0.125}}, 1.75, 2};
     v.max_priority = 3.0;

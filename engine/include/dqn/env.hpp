@@ -33,8 +33,9 @@ struct EnvSpec {
   std::int32_t reports_success;     ///< 1: step() sets EnvStep::success where an episode ends well
 };
 
-/// One step's arrays, each the whole [N, …] row-major array of every copy; a call for copies
-/// [begin, end) reads and writes only those rows.
+/// One step's arrays, each the whole [N, …] row-major array of every copy (none of them null; the
+/// engine zeroes success and unstable before the call); a call for copies [begin, end) reads and
+/// writes only those rows.
 struct EnvStep {
   const std::int32_t* actions;  ///< [N, n_branches]: a bin per branch, already checked in range
   float* next_obs;              ///< [N, obs_dim]: the next observation (a new episode's first where one ended)
@@ -87,8 +88,8 @@ class Env {
   virtual int step(std::int32_t begin, std::int32_t end, const EnvStep& io, char* err,
                    std::uint32_t errlen) noexcept = 0;
   /// Every copy's whole state (dynamics, step counts, random generators), so that after
-  /// load_state the copies step on exactly as they would have. load_state changes nothing when
-  /// it fails.
+  /// load_state the copies step on exactly as they would have (a tensor may have a zero-sized
+  /// dimension). load_state changes nothing when it fails.
   virtual int save_state(StateWriter& w) const noexcept = 0;
   virtual int load_state(const StateReader& r) noexcept = 0;
 };

@@ -208,7 +208,7 @@ void destroy_head(Head* h) noexcept {
       ::dqn::kAbiMajor, ::dqn::kAbiMinor, sizeof(::dqn::PluginDescriptor), ::dqn::PluginKind::head, plugin_name, \
       version_text, description_text, default_budget, (can_primary) ? 1 : 0,                                     \
       static_cast<std::uint32_t>(std::size(schema_array)), schema_array, &::dqn::create_head<H>,                \
-      &::dqn::destroy_head<H>};                                                                                 \
+      &::dqn::destroy_head<H>, 0, nullptr};                                                                                 \
   }                                                                                                             \
   DQN_PLUGIN_EXPORT(dqn_head_descriptor_)
 
@@ -217,6 +217,6 @@ void destroy_head(Head* h) noexcept {
   const ::dqn::PluginDescriptor dqn_head_descriptor_{                                                           \
       ::dqn::kAbiMajor, ::dqn::kAbiMinor, sizeof(::dqn::PluginDescriptor), ::dqn::PluginKind::head, plugin_name, \
       version_text, description_text, default_budget, (can_primary) ? 1 : 0, 0, nullptr, &::dqn::create_head<H>, \
-      &::dqn::destroy_head<H>};                                                                                 \
+      &::dqn::destroy_head<H>, 0, nullptr};                                                                                 \
   }                                                                                                             \
   DQN_PLUGIN_EXPORT(dqn_head_descriptor_)

@@ -15,7 +15,7 @@
 #include "core/rank_group.hpp"
 #include "pipeline/parse.hpp"
 #include "training/dataset.hpp"
-#include "training/env/env.hpp"
+#include "training/env/vec_env.hpp"
 
 namespace dqn::cli {
 
@@ -62,7 +62,7 @@ int cmd_collect(const CollectArgs& a) {
   PipelineSpec spec;
   Common c = a.common;
   c.trains = true;
-  if (!load(c, pipeline, spec)) return 1;
+  if (!load_with(loader, c, pipeline, spec)) return 1;
   try {
     // Acting needs no other rank: the first of the pipeline's devices (a run trained on several).
     EngineOptions eo;
@@ -70,10 +70,10 @@ int cmd_collect(const CollectArgs& a) {
     Engine e(spec, loader, eo);
     load_weights(e, st::read_file(weights));
     const int N = spec.training.num_envs, S = spec.network.state, D = spec.network.branches;
-    std::unique_ptr<VecEnv> env = make_env(spec.training.env, N, a.seed);
-    if (env->spec().obs_dim != S || int(env->spec().branch_actions.size()) != D)
-      throw std::invalid_argument("the environment " + spec.training.env + " does not fit the pipeline's network");
-    const std::vector<int> branch = env->spec().branch_actions;
+    std::unique_ptr<VecEnv> env = make_env(spec.training.env, N, a.seed, spec.training.env_threads, &loader);
+    if (env->obs_dim() != S || env->branches() != D)
+      throw std::invalid_argument("the environment " + env->label() + " does not fit the pipeline's network");
+    const std::vector<int> branch = env->branch_actions();
     const auto n = std::size_t(N), s = std::size_t(S), dd = std::size_t(D);
     std::vector<float> obs(n * s), next(n * s), fin(n * s), rew(n);
     std::vector<std::uint8_t> term(n), trunc(n);
@@ -126,7 +126,7 @@ int cmd_collect(const CollectArgs& a) {
     d.path = a.out;
     d.metadata["source"] = weights;
     d.metadata["pipeline"] = spec.name;
-    d.metadata["env"] = spec.training.env;
+    d.metadata["env"] = env->label();
     d.metadata["epsilon"] = std::to_string(a.epsilon);
     d.metadata["seed"] = std::to_string(a.seed);
     d.metadata["behaviour_return"] = std::to_string(behaviour);

@@ -12,7 +12,7 @@
 #include "pipeline/schema.hpp"
 #include "core/plugin_loader.hpp"
 #include "core/safetensors.hpp"
-#include "training/env/env.hpp"
+#include "training/env/vec_env.hpp"
 
 namespace dqn::cli {
 
@@ -49,8 +49,8 @@ bool load_with(const PluginLoader& loader, const Common& c, const std::string& f
   opt.overrides = c.overrides;
   if (!c.backend.empty()) opt.overrides.push_back("backend=" + c.backend);
   opt.plugins = &loader;
-  opt.env_names = env_names();
-  if (c.trains) opt.environments = environment_shapes();
+  opt.program_envs = program_env_names();
+  if (c.trains) opt.environments = environment_shapes(&loader);
   // The libraries this pipeline made the loader open, and could not use, are warned about.
   const std::size_t known = loader.problems().size();
   struct Warn {

@@ -1,5 +1,6 @@
 // dqn train: load the pipeline, build the engine, run the Trainer, print where everything went.
 #include <csignal>
+#include <cmath>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -18,7 +19,7 @@
 #include "core/safetensors.hpp"
 #include "training/checkpoint.hpp"
 #include "training/dataset.hpp"
-#include "training/env/env.hpp"
+#include "training/env/vec_env.hpp"
 #include "training/trainer.hpp"
 
 namespace dqn::cli {
@@ -104,8 +105,8 @@ int cmd_train(const TrainArgs& a) {
   if (a.seed >= 0) opt.overrides.push_back("seed=" + std::to_string(a.seed));
   if (a.total_steps >= 0) opt.overrides.push_back("training.total_steps=" + std::to_string(a.total_steps));
   opt.plugins = &loader;
-  opt.environments = environment_shapes();
-  opt.env_names = env_names();
+  opt.environments = environment_shapes(&loader);
+  opt.program_envs = program_env_names();
   PipelineSpec spec;
   std::string resolved;
   try {
@@ -184,6 +185,7 @@ int cmd_train(const TrainArgs& a) {
       if (is_offline) topt.offline = &offline;
       topt.ranks = group.get();
       topt.rank = rank;
+      topt.plugins = &loader;
       trainer = std::make_unique<Trainer>(*engine, topt);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "dqn train: %s%s: %s\n", pipeline_path.c_str(), who.c_str(), e.what());
@@ -205,7 +207,7 @@ int cmd_train(const TrainArgs& a) {
                    static_cast<long long>(spec.training.total_steps), static_cast<unsigned long long>(spec.seed));
     else if (first && !a.quiet)
       std::fprintf(stderr, "dqn train: pipeline '%s' on %s%s, %s x%d%s, %lld steps, seed %llu\n", spec.name.c_str(),
-                   engine->runtime().describe().c_str(), ranks_text.c_str(), spec.training.env.c_str(),
+                   engine->runtime().describe().c_str(), ranks_text.c_str(), env_label(spec.training.env).c_str(),
                    spec.training.num_envs, R > 1 ? " on each" : "", static_cast<long long>(spec.training.total_steps),
                    static_cast<unsigned long long>(spec.seed));
     try {
@@ -242,13 +244,18 @@ int cmd_train(const TrainArgs& a) {
               is_offline ? each.c_str() : "", static_cast<long long>(r.episodes), r.wall_s,
               static_cast<long long>(r.skipped_steps));
   if (r.final_eval)
-    std::printf("  final eval return %s (mean of %d greedy episodes)", eval_text(r.final_eval).c_str(),
-                spec.training.eval.episodes);
+    std::printf("  final eval return %s (mean of %d greedy episodes%s)", eval_text(r.final_eval).c_str(),
+                spec.training.eval.episodes,
+                r.final_success ? (", " + std::to_string(int(std::lround(*r.final_success * 100))) + " % successes").c_str()
+                                : "");
   else
     std::printf("  no evaluation at the last step; the last was %s at step %lld", eval_text(r.last_eval).c_str(),
                 static_cast<long long>(r.last_eval_step));
   std::printf(", best %s at step %lld%s\n", eval_text(r.best_eval).c_str(), static_cast<long long>(r.best_eval_step),
-              r.solved ? ", solved (stop_at_return reached)" : "");
+              !r.solved ? ""
+              : spec.training.stop_at_success > 0 && r.final_success && *r.final_success >= spec.training.stop_at_success
+                  ? ", solved (stop_at_success reached)"
+                  : ", solved (stop_at_return reached)");
   std::printf("  weights: %s/weights.safetensors (best: best.safetensors), metrics: %s/metrics.jsonl\n",
               r.run_dir.c_str(), r.run_dir.c_str());
   for (const std::string& e : r.write_errors) std::fprintf(stderr, "dqn train: not written: %s\n", e.c_str());

@@ -7,11 +7,15 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
+#include <variant>
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
 
+#include "dqn/env.hpp"
 #include "dqn_config.h"
+#include "pipeline/head_params.hpp"
 
 namespace dqn {
 
@@ -137,8 +141,31 @@ LoadedPlugin PluginLoader::load_file(const std::string& path) {
                              " is not that of ABI " + version(d->abi_major, d->abi_minor) + " (" +
                              std::to_string(kDescriptorSizeMinor0) + " to " + std::to_string(sizeof(PluginDescriptor)) +
                              " bytes): a corrupt descriptor");
-  if (!d->name || !*d->name || !d->create || !d->destroy || (d->schema_len && !d->schema))
-    throw std::runtime_error("plugin '" + path + "': incomplete descriptor (name, create, destroy and schema are required)");
+  if (!d->name || !*d->name)
+    throw std::runtime_error("plugin '" + path + "': incomplete descriptor (it has no name)");
+  if (d->kind == PluginKind::head) {
+    if (!d->create || !d->destroy || (d->schema_len && !d->schema))
+      throw std::runtime_error("plugin '" + path + "': incomplete descriptor (name, create, destroy and schema are required)");
+  } else if (d->kind == PluginKind::environment) {
+    if (d->struct_size < kDescriptorSizeMinor1)
+      throw std::runtime_error("plugin '" + path + "': an environment plugin's descriptor is at least " +
+                               std::to_string(kDescriptorSizeMinor1) + " bytes (ABI " + std::to_string(kAbiMajor) +
+                               ".1), this one " + std::to_string(d->struct_size) + ": rebuild it against this SDK");
+    if (d->env_count == 0 || !d->envs)
+      throw std::runtime_error("plugin '" + path + "': an environment plugin that offers no task (env_count 0)");
+    for (std::uint32_t i = 0; i < d->env_count; ++i) {
+      const EnvDescriptor& t = d->envs[i];
+      if (!t.task || !*t.task || !t.create || !t.destroy || (t.schema_len && !t.schema))
+        throw std::runtime_error("plugin '" + path + "': task " + std::to_string(i) +
+                                 " is incomplete (task name, create, destroy and schema are required)");
+      for (std::uint32_t j = 0; j < i; ++j)
+        if (std::strcmp(d->envs[j].task, t.task) == 0)
+          throw std::runtime_error("plugin '" + path + "': task '" + t.task + "' is offered twice");
+    }
+  } else {
+    throw std::runtime_error("plugin '" + path + "': unknown plugin kind " + std::to_string(int(d->kind)) +
+                             " (a head is 0, environments 1)");
+  }
   p.descriptor = d;
   return p;
 }
@@ -204,6 +231,8 @@ const LoadedPlugin* PluginLoader::locate(const std::string& name) const {
   return nullptr;
 }
 
+const LoadedPlugin* PluginLoader::get(const std::string& name) const { return locate(name); }
+
 const PluginDescriptor* PluginLoader::find(const std::string& name) const {
   const LoadedPlugin* p = locate(name);
   return p ? p->descriptor : nullptr;
@@ -241,6 +270,8 @@ std::string PluginLoader::search_path() const {
 HeadHandle PluginLoader::create(const std::string& plugin, const HeadCreateInfo& info) const {
   if (const LoadedPlugin* found = locate(plugin)) {
     const LoadedPlugin& p = *found;
+    if (p.descriptor->kind != PluginKind::head)
+      throw std::runtime_error("plugin '" + plugin + "' (" + p.path + ") offers environments, not a loss head");
     char err[1024] = {0};
     Head* h = nullptr;
     try {  // create() must not throw across the boundary; one that does is reported, not fatal
@@ -265,24 +296,93 @@ HeadHandle PluginLoader::create(const std::string& plugin, const HeadCreateInfo&
                            "; search path: " + search_path() + ")");
 }
 
-std::string describe_plugin(const LoadedPlugin& p) {
-  const auto* d = p.descriptor;
-  std::ostringstream os;
-  os << d->name << " " << (d->version ? d->version : "") << "  (" << p.path << ")\n";
-  if (d->description) os << "  " << d->description << "\n";
-  os << "  roles: " << (d->can_be_primary ? "primary, auxiliary" : "auxiliary");
-  if (d->default_budget > 0) os << "; default budget " << d->default_budget;
-  os << "\n";
-  if (d->schema_len == 0) os << "  parameters: none\n";
-  for (std::uint32_t i = 0; i < d->schema_len; ++i) {
-    const auto& s = d->schema[i];
-    os << "  " << s.key << " (" << type_name(s.type) << ", default " << (s.default_value ? s.default_value : "-");
+namespace {
+void describe_schema(std::ostringstream& os, const ParamSchema* schema, std::uint32_t n, const char* indent,
+                     const char* none) {
+  if (n == 0) os << indent << none << "\n";
+  for (std::uint32_t i = 0; i < n; ++i) {
+    const auto& s = schema[i];
+    os << indent << s.key << " (" << type_name(s.type) << ", default " << (s.default_value ? s.default_value : "-");
     if (s.type == ParamType::integer || s.type == ParamType::number) {
       if (std::isfinite(s.min)) os << ", min " << s.min;
       if (std::isfinite(s.max)) os << ", max " << s.max;
     }
     os << "): " << (s.doc ? s.doc : "") << "\n";
   }
+}
+}  // namespace
+
+std::string describe_plugin(const LoadedPlugin& p) {
+  const auto* d = p.descriptor;
+  std::ostringstream os;
+  os << d->name << " " << (d->version ? d->version : "") << "  (" << p.path << ")\n";
+  if (d->description) os << "  " << d->description << "\n";
+  if (d->kind == PluginKind::environment) {
+    for (std::uint32_t i = 0; i < d->env_count; ++i) {
+      const EnvDescriptor& t = d->envs[i];
+      os << "  environment " << t.task;
+      if (t.description && *t.description) os << ": " << t.description;
+      os << "\n" << describe_env_spaces(t) << "";
+      describe_schema(os, t.schema, t.schema_len, "    ", "options: none");
+    }
+    return os.str();
+  }
+  os << "  roles: " << (d->can_be_primary ? "primary, auxiliary" : "auxiliary");
+  if (d->default_budget > 0) os << "; default budget " << d->default_budget;
+  os << "\n";
+  describe_schema(os, d->schema, d->schema_len, "  ", "parameters: none");
+  return os.str();
+}
+
+std::string describe_env_spaces(const EnvDescriptor& t) {
+  // One copy with the default options shows the spaces.
+  std::vector<ParamValue> values;
+  std::vector<std::string> texts;
+  texts.reserve(t.schema_len);  // no reallocation: the c_str() pointers stay valid
+  for (std::uint32_t i = 0; i < t.schema_len; ++i) {
+    const ParamSchema& s = t.schema[i];
+    const std::optional<HeadParam> def = dsl::parse_default(s);
+    if (!def) return "    spaces: depend on options without a default\n";
+    texts.push_back(dsl::param_text(*def));
+    ParamValue v{s.key, s.type, 0, 0.0, texts.back().c_str()};
+    if (auto b = std::get_if<bool>(&*def)) v.i = *b ? 1 : 0;
+    if (auto x = std::get_if<std::int64_t>(&*def)) v.i = *x, v.d = double(*x);
+    if (auto x = std::get_if<double>(&*def)) v.d = *x;
+    values.push_back(v);
+  }
+  const EnvCreateInfo info{t.task, 1, 0, values.data(), std::uint32_t(values.size())};
+  char err[512] = {0};
+  Env* env = nullptr;
+  try {
+    env = t.create(&info, err, sizeof err);
+  } catch (...) {
+    return "    spaces: its create() threw with the default options\n";
+  }
+  if (!env) return std::string("    spaces: not made with the default options (") + err + ")\n";
+  std::ostringstream os;
+  const EnvSpec& s = env->spec();
+  os << "    observation: " << s.obs_dim << " features; actions: " << s.n_branches << " branch"
+     << (s.n_branches == 1 ? "" : "es");
+  bool same = true;
+  for (int b = 1; b < s.n_branches; ++b)
+    same = same && s.branches[b].bins == s.branches[0].bins && s.branches[b].continuous == s.branches[0].continuous &&
+           s.branches[b].lo == s.branches[0].lo && s.branches[b].hi == s.branches[0].hi;
+  auto branch = [&](const EnvBranch& b) {
+    std::ostringstream x;
+    x << b.bins << " bins";
+    if (b.continuous) x << " over [" << b.lo << ", " << b.hi << "]";
+    return x.str();
+  };
+  if (s.n_branches > 0 && same) {
+    os << " of " << branch(s.branches[0]);
+  } else {
+    for (int b = 0; b < s.n_branches; ++b)
+      os << (b ? "; " : " (") << (s.branches[b].name ? s.branches[b].name : "") << " " << branch(s.branches[b]);
+    if (s.n_branches) os << ")";
+  }
+  os << "; episodes of at most " << s.max_episode_steps << " steps" << (s.reports_success ? "; reports success" : "")
+     << " (default options)\n";
+  t.destroy(env);
   return os.str();
 }
 

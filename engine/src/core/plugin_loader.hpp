@@ -65,6 +65,9 @@ class PluginLoader : public PluginCatalog {
   static LoadedPlugin load_file(const std::string& path);
 
   const PluginDescriptor* find(const std::string& name) const override;
+  /// The plugin of that name with its library (null when none is found): what keeps the library
+  /// loaded while something made from it lives.
+  const LoadedPlugin* get(const std::string& name) const;
   std::vector<std::string> names() const override;
   std::string search_path() const override;
 
@@ -95,7 +98,10 @@ class PluginLoader : public PluginCatalog {
   mutable std::vector<std::string> problems_;
 };
 
-/// Human description of a plugin and its schema (for `dqn plugins`).
+/// Human description of a plugin and its schema (for `dqn plugins`); an environment plugin's tasks
+/// with their spaces and options.
 std::string describe_plugin(const LoadedPlugin& p);
+/// A task's spaces, from one copy made with its default options ("    observation: …\n").
+std::string describe_env_spaces(const EnvDescriptor& task);
 
 }  // namespace dqn

@@ -7,9 +7,11 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cmath>
+#include <map>
 #include <stdexcept>
 #include <vector>
 
+#include "dqn/env.hpp"
 #include "pipeline/parse.hpp"
 #include "pipeline/text.hpp"
 #include "pipeline/tree.hpp"
@@ -38,10 +40,14 @@ std::string a_type(ParamType t) {
   return (t == ParamType::integer ? "an " : "a ") + std::string(type_name(t));
 }
 
-const ParamSchema* find_schema(const PluginDescriptor& d, const std::string& key) {
-  for (std::uint32_t i = 0; i < d.schema_len; ++i)
-    if (d.schema[i].key && key == d.schema[i].key) return &d.schema[i];
+const ParamSchema* find_schema(const ParamSchema* schema, std::uint32_t n, const std::string& key) {
+  for (std::uint32_t i = 0; i < n; ++i)
+    if (schema[i].key && key == schema[i].key) return &schema[i];
   return nullptr;
+}
+
+const ParamSchema* find_schema(const PluginDescriptor& d, const std::string& key) {
+  return find_schema(d.schema, d.schema_len, key);
 }
 
 std::string param_text(const HeadParam& p) {
@@ -82,19 +88,25 @@ std::optional<HeadParam> parse_default(const ParamSchema& s) {
 
 using namespace dsl;
 
-std::vector<ParamValue> resolve_head_params(const HeadSpec& h, const PluginDescriptor& d,
-                                            std::vector<std::string>& storage) {
+namespace {
+
+/// Params as written (`params`, each at `locs` or `loc`) resolved against a schema; errors name
+/// `path`.key and `owner` ("plugin 'iqn'", "task 'reacher'").
+std::vector<ParamValue> resolve_params(const std::string& path, const std::string& owner,
+                                       const std::map<std::string, HeadParam>& params,
+                                       const std::map<std::string, SourceLoc>& locs, const SourceLoc& loc,
+                                       const ParamSchema* schema, std::uint32_t schema_len,
+                                       std::vector<std::string>& storage) {
   std::vector<PipelineError> errs;
-  const std::string path = "heads." + h.name;
   auto loc_of = [&](const std::string& key) {
-    auto it = h.param_locs.find(key);
-    return it != h.param_locs.end() ? it->second : h.loc;
+    auto it = locs.find(key);
+    return it != locs.end() ? it->second : loc;
   };
-  for (const auto& [key, value] : h.params)
-    if (!find_schema(d, key)) {
+  for (const auto& [key, value] : params)
+    if (!find_schema(schema, schema_len, key)) {
       std::vector<std::string> keys;
-      for (std::uint32_t i = 0; i < d.schema_len; ++i) keys.push_back(d.schema[i].key);
-      std::string why = "unknown key for plugin '" + std::string(d.name ? d.name : "?") + "'";
+      for (std::uint32_t i = 0; i < schema_len; ++i) keys.push_back(schema[i].key);
+      std::string why = "unknown key for " + owner;
       std::string best = closest_match(key, keys);
       if (!best.empty()) why += ", did you mean '" + best + "'?";
       errs.emplace_back(loc_of(key), join_path(path, key), param_text(value), why,
@@ -102,21 +114,21 @@ std::vector<ParamValue> resolve_head_params(const HeadSpec& h, const PluginDescr
     }
 
   storage.clear();
-  storage.reserve(d.schema_len);  // no reallocation below: the c_str() pointers stay valid
+  storage.reserve(schema_len);  // no reallocation below: the c_str() pointers stay valid
   std::vector<ParamValue> out;
-  out.reserve(d.schema_len);
-  for (std::uint32_t i = 0; i < d.schema_len; ++i) {
-    const ParamSchema& s = d.schema[i];
+  out.reserve(schema_len);
+  for (std::uint32_t i = 0; i < schema_len; ++i) {
+    const ParamSchema& s = schema[i];
     std::string p = join_path(path, s.key);
     std::optional<HeadParam> given;
-    if (auto it = h.params.find(s.key); it != h.params.end()) given = it->second;
+    if (auto it = params.find(s.key); it != params.end()) given = it->second;
     HeadParam v;
     if (given) {
       v = *given;
     } else if (auto def = parse_default(s)) {
       v = *def;
     } else {
-      errs.emplace_back(h.loc, p, s.default_value ? s.default_value : "",
+      errs.emplace_back(loc, p, s.default_value ? s.default_value : "",
                         s.default_value ? std::string("the plugin's default is not ") +
                                               a_type(s.type) + " (a bug in the plugin)"
                                         : std::string("missing: the plugin needs this param"));
@@ -166,6 +178,20 @@ std::vector<ParamValue> resolve_head_params(const HeadSpec& h, const PluginDescr
   }
   if (!errs.empty()) throw PipelineErrors(std::move(errs));
   return out;
+}
+
+}  // namespace
+
+std::vector<ParamValue> resolve_head_params(const HeadSpec& h, const PluginDescriptor& d,
+                                            std::vector<std::string>& storage) {
+  return resolve_params("heads." + h.name, "plugin '" + std::string(d.name ? d.name : "?") + "'", h.params,
+                        h.param_locs, h.loc, d.schema, d.schema_len, storage);
+}
+
+std::vector<ParamValue> resolve_env_options(const EnvChoice& e, const EnvDescriptor& task,
+                                            std::vector<std::string>& storage) {
+  return resolve_params("training.env", "task '" + std::string(task.task ? task.task : "?") + "'", e.options,
+                        e.option_locs, e.loc, task.schema, task.schema_len, storage);
 }
 
 double resolved_budget(const PipelineSpec& spec, std::size_t head_index) {

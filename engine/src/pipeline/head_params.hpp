@@ -4,6 +4,7 @@
  */
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -16,6 +17,7 @@ namespace dqn::dsl {
 const char* type_name(ParamType t);
 std::string a_type(ParamType t);  ///< "an integer", "a number", ...
 const ParamSchema* find_schema(const PluginDescriptor& d, const std::string& key);
+const ParamSchema* find_schema(const ParamSchema* schema, std::uint32_t n, const std::string& key);
 NumberRange schema_range(const ParamSchema& s);
 /// The param as YAML reads back (strings unquoted: callers quote where YAML needs it).
 std::string param_text(const HeadParam& p);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "pipeline/spec.hpp"
+#include "dqn/env.hpp"
 #include "dqn/plugin.hpp"
 
 namespace dqn {
@@ -32,23 +33,30 @@ struct EnvShape {
   std::vector<int> branch_actions;  ///< actions per branch
 };
 
+/// One environment tried: its shape, or why it could not be made.
+struct EnvProbe {
+  bool found = false;  ///< false: no such plugin or task
+  std::string error;   ///< the environment refused its options (its message); "" when made
+  EnvShape shape;
+};
+
 struct ParseOptions {
   /// "key.path=value", applied to the YAML tree after the file and before validation. The value
   /// is a YAML scalar or flow node ("network.trunk=[64,64]"); list elements are addressed by
   /// index ("heads.1.budget=0.3", one past the end appends) or, in a list of maps, by the
   /// element's `name` or, lacking one, its `plugin` ("heads.iqn.budget=0.3").
   std::vector<std::string> overrides;
-  /// Null: plugin names, head params and auxiliary default budgets are not checked or filled.
-  /// A schema entry whose default_value is null is a required param.
+  /// Null: plugin names, head params, auxiliary default budgets and training.env's plugin, task
+  /// and options are not checked or filled. A schema entry whose default_value is null is a
+  /// required param.
   const PluginCatalog* plugins = nullptr;
-  /// Set by what trains (dqn train, dqn collect): the shape of the environment named (nullopt: no
-  /// such environment), and a network that does not fit training.env is an error at the
-  /// network's keys. Null: not checked (a step workload, whose resolved file still lists the
-  /// training defaults).
-  std::function<std::optional<EnvShape>(const std::string&)> environments;
-  /// The environments training.env may name (what the command line registers); empty: the name
-  /// is not checked.
-  std::vector<std::string> env_names;
+  /// Set by what acts in an environment (dqn train, dqn collect): training.env made into one copy,
+  /// and a network that does not fit it is an error at the network's keys, a refusal of its options
+  /// an error at training.env. Null: not checked (a step workload, whose resolved file still lists
+  /// the training defaults).
+  std::function<EnvProbe(const EnvChoice&)> environments;
+  /// Tasks the program registers itself (found by name before the plugins' tasks; no options).
+  std::vector<std::string> program_envs;
 };
 
 /// Reads and validates `path`; throws PipelineErrors (every error found in one pass).
@@ -74,6 +82,24 @@ std::string to_yaml(const PipelineSpec& spec, const PluginCatalog& plugins);
 /// of bounds, a missing required param, or a schema default that does not parse.
 std::vector<ParamValue> resolve_head_params(const HeadSpec& h, const PluginDescriptor& d,
                                             std::vector<std::string>& storage);
+
+/// training.env's options resolved against its task's schema, as resolve_head_params does for a
+/// head (errors at training.env.<key>).
+std::vector<ParamValue> resolve_env_options(const EnvChoice& env, const EnvDescriptor& task,
+                                            std::vector<std::string>& storage);
+
+/// training.env's plugin and task found in the catalog: a plugin's name finds its first task; a
+/// task alone (no plugin) is looked for among `program_envs` (then plugin and task stay null),
+/// then as a plugin's name, then among every environment plugin's tasks. Throws
+/// std::invalid_argument with the reason and what there is (unknown plugin or task, did you mean,
+/// a plugin that is not an environment plugin).
+struct FoundEnv {
+  std::string plugin;                        ///< the plugin's name ("" for the program's own task)
+  std::string task;
+  const PluginDescriptor* desc = nullptr;    ///< null for the program's own task
+  const EnvDescriptor* task_desc = nullptr;
+};
+FoundEnv find_env(const EnvChoice& env, const PluginCatalog& catalog, const std::vector<std::string>& program_envs);
 
 /// The fraction of the gradient budget head `head_index` takes: 0 when disabled; the primary gets
 /// 1 − Σ enabled auxiliaries; an auxiliary its budget. Throws std::out_of_range for a bad index

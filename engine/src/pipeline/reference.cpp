@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "pipeline/head_params.hpp"
+#include "dqn/env.hpp"
 #include "pipeline/schema.hpp"
 #include "pipeline/text.hpp"
 
@@ -58,9 +59,36 @@ void heads_section(std::ostringstream& o, const PipelineKey& heads) {
   table(o, "head key", rows);
 }
 
+std::vector<Row> schema_rows(const ParamSchema* schema, std::uint32_t n) {
+  std::vector<Row> rows;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    const ParamSchema& s = schema[i];
+    const bool bounded = s.type == ParamType::integer || s.type == ParamType::number;
+    rows.push_back({s.key, dsl::type_name(s.type), s.default_value ? code(s.default_value) : "(required)",
+                    bounded ? dsl::schema_range(s).text() : "", s.doc ? s.doc : ""});
+  }
+  return rows;
+}
+
 void plugin_section(std::ostringstream& o, const PluginDescriptor& d) {
   o << "### `" << d.name << "`\n\n";
   if (d.description && *d.description) o << d.description << "\n\n";
+  if (d.kind == PluginKind::environment && d.struct_size >= kDescriptorSizeMinor1) {
+    o << "An environment plugin (`training.env: {plugin: " << d.name << ", task: …}`); its tasks:\n\n";
+    for (std::uint32_t t = 0; t < d.env_count; ++t) {
+      const EnvDescriptor& task = d.envs[t];
+      o << "- `" << task.task << "`" << (task.description && *task.description ? std::string(": ") + task.description : "")
+        << (task.schema_len ? "" : " (no options)") << "\n";
+      if (task.schema_len) {
+        o << "\n";
+        table(o, "option", schema_rows(task.schema, task.schema_len));
+        o << "\n";
+      } else if (t + 1 == d.env_count) {
+        o << "\n";
+      }
+    }
+    return;
+  }
   o << "Roles: " << (d.can_be_primary ? "primary or auxiliary" : "auxiliary only");
   if (d.default_budget > 0) o << "; default budget " << dsl::fmt(d.default_budget);
   o << ".\n\n";
@@ -68,14 +96,7 @@ void plugin_section(std::ostringstream& o, const PluginDescriptor& d) {
     o << "No params.\n\n";
     return;
   }
-  std::vector<Row> rows;
-  for (std::uint32_t i = 0; i < d.schema_len; ++i) {
-    const ParamSchema& s = d.schema[i];
-    const bool bounded = s.type == ParamType::integer || s.type == ParamType::number;
-    rows.push_back({s.key, dsl::type_name(s.type), s.default_value ? code(s.default_value) : "(required)",
-                    bounded ? dsl::schema_range(s).text() : "", s.doc ? s.doc : ""});
-  }
-  table(o, "param", rows);
+  table(o, "param", schema_rows(d.schema, d.schema_len));
   o << "\n";
 }
 
@@ -100,7 +121,8 @@ std::string pipeline_reference(const PluginCatalog& plugins) {
   }
   o << "\n## Plugins\n\n"
     << "Each head's plugin adds its own params, written beside the head keys "
-       "(`{plugin: iqn, budget: 0.2, quantiles: 64}`).\n\n";
+       "(`{plugin: iqn, budget: 0.2, quantiles: 64}`); an environment's task takes its options beside "
+       "`plugin` and `task` in `training.env` (`{plugin: cartpole, max_episode_steps: 200}`).\n\n";
   std::vector<std::string> names = plugins.names();
   std::sort(names.begin(), names.end());
   for (const std::string& name : names)

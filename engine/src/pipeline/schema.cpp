@@ -129,6 +129,15 @@ PipelineKey choice(std::string path, Field field, std::vector<T> values, Text te
   return k;
 }
 
+PipelineKey env_key() {
+  PipelineKey k = key("training.env", Type::env,
+                      "the environment: a map naming an environment plugin, one of its tasks and the task's options "
+                      "(`{plugin: reacher, links: 6}`; `dqn plugins` lists them), or a plugin's or task's name alone "
+                      "(`CartPole-v1`); `\"\"` (or left out, with training.dataset): none");
+  k.default_note = "`{plugin: cartpole, task: CartPole-v1}`";
+  return k;
+}
+
 NumberRange any() { return NumberRange{}; }
 NumberRange at_least(double lo) { return NumberRange{lo, dsl::kInf, false, false}; }
 NumberRange above(double lo) { return NumberRange{lo, dsl::kInf, true, false}; }
@@ -304,8 +313,11 @@ std::vector<PipelineKey> make_pipeline_keys() {
              "small (only those, in every step), all, or off"),
 
       section("training", "The training loop of `dqn train`; a step or benchmark workload may leave it out."),
-      string("training.env", DQN_FIELD(training.env),
-             "the environment: CartPole-v1, or a name an environment plugin registers"),
+      env_key(),
+      integer("training.env_threads", DQN_FIELD(training.env_threads), 0,
+              "threads stepping the environment's copies, each a contiguous range of them (the same numbers "
+              "whatever the count); 0: chosen once the first steps are timed, one thread per 50 µs of a step's "
+              "work, up to the cores the learner leaves"),
       integer("training.num_envs", DQN_FIELD(training.num_envs), 1,
               "environment copies stepped together; total_steps counts all of them"),
       integer("training.total_steps", DQN_FIELD(training.total_steps), 1,
@@ -351,6 +363,9 @@ std::vector<PipelineKey> make_pipeline_keys() {
       integer("training.eval.episodes", DQN_FIELD(training.eval.episodes), 1, "episodes per evaluation"),
       number("training.stop_at_return", DQN_FIELD(training.stop_at_return), any(),
              "stop once an evaluation's mean return reaches this (0: run all total_steps)"),
+      number("training.stop_at_success", DQN_FIELD(training.stop_at_success), closed(0, 1),
+             "stop once an evaluation's success rate (a task that reports successes: the reachers) reaches this "
+             "(0: run all total_steps)"),
       string("training.out_dir", DQN_FIELD(training.out_dir), "the run directory (empty: `runs/<name>-<timestamp>`)"),
   };
 }
@@ -428,6 +443,7 @@ const char* type_name(PipelineKey::Type t) {
   switch (t) {
     case Type::section: return "section";
     case Type::heads: return "list of heads";
+    case Type::env: return "environment";
     case Type::boolean: return "boolean";
     case Type::integer: return "integer";
     case Type::number: return "number";
@@ -474,6 +490,7 @@ std::string range_text(const PipelineKey& k) {
     case Type::number_pair: return "each " + k.numbers.text();
     case Type::section:
     case Type::heads:
+    case Type::env:
     case Type::boolean:
     case Type::string: return "";
   }

@@ -46,7 +46,7 @@ using KeyValue =
     std::variant<bool, std::int64_t, double, std::string, std::vector<std::int64_t>, std::array<double, 2>>;
 
 struct PipelineKey {
-  enum class Type { section, heads, boolean, integer, number, string, choice, integer_list, number_pair };
+  enum class Type { section, heads, env, boolean, integer, number, string, choice, integer_list, number_pair };
   std::string path;  ///< "training.replay.capacity"
   Type type = Type::section;
   std::string meaning;  ///< one line, for the reference
@@ -61,7 +61,7 @@ struct PipelineKey {
   /// integer_list: a word accepted instead of a list, read as the empty list ("all" for devices)
   std::string word;
   bool unique = false;  ///< integer_list: no element twice
-  std::function<KeyValue(const PipelineSpec&)> get;  ///< null for sections, heads and head keys
+  std::function<KeyValue(const PipelineSpec&)> get;  ///< null for sections, heads, env and head keys
   std::function<void(PipelineSpec&, const KeyValue&)> set;
   /// Null: always written. Else to_yaml leaves the key out where this is false (target.polyak and
   /// target.period exclude each other).

@@ -106,8 +106,20 @@ struct EvalSpec {
   int episodes = 20;
 };
 
+/// training.env: a task of an environment plugin (or of the program) and its options.
+struct EnvChoice {
+  std::string plugin;  ///< the environment plugin ("cartpole"); "" for a program's own task
+  std::string task;    ///< one of its tasks ("CartPole-v1"); plugin and task "": no environment
+  std::map<std::string, HeadParam> options;  ///< as written in the pipeline
+  std::map<std::string, SourceLoc> option_locs;
+  SourceLoc loc;
+  bool none() const { return plugin.empty() && task.empty(); }
+  bool operator==(const EnvChoice& o) const { return plugin == o.plugin && task == o.task && options == o.options; }
+};
+
 struct TrainingSpec {
-  std::string env = "CartPole-v1";
+  EnvChoice env{"cartpole", "CartPole-v1", {}, {}, {}};
+  int env_threads = 0;                 ///< threads stepping the copies (0: the cores the learner leaves)
   int num_envs = 1;
   std::int64_t total_steps = 50000;    ///< environment steps (over all copies)
   std::int64_t learning_starts = 1000;
@@ -121,6 +133,7 @@ struct TrainingSpec {
   ReplaySpec replay;
   EvalSpec eval;
   double stop_at_return = 0.0;         ///< stop once eval mean reaches this (0: never)
+  double stop_at_success = 0.0;        ///< stop once eval success rate reaches this (0: never)
   std::string out_dir;                 ///< "" → runs/<name>-<timestamp>
 };
 

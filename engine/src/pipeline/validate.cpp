@@ -31,9 +31,9 @@ using Fields = std::map<std::string, const Entry*>;
 
 class Validator {
  public:
-  Validator(const PluginCatalog* catalog, std::function<std::optional<EnvShape>(const std::string&)> environments,
-            std::vector<std::string> env_names, std::string source)
-      : catalog_(catalog), environments_(std::move(environments)), env_names_(std::move(env_names)),
+  Validator(const PluginCatalog* catalog, std::function<EnvProbe(const EnvChoice&)> environments,
+            std::vector<std::string> program_envs, std::string source)
+      : catalog_(catalog), environments_(std::move(environments)), program_envs_(std::move(program_envs)),
         source_(std::move(source)) {}
 
   std::vector<PipelineError> errors;
@@ -88,11 +88,16 @@ class Validator {
                         const PluginDescriptor* d);
   void check_heads(const Node& heads_node, PipelineSpec& spec, std::vector<HeadWork>& work);
 
+  /// A param without a schema, typed as YAML reads it; nullopt (after the error) unless one value.
+  std::optional<HeadParam> untyped_param(const Node& v, const std::string& path, const char* what);
+  void read_env(const Node& v, PipelineSpec& spec);
   void check_environment(const PipelineSpec& spec);
 
   const PluginCatalog* catalog_;
-  std::function<std::optional<EnvShape>(const std::string&)> environments_;
-  std::vector<std::string> env_names_;
+  std::function<EnvProbe(const EnvChoice&)> environments_;
+  std::vector<std::string> program_envs_;
+  bool env_given_ = false;
+  bool env_refused_ = false;  ///< training.env's own error was reported: nothing to probe
   std::string source_;
   SourceLoc top_loc_;
   /// The node of every key the pipeline gives, by path: where the rules between keys point.
@@ -240,7 +245,8 @@ std::optional<KeyValue> Validator::read_value(const PipelineKey& k, const Node& 
     case Type::integer_list:
     case Type::number_pair: return read_list(k, v, path);
     case Type::section:
-    case Type::heads: break;
+    case Type::heads:
+    case Type::env: break;
   }
   throw std::logic_error("read_value: '" + k.path + "' is not a single value");
 }
@@ -308,6 +314,8 @@ void Validator::read_section(const std::string& section, const Node& n, Pipeline
       if (!spec.heads.empty() && spec.heads.size() == v->items.size()) check_heads(*v, spec, work);
     } else if (!v) {
       continue;
+    } else if (k->type == Type::env) {
+      read_env(*v, spec);
     } else if (k->type == Type::section) {
       read_section(k->path, *v, spec);
     } else if (auto value = read_value(*k, *v, k->path)) {
@@ -315,6 +323,8 @@ void Validator::read_section(const std::string& section, const Node& n, Pipeline
       check_key(*k, *v, spec);
     }
   }
+  if (section == "training" && !env_given_ && !spec.training.dataset.empty())
+    spec.training.env = EnvChoice{};  // offline, and no environment named: none
   check_section(section, n, spec);
 }
 
@@ -340,16 +350,6 @@ bool Validator::may_read_section(const std::string& section, const Node& n, cons
 void Validator::check_key(const PipelineKey& k, const Node& v, const PipelineSpec& spec) {
   if (k.path == "name" && (spec.name.empty() || spec.name.find('/') != std::string::npos)) {
     fail(v, "name", "a pipeline name is non-empty and has no '/'", "it names the run directory (runs/<name>-<time>)");
-  } else if (k.path == "training.env" && !env_names_.empty()) {
-    const std::vector<std::string>& known = env_names_;
-    if (spec.training.env.empty()) {
-      fail(v, "training.env", "the environment name is empty", "environments: " + join(known));
-    } else if (std::find(known.begin(), known.end(), spec.training.env) == known.end()) {
-      std::string why = "unknown environment";
-      std::string best = closest_match(spec.training.env, known);
-      if (!best.empty()) why += ", did you mean '" + best + "'?";
-      fail(v, "training.env", why, "environments: " + join(known));
-    }
   }
 }
 
@@ -378,19 +378,108 @@ void Validator::check_section(const std::string& section, const Node& n, const P
   }
 }
 
-/// A pipeline about to train checked against its environment's shape, at the network keys that
-/// do not fit.
+std::optional<HeadParam> Validator::untyped_param(const Node& v, const std::string& path, const char* what) {
+  if (v.kind != Node::Kind::scalar) {
+    fail(v, path, std::string("a ") + what + " is one value (a number, true/false or a string)" + got(v));
+    return std::nullopt;
+  }
+  std::int64_t i = 0;
+  if (v.quoted) return HeadParam{v.text};
+  if (auto b = parse_bool(v.text)) return HeadParam{*b};
+  if (parse_int(v.text, i) == IntParse::ok) return HeadParam{i};
+  if (auto num = parse_number(v.text); num && std::isfinite(*num)) return HeadParam{*num};
+  return HeadParam{v.text};
+}
+
+/// training.env: a name, or a map of plugin, task and the task's options; found, and its options
+/// checked against the task's schema, where there is a catalog.
+void Validator::read_env(const Node& v, PipelineSpec& spec) {
+  env_given_ = true;
+  EnvChoice e;
+  e.loc = v.loc;
+  SourceLoc name_loc = v.loc;
+  std::string name_key = "training.env";
+  if (v.kind == Node::Kind::scalar) {
+    e.task = v.text;
+  } else if (v.kind == Node::Kind::map) {
+    std::vector<const Entry*> extras;
+    const Fields f = fields(v, "training.env", {"plugin", "task"}, &extras);
+    if (const Node* p = find(f, "plugin")) {
+      if (auto str = as_string(*p, "training.env.plugin")) e.plugin = *str;
+      name_loc = p->loc;
+      name_key = "training.env.plugin";
+    }
+    if (const Node* t = find(f, "task")) {
+      if (auto str = as_string(*t, "training.env.task")) e.task = *str;
+      // The task is what is wrong unless the plugin is unknown.
+      if (e.plugin.empty() || (catalog_ && catalog_->find(e.plugin))) {
+        name_loc = t->loc;
+        name_key = "training.env.task";
+      }
+    }
+    if (e.none()) {
+      fail(v, "training.env", "names no environment: give its 'plugin' (and 'task' where the plugin has several)",
+           "e.g. training.env: {plugin: reacher, links: 6}");
+      return;
+    }
+    for (const Entry* x : extras)
+      if (auto hp = untyped_param(x->value, join_path("training.env", x->key), "task option")) {
+        e.options[x->key] = *hp;
+        e.option_locs[x->key] = x->value.loc;
+      }
+  } else {
+    fail(v, "training.env", "expected an environment's name or a map {plugin: …, task: …, options…}" + got(v),
+         "e.g. training.env: CartPole-v1");
+    return;
+  }
+  if (catalog_ && !e.none()) {
+    try {
+      const FoundEnv found = find_env(e, *catalog_, program_envs_);
+      e.plugin = found.plugin;
+      e.task = found.task;
+      if (found.task_desc) {
+        std::vector<std::string> storage;
+        resolve_env_options(e, *found.task_desc, storage);
+      } else if (!e.options.empty()) {
+        fail(e.option_locs.begin()->second, "training.env." + e.options.begin()->first,
+             param_text(e.options.begin()->second), "the program's own environment '" + e.task + "' takes no options");
+      }
+    } catch (const PipelineErrors& errs) {
+      env_refused_ = true;
+      errors.insert(errors.end(), errs.errors().begin(), errs.errors().end());
+    } catch (const std::invalid_argument& x) {
+      env_refused_ = true;
+      fail(name_loc, name_key, name_key == "training.env.plugin" ? e.plugin : e.task, x.what());
+    }
+  }
+  spec.training.env = std::move(e);
+}
+
+/// A pipeline about to train checked against its environment: made into one copy with its options;
+/// the network keys that do not fit it are errors.
 void Validator::check_environment(const PipelineSpec& spec) {
-  if (spec.training.env.empty()) return;
+  const EnvChoice& e = spec.training.env;
   auto at = [&](const std::string& path) -> SourceLoc {
     auto it = given_.find(path);
     if (it != given_.end()) return it->second->loc;
     auto sec = given_.lower_bound(path.substr(0, path.find('.') + 1));
     return sec != given_.end() ? sec->second->loc : top_loc_;
   };
-  const std::optional<EnvShape> env = environments_(spec.training.env);
-  if (!env) return;  // (an unknown name is training.env's own error)
-  const std::string where = "the environment " + spec.training.env;
+  if (e.none()) {
+    if (spec.training.dataset.empty())
+      fail(at("training.env"), "training.env", "", "an online run needs an environment",
+           "name one (training.env: CartPole-v1; `dqn plugins` lists them), or train offline from training.dataset");
+    return;
+  }
+  if (env_refused_) return;
+  const EnvProbe probe = environments_(e);
+  if (!probe.found) return;  // (an unknown plugin or task is training.env's own error)
+  const std::string where = "the environment " + (e.plugin.empty() ? e.task : e.plugin + ":" + e.task);
+  if (!probe.error.empty()) {
+    fail(at("training.env"), "training.env", "", where + " refused its options: " + probe.error);
+    return;
+  }
+  const EnvShape* env = &probe.shape;
   const NetworkSpec& n = spec.network;
   if (env->obs_dim != n.state)
     fail(at("network.state"), "network.state", std::to_string(n.state),
@@ -441,24 +530,10 @@ void Validator::read_head_params(const std::vector<const Entry*>& extras, const 
     std::string p = join_path(path, e->key);
     const Node& v = e->value;
     if (!d) {  // no catalog: keep what is written, typed as YAML would read it
-      if (v.kind != Node::Kind::scalar) {
-        fail(v, p, "a head param is one value (a number, true/false or a string)" + got(v));
-        continue;
+      if (auto hp = untyped_param(v, p, "head param")) {
+        h.params[e->key] = *hp;
+        h.param_locs[e->key] = v.loc;
       }
-      HeadParam hp;
-      std::int64_t i = 0;
-      if (v.quoted)
-        hp = v.text;
-      else if (auto b = parse_bool(v.text))
-        hp = *b;
-      else if (parse_int(v.text, i) == IntParse::ok)
-        hp = i;
-      else if (auto num = parse_number(v.text); num && std::isfinite(*num))
-        hp = *num;
-      else
-        hp = v.text;
-      h.params[e->key] = hp;
-      h.param_locs[e->key] = v.loc;
       continue;
     }
     const ParamSchema* s = find_schema(*d, e->key);
@@ -708,7 +783,7 @@ PipelineSpec parse_pipeline(const std::string& yaml_text, const std::string& sou
   for (const auto& o : opt.overrides) apply_override(root, o, errs);
   find_duplicates(root, "", errs);
 
-  Validator v(opt.plugins, opt.environments, opt.env_names, source_name);
+  Validator v(opt.plugins, opt.environments, opt.program_envs, source_name);
   PipelineSpec spec = v.run(root);
   errs.insert(errs.end(), v.errors.begin(), v.errors.end());
   if (!errs.empty()) {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "dqn/env.hpp"
 #include "pipeline/head_params.hpp"
 #include "pipeline/parse.hpp"
 #include "pipeline/schema.hpp"
@@ -60,6 +61,40 @@ void write_heads(std::ostringstream& o, const PipelineSpec& spec, const PluginCa
   }
 }
 
+/// training.env as a map of plugin, task and options (the task's whole schema, documented, where
+/// the catalog has the plugin), or the task's name alone for a program's own, or "" for none.
+void write_env(std::ostringstream& o, const PipelineSpec& spec, const PluginCatalog* catalog, const std::string& indent) {
+  const EnvChoice& e = spec.training.env;
+  if (e.none()) {
+    o << " \"\"\n";
+    return;
+  }
+  if (e.plugin.empty() && e.options.empty()) {
+    o << " " << quote(e.task) << "\n";
+    return;
+  }
+  o << "\n";
+  if (!e.plugin.empty()) o << indent << "  plugin: " << quote(e.plugin) << "\n";
+  if (!e.task.empty()) o << indent << "  task: " << quote(e.task) << "\n";
+  const PluginDescriptor* d = catalog && !e.plugin.empty() ? catalog->find(e.plugin) : nullptr;
+  const EnvDescriptor* task = nullptr;
+  if (d && d->kind == PluginKind::environment && d->struct_size >= kDescriptorSizeMinor1)
+    for (std::uint32_t i = 0; i < d->env_count; ++i)
+      if (d->envs[i].task && e.task == d->envs[i].task) task = &d->envs[i];
+  if (task) {
+    std::vector<std::string> storage;
+    const std::vector<ParamValue> vals = resolve_env_options(e, *task, storage);
+    for (std::uint32_t k = 0; k < task->schema_len; ++k) {
+      const ParamSchema& s = task->schema[k];
+      o << indent << "  " << yaml_key(s.key) << ": " << (s.type == ParamType::string ? quote(vals[k].s) : vals[k].s);
+      if (s.doc && *s.doc) o << "  # " << s.doc;
+      o << "\n";
+    }
+  } else {
+    for (const auto& [k, v] : e.options) o << indent << "  " << yaml_key(k) << ": " << yaml_param(v) << "\n";
+  }
+}
+
 /// Every key of `section` that the spec writes, nested two spaces a level.
 void write_section(std::ostringstream& o, const PipelineSpec& spec, const PluginCatalog* catalog,
                    const std::string& section, int depth) {
@@ -73,6 +108,8 @@ void write_section(std::ostringstream& o, const PipelineSpec& spec, const Plugin
     } else if (k->type == Type::heads) {
       o << "\n";
       write_heads(o, spec, catalog);
+    } else if (k->type == Type::env) {
+      write_env(o, spec, catalog, indent);
     } else {
       o << " " << value_text(*k, k->get(spec)) << "\n";
     }

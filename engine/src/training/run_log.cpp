@@ -80,6 +80,7 @@ void RunLog::metrics_line(const MetricsValues& v) {
     j["eval_min"] = v.eval->min;
     j["eval_max"] = v.eval->max;
     j["eval_episodes"] = v.eval->episodes;
+    if (v.eval->success) j["eval_success"] = *v.eval->success;
   }
   if (v.epsilon) j["epsilon"] = *v.epsilon;
   if (v.beta) j["beta"] = *v.beta;
@@ -100,6 +101,7 @@ void RunLog::metrics_line(const MetricsValues& v) {
     j["skipped_steps"] = v.report->skipped_steps;
   }
   j["replay_size"] = v.replay_size;
+  if (v.unstable_episodes) j["unstable_episodes"] = *v.unstable_episodes;
   if (v.max_priority) j["max_priority"] = *v.max_priority;
   j["steps_per_s"] = steps_per_s_;
   j["train_steps_per_s"] = train_steps_per_s_;  // since the line before (the step's throughput in the loop)

@@ -20,6 +20,7 @@ struct EvalResult {
   double mean = 0, min = 0, max = 0;
   int episodes = 0;
   bool complete = false;  ///< false when a stop request cut it short
+  std::optional<double> success;  ///< the fraction of episodes the task counted a success (where it reports them)
 };
 
 /// One metrics line's values, as the loop has them. An absent optional is a key the line leaves
@@ -50,6 +51,8 @@ struct MetricsValues {
   std::optional<Report> report;
   std::int64_t replay_size = 0;
   std::optional<double> max_priority;
+  /// Training episodes an unstable simulation ended, so far (online runs).
+  std::optional<std::int64_t> unstable_episodes;
   bool final_line = false;
   bool interrupted = false;  ///< on the final line: a stop request ended the run
 };

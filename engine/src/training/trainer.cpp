@@ -36,27 +36,28 @@ std::uint64_t derive_seed(std::uint64_t seed, std::uint64_t stream, std::uint64_
 }
 
 /// Checks that the pipeline's network fits the environment it trains on.
-void check_env_fits(const PipelineSpec& spec, const EnvSpec& env) {
+void check_env_fits(const PipelineSpec& spec, const VecEnv& env) {
   const NetworkSpec& n = spec.network;
-  const std::string where = "pipeline '" + spec.name + "': training.env " + env.name + ": ";
-  if (env.obs_dim != n.state)
-    throw std::invalid_argument(where + "observations have " + std::to_string(env.obs_dim) +
+  const std::string where = "pipeline '" + spec.name + "': training.env " + env.label() + ": ";
+  if (env.obs_dim() != n.state)
+    throw std::invalid_argument(where + "observations have " + std::to_string(env.obs_dim()) +
                                 " features but network.state is " + std::to_string(n.state) +
-                                " (set network.state=" + std::to_string(env.obs_dim) + ")");
-  if (int(env.branch_actions.size()) != n.branches)
-    throw std::invalid_argument(where + "the environment has " + std::to_string(env.branch_actions.size()) +
+                                " (set network.state=" + std::to_string(env.obs_dim()) + ")");
+  const std::vector<int> bins = env.branch_actions();
+  if (int(bins.size()) != n.branches)
+    throw std::invalid_argument(where + "the environment has " + std::to_string(bins.size()) +
                                 " action branches but network.branches is " + std::to_string(n.branches));
-  for (std::size_t d = 0; d < env.branch_actions.size(); ++d)
-    if (env.branch_actions[d] != n.actions)
-      throw std::invalid_argument(where + "branch " + std::to_string(d) + " has " +
-                                  std::to_string(env.branch_actions[d]) + " actions but network.actions is " +
-                                  std::to_string(n.actions));
+  for (std::size_t d = 0; d < bins.size(); ++d)
+    if (bins[d] != n.actions)
+      throw std::invalid_argument(where + "branch " + std::to_string(d) + " has " + std::to_string(bins[d]) +
+                                  " actions but network.actions is " + std::to_string(n.actions));
 }
 
 /// The training environment, checked against the network before anything large is allocated.
-std::unique_ptr<VecEnv> make_training_env(const PipelineSpec& spec) {
-  std::unique_ptr<VecEnv> env = make_env(spec.training.env, spec.training.num_envs, spec.seed);
-  check_env_fits(spec, env->spec());
+std::unique_ptr<VecEnv> make_training_env(const PipelineSpec& spec, const PluginLoader* plugins) {
+  std::unique_ptr<VecEnv> env =
+      make_env(spec.training.env, spec.training.num_envs, spec.seed, spec.training.env_threads, plugins);
+  check_env_fits(spec, *env);
   return env;
 }
 
@@ -88,10 +89,11 @@ Trainer::Trainer(Engine& engine, TrainerOptions opt)
       multi_(opt_.ranks && opt_.ranks->ranks() > 1),
       writer_(!multi_ || opt_.rank == 0),
       offline_(opt_.offline != nullptr),
-      env_(offline_ ? nullptr : make_training_env(spec_)),
-      eval_env_(offline_ && spec_.training.env.empty()
+      env_(offline_ ? nullptr : make_training_env(spec_, opt_.plugins)),
+      eval_env_(spec_.training.env.none()
                     ? nullptr
-                    : make_env(spec_.training.env, spec_.training.eval.episodes, derive_seed(spec_.seed, kEvalStream))),
+                    : make_env(spec_.training.env, spec_.training.eval.episodes, derive_seed(spec_.seed, kEvalStream),
+                               spec_.training.env_threads, opt_.plugins)),
       nstep_(spec_.network.state, spec_.network.branches, spec_.n_step, spec_.gamma, spec_.training.num_envs),
       N_(spec_.training.num_envs),
       S_(spec_.network.state),
@@ -105,8 +107,8 @@ Trainer::Trainer(Engine& engine, TrainerOptions opt)
     throw std::invalid_argument("trainer: training.dataset is " +
                                 (spec_.training.dataset.empty() ? std::string("not set") : "'" + spec_.training.dataset + "'") +
                                 " but the options " + (offline_ ? "bring" : "bring no") + " offline transitions");
-  if (eval_env_) check_env_fits(spec_, eval_env_->spec());
-  if (env_) branch_actions_ = env_->spec().branch_actions;
+  if (eval_env_) check_env_fits(spec_, *eval_env_);
+  if (env_) branch_actions_ = env_->branch_actions();
   if (opt_.log_every < 1) throw std::invalid_argument("trainer: log_every must be at least 1");
   const auto n = std::size_t(N_), s = std::size_t(S_);
   obs_.resize(n * s);
@@ -191,6 +193,7 @@ EvalResult Trainer::evaluate(std::int64_t round) {
   std::vector<std::uint8_t> term(ue), trunc(ue), done(ue, 0);
   std::vector<std::int32_t> act(ue * d, 0), compact_act(ue * d);
   std::vector<int> rows;
+  int successes = 0;
   eval_env_->reset(derive_seed(spec_.seed, kEvalStream, std::uint64_t(round)), obs.data());
   int remaining = E;
   EvalResult r;
@@ -211,6 +214,7 @@ EvalResult Trainer::evaluate(std::int64_t round) {
       ret[k] += rew[k];
       if (term[k] || trunc[k]) {
         done[k] = 1;
+        successes += eval_env_->success()[k];
         --remaining;
       }
     }
@@ -226,6 +230,7 @@ EvalResult Trainer::evaluate(std::int64_t round) {
   }
   r.episodes = E;
   r.mean = sum / E;
+  if (eval_env_->spec().reports_success) r.success = double(successes) / E;
   r.complete = true;
   return r;
 }
@@ -286,6 +291,7 @@ void Trainer::write_metrics(const std::optional<EvalResult>& eval, bool final_li
     if (rep->replay && spec_.training.replay.prioritized) v.max_priority = rep->replay->max_priority;
   }
   v.replay_size = replay_size();
+  if (env_) v.unstable_episodes = env_->unstable_episodes();
   v.final_line = final_line;
   v.interrupted = final_line && stop_requested();
   log_.metrics_line(v);
@@ -337,6 +343,7 @@ TrainResult Trainer::run() {
 
   auto record_eval = [&](const EvalResult& ev) {
     last_eval_ = ev.mean;
+    last_success_ = ev.success;
     loop_.last_eval_step = clock();
     save_weights_noted("weights.safetensors", res);
     if (!best_eval_ || ev.mean > *best_eval_) {
@@ -345,6 +352,7 @@ TrainResult Trainer::run() {
       save_weights_noted("best.safetensors", res);
     }
     if (t.stop_at_return != 0.0 && ev.mean >= t.stop_at_return) res.solved = true;
+    if (t.stop_at_success > 0.0 && ev.success && *ev.success >= t.stop_at_success) res.solved = true;
   };
 
   // A checkpoint taken while an evaluation was cut short resumes with that evaluation.
@@ -437,6 +445,7 @@ TrainResult Trainer::run() {
     res.ranks = opt_.ranks->ranks();
   }
   res.final_eval = loop_.last_eval_step == clock() ? last_eval_ : std::nullopt;
+  res.final_success = loop_.last_eval_step == clock() ? last_success_ : std::nullopt;
   res.last_eval = last_eval_;
   res.last_eval_step = loop_.last_eval_step;
   res.best_eval = best_eval_;

@@ -19,7 +19,7 @@
 #include "dqn/backend.hpp"
 #include "pipeline/spec.hpp"
 #include "core/engine_access.hpp"
-#include "training/env/env.hpp"
+#include "training/env/vec_env.hpp"
 #include "core/registry.hpp"
 #include "training/replay.hpp"
 #include "training/run_log.hpp"
@@ -82,6 +82,8 @@ struct TrainerOptions {
   /// device.
   RankGroup* ranks = nullptr;
   int rank = 0;
+  /// Where training.env's plugin is found (null: the default search path).
+  const PluginLoader* plugins = nullptr;
 };
 
 struct TrainResult {
@@ -92,9 +94,10 @@ struct TrainResult {
   std::int64_t env_steps_all_ranks = 0;
   int ranks = 1;
   std::optional<double> final_eval;  ///< the evaluation at the last step, if one ran there
+  std::optional<double> final_success;  ///< its success rate, where the task reports successes
   std::optional<double> last_eval, best_eval;
   std::int64_t last_eval_step = -1, best_eval_step = -1;
-  bool solved = false;       ///< an evaluation reached training.stop_at_return
+  bool solved = false;       ///< an evaluation reached training.stop_at_return or stop_at_success
   bool interrupted = false;  ///< request_stop() ended it
   double wall_s = 0;
   std::string checkpoint;  ///< the last checkpoint written ("" if none)
@@ -198,6 +201,7 @@ class Trainer {
   std::int64_t refreshed_at_ = 0;  ///< train_steps_ at the last refresh of the acting snapshot
   std::optional<StepReport> last_report_;  ///< the newest report seen (metrics lines)
   std::optional<double> last_eval_, best_eval_;
+  std::optional<double> last_success_;  ///< the last evaluation's success rate (not checkpointed: a message only)
   std::int64_t best_eval_step_ = -1;
   /// Where the loop stands (saved in checkpoints).
   struct Loop {

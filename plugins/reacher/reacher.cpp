@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <numbers>
 #include <stdexcept>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,10 @@ const ParamSchema kSchema[] = {
     {"control_cost", ParamType::number, "0.01", "penalty per step: this times the sum over joints of torque squared",
      0, 1000},
     {"success_bonus", ParamType::number, "2", "reward on the step the fingertip comes within tolerance", 0, 1000},
+    {"joint_actions", ParamType::boolean, "false",
+     "one discrete branch over every combination of the joints' torques (bins^links actions, at most 65536) "
+     "instead of one branch per joint: the flat action set a single-branch network must choose from",
+     -std::numeric_limits<double>::infinity(), std::numeric_limits<double>::infinity()},
 };
 
 class Reacher final : public EnvBase {
@@ -63,10 +68,22 @@ class Reacher final : public EnvBase {
     control_cost_ = number_in("control_cost", 0, 1000);
     success_bonus_ = number_in("success_bonus", 0, 1000);
 
+    joint_ = options().flag("joint_actions");
     std::vector<std::string> names;  // set_spec copies them
-    for (int j = 0; j < links_; ++j) names.push_back("joint" + std::to_string(j));
     std::vector<EnvBranch> branches;
-    for (const std::string& name : names) branches.push_back(EnvBranch{bins_, 1, -1.0, 1.0, name.c_str()});
+    if (joint_) {
+      std::int64_t combinations = 1;
+      for (int j = 0; j < links_; ++j) combinations *= bins_;
+      if (combinations > 65536)
+        throw std::invalid_argument(task() + ": option 'joint_actions' with " + std::to_string(bins_) + " bins and " +
+                                    std::to_string(links_) + " links makes " + std::to_string(combinations) +
+                                    " actions, more than 65536");
+      names.push_back("joints");
+      branches.push_back(EnvBranch{static_cast<std::int32_t>(combinations), 0, 0.0, 0.0, names.back().c_str()});
+    } else {
+      for (int j = 0; j < links_; ++j) names.push_back("joint" + std::to_string(j));
+      for (const std::string& name : names) branches.push_back(EnvBranch{bins_, 1, -1.0, 1.0, name.c_str()});
+    }
     set_spec(obs_dim(), std::move(branches), max_steps_, true);
 
     const auto n = static_cast<std::size_t>(num_envs());
@@ -92,7 +109,7 @@ class Reacher final : public EnvBase {
     // Every action is checked before any copy moves, so a refused call changes nothing.
     for (int i = begin; i < end; ++i)
       for (int j = 0; j < links_; ++j) {
-        const std::int32_t a = io.actions[static_cast<std::size_t>(i) * links_ + j];
+        const std::int32_t a = bin(io.actions, i, j);
         if (a < 0 || a >= bins_)
           throw std::out_of_range(task() + ": copy " + std::to_string(i) + ", joint" + std::to_string(j) + ": action " +
                                   std::to_string(a) + " is not a bin in [0, " + std::to_string(bins_) + ")");
@@ -105,7 +122,7 @@ class Reacher final : public EnvBase {
       const double before = distance(i);
       double effort = 0.0;
       for (int j = 0; j < links_; ++j) {
-        const double u = control(j, io.actions[row * links_ + j]);
+        const double u = -1.0 + 2.0 * bin(io.actions, i, j) / (bins_ - 1);
         effort += u * u;
         reacher::step_joint(q[j], w[j], u);
       }
@@ -168,6 +185,14 @@ class Reacher final : public EnvBase {
   }
 
  private:
+  /// Joint j's torque bin of copy i: its own branch, or its digit of the combination (base bins,
+  /// joint 0 the lowest).
+  std::int32_t bin(const std::int32_t* actions, int i, int j) const {
+    if (!joint_) return actions[static_cast<std::size_t>(i) * links_ + j];
+    std::int32_t a = actions[i];
+    for (int k = 0; k < j; ++k) a /= bins_;
+    return a % bins_;
+  }
   int obs_dim() const { return 5 * links_ + 6; }
 
   std::int64_t option_in(const char* key, std::int64_t lo, std::int64_t hi) const {
@@ -261,6 +286,7 @@ class Reacher final : public EnvBase {
   }
 
   int links_ = 0, bins_ = 0, max_steps_ = 0;
+  bool joint_ = false;  ///< one branch of bins^links combinations (joint_actions)
   double tolerance_ = 0, distance_weight_ = 0, control_cost_ = 0, success_bonus_ = 0;
   std::vector<double> q_, w_;         ///< [N, links]: joint angles (rad, relative) and speeds (rad/s)
   std::vector<double> target_;        ///< [N, 2]

@@ -2,7 +2,7 @@
 """The QR-DQN example as the primary learns CartPole: the build installed into a temporary prefix,
 examples/plugins/qr_dqn built against it alone (tests/install/sdk.py), then the installed dqn trains
 its pipeline for each seed and every final greedy evaluation must reach --min-return
-(cartpole_learns.check_run).
+(learns.check_run).
 Usage: qr_dqn_learns.py BUILD_ROOT SOURCE_ROOT [--seed 1,2,3] [--min-return 475]"""
 import argparse
 import os
@@ -12,7 +12,7 @@ import tempfile
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, here)
 sys.path.insert(0, os.path.join(here, "..", "install"))
-import cartpole_learns  # noqa: E402
+import learns  # noqa: E402
 import sdk  # noqa: E402
 
 
@@ -28,7 +28,7 @@ def main():
         ex = sdk.build_example(a.source_root, libdir, tmp)
         pipeline = os.path.join(a.source_root, "examples", "plugins", "qr_dqn", "qr_dqn.yaml")
         for seed in a.seed.split(","):
-            cartpole_learns.check_run(os.path.join(bindir, "dqn"), pipeline, seed, a.min_return, ["qr_dqn"],
+            learns.check_run(os.path.join(bindir, "dqn"), pipeline, seed, a.min_return, ["qr_dqn"],
                                       "qr.value.0.weight", plugin_path=ex, env=sdk.clean_env())
 
 

@@ -68,6 +68,7 @@ EnvPtr make(const Options& opt, int n, std::uint64_t seed, std::string* error = 
     dqn::ParamValue v{s.key, s.type, 0, 0.0, nullptr};
     if (s.type == dqn::ParamType::integer) v.i = std::stoll(text);
     if (s.type == dqn::ParamType::number) v.d = std::stod(text);
+    if (s.type == dqn::ParamType::boolean) v.i = text == "true" ? 1 : 0;
     values.push_back(v);
   }
   const dqn::EnvCreateInfo info{t.task, n, seed, values.data(), static_cast<std::uint32_t>(values.size())};
@@ -224,10 +225,15 @@ TEST_CASE("reacher.descriptor_and_spec") {
   const std::map<std::string, double> defaults = {
       {"links", kLinks},         {"bins", kBins},           {"max_steps", kMaxSteps},        {"tolerance", kTolerance},
       {"distance_weight", kDistanceWeight}, {"control_cost", kControlCost}, {"success_bonus", kSuccessBonus}};
-  REQUIRE(task().schema_len == defaults.size());
+  REQUIRE(task().schema_len == defaults.size() + 1);
   for (std::uint32_t k = 0; k < task().schema_len; ++k) {
     const dqn::ParamSchema& s = task().schema[k];
     CAPTURE(std::string(s.key));
+    if (std::string(s.key) == "joint_actions") {
+      CHECK(s.type == dqn::ParamType::boolean);
+      CHECK(std::string(s.default_value) == "false");
+      continue;
+    }
     REQUIRE(defaults.count(s.key) == 1);
     CHECK(std::stod(s.default_value) == defaults.at(s.key));
     CHECK(std::strlen(s.doc) > 10);
@@ -625,4 +631,33 @@ TEST_CASE("reacher.solvable_with_bins_but_not_by_chance") {
     CHECK(scripted.success >= 0.95);
     CHECK(random.success < 0.30);
   }
+}
+
+TEST_CASE("reacher.joint_actions: one branch over every combination moves the arm as the branches do") {
+  constexpr int kN = 3;
+  auto branched = make({{"links", "2"}, {"bins", "3"}}, kN, 11);
+  auto joint = make({{"links", "2"}, {"bins", "3"}, {"joint_actions", "true"}}, kN, 11);
+  REQUIRE(branched);
+  REQUIRE(joint);
+  REQUIRE(joint->spec().n_branches == 1);
+  CHECK(joint->spec().branches[0].bins == 9);
+  CHECK(joint->spec().branches[0].continuous == 0);
+  Io a(*branched), b(*joint);
+  std::mt19937 g(4);
+  for (int t = 0; t < 120; ++t) {
+    for (int i = 0; i < kN; ++i) {
+      const int j0 = int(g() % 3), j1 = int(g() % 3);
+      a.actions[std::size_t(2 * i)] = j0;
+      a.actions[std::size_t(2 * i + 1)] = j1;
+      b.actions[std::size_t(i)] = j0 + 3 * j1;  // joint 0 the lowest digit
+    }
+    step(*branched, a);
+    step(*joint, b);
+    CHECK(a.obs == b.obs);
+    CHECK(a.rewards == b.rewards);
+    CHECK(a.terminated == b.terminated);
+  }
+  std::string error;
+  CHECK(!make({{"links", "8"}, {"bins", "5"}, {"joint_actions", "true"}}, 1, 0, &error));
+  CHECK(error == "reacher: option 'joint_actions' with 5 bins and 8 links makes 390625 actions, more than 65536");
 }

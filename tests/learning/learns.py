@@ -1,8 +1,10 @@
 #!/usr/bin/python3
-"""Runs `dqn train PIPELINE --out TMP --seed N -q` for each seed and checks the run directory it
-wrote: the resolved pipeline, metrics.jsonl (every line a JSON object with the documented keys, per
-head for --heads, the first being the primary), the weights (the primary's --weights-key among
-them), and that the final evaluation's mean greedy return is at least --min-return."""
+"""Runs `dqn train PIPELINE --out TMP --seed N -q [KEY=VALUE …]` for each seed and checks the run
+directory it wrote: the resolved pipeline, metrics.jsonl (every line a JSON object with the
+documented keys, per head for --heads, the first being the primary), the weights (the primary's
+--weights-key among them), and that the final evaluation's mean greedy return is at least
+--min-return, and, with --min-success, that its success rate (a task that reports successes) is at
+least that."""
 import argparse
 import json
 import os
@@ -21,12 +23,13 @@ def safetensors_names(path):
     return set(header) - {"__metadata__"}
 
 
-def check_run(dqn, pipeline, seed, min_return, heads, weights_key, plugin_path=None, env=None):
+def check_run(dqn, pipeline, seed, min_return, heads, weights_key, plugin_path=None, env=None, overrides=(),
+              min_success=None):
     """One training run and its checks; exits with FAIL on the first problem."""
     keys = KEYS + [f"{k}.{h}" for h in heads for k in ("loss", "grad_norm", "clip")]
     with tempfile.TemporaryDirectory(prefix="dqn-learning-") as tmp:
         out = os.path.join(tmp, "run")
-        cmd = [dqn, "train", pipeline, "--out", out, "--seed", str(seed), "-q"]
+        cmd = [dqn, "train", pipeline, "--out", out, "--seed", str(seed), "-q"] + list(overrides)
         if plugin_path:
             cmd += ["--plugin-path", plugin_path]
         print("$", " ".join(cmd), flush=True)
@@ -56,6 +59,15 @@ def check_run(dqn, pipeline, seed, min_return, heads, weights_key, plugin_path=N
             sys.exit(f"FAIL: weights.safetensors has no {weights_key}")
         print("evaluations (step, mean return):", ", ".join(f"({s}, {r:.1f})" for s, r in evals))
         final = evals[-1][1]
+        if min_success is not None:
+            rates = [(m["step"], m.get("eval_success")) for m in lines if "eval_return" in m]
+            print("success rates (step, rate):", ", ".join(f"({s}, {r})" for s, r in rates))
+            rate = lines[-1].get("eval_success")
+            if rate is None:
+                sys.exit("FAIL: the final evaluation has no eval_success (does the task report successes?)")
+            if rate < min_success:
+                sys.exit(f"FAIL: seed {seed}: final greedy success rate {rate:.2f} < {min_success}")
+            print(f"OK: seed {seed}: final greedy success rate {rate:.2f} >= {min_success} at step {evals[-1][0]}")
         if final < min_return:
             sys.exit(f"FAIL: seed {seed}: final mean greedy eval return {final:.1f} < {min_return}")
         print(f"OK: seed {seed}: final mean greedy eval return {final:.1f} >= {min_return} at step {evals[-1][0]}")
@@ -70,9 +82,12 @@ def main():
     ap.add_argument("--heads", default="c51", help="heads whose loss, grad_norm and clip every line carries")
     ap.add_argument("--weights-key", default="c51.value.0.weight", help="a tensor the weights must hold")
     ap.add_argument("--plugin-path", default=None)
+    ap.add_argument("--min-success", type=float, default=None, help="the final evaluation's success rate, at least")
+    ap.add_argument("overrides", nargs="*", help="pipeline overrides, key=value")
     a = ap.parse_args()
     for seed in a.seed.split(","):
-        check_run(a.dqn, a.pipeline, seed, a.min_return, a.heads.split(","), a.weights_key, a.plugin_path)
+        check_run(a.dqn, a.pipeline, seed, a.min_return, a.heads.split(","), a.weights_key, a.plugin_path,
+                  overrides=a.overrides, min_success=a.min_success)
 
 
 if __name__ == "__main__":

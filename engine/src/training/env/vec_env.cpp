@@ -332,7 +332,10 @@ std::function<EnvProbe(const EnvChoice&)> environment_shapes(const PluginLoader*
       const std::unique_ptr<VecEnv> made = make_env(env, 1, 0, 1, &loader);
       p.shape = EnvShape{made->obs_dim(), made->branch_actions()};
     } catch (const std::exception& e) {
-      p.error = e.what();
+      // The environment's own reason (the validator names the environment itself).
+      const std::string why = e.what(), made = " could not be made: ";
+      const std::size_t at = why.find(made);
+      p.error = at == std::string::npos ? why : why.substr(at + made.size());
     }
     return p;
   };

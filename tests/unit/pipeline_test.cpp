@@ -1082,6 +1082,18 @@ TEST_CASE("pipeline.network_fits_its_environment") {
   REQUIRE(errs.size() == 1);
   CHECK(std::string(errs[0].what()).find("key 'training.env': the environment classic:Acrobot-v1 refused its options: no "
                                          "physics here") != std::string::npos);
+  // A refusal that names an option written in the pipeline points at it.
+  ParseOptions named = o;
+  named.environments = [](const EnvChoice&) {
+    EnvProbe p;
+    p.found = true;
+    p.error = "cannot load the model '/nope.xml' (option 'model')";
+    return p;
+  };
+  errs = errors_of(fits + kPrimary + "training:\n  env: {plugin: mujoco, task: reacher, model: /nope.xml}\n", named);
+  REQUIRE(errs.size() == 1);
+  CHECK(std::string(errs[0].what()).rfind("t.yaml:4:47: key 'training.env.model' = '/nope.xml': the environment "
+                                          "mujoco:reacher refused its options: cannot load", 0) == 0);
   errs = errors_of(fits + kPrimary + "training: {env: \"\"}\n", o);
   REQUIRE(errs.size() == 1);
   CHECK(std::string(errs[0].what()).find("key 'training.env': an online run needs an environment") != std::string::npos);

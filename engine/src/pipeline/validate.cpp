@@ -476,6 +476,12 @@ void Validator::check_environment(const PipelineSpec& spec) {
   if (!probe.found) return;  // (an unknown plugin or task is training.env's own error)
   const std::string where = "the environment " + (e.plugin.empty() ? e.task : e.plugin + ":" + e.task);
   if (!probe.error.empty()) {
+    // Where the environment's message names an option the pipeline writes, the error points there.
+    for (const auto& [key, loc] : e.option_locs)
+      if (probe.error.find("option '" + key + "'") != std::string::npos) {
+        fail(loc, "training.env." + key, param_text(e.options.at(key)), where + " refused its options: " + probe.error);
+        return;
+      }
     fail(at("training.env"), "training.env", "", where + " refused its options: " + probe.error);
     return;
   }

@@ -10,7 +10,7 @@
 
 namespace reacher {
 
-/// Fixed physics (docs/environments-reacher.md). Each joint is a damped rotor: ω' = gain·u − damping·ω
+/// Fixed physics (docs/environments.md, "reacher"). Each joint is a damped rotor: ω' = gain·u − damping·ω
 /// with the control u in [−1, 1], so its speed follows max_speed·u within a few steps. A quick
 /// response (rather than a heavy arm) keeps an action's effect close to its reward, which is what
 /// lets a DQN learn the task in a few thousand steps.

@@ -24,7 +24,7 @@ namespace {
 using dqn::Env;
 using dqn::StateType;
 
-// The task's defaults (docs/environments-reacher.md).
+// The task's defaults (docs/environments.md, "reacher").
 constexpr int kLinks = 4, kBins = 5, kMaxSteps = 75;
 constexpr double kTolerance = 0.1, kDistanceWeight = 4, kControlCost = 0.01, kSuccessBonus = 2;
 
@@ -146,7 +146,7 @@ void random_run(Env& env, Io& io, unsigned seed, int steps, Check check) {
   }
 }
 
-/// The observation's parts (layout in plugins/reacher/reacher.cpp and docs/environments-reacher.md).
+/// The observation's parts (layout in plugins/reacher/reacher.cpp and docs/environments.md, "reacher").
 struct View {
   const float* o;
   int links;

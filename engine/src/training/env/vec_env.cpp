@@ -194,7 +194,7 @@ void VecEnv::step(const std::int32_t* actions, float* next_obs, float* rewards, 
   std::fill(unstable_.begin(), unstable_.end(), 0);
   const EnvStep io{actions, next_obs, rewards, terminated, truncated, final_obs, success_.data(), unstable_.data()};
   const bool timing = auto_max_ > 1 && probed_ <= kAutoProbeSteps;
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = timing ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   run_ranges("step", [&](int begin, int end, char* err) { return env_->step(begin, end, io, err, kErrLen); });
   if (timing && probed_++ > 0) {  // (the first step warms caches up: not counted)
     probe_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

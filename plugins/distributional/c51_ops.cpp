@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <new>
 #include <string>
+#include <vector>
 
 #include "dqn/own_ops.hpp"
 
@@ -21,19 +23,25 @@ void project_host(const C51Project& a) {
   const T* R = a.rewards.as<T>();
   const T* Dn = a.dones.as<T>();
   T* M = a.m.as<T>();
+  // Each target atom's position and probability, computed once per row: the scratch grows to the
+  // largest Z seen and stays, so steps after the first allocate nothing.
+  thread_local std::vector<double> tz, p;
+  if (tz.size() < static_cast<std::size_t>(Z)) tz.resize(static_cast<std::size_t>(Z)), p.resize(static_cast<std::size_t>(Z));
   for (int b = 0; b < a.B; ++b) {
     const double discount = static_cast<double>(a.gamma_n) * (1.0 - static_cast<double>(Dn[b]));
+    for (int j = 0; j < Z; ++j)
+      tz[j] = std::clamp(static_cast<double>(R[b]) + discount * (v_min + j * dz), v_min, v_max);
     for (int d = 0; d < a.D; ++d) {
       const int bd = b * a.D + d;
       const T* lp = LP + (static_cast<std::int64_t>(bd) * a.A + a.a_star[bd]) * Z;
       T* m = M + static_cast<std::int64_t>(bd) * Z;
+      for (int j = 0; j < Z; ++j) p[j] = std::exp(static_cast<double>(lp[j]));
       for (int i = 0; i < Z; ++i) {
         const double zi = v_min + i * dz;
         double acc = 0.0;
         for (int j = 0; j < Z; ++j) {
-          const double tz = std::clamp(static_cast<double>(R[b]) + discount * (v_min + j * dz), v_min, v_max);
-          const double weight = std::clamp(1.0 - std::abs(tz - zi) / dz, 0.0, 1.0);
-          acc += weight * std::exp(static_cast<double>(lp[j]));
+          const double weight = std::clamp(1.0 - std::abs(tz[j] - zi) / dz, 0.0, 1.0);
+          acc += weight * p[j];
         }
         m[i] = static_cast<T>(acc);
       }
@@ -120,7 +128,11 @@ void c51_project(Backend& be, const C51Project& a) noexcept {
 #endif
   }
   if (!indices_ok(be, op, a.a_star, std::int64_t(a.B) * a.D, a.A, "a_star")) return;
-  with_host_real(be, [&](auto zero) { project_host<decltype(zero)>(a); });
+  try {
+    with_host_real(be, [&](auto zero) { project_host<decltype(zero)>(a); });
+  } catch (const std::bad_alloc&) {
+    be.fail(op, "out of memory for the projection's scratch");
+  }
 }
 
 void c51_xent(Backend& be, const C51Xent& a) noexcept {

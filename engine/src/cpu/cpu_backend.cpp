@@ -75,22 +75,27 @@ class CpuBackend final : public EngineBackend {
         }
       return;
     }
+    // Each C[i][j] is the same double sum as the textbook loop, its products added in the order
+    // p = 0, 1, …, k−1, so the result is bit-identical to it; B is first copied to doubles in
+    // [p][j] order so that the sum runs over a whole row of C at once, reading memory in order.
+    if (!gemm_scratch(g.k, g.n)) return;
+    double* const Bd = bd_.data();
+    double* const acc = acc_.data();
     for (int bi = 0; bi < g.batch; ++bi) {
       const T* A = g.k > 0 ? g.a.as<T>() + bi * g.stride_a : nullptr;
       const T* B = g.k > 0 ? g.b.as<T>() + bi * g.stride_b : nullptr;
       T* C = g.c.as<T>() + bi * g.stride_c;
       const T* bias = g.bias ? g.bias.as<T>() + bi * g.stride_bias : nullptr;
+      for (int p = 0; p < g.k; ++p)
+        for (int j = 0; j < g.n; ++j)
+          Bd[static_cast<std::size_t>(p) * g.n + j] =
+              static_cast<double>(g.tb ? B[idx(j, g.ldb, p)] : B[idx(p, g.ldb, j)]);
       for (int i = 0; i < g.m; ++i) {
+        row_product(A, g.ta, g.lda, i, g.k, Bd, g.n, acc);
         for (int j = 0; j < g.n; ++j) {
-          double acc = 0.0;
-          for (int p = 0; p < g.k; ++p) {
-            const double a = g.ta ? A[idx(p, g.lda, i)] : A[idx(i, g.lda, p)];
-            const double b = g.tb ? B[idx(j, g.ldb, p)] : B[idx(p, g.ldb, j)];
-            acc += a * b;
-          }
           T& c = C[idx(i, g.ldc, j)];
           // beta == 0 overwrites: C may hold uninitialised memory (NaN garbage).
-          c = static_cast<T>(beta == 0.0 ? alpha * acc : alpha * acc + beta * static_cast<double>(c));
+          c = static_cast<T>(beta == 0.0 ? alpha * acc[j] : alpha * acc[j] + beta * static_cast<double>(c));
           if (epilogue) {  // exactly bias_act on the stored product: bit-identical to gemm + bias_act
             double x = static_cast<double>(c) + (bias ? static_cast<double>(bias[j]) : 0.0);
             if (g.act == Act::relu) x = x > 0.0 ? x : 0.0;
@@ -101,6 +106,53 @@ class CpuBackend final : public EngineBackend {
         }
       }
     }
+  }
+
+  /// acc[j] = Σ_p A(i, p)·Bd[p][j] for j < n, each sum in the order p = 0 … k−1 (A transposed
+  /// when ta).
+  static void row_product(const T* A, bool ta, int lda, int i, int k, const double* __restrict Bd, int n,
+                          double* __restrict acc) noexcept {
+    auto a_at = [&](int p) { return static_cast<double>(ta ? A[idx(p, lda, i)] : A[idx(i, lda, p)]); };
+    for (int j = 0; j < n; ++j) acc[j] = 0.0;
+    int p = 0;
+    for (; p + 4 <= k; p += 4) {  // four products a row at a time: acc stays in a register
+      const double a0 = a_at(p), a1 = a_at(p + 1), a2 = a_at(p + 2), a3 = a_at(p + 3);
+      const double* __restrict b0 = Bd + static_cast<std::size_t>(p) * n;
+      const double* __restrict b1 = b0 + n;
+      const double* __restrict b2 = b1 + n;
+      const double* __restrict b3 = b2 + n;
+      int j = 0;
+      for (; j + 2 <= n; j += 2)  // two columns at once: lane by lane the same operations
+        store2(acc + j, (((load2(acc + j) + a0 * load2(b0 + j)) + a1 * load2(b1 + j)) + a2 * load2(b2 + j)) +
+                            a3 * load2(b3 + j));
+      for (; j < n; ++j) acc[j] = (((acc[j] + a0 * b0[j]) + a1 * b1[j]) + a2 * b2[j]) + a3 * b3[j];
+    }
+    for (; p < k; ++p) {
+      const double a = a_at(p);
+      const double* __restrict b = Bd + static_cast<std::size_t>(p) * n;
+      for (int j = 0; j < n; ++j) acc[j] += a * b[j];
+    }
+  }
+
+  using V2 = double __attribute__((vector_size(16)));  // one SSE2 register
+  static V2 load2(const double* p) noexcept {
+    V2 v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
+  static void store2(double* p, V2 v) noexcept { std::memcpy(p, &v, sizeof v); }
+
+  /// The GEMM's scratch (B as doubles, one row of sums): grows to the largest call and stays.
+  bool gemm_scratch(int k, int n) noexcept {
+    const std::size_t need = static_cast<std::size_t>(std::max(k, 1)) * static_cast<std::size_t>(n);
+    try {
+      if (bd_.size() < need) bd_.resize(need);
+      if (acc_.size() < static_cast<std::size_t>(n)) acc_.resize(static_cast<std::size_t>(n));
+    } catch (const std::bad_alloc&) {
+      fail("gemm", "out of memory for scratch");
+      return false;
+    }
+    return true;
   }
 
   void bias_act(Real y, Real bias, int rows, int cols, int ldy, Act act) noexcept override {
@@ -594,6 +646,7 @@ class CpuBackend final : public EngineBackend {
   int status_ = 0;
   char message_[256] = {};
   std::vector<double> vbuf_, xbuf_;
+  std::vector<double> bd_, acc_;  // gemm_scratch
 };
 
 }  // namespace

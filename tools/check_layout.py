@@ -2,7 +2,7 @@
 """Checks the repository's layout rules: no source file under engine/, kernels/, plugins/ or tools/
 over 1,000 lines and no test file over 1,500; kernels/ holds device code only; each component
 includes only what it may depend on (docs/architecture.md), the engine's folders in layers
-(cli -> training -> core -> pipeline, the backends cpu and cuda beside core, reaching it only
+(cli and api -> training -> core -> pipeline, the backends cpu and cuda beside core, reaching it only
 through its backend interfaces); no two headers of the tree share a file name. Prints every breach
 and exits 1 if there is one.
 Usage: tools/check_layout.py [REPO_ROOT]   (default: the folder above tools/)
@@ -20,6 +20,7 @@ ENGINE_LAYERS = {
     "pipeline": {"pipeline"},
     "core": {"pipeline", "core"},
     "training": {"pipeline", "core", "training"},
+    "api": {"pipeline", "core", "training", "api"},
     "cli": {"pipeline", "core", "training", "cli"},
     "cpu": {"pipeline", "cpu"},
     "cuda": {"pipeline", "cuda"},

@@ -4,7 +4,7 @@ directory it wrote: the resolved pipeline, metrics.jsonl (every line a JSON obje
 documented keys, per head for --heads, the first being the primary), the weights (the primary's
 --weights-key among them), and that the final evaluation's mean greedy return is at least
 --min-return, and, with --min-success, that its success rate (a task that reports successes) is at
-least that."""
+least that; and that `dqn eval` with the last evaluation's seed reports the same mean."""
 import argparse
 import json
 import os
@@ -57,6 +57,18 @@ def check_run(dqn, pipeline, seed, min_return, heads, weights_key, plugin_path=N
             sys.exit("FAIL: the last line is not the final evaluation")
         if weights_key not in safetensors_names(os.path.join(out, "weights.safetensors")):
             sys.exit(f"FAIL: weights.safetensors has no {weights_key}")
+        # dqn eval replays the last evaluation from its seed: the same mean, to the bit.
+        cmd = [dqn, "eval", out, "--seed", str(lines[-1]["eval_seed"]), "--json"]
+        if plugin_path:
+            cmd += ["--plugin-path", plugin_path]
+        e = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        if e.returncode != 0:
+            sys.exit(f"FAIL: dqn eval exited with {e.returncode}: {e.stderr}")
+        replay = json.loads(e.stdout)
+        if replay["mean"] != lines[-1]["eval_return"] or replay["episodes"] != lines[-1]["eval_episodes"]:
+            sys.exit(f"FAIL: dqn eval --seed {lines[-1]['eval_seed']}: mean {replay['mean']} over {replay['episodes']} "
+                     f"episodes, the run's last evaluation {lines[-1]['eval_return']} over {lines[-1]['eval_episodes']}")
+        print(f"OK: dqn eval replays the last evaluation: mean {replay['mean']:.1f}")
         print("evaluations (step, mean return):", ", ".join(f"({s}, {r:.1f})" for s, r in evals))
         final = evals[-1][1]
         if min_success is not None:

@@ -693,7 +693,9 @@ TEST_CASE("trainer.run_log: metrics lines, the progress line and messages from t
     v.ranks = 2;
     v.env_steps_all_ranks = 400;
     v.episode_return = 12.5;
-    v.eval = EvalResult{20.0, 10.0, 30.0, 3, true, std::nullopt};
+    EvalResult ev;
+    ev.mean = 20.0, ev.min = 10.0, ev.max = 30.0, ev.episodes = 3, ev.complete = true, ev.seed = 42;
+    v.eval = ev;
     v.beta = 0.75;
     v.report = MetricsValues::Report{{{"c51", 1.5, 2.0, 1.0}, {"cql", 0.25, 0.5, 0.125}}, 1.75, 2};
     v.max_priority = 3.0;
@@ -708,7 +710,7 @@ TEST_CASE("trainer.run_log: metrics lines, the progress line and messages from t
           R"("total_loss":null,"skipped_steps":0,"replay_size":100,"steps_per_s":T,"train_steps_per_s":T,"wall_s":T})");
     CHECK(timings_masked(lines[1]) ==
           R"({"step":200,"train_steps":50,"ranks":2,"env_steps_all_ranks":400,"episodes":3,"episode_return":12.5,)"
-          R"("eval_return":20.0,"eval_min":10.0,"eval_max":30.0,"eval_episodes":3,"epsilon":0.5,"beta":0.75,)"
+          R"("eval_return":20.0,"eval_min":10.0,"eval_max":30.0,"eval_episodes":3,"eval_seed":42,"epsilon":0.5,"beta":0.75,)"
           R"("loss.c51":1.5,"grad_norm.c51":2.0,"clip.c51":1.0,"loss.cql":0.25,"grad_norm.cql":0.5,"clip.cql":0.125,)"
           R"("total_loss":1.75,"skipped_steps":2,"replay_size":100,"max_priority":3.0,)"
           R"("steps_per_s":T,"train_steps_per_s":T,"wall_s":T,"final":true,"interrupted":true})");

@@ -1,4 +1,4 @@
-// The dqn command line (dqn::cli_main, dqn/cli.hpp): train, step, bench, check-head, validate,
+// The dqn command line (dqn::cli_main, dqn/cli.hpp): train, eval, collect, step, bench, check-head, validate,
 // plugins, doc.
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -111,6 +111,26 @@ int dqn::cli_main(int argc, char** argv) {
   collect_cmd->add_option("--out", collect.out, "the dataset file (safetensors)")->required();
   collect_cmd->add_flag("--force", collect.force, "replace --out when it exists");
 
+  EvalArgs eval;
+  std::vector<std::string> eval_extra;
+  auto* eval_cmd = app.add_subcommand(
+      "eval", "play episodes with a trained policy (greedy or ε-greedy) and summarise their returns and lengths");
+  add_common(eval_cmd, eval.common, true);
+  eval_cmd->add_option("source", eval.source, "a run directory, or a weights file (with --pipeline)")->required();
+  eval_cmd->add_option("overrides", eval_extra, "key.path=value overrides");
+  eval_cmd->add_option("--pipeline", eval.pipeline, "the weights' pipeline (a run directory has its own)");
+  eval_cmd->add_flag("--best", eval.best, "a run directory's best.safetensors instead of its final weights");
+  eval_cmd->add_option("--episodes", eval.episodes,
+                       "episodes in all, the same number on every environment copy (default: training.eval.episodes)")
+      ->check(CLI::Range(1, 100000000));
+  eval_cmd->add_option("--seed", eval.seed,
+                       "the environments' reset seed (default: derived from the pipeline's seed, apart from "
+                       "training's; a metrics line's eval_seed replays that evaluation)")
+      ->check(CLI::NonNegativeNumber);
+  eval_cmd->add_option("--epsilon", eval.epsilon, "probability of a uniform-random action")->check(CLI::Range(0.0, 1.0));
+  eval_cmd->add_option("--env", eval.env, "another task: a name, or plugin:task (default: the pipeline's training.env)");
+  eval_cmd->add_flag("--json", eval.json, "one JSON object on stdout");
+
   CheckHeadArgs check;
   std::vector<std::string> check_extra;
   auto* check_cmd = app.add_subcommand(
@@ -160,6 +180,10 @@ int dqn::cli_main(int argc, char** argv) {
       return cmd_train(train);
     }
     if (*collect_cmd) return cmd_collect(collect);
+    if (*eval_cmd) {
+      for (auto& o : eval_extra) eval.common.overrides.push_back(o);
+      return cmd_eval(eval);
+    }
     if (*check_cmd) {
       for (auto& o : check_extra) check.common.overrides.push_back(o);
       return cmd_check_head(check);

@@ -70,6 +70,19 @@ struct CollectArgs {
 /// dqn collect (collect.cpp).
 int cmd_collect(const CollectArgs& a);
 
+struct EvalArgs {
+  Common common;
+  std::string source;    ///< a run directory, or a weights file (with --pipeline)
+  std::string pipeline;  ///< with a weights file
+  std::string env;       ///< another task than the pipeline's ("" : training.env)
+  int episodes = 0;      ///< 0: the pipeline's training.eval.episodes
+  std::int64_t seed = -1;  ///< < 0: derived from the pipeline's seed
+  double epsilon = 0;
+  bool best = false, json = false;
+};
+/// dqn eval (eval.cpp).
+int cmd_eval(const EvalArgs& a);
+
 struct CheckHeadArgs {
   Common common;
   std::string pipeline;

@@ -81,6 +81,7 @@ void RunLog::metrics_line(const MetricsValues& v) {
     j["eval_max"] = v.eval->max;
     j["eval_episodes"] = v.eval->episodes;
     if (v.eval->success) j["eval_success"] = *v.eval->success;
+    j["eval_seed"] = v.eval->seed;
   }
   if (v.epsilon) j["epsilon"] = *v.epsilon;
   if (v.beta) j["beta"] = *v.beta;

@@ -13,15 +13,9 @@
 #include <string>
 #include <vector>
 
-namespace dqn {
+#include "training/evaluation.hpp"
 
-/// A greedy evaluation's returns.
-struct EvalResult {
-  double mean = 0, min = 0, max = 0;
-  int episodes = 0;
-  bool complete = false;  ///< false when a stop request cut it short
-  std::optional<double> success;  ///< the fraction of episodes the task counted a success (where it reports them)
-};
+namespace dqn {
 
 /// One metrics line's values, as the loop has them. An absent optional is a key the line leaves
 /// out, except where said.

@@ -15,27 +15,12 @@
 #include "pipeline/parse.hpp"
 #include "core/safetensors.hpp"
 #include "training/schedule.hpp"
+#include "training/seeds.hpp"
 
 namespace dqn {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-// Independent random streams derived from the pipeline seed.
-constexpr std::uint64_t kActStream = 1, kEvalStream = 3;
-
-std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-std::uint64_t derive_seed(std::uint64_t seed, std::uint64_t stream, std::uint64_t index = 0) {
-  return splitmix64(splitmix64(seed ^ (stream * 0xD1B54A32D192ED03ull)) + index);
-}
-
-/// Checks that the pipeline's network fits the environment it trains on.
 void check_env_fits(const PipelineSpec& spec, const VecEnv& env) {
   const NetworkSpec& n = spec.network;
   const std::string where = "pipeline '" + spec.name + "': training.env " + env.label() + ": ";
@@ -52,6 +37,8 @@ void check_env_fits(const PipelineSpec& spec, const VecEnv& env) {
       throw std::invalid_argument(where + "branch " + std::to_string(d) + " has " + std::to_string(bins[d]) +
                                   " actions but network.actions is " + std::to_string(n.actions));
 }
+
+namespace {
 
 /// The training environment, checked against the network before anything large is allocated.
 std::unique_ptr<VecEnv> make_training_env(const PipelineSpec& spec, const PluginLoader* plugins) {
@@ -187,52 +174,10 @@ void Trainer::train_once() {
 }
 
 EvalResult Trainer::evaluate(std::int64_t round) {
-  const int E = eval_env_->num_envs();
-  const auto ue = std::size_t(E), s = std::size_t(S_), d = std::size_t(D_);
-  std::vector<float> obs(ue * s), next(ue * s), fin(ue * s), rew(ue), ret(ue, 0.0f), compact(ue * s);
-  std::vector<std::uint8_t> term(ue), trunc(ue), done(ue, 0);
-  std::vector<std::int32_t> act(ue * d, 0), compact_act(ue * d);
-  std::vector<int> rows;
-  int successes = 0;
-  eval_env_->reset(derive_seed(spec_.seed, kEvalStream, std::uint64_t(round)), obs.data());
-  int remaining = E;
-  EvalResult r;
-  while (remaining > 0) {
-    if (stop_requested()) return r;  // incomplete: not recorded
-    rows.clear();
-    for (int e = 0; e < E; ++e)
-      if (!done[std::size_t(e)]) {
-        std::memcpy(&compact[rows.size() * s], &obs[std::size_t(e) * s], s * sizeof(float));
-        rows.push_back(e);
-      }
-    engine_.actor().act(compact.data(), int(rows.size()), compact_act.data());
-    for (std::size_t i = 0; i < rows.size(); ++i)
-      std::memcpy(&act[std::size_t(rows[i]) * d], &compact_act[i * d], d * sizeof(std::int32_t));
-    eval_env_->step(act.data(), next.data(), rew.data(), term.data(), trunc.data(), fin.data());
-    for (int e : rows) {
-      const auto k = std::size_t(e);
-      ret[k] += rew[k];
-      if (term[k] || trunc[k]) {
-        done[k] = 1;
-        successes += eval_env_->success()[k];
-        --remaining;
-      }
-    }
-    obs.swap(next);
-  }
-  double sum = 0;
-  r.min = std::numeric_limits<double>::infinity();
-  r.max = -r.min;
-  for (float x : ret) {
-    sum += x;
-    r.min = std::min(r.min, double(x));
-    r.max = std::max(r.max, double(x));
-  }
-  r.episodes = E;
-  r.mean = sum / E;
-  if (eval_env_->spec().reports_success) r.success = double(successes) / E;
-  r.complete = true;
-  return r;
+  EvalOptions o;
+  o.seed = derive_seed(spec_.seed, kEvalStream, std::uint64_t(round));
+  o.stop = [this] { return stop_requested(); };
+  return evaluate_policy(engine_.actor(), *eval_env_, o);
 }
 
 void Trainer::save_weights(const std::string& file) {

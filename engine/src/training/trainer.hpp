@@ -38,6 +38,9 @@ double beta_at(const TrainingSpec& t, std::int64_t env_step);
 /// The replay a training run's engine needs (EngineOptions::replay): training.replay, β over
 /// training.total_steps, staging for one environment step of every copy.
 EngineReplay training_replay(const PipelineSpec& spec);
+/// Checks that the pipeline's network fits an environment it acts in: std::invalid_argument
+/// naming the feature count, branches or actions that differ, and the key to set.
+void check_env_fits(const PipelineSpec& spec, const VecEnv& env);
 /// Engine options for a training run: the training replay; offline, one that holds every
 /// transition of the dataset.
 inline EngineOptions training_engine_options(const PipelineSpec& spec, const TransitionBatch* offline = nullptr) {

@@ -314,7 +314,9 @@ std::unique_ptr<VecEnv> make_env(const EnvChoice& env, int num_envs, std::uint64
 std::unique_ptr<VecEnv> make_env(const std::string& task, int num_envs, std::uint64_t seed, int threads,
                                  const PluginLoader* plugins) {
   EnvChoice e;
-  e.task = task;
+  const std::size_t colon = task.find(':');
+  e.plugin = colon == std::string::npos ? std::string() : task.substr(0, colon);
+  e.task = colon == std::string::npos ? task : task.substr(colon + 1);
   return make_env(e, num_envs, seed, threads, plugins);
 }
 

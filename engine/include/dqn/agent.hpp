@@ -1,0 +1,137 @@
+/** @file agent.hpp
+ *  @brief The engine as a library: an Agent built from a pipeline (a file, its text, or a run
+ *  directory that `dqn train` wrote) acts on batches of observations, learns from the transitions
+ *  it is shown or from its pipeline's environment, evaluates, and saves and loads its state.
+ *  `dqn train`, `eval`, `export` and `collect` are built on it, and so is the Python module.
+ *
+ *  Errors are exceptions carrying the engine's message: std::invalid_argument for what the caller
+ *  gave (a pipeline error keeps its file:line:column, an observation of the wrong shape names the
+ *  expected one), std::runtime_error for what went wrong inside (a file that cannot be written).
+ *  One Agent is used from one thread at a time.
+ */
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dqn/export.hpp"
+
+namespace dqn {
+
+/// This header's version: the major changes when a declaration here changes incompatibly.
+inline constexpr int kAgentApiMajor = 1, kAgentApiMinor = 0;
+
+struct AgentOptions {
+  /// Pipeline overrides, "key.path=value", applied in order after the file.
+  std::vector<std::string> overrides;
+  /// Plugin directories (colon-separated), searched before $DQN_PLUGIN_PATH and the installed ones.
+  std::string plugin_path;
+  /// "cpu" or "cuda" ("" : the pipeline's `backend`).
+  std::string backend;
+  /// From a run directory: its best.safetensors instead of the final weights.safetensors.
+  bool best = false;
+};
+
+/// An evaluation's episodes: every copy of the environment plays the same number of whole episodes.
+struct AgentEval {
+  std::string env;  ///< the task, as "plugin:task"
+  int episodes = 0;
+  double mean = 0, std = 0, min = 0, max = 0;
+  std::optional<double> success;  ///< the fraction counted a success, where the task reports it
+  std::uint64_t seed = 0;         ///< the environment's reset seed
+  std::vector<double> returns;    ///< copy by copy, each copy's episodes in the order played
+  std::vector<std::int64_t> lengths;
+  std::string json() const;  ///< one JSON object: the figures above and the lengths' mean/min/max
+  std::string text() const;  ///< the lines `dqn eval` prints
+};
+
+/// What the newest training step reported.
+struct AgentReport {
+  std::int64_t step = 0;  ///< training steps taken when it was copied
+  double total_loss = 0;
+  std::vector<std::string> heads;
+  std::vector<double> losses, grad_norms, clips;
+  std::int64_t skipped_steps = 0;  ///< steps skipped for a non-finite loss or gradient, so far
+};
+
+class DQN_API Agent {
+ public:
+  /// From a pipeline file. New weights are drawn from the pipeline's seed.
+  static Agent from_file(const std::string& pipeline, const AgentOptions& options = {});
+  /// From a pipeline's YAML text (`name` is what messages call it).
+  static Agent from_text(const std::string& yaml, const AgentOptions& options = {},
+                         const std::string& name = "<pipeline text>");
+  /// From a run directory of `dqn train` (its pipeline.yaml and weights.safetensors, or
+  /// best.safetensors with options.best), or from a weights or checkpoint file with the pipeline
+  /// file it was trained with.
+  static Agent from_run(const std::string& run_dir_or_weights, const AgentOptions& options = {},
+                        const std::string& pipeline = "");
+
+  Agent(Agent&&) noexcept;
+  Agent& operator=(Agent&&) noexcept;
+  ~Agent();
+
+  /// Observation features, action branches, actions in each branch.
+  int observation_size() const;
+  int branches() const;
+  std::vector<int> actions_per_branch() const;
+  /// The most observations act() and q_values() take in one call.
+  int max_rows() const;
+  /// The resolved pipeline (every default written out) as YAML.
+  const std::string& pipeline_yaml() const;
+  /// "cpu" or "cuda", and the runtime in words ("cuda: NVIDIA H100 … (tf32)").
+  std::string backend() const;
+  std::string describe() const;
+  /// The pipeline's `seed`.
+  std::uint64_t seed() const;
+
+  /// Greedy actions [rows, branches] for observations [rows, observation_size()] (row-major),
+  /// from the current parameters. Throws std::invalid_argument for rows outside 1..max_rows() or a
+  /// non-finite observation (naming its row and feature).
+  void act(const float* observations, int rows, std::int32_t* actions);
+  /// Q-values [rows, branches, max actions] of the primary head (what act() takes the argmax of).
+  void q_values(const float* observations, int rows, float* q);
+
+  /// One environment step of `copies` parallel environments: observations and next observations
+  /// [copies, observation_size()] (next: the episode's final observation where one ended),
+  /// actions [copies, branches], rewards, terminated and truncated [copies]. The pipeline's n-step
+  /// transitions are assembled inside, per copy; the number of copies is fixed by the first call.
+  void observe(const float* observations, const std::int32_t* actions, const float* rewards,
+               const float* next_observations, const std::uint8_t* terminated, const std::uint8_t* truncated,
+               int copies);
+  /// Transitions in the replay.
+  std::int64_t replay_size() const;
+  /// `steps` training steps on batches drawn from the replay; returns their last report. Throws
+  /// std::logic_error while the replay holds fewer transitions than one batch.
+  AgentReport train(std::int64_t steps);
+  /// Training steps taken so far.
+  std::int64_t train_steps() const;
+  /// The newest report that has landed without waiting (none before the first).
+  std::optional<AgentReport> latest_report();
+
+  /// Episodes of the greedy (or ε-greedy) policy on `env` ("" : the pipeline's training.env; else
+  /// a task name, or "plugin:task"), `episodes` in all (0: the pipeline's training.eval.episodes),
+  /// each of as many copies as divide them and the act step takes playing the same number. No
+  /// seed: one derived from the pipeline's seed, apart from training's (a training evaluation's
+  /// seed, its metrics line's eval_seed, replays it).
+  AgentEval evaluate(int episodes = 0, std::optional<std::uint64_t> seed = std::nullopt, double epsilon = 0.0,
+                     const std::string& env = "");
+
+  /// The network's parameters (online and target, the optimizer's moments, spectral-norm state)
+  /// as a weights file (safetensors, written through a temporary file and a rename).
+  void save(const std::string& path);
+  /// Loads a weights file that `save`, `dqn train` or `dqn step` wrote for the same network.
+  void load(const std::string& path);
+
+  /// The engine's side (opaque here).
+  struct Impl;
+
+ private:
+  explicit Agent(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dqn

@@ -1,0 +1,291 @@
+/** @file agent.cpp
+ *  @brief dqn::Agent (dqn/agent.hpp): a pipeline, its plugins and one engine with a replay; the
+ *  n-step assembly of observed transitions; evaluation on a fresh vectorised environment.
+ */
+#include "dqn/agent.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+
+#include "core/engine_access.hpp"
+#include "core/plugin_loader.hpp"
+#include "core/rank_group.hpp"
+#include "core/safetensors.hpp"
+#include "pipeline/parse.hpp"
+#include "training/evaluation.hpp"
+#include "training/replay.hpp"
+#include "training/seeds.hpp"
+#include "training/trainer.hpp"
+
+namespace dqn {
+
+namespace fs = std::filesystem;
+
+struct Agent::Impl {
+  explicit Impl(const std::string& plugin_path) : loader(PluginLoader::search_path_from(plugin_path)) {}
+  PluginLoader loader;
+  PipelineSpec spec;
+  std::string yaml;  ///< the resolved pipeline
+  std::unique_ptr<Engine> engine;
+  std::optional<NStepAssembler> nstep;  ///< made by the first observe()
+  int copies = 0;
+  TransitionBatch fresh;
+  std::int64_t observed = 0;  ///< environment steps observed, over all copies (β's schedule)
+  std::int64_t train_steps = 0;
+};
+
+namespace {
+
+using ParseFn = std::function<PipelineSpec(const ParseOptions&)>;
+
+std::unique_ptr<Agent::Impl> build(const AgentOptions& o, const ParseFn& parse) {
+  auto impl = std::make_unique<Agent::Impl>(o.plugin_path);
+  ParseOptions po;
+  po.overrides = o.overrides;
+  if (!o.backend.empty()) {
+    if (o.backend != "cpu" && o.backend != "cuda")
+      throw std::invalid_argument("AgentOptions::backend '" + o.backend + "': expected cpu or cuda");
+    po.overrides.push_back("backend=" + o.backend);
+  }
+  po.plugins = &impl->loader;
+  po.program_envs = program_env_names();
+  try {
+    impl->spec = parse(po);
+  } catch (const PipelineErrors& e) {
+    throw std::invalid_argument(e.what());
+  }
+  impl->yaml = to_yaml(impl->spec, impl->loader);
+  EngineOptions eo = training_engine_options(impl->spec);
+  // Acting and learning need no other rank: the first of the pipeline's devices.
+  eo.device = rank_devices(impl->spec, resolve_backend(impl->spec, std::nullopt)).front();
+  impl->engine = std::make_unique<Engine>(impl->spec, impl->loader, eo);
+  init_weights(*impl->engine, impl->spec.seed);
+  return impl;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::invalid_argument("cannot read '" + path + "'");
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void check_rows(const char* what, int rows, int max_rows) {
+  if (rows < 1 || rows > max_rows)
+    throw std::invalid_argument(std::string(what) + ": " + std::to_string(rows) +
+                                " rows; the act step takes 1 to " + std::to_string(max_rows) +
+                                " (the larger of training.num_envs and training.eval.episodes)");
+}
+
+void check_finite(const char* what, const char* name, const float* x, std::int64_t rows, int cols) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c)
+      if (!std::isfinite(x[r * cols + c]))
+        throw std::invalid_argument(std::string(what) + ": " + name + " row " + std::to_string(r) + ", feature " +
+                                    std::to_string(c) + " is " + std::to_string(x[r * cols + c]) +
+                                    " (observations must be finite)");
+}
+
+AgentReport to_report(const StepReport& r) {
+  AgentReport a;
+  a.step = r.step_index;
+  a.total_loss = r.total_loss;
+  a.heads = r.heads;
+  a.losses = r.losses;
+  a.grad_norms = r.grad_norms;
+  a.clips = r.clips;
+  a.skipped_steps = r.skipped_steps;
+  return a;
+}
+
+}  // namespace
+
+Agent::Agent(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Agent::Agent(Agent&&) noexcept = default;
+Agent& Agent::operator=(Agent&&) noexcept = default;
+Agent::~Agent() = default;
+
+Agent Agent::from_file(const std::string& pipeline, const AgentOptions& options) {
+  return Agent(build(options, [&](const ParseOptions& po) { return load_pipeline(pipeline, po); }));
+}
+
+Agent Agent::from_text(const std::string& yaml, const AgentOptions& options, const std::string& name) {
+  return Agent(build(options, [&](const ParseOptions& po) { return parse_pipeline(yaml, name, po); }));
+}
+
+Agent Agent::from_run(const std::string& source, const AgentOptions& options, const std::string& pipeline) {
+  std::error_code ec;
+  if (!fs::exists(source, ec)) throw std::invalid_argument("'" + source + "': no such run directory or weights file");
+  const bool run_dir = fs::is_directory(source, ec);
+  const std::string weights =
+      run_dir ? (fs::path(source) / (options.best ? "best.safetensors" : "weights.safetensors")).string() : source;
+  std::string pipeline_file = pipeline;
+  if (pipeline_file.empty()) {
+    if (!run_dir)
+      throw std::invalid_argument("'" + source + "' is a weights file: name the pipeline it was trained with");
+    pipeline_file = (fs::path(source) / "pipeline.yaml").string();
+    if (!fs::is_regular_file(pipeline_file, ec))
+      throw std::invalid_argument("'" + source + "' holds no pipeline.yaml: not a run directory of dqn train");
+  }
+  if (!fs::is_regular_file(weights, ec))
+    throw std::invalid_argument("'" + weights + "': no such weights file" +
+                                (run_dir ? std::string(" (the run wrote none yet?)") : std::string()));
+  // The run's own file: its text exactly as the run resolved it, so overrides apply on top.
+  const std::string text = read_text(pipeline_file);
+  Agent a(build(options, [&](const ParseOptions& po) { return parse_pipeline(text, pipeline_file, po); }));
+  a.load(weights);
+  return a;
+}
+
+int Agent::observation_size() const { return impl_->spec.network.state; }
+int Agent::branches() const { return impl_->spec.network.branches; }
+std::vector<int> Agent::actions_per_branch() const {
+  return std::vector<int>(std::size_t(impl_->spec.network.branches), impl_->spec.network.actions);
+}
+int Agent::max_rows() const { return impl_->engine->actor().rows(); }
+const std::string& Agent::pipeline_yaml() const { return impl_->yaml; }
+std::string Agent::backend() const { return to_string(impl_->engine->backend()); }
+std::string Agent::describe() const { return impl_->engine->runtime().describe(); }
+std::uint64_t Agent::seed() const { return impl_->spec.seed; }
+
+void Agent::act(const float* observations, int rows, std::int32_t* actions) {
+  check_rows("act", rows, max_rows());
+  check_finite("act", "observation", observations, rows, observation_size());
+  impl_->engine->actor().act(observations, rows, actions);
+}
+
+void Agent::q_values(const float* observations, int rows, float* q) {
+  check_rows("q_values", rows, max_rows());
+  check_finite("q_values", "observation", observations, rows, observation_size());
+  const std::vector<float> v = impl_->engine->actor().act_values(observations, rows);
+  std::memcpy(q, v.data(), v.size() * sizeof(float));
+}
+
+void Agent::observe(const float* obs, const std::int32_t* actions, const float* rewards, const float* next_obs,
+                    const std::uint8_t* terminated, const std::uint8_t* truncated, int copies) {
+  Impl& m = *impl_;
+  const int S = observation_size(), D = branches(), A = m.spec.network.actions;
+  if (copies < 1) throw std::invalid_argument("observe: copies must be at least 1, not " + std::to_string(copies));
+  if (m.nstep && copies != m.copies)
+    throw std::invalid_argument("observe: " + std::to_string(copies) + " copies, but the first call had " +
+                                std::to_string(m.copies) + " (each copy is one stream of n-step windows)");
+  check_finite("observe", "observation", obs, copies, S);
+  check_finite("observe", "next observation", next_obs, copies, S);
+  check_finite("observe", "reward", rewards, copies, 1);
+  for (int r = 0; r < copies; ++r)
+    for (int d = 0; d < D; ++d) {
+      const std::int32_t a = actions[std::int64_t(r) * D + d];
+      if (a < 0 || a >= A)
+        throw std::invalid_argument("observe: action row " + std::to_string(r) + ", branch " + std::to_string(d) +
+                                    " is " + std::to_string(a) + ", not in [0, " + std::to_string(A) + ")");
+    }
+  if (!m.nstep) {
+    m.nstep.emplace(S, D, m.spec.n_step, m.spec.gamma, copies);
+    m.copies = copies;
+  }
+  m.fresh.clear();
+  m.nstep->add(obs, actions, rewards, next_obs, terminated, truncated, m.fresh);
+  m.observed += copies;
+  // Into the replay in pieces the staging takes.
+  const Transitions all = m.fresh.view();
+  const std::int64_t chunk = m.engine->replay().staging_rows();
+  for (std::int64_t at = 0; at < all.n; at += chunk) {
+    Transitions t;
+    t.n = std::min(chunk, all.n - at);
+    t.states = all.states + at * S;
+    t.next_states = all.next_states + at * S;
+    t.actions = all.actions + at * D;
+    t.rewards = all.rewards + at;
+    t.dones = all.dones + at;
+    m.engine->replay().add(t, m.observed);
+  }
+}
+
+std::int64_t Agent::replay_size() const {
+  return std::min(impl_->engine->replay().added(), impl_->spec.training.replay.capacity);
+}
+
+AgentReport Agent::train(std::int64_t steps) {
+  if (steps < 0) throw std::invalid_argument("train: steps must not be negative, not " + std::to_string(steps));
+  const std::int64_t have = replay_size();
+  if (have < impl_->spec.batch)
+    throw std::logic_error("train: the replay holds " + std::to_string(have) + " transitions, fewer than one batch (" +
+                           std::to_string(impl_->spec.batch) + "): observe more first");
+  for (std::int64_t i = 0; i < steps; ++i) impl_->engine->step();
+  impl_->train_steps += steps;
+  return to_report(impl_->engine->read_report());
+}
+
+std::int64_t Agent::train_steps() const { return impl_->train_steps; }
+
+std::optional<AgentReport> Agent::latest_report() {
+  if (std::optional<StepReport> r = impl_->engine->latest_report()) return to_report(*r);
+  return std::nullopt;
+}
+
+AgentEval Agent::evaluate(int episodes, std::optional<std::uint64_t> seed, double epsilon, const std::string& env) {
+  Impl& m = *impl_;
+  if (episodes == 0) episodes = m.spec.training.eval.episodes;
+  if (episodes < 1) throw std::invalid_argument("evaluate: episodes must be at least 1, not " + std::to_string(episodes));
+  // As many copies as divide the episodes and the act step takes: every copy plays as many.
+  int copies = std::min(episodes, max_rows());
+  while (episodes % copies != 0) --copies;
+  const std::uint64_t s = seed ? *seed : derive_seed(m.spec.seed, kEvalAloneStream);
+  std::unique_ptr<VecEnv> venv;
+  if (env.empty()) {
+    if (m.spec.training.env.none())
+      throw std::invalid_argument("evaluate: the pipeline names no environment (training.env): name one");
+    venv = make_env(m.spec.training.env, copies, s, m.spec.training.env_threads, &m.loader);
+  } else {
+    venv = make_env(env, copies, s, m.spec.training.env_threads, &m.loader);
+  }
+  check_env_fits(m.spec, *venv);
+  EvalOptions o;
+  o.episodes_per_copy = episodes / copies;
+  o.seed = s;
+  o.epsilon = epsilon;
+  const EvalResult r = evaluate_policy(m.engine->actor(), *venv, o);
+  AgentEval a;
+  a.env = venv->label();
+  a.episodes = r.episodes;
+  a.mean = r.mean, a.std = r.std, a.min = r.min, a.max = r.max;
+  a.success = r.success;
+  a.seed = r.seed;
+  a.returns = r.returns;
+  a.lengths = r.lengths;
+  return a;
+}
+
+std::string AgentEval::json() const {
+  EvalResult r;
+  r.mean = mean, r.std = std, r.min = min, r.max = max, r.episodes = episodes, r.success = success;
+  r.seed = seed, r.returns = returns, r.lengths = lengths, r.complete = true;
+  return eval_json(r, env);
+}
+
+std::string AgentEval::text() const {
+  EvalResult r;
+  r.mean = mean, r.std = std, r.min = min, r.max = max, r.episodes = episodes, r.success = success;
+  r.seed = seed, r.returns = returns, r.lengths = lengths, r.complete = true;
+  return eval_text(r, env);
+}
+
+void Agent::save(const std::string& path) {
+  st::File f = save_weights(*impl_->engine, false);
+  f.metadata["train_steps"] = std::to_string(impl_->train_steps);
+  st::write_file(path, f);
+}
+
+void Agent::load(const std::string& path) {
+  try {
+    load_weights(*impl_->engine, st::read_file(path));
+  } catch (const st::Error& e) {
+    throw std::invalid_argument(e.what());
+  }
+}
+
+}  // namespace dqn

@@ -4,7 +4,8 @@ holds the dqn program, the engine's shared library exporting the SDK's symbols o
 plugins, the public headers and a relocatable dqn-engine.pc; the installed dqn finds its own
 plugins and no build tree's; examples/plugins/qr_dqn builds against that prefix alone, loads,
 passes `dqn check-head` and runs steps on the CPU; examples/envs/pendulum builds against it alone, is
-listed with its spaces and trains on the CPU.
+listed with its spaces and trains on the CPU; examples/api/cartpole, a program on the C++ API,
+builds against it alone and trains CartPole to a mean greedy return of 475.
 Usage: install_test.py BUILD_ROOT SOURCE_ROOT"""
 import json
 import math
@@ -17,13 +18,13 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sdk  # noqa: E402
 
-# The SDK's headers: what a plugin includes, and cli.hpp (with export.hpp) for the one exported function.
-HEADERS = ["backend.hpp", "bdq.hpp", "cli.hpp", "device.cuh", "dist_device.cuh", "env.hpp", "env_base.hpp",
+# The SDK's headers: what a plugin includes, cli.hpp, and the API (agent.hpp, environment.hpp, with export.hpp).
+HEADERS = ["agent.hpp", "backend.hpp", "bdq.hpp", "cli.hpp", "device.cuh", "dist_device.cuh", "env.hpp", "env_base.hpp", "environment.hpp",
            "export.hpp", "head.hpp", "head_base.hpp", "own_ops.hpp", "param_values.hpp", "plugin.hpp"]
 BUILTIN = ["c51", "cql", "ensemble", "iqn", "cartpole", "reacher"]
 # What libdqn_engine.so may export (engine/libdqn_engine.map): the SDK's functions and exceptions.
 SDK_SYMBOL = re.compile(r"^(dqn::(cli_main|make_cpu_runtime|make_cuda_runtime|cuda_available|cuda_device_count|to_string|"
-                        r"update_cluster_text|SourceLoc::|PipelineError::|PipelineErrors::)|"
+                        r"update_cluster_text|SourceLoc::|PipelineError::|PipelineErrors::|Agent::|AgentEval::|Environment::)|"
                         r"(typeinfo|typeinfo name|vtable) for dqn::PipelineErrors?$)")
 # Small sizes: the checks take seconds on two cores.
 SMALL = ["batch=8", "network.trunk=[16,16]", "network.head_hidden=8"]
@@ -114,8 +115,15 @@ def main():
         last = json.loads(lines[-1])
         if last.get("step") != 800 or last.get("train_steps", 0) <= 0 or not math.isfinite(last.get("eval_return", math.nan)):
             fail(f"the pendulum run did not train 800 steps with an evaluation: {lines[-1]}")
-        print("OK: installed SDK, exports, plugin discovery, the head example built, checked and stepped, and the "
-              "environment example built, listed and trained")
+        # 6. a program on the API, against the prefix alone: it trains CartPole to a mean return of 475
+        ex = sdk.build_example(source_root, libdir, tmp, name="cartpole", kind="api", artifact="cartpole_agent")
+        run_env = dict(env, LD_LIBRARY_PATH=libdir)
+        p = sdk.run([os.path.join(ex, "cartpole_agent"), os.path.join(source_root, "pipelines", "default.yaml"),
+                     "--backend", "cpu"], env=run_env)
+        if p.returncode != 0 or "solved at step" not in p.stdout:
+            fail(f"the API example did not train CartPole to 475 (exit {p.returncode})")
+        print("OK: installed SDK, exports, plugin discovery, the head example built, checked and stepped, the "
+              "environment example built, listed and trained, and the API example built and trained to 475")
 
 
 if __name__ == "__main__":

@@ -37,9 +37,10 @@ def install(build_root, tmp):
     return dest, libdir, os.path.dirname(bins[0])
 
 
-def build_example(source_root, libdir, tmp, name="qr_dqn", kind="plugins"):
-    """Builds examples/<kind>/<name> (a head under plugins/, an environment under envs/) against the
-    installed prefix; returns the folder holding its plugin library."""
+def build_example(source_root, libdir, tmp, name="qr_dqn", kind="plugins", artifact=None):
+    """Builds examples/<kind>/<name> (a head under plugins/, an environment under envs/, a program
+    under api/) against the installed prefix; returns the folder holding what it builds (`artifact`,
+    by default its plugin library)."""
     src = os.path.join(tmp, name + "-src")
     shutil.copytree(os.path.join(source_root, "examples", kind, name), src)
     bld = os.path.join(tmp, name + "-build")
@@ -47,7 +48,7 @@ def build_example(source_root, libdir, tmp, name="qr_dqn", kind="plugins"):
     env.pop("PKG_CONFIG_LIBDIR", None)
     must(["meson", "setup", bld, src, "--buildtype=release"], "configuring the example against the prefix", env=env)
     must(["ninja", "-C", bld], "building the example", env=env)
-    lib = os.path.join(bld, f"libdqn_{name}.so")
+    lib = os.path.join(bld, artifact or f"libdqn_{name}.so")
     if not os.path.isfile(lib):
         sys.exit(f"FAIL: the example's build has no {lib}")
     return bld

@@ -24,7 +24,7 @@ HEADERS = ["agent.hpp", "backend.hpp", "bdq.hpp", "cli.hpp", "device.cuh", "dist
 BUILTIN = ["c51", "cql", "ensemble", "iqn", "cartpole", "reacher"]
 # What libdqn_engine.so may export (engine/libdqn_engine.map): the SDK's functions and exceptions.
 SDK_SYMBOL = re.compile(r"^(dqn::(cli_main|make_cpu_runtime|make_cuda_runtime|cuda_available|cuda_device_count|to_string|"
-                        r"update_cluster_text|SourceLoc::|PipelineError::|PipelineErrors::|Agent::|AgentEval::|Environment::)|"
+                        r"update_cluster_text|SourceLoc::|PipelineError::|PipelineErrors::|Agent::|AgentEval::|AgentTraining::|Environment::)|"
                         r"(typeinfo|typeinfo name|vtable) for dqn::PipelineErrors?$)")
 # Small sizes: the checks take seconds on two cores.
 SMALL = ["batch=8", "network.trunk=[16,16]", "network.head_hidden=8"]

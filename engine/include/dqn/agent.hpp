@@ -36,7 +36,7 @@ struct AgentOptions {
 };
 
 /// An evaluation's episodes: every copy of the environment plays the same number of whole episodes.
-struct AgentEval {
+struct DQN_API AgentEval {
   std::string env;  ///< the task, as "plugin:task"
   int episodes = 0;
   double mean = 0, std = 0, min = 0, max = 0;
@@ -46,6 +46,22 @@ struct AgentEval {
   std::vector<std::int64_t> lengths;
   std::string json() const;  ///< one JSON object: the figures above and the lengths' mean/min/max
   std::string text() const;  ///< the lines `dqn eval` prints
+};
+
+/// The pipeline's `training` settings a program's own loop follows, as `dqn train` does.
+struct DQN_API AgentTraining {
+  std::string env;  ///< training.env as "plugin:task" ("" : none)
+  int num_envs = 1;
+  std::int64_t total_steps = 0, learning_starts = 0;
+  int train_every = 1, gradient_steps = 1;
+  double epsilon_start = 1, epsilon_end = 0;
+  std::int64_t epsilon_decay_steps = 0;
+  std::int64_t eval_every = 0;
+  int eval_episodes = 0;
+  double stop_at_return = 0, stop_at_success = 0;  ///< 0: never
+  int batch = 0;  ///< the pipeline's batch: train() needs as many transitions in the replay
+  /// ε at an environment step (over all copies): linear from start to end over the decay steps.
+  double epsilon(std::int64_t env_step) const;
 };
 
 /// What the newest training step reported.
@@ -70,6 +86,9 @@ class DQN_API Agent {
   static Agent from_run(const std::string& run_dir_or_weights, const AgentOptions& options = {},
                         const std::string& pipeline = "");
 
+  /// GPUs the CUDA backend can use (0 in a build without CUDA or on a machine without a GPU).
+  static int cuda_devices() noexcept;
+
   Agent(Agent&&) noexcept;
   Agent& operator=(Agent&&) noexcept;
   ~Agent();
@@ -87,6 +106,8 @@ class DQN_API Agent {
   std::string describe() const;
   /// The pipeline's `seed`.
   std::uint64_t seed() const;
+  /// The pipeline's `training` settings.
+  AgentTraining training() const;
 
   /// Greedy actions [rows, branches] for observations [rows, observation_size()] (row-major),
   /// from the current parameters. Throws std::invalid_argument for rows outside 1..max_rows() or a

@@ -15,6 +15,7 @@
 #include "core/engine_access.hpp"
 #include "core/plugin_loader.hpp"
 #include "core/rank_group.hpp"
+#include "core/runtime.hpp"
 #include "core/safetensors.hpp"
 #include "pipeline/parse.hpp"
 #include "training/evaluation.hpp"
@@ -141,6 +142,8 @@ Agent Agent::from_run(const std::string& source, const AgentOptions& options, co
   return a;
 }
 
+int Agent::cuda_devices() noexcept { return cuda_device_count(); }
+
 int Agent::observation_size() const { return impl_->spec.network.state; }
 int Agent::branches() const { return impl_->spec.network.branches; }
 std::vector<int> Agent::actions_per_branch() const {
@@ -151,6 +154,32 @@ const std::string& Agent::pipeline_yaml() const { return impl_->yaml; }
 std::string Agent::backend() const { return to_string(impl_->engine->backend()); }
 std::string Agent::describe() const { return impl_->engine->runtime().describe(); }
 std::uint64_t Agent::seed() const { return impl_->spec.seed; }
+
+AgentTraining Agent::training() const {
+  const TrainingSpec& t = impl_->spec.training;
+  AgentTraining a;
+  a.env = t.env.none() ? std::string() : env_label(t.env);
+  a.num_envs = t.num_envs;
+  a.total_steps = t.total_steps;
+  a.learning_starts = t.learning_starts;
+  a.train_every = t.train_every;
+  a.gradient_steps = t.gradient_steps;
+  a.epsilon_start = t.epsilon.start;
+  a.epsilon_end = t.epsilon.end;
+  a.epsilon_decay_steps = t.epsilon.decay_steps;
+  a.eval_every = t.eval.every;
+  a.eval_episodes = t.eval.episodes;
+  a.stop_at_return = t.stop_at_return;
+  a.stop_at_success = t.stop_at_success;
+  a.batch = impl_->spec.batch;
+  return a;
+}
+
+double AgentTraining::epsilon(std::int64_t env_step) const {
+  EpsilonSpec e;
+  e.start = epsilon_start, e.end = epsilon_end, e.decay_steps = epsilon_decay_steps;
+  return epsilon_at(e, env_step);
+}
 
 void Agent::act(const float* observations, int rows, std::int32_t* actions) {
   check_rows("act", rows, max_rows());

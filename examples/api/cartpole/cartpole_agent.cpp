@@ -1,8 +1,9 @@
-// Trains C51 on CartPole-v1 through the engine's C++ API: the program steps the environment's
+// Trains an agent on its pipeline's environment (CartPole-v1 for pipelines/default.yaml) through the
+// engine's C++ API, following the pipeline's training settings: the program steps the environment's
 // copies, acts ε-greedily with the agent's greedy actions, shows it every step (it assembles the
-// n-step transitions), trains it, and evaluates it every 2,000 steps until a mean return of 475.
+// n-step transitions), trains it, and evaluates it until a mean return of 475.
 //   cartpole_agent PIPELINE [key=value …] [--backend cpu|cuda] [--save FILE]
-// Exit status: 0 once solved, 1 if not within 50,000 steps, 2 on an error (its message printed).
+// Exit status: 0 once solved, 1 if not within training.total_steps, 2 on an error (its message printed).
 #include <dqn/agent.hpp>
 #include <dqn/environment.hpp>
 
@@ -31,9 +32,10 @@ int main(int argc, char** argv) {
   }
   try {
     dqn::Agent agent = dqn::Agent::from_file(argv[1], options);
-    const int copies = 8, learning_starts = 1000, train_every = 2, eval_every = 2000;
-    const long total = 50000, decay = 10000;
-    dqn::Environment env = dqn::Environment::make("CartPole-v1", copies, agent.seed());
+    // The pipeline's own training settings: copies, warm-up, ε schedule, evaluation.
+    const dqn::AgentTraining t = agent.training();
+    const int copies = t.num_envs;
+    dqn::Environment env = dqn::Environment::make(t.env, copies, agent.seed());
     const int S = env.observation_size(), D = env.branches();
     const std::vector<int> bins = env.actions_per_branch();
     const auto n = static_cast<std::size_t>(copies);
@@ -44,9 +46,9 @@ int main(int argc, char** argv) {
     std::uniform_real_distribution<double> coin(0.0, 1.0);
     std::printf("%s on %s, %d copies\n", argv[1], agent.describe().c_str(), copies);
     env.reset(agent.seed(), obs.data());
-    long next_train = learning_starts;
-    for (long step = 0; step < total;) {
-      const double eps = step < learning_starts ? 1.0 : std::max(0.02, 1.0 - 0.98 * double(step) / double(decay));
+    std::int64_t next_train = t.learning_starts, next_eval = t.eval_every;
+    for (std::int64_t step = 0; step < t.total_steps;) {
+      const double eps = step < t.learning_starts ? 1.0 : t.epsilon(step);
       agent.act(obs.data(), copies, actions.data());
       for (int c = 0; c < copies; ++c)
         if (coin(rng) < eps)
@@ -55,20 +57,22 @@ int main(int argc, char** argv) {
       agent.observe(obs.data(), actions.data(), rewards.data(), last.data(), terminated.data(), truncated.data(), copies);
       obs.swap(next);
       step += copies;
-      for (; step >= learning_starts && next_train <= step; next_train += train_every) agent.train(1);
-      if (step % eval_every == 0) {
-        const dqn::AgentEval e = agent.evaluate(20);
-        std::printf("step %ld: %lld training steps, eval mean %.1f (min %.1f, max %.1f)\n", step,
+      for (; step >= t.learning_starts && next_train <= step; next_train += t.train_every)
+        agent.train(t.gradient_steps);
+      if (step >= next_eval) {
+        next_eval += t.eval_every;
+        const dqn::AgentEval e = agent.evaluate(t.eval_episodes);
+        std::printf("step %lld: %lld training steps, eval mean %.1f (min %.1f, max %.1f)\n", static_cast<long long>(step),
                     static_cast<long long>(agent.train_steps()), e.mean, e.min, e.max);
         std::fflush(stdout);
         if (e.mean >= 475) {
           if (!save.empty()) agent.save(save);
-          std::printf("solved at step %ld\n", step);
+          std::printf("solved at step %lld\n", static_cast<long long>(step));
           return 0;
         }
       }
     }
-    std::printf("not solved within %ld steps\n", total);
+    std::printf("not solved within %lld steps\n", static_cast<long long>(t.total_steps));
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cartpole_agent: %s\n", e.what());

@@ -20,8 +20,9 @@ ENGINE_LAYERS = {
     "pipeline": {"pipeline"},
     "core": {"pipeline", "core"},
     "training": {"pipeline", "core", "training"},
-    "api": {"pipeline", "core", "training", "api"},
-    "cli": {"pipeline", "core", "training", "cli"},
+    "api": {"pipeline", "core", "training", "export", "api"},
+    "export": {"pipeline", "core", "export"},
+    "cli": {"pipeline", "core", "training", "export", "cli"},
     "cpu": {"pipeline", "cpu"},
     "cuda": {"pipeline", "cuda"},
 }

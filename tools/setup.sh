@@ -7,6 +7,7 @@ build=${1:-build}
 pkgs=(meson ninja-build pkg-config g++ libyaml-cpp-dev libboost-dev libspdlog-dev doctest-dev
       libcli11-dev nlohmann-json3-dev libhdf5-dev python3-numpy python3-matplotlib
       pybind11-dev python3-dev  # the Python module dqn_engine
+      libonnx-dev libprotobuf-dev python3-onnx  # dqn export --format onnx, and its test's checker
       python3-torch  # the golden suite's PyTorch peer (tools/bench/torch_peer.py)
       libmujoco-dev libmujoco-samples  # the mujoco environment plugin and its humanoid model
       clang-16 libclang-rt-16-dev)  # tools/sanitize.sh host, tools/fuzz.sh: its ASan, UBSan, libFuzzer

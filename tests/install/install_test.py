@@ -20,7 +20,7 @@ import sdk  # noqa: E402
 
 # The SDK's headers: what a plugin includes, cli.hpp, and the API (agent.hpp, environment.hpp, with export.hpp).
 HEADERS = ["agent.hpp", "backend.hpp", "bdq.hpp", "cli.hpp", "device.cuh", "dist_device.cuh", "env.hpp", "env_base.hpp", "environment.hpp",
-           "export.hpp", "head.hpp", "head_base.hpp", "own_ops.hpp", "param_values.hpp", "plugin.hpp"]
+           "export.hpp", "head.hpp", "head_base.hpp", "own_ops.hpp", "param_values.hpp", "plugin.hpp", "policy_graph.hpp"]
 BUILTIN = ["c51", "cql", "ensemble", "iqn", "cartpole", "reacher"]
 # What libdqn_engine.so may export (engine/libdqn_engine.map): the SDK's functions and exceptions.
 SDK_SYMBOL = re.compile(r"^(dqn::(cli_main|make_cpu_runtime|make_cuda_runtime|cuda_available|cuda_device_count|to_string|"

@@ -16,6 +16,7 @@
 #include "dqn/env.hpp"
 #include "dqn/head.hpp"
 #include "dqn/plugin.hpp"
+#include "dqn/policy_graph.hpp"
 
 using namespace dqn;
 
@@ -39,7 +40,7 @@ void check_rows(const std::vector<Row>& rows) {
 
 // A test-local descriptor, exported through the SDK macro exactly as a plugin does it.
 const PluginDescriptor kSelf{kAbiMajor, kAbiMinor, sizeof(PluginDescriptor), PluginKind::head, "abi_self", "0",
-                             "the ABI test's own descriptor", 0.0, 0, 0, nullptr, nullptr, nullptr, 0, nullptr};
+                             "the ABI test's own descriptor", 0.0, 0, 0, nullptr, nullptr, nullptr, 0, nullptr, nullptr};
 
 }  // namespace
 
@@ -50,13 +51,14 @@ extern "C" const dqn::PluginDescriptor* dqn_plugin_descriptor();
 
 TEST_CASE("abi.version") {
   CHECK(kAbiMajor == 21u);  // bump together with every table in this file
-  CHECK(kAbiMinor == 1u);
+  CHECK(kAbiMinor == 2u);
   CHECK(std::is_same_v<std::remove_cv_t<decltype(kAbiMajor)>, std::uint32_t>);
   CHECK(std::is_same_v<std::remove_cv_t<decltype(kAbiMinor)>, std::uint32_t>);
   // A head's fields were all there at minor 0, so an older minor's head descriptor is whole; the
-  // environment fields came in 21.1.
+  // environment fields came in 21.1, export_policy in 21.2.
   CHECK(kDescriptorSizeMinor0 == offsetof(PluginDescriptor, env_count));
-  CHECK(kDescriptorSizeMinor1 == sizeof(PluginDescriptor));
+  CHECK(kDescriptorSizeMinor1 == offsetof(PluginDescriptor, export_policy));
+  CHECK(kDescriptorSizeMinor2 == sizeof(PluginDescriptor));
 }
 
 TEST_CASE("abi.descriptor_symbol") {
@@ -71,7 +73,7 @@ TEST_CASE("abi.descriptor_layout") {
   CHECK(std::is_standard_layout_v<PluginDescriptor>);
   CHECK(std::is_trivially_copyable_v<PluginDescriptor>);
   check_rows({
-      {"sizeof(PluginDescriptor)", sizeof(PluginDescriptor), 96, "the struct_size every plugin records (80 at 21.0)"},
+      {"sizeof(PluginDescriptor)", sizeof(PluginDescriptor), 104, "the struct_size every plugin records (80 at 21.0, 96 at 21.1)"},
       {"abi_major", offsetof(PluginDescriptor, abi_major), 0, "must stay first: read before anything else"},
       {"abi_minor", offsetof(PluginDescriptor, abi_minor), 4, "read with abi_major"},
       {"struct_size", offsetof(PluginDescriptor, struct_size), 8, "checked third"},
@@ -87,6 +89,20 @@ TEST_CASE("abi.descriptor_layout") {
       {"destroy", offsetof(PluginDescriptor, destroy), 72, "last field of minor 0"},
       {"env_count", offsetof(PluginDescriptor, env_count), 80, "appended in 21.1"},
       {"envs", offsetof(PluginDescriptor, envs), 88, "after 4 bytes of padding; last field of 21.1"},
+      {"export_policy", offsetof(PluginDescriptor, export_policy), 96, "appended in 21.2"},
+  });
+}
+
+TEST_CASE("abi.policy_graph_layout") {
+  CHECK(std::is_standard_layout_v<GraphAttr>);
+  check_rows({
+      {"sizeof(GraphAttr)", sizeof(GraphAttr), 48, "a head's export hands these to PolicyGraph::node (21.2)"},
+      {"GraphAttr::name", offsetof(GraphAttr, name), 0, ""},
+      {"GraphAttr::kind", offsetof(GraphAttr, kind), 8, ""},
+      {"GraphAttr::i", offsetof(GraphAttr, i), 16, ""},
+      {"GraphAttr::f", offsetof(GraphAttr, f), 24, ""},
+      {"GraphAttr::ints", offsetof(GraphAttr, ints), 32, ""},
+      {"GraphAttr::n_ints", offsetof(GraphAttr, n_ints), 40, ""},
   });
 }
 
@@ -431,6 +447,14 @@ TEST_CASE("abi.interface_vtable_slots") {
       {"StateReader::get", slot_of(&StateReader::get), 0, ""},
       {"StateReader::fail", slot_of(&StateReader::fail), 1, ""},
       {"StateReader::source", slot_of(&StateReader::source), 2, ""},
+      {"PolicyGraph::trunk_output", slot_of(&PolicyGraph::trunk_output), 0, "a head's export calls these (21.2)"},
+      {"PolicyGraph::param", slot_of(&PolicyGraph::param), 1, ""},
+      {"PolicyGraph::constant", slot_of(&PolicyGraph::constant), 2, ""},
+      {"PolicyGraph::constant_i64", slot_of(&PolicyGraph::constant_i64), 3, ""},
+      {"PolicyGraph::node", slot_of(&PolicyGraph::node), 4, ""},
+      {"PolicyGraph::q_values", slot_of(&PolicyGraph::q_values), 5, ""},
+      {"PolicyGraph::manifest", slot_of(&PolicyGraph::manifest), 6, ""},
+      {"PolicyGraph::fail", slot_of(&PolicyGraph::fail), 7, ""},
   });
 }
 #endif

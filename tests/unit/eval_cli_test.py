@@ -60,6 +60,12 @@ with tempfile.TemporaryDirectory(prefix="dqn-eval-") as tmp:
     check(rc1 == rc2 == 0 and a == b, "without --seed the evaluation is reproducible")
     check(json.loads(a)["seed"] not in {l["eval_seed"] for l in evals}, "and its seed is none of training's")
 
+    # every seed a metrics line can hold (64 bits): one past 2^63 is taken as it is
+    rc, out, _ = dqn("eval", run, "--seed", str(2**63 + 5), "--json")
+    check(rc == 0 and json.loads(out)["seed"] == 2**63 + 5, "a seed above 2^63 is kept whole")
+    rc, _, err = dqn("eval", run, "--seed", "-1")
+    check(rc != 0 and "seed" in err.lower(), f"a negative seed is refused: {err.strip()}")
+
     rc, out, _ = dqn("eval", run, "--episodes", "30", "--json")
     r30 = json.loads(out) if rc == 0 else {}
     check(rc == 0 and r30["episodes"] == 30 and len(r30["returns"]) == 30,

@@ -147,6 +147,15 @@ class DQN_API Agent {
   /// Loads a weights file that `save`, `dqn train` or `dqn step` wrote for the same network.
   void load(const std::string& path);
 
+  /// The acting network alone — the trunk, the primary head up to its Q-values [rows, D, A], the
+  /// argmax over actions — at `path` (atomically) as `format`: "onnx" (opset 17; inputs
+  /// `observations`, outputs `q` and `actions`) or "safetensors" (its tensors, and in the
+  /// metadata's "dqn.policy" a JSON manifest: sizes, the head's support or quantiles, the controls
+  /// the bins stand for where the environment is continuous, the pipeline's hash, the graph).
+  /// Throws std::invalid_argument when the primary head's plugin offers no export, or for ONNX in
+  /// a build without it.
+  void export_policy(const std::string& path, const std::string& format);
+
   /// The engine's side (opaque here).
   struct Impl;
 

@@ -256,6 +256,7 @@ void destroy_env(Env* e) noexcept {
                                                     nullptr,                                                  \
                                                     nullptr,                                                  \
                                                     static_cast<std::uint32_t>(std::size(tasks_array)),       \
-                                                    tasks_array};                                             \
+                                                    tasks_array,                                              \
+                                                    nullptr};                                                 \
   }                                                                                                           \
   DQN_PLUGIN_EXPORT(dqn_env_descriptor_)

@@ -30,6 +30,7 @@
 #include "dqn/head.hpp"
 #include "dqn/param_values.hpp"
 #include "dqn/plugin.hpp"
+#include "dqn/policy_graph.hpp"
 
 namespace dqn {
 
@@ -194,13 +195,38 @@ void destroy_head(Head* h) noexcept {
   delete h;
 }
 
+/// export_policy() of a plugin whose head H has `static void export_policy(const HeadCreateInfo&,
+/// PolicyGraph&)` (dqn/policy_graph.hpp): an exception's message goes to PolicyGraph::fail.
+template <class H>
+int export_head(const HeadCreateInfo* info, PolicyGraph* graph) noexcept {
+  try {
+    H::export_policy(*info, *graph);
+    return 0;
+  } catch (const std::exception& e) {
+    graph->fail(e.what());
+  } catch (...) {
+    graph->fail("unknown exception");
+  }
+  return 1;
+}
+
+/// The descriptor's export_policy for H: export_head<H> where H declares export_policy, else null.
+template <class H>
+constexpr int (*export_fn())(const HeadCreateInfo*, PolicyGraph*) {
+  if constexpr (requires(const HeadCreateInfo& i, PolicyGraph& g) { H::export_policy(i, g); })
+    return &export_head<H>;
+  else
+    return nullptr;
+}
+
 }  // namespace dqn
 
 /// The descriptor and its export for head class H (derived from dqn::HeadBase, constructed from
 /// a HeadCreateInfo; a constructor that throws refuses the configuration with its message):
 /// plugin name, version text, description, default budget of an auxiliary, whether it can be the
 /// primary (then it keeps the contract in head.hpp), and its configuration schema (an array of
-/// dqn::ParamSchema). DQN_HEAD_PLUGIN_NO_SCHEMA for a head without keys. Once per plugin, at
+/// dqn::ParamSchema). A primary H that declares `static void export_policy(const HeadCreateInfo&,
+/// PolicyGraph&)` can be exported (`dqn export`). DQN_HEAD_PLUGIN_NO_SCHEMA for a head without keys. Once per plugin, at
 /// namespace scope.
 #define DQN_HEAD_PLUGIN(H, plugin_name, version_text, description_text, default_budget, can_primary, schema_array) \
   namespace {                                                                                                   \
@@ -208,7 +234,7 @@ void destroy_head(Head* h) noexcept {
       ::dqn::kAbiMajor, ::dqn::kAbiMinor, sizeof(::dqn::PluginDescriptor), ::dqn::PluginKind::head, plugin_name, \
       version_text, description_text, default_budget, (can_primary) ? 1 : 0,                                     \
       static_cast<std::uint32_t>(std::size(schema_array)), schema_array, &::dqn::create_head<H>,                \
-      &::dqn::destroy_head<H>, 0, nullptr};                                                                                 \
+      &::dqn::destroy_head<H>, 0, nullptr, ::dqn::export_fn<H>()};                                              \
   }                                                                                                             \
   DQN_PLUGIN_EXPORT(dqn_head_descriptor_)
 
@@ -217,6 +243,6 @@ void destroy_head(Head* h) noexcept {
   const ::dqn::PluginDescriptor dqn_head_descriptor_{                                                           \
       ::dqn::kAbiMajor, ::dqn::kAbiMinor, sizeof(::dqn::PluginDescriptor), ::dqn::PluginKind::head, plugin_name, \
       version_text, description_text, default_budget, (can_primary) ? 1 : 0, 0, nullptr, &::dqn::create_head<H>, \
-      &::dqn::destroy_head<H>, 0, nullptr};                                                                                 \
+      &::dqn::destroy_head<H>, 0, nullptr, ::dqn::export_fn<H>()};                                              \
   }                                                                                                             \
   DQN_PLUGIN_EXPORT(dqn_head_descriptor_)

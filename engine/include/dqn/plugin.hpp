@@ -19,7 +19,7 @@ namespace dqn {
 /// plugin built for an older minor loads and works unchanged. Anything else — a changed signature,
 /// order or layout, a method added to Head (which plugins implement) — is a major change.
 inline constexpr std::uint32_t kAbiMajor = 21;
-inline constexpr std::uint32_t kAbiMinor = 1;
+inline constexpr std::uint32_t kAbiMinor = 2;
 
 /// The exported symbol every plugin defines (through DQN_PLUGIN_EXPORT below).
 inline constexpr const char* kDescriptorSymbol = "dqn_plugin_descriptor";
@@ -75,6 +75,7 @@ struct HeadCreateInfo {
 };
 
 class Head;
+class PolicyGraph;
 struct EnvDescriptor;
 
 /// What a library offers: a loss head (create/destroy and the head fields), or environments (the
@@ -99,6 +100,11 @@ struct PluginDescriptor {
   // --- appended in 21.1 (environment plugins) ---
   std::uint32_t env_count;        ///< kind environment: the tasks offered (>= 1)
   const EnvDescriptor* envs;      ///< [env_count]
+  // --- appended in 21.2 (dqn export) ---
+  /// A primary head's part of the acting network for `dqn export` (dqn/policy_graph.hpp): the nodes
+  /// from the trunk's output to the Q-values, for the head `info` describes; 0 on success, else
+  /// non-zero after PolicyGraph::fail. Null: this head cannot be exported.
+  int (*export_policy)(const HeadCreateInfo* info, PolicyGraph* graph);
   // --- a minor version appends fields here; the loader reads only the struct_size bytes a plugin has ---
 };
 
@@ -106,6 +112,8 @@ struct PluginDescriptor {
 inline constexpr std::uint32_t kDescriptorSizeMinor0 = 80;
 /// The size from minor 1 on, which an environment plugin's descriptor has at least.
 inline constexpr std::uint32_t kDescriptorSizeMinor1 = 96;
+/// The size from minor 2 on (export_policy): a descriptor this short has no export.
+inline constexpr std::uint32_t kDescriptorSizeMinor2 = 104;
 
 }  // namespace dqn
 

@@ -17,6 +17,8 @@
 #include "core/rank_group.hpp"
 #include "core/runtime.hpp"
 #include "core/safetensors.hpp"
+#include "export/policy_files.hpp"
+#include "export/policy_model.hpp"
 #include "pipeline/parse.hpp"
 #include "training/evaluation.hpp"
 #include "training/replay.hpp"
@@ -314,6 +316,28 @@ void Agent::load(const std::string& path) {
     load_weights(*impl_->engine, st::read_file(path));
   } catch (const st::Error& e) {
     throw std::invalid_argument(e.what());
+  }
+}
+
+void Agent::export_policy(const std::string& path, const std::string& format) {
+  Impl& m = *impl_;
+  if (format != "safetensors" && format != "onnx")
+    throw std::invalid_argument("export format '" + format + "': expected safetensors or onnx");
+  const PolicyModel model = build_policy_model(*m.engine, m.loader);
+  // The controls each branch's bins stand for, from the environment (none offline).
+  nlohmann::ordered_json controls = nullptr;
+  if (!m.spec.training.env.none()) {
+    const std::unique_ptr<VecEnv> env = make_env(m.spec.training.env, 1, 0, 1, &m.loader);
+    controls = nlohmann::ordered_json::array();
+    for (int d = 0; d < env->branches(); ++d) {
+      const EnvBranch& b = env->spec().branches[d];
+      controls.push_back(b.continuous ? nlohmann::ordered_json{b.lo, b.hi} : nlohmann::ordered_json(nullptr));
+    }
+  }
+  try {
+    write_policy(model, policy_manifest(model, m.spec.name, m.yaml, controls), format, path);
+  } catch (const st::Error& e) {
+    throw std::runtime_error(e.what());
   }
 }
 

@@ -1,6 +1,7 @@
-// The dqn command line (dqn::cli_main, dqn/cli.hpp): train, eval, collect, step, bench, check-head, validate,
+// The dqn command line (dqn::cli_main, dqn/cli.hpp): train, eval, export, collect, step, bench, check-head, validate,
 // plugins, doc.
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <cstdio>
 #include <exception>
 
@@ -16,6 +17,15 @@ void add_common(CLI::App* app, dqn::cli::Common& c, bool overrides) {
     app->add_option("--set", c.overrides, "override a pipeline key: key.path=value (repeatable)");
     app->add_option("--backend", c.backend, "cpu or cuda (overrides the pipeline)")->check(CLI::IsMember({"cpu", "cuda"}));
   }
+}
+/// What eval and export read a trained policy from: a run directory or a weights file (with
+/// --pipeline), its overrides, --best.
+void add_policy_source(CLI::App* app, std::string& source, std::vector<std::string>& overrides, std::string& pipeline,
+                       bool& best) {
+  app->add_option("source", source, "a run directory, or a weights file (with --pipeline)")->required();
+  app->add_option("overrides", overrides, "key.path=value overrides");
+  app->add_option("--pipeline", pipeline, "the weights' pipeline (a run directory has its own)");
+  app->add_flag("--best", best, "a run directory's best.safetensors instead of its final weights");
 }
 }  // namespace
 
@@ -116,20 +126,34 @@ int dqn::cli_main(int argc, char** argv) {
   auto* eval_cmd = app.add_subcommand(
       "eval", "play episodes with a trained policy (greedy or ε-greedy) and summarise their returns and lengths");
   add_common(eval_cmd, eval.common, true);
-  eval_cmd->add_option("source", eval.source, "a run directory, or a weights file (with --pipeline)")->required();
-  eval_cmd->add_option("overrides", eval_extra, "key.path=value overrides");
-  eval_cmd->add_option("--pipeline", eval.pipeline, "the weights' pipeline (a run directory has its own)");
-  eval_cmd->add_flag("--best", eval.best, "a run directory's best.safetensors instead of its final weights");
+  add_policy_source(eval_cmd, eval.source, eval_extra, eval.pipeline, eval.best);
   eval_cmd->add_option("--episodes", eval.episodes,
                        "episodes in all, the same number on every environment copy (default: training.eval.episodes)")
       ->check(CLI::Range(1, 100000000));
-  eval_cmd->add_option("--seed", eval.seed,
-                       "the environments' reset seed (default: derived from the pipeline's seed, apart from "
-                       "training's; a metrics line's eval_seed replays that evaluation)")
-      ->check(CLI::NonNegativeNumber);
+  // A 64-bit seed read exactly: CLI11's own conversion wraps "-1" and saturates past 2^64 - 1.
+  CLI::Option* eval_seed = eval_cmd->add_option_function<std::string>(
+      "--seed",
+      [&eval](const std::string& text) {
+        const char* end = text.data() + text.size();
+        const auto [p, ec] = std::from_chars(text.data(), end, eval.seed);
+        if (text.empty() || ec != std::errc() || p != end)
+          throw CLI::ValidationError("--seed", "'" + text + "' is not a whole number from 0 to 18446744073709551615");
+      },
+      "the environments' reset seed, 0 to 2^64-1 (default: derived from the pipeline's seed, apart from "
+      "training's; a metrics line's eval_seed replays that evaluation)");
   eval_cmd->add_option("--epsilon", eval.epsilon, "probability of a uniform-random action")->check(CLI::Range(0.0, 1.0));
   eval_cmd->add_option("--env", eval.env, "another task: a name, or plugin:task (default: the pipeline's training.env)");
   eval_cmd->add_flag("--json", eval.json, "one JSON object on stdout");
+
+  ExportArgs exp;
+  std::vector<std::string> export_extra;
+  auto* export_cmd = app.add_subcommand(
+      "export", "write a trained policy's acting network alone: ONNX (observations → q, actions) or safetensors with a manifest");
+  add_common(export_cmd, exp.common, true);
+  add_policy_source(export_cmd, exp.source, export_extra, exp.pipeline, exp.best);
+  export_cmd->add_option("--format", exp.format, "onnx or safetensors")->check(CLI::IsMember({"onnx", "safetensors"}));
+  export_cmd->add_option("--out", exp.out, "the file to write")->required();
+  export_cmd->add_flag("--force", exp.force, "replace --out when it exists");
 
   CheckHeadArgs check;
   std::vector<std::string> check_extra;
@@ -180,8 +204,13 @@ int dqn::cli_main(int argc, char** argv) {
       return cmd_train(train);
     }
     if (*collect_cmd) return cmd_collect(collect);
+    if (*export_cmd) {
+      for (auto& o : export_extra) exp.common.overrides.push_back(o);
+      return cmd_export(exp);
+    }
     if (*eval_cmd) {
       for (auto& o : eval_extra) eval.common.overrides.push_back(o);
+      eval.seed_given = eval_seed->count() > 0;
       return cmd_eval(eval);
     }
     if (*check_cmd) {

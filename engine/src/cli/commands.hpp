@@ -76,12 +76,24 @@ struct EvalArgs {
   std::string pipeline;  ///< with a weights file
   std::string env;       ///< another task than the pipeline's ("" : training.env)
   int episodes = 0;      ///< 0: the pipeline's training.eval.episodes
-  std::int64_t seed = -1;  ///< < 0: derived from the pipeline's seed
+  std::uint64_t seed = 0;
+  bool seed_given = false;  ///< else the seed is derived from the pipeline's
   double epsilon = 0;
   bool best = false, json = false;
 };
 /// dqn eval (eval.cpp).
 int cmd_eval(const EvalArgs& a);
+
+struct ExportArgs {
+  Common common;
+  std::string source;    ///< a run directory, or a weights file (with --pipeline)
+  std::string pipeline;  ///< with a weights file
+  std::string format = "onnx";
+  std::string out;
+  bool best = false, force = false;
+};
+/// dqn export (export.cpp).
+int cmd_export(const ExportArgs& a);
 
 struct CheckHeadArgs {
   Common common;

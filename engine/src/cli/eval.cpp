@@ -17,7 +17,7 @@ int cmd_eval(const EvalArgs& a) {
     o.backend = a.common.backend;
     o.best = a.best;
     Agent agent = Agent::from_run(a.source, o, a.pipeline);
-    const AgentEval r = agent.evaluate(a.episodes, a.seed >= 0 ? std::optional<std::uint64_t>(std::uint64_t(a.seed)) : std::nullopt,
+    const AgentEval r = agent.evaluate(a.episodes, a.seed_given ? std::optional<std::uint64_t>(a.seed) : std::nullopt,
                                        a.epsilon, a.env);
     if (a.json)
       std::printf("%s\n", r.json().c_str());

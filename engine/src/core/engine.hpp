@@ -83,6 +83,8 @@ class Engine {
 
   const PipelineSpec& spec() const { return spec_; }
   BackendKind backend() const { return backend_; }
+  /// The network's sizes as the heads see them (NetworkDims).
+  const NetworkDims& dims() const { return net_; }
   const Registry& registry() const { return reg_; }
   Runtime& runtime() { return *rt_; }
   /// The enabled heads' instance names, in order, and the primary's.

@@ -675,8 +675,10 @@ std::vector<std::uint8_t> serialize(const File& f, const std::string& path_for_e
   return out;
 }
 
-void write_file(const std::string& path, const File& f) {
-  Prepared p = prepare(f, path);  // every validation happens before the disk is touched
+namespace {
+/// Writes the pieces one after the other into path, atomically (temporary file, fsync, rename,
+/// fsync of the folder); on a failure the temporary is removed and an existing file is untouched.
+void write_atomic(const std::string& path, const std::vector<std::pair<const void*, std::size_t>>& pieces) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0666);
   if (fd < 0) throw Error(path, "cannot create temporary file '" + tmp + "': " + errno_text(errno));
@@ -687,11 +689,8 @@ void write_file(const std::string& path, const File& f) {
     return Error(path, step + " '" + tmp + "': " + errno_text(err) +
                            "; the existing file, if any, is untouched");
   };
-  const std::string prefix = length_prefix(p.header.size());
-  bool ok = write_all(fd, prefix.data(), prefix.size()) &&
-            write_all(fd, p.header.data(), p.header.size());
-  for (std::size_t i = 0; ok && i < p.order.size(); ++i)
-    ok = write_all(fd, p.order[i]->second.bytes.data(), p.order[i]->second.bytes.size());
+  bool ok = true;
+  for (std::size_t i = 0; ok && i < pieces.size(); ++i) ok = write_all(fd, pieces[i].first, pieces[i].second);
   if (!ok) throw abandon("cannot write", errno);
   if (::fsync(fd) != 0) throw abandon("cannot fsync", errno);
   int rc = ::close(fd);
@@ -710,5 +709,17 @@ void write_file(const std::string& path, const File& f) {
     ::close(dfd);
   }
 }
+}  // namespace
+
+void write_file(const std::string& path, const File& f) {
+  Prepared p = prepare(f, path);  // every validation happens before the disk is touched
+  const std::string prefix = length_prefix(p.header.size());
+  std::vector<std::pair<const void*, std::size_t>> pieces{{prefix.data(), prefix.size()},
+                                                          {p.header.data(), p.header.size()}};
+  for (const auto* e : p.order) pieces.emplace_back(e->second.bytes.data(), e->second.bytes.size());
+  write_atomic(path, pieces);
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) { write_atomic(path, {{bytes.data(), bytes.size()}}); }
 
 }  // namespace dqn::st

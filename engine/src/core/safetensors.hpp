@@ -125,5 +125,7 @@ std::vector<std::uint8_t> serialize(const File& f, const std::string& path_for_e
 /// failure the temporary is removed, an existing file at path is untouched, and the Error names
 /// the path and the errno text. Two threads of one process must not write the same path at once.
 void write_file(const std::string& path, const File& f);
+/// Any bytes into path the same way (atomically; an Error naming the path on a failure).
+void write_bytes(const std::string& path, const std::string& bytes);
 
 }  // namespace dqn::st

@@ -226,6 +226,9 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("episodes") = 0, py::arg("seed") = py::none(), py::arg("epsilon") = 0.0, py::arg("env") = "",
           "Episodes of the greedy (or ε-greedy) policy on an environment plugin's task.")
+      .def("export", &Agent::export_policy, py::arg("path"), py::arg("format") = "onnx",
+           py::call_guard<py::gil_scoped_release>(),
+           "The acting network alone as ONNX or as safetensors with its manifest (what dqn export writes).")
       .def("save", &Agent::save, py::arg("path"), py::call_guard<py::gil_scoped_release>())
       .def("load", &Agent::load, py::arg("path"), py::call_guard<py::gil_scoped_release>());
 

@@ -154,6 +154,9 @@ with tempfile.TemporaryDirectory(prefix="dqn-export-") as tmp:
         want = [None] if name == "cartpole" else [[-1.0, 1.0]] * 4
         check(manifest["controls"] == want, f"{name}: controls {manifest['controls']}")
         check(manifest["pipeline_hash"].startswith("fnv1a64:"), f"{name}: the pipeline's hash")
+        mine = os.path.join(tmp, name + ".module.onnx")
+        de.Agent.from_run(run_dir, backend="cpu").export(mine, "onnx")
+        check(open(mine, "rb").read() == open(onnx_path, "rb").read(), f"{name}: the module's export writes the same file")
         before = open(onnx_path, "rb").read()
         rc, _, err = run("export", run_dir, "--format", "onnx", "--out", onnx_path)
         check(rc == 1 and "exists" in err and open(onnx_path, "rb").read() == before,

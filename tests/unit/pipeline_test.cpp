@@ -51,7 +51,7 @@ const ParamSchema kBrokenSchema[] = {
 PluginDescriptor make(const char* name, double budget, int primary, const ParamSchema* schema,
                       std::uint32_t n) {
   return PluginDescriptor{kAbiMajor, kAbiMinor, sizeof(PluginDescriptor), PluginKind::head, name, "0.1",
-                          "fake", budget, primary, n, schema, nullptr, nullptr, 0, nullptr};
+                          "fake", budget, primary, n, schema, nullptr, nullptr, 0, nullptr, nullptr};
 }
 
 const PluginDescriptor kC51 = make("c51", 0.0, 1, nullptr, 0);
@@ -70,7 +70,7 @@ const EnvDescriptor kClassicTasks[] = {{"Acrobot-v1", "swing", 0, nullptr, nullp
                                        {"true", "a task named like a boolean", 0, nullptr, nullptr, nullptr}};
 PluginDescriptor make_env_plugin(const char* name, const EnvDescriptor* tasks, std::uint32_t n) {
   return PluginDescriptor{kAbiMajor, kAbiMinor, sizeof(PluginDescriptor), PluginKind::environment, name, "0.1", "fake",
-                          0.0, 0, 0, nullptr, nullptr, nullptr, n, tasks};
+                          0.0, 0, 0, nullptr, nullptr, nullptr, n, tasks, nullptr};
 }
 const PluginDescriptor kCartPlugin = make_env_plugin("cartpole", kCartTasks, 1);
 const PluginDescriptor kClassicPlugin = make_env_plugin("classic", kClassicTasks, 2);

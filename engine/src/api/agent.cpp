@@ -291,19 +291,17 @@ AgentEval Agent::evaluate(int episodes, std::optional<std::uint64_t> seed, doubl
   return a;
 }
 
-std::string AgentEval::json() const {
+namespace {
+EvalResult as_result(const AgentEval& e) {
   EvalResult r;
-  r.mean = mean, r.std = std, r.min = min, r.max = max, r.episodes = episodes, r.success = success;
-  r.seed = seed, r.returns = returns, r.lengths = lengths, r.complete = true;
-  return eval_json(r, env);
+  r.mean = e.mean, r.std = e.std, r.min = e.min, r.max = e.max, r.episodes = e.episodes, r.success = e.success;
+  r.seed = e.seed, r.returns = e.returns, r.lengths = e.lengths, r.complete = true;
+  return r;
 }
+}  // namespace
 
-std::string AgentEval::text() const {
-  EvalResult r;
-  r.mean = mean, r.std = std, r.min = min, r.max = max, r.episodes = episodes, r.success = success;
-  r.seed = seed, r.returns = returns, r.lengths = lengths, r.complete = true;
-  return eval_text(r, env);
-}
+std::string AgentEval::json() const { return eval_json(as_result(*this), env); }
+std::string AgentEval::text() const { return eval_text(as_result(*this), env); }
 
 void Agent::save(const std::string& path) {
   st::File f = save_weights(*impl_->engine, false);
@@ -321,8 +319,6 @@ void Agent::load(const std::string& path) {
 
 void Agent::export_policy(const std::string& path, const std::string& format) {
   Impl& m = *impl_;
-  if (format != "safetensors" && format != "onnx")
-    throw std::invalid_argument("export format '" + format + "': expected safetensors or onnx");
   const PolicyModel model = build_policy_model(*m.engine, m.loader);
   // The controls each branch's bins stand for, from the environment (none offline).
   nlohmann::ordered_json controls = nullptr;

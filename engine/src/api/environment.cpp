@@ -44,18 +44,11 @@ Environment Environment::make(const std::string& task, int copies, std::uint64_t
                               const std::vector<std::string>& options, const std::string& plugin_path, int threads) {
   auto impl = std::make_unique<Impl>(plugin_path);
   if (threads < 0) throw std::invalid_argument("environment threads must not be negative, not " + std::to_string(threads));
-  const std::size_t colon = task.find(':');
-  if (options.empty()) {
-    impl->env = make_env(task, copies, seed, threads, &impl->loader);
-  } else {
-    EnvChoice c;
-    c.plugin = colon == std::string::npos ? std::string() : task.substr(0, colon);
-    c.task = colon == std::string::npos ? task : task.substr(colon + 1);
-    if (c.plugin.empty() && !options.empty())
-      throw std::invalid_argument("environment '" + task + "': options need the plugin named (plugin:task)");
-    for (const std::string& kv : options) c.options.insert(option(kv));
-    impl->env = make_env(c, copies, seed, threads, &impl->loader);
-  }
+  EnvChoice c = env_choice(task);
+  if (c.plugin.empty() && !options.empty())
+    throw std::invalid_argument("environment '" + task + "': options need the plugin named (plugin:task)");
+  for (const std::string& kv : options) c.options.insert(option(kv));
+  impl->env = make_env(c, copies, seed, threads, &impl->loader);
   return Environment(std::move(impl));
 }
 

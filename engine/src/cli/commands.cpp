@@ -16,6 +16,16 @@
 
 namespace dqn::cli {
 
+Agent policy_agent(const Common& c, const std::string& source, const std::string& pipeline, bool best,
+                   const std::string& fallback_backend) {
+  AgentOptions o;
+  o.overrides = c.overrides;
+  o.plugin_path = c.plugin_path;
+  o.backend = c.backend.empty() ? fallback_backend : c.backend;
+  o.best = best;
+  return Agent::from_run(source, o, pipeline);
+}
+
 PluginLoader make_loader(const Common& c) { return PluginLoader(PluginLoader::search_path_from(c.plugin_path)); }
 
 namespace {

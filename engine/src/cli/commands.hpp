@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "dqn/agent.hpp"
 #include "pipeline/spec.hpp"
 
 namespace dqn {
@@ -114,6 +115,12 @@ int cmd_train(const TrainArgs& a);
 int cmd_bench(const BenchArgs& a);
 /// Finite differences of every head's parameter gradients (f64 CPU); 1 when one is off.
 int cmd_check_head(const CheckHeadArgs& a);
+
+/// A trained policy for eval and export: the run directory or weights file `source` (with
+/// `pipeline`), the command's overrides, plugin path and backend (`fallback_backend` when none is
+/// given; "" : the pipeline's), its best weights with `best`.
+Agent policy_agent(const Common& c, const std::string& source, const std::string& pipeline, bool best,
+                   const std::string& fallback_backend = "");
 
 /// Loads a pipeline with the plugins on the search path and the overrides; prints errors and
 /// returns false on failure.

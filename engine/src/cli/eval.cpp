@@ -11,12 +11,7 @@ namespace dqn::cli {
 
 int cmd_eval(const EvalArgs& a) {
   try {
-    AgentOptions o;
-    o.overrides = a.common.overrides;
-    o.plugin_path = a.common.plugin_path;
-    o.backend = a.common.backend;
-    o.best = a.best;
-    Agent agent = Agent::from_run(a.source, o, a.pipeline);
+    Agent agent = policy_agent(a.common, a.source, a.pipeline, a.best);
     const AgentEval r = agent.evaluate(a.episodes, a.seed_given ? std::optional<std::uint64_t>(a.seed) : std::nullopt,
                                        a.epsilon, a.env);
     if (a.json)

@@ -16,12 +16,7 @@ int cmd_export(const ExportArgs& a) {
     return 1;
   }
   try {
-    AgentOptions o;
-    o.overrides = a.common.overrides;
-    o.plugin_path = a.common.plugin_path;
-    o.backend = a.common.backend.empty() ? "cpu" : a.common.backend;  // exporting needs no GPU
-    o.best = a.best;
-    Agent agent = Agent::from_run(a.source, o, a.pipeline);
+    Agent agent = policy_agent(a.common, a.source, a.pipeline, a.best, "cpu");  // exporting needs no GPU
     agent.export_policy(a.out, a.format);
     std::vector<int> bins = agent.actions_per_branch();
     std::printf("policy: %s (%s): observations [rows, %d] → q [rows, %d, %d], actions [rows, %d]\n", a.out.c_str(),

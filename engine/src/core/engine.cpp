@@ -217,7 +217,6 @@ ReplayStages& Engine::replay() {
 }
 
 void Engine::build(const PluginLoader& plugins) {
-  const int B = spec_.batch;
   StepBuild b{spec_, net_, head_names_, primary_, reg_, *rt_, plan_.stages};
   // Trunk parameters first (engine-owned), then each head's.
   trunk_ = std::make_unique<TrunkStages>();
@@ -225,7 +224,6 @@ void Engine::build(const PluginLoader& plugins) {
   std::vector<double> fractions;
 
   // Heads: create from their plugins with resolved parameters and budgets.
-  std::vector<std::vector<std::string>> storage;
   for (std::size_t i = 0; i < spec_.heads.size(); ++i) {
     const HeadSpec& hs = spec_.heads[i];
     if (!hs.enabled) continue;
@@ -233,24 +231,11 @@ void Engine::build(const PluginLoader& plugins) {
     if (!d)
       throw PipelineError(hs.plugin_loc, "heads[" + std::to_string(i) + "].plugin", hs.plugin,
                           "plugin not found (search path: " + plugins.search_path() + ")");
-    storage.emplace_back();
-    std::vector<ParamValue> values = resolve_head_params(hs, *d, storage.back());
-    const double f = resolved_budget(spec_, i);
-    HeadCreateInfo info{};
-    const std::string inst = hs.name.empty() ? hs.plugin : hs.name;
-    info.instance = inst.c_str();
-    info.role = hs.role;
-    info.budget = f;
-    info.net = &net_;
-    info.batch = B;
-    info.gamma_n = float(spec_.gamma_n());
-    info.seed = spec_.seed;
-    info.params = values.data();
-    info.n_params = std::uint32_t(values.size());
+    const HeadInfo h(spec_, i, *d, net_);
     if (hs.role == Role::primary) primary_ = heads_.size();
-    heads_.push_back(plugins.create(hs.plugin, info));
-    head_names_.push_back(inst);
-    fractions.push_back(f);
+    heads_.push_back(plugins.create(hs.plugin, h.info));
+    head_names_.push_back(h.instance);
+    fractions.push_back(h.info.budget);
   }
   if (heads_.empty()) throw std::invalid_argument("pipeline has no enabled head");
   b.primary = primary_;
@@ -266,7 +251,7 @@ void Engine::build(const PluginLoader& plugins) {
   for (StageProvider* p : parts_) p->declare_buffers(b);
   for (StageProvider* p : parts_) p->add_front_stages(b);
   for (std::size_t h = 0; h < heads_.size(); ++h) {
-    HeadBuild ctx(b, heads_[h].get(), h == primary_, std::int64_t(opt_.rank) * B, *act_, head_names_[h]);
+    HeadBuild ctx(b, heads_[h].get(), h == primary_, std::int64_t(opt_.rank) * spec_.batch, *act_, head_names_[h]);
     if (heads_[h]->declare(ctx) != 0) {
       std::string why = ctx.message.empty() ? heads_[h]->error() : ctx.message;
       throw std::runtime_error("head '" + head_names_[h] + "' (" + heads_[h].plugin().path + "): declare failed: " + why);

@@ -267,6 +267,21 @@ std::string PluginLoader::search_path() const {
   return s.empty() ? std::string("(empty)") : s;
 }
 
+HeadInfo::HeadInfo(const PipelineSpec& spec, std::size_t index, const PluginDescriptor& d, const NetworkDims& net) {
+  const HeadSpec& hs = spec.heads[index];
+  instance = hs.name.empty() ? hs.plugin : hs.name;
+  values = resolve_head_params(hs, d, storage);
+  info.instance = instance.c_str();
+  info.role = hs.role;
+  info.budget = resolved_budget(spec, index);
+  info.net = &net;
+  info.batch = spec.batch;
+  info.gamma_n = float(spec.gamma_n());
+  info.seed = spec.seed;
+  info.params = values.data();
+  info.n_params = std::uint32_t(values.size());
+}
+
 HeadHandle PluginLoader::create(const std::string& plugin, const HeadCreateInfo& info) const {
   if (const LoadedPlugin* found = locate(plugin)) {
     const LoadedPlugin& p = *found;

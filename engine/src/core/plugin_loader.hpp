@@ -22,6 +22,19 @@ struct LoadedPlugin {
   const PluginDescriptor* descriptor = nullptr;
 };
 
+/// What a head plugin's create() and export_policy() get for pipeline head `index`: its instance
+/// name, role, resolved params and budget, and the network's sizes (which must outlive it).
+/// Pinned in place: `info` points into the other members.
+struct HeadInfo {
+  HeadInfo(const PipelineSpec& spec, std::size_t index, const PluginDescriptor& d, const NetworkDims& net);
+  HeadInfo(const HeadInfo&) = delete;
+  HeadInfo& operator=(const HeadInfo&) = delete;
+  std::string instance;
+  std::vector<std::string> storage;  ///< the params' text values
+  std::vector<ParamValue> values;
+  HeadCreateInfo info{};
+};
+
 /// A head together with the library it came from: destroying it calls the plugin's destroy()
 /// and only then lets the library go.
 class HeadHandle {

@@ -4,7 +4,6 @@
  */
 #include "export/policy_model.hpp"
 
-#include <algorithm>
 #include <set>
 #include <stdexcept>
 
@@ -21,14 +20,10 @@ namespace {
 /// The engine's side of a head's export: every call records into the model.
 class Recorder final : public PolicyGraph {
  public:
-  Recorder(PolicyModel& m, const st::File& weights, std::string trunk_out)
-      : m_(m), weights_(weights), trunk_out_(std::move(trunk_out)) {
-    for (const auto& t : m_.tensors) names_.insert(t.name);
-    for (const auto& n : m_.nodes) names_.insert(n.output);
-    names_.insert(m_.input);
-  }
+  Recorder(PolicyModel& m, const st::File& weights) : m_(m), weights_(weights) { names_.insert(m_.input); }
 
   const char* trunk_output() const noexcept override { return trunk_out_.c_str(); }
+  void set_trunk_output(std::string v) { trunk_out_ = std::move(v); }
 
   const char* param(const char* name) noexcept override {
     return guard([&]() -> const char* {
@@ -39,11 +34,10 @@ class Recorder final : public PolicyGraph {
         t.name = n;
         t.shape = weights_.get(n).shape;
         t.f32 = weights_.get_f32(n);
-        m_.tensors.push_back(std::move(t));
-        names_.insert(n);
+        add_tensor(std::move(t));
         params_.insert(n);
       }
-      return m_.tensors[index_of(n)].name.c_str();
+      return stable(n);
     });
   }
 
@@ -86,9 +80,10 @@ class Recorder final : public PolicyGraph {
         if (attrs[i].kind == GraphAttr::integers) a.ints.assign(attrs[i].ints, attrs[i].ints + attrs[i].n_ints);
         n.attrs.push_back(std::move(a));
       }
-      names_.insert(n.output);
+      const std::string out = n.output;
       m_.nodes.push_back(std::move(n));
-      return m_.nodes.back().output.c_str();
+      names_.insert(out);
+      return stable(out);
     });
   }
 
@@ -145,8 +140,10 @@ class Recorder final : public PolicyGraph {
     const std::string n = t.name;
     m_.tensors.push_back(std::move(t));
     names_.insert(n);
-    return m_.tensors.back().name.c_str();
+    return stable(n);
   }
+  /// The name as the set keeps it: its characters stay where they are while the graph grows.
+  const char* stable(const std::string& n) const { return names_.find(n)->c_str(); }
   /// `name`, or with a number appended where the graph has it already.
   std::string fresh(const char* name) const {
     const std::string base = name && *name ? name : "value";
@@ -154,12 +151,6 @@ class Recorder final : public PolicyGraph {
     for (int k = 2; names_.count(n); ++k) n = base + "_" + std::to_string(k);
     return n;
   }
-  std::size_t index_of(const std::string& n) const {
-    for (std::size_t i = 0; i < m_.tensors.size(); ++i)
-      if (m_.tensors[i].name == n) return i;
-    throw std::logic_error("tensor '" + n + "' lost");
-  }
-
   PolicyModel& m_;
   const st::File& weights_;
   std::string trunk_out_;
@@ -177,65 +168,38 @@ PolicyModel build_policy_model(Engine& e, const PluginLoader& loader) {
   m.branches = net.branches;
   m.actions = net.actions;
   const st::File weights = save_weights(e, false);
+  Recorder rec(m, weights);
+  const GraphBuilder g{rec};
   // The trunk: Gemm (x Wᵀ + b) and Relu for every layer.
   std::string x = m.input;
   for (int i = 0; i < net.trunk_layers; ++i) {
-    const std::string layer = "trunk." + std::to_string(i);
-    for (const char* part : {".weight", ".bias"}) {
-      PolicyModel::Tensor t;
-      t.name = layer + part;
-      t.shape = weights.get(t.name).shape;
-      t.f32 = weights.get_f32(t.name);
-      m.tensors.push_back(std::move(t));
-    }
-    PolicyModel::Attr transb;
-    transb.name = "transB";
-    transb.i = 1;
-    m.nodes.push_back({"Gemm", {x, layer + ".weight", layer + ".bias"}, "trunk/" + std::to_string(i), {transb}});
-    m.nodes.push_back({"Relu", {"trunk/" + std::to_string(i)}, "trunk/" + std::to_string(i) + "/relu", {}});
-    x = m.nodes.back().output;
+    const std::string o = "trunk/" + std::to_string(i);
+    x = g.node("Relu", {g.dense(x, "trunk." + std::to_string(i), o)}, o + "/relu");
   }
+  if (!rec.error().empty()) throw std::logic_error("the trunk's export: " + rec.error());
+  rec.set_trunk_output(x);
   // The primary head's part.
   const HeadSpec& hs = spec.primary();
-  const std::string instance = hs.name.empty() ? hs.plugin : hs.name;
+  const std::size_t index = std::size_t(&hs - spec.heads.data());
   const PluginDescriptor* d = loader.find(hs.plugin);
   if (!d) throw std::invalid_argument("the primary head's plugin '" + hs.plugin + "' is not found");
+  const HeadInfo h(spec, index, *d, net);
+  const std::string& instance = h.instance;
   const auto exporter = d->struct_size >= kDescriptorSizeMinor2 ? d->export_policy : nullptr;
   if (!exporter)
     throw std::invalid_argument("the primary head '" + instance + "' (plugin " + hs.plugin +
                                 ") cannot be exported: its plugin offers no export_policy (dqn/policy_graph.hpp)");
-  std::vector<std::string> storage;
-  const std::vector<ParamValue> values = resolve_head_params(hs, *d, storage);
-  HeadCreateInfo info{};
-  info.instance = instance.c_str();
-  info.role = hs.role;
-  info.budget = 1.0;
-  info.net = &net;
-  info.batch = spec.batch;
-  info.gamma_n = float(spec.gamma_n());
-  info.seed = spec.seed;
-  info.params = values.data();
-  info.n_params = std::uint32_t(values.size());
   m.manifest["head"] = {{"plugin", hs.plugin}, {"instance", instance}};
-  Recorder rec(m, weights, x);
-  if (exporter(&info, &rec) != 0 || !rec.error().empty())
+  if (exporter(&h.info, &rec) != 0 || !rec.error().empty())
     throw std::invalid_argument("the primary head '" + instance + "' refused the export: " +
                                 (rec.error().empty() ? std::string("(no reason given)") : rec.error()));
   if (m.q.empty())
     throw std::invalid_argument("the primary head '" + instance + "' exported no Q-values (PolicyGraph::q_values)");
-  // The output's documented name (a head's own value called so is the output already).
-  const bool taken = std::any_of(m.nodes.begin(), m.nodes.end(), [](const PolicyModel::Node& n) { return n.output == "q"; }) ||
-                     std::any_of(m.tensors.begin(), m.tensors.end(), [](const PolicyModel::Tensor& t) { return t.name == "q"; });
-  if (!taken) {
-    m.nodes.push_back({"Identity", {m.q}, "q", {}});
-    m.q = "q";
-  }
-  PolicyModel::Attr axis, keep;
-  axis.name = "axis";
-  axis.i = 2;
-  keep.name = "keepdims";
-  keep.i = 0;
-  m.nodes.push_back({"ArgMax", {m.q}, m.greedy, {axis, keep}});
+  // The output's documented name (a head's own value called so is the output already), and the
+  // argmax over actions.
+  if (m.q != "q") m.q = g.node("Identity", {m.q}, "q");
+  m.greedy = g.node("ArgMax", {m.q}, m.greedy, {GraphBuilder::attr("axis", 2), GraphBuilder::attr("keepdims", 0)});
+  if (!rec.error().empty()) throw std::logic_error("the export's outputs: " + rec.error());
   return m;
 }
 

@@ -311,13 +311,17 @@ std::unique_ptr<VecEnv> make_env(const EnvChoice& env, int num_envs, std::uint64
   return std::make_unique<VecEnv>(made, found.task_desc->destroy, std::move(keep), label, t);
 }
 
+EnvChoice env_choice(const std::string& name) {
+  EnvChoice e;
+  const std::size_t colon = name.find(':');
+  e.plugin = colon == std::string::npos ? std::string() : name.substr(0, colon);
+  e.task = colon == std::string::npos ? name : name.substr(colon + 1);
+  return e;
+}
+
 std::unique_ptr<VecEnv> make_env(const std::string& task, int num_envs, std::uint64_t seed, int threads,
                                  const PluginLoader* plugins) {
-  EnvChoice e;
-  const std::size_t colon = task.find(':');
-  e.plugin = colon == std::string::npos ? std::string() : task.substr(0, colon);
-  e.task = colon == std::string::npos ? task : task.substr(colon + 1);
-  return make_env(e, num_envs, seed, threads, plugins);
+  return make_env(env_choice(task), num_envs, seed, threads, plugins);
 }
 
 std::function<EnvProbe(const EnvChoice&)> environment_shapes(const PluginLoader* plugins) {

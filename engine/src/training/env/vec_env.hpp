@@ -96,6 +96,9 @@ void register_env(const std::string& task, EnvFactory factory);
 /// plugin's create(), or num_envs < 1.
 std::unique_ptr<VecEnv> make_env(const EnvChoice& env, int num_envs, std::uint64_t seed, int threads = 1,
                                   const PluginLoader* plugins = nullptr);
+/// A task named alone ("CartPole-v1": a program's, or any plugin's task of that name) or as
+/// "plugin:task", with no options.
+EnvChoice env_choice(const std::string& name);
 /// As make_env for a task named alone (a program's, or any plugin's task of that name), or as
 /// "plugin:task", with the task's default options.
 std::unique_ptr<VecEnv> make_env(const std::string& task, int num_envs, std::uint64_t seed, int threads = 1,

@@ -28,15 +28,20 @@ using ::dqn::dev::warp_reduce_n;
 constexpr int kDistMaxWarps = 16;  // warps per block of the distribution kernel (one per action)
 
 /// One block per (row, branch), one warp per action (actions beyond the warps loop). Shared:
-/// the mean advantage of each atom [Z] and the actions' Q [A]. T: see exp_t.
+/// the mean advantage of each atom [Z] (every warp sums a share of the actions) and each warp's
+/// best action so far (value, index), so any
+/// number of actions fits: a warp walks its actions in ascending order keeping the first maximum,
+/// and thread 0 merges the warps the same way (the argmax a scan over all actions gives, ties and
+/// NaN included: action 0 is always a candidate, a NaN never replaces one). T: see exp_t.
 template <typename T>
 __global__ void dueling_dist_kernel(DuelingDist a, double dz_d) {
   dev::pdl_entry();
   extern __shared__ double dd_shared[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int D = a.D, A = a.A, Z = a.Z;
-  T* mean = reinterpret_cast<T*>(dd_shared);         // [Z]
-  float* qs = reinterpret_cast<float*>(dd_shared + Z);  // [A]
+  T* mean = reinterpret_cast<T*>(dd_shared);                    // [Z]
+  float* wq = reinterpret_cast<float*>(dd_shared + Z);           // [warps]: a warp's best value
+  int* wa = reinterpret_cast<int*>(wq + kDistMaxWarps);          // [warps]: its index (−1: none)
   const float* V = static_cast<const float*>(a.v.p);
   const float* ADV = static_cast<const float*>(a.adv.p);
   float* LP = static_cast<float*>(a.logp.p);
@@ -46,12 +51,25 @@ __global__ void dueling_dist_kernel(DuelingDist a, double dz_d) {
   const std::int64_t r = rd / D;
   const float* adv = ADV + rd * ld_or(a.ldadv, A * Z);
   const float* v = V + r * a.ldv;
-  for (int i = threadIdx.x; i < Z; i += blockDim.x) {
+  // the mean over actions, 32 atoms at a time: warp w sums actions w, w + warps, … of lane's atom,
+  // then warp 0 adds the warps' sums in order (a fixed order: the same bits every run)
+  __shared__ T part[kDistMaxWarps][32];
+  for (int i0 = 0; i0 < Z; i0 += 32) {
+    const int i = i0 + lane;
     T s = 0;
-    for (int act = 0; act < A; ++act) s += static_cast<T>(adv[act * Z + i]);
-    mean[i] = s / A;
+    if (i < Z)
+      for (int act = warp; act < A; act += nwarps) s += static_cast<T>(adv[act * Z + i]);
+    part[warp][lane] = s;
+    __syncthreads();
+    if (warp == 0 && i < Z) {
+      T m = 0;
+      for (int w = 0; w < nwarps; ++w) m += part[w][lane];
+      mean[i] = m / A;
+    }
+    __syncthreads();
   }
-  __syncthreads();
+  float best_q = -INFINITY;
+  int best_a = -1;
   for (int act = warp; act < A; act += nwarps) {
     const float* x = adv + act * Z;
     float* lp = LP + (rd * A + act) * Z;
@@ -79,16 +97,27 @@ __global__ void dueling_dist_kernel(DuelingDist a, double dz_d) {
       if (lane == 0) {
         const float qf = static_cast<float>(qa);
         Q[rd * A + act] = qf;
-        qs[act] = qf;
+        if (act == 0 || qf > best_q) {  // strict: ties keep the lowest index
+          best_q = qf;
+          best_a = act;
+        }
       }
     }
   }
   if (!a.a_star || r < a.star_from) return;
+  if (lane == 0) {
+    wq[warp] = best_q;
+    wa[warp] = best_a;
+  }
   __syncthreads();
   if (threadIdx.x == 0) {
-    int best = 0;
-    for (int act = 1; act < A; ++act)
-      if (qs[act] > qs[best]) best = act;  // strict: ties keep the lowest index
+    int best = wa[0];  // warp 0 holds action 0
+    float qbest = wq[0];
+    for (int w = 1; w < nwarps; ++w)
+      if (wa[w] >= 0 && (wq[w] > qbest || (wq[w] == qbest && wa[w] < best))) {
+        qbest = wq[w];
+        best = wa[w];
+      }
     a.a_star[(r - a.star_from) * D + (rd - r * D)] = best;
   }
 }
@@ -303,8 +332,8 @@ cudaError_t relu_bias_grad(cudaStream_t s, float* dy, const float* y, float* db,
   return cudaGetLastError();
 }
 
-std::size_t dueling_dist_shared_bytes(int Z, int A) {
-  return static_cast<std::size_t>(Z) * sizeof(double) + round_up(static_cast<std::size_t>(A) * sizeof(float), 8);
+std::size_t dueling_dist_shared_bytes(int Z) {
+  return static_cast<std::size_t>(Z) * sizeof(double) + kDistMaxWarps * (sizeof(float) + sizeof(int));
 }
 
 cudaError_t dueling_dist(cudaStream_t s, const DuelingDist& a, bool double_math) {
@@ -331,7 +360,7 @@ cudaError_t dueling_dist(cudaStream_t s, const DuelingDist& a, bool double_math)
   }
   const std::int64_t blocks = static_cast<std::int64_t>(a.rows) * a.D;
   const int warps = a.A < kDistMaxWarps ? a.A : kDistMaxWarps;
-  const std::size_t shmem = dueling_dist_shared_bytes(a.Z, a.A);
+  const std::size_t shmem = dueling_dist_shared_bytes(a.Z);
   const double dz = support_step(a.v_min, a.v_max, a.Z);
   if (double_math)
     launch(dueling_dist_kernel<double>, static_cast<unsigned>(blocks), 32 * warps, shmem, s, a, dz);

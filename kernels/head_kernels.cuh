@@ -13,7 +13,7 @@
 namespace dqn::cuda {
 
 /// Dynamic shared memory dueling_dist needs (must stay under the default 48 KiB).
-std::size_t dueling_dist_shared_bytes(int Z, int A);
+std::size_t dueling_dist_shared_bytes(int Z);
 /// double_math: the distribution in double (fp32 pipelines, as the CPU twin); else in float.
 /// While Z ≤ 64 and A ≤ 8: a warp per action and a block per (row, branch) where rows·D ≤ 2,048,
 /// else a warp per (row, branch); beyond, a block per (row, branch). The same results bit for bit.

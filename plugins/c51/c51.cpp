@@ -164,22 +164,7 @@ class C51Head final : public HeadBase {
     const GraphBuilder g{graph};
     const NetworkDims& n = *info.net;
     const std::int64_t D = n.branches, A = n.actions, Z = n.atoms;
-    const std::string h = graph.trunk_output();
-    const std::string hv = g.node("Relu", {g.dense(h, "c51.value.0", "c51/value.0")}, "c51/value.0/relu");
-    const std::string v = g.node("Reshape", {g.dense(hv, "c51.value.1", "c51/v"), g.constant_i64("c51/shape_v", {-1, 1, 1, Z}, {4})},
-                                 "c51/v4");
-    std::vector<std::string> advs;
-    for (std::int64_t d = 0; d < D; ++d) {
-      const std::string b = "c51.branch." + std::to_string(d), o = "c51/branch." + std::to_string(d);
-      const std::string hb = g.node("Relu", {g.dense(h, b + ".0", o + ".0")}, o + ".0/relu");
-      advs.push_back(g.node("Reshape", {g.dense(hb, b + ".1", o + ".1"), g.constant_i64(o + "/shape", {-1, 1, A, Z}, {4})},
-                            o + "/adv"));
-    }
-    const std::string adv = D == 1 ? advs[0] : g.node("Concat", advs, "c51/adv", {GraphBuilder::attr("axis", 1)});
-    const std::vector<std::int64_t> actions_axis{2};
-    const std::string mean =
-        g.node("ReduceMean", {adv}, "c51/adv_mean", {GraphBuilder::attr_ints("axes", actions_axis), GraphBuilder::attr("keepdims", 1)});
-    const std::string logits = g.node("Add", {v, g.node("Sub", {adv, mean}, "c51/adv_centred")}, "c51/logits");
+    const std::string logits = bdq::export_dueling(g, "c51", bdq::dims_of(n));
     const std::string p = g.node("Softmax", {logits}, "c51/p", {GraphBuilder::attr("axis", 3)});
     std::vector<float> z(static_cast<std::size_t>(Z));
     std::string support = "[";

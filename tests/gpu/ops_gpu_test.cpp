@@ -161,12 +161,17 @@ TEST_CASE("gpu.ops.dueling_dist: combine + log-softmax + Q + argmax in one pass,
   const struct {
     int rows, D, A, Z, star_from;
     bool q;
-  } shapes[] = {{2 * 37, 3, 5, 51, 37, true}, {19, 2, 7, 101, 0, true}, {13, 4, 3, 9, 13, true}, {11, 3, 5, 33, 0, false},
-                {17, 2, 8, 64, 5, true}, {9, 1, 9, 20, 0, true}, {6, 2, 1, 1, 0, true}};
+    int repeat;  // > 0: action a's advantages are action (a mod repeat)'s, so the maximum ties
+  } shapes[] = {{2 * 37, 3, 5, 51, 37, true, 0}, {19, 2, 7, 101, 0, true, 0}, {13, 4, 3, 9, 13, true, 0},
+                {11, 3, 5, 33, 0, false, 0}, {17, 2, 8, 64, 5, true, 0}, {9, 1, 9, 20, 0, true, 0},
+                {6, 2, 1, 1, 0, true, 0}, {5, 2, 40, 51, 1, true, 0}, {7, 3, 100, 51, 0, true, 7},
+                {3, 1, 15625, 51, 0, true, 0}};
   // While Z <= 64 and A <= 8 (the first, third, fourth, fifth and last shapes) a warp kernel: a
   // warp per action where rows·D <= 2048 (all of these; gpu.ops.dueling_dist.warps checks the
   // warp per (row, branch) beyond, bit for bit), a block per (row, branch) beyond (the second:
-  // Z 101; the sixth: A 9).
+  // Z 101; the sixth: A 9; the last three: more actions than the block's 16 warps, each warp's
+  // first maximum merged, with ties across warps, and the single branch over a 6-link reacher's
+  // 15,625 joint actions).
   // fp32: the kernel's double arithmetic, as the CPU's; tf32: its float arithmetic (kFloatMath).
   // pad: adv's (row, branch) blocks A·Z + pad apart (0: compact, ldadv unset).
   for (const int pad : {0, 5})
@@ -185,6 +190,13 @@ TEST_CASE("gpu.ops.dueling_dist: combine + log-softmax + Q + argmax in one pass,
     auto v = random_vec(static_cast<std::size_t>(sh.rows) * ldv, -2, 2, 31);
     const int ldadv = pad ? sh.A * sh.Z + pad : 0;
     auto adv = random_vec(pad ? static_cast<std::size_t>(sh.rows) * sh.D * ldadv : n, -3, 3, 32);
+    if (sh.repeat > 0)
+      for (std::size_t rd = 0; rd < static_cast<std::size_t>(sh.rows) * sh.D; ++rd)
+        for (int act = sh.repeat; act < sh.A; ++act)
+          for (int i = 0; i < sh.Z; ++i) {
+            const std::size_t base = rd * static_cast<std::size_t>(pad ? ldadv : sh.A * sh.Z);
+            adv[base + static_cast<std::size_t>(act) * sh.Z + i] = adv[base + static_cast<std::size_t>(act % sh.repeat) * sh.Z + i];
+          }
     DuelingDist a;
     a.ldv = ldv; a.rows = sh.rows; a.D = sh.D; a.A = sh.A; a.Z = sh.Z; a.star_from = sh.q ? sh.star_from : 0;
     a.ldadv = ldadv;

@@ -820,3 +820,27 @@ TEST_CASE("cli.train: --out naming a directory that holds anything is refused an
                 quote(t.path("empty"))).rc == 0);
   CHECK(fs::exists(t.path("empty/metrics.jsonl")));
 }
+
+TEST_CASE("cli.export: a primary head whose plugin offers no export is refused by name, and nothing is written") {
+  const std::string fixtures = env_or_fail("DQN_TEST_FIXTURES");
+  TempDir tmp;
+  const std::string run = tmp.path("run"), out = tmp.path("policy.onnx");
+  const std::string p = tmp.file("plain.yaml",
+                                 "name: plain\nbackend: cpu\nbatch: 16\n"
+                                 "network: {state: 4, trunk: [8, 8], head_hidden: 4, branches: 1, actions: 2, atoms: 5}\n"
+                                 "heads:\n  - {plugin: plain_primary, role: primary}\n"
+                                 "training: {env: CartPole-v1, num_envs: 2, total_steps: 200, learning_starts: 50,"
+                                 " eval: {every: 100, episodes: 2}}\n");
+  const Run t = dqn_run("train " + quote(p) + " --out " + quote(run) + " -q --plugin-path " + quote(fixtures));
+  INFO(t.out);
+  REQUIRE(t.rc == 0);  // it trains and acts: the primary's contract holds
+  for (const char* format : {"onnx", "safetensors"}) {
+    const Run e = dqn_run("export " + quote(run) + " --format " + format + " --out " + quote(out) + " --plugin-path " +
+                          quote(fixtures));
+    INFO(e.out);
+    CHECK(e.rc == 1);
+    CHECK(has(e.out, "the primary head 'plain_primary' (plugin plain_primary) cannot be exported: its plugin offers no "
+                     "export_policy"));
+    CHECK_FALSE(fs::exists(out));
+  }
+}

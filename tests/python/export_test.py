@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """`dqn export` on the CPU, for C51 on CartPole (one branch) and on the 4-link reacher (four
-branches of continuous torques): the ONNX file passes onnx.checker (full check), and a numpy
+branches of continuous torques), and for the QR-DQN example as the primary on CartPole (built
+from its sources among the test plugins): the ONNX file passes onnx.checker (full check), and a numpy
 evaluation of its graph, and of the safetensors export's manifest graph over its tensors, gives the
 engine's greedy actions (dqn_engine.Agent.act) on 1,000 observations, and Q-values within 1e-4 of
-the engine's; the manifest says the sizes, the support, the controls; an existing file is not
-replaced without --force.
+the engine's; the manifest says the sizes, the support (C51) or the quantiles (QR-DQN), the controls;
+an existing file is not replaced without --force.
 
-usage: export_test.py DQN SOURCE_ROOT   (PYTHONPATH holds the built dqn_engine; python3-onnx)"""
+usage: export_test.py DQN SOURCE_ROOT FIXTURES_DIR   (PYTHONPATH holds the built dqn_engine; python3-onnx)"""
 import json
 import os
 import struct
@@ -18,11 +19,12 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 import dqn_engine as de  # noqa: E402
 from checks import check, finish  # noqa: E402
 
-DQN, ROOT = sys.argv[1], sys.argv[2]
+DQN, ROOT, FIXTURES = sys.argv[1], sys.argv[2], sys.argv[3]
 
 
 def run(*args):
@@ -102,8 +104,8 @@ def safetensors_graph(path):
     return manifest, manifest["graph"]["nodes"], tensors
 
 
-def engine_actions(run_dir, obs):
-    agent = de.Agent.from_run(run_dir, backend="cpu")
+def engine_actions(run_dir, obs, plugin_path):
+    agent = de.Agent.from_run(run_dir, backend="cpu", plugin_path=plugin_path)
     acts, qs = [], []
     for k in range(0, len(obs), agent.max_rows):
         acts.append(agent.act(obs[k:k + agent.max_rows]))
@@ -125,17 +127,20 @@ def compare(label, q, actions, eq, ea):
 
 with tempfile.TemporaryDirectory(prefix="dqn-export-") as tmp:
     rng = np.random.default_rng(0)
-    cases = [("cartpole", os.path.join(ROOT, "pipelines", "default.yaml"), ["training.total_steps=3000"], 4, 1, 2),
-             ("reacher", os.path.join(ROOT, "pipelines", "reacher.yaml"), ["training.total_steps=2000"], 26, 4, 5)]
-    for name, pipeline, extra, S, D, A in cases:
+    cases = [("cartpole", os.path.join(ROOT, "pipelines", "default.yaml"), ["training.total_steps=3000"], 4, 1, 2, ""),
+             ("reacher", os.path.join(ROOT, "pipelines", "reacher.yaml"), ["training.total_steps=2000"], 26, 4, 5, ""),
+             ("qr_dqn", os.path.join(ROOT, "examples", "plugins", "qr_dqn", "qr_dqn.yaml"),
+              ["training.total_steps=3000"], 4, 1, 2, FIXTURES)]
+    for name, pipeline, extra, S, D, A, plugin_path in cases:
         run_dir = os.path.join(tmp, name)
-        rc, _, err = run("train", pipeline, "--out", run_dir, "--backend", "cpu", "-q", "training.stop_at_return=0",
+        where = ["--plugin-path", plugin_path] if plugin_path else []
+        rc, _, err = run("train", pipeline, "--out", run_dir, "--backend", "cpu", "-q", *where, "training.stop_at_return=0",
                          "training.stop_at_success=0", "training.eval.every=1000", *extra)
         check(rc == 0, f"{name}: dqn train ({err.strip()[-300:]})")
         obs = rng.normal(0.0, 1.0, size=(1000, S)).astype(np.float32)
-        ea, eq = engine_actions(run_dir, obs)
+        ea, eq = engine_actions(run_dir, obs, plugin_path)
         onnx_path, st_path = os.path.join(tmp, name + ".onnx"), os.path.join(tmp, name + ".safetensors")
-        rc, out, err = run("export", run_dir, "--format", "onnx", "--out", onnx_path)
+        rc, out, err = run("export", run_dir, "--format", "onnx", "--out", onnx_path, *where)
         check(rc == 0 and f"q [rows, {D}, {A}]" in out, f"{name}: dqn export --format onnx: {out.strip()} {err.strip()}")
         model, nodes, tensors = onnx_graph(onnx_path)
         check([i.name for i in model.graph.input] == ["observations"] and
@@ -143,24 +148,30 @@ with tempfile.TemporaryDirectory(prefix="dqn-export-") as tmp:
         check(model.opset_import[0].version == 17, f"{name}: opset 17")
         q, actions = evaluate(nodes, tensors, obs)
         compare(f"{name} ONNX", q, actions, eq, ea)
-        rc, out, err = run("export", run_dir, "--format", "safetensors", "--out", st_path)
+        rc, out, err = run("export", run_dir, "--format", "safetensors", "--out", st_path, *where)
         check(rc == 0, f"{name}: dqn export --format safetensors ({err.strip()})")
         manifest, nodes, tensors = safetensors_graph(st_path)
         q, actions = evaluate(nodes, tensors, obs)
         compare(f"{name} safetensors", q, actions, eq, ea)
         check(manifest["observation_size"] == S and manifest["branches"] == D and
               manifest["actions_per_branch"] == [A] * D, f"{name}: the manifest's sizes")
-        check(len(manifest["support"]) == 51 and manifest["head"]["plugin"] == "c51", f"{name}: the C51 support")
-        want = [None] if name == "cartpole" else [[-1.0, 1.0]] * 4
+        if name == "qr_dqn":
+            taus = manifest.get("quantiles", [])
+            check(manifest["head"]["plugin"] == "qr_dqn" and len(taus) == 32 and
+                  abs(taus[0] - 1 / 64) < 1e-9 and abs(taus[-1] - 63 / 64) < 1e-9 and "support" not in manifest,
+                  f"{name}: the 32 quantile midpoints {taus[:2]}…")
+        else:
+            check(len(manifest["support"]) == 51 and manifest["head"]["plugin"] == "c51", f"{name}: the C51 support")
+        want = [None] if name != "reacher" else [[-1.0, 1.0]] * 4
         check(manifest["controls"] == want, f"{name}: controls {manifest['controls']}")
         check(manifest["pipeline_hash"].startswith("fnv1a64:"), f"{name}: the pipeline's hash")
         mine = os.path.join(tmp, name + ".module.onnx")
-        de.Agent.from_run(run_dir, backend="cpu").export(mine, "onnx")
+        de.Agent.from_run(run_dir, backend="cpu", plugin_path=plugin_path).export(mine, "onnx")
         check(open(mine, "rb").read() == open(onnx_path, "rb").read(), f"{name}: the module's export writes the same file")
         before = open(onnx_path, "rb").read()
-        rc, _, err = run("export", run_dir, "--format", "onnx", "--out", onnx_path)
+        rc, _, err = run("export", run_dir, "--format", "onnx", "--out", onnx_path, *where)
         check(rc == 1 and "exists" in err and open(onnx_path, "rb").read() == before,
               f"{name}: an existing file is kept without --force: {err.strip()}")
-        rc, _, _ = run("export", run_dir, "--format", "onnx", "--out", onnx_path, "--force")
+        rc, _, _ = run("export", run_dir, "--format", "onnx", "--out", onnx_path, "--force", *where)
         check(rc == 0, f"{name}: --force replaces it")
 finish()

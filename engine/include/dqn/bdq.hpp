@@ -13,6 +13,7 @@
 
 #include "dqn/backend.hpp"
 #include "dqn/head.hpp"
+#include "dqn/policy_graph.hpp"
 
 namespace dqn::bdq {
 
@@ -191,6 +192,31 @@ inline void backward_weights(Backend& be, const Dims& d, const Params& grad, Rea
                              const BackScratch& s) {
   backward_weights_hidden(be, d, grad, h2, B, s);
   backward_weights_out(be, d, grad, B, a, s);
+}
+
+/// The network under `prefix` in an exported policy (PluginDescriptor::export_policy): the trunk's
+/// output → the dueling outputs v + adv − mean_a adv, float [rows, D, A, Z], as forward computes
+/// them (the head turns them into Q: a softmax over the support for C51, a mean of quantiles for
+/// QR-DQN). Values are named "<prefix>/…".
+inline std::string export_dueling(const GraphBuilder& g, const std::string& prefix, const Dims& d) {
+  const std::string h = g.g.trunk_output();
+  const std::int64_t A = d.A, Z = d.Z;
+  const std::string hv = g.node("Relu", {g.dense(h, prefix + ".value.0", prefix + "/value.0")}, prefix + "/value.0/relu");
+  const std::string v = g.node("Reshape", {g.dense(hv, prefix + ".value.1", prefix + "/v"),
+                                           g.constant_i64(prefix + "/shape_v", {-1, 1, 1, Z}, {4})},
+                               prefix + "/v4");
+  std::vector<std::string> advs;
+  for (int b = 0; b < d.D; ++b) {
+    const std::string layer = prefix + ".branch." + std::to_string(b), o = prefix + "/branch." + std::to_string(b);
+    const std::string hb = g.node("Relu", {g.dense(h, layer + ".0", o + ".0")}, o + ".0/relu");
+    advs.push_back(g.node("Reshape", {g.dense(hb, layer + ".1", o + ".1"), g.constant_i64(o + "/shape", {-1, 1, A, Z}, {4})},
+                          o + "/adv"));
+  }
+  const std::string adv = d.D == 1 ? advs[0] : g.node("Concat", advs, prefix + "/adv", {GraphBuilder::attr("axis", 1)});
+  const std::vector<std::int64_t> actions_axis{2};
+  const std::string mean = g.node("ReduceMean", {adv}, prefix + "/adv_mean",
+                                  {GraphBuilder::attr_ints("axes", actions_axis), GraphBuilder::attr("keepdims", 1)});
+  return g.node("Add", {v, g.node("Sub", {adv, mean}, prefix + "/adv_centred")}, prefix + "/dueling");
 }
 
 }  // namespace dqn::bdq

@@ -290,7 +290,7 @@ void CudaBackend::dueling_dist(const DuelingDist& a) noexcept {
   if (ld_or(a.ldadv, a.A * a.Z) < a.A * a.Z) return fail(op, "ldadv smaller than A·Z");
   if (!real_ok(a.logp, op, "logp") || !real_ok(a.v, op, "v") || !real_ok(a.adv, op, "adv")) return;
   if (a.q && !real_ok(a.q, op, "q")) return;
-  if (cuda::dueling_dist_shared_bytes(a.Z, a.A) > 48 * 1024) return fail(op, "Z too large for shared memory");
+  if (cuda::dueling_dist_shared_bytes(a.Z) > 48 * 1024) return fail(op, "Z too large for shared memory (over 6,128 atoms)");
   if (std::int64_t(a.rows) * a.D > 0x7fffffff) return fail(op, "rows·D too large");
   if (planning_) return;
   DQN_CUDA_OK(op, cuda::dueling_dist(stream_, a, double_math()));

@@ -179,6 +179,24 @@ class QrHead final : public HeadBase {
     }
   }
 
+  /// The acting network after the trunk: the dueling outputs θ = v + adv − mean_a adv read as N
+  /// quantiles (bdq::export_dueling), Q = their mean; N and the quantile midpoints in the manifest.
+  static void export_policy(const HeadCreateInfo& info, PolicyGraph& graph) {
+    const GraphBuilder g{graph};
+    bdq::Dims d = bdq::dims_of(*info.net);
+    d.Z = static_cast<int>(ParamValues("qr_dqn", info.params, info.n_params).integer("quantiles"));
+    const std::string theta = bdq::export_dueling(g, kPrefix, d);
+    const std::vector<std::int64_t> quantile_axis{3};
+    const std::string q4 = g.node("ReduceMean", {theta}, "qr/q4",
+                                  {GraphBuilder::attr_ints("axes", quantile_axis), GraphBuilder::attr("keepdims", 1)});
+    const std::string q =
+        g.node("Reshape", {q4, g.constant_i64("qr/shape_q", {-1, d.D, d.A}, {3})}, "qr/q");
+    graph.q_values(q.c_str());
+    std::string taus = "[";
+    for (int i = 0; i < d.Z; ++i) taus += (i ? ", " : "") + std::to_string((2.0 * i + 1.0) / (2.0 * d.Z));
+    graph.manifest("quantiles", (taus + "]").c_str());
+  }
+
  private:
   /// qr_values' arguments for `rows` rows of a forward's v and adv.
   qr::QrValues values(const bdq::Acts& f, int rows, Real theta, Real q, std::int32_t* a_star, int star_from) const {

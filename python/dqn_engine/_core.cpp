@@ -75,6 +75,31 @@ py::dict eval_dict(const AgentEval& e) {
   return d;
 }
 
+py::dict run_dict(const dqn::AgentRun& r) {
+  auto opt = [](const std::optional<double>& v) { return v ? py::object(py::float_(*v)) : py::object(py::none()); };
+  py::dict d;
+  d["run_dir"] = r.run_dir;
+  d["env_steps"] = r.env_steps;
+  d["env_steps_all_ranks"] = r.env_steps_all_ranks;
+  d["train_steps"] = r.train_steps;
+  d["episodes"] = r.episodes;
+  d["skipped_steps"] = r.skipped_steps;
+  d["ranks"] = r.ranks;
+  d["offline"] = r.offline;
+  d["final_eval"] = opt(r.final_eval);
+  d["final_success"] = opt(r.final_success);
+  d["last_eval"] = opt(r.last_eval);
+  d["last_eval_step"] = r.last_eval_step;
+  d["best_eval"] = opt(r.best_eval);
+  d["best_eval_step"] = r.best_eval_step;
+  d["solved"] = r.solved;
+  d["interrupted"] = r.interrupted;
+  d["wall_s"] = r.wall_s;
+  d["checkpoint"] = r.checkpoint;
+  d["write_errors"] = r.write_errors;
+  return d;
+}
+
 AgentOptions options(const std::vector<std::string>& overrides, const std::string& backend,
                      const std::string& plugin_path, bool best = false) {
   AgentOptions o;
@@ -117,6 +142,54 @@ PYBIND11_MODULE(_core, m) {
           py::arg("source"), py::arg("overrides") = std::vector<std::string>{}, py::arg("backend") = "",
           py::arg("plugin_path") = "", py::arg("pipeline") = "", py::arg("best") = false,
           "An agent from a run directory of `dqn train` (or a weights file with its pipeline).")
+      .def_static(
+          "resume",
+          [](const std::string& run_dir, const std::string& backend, const std::string& plugin_path) {
+            return Agent::resume(run_dir, options({}, backend, plugin_path));
+          },
+          py::arg("run_dir"), py::arg("backend") = "", py::arg("plugin_path") = "",
+          "An agent that continues a stopped run from its newest whole checkpoint; run() goes on there.")
+      .def_property_readonly("warnings", &Agent::warnings)
+      .def_property_readonly("resume_point",
+                             [](const Agent& a) -> py::object {
+                               const auto p = a.resume_point();
+                               return p ? py::object(py::make_tuple(p->path, p->step)) : py::object(py::none());
+                             })
+      .def(
+          "_run",
+          [](Agent& a, const std::string& run_dir, bool progress) {
+            dqn::AgentRunOptions o;
+            o.run_dir = run_dir;
+            o.progress = progress;
+            dqn::AgentRun r;
+            {
+              py::gil_scoped_release free;
+              r = a.run(o);
+            }
+            return run_dict(r);
+          },
+          py::arg("run_dir") = "", py::arg("progress") = true)
+      .def(
+          "_collect",
+          [](Agent& a, const std::string& path, std::int64_t steps, double epsilon, std::uint64_t seed, bool replace) {
+            dqn::AgentDataset r;
+            {
+              py::gil_scoped_release free;
+              r = a.collect(path, steps, epsilon, seed, replace);
+            }
+            py::dict d;
+            d["path"] = r.path;
+            d["env"] = r.env;
+            d["steps"] = r.steps;
+            d["episodes"] = r.episodes;
+            d["complete_episodes"] = r.complete_episodes;
+            d["behaviour_return"] = r.behaviour_return;
+            d["stopped"] = r.stopped;
+            return d;
+          },
+          py::arg("path"), py::arg("steps"), py::arg("epsilon") = 0.05, py::arg("seed") = 1, py::arg("replace") = false)
+      .def("request_stop", &Agent::request_stop,
+           "Ends run() or collect() in progress at its next step (safe from any thread).")
       .def_property_readonly("observation_size", &Agent::observation_size)
       .def_property_readonly("branches", &Agent::branches)
       .def_property_readonly("actions_per_branch", &Agent::actions_per_branch)

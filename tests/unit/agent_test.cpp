@@ -195,6 +195,94 @@ TEST_CASE("agent.evaluate") {
   CHECK_THROWS_AS(a.evaluate(2, std::nullopt, 1.5), std::invalid_argument);
 }
 
+TEST_CASE("agent.run_resume_collect") {
+  test::TempDir tmp("dqn-agent", "run");
+  auto dir = [&](const char* n) { return (tmp.path / n).string(); };
+  auto bytes = [](const std::string& f) {
+    std::ifstream in(f, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  AgentOptions o = cpu();
+  o.overrides = {"training.total_steps=800", "training.learning_starts=100", "training.eval.every=400",
+                 "training.checkpoint_every=400"};
+  AgentRunOptions quiet;
+  quiet.progress = false;
+  // The pipeline's own loop, whole: the run directory as dqn train writes it, and the agent left
+  // with the run's final parameters.
+  Agent a = Agent::from_text(kPipeline, o);
+  quiet.run_dir = dir("full");
+  const AgentRun full = a.run(quiet);
+  CHECK(full.run_dir == dir("full"));
+  CHECK(full.env_steps == 800);
+  CHECK(full.train_steps > 0);
+  CHECK(a.train_steps() == full.train_steps);
+  CHECK(full.final_eval.has_value());
+  CHECK_FALSE(full.interrupted);
+  CHECK_FALSE(full.offline);
+  for (const char* f : {"pipeline.yaml", "metrics.jsonl", "weights.safetensors", "best.safetensors"})
+    CHECK_MESSAGE(std::filesystem::exists(tmp.path / "full" / f), f);
+  const std::vector<float> obs = random_obs(5, 4, 9);
+  std::vector<float> qa(10), qb(10);
+  a.q_values(obs.data(), 5, qa.data());
+  Agent::from_run(dir("full"), cpu()).q_values(obs.data(), 5, qb.data());
+  CHECK(qa == qb);
+  // A run never writes over another.
+  CHECK_THROWS_WITH_AS(a.run(quiet), doctest::Contains("not empty"), std::invalid_argument);
+  // Stopped before its first step, it writes a checkpoint there; resumed, it ends as the whole run did.
+  Agent b = Agent::from_text(kPipeline, o);
+  quiet.run_dir = dir("stopped");
+  b.request_stop();
+  const AgentRun stopped = b.run(quiet);
+  CHECK(stopped.interrupted);
+  CHECK(stopped.env_steps < 800);
+  REQUIRE_FALSE(stopped.checkpoint.empty());
+  AgentOptions extra = cpu();
+  extra.overrides = {"seed=4"};
+  CHECK_THROWS_WITH_AS(Agent::resume(dir("stopped"), extra), doctest::Contains("no overrides"), std::invalid_argument);
+  Agent c = Agent::resume(dir("stopped"), cpu());
+  REQUIRE(c.resume_point().has_value());
+  CHECK(c.resume_point()->path == stopped.checkpoint);
+  quiet.run_dir = "";
+  const AgentRun resumed = c.run(quiet);
+  CHECK(resumed.env_steps == 800);
+  CHECK_FALSE(resumed.interrupted);
+  CHECK_FALSE(c.resume_point().has_value());
+  CHECK(bytes(dir("stopped") + "/weights.safetensors") == bytes(dir("full") + "/weights.safetensors"));
+  CHECK_THROWS_WITH_AS(Agent::resume(dir("stopped"), cpu()).run(quiet), doctest::Contains("nothing to resume"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(Agent::resume(dir("nowhere"), cpu()), doctest::Contains("no such directory"),
+                       std::invalid_argument);
+  // A dataset from the trained policy: written whole, never over a file unless asked, nothing
+  // written when stopped.
+  const std::string data = dir("data.safetensors");
+  const AgentDataset d = a.collect(data, 200, 0.1, 5);
+  CHECK(d.steps == 200);
+  CHECK_FALSE(d.stopped);
+  CHECK(d.env == "cartpole:CartPole-v1");
+  CHECK(d.episodes >= d.complete_episodes);
+  CHECK(std::filesystem::exists(data));
+  const std::string kept = bytes(data);
+  CHECK_THROWS_WITH_AS(a.collect(data, 40, 0.1, 5), doctest::Contains("exists; nothing was written"),
+                       std::invalid_argument);
+  a.request_stop();
+  const AgentDataset none = a.collect(data, 400, 0.1, 6, true);
+  CHECK(none.stopped);
+  CHECK(none.steps == 0);
+  CHECK(bytes(data) == kept);
+  CHECK(a.collect(data, 40, 0.1, 6, true).steps == 40);  // the request ended that collection only
+  // Offline from it: the dataset's transitions, no environment steps (CartPole evaluates).
+  AgentOptions off = cpu();
+  off.overrides = {"training.dataset=" + data, "training.total_steps=30", "training.learning_starts=0",
+                   "training.eval.every=30", "training.eval.episodes=2"};
+  Agent e = Agent::from_text(kPipeline, off);
+  quiet.run_dir = dir("offline");
+  const AgentRun r = e.run(quiet);
+  CHECK(r.offline);
+  CHECK(r.env_steps == 0);
+  CHECK(r.train_steps == 30);
+  CHECK(r.final_eval.has_value());
+}
+
 TEST_CASE("environment.options_and_errors") {
   Environment r = Environment::make("reacher:reacher", 2, 1, {"links=3", "bins=7"});
   CHECK(r.branches() == 3);

@@ -22,7 +22,7 @@
 namespace dqn {
 
 /// This header's version: the major changes when a declaration here changes incompatibly.
-inline constexpr int kAgentApiMajor = 1, kAgentApiMinor = 0;
+inline constexpr int kAgentApiMajor = 1, kAgentApiMinor = 1;
 
 struct AgentOptions {
   /// Pipeline overrides, "key.path=value", applied in order after the file.
@@ -64,6 +64,52 @@ struct DQN_API AgentTraining {
   double epsilon(std::int64_t env_step) const;
 };
 
+/// Where and how Agent::run writes.
+struct AgentRunOptions {
+  /// The run directory: "" → training.out_dir, and where that is "" too, runs/<name>-<time>. It
+  /// must not exist or be empty: a run never writes over another.
+  std::string run_dir;
+  /// The line that says what runs, and the progress line (updated in place on a terminal), on
+  /// standard error.
+  bool progress = true;
+};
+
+/// What Agent::run did.
+struct AgentRun {
+  std::string run_dir;
+  /// Environment steps (each rank's, over several devices), training steps, episodes ended,
+  /// steps skipped for a non-finite loss or gradient.
+  std::int64_t env_steps = 0, train_steps = 0, episodes = 0, skipped_steps = 0;
+  std::int64_t env_steps_all_ranks = 0;  ///< over several devices: every rank's together
+  int ranks = 1;
+  bool offline = false;  ///< trained on training.dataset: the steps above are training steps
+  std::optional<double> final_eval;     ///< the evaluation at the last step, if one ran there
+  std::optional<double> final_success;  ///< its success rate, where the task reports successes
+  std::optional<double> last_eval, best_eval;
+  std::int64_t last_eval_step = -1, best_eval_step = -1;
+  bool solved = false;       ///< an evaluation reached training.stop_at_return or stop_at_success
+  bool interrupted = false;  ///< request_stop() ended it (a checkpoint of where it stopped is written)
+  double wall_s = 0;
+  std::string checkpoint;  ///< the last checkpoint written ("" if none)
+  /// Files that could not be written while the run went on: each error's text.
+  std::vector<std::string> write_errors;
+};
+
+/// The checkpoint an Agent::resume agent continues from.
+struct AgentCheckpoint {
+  std::string path;
+  std::int64_t step = 0;  ///< the run's clock there (environment steps; offline, training steps)
+};
+
+/// What Agent::collect wrote.
+struct AgentDataset {
+  std::string path, env;
+  std::int64_t steps = 0, episodes = 0;
+  std::int64_t complete_episodes = 0;  ///< the others were cut off by the end of the collection
+  double behaviour_return = 0;         ///< the mean return of the complete episodes
+  bool stopped = false;  ///< request_stop() ended it: nothing was written (steps: those taken)
+};
+
 /// What the newest training step reported.
 struct AgentReport {
   std::int64_t step = 0;  ///< training steps taken when it was copied
@@ -85,6 +131,13 @@ class DQN_API Agent {
   /// file it was trained with.
   static Agent from_run(const std::string& run_dir_or_weights, const AgentOptions& options = {},
                         const std::string& pipeline = "");
+
+  /// An agent that continues a run of `dqn train` (or of run()) that was stopped: the run
+  /// directory's own pipeline.yaml and its newest checkpoint that reads back whole (those passed
+  /// over are in warnings()). options.overrides must be empty; run() restores the checkpoint's
+  /// whole state, goes on in that directory and ends where the run would have ended, with the
+  /// same results.
+  static Agent resume(const std::string& run_dir, const AgentOptions& options = {});
 
   /// GPUs the CUDA backend can use (0 in a build without CUDA or on a machine without a GPU).
   static int cuda_devices() noexcept;
@@ -108,6 +161,11 @@ class DQN_API Agent {
   std::uint64_t seed() const;
   /// The pipeline's `training` settings.
   AgentTraining training() const;
+  /// What was found but not used on the way: plugin libraries that could not be loaded,
+  /// checkpoints that Agent::resume passed over (and why).
+  const std::vector<std::string>& warnings() const;
+  /// Where an Agent::resume agent's run() starts (none for other agents, and after its run).
+  std::optional<AgentCheckpoint> resume_point() const;
 
   /// Greedy actions [rows, branches] for observations [rows, observation_size()] (row-major),
   /// from the current parameters. Throws std::invalid_argument for rows outside 1..max_rows() or a
@@ -140,6 +198,27 @@ class DQN_API Agent {
   /// seed, its metrics line's eval_seed, replays it).
   AgentEval evaluate(int episodes = 0, std::optional<std::uint64_t> seed = std::nullopt, double epsilon = 0.0,
                      const std::string& env = "");
+
+  /// The pipeline's own training loop, what `dqn train` runs: training.num_envs copies of
+  /// training.env acting ε-greedily from the acting snapshot while the learner steps (or, offline,
+  /// training.dataset's transitions), evaluations, the stopping rules, and in the run directory
+  /// the resolved pipeline, metrics.jsonl, the weights, the best weights and checkpoints. Starts
+  /// from the agent's parameters; several devices in the pipeline: one engine per device, each
+  /// starting from them. After it the agent holds the run's final parameters. Throws
+  /// std::invalid_argument for a run directory that holds anything or a pipeline that cannot run,
+  /// std::runtime_error for what fails during the run (saying where what was written so far is).
+  AgentRun run(const AgentRunOptions& options = {});
+  /// Ends run() or collect() in progress at its next step, as SIGINT ends `dqn train`. Safe from
+  /// another thread and from a signal handler (one lock-free store).
+  void request_stop() noexcept;
+  /// `steps` environment steps (over all copies) of the current policy, ε-greedy (a random action
+  /// in each branch with probability `epsilon`), on training.num_envs copies of training.env
+  /// reset with `seed`, written at `path` as a dataset that training.dataset reads (atomically;
+  /// an existing file only with `replace`). Episodes still open at the end are kept as
+  /// truncated ones. Throws std::invalid_argument before acting for a file that exists or a
+  /// pipeline without an environment. When request_stop() ends it, nothing is written.
+  AgentDataset collect(const std::string& path, std::int64_t steps, double epsilon, std::uint64_t seed,
+                       bool replace = false);
 
   /// The network's parameters (online and target, the optimizer's moments, spectral-norm state)
   /// as a weights file (safetensors, written through a temporary file and a rename).

@@ -12,16 +12,16 @@
 #include <iterator>
 #include <stdexcept>
 
+#include "agent_impl.hpp"
 #include "core/engine_access.hpp"
-#include "core/plugin_loader.hpp"
 #include "core/rank_group.hpp"
 #include "core/runtime.hpp"
 #include "core/safetensors.hpp"
 #include "export/policy_files.hpp"
 #include "export/policy_model.hpp"
 #include "pipeline/parse.hpp"
+#include "training/dataset.hpp"
 #include "training/evaluation.hpp"
-#include "training/replay.hpp"
 #include "training/seeds.hpp"
 #include "training/trainer.hpp"
 
@@ -29,24 +29,9 @@ namespace dqn {
 
 namespace fs = std::filesystem;
 
-struct Agent::Impl {
-  explicit Impl(const std::string& plugin_path) : loader(PluginLoader::search_path_from(plugin_path)) {}
-  PluginLoader loader;
-  PipelineSpec spec;
-  std::string yaml;  ///< the resolved pipeline
-  std::unique_ptr<Engine> engine;
-  std::optional<NStepAssembler> nstep;  ///< made by the first observe()
-  int copies = 0;
-  TransitionBatch fresh;
-  std::int64_t observed = 0;  ///< environment steps observed, over all copies (β's schedule)
-  std::int64_t train_steps = 0;
-};
+namespace agent_detail {
 
-namespace {
-
-using ParseFn = std::function<PipelineSpec(const ParseOptions&)>;
-
-std::unique_ptr<Agent::Impl> build(const AgentOptions& o, const ParseFn& parse) {
+std::unique_ptr<Agent::Impl> build(const AgentOptions& o, const ParseFn& parse, const std::string& source) {
   auto impl = std::make_unique<Agent::Impl>(o.plugin_path);
   ParseOptions po;
   po.overrides = o.overrides;
@@ -56,15 +41,29 @@ std::unique_ptr<Agent::Impl> build(const AgentOptions& o, const ParseFn& parse) 
     po.overrides.push_back("backend=" + o.backend);
   }
   po.plugins = &impl->loader;
+  po.environments = environment_shapes(&impl->loader);
   po.program_envs = program_env_names();
   try {
     impl->spec = parse(po);
   } catch (const PipelineErrors& e) {
-    throw std::invalid_argument(e.what());
+    const std::size_t n = e.errors().size();
+    throw std::invalid_argument(std::string(e.what()) + "\n" + source + ": " + std::to_string(n) + (n == 1 ? " error" : " errors"));
   }
+  // The libraries the pipeline's plugins made the loader open, and could not use.
+  impl->warnings = impl->loader.problems();
   impl->yaml = to_yaml(impl->spec, impl->loader);
-  EngineOptions eo = training_engine_options(impl->spec);
-  // Acting and learning need no other rank: the first of the pipeline's devices.
+  // Offline: the whole dataset read and checked before anything is built.
+  if (!impl->spec.training.dataset.empty()) {
+    const Dataset d = read_dataset(impl->spec.training.dataset, impl->spec.network);
+    impl->behaviour_return =
+        d.metadata.count("behaviour_return") ? std::stod(d.metadata.at("behaviour_return")) : d.mean_return();
+    impl->dataset_steps = d.steps();
+    impl->dataset_episodes = d.episodes();
+    impl->offline = assemble_transitions(d, impl->spec.n_step, impl->spec.gamma);
+  }
+  EngineOptions eo = training_engine_options(impl->spec, impl->offline ? &*impl->offline : nullptr);
+  // Acting and learning need no other rank: the first of the pipeline's devices (run() builds
+  // one engine per device where there are several).
   eo.device = rank_devices(impl->spec, resolve_backend(impl->spec, std::nullopt)).front();
   impl->engine = std::make_unique<Engine>(impl->spec, impl->loader, eo);
   init_weights(*impl->engine, impl->spec.seed);
@@ -76,6 +75,14 @@ std::string read_text(const std::string& path) {
   if (!in) throw std::invalid_argument("cannot read '" + path + "'");
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
+
+}  // namespace agent_detail
+
+namespace {
+
+using agent_detail::build;
+using agent_detail::read_text;
+
 
 void check_rows(const char* what, int rows, int max_rows) {
   if (rows < 1 || rows > max_rows)
@@ -113,11 +120,11 @@ Agent& Agent::operator=(Agent&&) noexcept = default;
 Agent::~Agent() = default;
 
 Agent Agent::from_file(const std::string& pipeline, const AgentOptions& options) {
-  return Agent(build(options, [&](const ParseOptions& po) { return load_pipeline(pipeline, po); }));
+  return Agent(build(options, [&](const ParseOptions& po) { return load_pipeline(pipeline, po); }, pipeline));
 }
 
 Agent Agent::from_text(const std::string& yaml, const AgentOptions& options, const std::string& name) {
-  return Agent(build(options, [&](const ParseOptions& po) { return parse_pipeline(yaml, name, po); }));
+  return Agent(build(options, [&](const ParseOptions& po) { return parse_pipeline(yaml, name, po); }, name));
 }
 
 Agent Agent::from_run(const std::string& source, const AgentOptions& options, const std::string& pipeline) {
@@ -139,7 +146,7 @@ Agent Agent::from_run(const std::string& source, const AgentOptions& options, co
                                 (run_dir ? std::string(" (the run wrote none yet?)") : std::string()));
   // The run's own file: its text exactly as the run resolved it, so overrides apply on top.
   const std::string text = read_text(pipeline_file);
-  Agent a(build(options, [&](const ParseOptions& po) { return parse_pipeline(text, pipeline_file, po); }));
+  Agent a(build(options, [&](const ParseOptions& po) { return parse_pipeline(text, pipeline_file, po); }, pipeline_file));
   a.load(weights);
   return a;
 }
@@ -312,6 +319,7 @@ void Agent::save(const std::string& path) {
 void Agent::load(const std::string& path) {
   try {
     load_weights(*impl_->engine, st::read_file(path));
+    impl_->weights_source = path;
   } catch (const st::Error& e) {
     throw std::invalid_argument(e.what());
   }

@@ -3,6 +3,7 @@
 #include "plugin_scan.hpp"
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -25,6 +26,37 @@ Agent policy_agent(const Common& c, const std::string& source, const std::string
   o.best = best;
   return Agent::from_run(source, o, pipeline);
 }
+
+namespace {
+
+Agent* volatile g_stop_agent = nullptr;
+volatile std::sig_atomic_t g_signal = 0;
+
+extern "C" void on_stop_signal(int sig) {
+  g_signal = sig;
+  if (Agent* a = g_stop_agent) a->request_stop();  // lock-free atomic stores
+}
+
+}  // namespace
+
+StopSignals::StopSignals(Agent& agent) {
+  g_signal = 0;
+  g_stop_agent = &agent;
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART: a blocking write returns and the loop sees the flag
+  sigaction(SIGINT, &sa, &old_int_);
+  sigaction(SIGTERM, &sa, &old_term_);
+}
+
+StopSignals::~StopSignals() {
+  sigaction(SIGINT, &old_int_, nullptr);
+  sigaction(SIGTERM, &old_term_, nullptr);
+  g_stop_agent = nullptr;
+}
+
+int StopSignals::received() noexcept { return g_signal; }
 
 PluginLoader make_loader(const Common& c) { return PluginLoader(PluginLoader::search_path_from(c.plugin_path)); }
 

@@ -3,6 +3,7 @@
  */
 #pragma once
 
+#include <csignal>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -116,7 +117,22 @@ int cmd_bench(const BenchArgs& a);
 /// Finite differences of every head's parameter gradients (f64 CPU); 1 when one is off.
 int cmd_check_head(const CheckHeadArgs& a);
 
-/// A trained policy for eval and export: the run directory or weights file `source` (with
+/// While it lives, SIGINT and SIGTERM reach agent.request_stop() (train and collect end at their
+/// next step); the previous handlers come back after.
+class StopSignals {
+ public:
+  explicit StopSignals(Agent& agent);
+  ~StopSignals();
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  /// The signal that arrived since the last StopSignals was made (0: none).
+  static int received() noexcept;
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
+/// A trained policy for eval, export and collect: the run directory or weights file `source` (with
 /// `pipeline`), the command's overrides, plugin path and backend (`fallback_backend` when none is
 /// given; "" : the pipeline's), its best weights with `best`.
 Agent policy_agent(const Common& c, const std::string& source, const std::string& pipeline, bool best,

@@ -69,7 +69,7 @@ void Trainer::open_new_run() {
       break;
     }
     const bool a_run = is_dir && fs::exists(fs::path(dir) / kPipeline, ec);
-    throw std::runtime_error("the run directory '" + dir + "' is " + what +
+    throw std::invalid_argument("the run directory '" + dir + "' is " + what +
                              ": a run never writes over another; " +
                              (a_run ? "to continue that run, `dqn train --resume " + dir + "`; to start another, " : "") +
                              "choose another --out (or training.out_dir), or remove it");
@@ -104,7 +104,7 @@ void Trainer::open_resumed_run(const st::File& ck) {
   if (!last.empty()) {
     nlohmann::json j = nlohmann::json::parse(last, nullptr, false);
     if (j.is_object() && j.value("final", false) && !j.value("interrupted", false))
-      throw std::runtime_error(where + "the run finished (the last line of " + kMetrics +
+      throw std::invalid_argument(where + "the run finished (the last line of " + kMetrics +
                                " is its final one, not an interrupted run's): there is nothing to resume");
   }
   // The lines written after the checkpoint are what the resumed run writes again: kept aside.

@@ -7,7 +7,8 @@ Runs the same short training (checkpoints every 1000 steps) uninterrupted, and t
   * killed with SIGKILL while a checkpoint is being written, resumed from the one before it;
   * stopped with SIGINT, resumed.
 Every resumed run's metrics.jsonl (the measured times aside) and final weights must be identical to
-the uninterrupted run's. Then the refusals: --out over a run, resuming a finished run, --resume with
+the uninterrupted run's, and its TensorBoard event file must hold its metrics lines' numbers, one
+record per line (the records written after the checkpoint cut away, as the lines are). Then the refusals: --out over a run, resuming a finished run, --resume with
 a pipeline, a directory that is not a run, a run with no checkpoint.
 
 usage: resume_cli_test.py DQN PIPELINE
@@ -20,6 +21,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tb_events  # noqa: E402
 
 DQN, PIPELINE = sys.argv[1], sys.argv[2]
 SETTINGS = ["--backend", "cpu", "--steps", "4000", "-q",
@@ -86,6 +90,16 @@ def same_as_full(run, res, label):
                 break
     check(read(os.path.join(run, "weights.safetensors")) == read(os.path.join(full, "weights.safetensors")),
           "%s: final weights.safetensors bit-identical" % label)
+    events_match(run, label)
+
+
+def events_match(run, label):
+    try:
+        problems = tb_events.compare_with_metrics(run)
+    except ValueError as e:
+        problems = [str(e)]
+    check(not problems, "%s: the event file holds the metrics lines' numbers at their steps%s" %
+          (label, "" if not problems else ": " + "; ".join(problems[:3])))
 
 
 tmp = tempfile.mkdtemp(prefix="dqn-resume-cli-")
@@ -94,6 +108,7 @@ try:
     r = train(full)
     check(r.returncode == 0, "uninterrupted run exits 0 (%s)" % r.stderr.strip()[-300:])
     n_full = len(rows(full))
+    events_match(full, "uninterrupted")
 
     # SIGKILL once the checkpoint at 2000 is written.
     killed = os.path.join(tmp, "killed")

@@ -45,10 +45,12 @@ void RunLog::resume(double wall_s, const Marks& marks) {
 
 double RunLog::wall_s() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
 
-void RunLog::open(const std::string& run_dir, bool append) {
+void RunLog::open(const std::string& run_dir, bool append, const std::string& events_name,
+                  std::int64_t events_bytes) {
   metrics_path_ = (std::filesystem::path(run_dir) / kMetricsFile).string();
   metrics_.open(metrics_path_, std::ios::binary | (append ? std::ios::app : std::ios::trunc));
   if (!metrics_) throw std::runtime_error("cannot open '" + metrics_path_ + "' for writing");
+  events_.open(run_dir, append ? events_name : std::string(), events_bytes);
 }
 
 void RunLog::metrics_line(const MetricsValues& v) {
@@ -114,6 +116,14 @@ void RunLog::metrics_line(const MetricsValues& v) {
   metrics_ << j.dump() << '\n';
   metrics_.flush();
   if (!metrics_) throw std::runtime_error("cannot write '" + metrics_path_ + "'");
+  std::vector<std::pair<std::string, float>> scalars;
+  for (const auto& [k, x] : j.items()) {
+    if (!x.is_number() || k == "step" || k == "eval_seed") continue;
+    std::string tag = k;
+    if (const auto dot = tag.find('.'); dot != std::string::npos) tag[dot] = '/';  // loss.c51 → loss/c51
+    scalars.emplace_back(std::move(tag), x.get<float>());
+  }
+  events_.scalars(v.step, scalars);
 }
 
 void RunLog::progress(const ProgressValues& v, bool force_plain, bool final_line) {

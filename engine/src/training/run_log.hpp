@@ -1,6 +1,6 @@
 /** @file run_log.hpp
  *  @brief A training run's log: metrics.jsonl, one JSON line per log point composed from the values
- *  the loop hands over, and the terminal: a progress line (redrawn in place on a terminal, plain
+ *  the loop hands over, the same numbers in a TensorBoard event file beside it, and the terminal: a progress line (redrawn in place on a terminal, plain
  *  lines elsewhere) and messages.
  */
 #pragma once
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "training/evaluation.hpp"
+#include "training/tb_events.hpp"
 
 namespace dqn {
 
@@ -82,15 +83,25 @@ class RunLog {
   /// Seconds since start(), including a resumed run's earlier time.
   double wall_s() const;
 
-  /// Opens <run_dir>/metrics.jsonl: a new one (truncated), or one to append to (a resumed run's).
-  /// Throws std::runtime_error naming the file when it cannot be opened.
-  void open(const std::string& run_dir, bool append);
-  /// Bytes in metrics.jsonl so far (where a checkpoint's resume cuts it back to).
+  /// Opens <run_dir>/metrics.jsonl: a new one (truncated), or one to append to (a resumed run's);
+  /// and the event file: a new one, or (resumed, `events_name` given) the run's own cut back to
+  /// `events_bytes`. Throws std::runtime_error naming the file when one cannot be opened.
+  void open(const std::string& run_dir, bool append, const std::string& events_name = "",
+            std::int64_t events_bytes = 0);
+  /// Bytes in metrics.jsonl so far (where a checkpoint's resume cuts it back to), and the event
+  /// file's name and size.
   std::int64_t metrics_bytes() { return std::int64_t(metrics_.tellp()); }
-  void close() { metrics_.close(); }
+  const std::string& events_name() const { return events_.name(); }
+  std::int64_t events_bytes() { return events_.bytes(); }
+  void close() {
+    metrics_.close();
+    events_.close();
+  }
 
   /// Takes the throughput since the last line and, with metrics.jsonl open, appends the line and
-  /// flushes it. Throws std::runtime_error naming the file when it cannot be written.
+  /// flushes it, and a record of its numbers to the event file (every number but `step`, which is
+  /// the record's step, and `eval_seed`, an identifier: "loss.c51" as the tag "loss/c51"). Throws
+  /// std::runtime_error naming the file when one cannot be written.
   void metrics_line(const MetricsValues& v);
   /// The progress line: on a terminal redrawn at most five times a second (always when
   /// force_plain or final_line); elsewhere a line every 10 × log_every clock steps, on force_plain
@@ -107,6 +118,7 @@ class RunLog {
   std::int64_t log_every_, total_steps_;
   std::string metrics_path_;
   std::ofstream metrics_;
+  tb::EventFile events_;
   bool tty_ = false, quiet_ = false;
   Clock::time_point start_, last_log_time_, last_draw_{}, rate_mark_time_;
   std::int64_t last_log_steps_ = 0, last_log_train_steps_ = 0;

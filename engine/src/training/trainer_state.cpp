@@ -88,9 +88,13 @@ void Trainer::open_resumed_run(const st::File& ck) {
   const std::string where = "cannot resume '" + run_dir_ + "': ";
   if (read_text(dir / kPipeline) != pipeline_text_)
     throw std::runtime_error(where + "its pipeline.yaml differs from the pipeline the run is resumed with");
-  std::int64_t bytes = -1;
+  std::int64_t bytes = -1, events_bytes = 0;
+  std::string events_file;  // (none in a checkpoint from before event files: a new one is started)
   try {
-    bytes = nlohmann::json::parse(ck.metadata.at("trainer")).at("metrics_bytes").get<std::int64_t>();
+    const nlohmann::json t = nlohmann::json::parse(ck.metadata.at("trainer"));
+    bytes = t.at("metrics_bytes").get<std::int64_t>();
+    events_file = t.value("events_file", std::string());
+    events_bytes = t.value("events_bytes", std::int64_t(0));
   } catch (const std::exception& e) {
     throw std::runtime_error(where + "checkpoint '" + ck.path + "': no metrics position (" + e.what() + ")");
   }
@@ -119,7 +123,10 @@ void Trainer::open_resumed_run(const st::File& ck) {
     if (ec) throw std::runtime_error(where + "cannot cut " + metrics_path.string() + " back: " + ec.message());
     log_.note("dqn train: the metrics lines written after the checkpoint are in " + aside.string());
   }
-  log_.open(run_dir_, true);
+  if (events_file.find('/') != std::string::npos || (!events_file.empty() && events_file.rfind("events.out.tfevents.", 0) != 0))
+    throw std::runtime_error(where + "checkpoint '" + ck.path + "' names the event file '" + events_file +
+                             "', not one of the run directory's");
+  log_.open(run_dir_, true, events_file, events_bytes);
 }
 
 namespace {
@@ -163,6 +170,8 @@ void Trainer::save_checkpoint(TrainResult& res) {
     j["act_rng"] = rng.str();
     j["wall_s"] = log_.wall_s();
     j["metrics_bytes"] = writer_ ? log_.metrics_bytes() : std::int64_t(0);
+    j["events_file"] = writer_ ? log_.events_name() : std::string();
+    j["events_bytes"] = writer_ ? log_.events_bytes() : std::int64_t(0);
     const RunLog::Marks marks = log_.marks();
     j["log"] = {marks.last_log_steps, marks.last_log_train_steps, marks.last_plain};
     f.metadata["trainer"] = j.dump();

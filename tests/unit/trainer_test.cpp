@@ -771,14 +771,23 @@ TEST_CASE("trainer.run_log: metrics lines, the progress line and messages from t
     log.start();
     log.progress({100, {}, {}, 0.9}, false, false);   // not yet 10 x log_every since the last line
     log.progress({1000, {}, {}, 0.8}, false, false);  // 10 x log_every
-    log.progress({1100, 20.0, 25.0, 0.7}, true, false);
+    ProgressValues mid{1100, 20.0, 25.0, 0.7};
+    mid.episode_return = 31.25;
+    mid.loss = 0.123456;
+    mid.stop_rule = "eval ≥ 475";
+    log.progress(mid, true, false);
     log.note("dqn train: a message");
+    ProgressValues offline{1200, 20.0, 25.0, 0.0};
+    offline.offline = true;
+    log.progress(offline, true, false);
     log.progress({5000, 20.0, 25.0, 0.1}, false, true);
     CHECK(timings_masked(contents(f)) ==
-          "step 1000/5000  eval -  eps 0.800  T steps/s  ETA T\n"
-          "step 1100/5000  eval 20.0 (best 25.0)  eps 0.700  T steps/s  ETA T\n"
+          "step 1000/5000  return -  loss -  eval -  eps 0.800  T steps/s  ETA T\n"
+          "step 1100/5000  return 31.2  loss 0.1235  eval 20.0 (best 25.0)  eps 0.700  T steps/s  ETA T (sooner at "
+          "eval ≥ 475)\n"
           "dqn train: a message\n"
-          "step 5000/5000  eval 20.0 (best 25.0)  eps 0.100  T steps/s  wall T\n");
+          "step 1200/5000  return -  loss -  eval 20.0 (best 25.0)  T steps/s  ETA T\n"
+          "step 5000/5000  return -  loss -  eval 20.0 (best 25.0)  eps 0.100  T steps/s  wall T\n");
     CHECK(log.marks().last_plain == 5000);
     std::fclose(f);
   }
@@ -791,9 +800,9 @@ TEST_CASE("trainer.run_log: metrics lines, the progress line and messages from t
     tty.note("dqn train: a message");
     tty.progress({5000, 20.0, 20.0, 0.1}, false, true);
     CHECK(timings_masked(contents(f)) ==
-          "\r\033[Kstep 100/5000  eval -  eps 0.900  T steps/s  ETA T"
+          "\r\033[Kstep 100/5000  return -  loss -  eval -  eps 0.900  T steps/s  ETA T"
           "\r\033[Kdqn train: a message\n"
-          "\r\033[Kstep 5000/5000  eval 20.0 (best 20.0)  eps 0.100  T steps/s  wall T\n");
+          "\r\033[Kstep 5000/5000  return -  loss -  eval 20.0 (best 20.0)  eps 0.100  T steps/s  wall T\n");
     std::fclose(f);
     f = std::tmpfile();
     REQUIRE(f);

@@ -142,13 +142,19 @@ void RunLog::progress(const ProgressValues& v, bool force_plain, bool final_line
     rate_mark_steps_ = v.clock;
   }
   const double rate = progress_rate_ > 0 ? progress_rate_ : (wall > 0 ? double(v.clock) / wall : 0);
-  char eval[64] = "-";
+  char eval[64] = "-", ret[32] = "-", loss[32] = "-", eps[32] = "";
   if (v.last_eval) std::snprintf(eval, sizeof eval, "%.1f (best %.1f)", *v.last_eval, v.best_eval.value_or(*v.last_eval));
-  char line[256];
-  std::snprintf(line, sizeof line, "step %lld/%lld  eval %s  eps %.3f  %.0f steps/s  %s %s",
-                static_cast<long long>(v.clock), static_cast<long long>(total_steps_), eval, v.epsilon, rate,
-                final_line ? "wall" : "ETA",
-                fmt_duration(final_line ? wall : rate > 0 ? double(total_steps_ - v.clock) / rate : -1).c_str());
+  if (v.episode_return) std::snprintf(ret, sizeof ret, "%.1f", *v.episode_return);
+  if (v.loss) std::snprintf(loss, sizeof loss, "%.4g", *v.loss);
+  if (!v.offline) std::snprintf(eps, sizeof eps, "  eps %.3f", v.epsilon);
+  const std::string end =
+      final_line ? "wall " + fmt_duration(wall)
+                 : "ETA " + fmt_duration(rate > 0 ? double(total_steps_ - v.clock) / rate : -1) +
+                       (v.stop_rule.empty() ? "" : " (sooner at " + v.stop_rule + ")");
+  char line[320];
+  std::snprintf(line, sizeof line, "step %lld/%lld  return %s  loss %s  eval %s%s  %.0f steps/s  %s",
+                static_cast<long long>(v.clock), static_cast<long long>(total_steps_), ret, loss, eval, eps, rate,
+                end.c_str());
   if (tty_) {
     std::fprintf(out_, "\r\033[K%s%s", line, final_line ? "\n" : "");
     std::fflush(out_);

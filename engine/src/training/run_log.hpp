@@ -57,6 +57,11 @@ struct ProgressValues {
   std::int64_t clock = 0;
   std::optional<double> last_eval, best_eval;
   double epsilon = 0;
+  bool offline = false;                 ///< no ε (and the clock counts training steps)
+  std::optional<double> episode_return;  ///< the recent training episodes' mean return
+  std::optional<double> loss;            ///< the newest report's total loss
+  /// The stopping rule besides the clock's end ("" : none), as the ETA names it: "eval ≥ 475".
+  std::string stop_rule;
 };
 
 class RunLog {
@@ -103,7 +108,9 @@ class RunLog {
   /// the record's step, and `eval_seed`, an identifier: "loss.c51" as the tag "loss/c51"). Throws
   /// std::runtime_error naming the file when one cannot be written.
   void metrics_line(const MetricsValues& v);
-  /// The progress line: on a terminal redrawn at most five times a second (always when
+  /// The progress line: the clock, the recent return, the latest loss, the evaluation, ε, the
+  /// rate and the ETA at the clock's end (which an evaluation meeting the stopping rule makes
+  /// sooner, as the line says). On a terminal redrawn at most five times a second (always when
   /// force_plain or final_line); elsewhere a line every 10 × log_every clock steps, on force_plain
   /// and at the end. final_line shows the wall time instead of the ETA.
   void progress(const ProgressValues& v, bool force_plain, bool final_line);

@@ -244,7 +244,30 @@ void Trainer::write_metrics(const std::optional<EvalResult>& eval, bool final_li
 }
 
 ProgressValues Trainer::progress_values() const {
-  return {clock(), last_eval_, best_eval_, offline_ ? 0.0 : epsilon()};
+  ProgressValues p;
+  p.clock = clock();
+  p.last_eval = last_eval_;
+  p.best_eval = best_eval_;
+  p.offline = offline_;
+  p.epsilon = offline_ ? 0.0 : epsilon();
+  if (!recent_returns_.empty()) {
+    double sum = 0;
+    for (double x : recent_returns_) sum += x;
+    p.episode_return = sum / double(recent_returns_.size());
+  }
+  if (last_report_) p.loss = last_report_->total_loss;
+  const TrainingSpec& t = spec_.training;
+  // the stopping rules an evaluation applies (as run() does below)
+  char rule[64];
+  if (t.eval.every > 0 && t.stop_at_return != 0.0) {
+    std::snprintf(rule, sizeof rule, "eval ≥ %g", t.stop_at_return);
+    p.stop_rule = rule;
+  }
+  if (t.eval.every > 0 && t.stop_at_success > 0.0) {
+    std::snprintf(rule, sizeof rule, "eval success ≥ %g", t.stop_at_success);
+    p.stop_rule += (p.stop_rule.empty() ? "" : " or ") + std::string(rule);
+  }
+  return p;
 }
 
 TrainResult Trainer::run() {

@@ -844,3 +844,31 @@ TEST_CASE("cli.export: a primary head whose plugin offers no export is refused b
     CHECK_FALSE(fs::exists(out));
   }
 }
+
+TEST_CASE("cli.train.eval_off: training.eval.every 0 or never runs no evaluation; a stopping rule needing one is refused") {
+  TempDir t;
+  const std::string p = quote(source_dir() + "/pipelines/default.yaml");
+  for (const char* off : {"0", "never"}) {
+    INFO(off);
+    const std::string run = t.path(std::string("run_") + off);
+    const Run r = dqn_run("train " + p + " --backend cpu -q --steps 600 --out " + quote(run) +
+                          " training.stop_at_return=0 training.eval.every=" + off);
+    INFO(r.out);
+    REQUIRE(r.rc == 0);
+    CHECK(has(r.out, "no evaluation (training.eval.every is 0)"));
+    CHECK_FALSE(fs::exists(run + "/best.safetensors"));
+    CHECK(read_text(run + "/metrics.jsonl").find("eval_return") == std::string::npos);
+    CHECK(read_text(run + "/pipeline.yaml").find("every: 0") != std::string::npos);
+  }
+  const Run refused = dqn_run("train " + p + " --backend cpu -q --steps 600 --out " + quote(t.path("refused")) +
+                              " training.eval.every=never");
+  INFO(refused.out);
+  CHECK(refused.rc == 1);
+  CHECK(has(refused.out, "key 'training.stop_at_return' = '475': stops the run on an evaluation, but "
+                         "training.eval.every is 0 (never): there is none"));
+  CHECK(has(refused.out, "hint: set training.stop_at_return=0"));
+  CHECK_FALSE(fs::exists(t.path("refused")));
+  const Run word = dqn_run("train " + p + " --backend cpu -q --out " + quote(t.path("w")) + " training.eval.every=nevr");
+  CHECK(word.rc == 1);
+  CHECK(has(word.out, "key 'training.eval.every' = 'nevr'"));
+}

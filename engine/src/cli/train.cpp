@@ -87,7 +87,9 @@ int cmd_train(const TrainArgs& a) {
               static_cast<long long>(r.env_steps), over.c_str(), static_cast<long long>(r.train_steps),
               is_offline ? each.c_str() : "", static_cast<long long>(r.episodes), r.wall_s,
               static_cast<long long>(r.skipped_steps));
-  if (r.final_eval)
+  if (t.eval_every == 0 || t.env.empty())
+    std::printf("  no evaluation (%s)\n", t.env.empty() ? "no environment" : "training.eval.every is 0");
+  else if (r.final_eval)
     std::printf("  final eval return %s (mean of %d greedy episodes%s)", eval_text(r.final_eval).c_str(),
                 t.eval_episodes,
                 r.final_success ? (", " + std::to_string(int(std::lround(*r.final_success * 100))) + " % successes").c_str()
@@ -95,13 +97,14 @@ int cmd_train(const TrainArgs& a) {
   else
     std::printf("  no evaluation at the last step; the last was %s at step %lld", eval_text(r.last_eval).c_str(),
                 static_cast<long long>(r.last_eval_step));
-  std::printf(", best %s at step %lld%s\n", eval_text(r.best_eval).c_str(), static_cast<long long>(r.best_eval_step),
+  if (t.eval_every != 0 && !t.env.empty())
+    std::printf(", best %s at step %lld%s\n", eval_text(r.best_eval).c_str(), static_cast<long long>(r.best_eval_step),
               !r.solved ? ""
               : t.stop_at_success > 0 && r.final_success && *r.final_success >= t.stop_at_success
                   ? ", solved (stop_at_success reached)"
                   : ", solved (stop_at_return reached)");
-  std::printf("  weights: %s/weights.safetensors (best: best.safetensors), metrics: %s/metrics.jsonl\n",
-              r.run_dir.c_str(), r.run_dir.c_str());
+  std::printf("  weights: %s/weights.safetensors%s, metrics: %s/metrics.jsonl, TensorBoard: tensorboard --logdir %s\n",
+              r.run_dir.c_str(), r.best_eval ? " (best: best.safetensors)" : "", r.run_dir.c_str(), r.run_dir.c_str());
   for (const std::string& e : r.write_errors) std::fprintf(stderr, "dqn train: not written: %s\n", e.c_str());
   if (r.interrupted) {
     std::fprintf(stderr, "dqn train: stopped by %s after %lld env steps; final weights and metrics are written\n",

@@ -203,6 +203,15 @@ PipelineKey devices() {
   return k;
 }
 
+/// 0 (or `never`): no evaluation at all.
+PipelineKey eval_every() {
+  PipelineKey k = integer("training.eval.every", DQN_FIELD(training.eval.every), 0,
+                          "environment steps (offline: training steps) between evaluations; 0 or never: no "
+                          "evaluation (then no best.safetensors, and no stop_at_return or stop_at_success)");
+  k.word = "never";
+  return k;
+}
+
 PipelineKey adam_betas() {
   PipelineKey k = key("optimizer.adam.betas", Type::number_pair,
                       "β1 and β2: the decay rates of Adam's first and second moment estimates");
@@ -359,7 +368,7 @@ std::vector<PipelineKey> make_pipeline_keys() {
       number("training.replay.priority_eps", DQN_FIELD(training.replay.priority_eps), above(0),
              "added to every |TD error|, so that no transition's priority is zero (never sampled again)"),
       section("training.eval", "Greedy evaluation, on separately seeded environments."),
-      integer("training.eval.every", DQN_FIELD(training.eval.every), 1, "environment steps between evaluations"),
+      eval_every(),
       integer("training.eval.episodes", DQN_FIELD(training.eval.episodes), 1, "episodes per evaluation"),
       number("training.stop_at_return", DQN_FIELD(training.stop_at_return), any(),
              "stop once an evaluation's mean return reaches this (0: run all total_steps)"),
@@ -477,7 +486,7 @@ std::string default_text(const PipelineKey& k) {
 
 std::string range_text(const PipelineKey& k) {
   switch (k.type) {
-    case Type::integer: return k.integers.text();
+    case Type::integer: return k.integers.text() + (k.word.empty() ? "" : "; or `" + k.word + "`");
     case Type::number: return k.numbers.text();
     case Type::choice: {
       std::vector<std::string> quoted;

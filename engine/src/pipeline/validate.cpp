@@ -224,6 +224,8 @@ std::optional<KeyValue> Validator::read_value(const PipelineKey& k, const Node& 
       if (auto b = as_bool(v, path)) return KeyValue{*b};
       return std::nullopt;
     case Type::integer:
+      if (!k.word.empty() && v.kind == Node::Kind::scalar && !v.quoted && v.text == k.word)
+        return KeyValue{std::int64_t{0}};  // (the one integer key with a word: eval.every's never)
       if (auto i = as_int_in(v, path, k.integers)) return KeyValue{*i};
       return std::nullopt;
     case Type::number:
@@ -367,6 +369,19 @@ void Validator::check_section(const std::string& section, const Node& n, const P
          "v_min (" + fmt(spec.network.v_min) + ") must be below v_max (" + fmt(spec.network.v_max) + ")");
   } else if (section.empty() && environments_) {
     check_environment(spec);
+  }
+  if (section.empty() && spec.training.eval.every == 0) {
+    // No evaluation: a stopping rule that reads one could never end the run.
+    for (const auto& [key, on] : {std::pair<std::string, bool>{"training.stop_at_return", spec.training.stop_at_return != 0},
+                                  {"training.stop_at_success", spec.training.stop_at_success != 0}}) {
+      if (!on) continue;
+      const Node* blame = at(key);
+      if (!blame) blame = at("training.eval.every");
+      fail(blame ? blame->loc : top_loc_, key,
+           fmt(key == "training.stop_at_return" ? spec.training.stop_at_return : spec.training.stop_at_success),
+           "stops the run on an evaluation, but training.eval.every is 0 (never): there is none",
+           "set " + key + "=0, or evaluate (training.eval.every > 0)");
+    }
   }
   if (section.empty() && spec.training.replay.capacity < spec.batch) {
     const Node* blame = at("training.replay.capacity");

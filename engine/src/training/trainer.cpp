@@ -77,7 +77,7 @@ Trainer::Trainer(Engine& engine, TrainerOptions opt)
       writer_(!multi_ || opt_.rank == 0),
       offline_(opt_.offline != nullptr),
       env_(offline_ ? nullptr : make_training_env(spec_, opt_.plugins)),
-      eval_env_(spec_.training.env.none()
+      eval_env_(spec_.training.env.none() || spec_.training.eval.every == 0  // none, or evaluation off
                     ? nullptr
                     : make_env(spec_.training.env, spec_.training.eval.episodes, derive_seed(spec_.seed, kEvalStream),
                                spec_.training.env_threads, opt_.plugins)),

@@ -183,7 +183,8 @@ PYBIND11_MODULE(_core, m) {
             d["steps"] = r.steps;
             d["episodes"] = r.episodes;
             d["complete_episodes"] = r.complete_episodes;
-            d["behaviour_return"] = r.behaviour_return;
+            d["behaviour_return"] =
+                r.behaviour_return ? py::object(py::float_(*r.behaviour_return)) : py::object(py::none());
             d["stopped"] = r.stopped;
             return d;
           },

@@ -43,7 +43,8 @@ def run(self, run_dir="", progress=True):
 def collect(self, path, steps, epsilon=0.05, seed=1, replace=False):
     """`steps` environment steps of the current policy, ε-greedy, on the pipeline's environment,
     written at `path` as a dataset that training.dataset reads. Returns a dict: path, env, steps,
-    episodes, complete_episodes, behaviour_return, stopped (nothing written when True)."""
+    episodes, complete_episodes, behaviour_return (None while no episode has ended), stopped (nothing
+    written when True)."""
     return _interruptible(self, lambda: self._collect(path, steps, epsilon, seed, replace))
 
 

@@ -762,6 +762,17 @@ TEST_CASE("cli.collect_and_offline: datasets written whole, never over a file, a
   CHECK(has(r.out, "nothing was written"));
   CHECK(fs::file_size(data) == kept);
   CHECK(dqn::st::read_file(data).get("states").shape == std::vector<std::int64_t>{80, 4});
+  // No episode ended (one step of each of the 8 copies): no return yet, and none recorded.
+  const std::string early = t.path("early.safetensors");
+  r = dqn_run("collect " + quote(t.path("run")) + " --backend cpu --steps 8 --out " + quote(early));
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  CHECK(has(r.out, "8 steps in 8 episodes (0 complete), behaviour policy's mean return none yet (no episode ended)"));
+  CHECK(dqn::st::read_file(early).metadata.count("behaviour_return") == 0);
+  r = dqn_run("train " + quote(source_dir() + "/pipelines/offline.yaml") + " --backend cpu --steps 4 "
+              "--set training.eval.every=never --set training.learning_starts=0 --set batch=4 --set training.dataset=" +
+              quote(early) + " --out " + quote(t.path("early_run")));
+  CHECK_MESSAGE(has(r.out, "behaviour policy's mean return none (no episode of it ended)"), r.out);
   // A weights file needs its pipeline.
   r = dqn_run("collect " + quote(t.path("run") + "/weights.safetensors") + " --out " + quote(t.path("x.safetensors")));
   CHECK(r.rc == 2);

@@ -106,7 +106,7 @@ struct AgentDataset {
   std::string path, env;
   std::int64_t steps = 0, episodes = 0;
   std::int64_t complete_episodes = 0;  ///< the others were cut off by the end of the collection
-  double behaviour_return = 0;         ///< the mean return of the complete episodes
+  std::optional<double> behaviour_return;  ///< the complete episodes' mean return (none: no episode ended)
   bool stopped = false;  ///< request_stop() ended it: nothing was written (steps: those taken)
 };
 

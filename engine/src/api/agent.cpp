@@ -55,8 +55,11 @@ std::unique_ptr<Agent::Impl> build(const AgentOptions& o, const ParseFn& parse, 
   // Offline: the whole dataset read and checked before anything is built.
   if (!impl->spec.training.dataset.empty()) {
     const Dataset d = read_dataset(impl->spec.training.dataset, impl->spec.network);
-    impl->behaviour_return =
-        d.metadata.count("behaviour_return") ? std::stod(d.metadata.at("behaviour_return")) : d.mean_return();
+    // what dqn collect recorded (none where no episode had ended); another file's: its episodes'
+    if (d.metadata.count("behaviour_return"))
+      impl->behaviour_return = std::stod(d.metadata.at("behaviour_return"));
+    else if (!d.metadata.count("complete_episodes"))
+      impl->behaviour_return = d.mean_return();
     impl->dataset_steps = d.steps();
     impl->dataset_episodes = d.episodes();
     impl->offline = assemble_transitions(d, impl->spec.n_step, impl->spec.gamma);

@@ -96,7 +96,7 @@ AgentDataset Agent::collect(const std::string& path, std::int64_t steps, double 
   out.path = path;
   out.env = env->label();
   out.complete_episodes = d.episodes();
-  out.behaviour_return = d.mean_return();
+  if (out.complete_episodes > 0) out.behaviour_return = d.mean_return();
   for (const Episode& ep : open) append(d, ep);  // the unfinished ones, as truncated episodes
   d.path = path;
   if (!m.weights_source.empty()) d.metadata["source"] = m.weights_source;
@@ -104,7 +104,7 @@ AgentDataset Agent::collect(const std::string& path, std::int64_t steps, double 
   d.metadata["env"] = out.env;
   d.metadata["epsilon"] = std::to_string(epsilon);
   d.metadata["seed"] = std::to_string(seed);
-  d.metadata["behaviour_return"] = std::to_string(out.behaviour_return);
+  if (out.behaviour_return) d.metadata["behaviour_return"] = std::to_string(*out.behaviour_return);
   d.metadata["complete_episodes"] = std::to_string(out.complete_episodes);
   d.check(spec.network);
   write_dataset(path, d);

@@ -38,7 +38,7 @@ struct Agent::Impl {
   /// training.dataset's n-step transitions (offline pipelines), and what the file says of itself.
   std::optional<TransitionBatch> offline;
   std::int64_t dataset_steps = 0, dataset_episodes = 0;
-  double behaviour_return = 0;
+  std::optional<double> behaviour_return;
   /// Agent::resume: the run directory, its pipeline.yaml as written, the checkpoint found.
   std::string resume_dir, resume_text;
   checkpoint::Search resume_from;

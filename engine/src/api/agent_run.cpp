@@ -41,13 +41,15 @@ void start_line(const Agent::Impl& m, Engine& e, const RankGroup* group) {
   const PipelineSpec& spec = m.spec;
   const int R = group ? group->ranks() : 1;
   const std::string ranks = R > 1 ? ", " + std::to_string(R) + " ranks (" + group->describe() + ")" : "";
+  char mean[32] = "none (no episode of it ended)";
+  if (m.behaviour_return) std::snprintf(mean, sizeof mean, "%.1f", *m.behaviour_return);
   if (m.offline)
     std::fprintf(stderr,
                  "dqn train: pipeline '%s' on %s%s, offline from %s (%lld steps in %lld episodes, %lld transitions, "
-                 "behaviour policy's mean return %.1f%s), %lld training steps, seed %llu\n",
+                 "behaviour policy's mean return %s%s), %lld training steps, seed %llu\n",
                  spec.name.c_str(), e.runtime().describe().c_str(), ranks.c_str(), spec.training.dataset.c_str(),
                  static_cast<long long>(m.dataset_steps), static_cast<long long>(m.dataset_episodes),
-                 static_cast<long long>(m.offline->size()), m.behaviour_return,
+                 static_cast<long long>(m.offline->size()), mean,
                  R > 1 ? "; the whole of it in each rank's replay" : "", static_cast<long long>(spec.training.total_steps),
                  static_cast<unsigned long long>(spec.seed));
   else

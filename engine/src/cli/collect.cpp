@@ -35,10 +35,15 @@ int cmd_collect(const CollectArgs& a) {
                    static_cast<long long>(d.steps));
       return 130;
     }
-    std::printf("dataset: %s\n  %lld steps in %lld episodes (%lld complete), behaviour policy's mean return %.1f "
+    char mean[64];
+    if (d.behaviour_return)
+      std::snprintf(mean, sizeof mean, "%.1f", *d.behaviour_return);
+    else
+      std::snprintf(mean, sizeof mean, "none yet (no episode ended)");
+    std::printf("dataset: %s\n  %lld steps in %lld episodes (%lld complete), behaviour policy's mean return %s "
                 "(ε %.3f)\n",
                 d.path.c_str(), static_cast<long long>(d.steps), static_cast<long long>(d.episodes),
-                static_cast<long long>(d.complete_episodes), d.behaviour_return, a.epsilon);
+                static_cast<long long>(d.complete_episodes), mean, a.epsilon);
   } catch (const std::exception& ex) {
     std::fprintf(stderr, "dqn collect: %s: %s\n", a.source.c_str(), ex.what());
     return 1;

@@ -318,6 +318,17 @@ TEST_CASE("cli.validate.invalid") {
   const Run mixed = dqn_run("validate " + quote(c51_yaml()) + " " + quote(tmp.path("typo.yaml")));
   CHECK(mixed.rc != 0);
   CHECK(has(mixed.out, c51_yaml() + ": ok"));
+  // Overrides after the files, as for every other command (and --set); --print shows the result.
+  const Run over = dqn_run("validate " + quote(c51_yaml()) + " batch=lots");
+  CHECK(over.rc != 0);
+  CHECK(has(over.out, "<override 'batch=lots'>: key 'batch' = 'lots'"));
+  const Run printed = dqn_run("validate " + quote(c51_yaml()) + " batch=48 --set gamma=0.5 --print");
+  INFO(printed.out);
+  CHECK(printed.rc == 0);
+  CHECK(has(printed.out, "\nbatch: 48\n"));
+  CHECK(has(printed.out, "\ngamma: 0.5\n"));
+  CHECK(has(printed.out, c51_yaml() + ": ok"));
+  CHECK(dqn_run("validate batch=48").rc == 2);  // no file
   // A file that is not there.
   const Run gone = dqn_run("validate " + quote(tmp.path("gone.yaml")));
   CHECK(gone.rc != 0);

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 
 #include "commands.hpp"
 #include "dqn/cli.hpp"
@@ -50,9 +51,11 @@ int dqn::cli_main(int argc, char** argv) {
 
   Common validate_c;
   std::vector<std::string> files;
+  bool validate_print = false;
   auto* validate = app.add_subcommand("validate", "check pipeline files; non-zero exit with the errors");
   add_common(validate, validate_c, true);
-  validate->add_option("files", files, "pipeline files")->required();
+  validate->add_option("files", files, "pipeline files, then key.path=value overrides applied to each")->required();
+  validate->add_flag("--print", validate_print, "print each pipeline resolved (every default written out)");
 
   StepArgs step;
   std::vector<std::string> step_extra;
@@ -194,7 +197,13 @@ int dqn::cli_main(int argc, char** argv) {
   try {
     if (*plugins) return cmd_plugins(plugins_c);
     if (*doc_pipeline) return cmd_doc_pipeline(doc_c);
-    if (*validate) return cmd_validate(validate_c, files);
+    if (*validate) {
+      // key.path=value arguments (that are not files) are overrides, as for every other command
+      std::vector<std::string> paths;
+      for (const std::string& f : files)
+        (f.find('=') != std::string::npos && !std::filesystem::exists(f) ? validate_c.overrides : paths).push_back(f);
+      return cmd_validate(validate_c, paths, validate_print);
+    }
     if (*step_cmd) {
       for (auto& o : step_extra) step.common.overrides.push_back(o);
       return cmd_step(step);

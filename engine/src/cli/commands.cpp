@@ -166,12 +166,18 @@ int cmd_doc_pipeline(const Common& c) {
   return 0;
 }
 
-int cmd_validate(const Common& c, const std::vector<std::string>& files) {
+int cmd_validate(const Common& c, const std::vector<std::string>& files, bool print) {
+  if (files.empty()) {
+    std::fprintf(stderr, "dqn validate: no pipeline file given (only overrides)\n");
+    return 2;
+  }
   PluginLoader loader = make_loader(c);
   int bad = 0;
   for (const auto& f : files) {
     PipelineSpec spec;
-    if (load_with(loader, c, f, spec, nullptr)) {
+    std::string resolved;
+    if (load_with(loader, c, f, spec, print ? &resolved : nullptr)) {
+      if (print) std::printf("%s", resolved.c_str());
       std::size_t enabled = 0;
       for (const auto& h : spec.heads) enabled += h.enabled ? 1 : 0;
       const std::string heads = enabled == spec.heads.size()

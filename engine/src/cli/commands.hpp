@@ -110,7 +110,8 @@ struct CheckHeadArgs {
 int cmd_plugins(const Common& c);
 /// docs/pipeline.md: an introduction, then the reference rendered from the key table and the plugins found.
 int cmd_doc_pipeline(const Common& c);
-int cmd_validate(const Common& c, const std::vector<std::string>& files);
+/// Each file with the overrides; with `print`, the resolved pipeline of each that validates.
+int cmd_validate(const Common& c, const std::vector<std::string>& files, bool print);
 int cmd_step(const StepArgs& a);
 int cmd_train(const TrainArgs& a);
 int cmd_bench(const BenchArgs& a);

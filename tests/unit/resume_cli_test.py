@@ -188,7 +188,9 @@ try:
     with open(os.path.join(bare, "metrics.jsonl"), "w") as f:  # as if it had been killed before its end
         f.write("".join(line + "\n" for line in lines[:-1]))
     r = resume(bare)
-    check(r.returncode == 1 and "no whole checkpoint" in r.stderr, "a run without checkpoints: %s" % r.stderr.strip())
+    check(r.returncode == 1 and "no whole checkpoint" in r.stderr and "ended before its first one" in r.stderr and
+          "start the run again" in r.stderr, "a run without checkpoints says so and how to start over: %s" %
+          r.stderr.strip())
 finally:
     shutil.rmtree(tmp, ignore_errors=True)
 

@@ -85,8 +85,10 @@ Agent Agent::resume(const std::string& run_dir, const AgentOptions& options) {
   for (const std::string& s : m.resume_from.skipped) m.warnings.push_back("checkpoint " + s);
   if (!m.resume_from.found) {
     std::string why = "'" + run_dir + "': no whole checkpoint in " + run_dir + "/checkpoints";
-    if (m.resume_from.skipped.empty()) why += " (none was written yet)";
+    if (m.resume_from.skipped.empty()) why += " (the run ended before its first one, at training.checkpoint_every)";
     for (const std::string& s : m.resume_from.skipped) why += "\n  " + s;
+    why += "\n  hint: there is nothing to continue from: start the run again (`dqn train " + file +
+           " --out DIR` with a new DIR, or remove " + run_dir + " first)";
     throw std::invalid_argument(why);
   }
   m.resume_dir = run_dir;

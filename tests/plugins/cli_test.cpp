@@ -329,6 +329,18 @@ TEST_CASE("cli.validate.invalid") {
   CHECK(has(printed.out, "\ngamma: 0.5\n"));
   CHECK(has(printed.out, c51_yaml() + ": ok"));
   CHECK(dqn_run("validate batch=48").rc == 2);  // no file
+  // target: polyak or period; on the command line setting one clears the other.
+  const Run period = dqn_run("validate " + quote(c51_yaml()) + " target.period=500 --print");
+  INFO(period.out);
+  CHECK(period.rc == 0);
+  CHECK(has(period.out, "\ntarget:\n  period: 500\n"));
+  const Run back = dqn_run("validate " + quote(c51_yaml()) + " target.period=500 target.polyak=0.2 --print");
+  CHECK(has(back.out, "\ntarget:\n  polyak: 0.2\n"));
+  const Run both = dqn_run("validate " + quote(tmp.file("both.yaml", "name: both\ntarget: {polyak: 0.1, period: 9}\n"
+                                                                      "heads:\n  - {plugin: c51, role: primary}\n")));
+  CHECK(both.rc != 0);
+  CHECK(has(both.out, "key 'target.period' = '9': give either 'polyak' (soft update every step) or 'period' (hard copy), not both"));
+  CHECK(has(both.out, "hint: on the command line, setting one clears the other"));
   // A file that is not there.
   const Run gone = dqn_run("validate " + quote(tmp.path("gone.yaml")));
   CHECK(gone.rc != 0);

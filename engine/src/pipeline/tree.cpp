@@ -367,10 +367,18 @@ void apply_override(Node& root, const std::string& text, std::vector<PipelineErr
                             "), so it has no key '" + seg + "'");
       return;
     }
-    if (last)
-      *next = value;
-    else
+    if (!last) {
       cur = next;
+      continue;
+    }
+    *next = value;
+    for (const ExclusiveKeys& x : kExclusiveKeys) {  // the other key of the pair goes
+      if (segs.size() != 2 || segs[0] != x.section || (seg != x.first && seg != x.second)) continue;
+      const std::string other = seg == x.first ? x.second : x.first;
+      std::erase_if(cur->entries, [&](const Entry& e) { return e.key == other; });
+      break;
+    }
+    return;
   }
 }
 

@@ -52,8 +52,17 @@ Node read_document(const std::string& yaml_text, const std::string& source_name)
 /// yaml-cpp accepts `{a: 1, a: 2}` and lookups see only one; every map is checked here.
 void find_duplicates(const Node& n, const std::string& path, std::vector<PipelineError>& errs);
 
+/// Sections whose two keys exclude each other (a file giving both is refused); an override of
+/// one clears the other: target's soft update every step (polyak) or hard copy (period).
+struct ExclusiveKeys {
+  const char* section;
+  const char* first;
+  const char* second;
+};
+inline constexpr ExclusiveKeys kExclusiveKeys[] = {{"target", "polyak", "period"}};
+
 /// Applies one "key.path=value" to the tree (see ParseOptions::overrides); its nodes are placed
-/// at "<override 'text'>".
+/// at "<override 'text'>". Setting one of kExclusiveKeys removes the other.
 void apply_override(Node& root, const std::string& text, std::vector<PipelineError>& errs);
 
 }  // namespace dqn::dsl

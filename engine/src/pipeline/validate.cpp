@@ -330,15 +330,18 @@ void Validator::read_section(const std::string& section, const Node& n, Pipeline
   check_section(section, n, spec);
 }
 
-/// Rules a section's keys must meet before any is read: target's polyak or period, not both.
+/// Rules a section's keys must meet before any is read: kExclusiveKeys (target's polyak or
+/// period), not both.
 bool Validator::may_read_section(const std::string& section, const Node& n, const Fields& f) {
-  if (section != "target") return true;
-  const bool polyak = f.count("polyak") != 0, period = f.count("period") != 0;
+  if (section != kExclusiveKeys[0].section) return true;
+  const ExclusiveKeys& x = kExclusiveKeys[0];
+  const bool polyak = f.count(x.first) != 0, period = f.count(x.second) != 0;
   if (polyak && period) {
     // Both point into the same map's entries: the later one is the second written.
-    const Entry* second = std::max(f.at("polyak"), f.at("period"));
+    const Entry* second = std::max(f.at(x.first), f.at(x.second));
     fail(second->key_loc, "target." + second->key, render(second->value),
-         "give either 'polyak' (soft update every step) or 'period' (hard copy), not both");
+         "give either 'polyak' (soft update every step) or 'period' (hard copy), not both",
+         "on the command line, setting one clears the other");
     return false;
   }
   if (!polyak && !period && n.kind == Node::Kind::map) {

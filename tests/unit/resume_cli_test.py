@@ -174,7 +174,9 @@ try:
     check(r.returncode == 1 and "--resume " + full in r.stderr and len(rows(full)) == n_full,
           "--out over a run is refused, pointing to --resume, and the run is untouched")
     r = resume(full)
-    check(r.returncode == 1 and "nothing to resume" in r.stderr, "a finished run is not resumed (%s)" % r.stderr.strip())
+    check(r.returncode == 1 and "the run finished at step 4000: there is nothing to resume" in r.stderr and
+          r.stderr.count("nothing to resume") == 1 and "--weights " + os.path.join(full, "weights.safetensors") in r.stderr,
+          "a finished run is not resumed, said once, with how to train on from its weights (%s)" % r.stderr.strip())
     r = subprocess.run([DQN, "train", PIPELINE, "--resume", full], capture_output=True, text=True)
     check(r.returncode == 2 and "cannot be given with it: a pipeline file" in r.stderr, "--resume with a pipeline is refused")
     r = resume(os.path.join(tmp, "nowhere"))

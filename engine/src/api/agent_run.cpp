@@ -78,6 +78,13 @@ Agent Agent::resume(const std::string& run_dir, const AgentOptions& options) {
   if (!fs::is_regular_file(file, ec))
     throw std::invalid_argument("'" + run_dir + "' holds no pipeline.yaml: not a run directory of dqn train");
   const std::string text = agent_detail::read_text(file);
+  const fs::path metrics = fs::path(run_dir) / "metrics.jsonl";
+  if (fs::exists(metrics, ec))
+    if (const auto step = finished_at(agent_detail::read_text(metrics.string())))
+      throw std::invalid_argument("'" + run_dir + "': the run finished at step " + std::to_string(*step) +
+                                  ": there is nothing to resume\n  hint: to train on from its weights, start a new run: "
+                                  "`dqn train " + file + " --weights " + (fs::path(run_dir) / "weights.safetensors").string() +
+                                  " --out DIR`");
   Agent a(agent_detail::build(options, [&](const ParseOptions& po) { return parse_pipeline(text, file, po); }, file));
   Impl& m = *a.impl_;
   // The newest checkpoint that reads back whole; each one passed over is named.

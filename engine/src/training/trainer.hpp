@@ -109,6 +109,10 @@ struct TrainResult {
   std::vector<std::string> write_errors;
 };
 
+/// Where a run whose metrics.jsonl holds `metrics_text` ended, when its last line is the final one
+/// of a run that finished (not one a stop request ended); none otherwise.
+std::optional<std::int64_t> finished_at(const std::string& metrics_text);
+
 /// One training run. The engine must already hold its starting weights (init or loaded).
 class Trainer {
  public:

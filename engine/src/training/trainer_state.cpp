@@ -53,6 +53,14 @@ std::string last_line(const std::string& text) {
 
 }  // namespace
 
+std::optional<std::int64_t> finished_at(const std::string& metrics_text) {
+  const std::string last = last_line(metrics_text);
+  if (last.empty()) return std::nullopt;
+  const nlohmann::json j = nlohmann::json::parse(last, nullptr, false);
+  if (!j.is_object() || !j.value("final", false) || j.value("interrupted", false)) return std::nullopt;
+  return j.value("step", std::int64_t(0));
+}
+
 void Trainer::open_new_run() {
   const TrainingSpec& t = spec_.training;
   const std::string dir = !opt_.run_dir.empty() ? opt_.run_dir
@@ -104,13 +112,9 @@ void Trainer::open_resumed_run(const st::File& ck) {
     throw std::runtime_error(where + kMetrics + " holds " + std::to_string(text.size()) +
                              " bytes but checkpoint '" + ck.path + "' was written after " + std::to_string(bytes) +
                              ": the metrics were cut or replaced since");
-  const std::string last = last_line(text);
-  if (!last.empty()) {
-    nlohmann::json j = nlohmann::json::parse(last, nullptr, false);
-    if (j.is_object() && j.value("final", false) && !j.value("interrupted", false))
-      throw std::invalid_argument(where + "the run finished (the last line of " + kMetrics +
-                               " is its final one, not an interrupted run's): there is nothing to resume");
-  }
+  if (finished_at(text))
+    throw std::invalid_argument(where + "the run finished (the last line of " + kMetrics +
+                                " is its final one, not an interrupted run's): there is nothing to resume");
   // The lines written after the checkpoint are what the resumed run writes again: kept aside.
   if (std::int64_t(text.size()) > bytes) {
     std::error_code ec;

@@ -906,3 +906,56 @@ TEST_CASE("cli.train.eval_off: training.eval.every 0 or never runs no evaluation
   CHECK(word.rc == 1);
   CHECK(has(word.out, "key 'training.eval.every' = 'nevr'"));
 }
+
+TEST_CASE("cli.csv: a run's metrics.jsonl as CSV, a column per key, never over a file unless asked") {
+  TempDir t;
+  const std::string run = t.path("run");
+  REQUIRE(dqn_run("train " + quote(source_dir() + "/pipelines/default.yaml") + " --backend cpu -q --steps 2000 --out " +
+                  quote(run) + " training.eval.every=1000 training.stop_at_return=0").rc == 0);
+  const Run r = dqn_run("csv " + quote(run));
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  std::vector<std::string> lines;
+  {
+    std::istringstream in(read_text(run + "/metrics.csv"));
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+  }
+  std::vector<nlohmann::json> rows;
+  {
+    std::istringstream in(read_text(run + "/metrics.jsonl"));
+    for (std::string l; std::getline(in, l);) rows.push_back(nlohmann::json::parse(l));
+  }
+  REQUIRE(lines.size() == rows.size() + 1);
+  auto split = [](const std::string& s) {
+    std::vector<std::string> out(1);
+    for (char c : s) {
+      if (c == ',')
+        out.emplace_back();
+      else
+        out.back().push_back(c);
+    }
+    return out;
+  };
+  const std::vector<std::string> header = split(lines[0]);
+  CHECK(header.at(0) == "step");
+  for (const char* k : {"train_steps", "episode_return", "loss.c51", "eval_return", "eval_seed", "wall_s", "final"})
+    CHECK_MESSAGE(std::find(header.begin(), header.end(), k) != header.end(), k);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const std::vector<std::string> cells = split(lines[i + 1]);
+    REQUIRE(cells.size() == header.size());
+    for (std::size_t c = 0; c < header.size(); ++c) {
+      const auto it = rows[i].find(header[c]);
+      const std::string want = it == rows[i].end() || it->is_null() ? "" : it->dump();
+      CHECK_MESSAGE(cells[c] == want, "row " << i << " column " << header[c]);
+    }
+  }
+  const Run again = dqn_run("csv " + quote(run));
+  CHECK(again.rc == 1);
+  CHECK(has(again.out, "exists; nothing was written (--force replaces it)"));
+  CHECK(dqn_run("csv " + quote(run) + " --force").rc == 0);
+  const Run out = dqn_run("csv " + quote(run) + " --out -");
+  CHECK(out.out.rfind(lines[0] + "\n", 0) == 0);
+  const Run none = dqn_run("csv " + quote(t.path("nowhere")));
+  CHECK(none.rc == 1);
+  CHECK(has(none.out, "no such directory"));
+}

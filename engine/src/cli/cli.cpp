@@ -1,4 +1,4 @@
-// The dqn command line (dqn::cli_main, dqn/cli.hpp): train, eval, export, collect, step, bench, check-head, validate,
+// The dqn command line (dqn::cli_main, dqn/cli.hpp): train, eval, export, collect, csv, step, bench, check-head, validate,
 // plugins, doc.
 #include <CLI/CLI.hpp>
 #include <charconv>
@@ -158,6 +158,12 @@ int dqn::cli_main(int argc, char** argv) {
   export_cmd->add_option("--out", exp.out, "the file to write")->required();
   export_cmd->add_flag("--force", exp.force, "replace --out when it exists");
 
+  CsvArgs csv;
+  auto* csv_cmd = app.add_subcommand("csv", "a run's metrics.jsonl as a CSV table (a column per key)");
+  csv_cmd->add_option("run", csv.run, "a run directory")->required();
+  csv_cmd->add_option("--out", csv.out, "the file to write (default <run>/metrics.csv; - for standard output)");
+  csv_cmd->add_flag("--force", csv.force, "replace --out when it exists");
+
   CheckHeadArgs check;
   std::vector<std::string> check_extra;
   auto* check_cmd = app.add_subcommand(
@@ -213,6 +219,7 @@ int dqn::cli_main(int argc, char** argv) {
       return cmd_train(train);
     }
     if (*collect_cmd) return cmd_collect(collect);
+    if (*csv_cmd) return cmd_csv(csv);
     if (*export_cmd) {
       for (auto& o : export_extra) exp.common.overrides.push_back(o);
       return cmd_export(exp);

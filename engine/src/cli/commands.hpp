@@ -86,6 +86,14 @@ struct EvalArgs {
 /// dqn eval (eval.cpp).
 int cmd_eval(const EvalArgs& a);
 
+struct CsvArgs {
+  std::string run;  ///< a run directory
+  std::string out;  ///< "" : <run>/metrics.csv; "-": standard output
+  bool force = false;
+};
+/// dqn csv (csv.cpp): metrics.jsonl as a CSV table.
+int cmd_csv(const CsvArgs& a);
+
 struct ExportArgs {
   Common common;
   std::string source;    ///< a run directory, or a weights file (with --pipeline)

@@ -657,6 +657,16 @@ std::string contents(std::FILE* f) {
   return s;
 }
 
+/// A progress line's values: the clock, the last and best evaluations, ε.
+ProgressValues pv(std::int64_t clock, std::optional<double> last, std::optional<double> best, double epsilon) {
+  ProgressValues v;
+  v.clock = clock;
+  v.last_eval = last;
+  v.best_eval = best;
+  v.epsilon = epsilon;
+  return v;
+}
+
 /// Terminal or metrics text with its timings (rates, ETA, wall time) as T.
 std::string timings_masked(const std::string& text) {
   static const std::regex json_time(R"re("(steps_per_s|train_steps_per_s|wall_s)":[-0-9.e+]+)re");
@@ -769,18 +779,18 @@ TEST_CASE("trainer.run_log: metrics lines, the progress line and messages from t
     REQUIRE(f);
     RunLog log(RunLog::Progress::automatic, f, 100, 5000);
     log.start();
-    log.progress({100, {}, {}, 0.9}, false, false);   // not yet 10 x log_every since the last line
-    log.progress({1000, {}, {}, 0.8}, false, false);  // 10 x log_every
-    ProgressValues mid{1100, 20.0, 25.0, 0.7};
+    log.progress(pv(100, {}, {}, 0.9), false, false);   // not yet 10 x log_every since the last line
+    log.progress(pv(1000, {}, {}, 0.8), false, false);  // 10 x log_every
+    ProgressValues mid = pv(1100, 20.0, 25.0, 0.7);
     mid.episode_return = 31.25;
     mid.loss = 0.123456;
     mid.stop_rule = "eval ≥ 475";
     log.progress(mid, true, false);
     log.note("dqn train: a message");
-    ProgressValues offline{1200, 20.0, 25.0, 0.0};
+    ProgressValues offline = pv(1200, 20.0, 25.0, 0.0);
     offline.offline = true;
     log.progress(offline, true, false);
-    log.progress({5000, 20.0, 25.0, 0.1}, false, true);
+    log.progress(pv(5000, 20.0, 25.0, 0.1), false, true);
     CHECK(timings_masked(contents(f)) ==
           "step 1000/5000  return -  loss -  eval -  eps 0.800  T steps/s  ETA T\n"
           "step 1100/5000  return 31.2  loss 0.1235  eval 20.0 (best 25.0)  eps 0.700  T steps/s  ETA T (sooner at "
@@ -796,9 +806,9 @@ TEST_CASE("trainer.run_log: metrics lines, the progress line and messages from t
     REQUIRE(f);
     RunLog tty(RunLog::Progress::tty, f, 100, 5000);
     tty.start();
-    tty.progress({100, {}, {}, 0.9}, false, false);
+    tty.progress(pv(100, {}, {}, 0.9), false, false);
     tty.note("dqn train: a message");
-    tty.progress({5000, 20.0, 20.0, 0.1}, false, true);
+    tty.progress(pv(5000, 20.0, 20.0, 0.1), false, true);
     CHECK(timings_masked(contents(f)) ==
           "\r\033[Kstep 100/5000  return -  loss -  eval -  eps 0.900  T steps/s  ETA T"
           "\r\033[Kdqn train: a message\n"
@@ -808,7 +818,7 @@ TEST_CASE("trainer.run_log: metrics lines, the progress line and messages from t
     REQUIRE(f);
     RunLog none(RunLog::Progress::none, f, 100, 5000);
     none.start();
-    none.progress({5000, {}, {}, 0.1}, true, true);
+    none.progress(pv(5000, {}, {}, 0.1), true, true);
     none.note("dqn train: a message");
     CHECK(contents(f) == "dqn train: a message\n");
     std::fclose(f);

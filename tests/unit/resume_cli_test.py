@@ -193,6 +193,18 @@ try:
     check(r.returncode == 1 and "no whole checkpoint" in r.stderr and "ended before its first one" in r.stderr and
           "start the run again" in r.stderr, "a run without checkpoints says so and how to start over: %s" %
           r.stderr.strip())
+
+    # training.checkpoint_minutes: a checkpoint once that much wall-clock time has passed, whatever
+    # checkpoint_every says (a vanishing bound: one after every iteration but the last, keep 1).
+    timed = os.path.join(tmp, "timed")
+    r = subprocess.run([DQN, "train", PIPELINE, "--out", timed, "--backend", "cpu", "--steps", "2000", "-q",
+                        "--set", "training.checkpoint_every=100000", "--set", "training.checkpoint_minutes=1e-9",
+                        "--set", "training.checkpoint_keep=1", "--set", "training.stop_at_return=0"],
+                       capture_output=True, text=True)
+    folder = os.path.join(timed, "checkpoints")
+    check(r.returncode == 0 and os.path.isdir(folder) and os.listdir(folder) == ["step-000000001992.safetensors"],
+          "checkpoint_minutes brings checkpoints between checkpoint_every's (%s)" %
+          (os.listdir(folder) if os.path.isdir(folder) else r.stderr.strip()[-200:]))
 finally:
     shutil.rmtree(tmp, ignore_errors=True)
 

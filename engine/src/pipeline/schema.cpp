@@ -342,6 +342,9 @@ std::vector<PipelineKey> make_pipeline_keys() {
               "environment steps (offline: training steps) between checkpoints in the run directory's "
               "checkpoints/, from which `dqn train --resume` continues exactly; one is also written on SIGINT or "
               "SIGTERM; 0: none"),
+      number("training.checkpoint_minutes", DQN_FIELD(training.checkpoint_minutes), at_least(0),
+             "wall-clock minutes after the last checkpoint (or the start) that bring one before checkpoint_every "
+             "steps have passed: what a kill can lose, however slow the run; 0: by steps only"),
       integer("training.checkpoint_keep", DQN_FIELD(training.checkpoint_keep), 1,
               "the newest checkpoints kept (older ones are removed once a newer one is written whole)"),
       string("training.dataset", DQN_FIELD(training.dataset),

@@ -129,6 +129,7 @@ struct TrainingSpec {
   std::string dataset;                 ///< offline: a file of transitions ("" → learn from env)
   std::int64_t checkpoint_every = 10000;  ///< steps of the run's clock between checkpoints (0: none)
   int checkpoint_keep = 3;             ///< the newest checkpoints kept
+  double checkpoint_minutes = 5;       ///< wall-clock minutes that also bring a checkpoint (0: steps only)
   EpsilonSpec epsilon;
   ReplaySpec replay;
   EvalSpec eval;

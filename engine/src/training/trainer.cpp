@@ -273,6 +273,7 @@ ProgressValues Trainer::progress_values() const {
 TrainResult Trainer::run() {
   const TrainingSpec& t = spec_.training;
   log_.start();
+  checkpoint_time_ = std::chrono::steady_clock::now();
   pipeline_text_ = opt_.pipeline_yaml.empty() ? to_yaml(spec_) : opt_.pipeline_yaml;
   TrainResult res;
   if (opt_.resume) {
@@ -329,7 +330,16 @@ TrainResult Trainer::run() {
     if (!finish_iteration) {
       // Several devices: every rank stops at the same iteration (each rank's steps wait for the
       // others' in the all-reduce).
-      if (multi_) agreed_stop_ = opt_.ranks->host_sum(opt_.rank, {stop_.load() ? 1.0 : 0.0})[0] > 0;
+      const bool due = t.checkpoint_every > 0 && t.checkpoint_minutes > 0 &&
+                       std::chrono::steady_clock::now() - checkpoint_time_ >=
+                           std::chrono::duration<double>(60.0 * t.checkpoint_minutes);
+      checkpoint_due_ = due;
+      if (multi_) {
+        const std::vector<double> agreed =
+            opt_.ranks->host_sum(opt_.rank, {stop_.load() ? 1.0 : 0.0, due ? 1.0 : 0.0});
+        agreed_stop_ = agreed[0] > 0;
+        checkpoint_due_ = agreed[1] > 0;
+      }
       if (clock() >= t.total_steps || stop_requested()) break;
       if (offline_) {
         train_once();
@@ -369,9 +379,10 @@ TrainResult Trainer::run() {
       break;
     }
     if ((ev || log_now) && !last) write_metrics(ev, false);  // else the final line follows
-    if (!last && clock() >= loop_.next_checkpoint_at) {
+    if (!last && (clock() >= loop_.next_checkpoint_at || checkpoint_due_)) {
       while (loop_.next_checkpoint_at <= clock()) loop_.next_checkpoint_at += t.checkpoint_every;
       save_checkpoint(res);
+      checkpoint_due_ = false;
     }
     if (writer_) log_.progress(progress_values(), ev.has_value(), false);
   }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -186,6 +187,10 @@ class Trainer {
   bool multi_ = false;        ///< one of several ranks (TrainerOptions::ranks)
   bool writer_ = true;        ///< writes the run directory (rank 0)
   bool agreed_stop_ = false;  ///< multi_: the ranks' agreement, once per iteration
+  /// training.checkpoint_minutes: when the last checkpoint was written (or the run started), and
+  /// whether that many minutes have passed (multi_: agreed by the ranks with the stop).
+  std::chrono::steady_clock::time_point checkpoint_time_{};
+  bool checkpoint_due_ = false;
   bool offline_ = false;
   static_assert(std::atomic<bool>::is_always_lock_free, "request_stop must be async-signal-safe");
 

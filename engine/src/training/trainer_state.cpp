@@ -140,6 +140,7 @@ std::string rank_prefix(int r) { return "rank." + std::to_string(r) + "/"; }
 
 void Trainer::save_checkpoint(TrainResult& res) {
   using json = nlohmann::json;
+  checkpoint_time_ = std::chrono::steady_clock::now();  // (training.checkpoint_minutes counts from here)
   // This rank's state; over several devices every rank's goes into rank 0's file.
   struct Part {
     st::File file;

@@ -150,7 +150,7 @@ void RunLog::progress(const ProgressValues& v, bool force_plain, bool final_line
   const std::string end =
       final_line ? "wall " + fmt_duration(wall)
                  : "ETA " + fmt_duration(rate > 0 ? double(total_steps_ - v.clock) / rate : -1) +
-                       (v.stop_rule.empty() ? "" : " (sooner at " + v.stop_rule + ")");
+                       (v.stop_rule.empty() ? "" : " (sooner at " + std::string(v.stop_rule) + ")");
   char line[320];
   std::snprintf(line, sizeof line, "step %lld/%lld  return %s  loss %s  eval %s%s  %.0f steps/s  %s",
                 static_cast<long long>(v.clock), static_cast<long long>(total_steps_), ret, loss, eval, eps, rate,

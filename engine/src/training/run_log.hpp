@@ -11,6 +11,7 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "training/evaluation.hpp"
@@ -60,8 +61,9 @@ struct ProgressValues {
   bool offline = false;                 ///< no ε (and the clock counts training steps)
   std::optional<double> episode_return;  ///< the recent training episodes' mean return
   std::optional<double> loss;            ///< the newest report's total loss
-  /// The stopping rule besides the clock's end ("" : none), as the ETA names it: "eval ≥ 475".
-  std::string stop_rule;
+  /// The stopping rule besides the clock's end ("" : none), as the ETA names it: "eval ≥ 475"
+  /// (text that outlives the call: the trainer words it once).
+  std::string_view stop_rule;
 };
 
 class RunLog {

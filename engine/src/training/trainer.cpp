@@ -97,6 +97,17 @@ Trainer::Trainer(Engine& engine, TrainerOptions opt)
   if (eval_env_) check_env_fits(spec_, *eval_env_);
   if (env_) branch_actions_ = env_->branch_actions();
   if (opt_.log_every < 1) throw std::invalid_argument("trainer: log_every must be at least 1");
+  // The stopping rules an evaluation applies (as run() does), worded once for the progress line.
+  const TrainingSpec& t = spec_.training;
+  char rule[64];
+  if (eval_env_ && t.stop_at_return != 0.0) {
+    std::snprintf(rule, sizeof rule, "eval ≥ %g", t.stop_at_return);
+    stop_rule_ = rule;
+  }
+  if (eval_env_ && t.stop_at_success > 0.0) {
+    std::snprintf(rule, sizeof rule, "eval success ≥ %g", t.stop_at_success);
+    stop_rule_ += (stop_rule_.empty() ? "" : " or ") + std::string(rule);
+  }
   const auto n = std::size_t(N_), s = std::size_t(S_);
   obs_.resize(n * s);
   next_obs_.resize(n * s);
@@ -256,17 +267,7 @@ ProgressValues Trainer::progress_values() const {
     p.episode_return = sum / double(recent_returns_.size());
   }
   if (last_report_) p.loss = last_report_->total_loss;
-  const TrainingSpec& t = spec_.training;
-  // the stopping rules an evaluation applies (as run() does below)
-  char rule[64];
-  if (t.eval.every > 0 && t.stop_at_return != 0.0) {
-    std::snprintf(rule, sizeof rule, "eval ≥ %g", t.stop_at_return);
-    p.stop_rule = rule;
-  }
-  if (t.eval.every > 0 && t.stop_at_success > 0.0) {
-    std::snprintf(rule, sizeof rule, "eval success ≥ %g", t.stop_at_success);
-    p.stop_rule += (p.stop_rule.empty() ? "" : " or ") + std::string(rule);
-  }
+  p.stop_rule = stop_rule_;
   return p;
 }
 

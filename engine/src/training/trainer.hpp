@@ -187,6 +187,7 @@ class Trainer {
   bool multi_ = false;        ///< one of several ranks (TrainerOptions::ranks)
   bool writer_ = true;        ///< writes the run directory (rank 0)
   bool agreed_stop_ = false;  ///< multi_: the ranks' agreement, once per iteration
+  std::string stop_rule_;     ///< the progress line's words for the evaluation's stopping rules
   /// training.checkpoint_minutes: when the last checkpoint was written (or the run started), and
   /// whether that many minutes have passed (multi_: agreed by the ranks with the stop).
   std::chrono::steady_clock::time_point checkpoint_time_{};
